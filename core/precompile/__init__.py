@@ -1,0 +1,53 @@
+"""torch-precompile: capture a PyTorch function once, serve it in any later process.
+
+``import precompile`` is cheap and imports no torch: the public names below load their
+modules on first use, so tools that only read artifacts (the CLI, the language server)
+never pay for torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from precompile.errors import (
+    ArtifactTrustWarning,
+    CacheFallbackWarning,
+    EagerFallbackWarning,
+    Location,
+    PrecompileError,
+)
+from precompile.version import __version__
+
+_LAZY = {
+    "capture": "precompile.capturing",
+    "Capture": "precompile.capturing",
+    "CaptureReport": "precompile.report",
+    "MakeFxTracer": "precompile.tracers",
+    "load": "precompile.loading",
+    "PrecompiledRunnable": "precompile.loading",
+    "inspect_artifact": "precompile.metadata",
+}
+
+__all__ = [
+    "ArtifactTrustWarning",
+    "CacheFallbackWarning",
+    "EagerFallbackWarning",
+    "Location",
+    "PrecompileError",
+    "__version__",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'precompile' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

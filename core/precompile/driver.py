@@ -1,0 +1,461 @@
+"""The runtime driver of single-graph artifacts, authored as real code, emitted as text.
+
+Nothing imports this module at run time. The emitter copies the functions named in
+``SINGLE_GRAPH_DRIVER`` verbatim (``inspect.getsource``) into every artifact, after the
+metadata literals, the import prelude and the captured graph, so an artifact runs where
+this package is not installed and is frozen against later changes to it (its text is
+hashed into ``code_hash``). Writing it as a module rather than a string lets ruff and type
+checkers read it.
+
+The names the bodies read from the artifact's namespace -- the metadata constants, the
+prelude's torch aliases and the graph's ``call`` -- are declared under TYPE_CHECKING.
+
+INVARIANT: ``_lift_module_state`` orders and names params and buffers exactly as
+``precompile.lifting.lift_module_state`` does at capture (params then buffers, over all
+modules, interned by identity, ``m{i}.`` prefixes only with several modules). A test
+holds the two in agreement.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch as _torch
+    import torch.utils._pytree as _pytree
+
+    _DisableAutocast = _torch._C._DisableAutocast
+    _any_autocast_enabled = _torch._C._is_any_autocast_enabled
+    _set_grad_enabled = _torch._C._set_grad_enabled
+
+    BACKEND: str = ""
+    FN_NAME: str = ""
+    NUM_POSITIONAL_ARGS: int = 0
+    MODULE_POSITIONS: list[int] = []
+    PARAM_NAMES: list[str] = []
+    PARAM_SHAPES: list[tuple[int, ...]] = []
+    PARAM_DTYPES: list[str] = []
+    PARAM_DEVICES: list[str] = []
+    PARAM_REQUIRES_GRAD: list[bool] = []
+    BUFFER_NAMES: list[str] = []
+    BUFFER_SHAPES: list[tuple[int, ...]] = []
+    BUFFER_DTYPES: list[str] = []
+    BUFFER_DEVICES: list[str] = []
+    MODULE_TRAINING: list[list[tuple[str, bool]]] = []
+    GRAD_PARAM_INDICES: list[int] = []
+    IN_SPEC: str = ""
+    OUT_SPEC: str = ""
+    USER_INPUT_SHAPES: list[tuple[int | None, ...] | None] = []
+    USER_INPUT_DTYPES: list[str | None] = []
+    USER_INPUT_DEVICES: list[str | None] = []
+    USER_INPUT_BOUNDS: list[dict[int, tuple[int | None, int | None]] | None] = []
+    USER_INPUT_SHAPE_IDS: list[dict[int, str] | None] = []
+    USER_INPUT_CONSTANTS: list[object] = []
+
+    def call(flat_inputs: list[object]) -> list[object]: ...
+
+    def _relabel_layout_error(error: AssertionError) -> str | None: ...
+
+
+class PrecompileError(RuntimeError):
+    """Raised by an artifact running where the precompile package is not importable.
+
+    Same name and fields as ``precompile.PrecompileError``, so handlers written against
+    the name keep working; where the package is importable that class is raised instead.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        invariant: int | None = None,
+        location: Any = None,
+        hint: str | None = None,
+    ) -> None:
+        self.message = message
+        self.invariant = invariant
+        self.location = location
+        self.hint = hint
+        suffix = "" if invariant is None else f" (invariant {invariant})"
+        super().__init__(message + suffix)
+
+
+def _fail(message: str, invariant: int | None = None) -> Any:
+    # Imported at the moment of failure only, so a normal call never touches the
+    # package and an artifact runs where it is not installed.
+    try:
+        from precompile.errors import PrecompileError as _Error
+    except ImportError:
+        _Error = PrecompileError
+    raise _Error(message, invariant=invariant) from None
+
+
+def _lift_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[Any]]:
+    """Params then buffers of the runtime modules, interned by identity, named like the
+    capture named them; also every submodule in walk order (for the training flags)."""
+    multi = len(mods) > 1
+    seen: set[int] = set()
+    tensors: list[Any] = []
+    names: list[str] = []
+    for kind in ("named_parameters", "named_buffers"):
+        for mi, m in enumerate(mods):
+            for n, t in getattr(m, kind)(remove_duplicate=False):
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    tensors.append(t)
+                    names.append(f"m{mi}.{n}" if multi else n)
+    subs = [sub for m in mods for sub in m.modules()]
+    return tensors, names, subs
+
+
+def _describe_structure_mismatch(mods: list[Any]) -> None:
+    """Raise the precise invariant-2 message for a runtime model that differs from the
+    traced one; return quietly if it matches. Slow on purpose: it runs only when the
+    per-call fast check saw a new model or a change."""
+    tensors, names, _subs = _lift_module_state(mods)
+    expected = list(PARAM_NAMES) + list(BUFFER_NAMES)
+    if names != expected:
+        missing = [n for n in expected if n not in names]
+        extra = [n for n in names if n not in expected]
+        detail = (
+            f"missing {missing}, unexpected {extra}"
+            if missing or extra
+            else f"same names in another order: {names}"
+        )
+        _fail(
+            f"precompile: the runtime model's parameters/buffers differ from the traced "
+            f"model's ({detail}); pass a model with the same structure as the one "
+            f"captured, or capture again",
+            2,
+        )
+    shapes = list(PARAM_SHAPES) + list(BUFFER_SHAPES)
+    dtypes = list(PARAM_DTYPES) + list(BUFFER_DTYPES)
+    devices = list(PARAM_DEVICES) + list(BUFFER_DEVICES)
+    for name, t, shape, dtype, device in zip(names, tensors, shapes, dtypes, devices):
+        if tuple(t.shape) != tuple(shape):
+            _fail(
+                f"precompile: the runtime parameter/buffer {name!r} has shape "
+                f"{tuple(t.shape)} but the traced model's was {tuple(shape)}; the graph "
+                f"is specialized to the traced shapes",
+                2,
+            )
+        if str(t.dtype) != dtype:
+            _fail(
+                f"precompile: the runtime parameter/buffer {name!r} has dtype {t.dtype} "
+                f"but the traced model's was {dtype}; cast the model back (e.g. "
+                f".to({dtype})) or capture again",
+                2,
+            )
+        if str(t.device) != device:
+            _fail(
+                f"precompile: the runtime parameter/buffer {name!r} is on device "
+                f"{t.device} but the traced model's was on {device}; move the model "
+                f"(.to({device!r})) or capture again",
+                2,
+            )
+    for name, t, wanted in zip(names, tensors, PARAM_REQUIRES_GRAD):
+        if bool(t.requires_grad) != wanted:
+            _fail(
+                f"precompile: parameter {name!r} has requires_grad={t.requires_grad} but "
+                f"was captured with requires_grad={wanted}; the capture baked which "
+                f"gradients the graph computes. Restore it with "
+                f".requires_grad_({wanted}) or capture again",
+                2,
+            )
+    for mi, (m, flags) in enumerate(zip(mods, MODULE_TRAINING)):
+        actual = [(n, bool(sub.training)) for n, sub in m.named_modules()]
+        for (name, flag), (aname, aflag) in zip(flags, actual):
+            if name != aname:
+                _fail(
+                    f"precompile: the runtime model's submodule {aname!r} stands where "
+                    f"the traced model had {name!r}; pass a structurally identical model",
+                    2,
+                )
+            if flag != aflag:
+                where = f"submodule {name!r}" if name else "the model"
+                mode = "train()" if flag else "eval()"
+                _fail(
+                    f"precompile: {where} of module argument {MODULE_POSITIONS[mi]} is in "
+                    f"{'training' if aflag else 'eval'} mode but was captured in "
+                    f"{'training' if flag else 'eval'} mode; the capture baked that mode "
+                    f"(dropout, batch-norm statistics). Call .{mode} on the model or "
+                    f"capture again in this mode",
+                    2,
+                )
+        if len(actual) != len(flags):
+            _fail(
+                f"precompile: module argument {MODULE_POSITIONS[mi]} has {len(actual)} "
+                f"submodules but the traced model had {len(flags)}; pass a structurally "
+                f"identical model",
+                2,
+            )
+
+
+def _describe_input_mismatch(leaves: list[Any], spec_matches: bool) -> None:
+    """Raise the precise invariant-3/6 message for user inputs that differ from the
+    traced example; return quietly if they match."""
+    if not spec_matches:
+        _fail(
+            "precompile: the call's inputs are nested differently from the traced "
+            "example (lists, tuples, dicts and their lengths are part of the capture); "
+            "pass them in the captured structure",
+            3,
+        )
+    if len(leaves) != len(USER_INPUT_SHAPES):
+        _fail(
+            f"precompile: the call's inputs flatten to {len(leaves)} values but the "
+            f"traced example had {len(USER_INPUT_SHAPES)}",
+            3,
+        )
+    for i, leaf in enumerate(leaves):
+        shape = USER_INPUT_SHAPES[i]
+        if shape is None:
+            expected = USER_INPUT_CONSTANTS[i]
+            same = type(leaf) is type(expected) and (
+                leaf == expected or (leaf != leaf and expected != expected)
+            )
+            if not same:
+                _fail(
+                    f"precompile: input value {i} is {leaf!r} but the capture baked "
+                    f"{expected!r}; Python values are specialized at capture. Pass "
+                    f"{expected!r}, or capture again for this value",
+                    3,
+                )
+            continue
+        if not isinstance(leaf, _torch.Tensor):
+            _fail(
+                f"precompile: input {i} is a {type(leaf).__name__} but a tensor was "
+                f"traced there",
+                3,
+            )
+        actual = tuple(leaf.shape)
+        bounds = USER_INPUT_BOUNDS[i] or {}
+        if len(actual) != len(shape) or any(
+            e is not None and a != e for a, e in zip(actual, shape)
+        ):
+            shown = tuple("*" if e is None else e for e in shape)
+            _fail(
+                f"precompile: input {i} has shape {actual} but the artifact was traced "
+                f"with shape {shown} ('*' = dynamic); static dims are specialized. "
+                f"Capture with this shape, or mark the dim dynamic with "
+                f"torch._dynamo.decorators.mark_unbacked before capture",
+                3,
+            )
+        for dim, (lo, hi) in bounds.items():
+            size = actual[dim]
+            if (lo is not None and size < lo) or (hi is not None and size > hi):
+                _fail(
+                    f"precompile: input {i} dim {dim} has size {size}, outside the range "
+                    f"[{lo}, {hi}] declared with mark_unbacked at capture",
+                    3,
+                )
+        if str(leaf.dtype) != USER_INPUT_DTYPES[i]:
+            _fail(
+                f"precompile: input {i} has dtype {leaf.dtype} but the artifact was "
+                f"traced with {USER_INPUT_DTYPES[i]}; cast the input (.to("
+                f"{USER_INPUT_DTYPES[i]})) or capture again",
+                6,
+            )
+        if str(leaf.device) != USER_INPUT_DEVICES[i]:
+            _fail(
+                f"precompile: input {i} is on device {leaf.device} but the artifact was "
+                f"traced on {USER_INPUT_DEVICES[i]}; move the input "
+                f"(.to({USER_INPUT_DEVICES[i]!r})) or capture again",
+                6,
+            )
+    sizes: dict[str, tuple[int, int, int]] = {}
+    for i, ids in enumerate(USER_INPUT_SHAPE_IDS):
+        for dim, shape_id in (ids or {}).items():
+            size = leaves[i].shape[dim]
+            if shape_id in sizes and sizes[shape_id][0] != size:
+                j, jdim = sizes[shape_id][1:]
+                _fail(
+                    f"precompile: input {i} dim {dim} has size {size} but input {j} dim "
+                    f"{jdim} has size {sizes[shape_id][0]}; both were marked with "
+                    f"shape_id {shape_id!r}, so they must be equal",
+                    3,
+                )
+            sizes.setdefault(shape_id, (size, i, dim))
+
+
+def _build_single_graph_forward() -> Any:
+    """Compute once what every call needs, and return the lean per-call ``forward``.
+
+    Each call is checked in full, but through a fast path: the inputs' (shape, dtype,
+    device) and the model's structure are compared as whole tuples against what the last
+    verified call saw. Only a difference (or a new model) takes the slow path, which
+    names the exact mismatch or re-verifies and refreshes the snapshot. The snapshot
+    holds the most recent model's submodules, so that model stays alive until a call
+    with another model replaces it.
+    """
+    from itertools import chain
+    from operator import attrgetter
+    from operator import is_ as _is
+
+    n_args = NUM_POSITIONAL_ARGS
+    module_positions = tuple(MODULE_POSITIONS)
+    user_positions = tuple(i for i in range(n_args) if i not in set(module_positions))
+    in_spec = _pytree.treespec_loads(IN_SPEC)
+    out_spec = _pytree.treespec_loads(OUT_SPEC)
+    flat_inputs = in_spec == _pytree.tree_structure(tuple(0 for _ in user_positions))
+    single_output = out_spec == _pytree.tree_structure(0)
+    tensor_slots = tuple(i for i, s in enumerate(USER_INPUT_SHAPES) if s is not None)
+    constant_slots = tuple(
+        (i, USER_INPUT_CONSTANTS[i]) for i, s in enumerate(USER_INPUT_SHAPES) if s is None
+    )
+    has_dynamic = any(s is not None and None in s for s in USER_INPUT_SHAPES) or any(
+        USER_INPUT_SHAPE_IDS
+    )
+    input_meta = attrgetter("shape", "dtype", "device")
+    expected_inputs = tuple(
+        (
+            _torch.Size(USER_INPUT_SHAPES[i]),
+            getattr(_torch, USER_INPUT_DTYPES[i].split(".")[-1]),
+            _torch.device(USER_INPUT_DEVICES[i]),
+        )
+        for i in tensor_slots
+        if not has_dynamic
+    )
+    param_meta = attrgetter("shape", "dtype", "device", "requires_grad")
+    buffer_meta = attrgetter("shape", "dtype", "device")
+    n_params = len(PARAM_NAMES)
+    state_dicts = attrgetter("_parameters", "_buffers", "_modules")
+    training = attrgetter("training")
+    grad_indices = tuple(GRAD_PARAM_INDICES)
+    n_grads = len(grad_indices)
+    # The last verified model: its roots, every submodule, their parameter/buffer/child
+    # dicts with the identities of all values (held, so no id is reused while we
+    # compare), the lifted tensors and their metadata. A dict replaced wholesale (not
+    # something nn.Module does) is the one change this snapshot does not see.
+    verified: dict[str, Any] = {}
+
+    def _slot_ids(dicts: tuple[dict[str, Any], ...]) -> tuple[int, ...]:
+        return tuple(map(id, chain.from_iterable(map(dict.values, dicts))))
+
+    def _tensor_meta(tensors: list[Any]) -> tuple[Any, ...]:
+        return tuple(map(param_meta, tensors[:n_params])) + tuple(
+            map(buffer_meta, tensors[n_params:])
+        )
+
+    def _verify_model(mods: list[Any]) -> list[Any]:
+        _describe_structure_mismatch(mods)
+        tensors, _names, subs = _lift_module_state(mods)
+        dicts = tuple(chain.from_iterable(map(state_dicts, subs)))
+        verified.clear()
+        verified.update(
+            roots=tuple(mods),
+            subs=subs,
+            dicts=dicts,
+            values=[v for d in dicts for v in d.values()],
+            ids=_slot_ids(dicts),
+            tensors=tensors,
+            training=tuple(map(training, subs)),
+            meta=_tensor_meta(tensors),
+        )
+        return tensors
+
+    def _model_tensors(mods: list[Any]) -> list[Any]:
+        if (
+            verified
+            and all(map(_is, mods, verified["roots"]))
+            and tuple(map(training, verified["subs"])) == verified["training"]
+            and _slot_ids(verified["dicts"]) == verified["ids"]
+            and _tensor_meta(verified["tensors"]) == verified["meta"]
+        ):
+            return verified["tensors"]
+        return _verify_model(mods)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != n_args:
+            if kwargs:
+                _fail(
+                    f"precompile: {FN_NAME} was captured with positional arguments only "
+                    f"and got keyword arguments {sorted(kwargs)}; pass them positionally",
+                    2,
+                )
+            _fail(
+                f"precompile: {FN_NAME} takes {n_args} positional arguments (as captured) "
+                f"but got {len(args)}",
+                2,
+            )
+        mods = [args[i] for i in module_positions]
+        for i, m in zip(module_positions, mods):
+            if not isinstance(m, _torch.nn.Module):
+                _fail(
+                    f"precompile: argument {i} must be the nn.Module the captured function "
+                    f"took there, got {type(m).__name__}",
+                    2,
+                )
+        user = tuple(args[i] for i in user_positions)
+        if flat_inputs:
+            leaves = user
+        else:
+            leaves, spec = _pytree.tree_flatten(user)
+            if spec != in_spec:
+                _describe_input_mismatch(leaves, False)
+        try:
+            tensors_in = [leaves[i] for i in tensor_slots]
+            ok = (
+                not has_dynamic
+                and tuple(map(input_meta, tensors_in)) == expected_inputs
+                and all(type(leaves[i]) is type(v) and leaves[i] == v for i, v in constant_slots)
+            )
+        except (AttributeError, IndexError, RuntimeError):
+            ok = False
+        if not ok:
+            _describe_input_mismatch(list(leaves), True)
+            tensors_in = [leaves[i] for i in tensor_slots]
+        flat = [*_model_tensors(mods), *tensors_in]
+        grad_was_enabled = _torch.is_grad_enabled()
+        if grad_was_enabled:
+            _set_grad_enabled(False)
+        try:
+            if _any_autocast_enabled():
+                # The capture's casts are already in the graph; ambient autocast
+                # must not cast a second time.
+                with _DisableAutocast():
+                    out = call(flat)
+            else:
+                out = call(flat)
+        except AssertionError as error:
+            message = _relabel_layout_error(error)
+            if message is None:
+                raise
+            _fail(message, 6)
+            raise
+        finally:
+            if grad_was_enabled:
+                _set_grad_enabled(True)
+        if n_grads:
+            # Accumulate like eager .backward(): frozen parameters keep .grad None.
+            params = verified["tensors"]
+            for idx, g in zip(grad_indices, out[len(out) - n_grads :]):
+                p = params[idx]
+                if p.grad is None:
+                    p.grad = g
+                else:
+                    p.grad.add_(g)
+            out = out[: len(out) - n_grads]
+        if single_output:
+            return out[0]
+        return _pytree.tree_unflatten(list(out), out_spec)
+
+    return forward
+
+
+def _relabel_layout_error_eager(error: AssertionError) -> str | None:
+    """The eager backend has no layout asserts of its own: every AssertionError is the
+    user's (a torch._assert in fn) and passes through unchanged."""
+    return None
+
+
+#: The functions every single-graph artifact carries, in emission order. The backend
+#: adds its ``_relabel_layout_error_<backend>``, bound as ``_relabel_layout_error``.
+SINGLE_GRAPH_DRIVER = (
+    PrecompileError,
+    _fail,
+    _lift_module_state,
+    _describe_structure_mismatch,
+    _describe_input_mismatch,
+    _build_single_graph_forward,
+)

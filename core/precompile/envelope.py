@@ -1,0 +1,101 @@
+"""The cache half of the artifact pair: a ``torch.save``d dict that only accelerates.
+
+python_code alone always runs; the envelope carries what makes loading cheap (compiled
+kernels, for Inductor) plus ``code_hash``, which binds it to the exact python_code bytes
+it was made with. Read with ``weights_only=True``: a cache is never a pickle gadget.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import warnings
+from typing import Any
+
+from precompile.errors import CacheFallbackWarning, PrecompileError
+
+CACHE_FORMAT = "torch-precompile-cache"
+CACHE_VERSION = 1
+
+
+def code_hash(python_code: bytes) -> str:
+    return hashlib.sha256(python_code).hexdigest()
+
+
+def build_envelope(
+    *, backend: str, tracer: str, python_code: bytes, bundle: dict[str, Any]
+) -> bytes:
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(
+        {
+            "format": CACHE_FORMAT,
+            "version": CACHE_VERSION,
+            "backend": backend,
+            "tracer": tracer,
+            "code_hash": code_hash(python_code),
+            "bundle": bundle,
+        },
+        buffer,
+    )
+    return buffer.getvalue()
+
+
+def _fallback(cache_path: str, why: str) -> None:
+    warnings.warn(
+        f"precompile: ignoring the cache {cache_path!r} ({why}); the artifact runs from its "
+        f"python_code alone, with identical results (only loading is slower)",
+        CacheFallbackWarning,
+        stacklevel=4,
+    )
+
+
+def read_envelope(
+    data: bytes, cache_path: str, *, backend: str, tracer: str, python_code_hash: str
+) -> dict[str, Any] | None:
+    """The envelope's bundle, or None (with one warning) when it cannot be used.
+
+    An unreadable or foreign-format cache only slows loading down, so it warns; a cache
+    that reads fine but belongs to another capture means the pair was mixed up, which
+    the user must hear about, so it raises.
+    """
+    import torch
+
+    try:
+        envelope = torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as error:  # any unpickling failure means "not a usable cache"
+        _fallback(cache_path, f"unreadable: {type(error).__name__}: {str(error)[:200]}")
+        return None
+    if not isinstance(envelope, dict) or envelope.get("format") != CACHE_FORMAT:
+        _fallback(cache_path, "not a torch-precompile cache")
+        return None
+    if envelope.get("version") != CACHE_VERSION:
+        _fallback(
+            cache_path,
+            f"cache format version {envelope.get('version')!r}, expected {CACHE_VERSION}",
+        )
+        return None
+    for field, expected in (("backend", backend), ("tracer", tracer)):
+        if envelope.get(field) != expected:
+            raise PrecompileError(
+                f"the cache {cache_path!r} was made for {field} {envelope.get(field)!r} but "
+                f"the artifact uses {expected!r}: the two files come from different captures",
+                invariant=7,
+                hint="pass the .cache written together with this .py, or omit cache_path",
+            )
+    if envelope.get("code_hash") != python_code_hash:
+        raise PrecompileError(
+            f"the cache {cache_path!r} does not belong to this artifact (its code_hash "
+            f"differs): the .py was edited or the two files come from different captures",
+            invariant=7,
+            hint="emit the artifact again, or pass the .cache written with this .py",
+        )
+    bundle = envelope.get("bundle")
+    return bundle if isinstance(bundle, dict) else {}
+
+
+def default_cache_path(artifact_path: str) -> str:
+    root, _ = os.path.splitext(artifact_path)
+    return root + ".cache"

@@ -1,0 +1,92 @@
+"""The error and warning types every part of precompile raises.
+
+This module imports nothing from torch: emitted artifacts import it lazily, only at the
+moment they raise, and the language server builds findings from these fields without ever
+loading torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Location:
+    """A place in user source: 1-based line, 0-based column in Unicode code points.
+
+    Code points, not CPython's UTF-8 byte offsets, because every consumer (LSP, SARIF, a
+    terminal) converts from code points, and a byte offset on a line holding non-ASCII
+    text would point at the wrong character.
+    """
+
+    file: str
+    line: int
+    column: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column + 1}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class PrecompileError(RuntimeError):
+    """A capture, load or call that precompile refuses, with the reason and the fix.
+
+    The structured fields let an editor place the error: ``invariant`` is the number of
+    the programming-model invariant that was broken (docs/programming-model.md), or None;
+    ``location`` is the user line at fault when known; ``hint`` says what to do.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        invariant: int | None = None,
+        location: Location | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.message = message
+        self.invariant = invariant
+        self.location = location
+        self.hint = hint
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        text = self.message
+        if self.invariant is not None and f"invariant {self.invariant}" not in text:
+            text = f"{text} (invariant {self.invariant})"
+        if self.hint:
+            text = f"{text}\n  hint: {self.hint}"
+        if self.location is not None:
+            text = f"{text}\n  at {self.location}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": type(self).__name__,
+            "message": self.message,
+            "invariant": self.invariant,
+            "location": None if self.location is None else self.location.to_dict(),
+            "hint": self.hint,
+        }
+
+
+class ArtifactTrustWarning(UserWarning):
+    """Emitted once per load: python_code is executable input, to be trusted like a pickle.
+
+    Its own category so a deployment that vets its artifacts can silence exactly this
+    warning and nothing else.
+    """
+
+
+class CacheFallbackWarning(UserWarning):
+    """The cache could not be used; the artifact runs from its python_code alone.
+
+    Results are identical either way; only load time differs.
+    """
+
+
+class EagerFallbackWarning(UserWarning):
+    """A frame Dynamo gave up on during capture missed its variants and ran eagerly."""

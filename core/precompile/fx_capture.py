@@ -1,0 +1,472 @@
+"""Single-graph capture: one ``make_fx`` trace of ``fn`` on fake tensors.
+
+Every refusal names what is wrong, the invariant it breaks, and the user line at fault:
+the tensors of the example call are never computed on or mutated here, and anything the
+artifact could not reproduce faithfully is refused before an artifact exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from precompile import _compat
+from precompile._compat import pytree
+from precompile.errors import Location, PrecompileError
+from precompile.lifting import LiftedState, lift_module_state, module_training_flags
+from precompile.locations import StackFrame, innermost, traceback_user_stack
+
+#: Non-tensor example values the artifact can bake and re-check on every call.
+LITERAL_TYPES = (type(None), bool, int, float, complex, str)
+#: A tensor built inside fn from Python literals may stay in the graph up to this size.
+MAX_LITERAL_CONSTANT_NUMEL = 4096
+
+
+@dataclasses.dataclass
+class SingleGraph:
+    """A traced computation and everything the emitter and the driver need about it."""
+
+    graph_module: torch.fx.GraphModule
+    lifted: LiftedState
+    num_args: int
+    module_positions: list[int]
+    module_training: list[list[tuple[str, bool]]]
+    in_spec: Any
+    out_spec: Any
+    user_leaves: list[Any]
+    grad_param_indices: list[int]
+    node_stacks: dict[str, list[StackFrame]]
+    training: bool
+
+    @property
+    def user_tensors(self) -> list[torch.Tensor]:
+        return [leaf for leaf in self.user_leaves if isinstance(leaf, torch.Tensor)]
+
+    def source_files(self) -> list[str]:
+        files = {f.file for frames in self.node_stacks.values() for f in frames}
+        return sorted(files)
+
+    def op_count(self) -> int:
+        return sum(1 for n in self.graph_module.graph.nodes if n.op == "call_function")
+
+
+class _Refusal(Exception):
+    """Raised inside the trace; becomes a PrecompileError placed at the user's line."""
+
+    def __init__(self, message: str, invariant: int | None, hint: str | None = None):
+        super().__init__(message)
+        self.invariant = invariant
+        self.hint = hint
+
+
+class _RefuseOpaqueAccess(TorchFunctionMode):
+    """Fake tensors have no storage: reading a pointer or a NumPy view of one would be
+    silently meaningless (data_ptr only warns), so refuse those accesses outright."""
+
+    _REFUSED: ClassVar[dict[Any, str]] = {
+        torch.Tensor.data_ptr: ".data_ptr()",
+        torch.Tensor.numpy: ".numpy()",
+    }
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        what = self._REFUSED.get(func)
+        if what is not None:
+            raise _Refusal(
+                f"fn calls {what} on a tensor; a capture records tensor operations, and "
+                f"{what} leaves the graph (its result would be frozen at capture)",
+                4,
+                "keep the computation in torch operations, or do this outside fn",
+            )
+        return func(*args, **(kwargs or {}))
+
+
+def _fn_location(fn: Callable[..., Any]) -> Location | None:
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    if code is None:
+        return None
+    return Location(code.co_filename, code.co_firstlineno, 0)
+
+
+def _holds_state(value: Any) -> bool:
+    return isinstance(value, (torch.nn.Module, torch.Tensor))
+
+
+def check_fn_holds_no_state(fn: Callable[..., Any]) -> None:
+    """Invariant 1: modules and tensors reach fn as arguments, never through fn itself."""
+    where = _fn_location(fn)
+    hint = "pass the module or tensor as an argument of fn instead"
+    if isinstance(fn, torch.nn.Module):
+        raise PrecompileError(
+            f"fn is itself an nn.Module ({type(fn).__name__}); its parameters would be "
+            f"baked into the artifact",
+            invariant=1,
+            location=where,
+            hint="capture a function that takes the module: "
+            "capture(lambda model, x: model(x), ...) and call cap(model, x)",
+        )
+    if not callable(fn):
+        raise TypeError(f"precompile.capture: fn must be callable, got {type(fn).__name__}")
+    held: list[str] = []
+    if isinstance(fn, functools.partial):
+        held += [f"partial argument {i}" for i, a in enumerate(fn.args) if _holds_state(a)]
+        held += [f"partial keyword {k!r}" for k, a in fn.keywords.items() if _holds_state(a)]
+    owner = getattr(fn, "__self__", None)
+    if _holds_state(owner):
+        held.append(f"the bound object {type(owner).__name__} (fn is a method)")
+    func = getattr(fn, "__func__", fn)
+    code = getattr(func, "__code__", None)
+    for name, cell in zip(
+        getattr(code, "co_freevars", ()), getattr(func, "__closure__", None) or ()
+    ):
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        if _holds_state(value):
+            held.append(f"closure variable {name!r} ({type(value).__name__})")
+    for i, value in enumerate(getattr(func, "__defaults__", None) or ()):
+        if _holds_state(value):
+            held.append(f"default argument {i} ({type(value).__name__})")
+    for name, value in (getattr(func, "__kwdefaults__", None) or {}).items():
+        if _holds_state(value):
+            held.append(f"keyword default {name!r} ({type(value).__name__})")
+    if held:
+        raise PrecompileError(
+            f"fn holds a module or tensor through {', '.join(held)}; the artifact would "
+            f"bake it in as a constant instead of taking it at run time",
+            invariant=1,
+            location=where,
+            hint=hint,
+        )
+
+
+def _check_tensor(t: torch.Tensor, what: str, where: Location | None) -> None:
+    """Refuse tensor kinds the artifact cannot check or reproduce yet (invariant 4)."""
+    inner = _compat.active_trace()
+    if isinstance(t, _compat.FakeTensor) or inner:
+        raise PrecompileError(
+            f"capture was called inside another trace ({inner or 'fake tensor inputs'}); "
+            f"{what} is not a real tensor",
+            invariant=None,
+            location=where,
+            hint="call precompile.capture at top level, outside torch.compile, make_fx "
+            "and fake-tensor modes",
+        )
+    problem = None
+    if t.layout != torch.strided:
+        problem = f"has layout {t.layout} (sparse or mkldnn)"
+        fix = "pass a dense tensor (.to_dense())"
+    elif t.is_quantized:
+        problem = "is quantized"
+        fix = "pass the dequantized tensor (.dequantize())"
+    elif t.is_nested:
+        problem = "is a nested tensor"
+        fix = "pass padded dense tensors"
+    elif t.is_pinned():
+        problem = "is in pinned memory"
+        fix = "pass an unpinned copy"
+    elif type(t) not in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer):
+        problem = f"is a tensor subclass ({type(t).__name__})"
+        fix = "pass a plain torch.Tensor"
+    else:
+        return
+    raise PrecompileError(
+        f"{what} {problem}, which precompile does not support yet",
+        invariant=4,
+        location=where,
+        hint=fix,
+    )
+
+
+def _split_args(
+    args: Sequence[Any], where: Location | None
+) -> tuple[list[int], list[torch.nn.Module], list[Any], Any]:
+    module_positions = [i for i, a in enumerate(args) if isinstance(a, torch.nn.Module)]
+    modules = [args[i] for i in module_positions]
+    user = tuple(a for i, a in enumerate(args) if i not in module_positions)
+    leaves, in_spec = pytree.tree_flatten(user)
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.nn.Module):
+            raise PrecompileError(
+                f"input value {i} is an nn.Module nested inside a container; modules are "
+                f"lifted only as top-level positional arguments",
+                invariant=1,
+                location=where,
+                hint="pass each module as its own positional argument of fn",
+            )
+        if isinstance(leaf, torch.Tensor):
+            _check_tensor(leaf, f"input value {i}", where)
+        elif not isinstance(leaf, LITERAL_TYPES):
+            raise PrecompileError(
+                f"input value {i} is a {type(leaf).__name__}; besides tensors and modules "
+                f"a captured call takes only Python literals (None, bool, int, float, "
+                f"complex, str), which the artifact bakes and re-checks on every call",
+                invariant=3,
+                location=where,
+                hint="pass tensors and literals only; read other configuration inside fn",
+            )
+    return module_positions, modules, leaves, in_spec
+
+
+def _name_constant(
+    value: torch.Tensor,
+    fn: Callable[..., Any],
+    modules: list[torch.nn.Module],
+    frames: list[StackFrame],
+) -> str:
+    """Say where a tensor that is not an input came from, as precisely as we can."""
+    func = getattr(fn, "__func__", fn)
+    scopes: list[tuple[str, dict[str, Any]]] = []
+    for frame in reversed(frames):
+        for mod in list(sys.modules.values()):
+            if getattr(mod, "__file__", None) == frame.file:
+                scopes.append((f"global of {mod.__name__}", vars(mod)))
+                break
+    scopes.append(("global", getattr(func, "__globals__", {})))
+    for label, scope in scopes:
+        for name, v in scope.items():
+            if v is value:
+                return f"{label} {name!r}"
+    code = getattr(func, "__code__", None)
+    for name, cell in zip(
+        getattr(code, "co_freevars", ()), getattr(func, "__closure__", None) or ()
+    ):
+        with contextlib.suppress(ValueError):
+            if cell.cell_contents is value:
+                return f"closure variable {name!r}"
+    multi = len(modules) > 1
+    for mi, module in enumerate(modules):
+        for sub_name, sub in module.named_modules():
+            for attr, v in vars(sub).items():
+                if v is value:
+                    owner = (f"m{mi}." if multi else "") + (sub_name or "")
+                    return (
+                        f"attribute {attr!r} of module {owner or type(module).__name__!r}, "
+                        f"which is not a registered parameter or buffer"
+                    )
+    return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+
+
+def _refuse_from_exception(error: BaseException, training: bool) -> PrecompileError:
+    where = innermost(traceback_user_stack(error.__traceback__))
+    if isinstance(error, _Refusal):
+        return PrecompileError(
+            str(error), invariant=error.invariant, location=where, hint=error.hint
+        )
+    if isinstance(error, _compat.DATA_DEPENDENT_ERRORS):
+        op = getattr(error, "func", None)
+        return PrecompileError(
+            f"fn depends on tensor values ({op}: .item(), .tolist(), a tensor in an "
+            f"`if`, .nonzero() or another op whose output shape depends on data); a "
+            f"single graph cannot specialize on values it has not seen",
+            invariant=3,
+            location=where,
+            hint="keep the decision in tensor ops (torch.where, masking), or use "
+            "precompile.DynamoTracer(), which splits the graph there",
+        )
+    if isinstance(error, _compat.UnsupportedOperatorException):
+        return PrecompileError(
+            f"operator {error.func} has no fake (meta) kernel, so it cannot be traced",
+            invariant=None,
+            location=where,
+            hint="register one with torch.library.register_fake, or call the op " "outside fn",
+        )
+    text = str(error)
+    if not training and "does not require grad and does not have a grad_fn" in text:
+        return PrecompileError(
+            "fn runs a backward but was captured with training=False (grad disabled)",
+            invariant=5,
+            location=where,
+            hint="pass training=True to precompile.capture to trace the backward",
+        )
+    return PrecompileError(
+        f"fn raised {type(error).__name__} while being traced: {text}",
+        invariant=None,
+        location=where,
+        hint="fix the error at the location shown; fn runs on fake tensors during capture",
+    )
+
+
+def trace_single_graph(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    *,
+    training: bool,
+    decompositions: dict[Any, Callable[..., Any]] | None = None,
+) -> SingleGraph:
+    where = _fn_location(fn)
+    check_fn_holds_no_state(fn)
+    inner = _compat.active_trace()
+    if inner:
+        raise PrecompileError(
+            f"capture was called inside {inner}",
+            location=where,
+            hint="call precompile.capture at top level, outside other traces",
+        )
+    module_positions, modules, leaves, in_spec = _split_args(args, where)
+    lifted = lift_module_state(modules)
+    for name, tensor in zip(lifted.names, lifted.tensors):
+        _check_tensor(tensor, f"parameter/buffer {name!r}", where)
+    tensor_slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    n_state = len(lifted.tensors)
+    grad_param_indices: list[int] = []
+    out_spec_box: list[Any] = []
+
+    def flat_fn(*flat: torch.Tensor) -> list[Any]:
+        state, user_tensors = flat[:n_state], flat[n_state:]
+        call_leaves = list(leaves)
+        for slot, t in zip(tensor_slots, user_tensors):
+            call_leaves[slot] = t
+        user_args = iter(pytree.tree_unflatten(call_leaves, in_spec))
+        call_args = [
+            args[i] if i in module_positions else next(user_args) for i in range(len(args))
+        ]
+        with contextlib.ExitStack() as stack:
+            for mi, module in enumerate(modules):
+                swap = {
+                    name: state[k]
+                    for k, names in enumerate(lifted.aliases)
+                    for m, name in names
+                    if m == mi
+                }
+                stack.enter_context(_compat.reparametrized(module, swap))
+            out = fn(*call_args)
+        out_leaves, out_spec = pytree.tree_flatten(out)
+        out_spec_box.append(out_spec)
+        for i, leaf in enumerate(out_leaves):
+            if not isinstance(leaf, (torch.Tensor, *LITERAL_TYPES)):
+                raise _Refusal(
+                    f"fn returned a {type(leaf).__name__} (output value {i}); outputs are "
+                    f"tensors and Python literals, in lists, tuples and dicts",
+                    3,
+                    "return tensors (or literals) only",
+                )
+        for k in range(lifted.num_params, n_state):
+            if state[k].grad is not None:
+                raise _Refusal(
+                    f"buffer {lifted.names[k]!r} received a gradient; only parameter "
+                    f"gradients are accumulated by an artifact",
+                    5,
+                    "register it as a parameter, or keep it out of the backward",
+                )
+        for slot, t in zip(tensor_slots, user_tensors):
+            if t.grad is not None:
+                raise _Refusal(
+                    f"input value {slot} received a gradient in a backward inside fn; an "
+                    f"artifact accumulates parameter gradients only",
+                    5,
+                    "compute input gradients with torch.autograd.grad and return them",
+                )
+        grads = [state[k].grad for k in range(lifted.num_params)]
+        grad_param_indices[:] = [k for k, g in enumerate(grads) if g is not None]
+        if (
+            training
+            and not grad_param_indices
+            and any(isinstance(leaf, torch.Tensor) and leaf.requires_grad for leaf in out_leaves)
+        ):
+            raise _Refusal(
+                "training=True but fn ran no backward, and its outputs require grad; an "
+                "artifact runs without autograd, so a backward outside fn would see no "
+                "graph",
+                5,
+                "call loss.backward() inside fn, or capture with training=False",
+            )
+        return [*out_leaves, *(g for g in grads if g is not None)]
+
+    fake_mode = _compat.FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [fake_mode.from_tensor(t) for t in lifted.tensors]
+    fakes += [fake_mode.from_tensor(leaves[i]) for i in tensor_slots]
+    try:
+        with _compat.recording_user_stacks() as stack_of:
+            with fake_mode, _RefuseOpaqueAccess(), torch.set_grad_enabled(training):
+                gm = _compat.make_fx(
+                    flat_fn,
+                    decomposition_table=decompositions,
+                    record_stack_traces=True,
+                )(*fakes)
+            node_stacks = {
+                n.name: stack_of(n.meta.get("stack_trace"))
+                for n in gm.graph.nodes
+                if n.op in ("call_function", "get_attr")
+            }
+    except PrecompileError:
+        raise
+    except Exception as error:
+        raise _refuse_from_exception(error, training) from error
+    _check_graph(gm, node_stacks, fn, modules)
+    return SingleGraph(
+        graph_module=gm,
+        lifted=lifted,
+        num_args=len(args),
+        module_positions=module_positions,
+        module_training=[module_training_flags(m) for m in modules],
+        in_spec=in_spec,
+        out_spec=out_spec_box[-1],
+        user_leaves=leaves,
+        grad_param_indices=list(grad_param_indices),
+        node_stacks=node_stacks,
+        training=training,
+    )
+
+
+def is_literal_constant(node: torch.fx.Node, value: Any) -> bool:
+    """A tensor fn built from Python literals (torch.tensor([...])) is safe to inline."""
+    return (
+        isinstance(value, torch.Tensor)
+        and value.numel() <= MAX_LITERAL_CONSTANT_NUMEL
+        and bool(node.users)
+        and all(u.target is torch.ops.aten.lift_fresh_copy.default for u in node.users)
+    )
+
+
+def _check_graph(
+    gm: torch.fx.GraphModule,
+    node_stacks: dict[str, list[StackFrame]],
+    fn: Callable[..., Any],
+    modules: list[torch.nn.Module],
+) -> None:
+    for node in gm.graph.nodes:
+        frames = node_stacks.get(node.name, [])
+        if node.op == "get_attr":
+            value = getattr(gm, node.target)
+            if is_literal_constant(node, value):
+                continue
+            raise PrecompileError(
+                f"fn uses a tensor that is not an input: "
+                f"{_name_constant(value, fn, modules, frames)}; the artifact would bake "
+                f"its current value in as a constant",
+                invariant=1,
+                location=innermost(frames) or _fn_location(fn),
+                hint="pass it as an argument of fn, or register it on a module "
+                "argument with register_buffer / nn.Parameter",
+            )
+        if node.op == "call_function" and isinstance(node.target, _compat.HigherOrderOperator):
+            raise PrecompileError(
+                f"fn uses {node.target.name()} (a higher-order control-flow op), which the "
+                f"single-graph capture does not support yet",
+                invariant=3,
+                location=innermost(frames) or _fn_location(fn),
+                hint="express the branch with tensor ops (torch.where), or use "
+                "precompile.DynamoTracer()",
+            )
+
+
+def describe_fn(fn: Callable[..., Any]) -> dict[str, Any]:
+    """Name, module and definition site of the captured function, for reports."""
+    func = getattr(fn, "__func__", fn)
+    if isinstance(func, functools.partial):
+        func = func.func
+    code = getattr(func, "__code__", None)
+    return {
+        "name": getattr(func, "__qualname__", type(func).__name__),
+        "module": getattr(func, "__module__", None),
+        "file": getattr(code, "co_filename", None),
+        "line": getattr(code, "co_firstlineno", None),
+    }

@@ -1,0 +1,79 @@
+"""Turn a captured FX graph into standalone source with a boxed ``call(flat_inputs)``.
+
+The eager backend runs this source as is; it needs only ``torch``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from precompile import _compat
+from precompile.errors import PrecompileError
+from precompile.fx_capture import SingleGraph, is_literal_constant
+
+#: Names FX-generated code may reference; FX_GRAPH_GLOBALS defines every one of them.
+_KNOWN_GLOBALS = {"torch", "device", "inf", "nan", "NoneType", "fx_pytree", "pytree"}
+
+
+def _inline_literal_constants(gm: torch.fx.GraphModule) -> None:
+    """Rebuild tensors fn made from Python literals as torch.tensor(...) calls, so the
+    artifact needs no pickled constants."""
+    for node in list(gm.graph.nodes):
+        if node.op != "get_attr":
+            continue
+        value = getattr(gm, node.target)
+        if not is_literal_constant(node, value):
+            continue
+        with gm.graph.inserting_before(node):
+            literal = gm.graph.call_function(
+                torch.tensor,
+                (value.tolist(),),
+                {"dtype": value.dtype, "device": value.device},
+            )
+        node.replace_all_uses_with(literal)
+        gm.graph.erase_node(node)
+        delattr(gm, node.target)
+    gm.graph.lint()
+    gm.recompile()
+
+
+def _input_legend(graph: SingleGraph, placeholders: list[str]) -> list[str]:
+    labels = [f"parameter {n!r}" for n in graph.lifted.names[: graph.lifted.num_params]]
+    labels += [f"buffer {n!r}" for n in graph.lifted.names[graph.lifted.num_params :]]
+    labels += [
+        f"input value {i}"
+        for i, leaf in enumerate(graph.user_leaves)
+        if isinstance(leaf, torch.Tensor)
+    ]
+    return [f"#   {p}: {label}" for p, label in zip(placeholders, labels)]
+
+
+def fx_graph_source(graph: SingleGraph) -> str:
+    gm = graph.graph_module
+    _inline_literal_constants(gm)
+    code = gm.graph.python_code(root_module="self")
+    unknown = set(code.globals) - _KNOWN_GLOBALS
+    if unknown:
+        raise PrecompileError(
+            f"the captured graph references {sorted(unknown)}, which an artifact cannot "
+            f"import; this is a precompile limitation, please report it",
+        )
+    body = code.src.strip().replace("def forward(self,", "def _graph(self,", 1)
+    body = body.replace("def forward(self)", "def _graph(self)", 1)
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    return "\n".join(
+        [
+            _compat.FX_GRAPH_GLOBALS,
+            "# The captured ATen graph. Its inputs, in order:",
+            *_input_legend(graph, placeholders),
+            body,
+            "",
+            "",
+            "def call(flat_inputs):",
+            '    """Boxed like Inductor\'s call: takes the list and clears it."""',
+            "    inputs = tuple(flat_inputs)",
+            "    flat_inputs.clear()",
+            "    return _graph(None, *inputs)",
+            "",
+        ]
+    )

@@ -1,0 +1,58 @@
+"""Invariant 1 at capture: every param and buffer of the module arguments is an input.
+
+The runtime driver re-derives the same list from the live modules on every call
+(``driver._lift_module_state``); the two must order and name tensors identically, which
+a test asserts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass
+class LiftedState:
+    """The module arguments' tensors in graph-input order: params, then buffers.
+
+    ``aliases[k]`` lists every (module index, qualified name) under which tensor ``k``
+    is reachable, so a tied weight is lifted once and swapped in under all its names.
+    """
+
+    tensors: list[torch.Tensor]
+    names: list[str]
+    aliases: list[list[tuple[int, str]]]
+    num_params: int
+
+    @property
+    def params(self) -> list[torch.Tensor]:
+        return self.tensors[: self.num_params]
+
+    @property
+    def buffers(self) -> list[torch.Tensor]:
+        return self.tensors[self.num_params :]
+
+
+def lift_module_state(modules: list[torch.nn.Module]) -> LiftedState:
+    multi = len(modules) > 1
+    index: dict[int, int] = {}
+    state = LiftedState([], [], [], 0)
+    for kind in ("named_parameters", "named_buffers"):
+        for mi, module in enumerate(modules):
+            for name, tensor in getattr(module, kind)(remove_duplicate=False):
+                k = index.get(id(tensor))
+                if k is None:
+                    k = index[id(tensor)] = len(state.tensors)
+                    state.tensors.append(tensor)
+                    state.names.append(f"m{mi}.{name}" if multi else name)
+                    state.aliases.append([])
+                state.aliases[k].append((mi, name))
+        if kind == "named_parameters":
+            state.num_params = len(state.tensors)
+    return state
+
+
+def module_training_flags(module: torch.nn.Module) -> list[tuple[str, bool]]:
+    """Each submodule's training flag: make_fx bakes it (dropout, batch-norm mode)."""
+    return [(name, bool(sub.training)) for name, sub in module.named_modules()]

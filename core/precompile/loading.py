@@ -1,0 +1,142 @@
+"""``precompile.load``: run an artifact pair in this process, with no tracing or compiling."""
+
+from __future__ import annotations
+
+import builtins
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from precompile.artifact_io import read_bytes, validate_pair
+from precompile.envelope import code_hash, read_envelope
+from precompile.errors import ArtifactTrustWarning, PrecompileError
+from precompile.metadata import parse_metadata
+
+
+class PrecompiledRunnable:
+    """A loaded artifact: call it with the arguments the captured function took.
+
+    The model is passed again on every call (no weights live in the artifact); every
+    call is checked against what was captured and a mismatch raises PrecompileError.
+    """
+
+    installed = False
+
+    def __init__(
+        self,
+        forward: Callable[..., Any],
+        metadata: dict[str, Any],
+        namespace: dict[str, Any],
+        artifact_path: str,
+        cache_path: str | None,
+    ) -> None:
+        self._forward = forward
+        self.metadata = metadata
+        self._namespace = namespace
+        self.artifact_path = artifact_path
+        self.cache_path = cache_path
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._forward(*args, **kwargs)
+
+    def unload(self) -> None:
+        """Remove what loading installed into this process; idempotent."""
+        unload = self._namespace.get("_unload")
+        if unload is not None:
+            unload()
+
+    def __enter__(self) -> PrecompiledRunnable:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.unload()
+
+    def __repr__(self) -> str:
+        m = self.metadata
+        return (
+            f"<PrecompiledRunnable {m.get('FN_MODULE')}.{m.get('FN_NAME')} "
+            f"backend={m.get('BACKEND')} tracer={m.get('TRACER')} from {self.artifact_path!r}>"
+        )
+
+
+def exec_artifact(
+    python_code: bytes,
+    metadata: dict[str, Any],
+    bundle: dict[str, Any] | None,
+    *,
+    origin: str,
+    cache_path: str | None = None,
+    allow_serve_time_compiles: bool = False,
+) -> PrecompiledRunnable:
+    """Execute python_code in a fresh namespace. What load decided (the cache bundle,
+    the serve-time-compile flag) reaches the driver through namespace entries, never by
+    changing the hashed bytes."""
+    digest = code_hash(python_code)
+    namespace: dict[str, Any] = {
+        "__name__": f"precompile_artifact_{digest[:12]}",
+        "__file__": origin,
+        "__builtins__": builtins,
+        "_PRECOMPILE_BUNDLE": bundle,
+        "_PRECOMPILE_ALLOW_SERVE_TIME_COMPILES": allow_serve_time_compiles,
+    }
+    try:
+        code = compile(python_code, origin, "exec", dont_inherit=True)
+        exec(code, namespace)
+    except PrecompileError:
+        raise
+    except Exception as error:
+        raise PrecompileError(
+            f"the artifact {origin!r} failed to load: {type(error).__name__}: {error}",
+            hint="emit it again with this torch and Python; if it persists, report it",
+        ) from error
+    forward = namespace.get("forward")
+    if not callable(forward):
+        raise PrecompileError(f"the artifact {origin!r} defines no forward()")
+    return PrecompiledRunnable(forward, metadata, namespace, origin, cache_path)
+
+
+def load(
+    artifact_path: str | os.PathLike[str],
+    cache_path: str | os.PathLike[str] | None = None,
+    *,
+    allow_serve_time_compiles: bool = False,
+) -> PrecompiledRunnable:
+    """Load an artifact pair. ``cache_path=None`` runs from python_code alone.
+
+    Loading executes python_code: it is trusted input, like a pickle, and every load
+    says so with an ArtifactTrustWarning.
+    """
+    artifact, cache = validate_pair(artifact_path, cache_path)
+    python_code = read_bytes(artifact, "artifact")
+    try:
+        text = python_code.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise PrecompileError(
+            f"the artifact {artifact!r} is not UTF-8 text",
+            hint="pass the .py artifact as artifact_path and the .cache as cache_path",
+        ) from error
+    metadata = parse_metadata(text, artifact)
+    bundle = None
+    if cache is not None:
+        bundle = read_envelope(
+            read_bytes(cache, "cache"),
+            cache,
+            backend=metadata.get("BACKEND", ""),
+            tracer=metadata.get("TRACER", ""),
+            python_code_hash=code_hash(python_code),
+        )
+    warnings.warn(
+        f"precompile: loading {artifact!r} executes its Python code; load only artifacts "
+        f"you produced or reviewed (trust them like a pickle)",
+        ArtifactTrustWarning,
+        stacklevel=2,
+    )
+    return exec_artifact(
+        python_code,
+        metadata,
+        bundle,
+        origin=artifact,
+        cache_path=cache,
+        allow_serve_time_compiles=allow_serve_time_compiles,
+    )

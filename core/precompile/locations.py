@@ -1,0 +1,127 @@
+"""Finding the user's line in a stack: which frames are user code, and exact columns.
+
+Every capture refusal and every node of a captured graph is placed at the innermost frame
+that is neither torch, the standard library, nor precompile itself, so the editor can
+underline the expression the user wrote. CPython reports UTF-8 byte offsets; we convert
+to code points, the unit every output format converts from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+import linecache
+import os
+import sysconfig
+import types
+from collections.abc import Iterable
+
+from precompile.errors import Location
+
+
+def _package_dir(name: str) -> str | None:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.realpath(next(iter(spec.submodule_search_locations))) + os.sep
+
+
+_LIBRARY_DIRS = tuple(
+    d
+    for d in (
+        _package_dir("torch"),
+        os.path.realpath(os.path.dirname(__file__)) + os.sep,
+    )
+    if d
+)
+_STDLIB_DIR = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
+_SITE_DIRS = tuple(
+    os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("purelib", "platlib")
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class StackFrame:
+    """One frame of a user stack, positioned like a Location, with its function name."""
+
+    file: str
+    line: int
+    column: int
+    function: str
+
+    def location(self) -> Location:
+        return Location(self.file, self.line, self.column)
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+_user_file_cache: dict[str, bool] = {}
+
+
+def is_user_file(filename: str) -> bool:
+    """True for code the user wrote or installed (third-party libraries count), never for
+    torch, precompile or the standard library."""
+    cached = _user_file_cache.get(filename)
+    if cached is not None:
+        return cached
+    if not filename or filename.startswith("<"):
+        result = False
+    else:
+        path = os.path.realpath(filename)
+        if path.startswith(_LIBRARY_DIRS):
+            result = False
+        elif path.startswith(_SITE_DIRS):
+            result = True
+        else:
+            result = not path.startswith(_STDLIB_DIR)
+    _user_file_cache[filename] = result
+    return result
+
+
+def codepoint_column(filename: str, line: int, byte_column: int | None) -> int:
+    """Convert CPython's UTF-8 byte offset on a source line to a code-point column."""
+    text = linecache.getline(filename, line)
+    if byte_column is None:
+        return len(text) - len(text.lstrip()) if text else 0
+    return len(text.encode("utf-8")[:byte_column].decode("utf-8", errors="ignore"))
+
+
+def _frame_of(code: types.CodeType, lasti: int, lineno: int | None) -> StackFrame:
+    positions = next(itertools.islice(code.co_positions(), max(lasti, 0) // 2, None), None)
+    line = lineno or (positions[0] if positions else None) or code.co_firstlineno
+    byte_col = positions[2] if positions and positions[0] == line else None
+    return StackFrame(
+        file=code.co_filename,
+        line=line,
+        column=codepoint_column(code.co_filename, line, byte_col),
+        function=code.co_name,
+    )
+
+
+def live_user_stack(frame: types.FrameType | None) -> list[StackFrame]:
+    """The user frames of a live stack, outermost first."""
+    frames = []
+    while frame is not None:
+        if is_user_file(frame.f_code.co_filename):
+            frames.append(_frame_of(frame.f_code, frame.f_lasti, frame.f_lineno))
+        frame = frame.f_back
+    frames.reverse()
+    return frames
+
+
+def traceback_user_stack(tb: types.TracebackType | None) -> list[StackFrame]:
+    """The user frames of an exception's traceback, outermost first."""
+    frames = []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if is_user_file(code.co_filename):
+            frames.append(_frame_of(code, tb.tb_lasti, tb.tb_lineno))
+        tb = tb.tb_next
+    return frames
+
+
+def innermost(frames: Iterable[StackFrame]) -> Location | None:
+    frames = list(frames)
+    return frames[-1].location() if frames else None

@@ -1,0 +1,89 @@
+"""Shared helpers: run code in a fresh Python process, compare observations deeply."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def fresh_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update(extra)
+    return env
+
+
+def run_python(
+    code: str, *, cwd: Path | None = None, timeout: float = 300, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter; the caller asserts on the result."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=cwd or REPO,
+        env=fresh_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def serve_fresh(
+    entries: list[dict[str, Any]], tmp_path: Path, *, without_precompile: bool = False
+) -> dict[str, Any]:
+    """Serve artifacts in one fresh process (see tests/fixtures/serve_artifacts.py)."""
+    import torch
+
+    job = tmp_path / f"job-{len(list(tmp_path.iterdir()))}.json"
+    output = job.with_suffix(".pt")
+    job.write_text(
+        json.dumps(
+            {"entries": entries, "output": str(output), "without_precompile": without_precompile}
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.fixtures.serve_artifacts", str(job)],
+        cwd=REPO,
+        env=fresh_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return torch.load(output, weights_only=False)
+
+
+def assert_same(actual: Any, expected: Any, path: str = "") -> None:
+    """Deep comparison: tensors numerically (torch's default tolerances), everything else
+    exactly, including which entries are None."""
+    import torch
+
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), f"{path}: expected a tensor, got {actual!r}"
+        torch.testing.assert_close(actual, expected, msg=lambda m: f"{path}: {m}")
+    elif isinstance(expected, dict):
+        assert (
+            isinstance(actual, dict) and actual.keys() == expected.keys()
+        ), f"{path}: keys {sorted(actual) if isinstance(actual, dict) else actual!r} != {sorted(expected)}"
+        for k in expected:
+            assert_same(actual[k], expected[k], f"{path}.{k}")
+    elif isinstance(expected, (list, tuple)):
+        assert type(actual) is type(expected) and len(actual) == len(
+            expected
+        ), f"{path}: {actual!r} != {expected!r}"
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert_same(a, e, f"{path}[{i}]")
+    else:
+        assert actual == expected, f"{path}: {actual!r} != {expected!r}"
+
+
+@pytest.fixture
+def artifact(tmp_path: Path) -> tuple[str, str]:
+    return str(tmp_path / "artifact.py"), str(tmp_path / "artifact.cache")
