@@ -12,6 +12,7 @@ import contextlib
 import sys
 import threading
 import traceback
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -104,7 +105,9 @@ _stack_patch_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def recording_user_stacks() -> Iterator[Callable[[str | None], list[StackFrame]]]:
+def recording_user_stacks(
+    boundary: types.CodeType,
+) -> Iterator[Callable[[str | None], list[StackFrame]]]:
     """Make FX record the full *user* stack of every node, not only ``forward`` frames.
 
     make_fx keeps only frames named ``forward``, which loses helper functions and the
@@ -117,7 +120,7 @@ def recording_user_stacks() -> Iterator[Callable[[str | None], list[StackFrame]]
     table: dict[str, list[StackFrame]] = {}
 
     def _filter(self: Any, summary: traceback.StackSummary) -> traceback.StackSummary:
-        frames = live_user_stack(sys._getframe(1))
+        frames = live_user_stack(sys._getframe(1), boundary)
         if not frames:
             return traceback.StackSummary.from_list([])
         result = traceback.StackSummary.from_list(

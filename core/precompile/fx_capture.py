@@ -254,8 +254,32 @@ def _name_constant(
     return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
 
 
+def _higher_order_op_in(tb: Any) -> str | None:
+    """The control-flow operator (torch.cond, while_loop, ...) a failure happened in."""
+    name = None
+    while tb is not None:
+        parts = tb.tb_frame.f_code.co_filename.replace("\\", "/").split("/_higher_order_ops/")
+        if len(parts) == 2:
+            name = parts[1].removesuffix(".py")
+        tb = tb.tb_next
+    return name
+
+
+def _control_flow_refusal(op: str, where: Location | None) -> PrecompileError:
+    return PrecompileError(
+        f"fn uses {op} (a higher-order control-flow op), which the single-graph capture "
+        f"does not support yet",
+        invariant=3,
+        location=where,
+        hint="express the branch with tensor ops (torch.where), or use precompile.DynamoTracer()",
+    )
+
+
 def _refuse_from_exception(error: BaseException, training: bool) -> PrecompileError:
     where = innermost(traceback_user_stack(error.__traceback__))
+    control_flow = _higher_order_op_in(error.__traceback__)
+    if control_flow and not isinstance(error, _Refusal):
+        return _control_flow_refusal(control_flow, where)
     if isinstance(error, _Refusal):
         return PrecompileError(
             str(error), invariant=error.invariant, location=where, hint=error.hint
@@ -384,7 +408,7 @@ def trace_single_graph(
     fakes = [fake_mode.from_tensor(t) for t in lifted.tensors]
     fakes += [fake_mode.from_tensor(leaves[i]) for i in tensor_slots]
     try:
-        with _compat.recording_user_stacks() as stack_of:
+        with _compat.recording_user_stacks(flat_fn.__code__) as stack_of:
             with fake_mode, _RefuseOpaqueAccess(), torch.set_grad_enabled(training):
                 gm = _compat.make_fx(
                     flat_fn,
@@ -436,8 +460,8 @@ def _check_graph(
         frames = node_stacks.get(node.name, [])
         if node.op == "get_attr":
             value = getattr(gm, node.target)
-            if is_literal_constant(node, value):
-                continue
+            if not isinstance(value, torch.Tensor) or is_literal_constant(node, value):
+                continue  # a subgraph of a control-flow op is refused at that op
             raise PrecompileError(
                 f"fn uses a tensor that is not an input: "
                 f"{_name_constant(value, fn, modules, frames)}; the artifact would bake "
@@ -448,14 +472,8 @@ def _check_graph(
                 "argument with register_buffer / nn.Parameter",
             )
         if node.op == "call_function" and isinstance(node.target, _compat.HigherOrderOperator):
-            raise PrecompileError(
-                f"fn uses {node.target.name()} (a higher-order control-flow op), which the "
-                f"single-graph capture does not support yet",
-                invariant=3,
-                location=innermost(frames) or _fn_location(fn),
-                hint="express the branch with tensor ops (torch.where), or use "
-                "precompile.DynamoTracer()",
-            )
+            where = innermost(frames) or _fn_location(fn)
+            raise _control_flow_refusal(node.target.name(), where)
 
 
 def describe_fn(fn: Callable[..., Any]) -> dict[str, Any]:

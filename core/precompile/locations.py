@@ -28,12 +28,7 @@ def _package_dir(name: str) -> str | None:
 
 
 _LIBRARY_DIRS = tuple(
-    d
-    for d in (
-        _package_dir("torch"),
-        os.path.realpath(os.path.dirname(__file__)) + os.sep,
-    )
-    if d
+    d for d in (_package_dir("torch"), os.path.realpath(os.path.dirname(__file__)) + os.sep) if d
 )
 _STDLIB_DIR = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
 _SITE_DIRS = tuple(
@@ -100,10 +95,11 @@ def _frame_of(code: types.CodeType, lasti: int, lineno: int | None) -> StackFram
     )
 
 
-def live_user_stack(frame: types.FrameType | None) -> list[StackFrame]:
-    """The user frames of a live stack, outermost first."""
+def live_user_stack(frame: types.FrameType | None, boundary: types.CodeType) -> list[StackFrame]:
+    """The user frames of a live stack, outermost first, inside ``boundary`` (the code
+    that runs the captured function): what runs inside a capture, never its callers."""
     frames = []
-    while frame is not None:
+    while frame is not None and frame.f_code is not boundary:
         if is_user_file(frame.f_code.co_filename):
             frames.append(_frame_of(frame.f_code, frame.f_lasti, frame.f_lineno))
         frame = frame.f_back
