@@ -38,17 +38,23 @@ def fresh_process(script: str, *, runs: int, env: dict[str, str] | None = None) 
         child_env = {**os.environ, **(env or {})}
         t0 = time.time()
         child_env["BENCH_T0"] = repr(t0)
-        proc = subprocess.run([sys.executable, "-c", code], env=child_env, capture_output=True, text=True, cwd=REPO)
+        proc = subprocess.run(
+            [sys.executable, "-c", code], env=child_env, capture_output=True, text=True, cwd=REPO
+        )
         wall = time.time() - t0
         if proc.returncode != 0:
             raise RuntimeError(f"benchmark child failed:\n{proc.stderr[-3000:]}")
-        marks = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith(FIRST_RESULT)]
+        marks = [
+            line.split()[1] for line in proc.stdout.splitlines() if line.startswith(FIRST_RESULT)
+        ]
         firsts.append(float(marks[0]) if marks else wall)
         walls.append(wall)
     return {"first": statistics.median(firsts), "wall": statistics.median(walls), "runs": runs}
 
 
-def per_call_us(contenders: dict[str, Callable[[], Any]], *, rounds: int = 7, calls: int = 2000) -> dict[str, float]:
+def per_call_us(
+    contenders: dict[str, Callable[[], Any]], *, rounds: int = 7, calls: int = 2000
+) -> dict[str, float]:
     """Median microseconds per call, the contenders interleaved round by round so that
     drift (frequency scaling, other load) hits them all alike."""
     samples: dict[str, list[float]] = {name: [] for name in contenders}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import single_graph  # noqa: E402
+from bench import single_graph
 
 HERE = Path(__file__).resolve().parent
 SECTIONS: dict[str, Callable[[Path, int], str]] = {
@@ -32,7 +32,10 @@ def machine() -> str:
 
 
 def assemble() -> None:
-    parts = ["# Benchmark results", "Reproduce with `make bench` (or `python bench/run.py [SECTION ...]`)."]
+    parts = [
+        "# Benchmark results",
+        "Reproduce with `make bench` (or `python bench/run.py [SECTION ...]`).",
+    ]
     for name in SECTIONS:
         path = HERE / "results" / f"{name}.md"
         if path.exists():
@@ -41,9 +44,13 @@ def assemble() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("sections", nargs="*", choices=[*SECTIONS, []], default=list(SECTIONS))
-    parser.add_argument("--runs", type=int, default=5, help="fresh processes per measurement (median)")
+    parser.add_argument(
+        "--runs", type=int, default=5, help="fresh processes per measurement (median)"
+    )
     args = parser.parse_args()
     (HERE / "results").mkdir(exist_ok=True)
     for name in args.sections or SECTIONS:
@@ -51,7 +58,9 @@ def main() -> None:
             print(f"running {name} ...", flush=True)
             body = SECTIONS[name](Path(workdir), args.runs)
         command = f"python bench/run.py {name} --runs {args.runs}"
-        (HERE / "results" / f"{name}.md").write_text(f"{body}\n\nMachine: {machine()}. Command: `{command}`.\n")
+        (HERE / "results" / f"{name}.md").write_text(
+            f"{body}\n\nMachine: {machine()}. Command: `{command}`.\n"
+        )
         print(body, flush=True)
     assemble()
 

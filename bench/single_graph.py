@@ -50,9 +50,18 @@ torch.compile(infer, fullgraph=True).aot_compile(((model, x), {{}})).save_compil
 def capture(name: str, backend: str, workdir: Path) -> tuple[str, str]:
     import precompile
 
-    artifact, cache = str(workdir / f"{name}-{backend}.py"), str(workdir / f"{name}-{backend}.cache")
+    artifact, cache = (
+        str(workdir / f"{name}-{backend}.py"),
+        str(workdir / f"{name}-{backend}.cache"),
+    )
     model, x = build(name)
-    with precompile.capture(infer, artifact_path=artifact, cache_path=cache, tracer=precompile.MakeFxTracer(), backend=backend) as cap:
+    with precompile.capture(
+        infer,
+        artifact_path=artifact,
+        cache_path=cache,
+        tracer=precompile.MakeFxTracer(),
+        backend=backend,
+    ) as cap:
         cap(model, x)
     return artifact, cache
 
@@ -60,7 +69,12 @@ def capture(name: str, backend: str, workdir: Path) -> tuple[str, str]:
 def aot_compile(name: str, workdir: Path, inductor_cache: Path) -> str:
     path = str(workdir / f"{name}-aot.bin")
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache)}
-    subprocess.run([sys.executable, "-c", AOT_COMPILE.format(repo=str(REPO), name=name, path=path)], env=env, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", AOT_COMPILE.format(repo=str(REPO), name=name, path=path)],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     return path
 
 
@@ -97,15 +111,23 @@ def run_eager_section(workdir: Path, runs: int) -> str:
         fresh_process(CHILD_AOT_LOAD.format(name=name, path=aot), runs=1, env=env)  # warm it
         results = {
             "`python -c 'import torch'`": base,
-            "our eager artifact: load + first call": fresh_process(CHILD_OURS.format(name=name, artifact=artifact, cache=cache), runs=runs),
+            "our eager artifact: load + first call": fresh_process(
+                CHILD_OURS.format(name=name, artifact=artifact, cache=cache), runs=runs
+            ),
             "eager module: first call": fresh_process(CHILD_EAGER.format(name=name), runs=runs),
-            "torch aot_compile + load_compiled_function (warm)": fresh_process(CHILD_AOT_LOAD.format(name=name, path=aot), runs=runs, env=env),
+            "torch aot_compile + load_compiled_function (warm)": fresh_process(
+                CHILD_AOT_LOAD.format(name=name, path=aot), runs=runs, env=env
+            ),
         }
         for label, r in results.items():
-            start_rows.append([name, label, r["first"], r["wall"], f"{r['first'] / base['first']:.2f}x"])
+            start_rows.append(
+                [name, label, r["first"], r["wall"], f"{r['first'] / base['first']:.2f}x"]
+            )
         us = steady_state(name, artifact, cache)
         overhead = us["our runnable"] - us["raw inlined call"]
-        call_rows.append([name, us["eager module"], us["our runnable"], us["raw inlined call"], overhead])
+        call_rows.append(
+            [name, us["eager module"], us["our runnable"], us["raw inlined call"], overhead]
+        )
     mlp_overhead = call_rows[0][4]
     mlp_start = next(r for r in start_rows if r[0] == "mlp" and r[1].startswith("our"))
     ratio = mlp_start[2] / base["first"]
@@ -117,7 +139,9 @@ def run_eager_section(workdir: Path, runs: int) -> str:
             table(["model", "what", "first result (s)", "process wall (s)", "ratio"], start_rows),
             "Steady state, microseconds per call, interleaved in one process (median of 7 rounds "
             "of 2000 calls). `overhead` = our runnable minus the raw inlined `call`.",
-            table(["model", "eager module", "our runnable", "raw inlined call", "overhead"], call_rows),
+            table(
+                ["model", "eager module", "our runnable", "raw inlined call", "overhead"], call_rows
+            ),
             f"Targets: load + first call <= 1.1x `import torch` (MLP: **{ratio:.2f}x**, "
             f"{'met' if ratio <= 1.1 else 'missed'}); driver overhead <= 10 us for the MLP "
             f"(**{mlp_overhead:.1f} us**, {'met' if mlp_overhead <= 10 else 'missed'}).",

@@ -17,8 +17,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "quickstart"))
 
-import precompile  # noqa: E402
-from classifier import Classifier, classify  # noqa: E402
+from classifier import Classifier, classify
+
+import precompile
 
 SERVE = """
 import sys, time, warnings
@@ -61,16 +62,24 @@ def main() -> None:
         ) as cap:
             probs = cap(model, images)
         report = cap.report()
-        print(f"   {report.graph['ops']} ops traced in {time.perf_counter() - started:.2f} s; "
-              f"result {tuple(probs.shape)} served through the new artifact")
+        print(
+            f"   {report.graph['ops']} ops traced in {time.perf_counter() - started:.2f} s; "
+            f"result {tuple(probs.shape)} served through the new artifact"
+        )
         meta = precompile.inspect_artifact(artifact)
-        print(f"2. the artifact: {Path(artifact).stat().st_size} bytes of Python, "
-              f"{len(meta['PARAM_NAMES'])} params + {len(meta['BUFFER_NAMES'])} buffers passed at run "
-              f"time, inputs {meta['USER_INPUT_SHAPES']}")
+        print(
+            f"2. the artifact: {Path(artifact).stat().st_size} bytes of Python, "
+            f"{len(meta['PARAM_NAMES'])} params + {len(meta['BUFFER_NAMES'])} buffers passed at run "
+            f"time, inputs {meta['USER_INPUT_SHAPES']}"
+        )
         print("3. serve it from a fresh process:")
         started = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-c", SERVE.format(quickstart=quickstart, artifact=artifact, cache=cache)],
+            [
+                sys.executable,
+                "-c",
+                SERVE.format(quickstart=quickstart, artifact=artifact, cache=cache),
+            ],
             capture_output=True,
             text=True,
         )
