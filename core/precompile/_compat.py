@@ -4,12 +4,18 @@ Supporting the next torch release means changing this file (and the text it hand
 emitter for artifacts), nowhere else. Tested against torch 2.13.x. Names that emitted
 artifacts need are not imported by them from here -- artifacts must run without this
 package -- so this module also owns the *text* of the import prelude they carry.
+
+Importing it is cheap: the heavy private modules (fake tensors, make_fx, Inductor) are
+imported on first use of the names that need them, so the load path never pays for them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import platform
 import sys
+import sysconfig
 import threading
 import traceback
 import types
@@ -17,40 +23,42 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
-from torch._ops import HigherOrderOperator
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensor,
-    FakeTensorMode,
-    UnsupportedOperatorException,
-)
-from torch.fx.experimental.proxy_tensor import make_fx
-from torch.nn.utils.stateless import _reparametrize_module
+import torch.utils._pytree as pytree  # noqa: F401  (re-exported: the one pytree spelling)
 
 from precompile.locations import StackFrame, live_user_stack
 
-__all__ = [
-    "ARTIFACT_PRELUDE",
-    "DATA_DEPENDENT_ERRORS",
-    "FX_GRAPH_GLOBALS",
-    "FakeTensor",
-    "FakeTensorMode",
-    "HigherOrderOperator",
-    "UnsupportedOperatorException",
-    "active_trace",
-    "make_fx",
-    "pytree",
-    "recording_user_stacks",
-    "reparametrized",
-]
+#: Names imported on first use (module-level __getattr__), to keep this module cheap.
+_LAZY = {
+    "FakeTensor": ("torch._subclasses.fake_tensor", "FakeTensor"),
+    "FakeTensorMode": ("torch._subclasses.fake_tensor", "FakeTensorMode"),
+    "UnsupportedOperatorException": (
+        "torch._subclasses.fake_tensor",
+        "UnsupportedOperatorException",
+    ),
+    "HigherOrderOperator": ("torch._ops", "HigherOrderOperator"),
+    "make_fx": ("torch.fx.experimental.proxy_tensor", "make_fx"),
+}
 
-#: Exceptions fake tensors raise for an op whose result depends on tensor *values*.
-DATA_DEPENDENT_ERRORS: tuple[type[BaseException], ...] = (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-)
+
+def __getattr__(name: str) -> Any:
+    if name == "DATA_DEPENDENT_ERRORS":
+        # Exceptions fake tensors raise for an op whose result depends on tensor values.
+        from torch._subclasses.fake_tensor import (
+            DataDependentOutputException,
+            DynamicOutputShapeException,
+        )
+
+        return (DataDependentOutputException, DynamicOutputShapeException)
+    if name == "GuardOnDataDependentSymNode":
+        # Raised when a trace must branch on a size it treats as unknown (unbacked).
+        from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+        return GuardOnDataDependentSymNode
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: The import prelude of every emitted artifact: the names the driver reads, bound from
 #: torch under short aliases. Private names appear here as text only.
@@ -61,6 +69,15 @@ import torch.utils._pytree as _pytree
 _DisableAutocast = _torch._C._DisableAutocast
 _any_autocast_enabled = _torch._C._is_any_autocast_enabled
 _set_grad_enabled = _torch._C._set_grad_enabled
+"""
+
+#: What an Inductor artifact's runtime needs besides ARTIFACT_PRELUDE: how a prebuilt
+#: kernel (a Python extension module) finds torch's tensor-data accessor, and the
+#: allocation alignment of torch 2.13's generated code.
+INDUCTOR_PRELUDE = """\
+_KERNEL_DATA_PTR_ENV = "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"
+_kernel_data_ptr = _torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr
+_INDUCTOR_ALIGN_BYTES = 64
 """
 
 #: Globals that FX-generated graph code references without defining them.
@@ -78,6 +95,8 @@ NoneType = type(None)
 
 def reparametrized(module: torch.nn.Module, tensors: dict[str, Any]) -> Any:
     """Swap a module's params/buffers for ``tensors`` (by qualified name) for a block."""
+    from torch.nn.utils.stateless import _reparametrize_module
+
     return _reparametrize_module(module, tensors)
 
 
@@ -113,7 +132,8 @@ def recording_user_stacks(
     make_fx keeps only frames named ``forward``, which loses helper functions and the
     traced function itself; and FX stack strings carry no columns. While this is active
     each node's ``stack_trace`` string is also a key into a table of structured frames
-    with exact columns; the yielded lookup turns a node's ``stack_trace`` into them.
+    with exact columns; the yielded lookup turns a node's ``stack_trace`` into them. Frames
+    are taken inside ``boundary``, the code object that calls the user's function.
     """
     from torch.fx.proxy import TracerBase
 
@@ -136,3 +156,146 @@ def recording_user_stacks(
             yield lambda stack_trace: table.get(stack_trace or "", [])
         finally:
             TracerBase._filter_traceback_frames = original  # type: ignore[method-assign]
+
+
+# ---------------------------------------------------------------- dynamic dims
+
+
+def unbacked_marks(t: torch.Tensor) -> dict[int, tuple[int | None, int | None, str | None]]:
+    """The dims ``torch._dynamo.decorators.mark_unbacked`` marked on ``t``:
+    ``{dim: (min, max, shape_id)}``."""
+    dims = getattr(t, "_dynamo_unbacked_indices", None) or ()
+    bounds = getattr(t, "_dynamo_unbacked_bounds", None) or {}
+    ids = getattr(t, "_dynamo_shape_ids", None) or {}
+    return {d: (*bounds.get(d, (None, None)), ids.get(d)) for d in sorted(dims)}
+
+
+def dynamic_fakes(static: list[torch.Tensor], marked: list[torch.Tensor]) -> tuple[Any, list[Any]]:
+    """Fake tensors over one shape environment: ``static`` ones with static shapes, and
+    ``marked`` ones with their mark_unbacked dims as unbacked symbols (bounds and shared
+    shape ids applied). Returns the fake mode and the fakes (static, then marked)."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        ShapeEnv,
+        StatelessSymbolicContext,
+    )
+
+    shape_env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(t, static_shapes=True) for t in static]
+    with shape_env.ignore_fresh_unbacked_symbols():
+        for i, t in enumerate(marked):
+            marks = unbacked_marks(t)
+            context = StatelessSymbolicContext(
+                dynamic_sizes=[
+                    DimDynamic.UNBACKED if d in marks else DimDynamic.STATIC for d in range(t.dim())
+                ],
+                shape_ids=getattr(t, "_dynamo_shape_ids", None),
+                unbacked_bounds=getattr(t, "_dynamo_unbacked_bounds", None),
+            )
+            fakes.append(
+                mode.from_tensor(t, source=ConstantSource(f"input{i}"), symbolic_context=context)
+            )
+
+    return mode, fakes
+
+
+def insert_runtime_asserts(gm: torch.fx.GraphModule, fake_mode: Any) -> None:
+    """Put every assumption the trace made about unbacked sizes (bounds, shared shape ids,
+    anything an op had to assume) into the graph as run-time asserts, so the artifact
+    checks at run time what the capture took for granted."""
+    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+
+    if fake_mode.shape_env is not None:
+        insert_deferred_runtime_asserts(gm, fake_mode.shape_env, "precompile")
+        gm.recompile()
+
+
+def has_symbols(values: Any) -> bool:
+    return any(isinstance(v, torch.SymInt) for v in values)
+
+
+# ---------------------------------------------------------------- Inductor
+
+
+def functional_retrace(gm: torch.fx.GraphModule, fakes: list[Any]) -> torch.fx.GraphModule:
+    """Re-trace a captured ATen graph the way Inductor wants it: functional (input
+    mutations become trailing ``copy_`` into the inputs; views stay views, so an output
+    that aliases an input still does) and decomposed with Inductor's table."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fake_mode = _fake_mode_of(fakes)
+    with fake_mode, torch.no_grad():
+        return make_fx(
+            torch.func.functionalize(gm, remove="mutations"),
+            decomposition_table=select_decomp_table(),
+        )(*fakes)
+
+
+def _fake_mode_of(fakes: list[Any]) -> Any:
+    for fake in fakes:
+        mode = getattr(fake, "fake_mode", None)
+        if mode is not None:
+            return mode
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def compile_inductor(gm: torch.fx.GraphModule, fakes: list[Any]) -> str:
+    """Lower a functional graph with Inductor; return its generated output module."""
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    with _fake_mode_of(fakes):
+        compiled = compile_fx_inner(gm, fakes)
+    source = getattr(compiled, "source_code", None)
+    if not isinstance(source, str):
+        raise RuntimeError("Inductor produced no Python output module for this graph")
+    return source
+
+
+_X86_FLAG_CHECKS = {
+    "avx2": "_is_avx2_supported",
+    "avx512": "_is_avx512_supported",
+    "avx512_vnni": "_is_vnni_supported",
+    "avx512_bf16": "_is_avx512_bf16_supported",
+    "amx_tile": "_is_amx_tile_supported",
+    "amx_fp16": "_is_amx_fp16_supported",
+}
+
+
+def kernel_platform() -> dict[str, Any]:
+    """What a compiled C++ kernel of this process depends on: the torch build (its kernel
+    prefix header and tensor accessor), the Python extension ABI, the machine, and the
+    vector ISA Inductor picked here (recorded as its feature flags)."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    isa = pick_vec_isa()
+    return {
+        "torch": str(torch.__version__),
+        "python_abi": sysconfig.get_config_var("EXT_SUFFIX"),
+        "machine": platform.machine(),
+        "isa": str(isa) or "none",
+        "isa_flags": str(isa).split(),
+    }
+
+
+def kernel_platform_problem(required: dict[str, Any]) -> str | None:
+    """Why kernels built for ``required`` cannot run here, or None. Answers from cheap
+    CPU-feature queries: no compiler runs and ``torch._inductor`` is not imported."""
+    here = {
+        "torch": str(torch.__version__),
+        "python_abi": sysconfig.get_config_var("EXT_SUFFIX"),
+        "machine": platform.machine(),
+    }
+    for key, value in here.items():
+        if required.get(key) != value:
+            return f"they were built for {key} {required.get(key)!r}, this process has {value!r}"
+    for flag in required.get("isa_flags", []):
+        check = _X86_FLAG_CHECKS.get(flag)
+        if check is None or not getattr(torch.cpu, check, lambda: False)():
+            return f"they use the {required.get('isa')} vector ISA, and this CPU lacks {flag!r}"
+    return None

@@ -17,8 +17,4 @@ def check_backend(backend: object) -> str:
 
 
 def lower_eager(graph: SingleGraph) -> LoweredGraph:
-    return LoweredGraph(
-        source=fx_graph_source(graph),
-        relabel=driver._relabel_layout_error_eager,
-        bundle={},
-    )
+    return LoweredGraph(source=fx_graph_source(graph), relabel=driver._relabel_layout_error_eager)

@@ -72,6 +72,7 @@ class Capture:
         self.training = training
         self._state = "new"
         self._artifact: Artifact | None = None
+        self._cache = b""
         self._runnable: Any = None
         from precompile.fx_capture import describe_fn
 
@@ -126,6 +127,7 @@ class Capture:
     def _capture(self, args: tuple[Any, ...]) -> None:
         from precompile.backends import lower_eager
         from precompile.emit import emit_single_graph
+        from precompile.envelope import build_envelope
         from precompile.fx_capture import describe_fn, trace_single_graph
         from precompile.loading import exec_artifact
 
@@ -154,11 +156,16 @@ class Capture:
         )
         timings["emit_s"] = time.perf_counter() - started
         started = time.perf_counter()
+        # Executing the new artifact here compiles whatever the backend compiles at load;
+        # what it compiled becomes the cache, so a later load compiles nothing.
         self._runnable = exec_artifact(
-            artifact.python_code,
-            artifact.metadata,
-            lowered.bundle,
-            origin=self.artifact_path,
+            artifact.python_code, artifact.metadata, None, origin=self.artifact_path
+        )
+        self._cache = build_envelope(
+            backend=self.backend,
+            tracer=self.tracer.name,
+            python_code=artifact.python_code,
+            bundle=lowered.collect_bundle(self._runnable._namespace),
         )
         timings["load_s"] = time.perf_counter() - started
         self._artifact = artifact
@@ -181,7 +188,7 @@ class Capture:
         atomic_write_files(
             [
                 (self.artifact_path, self._artifact.python_code),
-                (self.cache_path, self._artifact.cache),
+                (self.cache_path, self._cache),
             ]
         )
 

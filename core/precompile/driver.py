@@ -52,9 +52,14 @@ if TYPE_CHECKING:
     USER_INPUT_SHAPE_IDS: list[dict[int, str] | None] = []
     USER_INPUT_CONSTANTS: list[object] = []
 
+    GRAPH_INPUT_STRIDES: list[tuple[int, ...] | None] = []
+    _KERNEL_DATA_PTR_ENV: str = ""
+    _kernel_data_ptr: int = 0
+    _INDUCTOR_ALIGN_BYTES: int = 64
+
     def call(flat_inputs: list[object]) -> list[object]: ...
 
-    def _relabel_layout_error(error: AssertionError) -> str | None: ...
+    def _relabel_layout_error(error: AssertionError, flat: list[Any]) -> str | None: ...
 
 
 class PrecompileError(RuntimeError):
@@ -323,6 +328,9 @@ def _build_single_graph_forward() -> Any:
     training = attrgetter("training")
     grad_indices = tuple(GRAD_PARAM_INDICES)
     n_grads = len(grad_indices)
+    # call() consumes its list; keep the inputs for a layout message only where the
+    # backend has layout asserts to relabel.
+    relabels = _relabel_layout_error is not _relabel_layout_error_eager
     # The last verified model: its roots, every submodule, their parameter/buffer/child
     # dicts with the identities of all values (held, so no id is reused while we
     # compare), the lifted tensors and their metadata. A dict replaced wholesale (not
@@ -406,6 +414,7 @@ def _build_single_graph_forward() -> Any:
             _describe_input_mismatch(list(leaves), True)
             tensors_in = [leaves[i] for i in tensor_slots]
         flat = [*_model_tensors(mods), *tensors_in]
+        graph_inputs = flat if not relabels else list(flat)
         grad_was_enabled = _torch.is_grad_enabled()
         if grad_was_enabled:
             _set_grad_enabled(False)
@@ -418,7 +427,7 @@ def _build_single_graph_forward() -> Any:
             else:
                 out = call(flat)
         except AssertionError as error:
-            message = _relabel_layout_error(error)
+            message = _relabel_layout_error(error, graph_inputs)
             if message is None:
                 raise
             _fail(message, 6)
@@ -443,16 +452,179 @@ def _build_single_graph_forward() -> Any:
     return forward
 
 
-def _relabel_layout_error_eager(error: AssertionError) -> str | None:
+def _relabel_layout_error_eager(error: AssertionError, flat: list[Any]) -> str | None:
     """The eager backend has no layout asserts of its own: every AssertionError is the
-    user's (a torch._assert in fn) and passes through unchanged."""
+    user's and passes through unchanged."""
     return None
+
+
+def _memory_format(t: Any) -> str:
+    if t.is_contiguous():
+        return "contiguous"
+    for name in ("channels_last", "channels_last_3d"):
+        fmt = getattr(_torch, name)
+        if t.dim() == (4 if name == "channels_last" else 5) and t.is_contiguous(memory_format=fmt):
+            return name
+    return "non-contiguous"
+
+
+def _relabel_layout_error_inductor(error: AssertionError, flat: list[Any]) -> str | None:
+    """Turn Inductor's own size/stride assert into a message naming the tensor and its
+    memory format; any other AssertionError (a user's) passes through unchanged."""
+    text = str(error)
+    if not (("expected size" in text and "stride" in text) or "wrong number of dimensions" in text):
+        return None
+    names = [f"parameter {n!r}" for n in PARAM_NAMES] + [f"buffer {n!r}" for n in BUFFER_NAMES]
+    names += [f"input {i}" for i, s in enumerate(USER_INPUT_SHAPES) if s is not None]
+    for name, t, strides in zip(names, flat, GRAPH_INPUT_STRIDES):
+        if strides is not None and tuple(t.stride()) != tuple(strides):
+            return (
+                f"precompile: {name} has strides {tuple(t.stride())} ({_memory_format(t)} "
+                f"memory format) but was captured with strides {tuple(strides)}; the "
+                f"Inductor backend bakes each tensor's shape and memory format "
+                f"(invariants 3 and 6). Pass it in the captured layout (.contiguous(), or "
+                f"the memory format it had at capture), or use backend='eager'"
+            )
+    note = ""
+    if any(USER_INPUT_SHAPE_IDS):
+        note = (
+            " Inputs marked with one mark_unbacked shape_id are bound to one size: they "
+            "must be equal at run time."
+        )
+    return (
+        f"precompile: a tensor's shape or memory format differs from the traced example "
+        f"(invariants 3 and 6); the Inductor backend bakes both.{note} Underlying: {text}"
+    )
+
+
+def _inductor_runtime(bundle: dict[str, Any] | None) -> Any:
+    """Resolve the inlined Inductor module's imports and bind its C++ kernels.
+
+    With a usable cache bundle (the loader checked it against this torch, Python and
+    CPU) every kernel is a prebuilt extension module: written to a private temporary
+    directory, loaded, the directory removed. Then ``torch._inductor`` is never imported
+    and nothing compiles. Without one, each import resolves to the real Inductor name
+    and kernels compile from the inlined source as the module executes, as Inductor's
+    own output module does; ``compiled`` remembers them so a capture can cache them.
+    """
+    import contextlib
+    import hashlib
+    import importlib
+    import importlib.util
+    import os
+    import shutil
+    import sys
+    import tempfile
+    import types
+
+    prebuilt: dict[str, Any] = {}
+    compiled: dict[str, Any] = {}
+    if bundle and bundle.get("kernels"):
+        os.environ[_KERNEL_DATA_PTR_ENV] = str(_kernel_data_ptr)
+        directory = tempfile.mkdtemp(prefix="precompile-kernels-")
+        try:
+            for digest, data in bundle["kernels"].items():
+                name = f"precompile_kernel_{digest[:32]}.kernel"
+                module = sys.modules.get(name)
+                if module is None:
+                    path = os.path.join(directory, f"{digest}.so")
+                    with open(path, "wb") as f:
+                        f.write(data)
+                    spec = importlib.util.spec_from_file_location(name, path)
+                    module = importlib.util.module_from_spec(spec)
+                    spec.loader.exec_module(module)
+                    sys.modules[name] = module
+                prebuilt[digest] = module.kernel
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+    slim = bool(prebuilt) and bool(bundle and bundle.get("slim"))
+
+    def real(module: str, name: str) -> Any:
+        return getattr(importlib.import_module(module), name)
+
+    class AsyncCompile:
+        """Stands in for Inductor's: a prebuilt kernel when the cache has it, else the
+        real compiler (imported only then)."""
+
+        def __init__(self) -> None:
+            self._real: Any = None
+            self._pending: list[tuple[str, Any]] = []
+
+        def _compiler(self) -> Any:
+            if self._real is None:
+                self._real = real("torch._inductor.async_compile", "AsyncCompile")()
+            return self._real
+
+        def cpp_pybinding(self, argtypes: list[str], source_code: str) -> Any:
+            digest = hashlib.sha256(source_code.encode("utf-8")).hexdigest()
+            kernel = prebuilt.get(digest)
+            if kernel is not None:
+                return kernel
+            result = self._compiler().cpp_pybinding(argtypes, source_code)
+            self._pending.append((digest, result))
+            return result
+
+        def wait(self, scope: dict[str, Any]) -> None:
+            if self._real is not None:
+                self._real.wait(scope)
+            for digest, result in self._pending:
+                compiled[digest] = result.result() if hasattr(result, "result") else result
+            self._pending.clear()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._compiler(), name)
+
+    def bias_addmm(
+        inp: Any, mat1: Any, mat2: Any, *, out: Any = None, alpha: Any = 1, beta: Any = 1
+    ) -> Any:
+        # A broadcast bias row is passed to addmm as 1-D, as Inductor's extern kernel does.
+        if (inp.stride(0) == 0 and inp.size(0) != 0) or inp.size(0) == 1:
+            inp = inp[0]
+        return _torch.addmm(inp, mat1, mat2, out=out, alpha=alpha, beta=beta)
+
+    class ExternKernels:
+        """Inductor's extern kernels that are plain torch functions; any other name comes
+        from the real namespace (which imports Inductor)."""
+
+        def __getattr__(self, name: str) -> Any:
+            if name in ("mm", "addmm", "bmm", "baddbmm", "convolution", "_int_mm"):
+                fn = getattr(_torch, name)
+            elif name == "bias_addmm":
+                fn = bias_addmm
+            else:
+                fn = getattr(real("torch._inductor.select_algorithm", "extern_kernels"), name)
+            setattr(self, name, fn)
+            return fn
+
+    def maybe_profile(should_profile: bool, *args: Any, **kwargs: Any) -> Any:
+        if should_profile:
+            return real("torch._inductor.utils", "maybe_profile")(should_profile, *args, **kwargs)
+        return contextlib.nullcontext()
+
+    light = {
+        ("torch._inductor.hooks", "run_intermediate_hooks"): lambda name, value: None,
+        ("torch._inductor.utils", "maybe_profile"): maybe_profile,
+        ("torch._inductor.codegen.memory_planning", "_align"): (
+            lambda nbytes: (nbytes + _INDUCTOR_ALIGN_BYTES - 1) & -_INDUCTOR_ALIGN_BYTES
+        ),
+        ("torch._inductor.select_algorithm", "extern_kernels"): ExternKernels(),
+    }
+
+    def resolve(module: str, name: str) -> Any:
+        if (module, name) == ("torch._inductor.async_compile", "AsyncCompile"):
+            return AsyncCompile
+        if slim and (module, name) in light:
+            return light[(module, name)]
+        return real(module, name)
+
+    return types.SimpleNamespace(resolve=resolve, compiled=compiled, slim=slim, prebuilt=prebuilt)
 
 
 #: The functions every single-graph artifact carries, in emission order. The backend
 #: adds its ``_relabel_layout_error_<backend>``, bound as ``_relabel_layout_error``.
 SINGLE_GRAPH_DRIVER = (
     PrecompileError,
+    _relabel_layout_error_eager,
     _fail,
     _lift_module_state,
     _describe_structure_mismatch,

@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 from precompile import _compat, driver
-from precompile.envelope import build_envelope
 from precompile.fx_capture import SingleGraph
 from precompile.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
 from precompile.version import __version__
@@ -26,21 +25,33 @@ from precompile.version import __version__
 
 @dataclasses.dataclass(frozen=True)
 class Artifact:
-    """An emitted pair, in memory until written."""
+    """An emitted python_code with its metadata, in memory until written."""
 
     python_code: bytes
-    cache: bytes
     metadata: dict[str, Any]
+
+
+def _no_bundle(namespace: dict[str, Any]) -> dict[str, Any]:
+    return {}
 
 
 @dataclasses.dataclass(frozen=True)
 class LoweredGraph:
-    """What a backend contributes: the graph section (defining ``call``), the name of its
-    driver relabeling function, and the bundle the cache envelope carries."""
+    """What a backend contributes to python_code.
+
+    ``source`` is the graph section (it defines ``call``); ``relabel`` the driver function
+    that words the backend's own layout asserts; ``runtime`` driver functions the graph
+    section needs defined before it runs, emitted with ``prelude`` and ``runtime_setup``
+    in the imports section; ``collect_bundle`` reads the cache bundle out of the executed
+    artifact's namespace (compiled kernels, for Inductor).
+    """
 
     source: str
-    relabel: Callable[[AssertionError], str | None]
-    bundle: dict[str, Any]
+    relabel: Callable[..., str | None]
+    runtime: tuple[Callable[..., Any], ...] = ()
+    prelude: str = ""
+    runtime_setup: str = ""
+    collect_bundle: Callable[[dict[str, Any]], dict[str, Any]] = _no_bundle
 
 
 def _header(fn_info: dict[str, Any], tracer: str, backend: str) -> str:
@@ -100,9 +111,18 @@ def single_graph_metadata(
     lifted = graph.lifted
     leaves = graph.user_leaves
     tensor = [isinstance(leaf, torch.Tensor) for leaf in leaves]
-    shapes = [tuple(leaf.shape) if t else None for leaf, t in zip(leaves, tensor)]
-    bounds: list[Any] = [None] * len(leaves)
-    shape_ids: list[Any] = [None] * len(leaves)
+    shapes: list[Any] = []
+    bounds: list[Any] = []
+    shape_ids: list[Any] = []
+    for i, (leaf, is_tensor) in enumerate(zip(leaves, tensor)):
+        marks = graph.dynamic_dims.get(i, {})
+        shapes.append(
+            tuple(None if d in marks else size for d, size in enumerate(leaf.shape))
+            if is_tensor
+            else None
+        )
+        bounds.append({d: (lo, hi) for d, (lo, hi, _) in marks.items()} or None)
+        shape_ids.append({d: sid for d, (_, _, sid) in marks.items() if sid is not None} or None)
     return {
         "FORMAT": ARTIFACT_FORMAT,
         "FORMAT_VERSION": ARTIFACT_FORMAT_VERSION,
@@ -133,8 +153,9 @@ def single_graph_metadata(
         "USER_INPUT_BOUNDS": bounds,
         "USER_INPUT_SHAPE_IDS": shape_ids,
         "USER_INPUT_CONSTANTS": [None if t else leaf for leaf, t in zip(leaves, tensor)],
+        "GRAPH_INPUT_STRIDES": graph.graph_input_strides(),
         "GRAPH_OPS": graph.op_count(),
-        "TORCH_VERSION": torch.__version__,
+        "TORCH_VERSION": str(torch.__version__),
         "PYTHON_VERSION": list(sys.version_info[:2]),
         "SOURCES": sources,
     }
@@ -153,25 +174,27 @@ def emit_single_graph(
     metadata = single_graph_metadata(
         graph, fn_info=fn_info, backend=backend, tracer=tracer, sources=sources
     )
+    imports = [_compat.ARTIFACT_PRELUDE, lowered.prelude]
+    if lowered.runtime:
+        imports += [_driver_source(lowered.runtime), "", lowered.runtime_setup]
+    driver_functions = [*driver.SINGLE_GRAPH_DRIVER]
+    if lowered.relabel not in driver_functions:
+        driver_functions.append(lowered.relabel)
     text = "\n".join(
         [
             _header(fn_info, tracer, backend),
             "# ---- metadata: literals only; precompile.inspect_artifact reads them unexecuted",
             render_metadata(metadata),
-            "# ---- imports",
-            _compat.ARTIFACT_PRELUDE,
+            "# ---- imports and the backend's runtime",
+            *imports,
             "# ---- captured graph",
             lowered.source,
             "# ---- runtime driver (emitted verbatim from precompile/driver.py)",
-            _driver_source([*driver.SINGLE_GRAPH_DRIVER, lowered.relabel]),
+            _driver_source(driver_functions),
             "",
             f"_relabel_layout_error = {lowered.relabel.__name__}",
             "forward = _build_single_graph_forward()",
             "",
         ]
     )
-    python_code = text.encode("utf-8")
-    cache = build_envelope(
-        backend=backend, tracer=tracer, python_code=python_code, bundle=lowered.bundle
-    )
-    return Artifact(python_code=python_code, cache=cache, metadata=metadata)
+    return Artifact(python_code=text.encode("utf-8"), metadata=metadata)

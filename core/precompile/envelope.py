@@ -96,6 +96,25 @@ def read_envelope(
     return bundle if isinstance(bundle, dict) else {}
 
 
+def usable_kernels(bundle: dict[str, Any] | None, cache_path: str) -> dict[str, Any] | None:
+    """The bundle, if its compiled kernels can run in this process; else None, with one
+    warning: the artifact then compiles its kernels from the inlined source. A kernel
+    built for a CPU feature this machine lacks would die of an illegal instruction, so
+    this is checked from CPU-feature queries before anything is loaded."""
+    if not bundle or not bundle.get("kernels"):
+        return bundle
+    from precompile._compat import kernel_platform_problem
+
+    problem = kernel_platform_problem(bundle.get("requires", {}))
+    if problem is None:
+        return bundle
+    _fallback(
+        cache_path,
+        f"its compiled kernels cannot run here: {problem}; compiling them from the inlined source instead, which makes this load slow",
+    )
+    return None
+
+
 def default_cache_path(artifact_path: str) -> str:
     root, _ = os.path.splitext(artifact_path)
     return root + ".cache"

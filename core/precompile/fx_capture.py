@@ -44,10 +44,23 @@ class SingleGraph:
     grad_param_indices: list[int]
     node_stacks: dict[str, list[StackFrame]]
     training: bool
+    #: Per input leaf, its dims marked with mark_unbacked: {dim: (min, max, shape_id)}.
+    dynamic_dims: dict[int, dict[int, tuple[int | None, int | None, str | None]]] = (
+        dataclasses.field(default_factory=dict)
+    )
 
     @property
     def user_tensors(self) -> list[torch.Tensor]:
         return [leaf for leaf in self.user_leaves if isinstance(leaf, torch.Tensor)]
+
+    def graph_input_strides(self) -> list[tuple[int, ...] | None]:
+        """Each graph input's traced strides, None where they depend on a dynamic dim."""
+        strides = []
+        for node in self.graph_module.graph.nodes:
+            if node.op == "placeholder":
+                stride = tuple(node.meta["val"].stride())
+                strides.append(None if _compat.has_symbols(stride) else stride)
+        return strides
 
     def source_files(self) -> list[str]:
         files = {f.file for frames in self.node_stacks.values() for f in frames}
@@ -284,6 +297,16 @@ def _refuse_from_exception(error: BaseException, training: bool) -> PrecompileEr
         return PrecompileError(
             str(error), invariant=error.invariant, location=where, hint=error.hint
         )
+    if isinstance(error, _compat.GuardOnDataDependentSymNode):
+        return PrecompileError(
+            f"fn must decide on a size or value the capture treats as unknown "
+            f"({str(error).splitlines()[0]}): a dim marked with mark_unbacked is served at any "
+            f"size, so the graph cannot branch or specialize on it",
+            invariant=3,
+            location=where,
+            hint="remove the branch on that dim, or do not mark it; inputs whose dims must "
+            "match can share one mark_unbacked shape_id",
+        )
     if isinstance(error, _compat.DATA_DEPENDENT_ERRORS):
         op = getattr(error, "func", None)
         return PrecompileError(
@@ -404,9 +427,14 @@ def trace_single_graph(
             )
         return [*out_leaves, *(g for g in grads if g is not None)]
 
-    fake_mode = _compat.FakeTensorMode(allow_non_fake_inputs=True)
-    fakes = [fake_mode.from_tensor(t) for t in lifted.tensors]
-    fakes += [fake_mode.from_tensor(leaves[i]) for i in tensor_slots]
+    dynamic_dims = {i: _compat.unbacked_marks(leaves[i]) for i in tensor_slots}
+    dynamic_dims = {i: marks for i, marks in dynamic_dims.items() if marks}
+    if dynamic_dims:
+        fake_mode, fakes = _compat.dynamic_fakes(lifted.tensors, [leaves[i] for i in tensor_slots])
+    else:
+        fake_mode = _compat.FakeTensorMode(allow_non_fake_inputs=True)
+        fakes = [fake_mode.from_tensor(t) for t in lifted.tensors]
+        fakes += [fake_mode.from_tensor(leaves[i]) for i in tensor_slots]
     try:
         with _compat.recording_user_stacks(flat_fn.__code__) as stack_of:
             with fake_mode, _RefuseOpaqueAccess(), torch.set_grad_enabled(training):
@@ -425,6 +453,8 @@ def trace_single_graph(
     except Exception as error:
         raise _refuse_from_exception(error, training) from error
     _check_graph(gm, node_stacks, fn, modules)
+    if dynamic_dims:
+        _compat.insert_runtime_asserts(gm, fake_mode)
     return SingleGraph(
         graph_module=gm,
         lifted=lifted,
@@ -437,6 +467,7 @@ def trace_single_graph(
         grad_param_indices=list(grad_param_indices),
         node_stacks=node_stacks,
         training=training,
+        dynamic_dims=dynamic_dims,
     )
 
 

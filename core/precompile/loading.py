@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from precompile.artifact_io import read_bytes, validate_pair
-from precompile.envelope import code_hash, read_envelope
+from precompile.envelope import code_hash, read_envelope, usable_kernels
 from precompile.errors import ArtifactTrustWarning, PrecompileError
 from precompile.metadata import parse_metadata
 
@@ -126,6 +126,7 @@ def load(
             tracer=metadata.get("TRACER", ""),
             python_code_hash=code_hash(python_code),
         )
+        bundle = usable_kernels(bundle, cache)
     warnings.warn(
         f"precompile: loading {artifact!r} executes its Python code; load only artifacts "
         f"you produced or reviewed (trust them like a pickle)",

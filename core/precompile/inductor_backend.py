@@ -1,0 +1,89 @@
+"""The Inductor backend: lower a captured graph, inline Inductor's output module, and
+cache its compiled kernels.
+
+The generated module stays in python_code as real code, so python_code alone runs (its
+kernels compile from the inlined source when it is executed). Only its
+``from torch._inductor... import`` lines are rewritten into ``_inductor_import(...)``
+calls, which the artifact's runtime resolves: to the real names, or -- with a cache whose
+kernels suit this machine -- to light stand-ins and prebuilt kernels, so that serving
+imports no compiler and compiles nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from precompile import _compat, driver
+from precompile.emit import LoweredGraph
+from precompile.errors import PrecompileError
+from precompile.fx_capture import SingleGraph
+
+_IMPORT = re.compile(r"^from (torch\._inductor[\w.]*) import (.+)$")
+_TRAILER = ("def get_args():", "def benchmark_compiled_module(", 'if __name__ == "__main__":')
+
+
+def rewrite_inductor_module(source: str) -> tuple[str, bool]:
+    """Route the module's Inductor imports through ``_inductor_import`` and drop its
+    benchmarking trailer. Also say whether the light (slim) resolution can serve it:
+    only when nothing else in it names ``torch._inductor``."""
+    out: list[str] = []
+    slim = True
+    for line in source.splitlines():
+        if line.startswith(_TRAILER):
+            break
+        match = _IMPORT.match(line)
+        if match and "(" not in line:
+            module = match.group(1)
+            for item in match.group(2).split(","):
+                name, _, alias = item.strip().partition(" as ")
+                out.append(f"{alias or name} = _inductor_import({module!r}, {name!r})")
+            continue
+        if "torch._inductor" in line:
+            slim = False
+        out.append(line)
+    return "\n".join(out).rstrip() + "\n", slim
+
+
+def _graph_fakes(graph: SingleGraph) -> list[Any]:
+    return [n.meta["val"] for n in graph.graph_module.graph.nodes if n.op == "placeholder"]
+
+
+def lower_inductor(graph: SingleGraph) -> LoweredGraph:
+    fakes = _graph_fakes(graph)
+    try:
+        functional = _compat.functional_retrace(graph.graph_module, fakes)
+        source = _compat.compile_inductor(functional, fakes)
+    except PrecompileError:
+        raise
+    except Exception as error:
+        raise PrecompileError(
+            f"Inductor could not lower this graph: {type(error).__name__}: {str(error)[:500]}",
+            invariant=4,
+            hint="capture with backend='eager', or report the failing op",
+        ) from error
+    section, slim = rewrite_inductor_module(source)
+    return LoweredGraph(
+        source=section,
+        relabel=driver._relabel_layout_error_inductor,
+        runtime=(driver._memory_format, driver._inductor_runtime),
+        prelude=_compat.INDUCTOR_PRELUDE,
+        runtime_setup=(
+            '_INDUCTOR = _inductor_runtime(globals().get("_PRECOMPILE_BUNDLE"))\n'
+            "_inductor_import = _INDUCTOR.resolve\n"
+        ),
+        collect_bundle=lambda namespace: collect_kernels(namespace, slim),
+    )
+
+
+def collect_kernels(namespace: dict[str, Any], slim: bool) -> dict[str, Any]:
+    """The cache bundle: every kernel the artifact compiled when the capture executed it,
+    with what those kernels need of the machine that loads them."""
+    kernels = {}
+    for digest, kernel in sorted(namespace["_INDUCTOR"].compiled.items()):
+        path = getattr(getattr(kernel, "__self__", None), "__file__", None)
+        if path is None:
+            return {}  # a kernel we cannot locate: ship no cache rather than a partial one
+        with open(path, "rb") as f:
+            kernels[digest] = f.read()
+    return {"kernels": kernels, "slim": slim, "requires": _compat.kernel_platform()}
