@@ -30,12 +30,19 @@ def first_result():
 """
 
 
-def fresh_process(script: str, *, runs: int, env: dict[str, str] | None = None) -> dict[str, float]:
-    """Median seconds to first result and to exit over ``runs`` fresh processes."""
+def fresh_process(
+    script: str,
+    *,
+    runs: int,
+    env: dict[str, str] | None = None,
+    env_per_run: Callable[[int], dict[str, str]] | None = None,
+) -> dict[str, float]:
+    """Median seconds to first result and to exit over ``runs`` fresh processes.
+    ``env_per_run(i)`` adds variables for run ``i`` (e.g. an empty cache directory)."""
     firsts, walls = [], []
     code = PRELUDE + textwrap.dedent(script)
-    for _ in range(runs):
-        child_env = {**os.environ, **(env or {})}
+    for run in range(runs):
+        child_env = {**os.environ, **(env or {}), **(env_per_run(run) if env_per_run else {})}
         t0 = time.time()
         child_env["BENCH_T0"] = repr(t0)
         proc = subprocess.run(

@@ -22,6 +22,7 @@ from bench import single_graph
 HERE = Path(__file__).resolve().parent
 SECTIONS: dict[str, Callable[[Path, int], str]] = {
     "single_graph_eager": single_graph.run_eager_section,
+    "single_graph_inductor": single_graph.run_inductor_section,
 }
 
 

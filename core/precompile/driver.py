@@ -321,16 +321,13 @@ def _build_single_graph_forward() -> Any:
         for i in tensor_slots
         if not has_dynamic
     )
-    param_meta = attrgetter("shape", "dtype", "device", "requires_grad")
-    buffer_meta = attrgetter("shape", "dtype", "device")
-    n_params = len(PARAM_NAMES)
+    # One getter for parameters and buffers alike: a buffer's requires_grad is compared
+    # against the snapshot too, which only ever makes the fast path more careful.
+    tensor_meta = attrgetter("shape", "dtype", "device", "requires_grad")
     state_dicts = attrgetter("_parameters", "_buffers", "_modules")
     training = attrgetter("training")
     grad_indices = tuple(GRAD_PARAM_INDICES)
     n_grads = len(grad_indices)
-    # call() consumes its list; keep the inputs for a layout message only where the
-    # backend has layout asserts to relabel.
-    relabels = _relabel_layout_error is not _relabel_layout_error_eager
     # The last verified model: its roots, every submodule, their parameter/buffer/child
     # dicts with the identities of all values (held, so no id is reused while we
     # compare), the lifted tensors and their metadata. A dict replaced wholesale (not
@@ -339,11 +336,6 @@ def _build_single_graph_forward() -> Any:
 
     def _slot_ids(dicts: tuple[dict[str, Any], ...]) -> tuple[int, ...]:
         return tuple(map(id, chain.from_iterable(map(dict.values, dicts))))
-
-    def _tensor_meta(tensors: list[Any]) -> tuple[Any, ...]:
-        return tuple(map(param_meta, tensors[:n_params])) + tuple(
-            map(buffer_meta, tensors[n_params:])
-        )
 
     def _verify_model(mods: list[Any]) -> list[Any]:
         _describe_structure_mismatch(mods)
@@ -358,7 +350,7 @@ def _build_single_graph_forward() -> Any:
             ids=_slot_ids(dicts),
             tensors=tensors,
             training=tuple(map(training, subs)),
-            meta=_tensor_meta(tensors),
+            meta=tuple(map(tensor_meta, tensors)),
         )
         return tensors
 
@@ -368,7 +360,7 @@ def _build_single_graph_forward() -> Any:
             and all(map(_is, mods, verified["roots"]))
             and tuple(map(training, verified["subs"])) == verified["training"]
             and _slot_ids(verified["dicts"]) == verified["ids"]
-            and _tensor_meta(verified["tensors"]) == verified["meta"]
+            and tuple(map(tensor_meta, verified["tensors"])) == verified["meta"]
         ):
             return verified["tensors"]
         return _verify_model(mods)
@@ -406,7 +398,10 @@ def _build_single_graph_forward() -> Any:
             ok = (
                 not has_dynamic
                 and tuple(map(input_meta, tensors_in)) == expected_inputs
-                and all(type(leaves[i]) is type(v) and leaves[i] == v for i, v in constant_slots)
+                and (
+                    not constant_slots
+                    or all(type(leaves[i]) is type(v) and leaves[i] == v for i, v in constant_slots)
+                )
             )
         except (AttributeError, IndexError, RuntimeError):
             ok = False
@@ -414,7 +409,6 @@ def _build_single_graph_forward() -> Any:
             _describe_input_mismatch(list(leaves), True)
             tensors_in = [leaves[i] for i in tensor_slots]
         flat = [*_model_tensors(mods), *tensors_in]
-        graph_inputs = flat if not relabels else list(flat)
         grad_was_enabled = _torch.is_grad_enabled()
         if grad_was_enabled:
             _set_grad_enabled(False)
@@ -427,7 +421,8 @@ def _build_single_graph_forward() -> Any:
             else:
                 out = call(flat)
         except AssertionError as error:
-            message = _relabel_layout_error(error, graph_inputs)
+            # call() consumed its list: rebuild the inputs for the message.
+            message = _relabel_layout_error(error, [*verified["tensors"], *tensors_in])
             if message is None:
                 raise
             _fail(message, 6)
