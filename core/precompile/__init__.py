@@ -24,6 +24,8 @@ _LAZY = {
     "Capture": "precompile.capturing",
     "CaptureReport": "precompile.report",
     "MakeFxTracer": "precompile.tracers",
+    "DynamoTracer": "precompile.tracers",
+    "PrecompileSummary": "precompile.report",
     "load": "precompile.loading",
     "PrecompiledRunnable": "precompile.loading",
     "inspect_artifact": "precompile.metadata",

@@ -299,3 +299,170 @@ def kernel_platform_problem(required: dict[str, Any]) -> str | None:
         if check is None or not getattr(torch.cpu, check, lambda: False)():
             return f"they use the {required.get('isa')} vector ISA, and this CPU lacks {flag!r}"
     return None
+
+
+# ---------------------------------------------------------------- Dynamo (capture)
+
+#: Guard types whose checks compare object identities: they cannot survive a process.
+UNSERIALIZABLE_GUARD_TYPES = frozenset(
+    {
+        "ID_MATCH",
+        "CLOSURE_MATCH",
+        "MODULE_MATCH",
+        "FUNCTION_MATCH",
+        "BUILTIN_MATCH",
+        "DICT_VERSION",
+        "NN_MODULE",
+        "CLASS_MATCH",
+        "WEAKREF_ALIVE",
+    }
+)
+#: Guard types the artifact's driver enforces itself: GLOBAL_STATE bundles grad mode
+#: (the driver sets the captured one), autocast (disabled while serving), default dtype
+#: and deterministic mode (checked per call) with the thread count, which an artifact
+#: must not depend on.
+DRIVER_ENFORCED_GUARD_TYPES = frozenset({"GLOBAL_STATE"})
+
+
+def new_package(fn: Callable[..., Any]) -> Any:
+    from torch._dynamo.package import CompilePackage
+
+    return CompilePackage(fn)
+
+
+def current_package_code(package: Any) -> types.CodeType | None:
+    """The code object the package is compiling right now (inside a guard filter)."""
+    entry = getattr(package, "_current_entry", None)
+    if entry is None:
+        return None
+    for code, candidate in package._codes.items():
+        if candidate is entry:
+            return code
+    return None
+
+
+def optimize(
+    fn: Callable[..., Any],
+    backend: Any,
+    *,
+    package: Any,
+    guard_filter_fn: Callable[[list[Any]], list[bool]],
+    guard_fail_fn: Callable[[Any], None],
+    dynamic: bool | None,
+) -> Callable[..., Any]:
+    return torch._dynamo.optimize(
+        backend,
+        package=package,
+        guard_filter_fn=guard_filter_fn,
+        guard_fail_fn=guard_fail_fn,
+        dynamic=dynamic,
+    )(fn)
+
+
+def dynamo_config(recompile_limit: int) -> Any:
+    """Capture-time Dynamo settings: our recompile limit, and the default
+    (non-nested) graph breaks, whose continuations the standalone driver understands."""
+    return torch._dynamo.config.patch(
+        recompile_limit=recompile_limit,
+        accumulated_recompile_limit=max(recompile_limit * 4, 256),
+        nested_graph_breaks=False,
+        caching_precompile=False,
+    )
+
+
+def live_cache_entries(code: types.CodeType) -> int:
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return len(_debug_get_cache_entry_list(code))
+
+
+def graph_break_link(gb_type: str) -> tuple[str | None, str | None]:
+    """Dynamo's graph-break id (e.g. ``GB0124``) and documentation link for a break type."""
+    from torch._dynamo.exc import _load_gb_type_to_gb_id_map, get_gbid_documentation_link
+
+    gb_id = _load_gb_type_to_gb_id_map().get(gb_type)
+    return gb_id, get_gbid_documentation_link(gb_type)
+
+
+@contextlib.contextmanager
+def recording_graph_breaks() -> Iterator[list[dict[str, Any]]]:
+    """Record every graph break Dynamo logs while active: its type, full message, the
+    code being translated, and the user stack (FrameSummaries with 3.11 columns)."""
+    from torch._dynamo.symbolic_convert import InstructionTranslatorBase
+
+    events: list[dict[str, Any]] = []
+    original = InstructionTranslatorBase.log_graph_break
+
+    def log_graph_break(self: Any, code_options: Any, reason: str, exc: Any) -> None:
+        if not getattr(exc, "logged", False):
+            events.append(
+                {
+                    "gb_type": getattr(exc, "gb_type", None),
+                    "message": str(exc),
+                    "reason": reason,
+                    "code": self.f_code,
+                    "stack": list(getattr(exc, "real_stack", None) or []),
+                }
+            )
+        return original(self, code_options, reason, exc)
+
+    with _stack_patch_lock:
+        InstructionTranslatorBase.log_graph_break = log_graph_break  # type: ignore[method-assign]
+        try:
+            yield events
+        finally:
+            InstructionTranslatorBase.log_graph_break = original  # type: ignore[method-assign]
+
+
+def serialize_code(code: types.CodeType) -> Any:
+    from torch._dynamo.package import SerializedCode
+
+    return SerializedCode.from_code_object(code)
+
+
+def global_state() -> dict[str, Any]:
+    """The global state a Dynamo artifact depends on besides grad mode and autocast."""
+    return {
+        "default_dtype": str(torch.get_default_dtype()),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+    }
+
+
+def autocast_enabled() -> bool:
+    return bool(torch._C._is_any_autocast_enabled())
+
+
+# ---------------------------------------------------------------- Dynamo (serving)
+# The functions below are emitted verbatim into multi-graph artifacts (they import what
+# they need themselves), so the artifact's driver reaches Dynamo only through them.
+
+
+def _dynamo_serving_runtime() -> Any:
+    """The few Dynamo internals a standalone artifact needs to rebuild its frames."""
+    import types as _types
+
+    import torch._dynamo
+    from torch._dynamo.aot_compile import bind_locals
+    from torch._dynamo.output_graph import get_builtins_dict
+    from torch._dynamo.package import SerializedCode, load_guard_manager, load_guards_state
+    from torch._dynamo.utils import CleanupManager
+
+    def disown(scope: dict[str, Any], name: str) -> None:
+        # A live compile may have bound ``name`` with a hook that deletes it once that
+        # compile's code object dies; point such hooks at a scratch scope instead, so
+        # they cannot delete the binding this artifact is about to make.
+        instance = getattr(CleanupManager, "instance", None)
+        for hooks in list(getattr(instance, "values", {}).values()):
+            for hook in hooks if isinstance(hooks, list) else ():
+                if getattr(hook, "scope", None) is scope and getattr(hook, "name", None) == name:
+                    hook.scope = {name: None}
+
+    return _types.SimpleNamespace(
+        to_code=SerializedCode.to_code_object,
+        load_guards_state=load_guards_state,
+        load_guard_manager=load_guard_manager,
+        builtins_dict=get_builtins_dict,
+        bind_locals=bind_locals,
+        disown=disown,
+        disable=torch._dynamo.disable,
+    )

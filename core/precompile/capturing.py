@@ -1,4 +1,4 @@
-"""``precompile.capture``: run a function for real once, and emit it as an artifact."""
+"""``precompile.capture``: run a function for real, and emit what ran as an artifact."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from precompile.artifact_io import atomic_write_files, validate_pair
 from precompile.backends import check_backend
 from precompile.emit import Artifact
 from precompile.errors import PrecompileError
-from precompile.report import CaptureReport
-from precompile.tracers import MakeFxTracer
+from precompile.report import CaptureReport, PrecompileSummary
+from precompile.tracers import DynamoTracer, MakeFxTracer
 
 
 def capture(
@@ -25,12 +25,13 @@ def capture(
     training: bool = False,
 ) -> Capture:
     """Capture ``fn`` into the artifact pair (python_code at ``artifact_path``, cache at
-    ``cache_path``). Use as a context manager and call the result like ``fn``."""
+    ``cache_path``). Use as a context manager and call the result like ``fn``. The default
+    tracer is ``DynamoTracer()``."""
     return Capture(
         fn,
         artifact_path=artifact_path,
         cache_path=cache_path,
-        tracer=MakeFxTracer() if tracer is None else tracer,
+        tracer=DynamoTracer() if tracer is None else tracer,
         backend=backend,
         training=training,
     )
@@ -40,9 +41,10 @@ class Capture:
     """A single-use capture session.
 
     Inside the ``with`` block, calling it runs ``fn`` on the real arguments and captures
-    it; the result is served through the freshly emitted artifact, so side effects
-    (batch-norm statistics, in-place updates, gradients) happen exactly once. A clean
-    exit writes the pair; a block that raises writes nothing new; ``save()`` writes now.
+    it. Under ``MakeFxTracer`` (one call) the result is served through the freshly emitted
+    artifact, so side effects happen exactly once; under ``DynamoTracer`` each call runs
+    for real under Dynamo and adds what it compiled. A clean exit writes the pair; a block
+    that raises writes nothing new; ``save()`` writes (checkpoints) now.
     """
 
     def __init__(
@@ -56,10 +58,10 @@ class Capture:
         training: bool,
     ) -> None:
         self.backend = check_backend(backend)
-        if not isinstance(tracer, MakeFxTracer):
+        if not isinstance(tracer, (MakeFxTracer, DynamoTracer)):
             raise TypeError(
-                f"precompile: tracer must be precompile.MakeFxTracer() or "
-                f"precompile.DynamoTracer(), got {type(tracer).__name__}"
+                f"precompile: tracer must be precompile.DynamoTracer() or "
+                f"precompile.MakeFxTracer(), got {type(tracer).__name__}"
             )
         if not isinstance(training, bool):
             raise TypeError(f"precompile: training must be a bool, got {type(training).__name__}")
@@ -74,11 +76,13 @@ class Capture:
         self._artifact: Artifact | None = None
         self._cache = b""
         self._runnable: Any = None
+        self._session: Any = None
         from precompile.fx_capture import describe_fn
 
-        self._report = CaptureReport(
-            target=describe_fn(fn), tracer=tracer.name, backend=self.backend
-        )
+        self._fn_info = describe_fn(fn)
+        self._report = CaptureReport(target=self._fn_info, tracer=tracer.name, backend=self.backend)
+
+    # ------------------------------------------------------------ the session
 
     def __enter__(self) -> Capture:
         if self._state != "new":
@@ -101,35 +105,55 @@ class Capture:
                 "call the Capture inside its with-block",
                 hint="with precompile.capture(fn, ...) as cap: out = cap(model, x)",
             )
+        try:
+            if isinstance(self.tracer, DynamoTracer):
+                return self._call_dynamo(args, kwargs)
+            return self._call_make_fx(args, kwargs)
+        except PrecompileError as error:
+            self._report.ok = False
+            self._report.error = error.to_dict()
+            self._report.summary.capture_errors.append(error.message)
+            raise
+
+    def _call_make_fx(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._artifact is not None:
             raise PrecompileError(
-                "the make_fx tracer captures exactly one call, and this Capture already " "has one",
+                "the make_fx tracer captures exactly one call, and this Capture already has one",
                 hint="use tracer=precompile.DynamoTracer() to capture several calls "
                 "(shapes, graph breaks) into one artifact",
             )
         if kwargs:
             raise PrecompileError(
-                f"the make_fx tracer captures positional calls only; got keyword "
-                f"arguments {sorted(kwargs)}",
+                f"the make_fx tracer captures positional calls only; got keyword arguments "
+                f"{sorted(kwargs)}",
                 hint="pass them positionally, or use tracer=precompile.DynamoTracer()",
             )
-        try:
-            self._capture(args)
-        except PrecompileError as error:
-            self._report.ok = False
-            self._report.error = error.to_dict()
-            raise
+        self._capture_single_graph(args)
         started = time.perf_counter()
         result = self._runnable(*args)
         self._report.timings["first_call_s"] = time.perf_counter() - started
         return result
 
-    def _capture(self, args: tuple[Any, ...]) -> None:
+    def _call_dynamo(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from precompile.dynamo_capture import DynamoSession
+
+        started = time.perf_counter()
+        if self._session is None:
+            self._session = DynamoSession(self.fn, self.tracer, self.backend, self.training)
+        self._artifact = None  # what was emitted before this call is out of date
+        try:
+            return self._session.call(args, kwargs)
+        finally:
+            self._report.timings["capture_s"] = self._report.timings.get("capture_s", 0.0) + (
+                time.perf_counter() - started
+            )
+
+    # ------------------------------------------------------------ emitting
+
+    def _capture_single_graph(self, args: tuple[Any, ...]) -> None:
         from precompile.backends import lower_eager
         from precompile.emit import emit_single_graph
-        from precompile.envelope import build_envelope
-        from precompile.fx_capture import describe_fn, trace_single_graph
-        from precompile.loading import exec_artifact
+        from precompile.fx_capture import trace_single_graph
 
         timings = self._report.timings
         started = time.perf_counter()
@@ -149,15 +173,49 @@ class Capture:
         artifact = emit_single_graph(
             graph,
             lowered,
-            fn_info=describe_fn(self.fn),
+            fn_info=self._fn_info,
             backend=self.backend,
             tracer=self.tracer.name,
             artifact_path=self.artifact_path,
         )
         timings["emit_s"] = time.perf_counter() - started
+        self._load_and_cache(artifact, lowered.collect_bundle)
+        self._report.graph = {"ops": artifact.metadata["GRAPH_OPS"]}
+        self._report.sources = artifact.metadata["SOURCES"]
+        self._report.serving_mode = "single_graph"
+        self._report.summary = PrecompileSummary(frames=1, guarded_codes=1, backend_graphs=1)
+
+    def _emit_dynamo(self) -> None:
+        from precompile.dynamo_report import build_dynamo_artifact
+
         started = time.perf_counter()
-        # Executing the new artifact here compiles whatever the backend compiles at load;
-        # what it compiled becomes the cache, so a later load compiles nothing.
+        artifact, report = build_dynamo_artifact(
+            self._session, fn_info=self._fn_info, artifact_path=self.artifact_path
+        )
+        self._report.timings["emit_s"] = time.perf_counter() - started
+        for field in (
+            "serving_mode",
+            "frames",
+            "graph_breaks",
+            "recompiles",
+            "guards",
+            "function_sources",
+            "sources",
+            "summary",
+        ):
+            setattr(self._report, field, getattr(report, field))
+        self._report.graph = report.graph
+        self._load_and_cache(artifact, lambda namespace: {})
+
+    def _load_and_cache(
+        self, artifact: Artifact, collect_bundle: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> None:
+        """Execute the new artifact here (it compiles whatever its backend compiles at
+        load; that becomes the cache, so a later load compiles nothing)."""
+        from precompile.envelope import build_envelope
+        from precompile.loading import exec_artifact
+
+        started = time.perf_counter()
         self._runnable = exec_artifact(
             artifact.python_code, artifact.metadata, None, origin=self.artifact_path
         )
@@ -165,32 +223,76 @@ class Capture:
             backend=self.backend,
             tracer=self.tracer.name,
             python_code=artifact.python_code,
-            bundle=lowered.collect_bundle(self._runnable._namespace),
+            bundle=collect_bundle(self._runnable._namespace),
         )
-        timings["load_s"] = time.perf_counter() - started
+        self._report.timings["load_s"] = time.perf_counter() - started
         self._artifact = artifact
-        self._report.graph = {"ops": artifact.metadata["GRAPH_OPS"]}
-        self._report.sources = artifact.metadata["SOURCES"]
+
+    def _ensure_artifact(self) -> None:
+        if self._artifact is not None:
+            return
+        if self._session is None:
+            raise PrecompileError(
+                "nothing was captured: call the Capture with example arguments inside the "
+                "with-block before it ends",
+                hint="with precompile.capture(fn, ...) as cap: cap(model, x)",
+            )
+        if self._runnable is not None:
+            self._runnable.unload()  # a checkpoint's bindings, about to be replaced
+        self._emit_dynamo()
+
+    # ------------------------------------------------------------ public
 
     def save(self) -> None:
-        """Write the pair now (atomically). The block's clean exit writes it again."""
+        """Write the pair now (atomically): everything captured so far. The block's clean
+        exit writes it again, with whatever was captured after this."""
         if self._state != "open":
             raise PrecompileError("save() must be called inside the capture's with-block")
         self._write()
 
     def _write(self) -> None:
-        if self._artifact is None:
-            raise PrecompileError(
-                "nothing was captured: call the Capture with example arguments inside "
-                "the with-block before it ends",
-                hint="with precompile.capture(fn, ...) as cap: cap(model, x)",
-            )
+        self._ensure_artifact()
+        self._check_gates()
+        assert self._artifact is not None
         atomic_write_files(
-            [
-                (self.artifact_path, self._artifact.python_code),
-                (self.cache_path, self._cache),
-            ]
+            [(self.artifact_path, self._artifact.python_code), (self.cache_path, self._cache)]
         )
 
+    def _check_gates(self) -> None:
+        if not isinstance(self.tracer, DynamoTracer):
+            return
+        summary = self._report.summary
+        if self._report.serving_mode == "installed":
+            raise PrecompileError(
+                f"this capture needs installed serving ({self._report.frames and [f['name'] for f in self._report.frames if f['reached_by_call']]} "
+                f"are reached by an ordinary call, not a resume name), which is not supported yet",
+                hint="move the graph break into the captured function itself, or remove it",
+            )
+        if self.tracer.require_complete and not summary.complete:
+            raise PrecompileError(
+                f"the capture is incomplete: {'; '.join(summary.problems())}",
+                hint="fix the graph breaks the report lists, or pass "
+                "DynamoTracer(require_complete=False) to serve those frames as captured "
+                "(eager where Dynamo gave up)",
+            )
+
+    def covers(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Which captured variant of the entry frame would serve this call, or which guard
+        fails per variant. No graph runs. Dynamo tracer only."""
+        if not isinstance(self.tracer, DynamoTracer):
+            raise PrecompileError(
+                "covers() needs the Dynamo tracer; a make_fx artifact serves one call shape"
+            )
+        self._ensure_artifact()
+        return self._runnable.covers(*args, **kwargs)
+
     def report(self) -> CaptureReport:
+        if self._session is not None and self._artifact is None and self._report.ok:
+            try:
+                self._ensure_artifact()
+            except PrecompileError as error:
+                self._report.ok, self._report.error = False, error.to_dict()
         return self._report
+
+    def summary(self) -> PrecompileSummary:
+        return self.report().summary

@@ -40,6 +40,17 @@ class PrecompiledRunnable:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._forward(*args, **kwargs)
 
+    def covers(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Which captured variant of the entry frame would serve this call, or, per
+        variant, the first guard that fails. No graph runs. Multi-graph artifacts only."""
+        covers = self._namespace.get("covers")
+        if covers is None:
+            raise PrecompileError(
+                "covers() is for multi-graph (Dynamo) artifacts; a single-graph artifact "
+                "serves exactly its traced call shape"
+            )
+        return covers(*args, **kwargs)
+
     def unload(self) -> None:
         """Remove what loading installed into this process; idempotent."""
         unload = self._namespace.get("_unload")

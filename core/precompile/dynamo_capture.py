@@ -1,0 +1,433 @@
+"""Multi-graph capture: run ``fn`` for real under Dynamo with a CompilePackage, as many
+calls as the user makes, and turn what Dynamo compiled into frame records.
+
+Each frame is a code object Dynamo compiled: the entry, every graph-break continuation
+(reached from the frame ahead of it by a resume name), and -- for installed serving,
+part 2 -- functions the entry calls. A frame's variants are (serialized guards,
+transformed bytecode) pairs, one per recompile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from precompile import _compat
+from precompile.errors import Location, PrecompileError
+from precompile.locations import (
+    StackFrame,
+    codepoint_column,
+    innermost,
+    is_user_file,
+    traceback_user_stack,
+)
+from precompile.tracers import DynamoTracer
+
+
+@dataclasses.dataclass
+class GraphBreak:
+    """One graph-break site: Dynamo logs a break once per compile that meets it; we keep
+    one record per (break type, innermost user location)."""
+
+    gb_type: str
+    gb_id: str | None
+    doc_link: str | None
+    explanation: str
+    hints: list[str]
+    frame: str
+    user_stack: list[StackFrame]
+    count: int = 1
+
+    @property
+    def location(self) -> Location | None:
+        return innermost(self.user_stack)
+
+    def to_dict(self) -> dict[str, Any]:
+        location = self.location
+        return {
+            "reason": self.gb_type,
+            "gb_id": self.gb_id,
+            "doc_link": self.doc_link,
+            "explanation": self.explanation,
+            "hints": self.hints,
+            "frame": self.frame,
+            "location": None if location is None else location.to_dict(),
+            "user_stack": [f.to_dict() for f in self.user_stack],
+            "count": self.count,
+        }
+
+
+@dataclasses.dataclass
+class GuardDecision:
+    """What happened to one guard of one variant when it was serialized."""
+
+    name: str
+    guard_type: str
+    kept: bool
+    dropped_by: str | None  # "default" (identity guard), "driver" (global state), "user"
+    value: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class FrameRecord:
+    """A compiled code object and everything serving it needs (see module docstring)."""
+
+    code: types.CodeType
+    python_module: str
+    is_entry: bool
+    resume_names: list[str]
+    import_sources: dict[str, str]
+    variants: list[tuple[bytes, Any]]  # (guards_state, SerializedCode of the bytecode)
+    backend_ids: list[str]
+    code_source: str | None
+    bypassed: bool
+    eager_fallback: bool
+    eager_reason: str | None
+    trivial: bool
+    truncated: bool
+    guards: list[list[GuardDecision]]
+
+    @property
+    def name(self) -> str:
+        return self.code.co_name
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "file": self.code.co_filename,
+            "line": self.code.co_firstlineno,
+            "module": self.python_module,
+            "entry": self.is_entry,
+            "variants": len(self.variants),
+            "resume_names": list(self.resume_names),
+            "bypassed": self.bypassed,
+            "eager_fallback": self.eager_fallback,
+            "eager_reason": self.eager_reason,
+            "trivial": self.trivial,
+            "truncated": self.truncated,
+            "reached_by_call": self.code_source is not None,
+        }
+
+
+def _explanation_and_hints(message: str) -> tuple[str, list[str]]:
+    explanation, hints = "", []
+    for line in message.splitlines():
+        text = line.strip()
+        if text.startswith("Explanation:"):
+            explanation = text.removeprefix("Explanation:").strip()
+        elif text.startswith("Hint:"):
+            hints.append(text.removeprefix("Hint:").strip())
+        elif text.startswith("*** While handling this graph break"):
+            break
+    return explanation, hints
+
+
+def _user_stack(summaries: list[Any]) -> list[StackFrame]:
+    frames = []
+    for s in summaries:
+        if not is_user_file(s.filename):
+            continue
+        column = codepoint_column(s.filename, s.lineno, getattr(s, "colno", None))
+        frames.append(StackFrame(s.filename, s.lineno, column, s.name))
+    return frames
+
+
+def _dedupe_breaks(events: list[dict[str, Any]]) -> list[GraphBreak]:
+    breaks: dict[tuple[Any, ...], GraphBreak] = {}
+    for event in events:
+        gb_type = event["gb_type"] or event["message"].splitlines()[0]
+        stack = _user_stack(event["stack"])
+        where = innermost(stack)
+        key = (gb_type, None if where is None else (where.file, where.line, where.column))
+        if key in breaks:
+            breaks[key].count += 1
+            continue
+        gb_id, link = _compat.graph_break_link(gb_type)
+        explanation, hints = _explanation_and_hints(event["message"])
+        breaks[key] = GraphBreak(
+            gb_type=gb_type,
+            gb_id=gb_id,
+            doc_link=link,
+            explanation=explanation,
+            hints=hints,
+            frame=event["code"].co_name,
+            user_stack=stack,
+        )
+    return list(breaks.values())
+
+
+def check_dynamo_fn(fn: Callable[..., Any]) -> None:
+    """A Dynamo artifact rebuilds fn's frames inside fn's own module in another process:
+    fn must be a plain module-level function of an importable module."""
+    code = getattr(fn, "__code__", None)
+    where = Location(code.co_filename, code.co_firstlineno, 0) if code else None
+    if not isinstance(fn, types.FunctionType):
+        raise PrecompileError(
+            f"the Dynamo tracer captures plain functions, got {type(fn).__name__}",
+            location=where,
+            hint="wrap the call in a module-level function: def run(model, x): return model(x)",
+        )
+    module = fn.__module__
+    if module == "__main__":
+        raise PrecompileError(
+            f"{fn.__qualname__} is defined in the running script (__main__), which no other "
+            f"process can import, so its artifact could never be loaded",
+            location=where,
+            hint="move the function into an importable module and import it from the script",
+        )
+    if code.co_freevars:
+        raise PrecompileError(
+            f"{fn.__qualname__} closes over {list(code.co_freevars)}; an artifact rebuilds the "
+            f"entry from its module and cannot recreate closure cells",
+            invariant=1,
+            location=where,
+            hint="make it a module-level function and pass what it closes over as arguments",
+        )
+    try:
+        imported = importlib.import_module(module)
+    except ImportError as error:
+        raise PrecompileError(
+            f"{fn.__qualname__}'s module {module!r} is not importable ({error})",
+            location=where,
+            hint="capture functions from modules on sys.path",
+        ) from error
+    owner: Any = imported
+    for part in fn.__qualname__.split("."):
+        owner = getattr(owner, part, None)
+    if owner is not fn:
+        raise PrecompileError(
+            f"{fn.__qualname__} is not reachable as {module}.{fn.__qualname__} (a nested or "
+            f"decorated function); an artifact finds its entry by that name",
+            location=where,
+            hint="capture a module-level function",
+        )
+    if _compat.live_cache_entries(code):
+        raise PrecompileError(
+            f"{fn.__qualname__} was already compiled by Dynamo in this process "
+            f"(torch.compile); its cached code would be reused instead of captured",
+            location=where,
+            hint="capture in a fresh process, or call torch._dynamo.reset() first",
+        )
+
+
+class DynamoSession:
+    """The running capture: Dynamo, its package, and what we record around it."""
+
+    def __init__(self, fn: Callable[..., Any], tracer: DynamoTracer, backend: str, training: bool):
+        check_dynamo_fn(fn)
+        self.fn = fn
+        self.tracer = tracer
+        self.backend = backend
+        self.training = training
+        self.package = _compat.new_package(fn)
+        self.graphs: dict[str, torch.fx.GraphModule] = {}
+        self.guard_log: dict[types.CodeType, list[list[GuardDecision]]] = {}
+        self.recompiles: list[dict[str, Any]] = []
+        self.break_events: list[dict[str, Any]] = []
+        self.calls = 0
+        self.global_state = _compat.global_state()
+        self.compiled = _compat.optimize(
+            fn,
+            self._eager_backend if backend == "eager" else backend,
+            package=self.package,
+            guard_filter_fn=self._filter,
+            guard_fail_fn=self._on_recompile,
+            dynamic=tracer.dynamic,
+        )
+
+    def _eager_backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        return gm.forward
+
+    def _filter(self, entries: list[Any]) -> list[bool]:
+        user = self.tracer.guard_filter_fn
+        user_keep = list(user(entries)) if user is not None else [True] * len(entries)
+        if len(user_keep) != len(entries):
+            raise PrecompileError(
+                f"guard_filter_fn returned {len(user_keep)} decisions for {len(entries)} guards",
+                hint="return one bool per guard entry",
+            )
+        decisions, keep = [], []
+        for entry, user_says in zip(entries, user_keep):
+            dropped_by = None
+            if entry.guard_type in _compat.UNSERIALIZABLE_GUARD_TYPES:
+                dropped_by = "default"
+            elif entry.guard_type in _compat.DRIVER_ENFORCED_GUARD_TYPES:
+                dropped_by = "driver"
+            elif not user_says:
+                dropped_by = "user"
+            keep.append(dropped_by is None)
+            value = repr(entry.value)[:200] if getattr(entry, "has_value", False) else None
+            decisions.append(
+                GuardDecision(entry.name, entry.guard_type, dropped_by is None, dropped_by, value)
+            )
+        code = _compat.current_package_code(self.package)
+        if code is not None:
+            self.guard_log.setdefault(code, []).append(decisions)
+        return keep
+
+    def _on_recompile(self, failure: Any) -> None:
+        code = getattr(failure, "orig_code", None)
+        self.recompiles.append(
+            {
+                "frame": getattr(code, "co_name", None),
+                "reason": str(getattr(failure, "reason", failure)),
+            }
+        )
+
+    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if _compat.autocast_enabled():
+            raise PrecompileError(
+                "capture was called under torch.autocast; an artifact serves with autocast "
+                "disabled, so casts must be part of the captured program",
+                invariant=6,
+                location=Location(self.fn.__code__.co_filename, self.fn.__code__.co_firstlineno, 0),
+                hint="enter torch.autocast inside fn instead of around the capture",
+            )
+        if _compat.global_state() != self.global_state:
+            raise PrecompileError(
+                f"the default dtype or deterministic mode changed between captured calls "
+                f"({self.global_state} -> {_compat.global_state()}); an artifact serves one",
+                invariant=6,
+            )
+        try:
+            with (
+                _compat.dynamo_config(self.tracer.recompile_limit),
+                _compat.recording_graph_breaks() as events,
+                torch.set_grad_enabled(self.training),
+            ):
+                try:
+                    return self.compiled(*args, **kwargs)
+                finally:
+                    self.break_events += events
+                    self.calls += 1
+        except PrecompileError:
+            raise
+        except Exception as error:
+            where = innermost(traceback_user_stack(error.__traceback__))
+            raise PrecompileError(
+                f"fn raised {type(error).__name__} while being captured under Dynamo: "
+                f"{str(error).splitlines()[0] if str(error) else ''}",
+                location=where,
+                hint="fix the error at the location shown (fn runs for real during capture)",
+            ) from error
+
+    # ------------------------------------------------------------ after the calls
+
+    def graph_breaks(self) -> list[GraphBreak]:
+        return _dedupe_breaks(self.break_events)
+
+    def frames(self) -> list[FrameRecord]:
+        if self.calls == 0:
+            raise PrecompileError(
+                "nothing was captured: call the Capture with example arguments inside the "
+                "with-block before it ends",
+                hint="with precompile.capture(fn, ...) as cap: cap(model, x)",
+            )
+        breaks_by_code: dict[str, list[dict[str, Any]]] = {}
+        for event in self.break_events:
+            breaks_by_code.setdefault(event["code"].co_name, []).append(event)
+        records = []
+        entry = self.package.cache_entry()
+        codes = list(self.package._codes)
+        for index, (code, c) in enumerate(zip(codes, entry.codes)):
+            variants = [(g.guards_state, g.dynamo_code) for g in c.guarded_codes]
+            gave_up = [e for e in breaks_by_code.get(code.co_name, []) if not variants]
+            eager_reason = None
+            if gave_up:
+                last = gave_up[-1]["message"].split("*** While handling this graph break")[-1]
+                eager_reason = " ".join(
+                    line.strip() for line in last.strip().splitlines()[:2] if line.strip()
+                )
+            records.append(
+                FrameRecord(
+                    code=code,
+                    python_module=c.python_module,
+                    is_entry=index == 0,
+                    resume_names=list(c.function_names) if c.install_to_global else [],
+                    import_sources=dict(c.import_sources),
+                    variants=variants,
+                    backend_ids=list(c.backend_ids),
+                    code_source=c.code_source,
+                    bypassed=c.bypassed,
+                    eager_fallback=bool(gave_up) and not c.bypassed,
+                    eager_reason=eager_reason,
+                    trivial=not variants and not gave_up and not c.bypassed and c.has_compile_id,
+                    truncated=len(variants) >= self.tracer.recompile_limit,
+                    guards=self.guard_log.get(code, []),
+                )
+            )
+        return records
+
+    def backend_graphs(self) -> dict[str, torch.fx.GraphModule]:
+        """Backend id -> the FX graph Dynamo handed the eager backend."""
+        graphs = {}
+        for backend_id, compiled in self.package.cached_backends.items():
+            gm = getattr(compiled, "__self__", None)
+            if isinstance(gm, torch.fx.GraphModule):
+                graphs[backend_id] = gm
+        return graphs
+
+
+def serving_mode(frames: list[FrameRecord]) -> tuple[str, str | None]:
+    """Standalone when every compiled frame is the entry or a continuation reached by a
+    resume name; installed otherwise (a frame reached by an ordinary call)."""
+    called = [f for f in frames if not f.is_entry and f.code_source is not None and f.variants]
+    if called:
+        names = ", ".join(f"{f.name} ({f.python_module})" for f in called)
+        return "installed", f"frames reached by an ordinary call, not a resume name: {names}"
+    return "standalone", None
+
+
+def entry_binding(fn: types.FunctionType) -> dict[str, Any]:
+    return {"defaults": fn.__defaults__, "kwdefaults": fn.__kwdefaults__}
+
+
+def function_sources(fn: types.FunctionType, frames: list[FrameRecord]) -> list[dict[str, Any]]:
+    """Function-level checksums of the traced source: the entry and every frame's code,
+    plus the functions Dynamo inlined, so a load can refuse a changed function by name."""
+    import hashlib
+
+    seen: dict[tuple[str, int], dict[str, Any]] = {}
+
+    def add(code: types.CodeType) -> None:
+        if code.co_name.startswith("torch_dynamo_resume_in") or not is_user_file(code.co_filename):
+            return
+        try:
+            lines, first = inspect.getsourcelines(code)
+        except (OSError, TypeError):
+            return
+        key = (code.co_filename, first)
+        if key not in seen:
+            seen[key] = {
+                "file": code.co_filename,
+                "function": code.co_qualname if hasattr(code, "co_qualname") else code.co_name,
+                "module": getattr(inspect.getmodule(code), "__name__", None),
+                "first_line": first,
+                "last_line": first + len(lines) - 1,
+                "sha256": hashlib.sha256("".join(lines).encode()).hexdigest(),
+            }
+
+    add(fn.__code__)
+    for frame in frames:
+        add(frame.code)
+    return sorted(seen.values(), key=lambda r: (r["file"], r["first_line"]))
+
+
+def inlined_source_files(package: Any) -> list[str]:
+    files = set()
+    for source in package.cache_entry().source_info.inlined_sources:
+        module = sys.modules.get(source.module)
+        path = getattr(module, "__file__", None)
+        if path and is_user_file(path):
+            files.add(path)
+    return sorted(files)

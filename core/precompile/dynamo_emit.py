@@ -1,0 +1,221 @@
+"""Emit a multi-graph (Dynamo) artifact: frames as pickled records, subgraphs as source.
+
+Dynamo mints names from per-process counters and uuids. The emitter renames backend ids
+and resume names to ``<kind>_<k>_<tag>``, where ``tag`` hashes the artifact's content: an
+unchanged capture emits byte-identical files, and no live compile or other artifact can
+mint a name this one binds into a module. (The builtins-dict key inside the pickled guard
+state keeps Dynamo's counter, which is deterministic in a fresh capture process.)
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import inspect
+import pickle
+import re
+import sys
+from typing import Any
+
+import torch
+
+from precompile import _compat, driver, multigraph_driver
+from precompile.dynamo_capture import FrameRecord
+from precompile.emit import Artifact, _header, source_records
+from precompile.errors import PrecompileError
+from precompile.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
+
+_KNOWN_GLOBALS = {"torch", "device", "inf", "nan", "NoneType", "fx_pytree", "pytree"}
+_RESUME = re.compile(r"^(__resume_at_\d+)_\d+$")
+
+
+def _rename_code(serialized: Any, names: dict[str, str]) -> Any:
+    """A SerializedCode (and the code objects nested in its constants) with global names
+    renamed."""
+    consts = tuple(
+        _rename_code(c, names) if type(c).__name__ == "SerializedCode" else c
+        for c in serialized.co_consts
+    )
+    return dataclasses.replace(
+        serialized,
+        co_names=tuple(names.get(n, n) for n in serialized.co_names),
+        co_consts=consts,
+    )
+
+
+def _name_map(frames: list[FrameRecord], tag: str) -> dict[str, str]:
+    names: dict[str, str] = {}
+    for frame in frames:
+        for backend_id in frame.backend_ids:
+            names.setdefault(backend_id, f"__compiled_fn_{len(names)}_{tag}")
+    resume = 0
+    for frame in frames:
+        for name in frame.resume_names:
+            match = _RESUME.match(name)
+            prefix = match.group(1) if match else "__resume"
+            if name not in names:
+                names[name] = f"{prefix}_{resume}_{tag}"
+                resume += 1
+    return names
+
+
+def _frame_payload(frames: list[FrameRecord], tag: str) -> list[dict[str, Any]]:
+    names = _name_map(frames, tag)
+    payload = []
+    for frame in frames:
+        variants = []
+        for guards_state, dynamo_code in frame.variants:
+            # The guard state stays as Dynamo pickled it (its own pickler); its
+            # builtins-dict key comes from a counter that a fresh capture process
+            # makes deterministic.
+            variants.append(
+                {"guards_state": guards_state, "dynamo_code": _rename_code(dynamo_code, names)}
+            )
+        payload.append(
+            {
+                "python_module": frame.python_module,
+                "import_sources": dict(sorted(frame.import_sources.items())),
+                "is_entry": frame.is_entry,
+                "code": _compat.serialize_code(frame.code),
+                "resume_names": [names[n] for n in frame.resume_names],
+                "variants": variants,
+                "bypassed": frame.bypassed,
+                "eager_fallback": frame.eager_fallback,
+                "eager_reason": frame.eager_reason,
+                "trivial": frame.trivial,
+            }
+        )
+    return payload
+
+
+def _encode(value: Any) -> str:
+    return base64.b64encode(pickle.dumps(value, protocol=4)).decode("ascii")
+
+
+def _graph_source(index: int, gm: torch.fx.GraphModule) -> str:
+    for node in gm.graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            raise PrecompileError(
+                f"a Dynamo subgraph holds {node.op} {node.target!r} (a module or constant "
+                f"baked into the graph), which the eager artifact cannot express yet",
+                invariant=1,
+                hint="pass that tensor or module as an argument of fn",
+            )
+    code = gm.graph.python_code(root_module="self")
+    unknown = set(code.globals) - _KNOWN_GLOBALS
+    if unknown:
+        raise PrecompileError(
+            f"a Dynamo subgraph references {sorted(unknown)}, which an artifact cannot import; "
+            f"this is a precompile limitation, please report it"
+        )
+    return code.src.strip().replace("def forward(self", f"def _dynamo_graph_{index}(self", 1)
+
+
+def emit_dynamo(
+    *,
+    frames: list[FrameRecord],
+    graphs: dict[str, torch.fx.GraphModule],
+    fn: Any,
+    fn_info: dict[str, Any],
+    backend: str,
+    artifact_path: str,
+    grad_mode: bool,
+    global_state: dict[str, Any],
+    function_sources: list[dict[str, Any]],
+    source_files: list[str],
+    guards_summary: list[dict[str, Any]],
+) -> Artifact:
+    binding = {"defaults": fn.__defaults__, "kwdefaults": fn.__kwdefaults__}
+    try:
+        encoded_binding = _encode(binding)
+    except Exception as error:
+        raise PrecompileError(
+            f"{fn.__qualname__}'s default arguments cannot be pickled into the artifact ({error})",
+            hint="use defaults that are plain Python values",
+        ) from error
+    missing = [b for f in frames for b in f.backend_ids if b not in graphs]
+    if missing:
+        raise PrecompileError(
+            f"Dynamo compiled subgraphs {missing} that the capture did not record"
+        )
+    # The tag hashes the content with placeholder names, then names carry it.
+    draft = _encode(_frame_payload(frames, "TAG"))
+    draft_graphs = [_graph_source(i, graphs[b]) for i, b in enumerate(_backend_order(frames))]
+    tag = hashlib.sha256((draft + "".join(draft_graphs)).encode()).hexdigest()[:12]
+    payload = _frame_payload(frames, tag)
+    names = _name_map(frames, tag)
+    order = _backend_order(frames)
+    sections = [_graph_source(i, graphs[b]) for i, b in enumerate(order)]
+    backend_table = "\n".join(
+        f"    {names[b]!r}: functools.partial(_dynamo_graph_{i}, None),"
+        for i, b in enumerate(order)
+    )
+    metadata = {
+        "FORMAT": ARTIFACT_FORMAT,
+        "FORMAT_VERSION": ARTIFACT_FORMAT_VERSION,
+        "BACKEND": backend,
+        "TRACER": "dynamo",
+        "SERVING_MODE": "standalone",
+        "FN_NAME": fn_info["name"],
+        "FN_MODULE": fn_info["module"],
+        "ARTIFACT_TAG": tag,
+        "GRAD_MODE": grad_mode,
+        "GLOBAL_STATE": global_state,
+        "FRAMES": [
+            f.summary() | {"resume_names": p["resume_names"]} for f, p in zip(frames, payload)
+        ],
+        "GUARDS": guards_summary,
+        "FUNCTION_SOURCES": function_sources,
+        "TORCH_VERSION": str(torch.__version__),
+        "PYTHON_VERSION": list(sys.version_info[:2]),
+        "SOURCES": source_records(source_files, artifact_path),
+        "_FRAMES": _encode(payload),
+        "_ENTRY_BINDING": encoded_binding,
+    }
+    driver_source = "\n\n".join(
+        inspect.getsource(f).strip()
+        for f in (
+            driver.PrecompileError,
+            driver._fail,
+            _compat._dynamo_serving_runtime,
+            *multigraph_driver.MULTIGRAPH_DRIVER,
+        )
+    )
+    text = "\n".join(
+        [
+            _header(fn_info, "dynamo", backend),
+            "# ---- metadata: literals only; precompile.inspect_artifact reads them unexecuted",
+            render_metadata(metadata),
+            "# ---- imports",
+            _compat.ARTIFACT_PRELUDE,
+            "import functools",
+            "",
+            "# ---- captured graphs: each Dynamo subgraph as FX source, by backend id",
+            _compat.FX_GRAPH_GLOBALS,
+            "\n\n\n".join(sections),
+            "",
+            "",
+            "_BACKEND_FNS = {",
+            backend_table,
+            "}",
+            "",
+            "# ---- runtime driver (emitted verbatim from precompile/multigraph_driver.py)",
+            driver_source,
+            "",
+            "forward = _build_multigraph_forward()",
+            "covers = forward.covers",
+            "_unload = forward.unload",
+            "",
+        ]
+    )
+    return Artifact(python_code=text.encode("utf-8"), metadata=metadata)
+
+
+def _backend_order(frames: list[FrameRecord]) -> list[str]:
+    order: list[str] = []
+    for frame in frames:
+        for backend_id in frame.backend_ids:
+            if backend_id not in order:
+                order.append(backend_id)
+    return order

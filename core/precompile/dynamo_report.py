@@ -1,0 +1,118 @@
+"""Turn a finished Dynamo capture session into its artifact and its report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from precompile.dynamo_capture import (
+    DynamoSession,
+    FrameRecord,
+    function_sources,
+    inlined_source_files,
+    serving_mode,
+)
+from precompile.dynamo_emit import _backend_order, emit_dynamo
+from precompile.emit import Artifact
+from precompile.errors import PrecompileError
+from precompile.report import CaptureReport, PrecompileSummary
+
+
+def summarize(
+    frames: list[FrameRecord], graph_breaks: int, backend_graphs: int
+) -> PrecompileSummary:
+    return PrecompileSummary(
+        frames=len(frames),
+        resume_functions=sum(1 for f in frames if f.resume_names),
+        guarded_codes=sum(len(f.variants) for f in frames),
+        backend_graphs=backend_graphs,
+        graph_breaks=graph_breaks,
+        bypassed=[f.name for f in frames if f.bypassed],
+        truncated=[f.name for f in frames if f.truncated],
+        uncovered=[
+            f.name
+            for f in frames
+            if f.resume_names and not (f.variants or f.trivial or f.eager_fallback or f.bypassed)
+        ],
+        eager_fallback=[
+            f"{f.name} ({f.eager_reason})" if f.eager_reason else f.name
+            for f in frames
+            if f.eager_fallback
+        ],
+    )
+
+
+def guards_summary(frames: list[FrameRecord]) -> list[dict[str, Any]]:
+    """Per frame and variant, which guards the serialized copy kept and which it dropped
+    (and who dropped them: the default filter, the driver, or the user's filter)."""
+    rows = []
+    for frame in frames:
+        for index, decisions in enumerate(frame.guards):
+            rows.append(
+                {
+                    "frame": frame.name,
+                    "variant": index,
+                    "kept": [f"{d.guard_type} {d.name}" for d in decisions if d.kept],
+                    "dropped": [
+                        {"guard": f"{d.guard_type} {d.name}", "by": d.dropped_by, "value": d.value}
+                        for d in decisions
+                        if not d.kept
+                    ],
+                }
+            )
+    return rows
+
+
+def build_dynamo_artifact(
+    session: DynamoSession, *, fn_info: dict[str, Any], artifact_path: str
+) -> tuple[Artifact, CaptureReport]:
+    frames = session.frames()
+    breaks = session.graph_breaks()
+    mode, why = serving_mode(frames)
+    order = _backend_order(frames)
+    report = CaptureReport(target=fn_info, tracer="dynamo", backend=session.backend)
+    report.serving_mode = mode
+    report.frames = [f.summary() for f in frames]
+    report.graph_breaks = [b.to_dict() for b in breaks]
+    report.recompiles = list(session.recompiles)
+    report.guards = guards_summary(frames)
+    report.function_sources = function_sources(session.fn, frames)
+    report.summary = summarize(frames, len(breaks), len(order))
+    graphs = session.backend_graphs() if session.backend == "eager" else {}
+    report.graph = {
+        "graphs": len(order),
+        "ops": sum(
+            1
+            for b in order
+            if b in graphs
+            for n in graphs[b].graph.nodes
+            if n.op == "call_function"
+        ),
+    }
+    if mode == "installed":
+        raise PrecompileError(
+            f"this capture needs installed serving ({why}), which is not supported yet",
+            hint="move the graph break into the captured function itself, or remove it",
+        )
+    if session.backend != "eager":
+        raise PrecompileError(
+            "the Dynamo tracer with backend='inductor' is not supported yet",
+            hint="use backend='eager' with the Dynamo tracer, or the make_fx tracer with Inductor",
+        )
+    files = sorted(
+        {f.code.co_filename for f in frames} | set(inlined_source_files(session.package))
+    )
+    artifact = emit_dynamo(
+        frames=frames,
+        graphs=graphs,
+        fn=session.fn,
+        fn_info=fn_info,
+        backend=session.backend,
+        artifact_path=artifact_path,
+        grad_mode=session.training,
+        global_state=session.global_state,
+        function_sources=report.function_sources,
+        source_files=[f for f in files if not f.startswith("<")],
+        guards_summary=report.guards,
+    )
+    report.sources = artifact.metadata["SOURCES"]
+    return artifact, report

@@ -1,0 +1,380 @@
+"""The runtime driver of multi-graph (Dynamo) artifacts, authored as code, emitted as text.
+
+Like ``driver.py`` it is copied verbatim into artifacts and never imported by them. A
+capture with graph breaks or several specializations is not one graph, so this driver
+dispatches: it rebuilds, per captured frame, one dispatcher over that frame's variants
+(serialized guards + Dynamo's transformed bytecode) and calls the first variant whose
+guards hold. Deliberately standalone: nothing is installed on the program's code
+objects and no frame evaluator runs, so an artifact serves exactly what it captured.
+
+The rebuilt bytecode runs, and the guards check, against the LIVE globals of the module
+each frame was compiled in: a global rebound after load fails the guard that certified
+it. The only names bound there are ones Dynamo minted (normalized by the emitter so the
+artifact is reproducible, and tagged so no other artifact or live compile mints them):
+the frame's import aliases and builtins-dict key, the compiled subgraphs under their
+backend ids, and the continuations under their resume names.
+
+A call no variant covers raises PrecompileError naming the frame and, per variant, the
+first guard that failed -- there is no compiler behind an artifact. The exception is a
+frame Dynamo gave up on during capture: the capture ran it eagerly, so a miss of it runs
+eagerly here too, with a warning once per frame.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch as _torch
+
+    _DisableAutocast = _torch._C._DisableAutocast
+    _any_autocast_enabled = _torch._C._is_any_autocast_enabled
+    _set_grad_enabled = _torch._C._set_grad_enabled
+    FN_NAME: str = ""
+    FN_MODULE: str = ""
+    TORCH_VERSION: str = ""
+    PYTHON_VERSION: list[int] = []
+    GRAD_MODE: bool = False
+    GLOBAL_STATE: dict[str, Any] = {}
+    FUNCTION_SOURCES: list[dict[str, Any]] = []
+    ARTIFACT_TAG: str = ""
+    _FRAMES: str = ""
+    _ENTRY_BINDING: str = ""
+    _BACKEND_FNS: dict[str, Any] = {}
+
+    def _fail(message: str, invariant: int | None = None) -> Any: ...
+
+    def _dynamo_serving_runtime() -> Any: ...
+
+
+def _check_versions() -> None:
+    """Refuse a foreign Python or torch before anything is unpickled: the artifact holds
+    pickled guard state (torch-build-locked) and code objects (Python-version-locked)."""
+    import sys
+
+    import torch
+
+    if tuple(PYTHON_VERSION) != tuple(sys.version_info[:2]):
+        _fail(
+            f"precompile: this artifact was captured on Python {PYTHON_VERSION[0]}."
+            f"{PYTHON_VERSION[1]} and cannot load on {sys.version_info[0]}."
+            f"{sys.version_info[1]}: it carries serialized code objects, whose bytecode is "
+            f"specific to one Python version. Capture it again under this Python"
+        )
+    if TORCH_VERSION != str(torch.__version__):
+        _fail(
+            f"precompile: this artifact was captured with torch {TORCH_VERSION} and cannot "
+            f"load on torch {torch.__version__}: it carries pickled Dynamo guard state, "
+            f"which only the torch build that wrote it can read. Capture it again with "
+            f"this torch"
+        )
+
+
+def _import_module(name: str) -> Any:
+    import importlib
+
+    if name == "__main__":
+        _fail(
+            "precompile: this artifact was captured from a function defined in a script's "
+            "__main__ module, which no other process can import. Capture a function defined "
+            "in an importable module"
+        )
+    try:
+        return importlib.import_module(name)
+    except ImportError as error:
+        _fail(
+            f"precompile: this artifact serves code from module {name!r}, which is not "
+            f"importable here ({error}). Make it importable (sys.path, installed packages) "
+            f"or capture again in this environment"
+        )
+
+
+def _check_function_sources() -> None:
+    """Refuse to serve a function whose source changed since capture: its guards and
+    bytecode describe the old code."""
+    import hashlib
+    import inspect
+
+    for record in FUNCTION_SOURCES:
+        module = _import_module(record["module"]) if record["module"] else None
+        try:
+            lines = inspect.getsource(module).splitlines(keepends=True) if module else []
+        except (OSError, TypeError):
+            lines = []
+        current = "".join(lines[record["first_line"] - 1 : record["last_line"]])
+        if hashlib.sha256(current.encode()).hexdigest() != record["sha256"]:
+            _fail(
+                f"precompile: {record['function']} in {record['file']} (lines "
+                f"{record['first_line']}-{record['last_line']}) changed since this artifact "
+                f"was captured; its guards and bytecode describe the old code. Capture it again"
+            )
+
+
+def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str:
+    """The first guard of a variant that fails for these locals, in readable form."""
+    info = manager.check_verbose(f_locals)
+    parts = list(getattr(info, "verbose_code_parts", None) or [])
+    text = str(parts[0]) if parts else "a guard failed"
+    for prefix in ("L['", 'L["'):
+        while prefix in text:
+            start = text.index(prefix)
+            end = text.index(prefix[-1] + "]", start + 3)
+            text = text[:start] + text[start + 3 : end] + text[end + 2 :]
+    return text.strip()
+
+
+def _build_multigraph_forward() -> Any:
+    """Rebuild every frame's dispatcher; return the entry, run under the captured
+    global state (grad mode as captured, autocast off, default dtype and deterministic
+    mode checked)."""
+    import base64
+    import pickle
+    import types
+    import warnings
+
+    import torch
+
+    _check_versions()
+    _check_function_sources()
+    rt = _dynamo_serving_runtime()
+    frames = pickle.loads(base64.b64decode(_FRAMES))
+    binding = pickle.loads(base64.b64decode(_ENTRY_BINDING))
+    compiled = {backend_id: rt.disable(fn) for backend_id, fn in _BACKEND_FNS.items()}
+    seeded: list[tuple[dict[str, Any], str, Any]] = []
+    warned: set[str] = set()
+
+    def seed(scope: dict[str, Any], name: str, value: Any) -> None:
+        rt.disown(scope, name)
+        scope[name] = value
+        seeded.append((scope, name, value))
+
+    scopes: dict[str, dict[str, Any]] = {}
+
+    def scope_of(frame: dict[str, Any]) -> dict[str, Any]:
+        name = frame["python_module"]
+        scope = scopes.get(name)
+        if scope is None:
+            scope = scopes[name] = vars(_import_module(name))
+            for backend_id, fn in compiled.items():
+                seed(scope, backend_id, fn)
+        for alias, module_name in frame["import_sources"].items():
+            seed(scope, alias, _import_module(module_name))
+        return scope
+
+    def make_dispatcher(frame: dict[str, Any]) -> Any:
+        target = rt.to_code(frame["code"])
+        if frame["trivial"] and frame["resume_names"]:
+            # Dynamo compiled nothing of this continuation: it ran as plain Python.
+            scope = scope_of(frame)
+
+            def plain(closure: Any) -> Any:
+                return types.FunctionType(target, scope, target.co_name, None, closure)
+
+            return plain if target.co_freevars else plain(None)
+        if not frame["variants"] and not frame["eager_fallback"]:
+            cause = (
+                "was bypassed during capture (its guards could not be serialized)"
+                if frame["bypassed"]
+                else "produced no guarded code during capture"
+            )
+            message = (
+                f"precompile: frame {target.co_name!r} {cause}, so this artifact has no "
+                f"variant of it to serve; fix what the capture report says and capture again"
+            )
+            if frame["is_entry"]:
+                _fail(message)
+
+            def refuse(*_args: Any, **_kwargs: Any) -> Any:
+                _fail(message)
+
+            return refuse
+        scope = scope_of(frame)
+        is_entry = frame["is_entry"]
+        defaults = binding.get("defaults") if is_entry else None
+        kwdefaults = binding.get("kwdefaults") if is_entry else None
+
+        def function(code: Any, closure: Any) -> Any:
+            f = types.FunctionType(code, scope, target.co_name, defaults, closure)
+            if kwdefaults:
+                f.__kwdefaults__ = dict(kwdefaults)
+            return f
+
+        variants = []
+        for variant in frame["variants"]:
+            guards_state = rt.load_guards_state(variant["guards_state"])
+            key = guards_state.output_graph.name_of_builtins_dict_key_in_fglobals
+            if key:
+                builtins = rt.builtins_dict(scope)
+                if scope.get(key, builtins) is not builtins:
+                    _fail(
+                        f"precompile: {key!r} in module {frame['python_module']!r} is bound to "
+                        f"something other than the module's builtins, which this artifact's "
+                        f"guards read through; unbind it and load again"
+                    )
+                seed(scope, key, builtins)
+            manager = rt.load_guard_manager(guards_state, target, scope)
+            variants.append((manager, rt.to_code(variant["dynamo_code"])))
+
+        cells = tuple(types.CellType() for _ in target.co_freevars)
+        import inspect
+
+        signature = inspect.signature(function(target, cells or None))
+
+        def locals_of(closure: Any, args: Any, kwargs: Any) -> dict[str, Any]:
+            f_locals: dict[str, Any] = {}
+            for name, cell in zip(target.co_freevars, closure or ()):
+                try:
+                    f_locals[name] = cell.cell_contents
+                except ValueError:
+                    pass
+            f_locals.update(rt.bind_locals(signature, *args, **kwargs))
+            for name in target.co_varnames[: target.co_argcount]:
+                if name.startswith("."):
+                    f_locals[name] = f_locals.pop("implicit" + name[1:])
+            return f_locals
+
+        def dispatch_with(bound: list[Any], closure: Any, args: Any, kwargs: Any) -> Any:
+            f_locals = locals_of(closure, args, kwargs)
+            # A root's fast path can refuse without running its tree once; check twice.
+            for _ in range(2):
+                for manager, variant in bound:
+                    if manager.check(f_locals):
+                        return variant(*args, **kwargs)
+            if frame["eager_fallback"]:
+                if target.co_name not in warned:
+                    warned.add(target.co_name)
+                    try:
+                        from precompile.errors import EagerFallbackWarning as _Warning
+                    except ImportError:
+                        _Warning = UserWarning  # type: ignore[misc]
+                    warnings.warn(
+                        f"precompile: frame {target.co_name!r} runs eagerly: Dynamo gave up on "
+                        f"it during capture ({frame.get('eager_reason') or 'see the capture report'})",
+                        _Warning,
+                        stacklevel=3,
+                    )
+                return function(target, closure)(*args, **kwargs)
+            failures = "; ".join(
+                f"variant {i}: {_readable_guard_failure(m, f_locals)}"
+                for i, (m, _v) in enumerate(bound)
+            )
+            _fail(
+                f"precompile: no captured variant of frame {target.co_name!r} serves this call "
+                f"({len(bound)} captured: {failures}). The artifact serves only what capture "
+                f"exercised: add a call like this one to the capture, or restore the global "
+                f"the failing guard reads",
+                3,
+            )
+
+        def bind(closure: Any) -> list[Any]:
+            return [(manager, function(body, closure)) for manager, body in variants]
+
+        def coverage(args: Any, kwargs: Any) -> dict[str, Any]:
+            f_locals = locals_of(None, args, kwargs)
+            failures = []
+            for i, (manager, _body) in enumerate(variants):
+                if manager.check(f_locals) or manager.check(f_locals):
+                    return {"served_by": i, "failures": failures}
+                failures.append({"variant": i, "guard": _readable_guard_failure(manager, f_locals)})
+            return {"served_by": None, "failures": failures}
+
+        if target.co_freevars:
+
+            def factory(closure: Any) -> Any:
+                bound = bind(closure)
+
+                def dispatch(*args: Any, **kwargs: Any) -> Any:
+                    return dispatch_with(bound, closure, args, kwargs)
+
+                return dispatch
+
+            return factory
+        bound = bind(None)
+
+        def dispatch(*args: Any, **kwargs: Any) -> Any:
+            return dispatch_with(bound, None, args, kwargs)
+
+        dispatch.coverage = coverage  # type: ignore[attr-defined]
+        return dispatch
+
+    # Every resume name is checked before anything is seeded, so a refusal leaves each
+    # module as it was: a name is rebound only over this artifact's own dispatcher.
+    for frame in frames:
+        if not (frame["variants"] or frame["eager_fallback"] or frame["trivial"]):
+            continue
+        module = vars(_import_module(frame["python_module"]))
+        for name in frame["resume_names"]:
+            existing = module.get(name)
+            owner = getattr(existing, "__precompile_artifact__", None)
+            if existing is not None and owner != ARTIFACT_TAG:
+                _fail(
+                    f"precompile: {name!r} in module {frame['python_module']!r} is held by "
+                    + (
+                        f"another artifact ({owner}); two artifacts of one function cannot "
+                        f"serve in one process"
+                        if owner
+                        else "something else in this process; load the artifact in a fresh process"
+                    )
+                )
+    entry = None
+    for frame in frames:
+        dispatcher = make_dispatcher(frame)
+        if frame["is_entry"]:
+            entry = dispatcher
+        else:
+            dispatcher.__precompile_artifact__ = ARTIFACT_TAG
+        scope = scopes.get(frame["python_module"])
+        for name in frame["resume_names"] if scope is not None else ():
+            seed(scope, name, dispatcher)
+    if entry is None:
+        _fail("precompile: this artifact has no entry frame; capture it again")
+    dtype = getattr(torch, GLOBAL_STATE["default_dtype"].split(".")[-1])
+    deterministic = GLOBAL_STATE["deterministic"]
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if torch.get_default_dtype() is not dtype or (
+            torch.are_deterministic_algorithms_enabled() != deterministic
+        ):
+            _fail(
+                f"precompile: this artifact was captured with default dtype {dtype} and "
+                f"deterministic algorithms {'on' if deterministic else 'off'}; this process has "
+                f"{torch.get_default_dtype()} and "
+                f"{'on' if torch.are_deterministic_algorithms_enabled() else 'off'}. Restore them "
+                f"around the call",
+                6,
+            )
+        grad = torch.is_grad_enabled()
+        if grad != GRAD_MODE:
+            _set_grad_enabled(GRAD_MODE)
+        try:
+            if _any_autocast_enabled():
+                with _DisableAutocast():
+                    return entry(*args, **kwargs)
+            return entry(*args, **kwargs)
+        finally:
+            if grad != GRAD_MODE:
+                _set_grad_enabled(grad)
+
+    def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        return entry.coverage(args, kwargs)
+
+    def unload() -> None:
+        while seeded:
+            scope, name, value = seeded.pop()
+            if scope.get(name) is value:
+                del scope[name]
+
+    forward.covers = covers  # type: ignore[attr-defined]
+    forward.unload = unload  # type: ignore[attr-defined]
+    return forward
+
+
+#: What every multi-graph artifact's driver section holds, in emission order (with
+#: ``PrecompileError`` and ``_fail`` from driver.py, and the Dynamo serving runtime).
+MULTIGRAPH_DRIVER = (
+    _check_versions,
+    _import_module,
+    _check_function_sources,
+    _readable_guard_failure,
+    _build_multigraph_forward,
+)
