@@ -96,8 +96,14 @@ class Capture:
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         was_open = self._state == "open"
         self._state = "closed"
-        if exc_type is None and was_open:
-            self._write()
+        try:
+            if exc_type is None and was_open:
+                self._write()
+        finally:
+            if self._session is not None and self._runnable is not None:
+                # The in-process build (for covers() and the checkpoint) bound names into
+                # the user's modules; a capture leaves them as it found them.
+                self._runnable.unload()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._state != "open":

@@ -119,6 +119,26 @@ class FrameRecord:
         }
 
 
+def _describe_value(value: Any) -> str:
+    """A guarded value, described without process-specific details (no addresses)."""
+    if isinstance(value, (type(None), bool, int, float, str)):
+        return repr(value)[:200]
+    if isinstance(value, torch.Tensor):
+        return f"tensor{tuple(value.shape)} {value.dtype}"
+    return type(value).__qualname__
+
+
+def _gave_up_reason(message: str) -> str:
+    """The break that made Dynamo give up on a frame: the last one in a chained message,
+    as 'type: explanation'."""
+    last = message.split("another graph break occurred: ***")[-1]
+    lines = [line.strip() for line in last.strip().splitlines() if line.strip()]
+    explanation = next(
+        (t.removeprefix("Explanation:").strip() for t in lines if t.startswith("Explanation:")), ""
+    )
+    return f"{lines[0]}: {explanation}" if lines and explanation else (lines[0] if lines else "")
+
+
 def _explanation_and_hints(message: str) -> tuple[str, list[str]]:
     explanation, hints = "", []
     for line in message.splitlines():
@@ -233,6 +253,7 @@ class DynamoSession:
         self.graphs: dict[str, torch.fx.GraphModule] = {}
         self.guard_log: dict[types.CodeType, list[list[GuardDecision]]] = {}
         self.recompiles: list[dict[str, Any]] = []
+        self._guard_failures: dict[str, list[str]] = {}
         self.break_events: list[dict[str, Any]] = []
         self.calls = 0
         self.global_state = _compat.global_state()
@@ -266,23 +287,27 @@ class DynamoSession:
             elif not user_says:
                 dropped_by = "user"
             keep.append(dropped_by is None)
-            value = repr(entry.value)[:200] if getattr(entry, "has_value", False) else None
+            value = _describe_value(entry.value) if getattr(entry, "has_value", False) else None
             decisions.append(
                 GuardDecision(entry.name, entry.guard_type, dropped_by is None, dropped_by, value)
             )
         code = _compat.current_package_code(self.package)
         if code is not None:
-            self.guard_log.setdefault(code, []).append(decisions)
+            variants = self.guard_log.setdefault(code, [])
+            variants.append(decisions)
+            failures = self._guard_failures.pop(code.co_name, None)
+            if failures:
+                self.recompiles.append(
+                    {"frame": code.co_name, "variant": len(variants) - 1, "reasons": failures}
+                )
         return keep
 
     def _on_recompile(self, failure: Any) -> None:
+        """Dynamo reports each existing variant that failed; they are grouped into one
+        recompile event when the frame's next variant is compiled (in ``_filter``)."""
         code = getattr(failure, "orig_code", None)
-        self.recompiles.append(
-            {
-                "frame": getattr(code, "co_name", None),
-                "reason": str(getattr(failure, "reason", failure)),
-            }
-        )
+        reason = str(getattr(failure, "reason", failure))
+        self._guard_failures.setdefault(getattr(code, "co_name", "?"), []).append(reason)
 
     def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if _compat.autocast_enabled():
@@ -342,12 +367,7 @@ class DynamoSession:
         for index, (code, c) in enumerate(zip(codes, entry.codes)):
             variants = [(g.guards_state, g.dynamo_code) for g in c.guarded_codes]
             gave_up = [e for e in breaks_by_code.get(code.co_name, []) if not variants]
-            eager_reason = None
-            if gave_up:
-                last = gave_up[-1]["message"].split("*** While handling this graph break")[-1]
-                eager_reason = " ".join(
-                    line.strip() for line in last.strip().splitlines()[:2] if line.strip()
-                )
+            eager_reason = _gave_up_reason(gave_up[-1]["message"]) if gave_up else None
             records.append(
                 FrameRecord(
                     code=code,

@@ -89,6 +89,28 @@ def _frame_payload(frames: list[FrameRecord], tag: str) -> list[dict[str, Any]]:
     return payload
 
 
+def content_tag(
+    frames: list[FrameRecord], graphs: dict[str, torch.fx.GraphModule], fn_info: dict[str, Any]
+) -> str:
+    """A hash of what the artifact serves, stable across capture processes: the function,
+    the subgraphs' source, each variant's bytecode (with placeholder names) and the guards
+    it kept. Dynamo's pickled guard state is left out: it embeds process-specific ids in
+    its debug text."""
+    digest = hashlib.sha256(f"{fn_info['module']}.{fn_info['name']}".encode())
+    for i, backend_id in enumerate(_backend_order(frames)):
+        digest.update(_graph_source(i, graphs[backend_id]).encode())
+    names = _name_map(frames, "TAG")
+    for frame in frames:
+        digest.update(frame.name.encode())
+        for _state, code in frame.variants:
+            digest.update(pickle.dumps(_rename_code(code, names), protocol=4))
+        for decisions in frame.guards:
+            digest.update(
+                repr([(d.name, d.guard_type, d.kept, d.value) for d in decisions]).encode()
+            )
+    return digest.hexdigest()[:12]
+
+
 def _encode(value: Any) -> str:
     return base64.b64encode(pickle.dumps(value, protocol=4)).decode("ascii")
 
@@ -139,10 +161,7 @@ def emit_dynamo(
         raise PrecompileError(
             f"Dynamo compiled subgraphs {missing} that the capture did not record"
         )
-    # The tag hashes the content with placeholder names, then names carry it.
-    draft = _encode(_frame_payload(frames, "TAG"))
-    draft_graphs = [_graph_source(i, graphs[b]) for i, b in enumerate(_backend_order(frames))]
-    tag = hashlib.sha256((draft + "".join(draft_graphs)).encode()).hexdigest()[:12]
+    tag = content_tag(frames, graphs, fn_info)
     payload = _frame_payload(frames, tag)
     names = _name_map(frames, tag)
     order = _backend_order(frames)
