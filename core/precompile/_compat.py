@@ -466,3 +466,83 @@ def _dynamo_serving_runtime() -> Any:
         disown=disown,
         disable=torch._dynamo.disable,
     )
+
+
+# ---------------------------------------------------------------- Dynamo + Inductor
+
+
+@contextlib.contextmanager
+def inductor_capture_config(cache_dir: str) -> Iterator[None]:
+    """While capturing with Dynamo and Inductor: record each subgraph's bundled
+    AOTAutograd artifact (forward and backward, lowered eagerly), and compile into a
+    private Inductor cache whose files become the artifact's kernel cache."""
+    import os
+
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+    try:
+        with torch._functorch.config.patch(
+            bundled_autograd_cache=True, force_non_lazy_backward_lowering=True
+        ):
+            yield
+    finally:
+        if previous is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+
+
+def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """Inductor as torch.compile uses it (AOTAutograd, then Inductor)."""
+    from torch._inductor.compile_fx import compile_fx as _compile_fx
+
+    return _compile_fx(gm, example_inputs)
+
+
+def inductor_backend_artifact(backend_id: str) -> bytes | None:
+    """The pickled bundled artifact Inductor recorded for a Dynamo backend id."""
+    import pickle
+
+    from torch._dynamo.precompile_context import PrecompileContext
+
+    artifact = PrecompileContext.serialize_artifact_by_key(backend_id)
+    return None if artifact is None else pickle.dumps(artifact, protocol=4)
+
+
+def _inductor_backend_loader(bundle: dict[str, Any] | None) -> Any:
+    """Emitted verbatim into Dynamo+Inductor artifacts: turn each pickled backend artifact
+    back into a compiled function. With a cache bundle, Inductor reads from a private
+    directory unpacked from it (so nothing compiles that the capture compiled, and the
+    user's Inductor cache is never written); without one, kernels compile from the
+    source inside the artifacts, into the user's Inductor cache."""
+    import atexit
+    import os
+    import pickle
+    import shutil
+    import tempfile
+
+    files = (bundle or {}).get("inductor_cache_files") or {}
+    directory = None
+    if files:
+        directory = tempfile.mkdtemp(prefix="precompile-inductor-")
+        atexit.register(shutil.rmtree, directory, True)
+        for relative, data in files.items():
+            path = os.path.join(directory, relative)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+
+    def load(blob: bytes) -> Any:
+        previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        if directory is not None:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
+        try:
+            return pickle.loads(blob).after_deserialization()
+        finally:
+            if directory is not None:
+                if previous is None:
+                    os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+                else:
+                    os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+
+    return load

@@ -195,7 +195,7 @@ class Capture:
         from precompile.dynamo_report import build_dynamo_artifact
 
         started = time.perf_counter()
-        artifact, report = build_dynamo_artifact(
+        artifact, report, collect_bundle = build_dynamo_artifact(
             self._session, fn_info=self._fn_info, artifact_path=self.artifact_path
         )
         self._report.timings["emit_s"] = time.perf_counter() - started
@@ -211,7 +211,7 @@ class Capture:
         ):
             setattr(self._report, field, getattr(report, field))
         self._report.graph = report.graph
-        self._load_and_cache(artifact, lambda namespace: {})
+        self._load_and_cache(artifact, collect_bundle)
 
     def _load_and_cache(
         self, artifact: Artifact, collect_bundle: Callable[[dict[str, Any]], dict[str, Any]]

@@ -9,10 +9,13 @@ transformed bytecode) pairs, one per recompile.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import inspect
+import os
 import sys
+import tempfile
 import types
 from collections.abc import Callable
 from typing import Any
@@ -250,16 +253,20 @@ class DynamoSession:
         self.backend = backend
         self.training = training
         self.package = _compat.new_package(fn)
-        self.graphs: dict[str, torch.fx.GraphModule] = {}
+        self.inductor_graphs: list[torch.fx.GraphModule] = []
         self.guard_log: dict[types.CodeType, list[list[GuardDecision]]] = {}
         self.recompiles: list[dict[str, Any]] = []
         self._guard_failures: dict[str, list[str]] = {}
         self.break_events: list[dict[str, Any]] = []
         self.calls = 0
         self.global_state = _compat.global_state()
+        # Inductor compiles into a private cache; its files become the kernel cache.
+        self.inductor_cache = (
+            tempfile.mkdtemp(prefix="precompile-capture-") if backend == "inductor" else None
+        )
         self.compiled = _compat.optimize(
             fn,
-            self._eager_backend if backend == "eager" else backend,
+            self._eager_backend if backend == "eager" else self._inductor_backend,
             package=self.package,
             guard_filter_fn=self._filter,
             guard_fail_fn=self._on_recompile,
@@ -268,6 +275,10 @@ class DynamoSession:
 
     def _eager_backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         return gm.forward
+
+    def _inductor_backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        self.inductor_graphs.append(gm)
+        return _compat.compile_fx(gm, example_inputs)
 
     def _filter(self, entries: list[Any]) -> list[bool]:
         user = self.tracer.guard_filter_fn
@@ -329,6 +340,9 @@ class DynamoSession:
                 _compat.dynamo_config(self.tracer.recompile_limit),
                 _compat.recording_graph_breaks() as events,
                 torch.set_grad_enabled(self.training),
+                _compat.inductor_capture_config(self.inductor_cache)
+                if self.inductor_cache
+                else contextlib.nullcontext(),
             ):
                 try:
                     return self.compiled(*args, **kwargs)
@@ -387,6 +401,29 @@ class DynamoSession:
                 )
             )
         return records
+
+    def inductor_artifacts(self, backend_ids: list[str]) -> dict[str, bytes]:
+        artifacts = {}
+        for backend_id in backend_ids:
+            blob = _compat.inductor_backend_artifact(backend_id)
+            if blob is None:
+                raise PrecompileError(
+                    f"Inductor recorded no serializable artifact for subgraph {backend_id}",
+                    hint="capture with backend='eager', or report the model",
+                )
+            artifacts[backend_id] = blob
+        return artifacts
+
+    def inductor_cache_files(self) -> dict[str, bytes]:
+        files = {}
+        for directory, _, names in os.walk(self.inductor_cache or ""):
+            for name in names:
+                if name.endswith(".lock"):
+                    continue
+                path = os.path.join(directory, name)
+                with open(path, "rb") as f:
+                    files[os.path.relpath(path, self.inductor_cache)] = f.read()
+        return dict(sorted(files.items()))
 
     def backend_graphs(self) -> dict[str, torch.fx.GraphModule]:
         """Backend id -> the FX graph Dynamo handed the eager backend."""

@@ -90,15 +90,15 @@ def _frame_payload(frames: list[FrameRecord], tag: str) -> list[dict[str, Any]]:
 
 
 def content_tag(
-    frames: list[FrameRecord], graphs: dict[str, torch.fx.GraphModule], fn_info: dict[str, Any]
+    frames: list[FrameRecord], graph_sources: list[str], fn_info: dict[str, Any]
 ) -> str:
     """A hash of what the artifact serves, stable across capture processes: the function,
     the subgraphs' source, each variant's bytecode (with placeholder names) and the guards
     it kept. Dynamo's pickled guard state is left out: it embeds process-specific ids in
     its debug text."""
     digest = hashlib.sha256(f"{fn_info['module']}.{fn_info['name']}".encode())
-    for i, backend_id in enumerate(_backend_order(frames)):
-        digest.update(_graph_source(i, graphs[backend_id]).encode())
+    for source in sorted(graph_sources):
+        digest.update(source.encode())
     names = _name_map(frames, "TAG")
     for frame in frames:
         digest.update(frame.name.encode())
@@ -134,10 +134,68 @@ def _graph_source(index: int, gm: torch.fx.GraphModule) -> str:
     return code.src.strip().replace("def forward(self", f"def _dynamo_graph_{index}(self", 1)
 
 
+def eager_graph_section(
+    frames: list[FrameRecord], graphs: dict[str, torch.fx.GraphModule], names: dict[str, str]
+) -> str:
+    """Each Dynamo subgraph as FX source, and the table binding it to its backend id."""
+    order = _backend_order(frames)
+    missing = [b for b in order if b not in graphs]
+    if missing:
+        raise PrecompileError(
+            f"Dynamo compiled subgraphs {missing} that the capture did not record"
+        )
+    sources = [_graph_source(i, graphs[b]) for i, b in enumerate(order)]
+    table = "\n".join(
+        f"    {names[b]!r}: functools.partial(_dynamo_graph_{i}, None),"
+        for i, b in enumerate(order)
+    )
+    return "\n".join(
+        [
+            "# ---- captured graphs: each Dynamo subgraph as FX source, by backend id",
+            _compat.FX_GRAPH_GLOBALS,
+            "\n\n\n".join(sources),
+            "",
+            "",
+            "_BACKEND_FNS = {",
+            table,
+            "}",
+        ]
+    )
+
+
+def inductor_graph_section(
+    frames: list[FrameRecord], artifacts: dict[str, bytes], names: dict[str, str]
+) -> str:
+    """Each Dynamo subgraph as Inductor's bundled artifact (forward, backward and their
+    generated code), rebuilt at load: from the cache's kernels when it has them, else by
+    compiling the kernel source the artifacts carry."""
+    rows = "\n".join(
+        f"    {names[b]!r}: {base64.b64encode(artifacts[b]).decode('ascii')!r},"
+        for b in _backend_order(frames)
+    )
+    return "\n".join(
+        [
+            "# ---- captured graphs: each Dynamo subgraph as Inductor's bundled artifact (pickled)",
+            inspect.getsource(_compat._inductor_backend_loader).strip(),
+            "",
+            "",
+            "_INDUCTOR_ARTIFACTS = {",
+            rows,
+            "}",
+            '_load_backend = _inductor_backend_loader(globals().get("_PRECOMPILE_BUNDLE"))',
+            "_BACKEND_FNS = {",
+            "    backend_id: _load_backend(base64.b64decode(blob))",
+            "    for backend_id, blob in _INDUCTOR_ARTIFACTS.items()",
+            "}",
+        ]
+    )
+
+
 def emit_dynamo(
     *,
     frames: list[FrameRecord],
-    graphs: dict[str, torch.fx.GraphModule],
+    graph_sources: list[str],
+    graph_section: Any,
     fn: Any,
     fn_info: dict[str, Any],
     backend: str,
@@ -148,6 +206,7 @@ def emit_dynamo(
     source_files: list[str],
     guards_summary: list[dict[str, Any]],
 ) -> Artifact:
+    """``graph_section(names)`` renders the backend's graphs under the normalized names."""
     binding = {"defaults": fn.__defaults__, "kwdefaults": fn.__kwdefaults__}
     try:
         encoded_binding = _encode(binding)
@@ -156,20 +215,9 @@ def emit_dynamo(
             f"{fn.__qualname__}'s default arguments cannot be pickled into the artifact ({error})",
             hint="use defaults that are plain Python values",
         ) from error
-    missing = [b for f in frames for b in f.backend_ids if b not in graphs]
-    if missing:
-        raise PrecompileError(
-            f"Dynamo compiled subgraphs {missing} that the capture did not record"
-        )
-    tag = content_tag(frames, graphs, fn_info)
+    tag = content_tag(frames, graph_sources, fn_info)
     payload = _frame_payload(frames, tag)
     names = _name_map(frames, tag)
-    order = _backend_order(frames)
-    sections = [_graph_source(i, graphs[b]) for i, b in enumerate(order)]
-    backend_table = "\n".join(
-        f"    {names[b]!r}: functools.partial(_dynamo_graph_{i}, None),"
-        for i, b in enumerate(order)
-    )
     metadata = {
         "FORMAT": ARTIFACT_FORMAT,
         "FORMAT_VERSION": ARTIFACT_FORMAT_VERSION,
@@ -208,16 +256,10 @@ def emit_dynamo(
             render_metadata(metadata),
             "# ---- imports",
             _compat.ARTIFACT_PRELUDE,
+            "import base64",
             "import functools",
             "",
-            "# ---- captured graphs: each Dynamo subgraph as FX source, by backend id",
-            _compat.FX_GRAPH_GLOBALS,
-            "\n\n\n".join(sections),
-            "",
-            "",
-            "_BACKEND_FNS = {",
-            backend_table,
-            "}",
+            graph_section(names),
             "",
             "# ---- runtime driver (emitted verbatim from precompile/multigraph_driver.py)",
             driver_source,

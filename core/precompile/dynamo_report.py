@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from precompile import _compat
 from precompile.dynamo_capture import (
     DynamoSession,
     FrameRecord,
@@ -11,7 +12,13 @@ from precompile.dynamo_capture import (
     inlined_source_files,
     serving_mode,
 )
-from precompile.dynamo_emit import _backend_order, emit_dynamo
+from precompile.dynamo_emit import (
+    _backend_order,
+    _graph_source,
+    eager_graph_section,
+    emit_dynamo,
+    inductor_graph_section,
+)
 from precompile.emit import Artifact
 from precompile.errors import PrecompileError
 from precompile.report import CaptureReport, PrecompileSummary
@@ -64,7 +71,7 @@ def guards_summary(frames: list[FrameRecord]) -> list[dict[str, Any]]:
 
 def build_dynamo_artifact(
     session: DynamoSession, *, fn_info: dict[str, Any], artifact_path: str
-) -> tuple[Artifact, CaptureReport]:
+) -> tuple[Artifact, CaptureReport, Any]:
     frames = session.frames()
     breaks = session.graph_breaks()
     mode, why = serving_mode(frames)
@@ -77,33 +84,49 @@ def build_dynamo_artifact(
     report.guards = guards_summary(frames)
     report.function_sources = function_sources(session.fn, frames)
     report.summary = summarize(frames, len(breaks), len(order))
-    graphs = session.backend_graphs() if session.backend == "eager" else {}
-    report.graph = {
-        "graphs": len(order),
-        "ops": sum(
-            1
-            for b in order
-            if b in graphs
-            for n in graphs[b].graph.nodes
-            if n.op == "call_function"
-        ),
-    }
     if mode == "installed":
         raise PrecompileError(
             f"this capture needs installed serving ({why}), which is not supported yet",
             hint="move the graph break into the captured function itself, or remove it",
         )
-    if session.backend != "eager":
-        raise PrecompileError(
-            "the Dynamo tracer with backend='inductor' is not supported yet",
-            hint="use backend='eager' with the Dynamo tracer, or the make_fx tracer with Inductor",
+    if session.backend == "eager":
+        graphs = session.backend_graphs()
+        graph_sources = [_graph_source(i, graphs[b]) for i, b in enumerate(order) if b in graphs]
+        ops = sum(
+            1
+            for b in order
+            if b in graphs
+            for n in graphs[b].graph.nodes
+            if n.op == "call_function"
         )
-    files = sorted(
+
+        def graph_section(names: dict[str, str]) -> str:
+            return eager_graph_section(frames, graphs, names)
+
+        collect_bundle: Any = lambda namespace: {}  # noqa: E731
+    else:
+        artifacts = session.inductor_artifacts(order)
+        graph_sources = [gm.code for gm in session.inductor_graphs]
+        ops = sum(
+            1 for gm in session.inductor_graphs for n in gm.graph.nodes if n.op == "call_function"
+        )
+
+        def graph_section(names: dict[str, str]) -> str:
+            return inductor_graph_section(frames, artifacts, names)
+
+        files = session.inductor_cache_files()
+
+        def collect_bundle(namespace: dict[str, Any]) -> dict[str, Any]:
+            return {"inductor_cache_files": files, "requires": _compat.kernel_platform()}
+
+    report.graph = {"graphs": len(order), "ops": ops}
+    files_traced = sorted(
         {f.code.co_filename for f in frames} | set(inlined_source_files(session.package))
     )
     artifact = emit_dynamo(
         frames=frames,
-        graphs=graphs,
+        graph_sources=graph_sources,
+        graph_section=graph_section,
         fn=session.fn,
         fn_info=fn_info,
         backend=session.backend,
@@ -111,8 +134,8 @@ def build_dynamo_artifact(
         grad_mode=session.training,
         global_state=session.global_state,
         function_sources=report.function_sources,
-        source_files=[f for f in files if not f.startswith("<")],
+        source_files=[f for f in files_traced if not f.startswith("<")],
         guards_summary=report.guards,
     )
     report.sources = artifact.metadata["SOURCES"]
-    return artifact, report
+    return artifact, report, collect_bundle

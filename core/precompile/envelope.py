@@ -101,7 +101,7 @@ def usable_kernels(bundle: dict[str, Any] | None, cache_path: str) -> dict[str, 
     warning: the artifact then compiles its kernels from the inlined source. A kernel
     built for a CPU feature this machine lacks would die of an illegal instruction, so
     this is checked from CPU-feature queries before anything is loaded."""
-    if not bundle or not bundle.get("kernels"):
+    if not bundle or not bundle.get("requires"):
         return bundle
     from precompile._compat import kernel_platform_problem
 

@@ -20,7 +20,7 @@ from tests.fixtures import dynamo_models
 from tests.fixtures.dynamo_models import CASES
 from tests.fixtures.models import MLP, observe, serve
 
-BACKENDS = ["eager"]
+BACKENDS = ["eager", "inductor"]
 #: A .item() value crossing a break is pinned by the capture (a value guard): such a
 #: case is served with the captured inputs; other values are refused (tested below).
 SERVE_SEED = {"item_branch": 0}
