@@ -48,3 +48,12 @@ def build(name: str) -> tuple[nn.Module, torch.Tensor]:
     cls, shape = MODELS[name]
     torch.manual_seed(0)
     return cls().eval(), torch.randn(*shape)
+
+
+def two_breaks(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The Dynamo benchmark's program: three graphs joined by two graph breaks."""
+    h = model.net[1](model.net[0](x))
+    torch._dynamo.graph_break()
+    h = model.net[3](model.net[2](h))
+    torch._dynamo.graph_break()
+    return model.net[4](h).softmax(-1)

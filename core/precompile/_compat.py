@@ -420,6 +420,14 @@ def serialize_code(code: types.CodeType) -> Any:
     return SerializedCode.from_code_object(code)
 
 
+def builtins_key_of(guards_state: bytes) -> str | None:
+    """The globals key Dynamo minted (from a counter) for the builtins dict a variant's
+    guards and bytecode read through."""
+    from torch._dynamo.package import load_guards_state
+
+    return load_guards_state(guards_state).output_graph.name_of_builtins_dict_key_in_fglobals
+
+
 def global_state() -> dict[str, Any]:
     """The global state a Dynamo artifact depends on besides grad mode and autocast."""
     return {
@@ -546,3 +554,72 @@ def _inductor_backend_loader(bundle: dict[str, Any] | None) -> Any:
                     os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
 
     return load
+
+
+def _dynamo_installed_runtime() -> Any:
+    """Emitted verbatim into installed artifacts: what installing a package onto the live
+    code objects needs, and a compile-refusing callback bound to one callable (torch 2.13
+    has none: a process-global stance would also stop other code from compiling)."""
+    import types as _types
+
+    import torch._dynamo
+    from torch._C._dynamo.eval_frame import (
+        _debug_get_cache_entry_list,
+        _debug_get_precompile_entries,
+        _reset_precompile_entries,
+    )
+    from torch._dynamo import convert_frame, trace_rules
+    from torch._dynamo.eval_frame import OptimizeContext
+    from torch._dynamo.package import CompilePackage, _lookup_code
+    from torch._dynamo.types import ConvertFrameReturn
+
+    class CompileRefused(RuntimeError):
+        """A frame of an installed artifact missed every captured variant."""
+
+    def refusing_callback(inner: Any, eager_codes: set[Any]) -> Any:
+        def callback(frame: Any, *args: Any, **kwargs: Any) -> Any:
+            code = frame.f_code
+            if (
+                code in eager_codes
+                or trace_rules.check(code)
+                or not convert_frame.has_tensor_in_frame(frame)
+            ):
+                return ConvertFrameReturn()  # run this frame eagerly, as the capture did
+            failures = []
+            for i, entry in enumerate(_debug_get_precompile_entries(code)):
+                info = entry.guard_manager.check_verbose(frame.f_locals)
+                parts = list(getattr(info, "verbose_code_parts", None) or [])
+                failures.append(f"variant {i}: {parts[0] if parts else 'a guard failed'}")
+            raise CompileRefused(
+                f"frame {code.co_name!r} ({code.co_filename}:{frame.f_lineno}) would need a new "
+                f"compile; {'; '.join(failures) or 'no captured variant'}"
+            )
+
+        callback._torchdynamo_orig_backend = getattr(inner, "_torchdynamo_orig_backend", inner)  # type: ignore[attr-defined]
+        return callback
+
+    class Backend:
+        """What ``CompilePackage.install`` wants per backend id."""
+
+        def __init__(self, fn: Any) -> None:
+            self.fn = fn
+
+        def after_deserialization(self) -> Any:
+            return self.fn
+
+    def target_codes(package: Any) -> list[Any]:
+        return [_lookup_code(e) if e.code_source else c for c, e in package._codes.items()]
+
+    return _types.SimpleNamespace(
+        CompilePackage=CompilePackage,
+        OptimizeContext=OptimizeContext,
+        optimize=torch._dynamo.optimize,
+        config=torch._dynamo.config,
+        CompileRefused=CompileRefused,
+        refusing_callback=refusing_callback,
+        Backend=Backend,
+        target_codes=target_codes,
+        live_entries=_debug_get_cache_entry_list,
+        precompile_entries=_debug_get_precompile_entries,
+        reset_entries=_reset_precompile_entries,
+    )

@@ -47,8 +47,16 @@ def _rename_code(serialized: Any, names: dict[str, str]) -> Any:
 def _name_map(frames: list[FrameRecord], tag: str) -> dict[str, str]:
     names: dict[str, str] = {}
     for frame in frames:
+        for guards_state, _code in frame.variants:
+            key = _compat.builtins_key_of(guards_state)
+            if key:  # the driver re-keys the guard state to the same name at load
+                names[key] = f"__builtins_dict___{tag}"
+    backends = 0
+    for frame in frames:
         for backend_id in frame.backend_ids:
-            names.setdefault(backend_id, f"__compiled_fn_{len(names)}_{tag}")
+            if backend_id not in names:
+                names[backend_id] = f"__compiled_fn_{backends}_{tag}"
+                backends += 1
     resume = 0
     for frame in frames:
         for name in frame.resume_names:

@@ -231,3 +231,17 @@ except precompile.PrecompileError as error:
     assert (
         "target" in proc.stdout and "changing.py" in proc.stdout and "changed since" in proc.stdout
     )
+
+
+def test_a_loaded_artifact_leaves_live_compiles_in_its_module_working(
+    explicit: tuple[Path, Path],
+) -> None:
+    # The artifact binds only names tagged with its content hash, so Dynamo, minting its
+    # own counter-based names in the same module, finds none of them taken.
+    run = precompile.load(*explicit)
+    torch._dynamo.reset()
+    model, x = MLP().eval(), torch.randn(2, 8)
+    compiled = torch.compile(dynamo_models.explicit_break, backend="eager")
+    torch.testing.assert_close(compiled(model, x), dynamo_models.explicit_break(model, x))
+    torch.testing.assert_close(run(model, x), dynamo_models.explicit_break(model, x))
+    run.unload()

@@ -1,0 +1,144 @@
+"""Multi-graph (Dynamo) artifacts: start-up in fresh processes and per-call dispatch."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+from bench.harness import REPO, fresh_process, per_call_us, table
+from bench.models import build, two_breaks
+
+CAPTURE = """
+import torch, logging, precompile, sys
+sys.path.insert(0, {repo!r})
+torch._logging.set_logs(dynamo=logging.ERROR)
+from bench.models import build, two_breaks
+model, x = build("mlp")
+with precompile.capture(two_breaks, artifact_path={artifact!r}, cache_path={cache!r}, backend={backend!r}) as cap:
+    cap(model, x)
+    cap(model, torch.randn(16, 32))
+print(cap.summary())
+"""
+
+CHILD_OURS = """
+import warnings, logging; warnings.simplefilter("ignore")
+import torch, precompile
+torch._logging.set_logs(dynamo=logging.ERROR)
+from bench.models import build
+model, x = build("mlp")
+run = precompile.load({artifact!r}, {cache!r})
+run(model, x)
+first_result()
+"""
+
+CHILD_COMPILE = """
+import torch, logging
+torch._logging.set_logs(dynamo=logging.ERROR)
+from bench.models import build, two_breaks
+model, x = build("mlp")
+torch.compile(two_breaks, backend={backend!r})(model, x)
+first_result()
+"""
+
+
+def _capture(backend: str, workdir: Path) -> tuple[str, str]:
+    artifact, cache = (
+        str(workdir / f"two_breaks-{backend}.py"),
+        str(workdir / f"two_breaks-{backend}.cache"),
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            CAPTURE.format(repo=str(REPO), artifact=artifact, cache=cache, backend=backend),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(workdir / "capture-cache")},
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    return artifact, cache
+
+
+def _steady(backend: str, artifact: str, cache: str) -> dict[str, float]:
+    import precompile
+
+    torch._logging.set_logs(dynamo=logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = precompile.load(artifact, cache)
+    model, x = build("mlp")
+    torch._dynamo.reset()
+    compiled = torch.compile(two_breaks, backend=backend)
+    compiled(model, x)
+    return per_call_us(
+        {"our runnable": lambda: run(model, x), "torch.compile (warm)": lambda: compiled(model, x)},
+        calls=500,
+    )
+
+
+def run_dynamo_section(workdir: Path, runs: int) -> str:
+    base = fresh_process("import torch\nfirst_result()\n", runs=runs)
+    dynamo_import = fresh_process("import torch, torch._dynamo.guards\nfirst_result()\n", runs=runs)
+    rows = [
+        ["`import torch`", base["first"], base["wall"], "1.00x"],
+        [
+            "`import torch._dynamo.guards`",
+            dynamo_import["first"],
+            dynamo_import["wall"],
+            f"{dynamo_import['first'] / base['first']:.2f}x",
+        ],
+    ]
+    warm = {"TORCHINDUCTOR_CACHE_DIR": str(workdir / "warm-cache")}
+
+    def cold(run: int) -> dict[str, str]:
+        return {"TORCHINDUCTOR_CACHE_DIR": str(workdir / f"cold-{run}-{os.urandom(4).hex()}")}
+
+    findings = {}
+    call_rows = []
+    for backend in ("eager", "inductor"):
+        artifact, cache = _capture(backend, workdir)
+        compile_child = CHILD_COMPILE.format(backend=backend)
+        fresh_process(compile_child, runs=1, env=warm)
+        measured = {
+            f"ours, {backend}: load + first call (with cache, empty Inductor cache)": fresh_process(
+                CHILD_OURS.format(artifact=artifact, cache=cache), runs=runs, env_per_run=cold
+            ),
+            f"torch.compile({backend}) first call, cold cache": fresh_process(
+                compile_child, runs=runs, env_per_run=cold
+            ),
+            f"torch.compile({backend}) first call, warm cache": fresh_process(
+                compile_child, runs=runs, env=warm
+            ),
+        }
+        for label, r in measured.items():
+            rows.append([label, r["first"], r["wall"], f"{r['first'] / base['first']:.2f}x"])
+        values = list(measured.values())
+        findings[backend] = (values[0]["first"], values[2]["first"])
+        us = _steady(backend, artifact, cache)
+        call_rows.append([backend, us["our runnable"], us["torch.compile (warm)"]])
+    eager_ratio = findings["eager"][0] / base["first"]
+    inductor_share = findings["inductor"][0] / findings["inductor"][1]
+    slower = [r[0] for r in call_rows if r[1] > r[2]]
+    return "\n\n".join(
+        [
+            "## Multi-graph (Dynamo) artifacts (issue 4)",
+            f"`bench.models.two_breaks` (three graphs, two breaks) captured with two batch sizes. "
+            f"Fresh processes, median of {runs}; seconds from spawn to first result and to exit.",
+            table(["what", "first result (s)", "process wall (s)", "vs import torch"], rows),
+            "Steady-state dispatch, microseconds per call, interleaved in one process (median of 7 "
+            "rounds of 500 calls).",
+            table(["backend", "our runnable", "torch.compile (warm)"], call_rows),
+            f"Targets: eager backend load + first call <= 2.2x `import torch` (**{eager_ratio:.2f}x**, "
+            f"{'met' if eager_ratio <= 2.2 else 'missed'}); Inductor with its cache <= 60% of torch.compile's "
+            f"warm-cache first call (**{inductor_share:.0%}**, {'met' if inductor_share <= 0.6 else 'missed'}); "
+            f"dispatch no slower than torch.compile ({'met' if not slower else 'missed for ' + ', '.join(slower)}).",
+        ]
+    )
