@@ -44,13 +44,28 @@ def _rename_code(serialized: Any, names: dict[str, str]) -> Any:
     )
 
 
+def _builtins_key(key: str, tag: str) -> str:
+    """Dynamo's builtins-dict key (``__builtins_dict___<n>``) renamed to one Dynamo never
+    mints, of the same length: the pickled guard state is rewritten in place, and a
+    same-length substitution keeps the pickle's framing intact."""
+    stem = "__builtins_dict_P"
+    return (stem + tag)[: len(key)].ljust(len(key), "0")
+
+
+def _rekey_guards_state(guards_state: bytes, names: dict[str, str]) -> bytes:
+    for old, new in names.items():
+        if old.startswith("__builtins_dict___"):
+            guards_state = re.sub(re.escape(old.encode()) + rb"(?!\d)", new.encode(), guards_state)
+    return guards_state
+
+
 def _name_map(frames: list[FrameRecord], tag: str) -> dict[str, str]:
     names: dict[str, str] = {}
     for frame in frames:
         for guards_state, _code in frame.variants:
             key = _compat.builtins_key_of(guards_state)
-            if key:  # the driver re-keys the guard state to the same name at load
-                names[key] = f"__builtins_dict___{tag}"
+            if key:
+                names[key] = _builtins_key(key, tag)
     backends = 0
     for frame in frames:
         for backend_id in frame.backend_ids:
@@ -74,11 +89,13 @@ def _frame_payload(frames: list[FrameRecord], tag: str) -> list[dict[str, Any]]:
     for frame in frames:
         variants = []
         for guards_state, dynamo_code in frame.variants:
-            # The guard state stays as Dynamo pickled it (its own pickler); its
-            # builtins-dict key comes from a counter that a fresh capture process
-            # makes deterministic.
+            # The guard state stays as Dynamo's own pickler wrote it, but for its
+            # builtins-dict key, renamed in place (see _builtins_key).
             variants.append(
-                {"guards_state": guards_state, "dynamo_code": _rename_code(dynamo_code, names)}
+                {
+                    "guards_state": _rekey_guards_state(guards_state, names),
+                    "dynamo_code": _rename_code(dynamo_code, names),
+                }
             )
         payload.append(
             {

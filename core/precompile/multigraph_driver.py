@@ -204,10 +204,6 @@ def _build_multigraph_forward() -> Any:
             guards_state = rt.load_guards_state(variant["guards_state"])
             key = guards_state.output_graph.name_of_builtins_dict_key_in_fglobals
             if key:
-                # Dynamo mints this key from a counter: a live compile in this module would
-                # mint it again and refuse to find it taken. Use a key only we mint.
-                key = f"__builtins_dict___{ARTIFACT_TAG}"
-                guards_state.output_graph.name_of_builtins_dict_key_in_fglobals = key
                 builtins = rt.builtins_dict(scope)
                 if scope.get(key, builtins) is not builtins:
                     _fail(
