@@ -16,6 +16,7 @@ from precompile.errors import (
     EagerFallbackWarning,
     Location,
     PrecompileError,
+    RiskyGuardWarning,
 )
 from precompile.version import __version__
 
@@ -37,6 +38,7 @@ __all__ = [
     "EagerFallbackWarning",
     "Location",
     "PrecompileError",
+    "RiskyGuardWarning",
     "__version__",
     *_LAZY,
 ]

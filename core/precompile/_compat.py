@@ -120,7 +120,7 @@ def active_trace() -> str | None:
     return None
 
 
-_stack_patch_lock = threading.Lock()
+_stack_patch_lock = threading.RLock()  # the capture patches nest
 
 
 @contextlib.contextmanager
@@ -414,6 +414,27 @@ def recording_graph_breaks() -> Iterator[list[dict[str, Any]]]:
             InstructionTranslatorBase.log_graph_break = original  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def recording_bypasses(reasons: dict[str, str]) -> Iterator[None]:
+    """Record why Dynamo left a frame out of the package (frame name -> reason)."""
+    from torch._dynamo.output_graph import OutputGraph
+
+    original = OutputGraph.bypass_package
+
+    def bypass_package(self: Any, reason: str = "", **kwargs: Any) -> None:
+        code = getattr(getattr(self, "root_tx", None), "f_code", None)
+        if code is not None and self.package is not None:
+            reasons[code.co_name] = reason
+        return original(self, reason, **kwargs)
+
+    with _stack_patch_lock:
+        OutputGraph.bypass_package = bypass_package  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            OutputGraph.bypass_package = original  # type: ignore[method-assign]
+
+
 def serialize_code(code: types.CodeType) -> Any:
     from torch._dynamo.package import SerializedCode
 
@@ -426,6 +447,26 @@ def builtins_key_of(guards_state: bytes) -> str | None:
     from torch._dynamo.package import load_guards_state
 
     return load_guards_state(guards_state).output_graph.name_of_builtins_dict_key_in_fglobals
+
+
+def check_variants(
+    variants: list[tuple[bytes, Any]],
+    code: types.CodeType,
+    scope: dict[str, Any],
+    f_locals: dict[str, Any],
+) -> dict[str, Any]:
+    """Evaluate each variant's serialized guards against ``f_locals``: which would serve,
+    and the first failing guard of each that would not."""
+    from torch._dynamo.package import load_guard_manager, load_guards_state
+
+    failures = []
+    for i, (guards_state, _code) in enumerate(variants):
+        manager = load_guard_manager(load_guards_state(guards_state), code, scope)
+        if manager.check(f_locals) or manager.check(f_locals):
+            return {"served_by": i, "failures": failures}
+        parts = list(getattr(manager.check_verbose(f_locals), "verbose_code_parts", None) or [])
+        failures.append({"variant": i, "guard": str(parts[0]) if parts else "a guard failed"})
+    return {"served_by": None, "failures": failures}
 
 
 def global_state() -> dict[str, Any]:
@@ -610,6 +651,16 @@ def _dynamo_installed_runtime() -> Any:
     def target_codes(package: Any) -> list[Any]:
         return [_lookup_code(e) if e.code_source else c for c, e in package._codes.items()]
 
+    def uninstall(package: Any, targets: list[Any]) -> None:
+        # CompilePackage.uninstall pops each global once per code that installed it, and
+        # fails on an import alias two frames share; remove each once, idempotently.
+        for module, names in package._installed_globals.items():
+            for name in set(names):
+                module.__dict__.pop(name, None)
+        package._installed_globals.clear()
+        for code in targets:
+            _reset_precompile_entries(code)
+
     return _types.SimpleNamespace(
         CompilePackage=CompilePackage,
         OptimizeContext=OptimizeContext,
@@ -619,6 +670,7 @@ def _dynamo_installed_runtime() -> Any:
         refusing_callback=refusing_callback,
         Backend=Backend,
         target_codes=target_codes,
+        uninstall=uninstall,
         live_entries=_debug_get_cache_entry_list,
         precompile_entries=_debug_get_precompile_entries,
         reset_entries=_reset_precompile_entries,

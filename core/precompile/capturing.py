@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from precompile.artifact_io import atomic_write_files, validate_pair
 from precompile.backends import check_backend
 from precompile.emit import Artifact
-from precompile.errors import PrecompileError
+from precompile.errors import PrecompileError, RiskyGuardWarning
 from precompile.report import CaptureReport, PrecompileSummary
 from precompile.tracers import DynamoTracer, MakeFxTracer
 
@@ -77,6 +78,7 @@ class Capture:
         self._cache = b""
         self._runnable: Any = None
         self._session: Any = None
+        self._warned_risky = False
         from precompile.fx_capture import describe_fn
 
         self._fn_info = describe_fn(fn)
@@ -208,31 +210,44 @@ class Capture:
             "function_sources",
             "sources",
             "summary",
+            "audit",
         ):
             setattr(self._report, field, getattr(report, field))
         self._report.graph = report.graph
-        self._load_and_cache(artifact, collect_bundle)
+        if report.serving_mode == "installed":
+            # This process holds the live compiles the artifact installs onto (its load
+            # refuses exactly that), so it is not executed here; covers() reads the
+            # entry frame's serialized guards instead.
+            self._cache = self._envelope(artifact, collect_bundle({}))
+            self._artifact = artifact
+            self._runnable = None
+        else:
+            self._load_and_cache(artifact, collect_bundle)
 
     def _load_and_cache(
         self, artifact: Artifact, collect_bundle: Callable[[dict[str, Any]], dict[str, Any]]
     ) -> None:
         """Execute the new artifact here (it compiles whatever its backend compiles at
         load; that becomes the cache, so a later load compiles nothing)."""
-        from precompile.envelope import build_envelope
         from precompile.loading import exec_artifact
 
         started = time.perf_counter()
         self._runnable = exec_artifact(
             artifact.python_code, artifact.metadata, None, origin=self.artifact_path
         )
-        self._cache = build_envelope(
+        self._cache = self._envelope(artifact, collect_bundle(self._runnable._namespace))
+        self._report.timings["load_s"] = time.perf_counter() - started
+        self._artifact = artifact
+
+    def _envelope(self, artifact: Artifact, bundle: dict[str, Any]) -> bytes:
+        from precompile.envelope import build_envelope
+
+        return build_envelope(
             backend=self.backend,
             tracer=self.tracer.name,
             python_code=artifact.python_code,
-            bundle=collect_bundle(self._runnable._namespace),
+            bundle=bundle,
         )
-        self._report.timings["load_s"] = time.perf_counter() - started
-        self._artifact = artifact
 
     def _ensure_artifact(self) -> None:
         if self._artifact is not None:
@@ -265,15 +280,10 @@ class Capture:
         )
 
     def _check_gates(self) -> None:
+        """The DynamoTracer's require_* gates, checked before anything is written."""
         if not isinstance(self.tracer, DynamoTracer):
             return
-        summary = self._report.summary
-        if self._report.serving_mode == "installed":
-            raise PrecompileError(
-                f"this capture needs installed serving ({self._report.frames and [f['name'] for f in self._report.frames if f['reached_by_call']]} "
-                f"are reached by an ordinary call, not a resume name), which is not supported yet",
-                hint="move the graph break into the captured function itself, or remove it",
-            )
+        summary, audit = self._report.summary, self._report.audit
         if self.tracer.require_complete and not summary.complete:
             raise PrecompileError(
                 f"the capture is incomplete: {'; '.join(summary.problems())}",
@@ -281,6 +291,31 @@ class Capture:
                 "DynamoTracer(require_complete=False) to serve those frames as captured "
                 "(eager where Dynamo gave up)",
             )
+        if audit is None:
+            return
+        dropped = [s for s in audit.dropped]
+        if self.tracer.require_no_dropped_guards and dropped:
+            raise PrecompileError(
+                f"{len(dropped)} guards could not be kept in the artifact "
+                f"({'; '.join(f'{s.guard_type} {s.path} (dropped by {s.dropped_by})' for s in dropped[:8])})",
+                hint="DynamoTracer(require_no_dropped_guards=False) accepts them (the default)",
+            )
+        if audit.risky:
+            listing = "; ".join(f"{slot.describe()}: {why}" for slot, why in audit.risky)
+            if self.tracer.require_no_risky_drops:
+                raise PrecompileError(
+                    f"guards that decide which captured variant runs were dropped, so the "
+                    f"artifact could serve a call with the wrong variant: {listing}",
+                    hint="keep those guards (adjust guard_filter_fn), or pass "
+                    "DynamoTracer(require_no_risky_drops=False) to accept them",
+                )
+            if not self._warned_risky:
+                self._warned_risky = True
+                warnings.warn(
+                    f"precompile: the artifact dropped guards that decide dispatch: {listing}",
+                    RiskyGuardWarning,
+                    stacklevel=4,
+                )
 
     def covers(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Which captured variant of the entry frame would serve this call, or which guard
@@ -290,6 +325,8 @@ class Capture:
                 "covers() needs the Dynamo tracer; a make_fx artifact serves one call shape"
             )
         self._ensure_artifact()
+        if self._runnable is None:
+            return self._session.entry_coverage(args, kwargs)
         return self._runnable.covers(*args, **kwargs)
 
     def report(self) -> CaptureReport:

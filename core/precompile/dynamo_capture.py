@@ -69,16 +69,23 @@ class GraphBreak:
 
 @dataclasses.dataclass
 class GuardDecision:
-    """What happened to one guard of one variant when it was serialized."""
+    """What happened to one guard of one variant when it was serialized.
+
+    ``compare_key`` tells whether two variants guarded the same value (identity for the
+    identity guards); ``unpicklable`` marks a kept guard whose value cannot be serialized.
+    Neither leaves the capturing process.
+    """
 
     name: str
     guard_type: str
     kept: bool
     dropped_by: str | None  # "default" (identity guard), "driver" (global state), "user"
     value: str | None
+    compare_key: Any = None
+    unpicklable: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {k: getattr(self, k) for k in ("name", "guard_type", "kept", "dropped_by", "value")}
 
 
 @dataclasses.dataclass
@@ -94,6 +101,7 @@ class FrameRecord:
     backend_ids: list[str]
     code_source: str | None
     bypassed: bool
+    bypass_reason: str | None
     eager_fallback: bool
     eager_reason: str | None
     trivial: bool
@@ -114,6 +122,7 @@ class FrameRecord:
             "variants": len(self.variants),
             "resume_names": list(self.resume_names),
             "bypassed": self.bypassed,
+            "bypass_reason": self.bypass_reason,
             "eager_fallback": self.eager_fallback,
             "eager_reason": self.eager_reason,
             "trivial": self.trivial,
@@ -129,6 +138,32 @@ def _describe_value(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"tensor{tuple(value.shape)} {value.dtype}"
     return type(value).__qualname__
+
+
+def _compare_key(value: Any) -> Any:
+    """Equal for the same guarded value in two variants: literals by value, tensors by
+    metadata, anything else by identity (what an identity guard compares)."""
+    if isinstance(value, (type(None), bool, int, float, str)):
+        return (type(value), value)
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), value.dtype, value.device)
+    return ("id", id(value))
+
+
+def _picklable(value: Any) -> bool:
+    """Whether a guarded value can go into an artifact; used to name the access path when
+    Dynamo's own guard pickler refuses one."""
+    import pickle
+
+    if isinstance(value, (type(None), bool, int, float, str, torch.Tensor, torch.nn.Module)):
+        return True
+    if isinstance(value, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)):
+        return True  # Dynamo's guard pickler saves these by reference
+    try:
+        pickle.dumps(value)
+    except Exception:
+        return False
+    return True
 
 
 def _gave_up_reason(message: str) -> str:
@@ -256,6 +291,7 @@ class DynamoSession:
         self.inductor_graphs: list[torch.fx.GraphModule] = []
         self.guard_log: dict[types.CodeType, list[list[GuardDecision]]] = {}
         self.recompiles: list[dict[str, Any]] = []
+        self.bypass_reasons: dict[str, str] = {}
         self._guard_failures: dict[str, list[str]] = {}
         self.break_events: list[dict[str, Any]] = []
         self.calls = 0
@@ -298,9 +334,17 @@ class DynamoSession:
             elif not user_says:
                 dropped_by = "user"
             keep.append(dropped_by is None)
-            value = _describe_value(entry.value) if getattr(entry, "has_value", False) else None
+            has_value = getattr(entry, "has_value", False)
             decisions.append(
-                GuardDecision(entry.name, entry.guard_type, dropped_by is None, dropped_by, value)
+                GuardDecision(
+                    entry.name,
+                    entry.guard_type,
+                    dropped_by is None,
+                    dropped_by,
+                    _describe_value(entry.value) if has_value else None,
+                    compare_key=_compare_key(entry.value) if has_value else None,
+                    unpicklable=dropped_by is None and has_value and not _picklable(entry.value),
+                )
             )
         code = _compat.current_package_code(self.package)
         if code is not None:
@@ -339,6 +383,7 @@ class DynamoSession:
             with (
                 _compat.dynamo_config(self.tracer.recompile_limit),
                 _compat.recording_graph_breaks() as events,
+                _compat.recording_bypasses(self.bypass_reasons),
                 torch.set_grad_enabled(self.training),
                 _compat.inductor_capture_config(self.inductor_cache)
                 if self.inductor_cache
@@ -352,6 +397,17 @@ class DynamoSession:
         except PrecompileError:
             raise
         except Exception as error:
+            unpicklable = self._unpicklable_paths()
+            if unpicklable and "package" in str(error):
+                raise PrecompileError(
+                    f"guards on {', '.join(unpicklable)} check values that cannot be serialized "
+                    f"into an artifact ({str(error).splitlines()[-1][:200]})",
+                    location=Location(
+                        self.fn.__code__.co_filename, self.fn.__code__.co_firstlineno, 0
+                    ),
+                    hint="define their classes at module level, or keep them out of what fn's "
+                    "control flow reads",
+                ) from error
             where = innermost(traceback_user_stack(error.__traceback__))
             raise PrecompileError(
                 f"fn raised {type(error).__name__} while being captured under Dynamo: "
@@ -359,6 +415,19 @@ class DynamoSession:
                 location=where,
                 hint="fix the error at the location shown (fn runs for real during capture)",
             ) from error
+
+    def _unpicklable_paths(self) -> list[str]:
+        from precompile.guard_audit import readable_path
+
+        return sorted(
+            {
+                readable_path(d.name)
+                for variants in self.guard_log.values()
+                for ds in variants
+                for d in ds
+                if d.unpicklable
+            }
+        )
 
     # ------------------------------------------------------------ after the calls
 
@@ -393,6 +462,7 @@ class DynamoSession:
                     backend_ids=list(c.backend_ids),
                     code_source=c.code_source,
                     bypassed=c.bypassed,
+                    bypass_reason=self.bypass_reasons.get(code.co_name) if c.bypassed else None,
                     eager_fallback=bool(gave_up) and not c.bypassed,
                     eager_reason=eager_reason,
                     trivial=not variants and not gave_up and not c.bypassed and c.has_compile_id,
@@ -401,6 +471,19 @@ class DynamoSession:
                 )
             )
         return records
+
+    def entry_coverage(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Which captured variant of the entry would serve a call, from its serialized
+        guards (what the artifact checks), in this process."""
+        entry = self.frames()[0]
+        bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        bound.apply_defaults()
+        return _compat.check_variants(
+            entry.variants,
+            self.fn.__code__,
+            vars(sys.modules[self.fn.__module__]),
+            dict(bound.arguments),
+        )
 
     def inductor_artifacts(self, backend_ids: list[str]) -> dict[str, bytes]:
         artifacts = {}

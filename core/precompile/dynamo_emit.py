@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from precompile import _compat, driver, multigraph_driver
+from precompile import _compat, driver, installed_driver, multigraph_driver
 from precompile.dynamo_capture import FrameRecord
 from precompile.emit import Artifact, _header, source_records
 from precompile.errors import PrecompileError
@@ -136,6 +136,30 @@ def content_tag(
     return digest.hexdigest()[:12]
 
 
+def _package_payload(package: Any, frames: list[FrameRecord], tag: str) -> Any:
+    """The package's cache entry (what CompilePackage.install takes) with Dynamo's minted
+    names renamed like the standalone payload's."""
+    names = _name_map(frames, tag)
+    entry = package.cache_entry()
+    codes = [
+        dataclasses.replace(
+            code,
+            function_names=[names.get(n, n) for n in code.function_names],
+            backend_ids=[names.get(b, b) for b in code.backend_ids],
+            guarded_codes=[
+                dataclasses.replace(
+                    g,
+                    guards_state=_rekey_guards_state(g.guards_state, names),
+                    dynamo_code=_rename_code(g.dynamo_code, names),
+                )
+                for g in code.guarded_codes
+            ],
+        )
+        for code in entry.codes
+    ]
+    return dataclasses.replace(entry, codes=codes)
+
+
 def _encode(value: Any) -> str:
     return base64.b64encode(pickle.dumps(value, protocol=4)).decode("ascii")
 
@@ -230,8 +254,12 @@ def emit_dynamo(
     function_sources: list[dict[str, Any]],
     source_files: list[str],
     guards_summary: list[dict[str, Any]],
+    serving_mode: str = "standalone",
+    package: Any = None,
 ) -> Artifact:
-    """``graph_section(names)`` renders the backend's graphs under the normalized names."""
+    """``graph_section(names)`` renders the backend's graphs under the normalized names.
+    An ``installed`` artifact carries the renamed package (``_PACKAGE``) instead of frame
+    records, and installs it at load."""
     binding = {"defaults": fn.__defaults__, "kwdefaults": fn.__kwdefaults__}
     try:
         encoded_binding = _encode(binding)
@@ -248,7 +276,7 @@ def emit_dynamo(
         "FORMAT_VERSION": ARTIFACT_FORMAT_VERSION,
         "BACKEND": backend,
         "TRACER": "dynamo",
-        "SERVING_MODE": "standalone",
+        "SERVING_MODE": serving_mode,
         "FN_NAME": fn_info["name"],
         "FN_MODULE": fn_info["module"],
         "ARTIFACT_TAG": tag,
@@ -262,9 +290,15 @@ def emit_dynamo(
         "TORCH_VERSION": str(torch.__version__),
         "PYTHON_VERSION": list(sys.version_info[:2]),
         "SOURCES": source_records(source_files, artifact_path),
-        "_FRAMES": _encode(payload),
-        "_ENTRY_BINDING": encoded_binding,
     }
+    if serving_mode == "installed":
+        metadata["EAGER_FRAMES"] = [
+            [f.name, f.code.co_firstlineno] for f in frames if f.eager_fallback
+        ]
+        metadata["_PACKAGE"] = _encode(_package_payload(package, frames, tag))
+    else:
+        metadata["_FRAMES"] = _encode(payload)
+        metadata["_ENTRY_BINDING"] = encoded_binding
     driver_source = "\n\n".join(
         inspect.getsource(f).strip()
         for f in (
@@ -272,7 +306,15 @@ def emit_dynamo(
             driver._fail,
             _compat._dynamo_serving_runtime,
             *multigraph_driver.MULTIGRAPH_DRIVER,
+            *(
+                (_compat._dynamo_installed_runtime, installed_driver._build_installed_forward)
+                if serving_mode == "installed"
+                else ()
+            ),
         )
+    )
+    build = (
+        "_build_installed_forward" if serving_mode == "installed" else "_build_multigraph_forward"
     )
     text = "\n".join(
         [
@@ -286,10 +328,10 @@ def emit_dynamo(
             "",
             graph_section(names),
             "",
-            "# ---- runtime driver (emitted verbatim from precompile/multigraph_driver.py)",
+            "# ---- runtime driver (emitted verbatim from precompile/*driver.py)",
             driver_source,
             "",
-            "forward = _build_multigraph_forward()",
+            f"forward = {build}()",
             "covers = forward.covers",
             "_unload = forward.unload",
             "",

@@ -20,7 +20,7 @@ from precompile.dynamo_emit import (
     inductor_graph_section,
 )
 from precompile.emit import Artifact
-from precompile.errors import PrecompileError
+from precompile.guard_audit import audit
 from precompile.report import CaptureReport, PrecompileSummary
 
 
@@ -33,7 +33,11 @@ def summarize(
         guarded_codes=sum(len(f.variants) for f in frames),
         backend_graphs=backend_graphs,
         graph_breaks=graph_breaks,
-        bypassed=[f.name for f in frames if f.bypassed],
+        bypassed=[
+            f"{f.name} ({f.bypass_reason})" if f.bypass_reason else f.name
+            for f in frames
+            if f.bypassed
+        ],
         truncated=[f.name for f in frames if f.truncated],
         uncovered=[
             f.name
@@ -74,7 +78,7 @@ def build_dynamo_artifact(
 ) -> tuple[Artifact, CaptureReport, Any]:
     frames = session.frames()
     breaks = session.graph_breaks()
-    mode, why = serving_mode(frames)
+    mode, _why = serving_mode(frames)
     order = _backend_order(frames)
     report = CaptureReport(target=fn_info, tracer="dynamo", backend=session.backend)
     report.serving_mode = mode
@@ -84,11 +88,7 @@ def build_dynamo_artifact(
     report.guards = guards_summary(frames)
     report.function_sources = function_sources(session.fn, frames)
     report.summary = summarize(frames, len(breaks), len(order))
-    if mode == "installed":
-        raise PrecompileError(
-            f"this capture needs installed serving ({why}), which is not supported yet",
-            hint="move the graph break into the captured function itself, or remove it",
-        )
+    report.audit = audit(frames)
     if session.backend == "eager":
         graphs = session.backend_graphs()
         graph_sources = [_graph_source(i, graphs[b]) for i, b in enumerate(order) if b in graphs]
@@ -136,6 +136,8 @@ def build_dynamo_artifact(
         function_sources=report.function_sources,
         source_files=[f for f in files_traced if not f.startswith("<")],
         guards_summary=report.guards,
+        serving_mode=mode,
+        package=session.package,
     )
     report.sources = artifact.metadata["SOURCES"]
     return artifact, report, collect_bundle

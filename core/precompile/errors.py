@@ -90,3 +90,8 @@ class CacheFallbackWarning(UserWarning):
 
 class EagerFallbackWarning(UserWarning):
     """A frame Dynamo gave up on during capture missed its variants and ran eagerly."""
+
+
+class RiskyGuardWarning(UserWarning):
+    """The artifact dropped guards that decide which captured variant runs (warned when
+    ``DynamoTracer(require_no_risky_drops=False)`` accepts them)."""

@@ -21,8 +21,6 @@ class PrecompiledRunnable:
     call is checked against what was captured and a mismatch raises PrecompileError.
     """
 
-    installed = False
-
     def __init__(
         self,
         forward: Callable[..., Any],
@@ -39,6 +37,11 @@ class PrecompiledRunnable:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._forward(*args, **kwargs)
+
+    @property
+    def installed(self) -> bool:
+        """True when loading installed the artifact onto live code objects."""
+        return bool(getattr(self._forward, "installed", False))
 
     def covers(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Which captured variant of the entry frame would serve this call, or, per

@@ -123,6 +123,43 @@ def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str:
     return text.strip()
 
 
+def _serve_as_captured(entry: Any) -> Any:
+    """Run ``entry`` under the global state the artifact was captured in: the captured grad
+    mode, autocast off (the casts are in the graphs), and the default dtype and
+    deterministic mode checked, since Dynamo's own guard on them is left to this driver
+    (it also bundles the thread count, which an artifact must not depend on)."""
+    import torch
+
+    dtype = getattr(torch, GLOBAL_STATE["default_dtype"].split(".")[-1])
+    deterministic = GLOBAL_STATE["deterministic"]
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if torch.get_default_dtype() is not dtype or (
+            torch.are_deterministic_algorithms_enabled() != deterministic
+        ):
+            _fail(
+                f"precompile: this artifact was captured with default dtype {dtype} and "
+                f"deterministic algorithms {'on' if deterministic else 'off'}; this process has "
+                f"{torch.get_default_dtype()} and "
+                f"{'on' if torch.are_deterministic_algorithms_enabled() else 'off'}. Restore them "
+                f"around the call",
+                6,
+            )
+        grad = torch.is_grad_enabled()
+        if grad != GRAD_MODE:
+            _set_grad_enabled(GRAD_MODE)
+        try:
+            if _any_autocast_enabled():
+                with _DisableAutocast():
+                    return entry(*args, **kwargs)
+            return entry(*args, **kwargs)
+        finally:
+            if grad != GRAD_MODE:
+                _set_grad_enabled(grad)
+
+    return forward
+
+
 def _build_multigraph_forward() -> Any:
     """Rebuild every frame's dispatcher; return the entry, run under the captured
     global state (grad mode as captured, autocast off, default dtype and deterministic
@@ -131,8 +168,6 @@ def _build_multigraph_forward() -> Any:
     import pickle
     import types
     import warnings
-
-    import torch
 
     _check_versions()
     _check_function_sources()
@@ -328,32 +363,7 @@ def _build_multigraph_forward() -> Any:
             seed(scope, name, dispatcher)
     if entry is None:
         _fail("precompile: this artifact has no entry frame; capture it again")
-    dtype = getattr(torch, GLOBAL_STATE["default_dtype"].split(".")[-1])
-    deterministic = GLOBAL_STATE["deterministic"]
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        if torch.get_default_dtype() is not dtype or (
-            torch.are_deterministic_algorithms_enabled() != deterministic
-        ):
-            _fail(
-                f"precompile: this artifact was captured with default dtype {dtype} and "
-                f"deterministic algorithms {'on' if deterministic else 'off'}; this process has "
-                f"{torch.get_default_dtype()} and "
-                f"{'on' if torch.are_deterministic_algorithms_enabled() else 'off'}. Restore them "
-                f"around the call",
-                6,
-            )
-        grad = torch.is_grad_enabled()
-        if grad != GRAD_MODE:
-            _set_grad_enabled(GRAD_MODE)
-        try:
-            if _any_autocast_enabled():
-                with _DisableAutocast():
-                    return entry(*args, **kwargs)
-            return entry(*args, **kwargs)
-        finally:
-            if grad != GRAD_MODE:
-                _set_grad_enabled(grad)
+    forward = _serve_as_captured(entry)
 
     def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:
         return entry.coverage(args, kwargs)
@@ -373,6 +383,7 @@ def _build_multigraph_forward() -> Any:
 #: ``PrecompileError`` and ``_fail`` from driver.py, and the Dynamo serving runtime).
 MULTIGRAPH_DRIVER = (
     _check_versions,
+    _serve_as_captured,
     _import_module,
     _check_function_sources,
     _readable_guard_failure,

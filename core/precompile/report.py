@@ -95,8 +95,19 @@ class CaptureReport:
     function_sources: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     coverage: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     summary: PrecompileSummary = dataclasses.field(default_factory=PrecompileSummary)
+    #: The guard audit (precompile.guard_audit.GuardAudit), for Dynamo captures.
+    audit: Any = None
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["summary"] = self.summary.to_dict()
+        data = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("summary", "audit")
+        }
+        data = dataclasses.asdict(
+            dataclasses.replace(self, summary=PrecompileSummary(), audit=None)
+        ) | {
+            "summary": self.summary.to_dict(),
+            "audit": None if self.audit is None else self.audit.to_dict(),
+        }
         return data

@@ -1,0 +1,142 @@
+"""The runtime driver of installed multi-graph artifacts, authored as code, emitted as text.
+
+A graph break inside a function the entry calls (a child module's ``forward``, a helper in
+another module) makes Dynamo compile that function as its own frame, entered by an
+ordinary call that a standalone dispatcher never sees. Serving those frames takes
+Dynamo's own frame evaluator: this installs the captured package's variants onto the
+live code objects (as a warm ``torch.compile`` cache load does) and calls the entry
+through a Dynamo context whose callback -- bound to this one callable, so other code in
+the process keeps compiling -- refuses to compile: a call no variant covers raises
+PrecompileError, a frame the capture ran eagerly runs eagerly.
+``load(..., allow_serve_time_compiles=True)`` keeps the compiling callback instead, and
+the compile is recorded nowhere.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    BACKEND: str = ""
+    FN_NAME: str = ""
+    FN_MODULE: str = ""
+    EAGER_FRAMES: list[tuple[str, int]] = []
+    _PACKAGE: str = ""
+    _BACKEND_FNS: dict[str, Any] = {}
+
+    def _fail(message: str, invariant: int | None = None) -> Any: ...
+
+    def _check_versions() -> None: ...
+
+    def _check_function_sources() -> None: ...
+
+    def _import_module(name: str) -> Any: ...
+
+    def _dynamo_installed_runtime() -> Any: ...
+
+    def _serve_as_captured(entry: Any) -> Any: ...
+
+    def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str: ...
+
+
+def _build_installed_forward() -> Any:
+    """Install the package onto the live code objects; return the served entry."""
+    import base64
+    import inspect
+    import operator
+    import pickle
+
+    _check_versions()
+    _check_function_sources()
+    rt = _dynamo_installed_runtime()
+    module = _import_module(FN_MODULE)
+    try:
+        fn = operator.attrgetter(FN_NAME)(module)
+    except AttributeError:
+        _fail(f"precompile: {FN_MODULE} has no {FN_NAME} to install this artifact onto")
+    if rt.config.compiled_autograd:
+        _fail(
+            "precompile: an installed artifact cannot load with "
+            "torch._dynamo.config.compiled_autograd enabled: backward graphs would compile "
+            "outside the artifact. Disable it before load()"
+        )
+    state = pickle.loads(base64.b64decode(_PACKAGE))
+    try:
+        package = rt.CompilePackage(fn, state)
+    except Exception as error:
+        _fail(
+            f"precompile: this artifact could not be installed onto {FN_MODULE}.{FN_NAME} "
+            f"({type(error).__name__}: {error}). If that source changed since capture, "
+            f"capture it again"
+        )
+    targets = rt.target_codes(package)
+    live = [code.co_name for code in targets if rt.live_entries(code)]
+    if live:
+        _fail(
+            f"precompile: {', '.join(live)} already hold live Dynamo compiles in this process "
+            f"(the capture that produced this artifact, or a torch.compile of them), which "
+            f"would serve calls the artifact does not: load it in a fresh process"
+        )
+    taken = [code.co_name for code in targets if rt.precompile_entries(code)]
+    if taken:
+        _fail(
+            f"precompile: {', '.join(taken)} already serve another installed artifact in this "
+            f"process; two installed artifacts cannot share a function. Unload the other "
+            f"(runnable.unload()) or load this one in a fresh process"
+        )
+    allow = bool(globals().get("_PRECOMPILE_ALLOW_SERVE_TIME_COMPILES"))
+    eager = {
+        code
+        for code in targets
+        if (code.co_name, code.co_firstlineno) in {tuple(e) for e in EAGER_FRAMES}
+    }
+    with rt.config.patch(caching_precompile=False):
+        context = rt.optimize(BACKEND, package=None if allow else package)
+        if not isinstance(context, rt.OptimizeContext):
+            _fail(
+                "precompile: an installed artifact serves through Dynamo, which is disabled in "
+                "this process (TORCHDYNAMO_DISABLE=1 or the enable_dynamo killswitch)"
+            )
+        if not allow:
+            # Bound before context(fn), which captures the callback when it wraps.
+            context.callback = rt.refusing_callback(context.callback, eager)
+        compiled = context(fn)
+    package.install({backend_id: rt.Backend(f) for backend_id, f in _BACKEND_FNS.items()})
+
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return compiled(*args, **kwargs)
+        except rt.CompileRefused as error:
+            _fail(
+                f"precompile: no captured variant serves this call: {error}. The artifact serves "
+                f"only what capture exercised: add a call like this one to the capture, or "
+                f"load with allow_serve_time_compiles=True",
+                3,
+            )
+
+    forward = _serve_as_captured(entry)
+    signature = inspect.signature(fn)
+
+    def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        f_locals = dict(bound.arguments)
+        failures = []
+        for i, precompiled in enumerate(rt.precompile_entries(fn.__code__)):
+            if precompiled.guard_manager.check(f_locals):
+                return {"served_by": i, "failures": failures}
+            failures.append(
+                {
+                    "variant": i,
+                    "guard": _readable_guard_failure(precompiled.guard_manager, f_locals),
+                }
+            )
+        return {"served_by": None, "failures": failures}
+
+    def unload() -> None:
+        rt.uninstall(package, targets)
+
+    forward.covers = covers  # type: ignore[attr-defined]
+    forward.unload = unload  # type: ignore[attr-defined]
+    forward.installed = True  # type: ignore[attr-defined]
+    return forward
