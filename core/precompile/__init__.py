@@ -30,6 +30,8 @@ _LAZY = {
     "load": "precompile.loading",
     "PrecompiledRunnable": "precompile.loading",
     "inspect_artifact": "precompile.metadata",
+    "target": "precompile.targets",
+    "Example": "precompile.targets",
 }
 
 __all__ = [

@@ -1,13 +1,231 @@
-"""The ``precompile`` command line. Exit codes: 0 clean, 1 findings, 2 usage or error."""
+"""The ``precompile`` command line.
+
+Exit codes, as linters use them: 0 clean, 1 findings at or above ``--fail-on``, 2 a usage,
+configuration or internal error. ``check`` imports neither torch nor pygls in this
+process: captures run in worker processes.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+FAIL_ON = {"error": 3, "warning": 2, "never": 99}
+
+
+def _workspace(paths: list[str]) -> Path:
+    from precompile_lsp.config import find_pyproject
+
+    start = Path(paths[0]).resolve() if paths else Path.cwd()
+    if start.is_file():
+        start = start.parent
+    pyproject = find_pyproject(start)
+    return pyproject.parent if pyproject else Path.cwd().resolve()
+
+
+def _files(paths: list[str]) -> list[Path] | None:
+    if not paths:
+        return None
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw).resolve()
+        if path.is_dir():
+            files.extend(sorted(path.rglob("*.py")))
+        elif path.exists():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"no such file or directory: {raw}")
+    return files
+
+
+class _Progress:
+    """A live progress line on a terminal (stderr); silent otherwise."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if not self.tty:
+            return
+        if event["kind"] == "progress":
+            sys.stderr.write(
+                f"\r\033[Kprecompile: capturing {event['done']}/{event['total']} {event.get('target', '')}"
+            )
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def _target_rows(engine: Any) -> list[dict[str, Any]]:
+    rows = []
+    for key, state in sorted(engine.targets.items()):
+        report = (state.result or {}).get("report") or {}
+        rows.append(
+            {
+                "target": key,
+                "file": str(state.decl.file),
+                "line": state.decl.definition.line,
+                "summary": (report.get("summary") or {}).get("text"),
+                "artifact": str(engine.artifact_of(state.decl)[0]),
+                "dependencies": sorted(str(p) for p in state.dependencies),
+            }
+        )
+    return rows
+
+
+def _check(args: argparse.Namespace) -> int:
+    from precompile_lsp import formats
+    from precompile_lsp.config import ConfigError
+    from precompile_lsp.engine import Engine
+    from precompile_lsp.findings import SEVERITY_RANK
+
+    root = _workspace(args.paths)
+    progress = _Progress()
+    overrides = {"workers": args.jobs} if args.jobs else None
+    started = time.monotonic()
+    try:
+        files = _files(args.paths)
+        engine = Engine(
+            root, overrides=overrides, trusted=True, use_cache=not args.no_cache, on_event=progress
+        )
+    except (ConfigError, FileNotFoundError) as error:
+        print(f"precompile check: {error}", file=sys.stderr)
+        return EXIT_ERROR
+
+    async def run() -> Any:
+        try:
+            return await engine.check(files, emit=args.emit, verify=args.verify)
+        finally:
+            await engine.close()
+
+    try:
+        findings = asyncio.run(run())
+    except Exception as error:  # an internal error: say what broke, exit 2
+        progress.done()
+        print(f"precompile check: internal error: {type(error).__name__}: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    progress.done()
+    elapsed = time.monotonic() - started
+    all_findings = [f for fs in findings.values() for f in fs]
+    counts = {s: sum(1 for f in all_findings if f.severity == s) for s in ("error", "warning")}
+    stats = {
+        "targets": len(engine.targets),
+        "captures": engine.stats.captures,
+        "cache_hits": engine.stats.cache_hits,
+        "emits": engine.stats.emits,
+        "verifies": engine.stats.verifies,
+        "seconds": round(elapsed, 3),
+    }
+    summary = (
+        f"{len(engine.targets)} target{'s' * (len(engine.targets) != 1)} checked in {elapsed:.1f} s "
+        f"({engine.stats.captures} captured, {engine.stats.cache_hits} from cache): "
+        f"{counts['error']} error{'s' * (counts['error'] != 1)}, {counts['warning']} warning{'s' * (counts['warning'] != 1)}"
+    )
+    if args.format == "json":
+        output = formats.as_json(findings, root, _target_rows(engine), stats)
+    elif args.format == "sarif":
+        from precompile.version import __version__
+
+        output = formats.sarif(findings, root, __version__)
+    elif args.format == "github":
+        output = formats.github(findings, root)
+    else:
+        output = formats.text(findings, root, summary)
+    formats.write(output, args.output)
+    if args.format != "text" and args.output not in (None, "-"):
+        print(summary, file=sys.stderr)
+    threshold = FAIL_ON[args.fail_on]
+    worst = max((SEVERITY_RANK.get(f.severity or "", 0) for f in all_findings), default=-1)
+    return EXIT_FINDINGS if worst >= threshold else EXIT_OK
+
+
+def _resolve_target(engine: Any, spec: str) -> Any:
+    engine.discover()
+    if "::" in spec:
+        file, function = spec.split("::", 1)
+        path = Path(file).resolve()
+        matches = [
+            s.decl
+            for s in engine.targets.values()
+            if s.decl.file == path and s.decl.function == function
+        ]
+    else:
+        matches = [s.decl for k, s in engine.targets.items() if k == spec or k.endswith("." + spec)]
+    if len(matches) != 1:
+        known = ", ".join(sorted(engine.targets)) or "none found"
+        raise LookupError(
+            f"{'no' if not matches else 'more than one'} target matches {spec!r} (targets: {known})"
+        )
+    return matches[0]
+
+
+def _emit_or_verify(args: argparse.Namespace, kind: str) -> int:
+    from precompile_lsp.config import ConfigError
+    from precompile_lsp.engine import Engine
+
+    root = _workspace([])
+    try:
+        engine = Engine(root, trusted=True, use_cache=False)
+        if kind == "verify":
+            from precompile.metadata import inspect_artifact
+
+            metadata = inspect_artifact(args.artifact)
+            decl = _resolve_target(engine, f"{metadata['FN_MODULE']}.{metadata['FN_NAME']}")
+        else:
+            decl = _resolve_target(engine, args.target)
+    except (ConfigError, LookupError) as error:
+        print(f"precompile {kind}: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as error:
+        print(f"precompile {kind}: {error}", file=sys.stderr)
+        return EXIT_ERROR
+
+    async def run() -> dict[str, Any]:
+        try:
+            return await engine.run_target(decl, kind)
+        finally:
+            await engine.close()
+
+    result = asyncio.run(run())
+    if result.get("status") in ("timeout", "crashed"):
+        print(f"precompile {kind}: {result['message']}", file=sys.stderr)
+        return EXIT_FINDINGS
+    if result.get("error"):
+        print(f"precompile {kind}: {decl.key}: {result['error']['message']}", file=sys.stderr)
+        return EXIT_FINDINGS
+    if kind == "emit":
+        summary = ((result.get("report") or {}).get("summary") or {}).get("text", "")
+        print(f"emitted {result['artifact']}: {summary}")
+        return EXIT_OK
+    failures = result.get("verify_failures", [])
+    for failure in failures:
+        print(f"{args.artifact}: {failure}")
+    for stale in result.get("stale", []):
+        print(f"{args.artifact}: stale: {stale['file']} changed since it was emitted")
+    if not failures and not result.get("stale"):
+        print(f"{args.artifact}: verified against eager")
+    return EXIT_FINDINGS if failures or result.get("stale") else EXIT_OK
+
+
+def _daemon(args: argparse.Namespace) -> int:
+    from precompile_lsp.config import ConfigError
+    from precompile_lsp.daemon import run_daemon
+
+    try:
+        return run_daemon(_workspace(args.paths), _files(args.paths))
+    except (ConfigError, FileNotFoundError) as error:
+        print(f"precompile daemon: {error}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -24,17 +242,60 @@ def _inspect(args: argparse.Namespace) -> int:
     else:
         width = max(map(len, metadata), default=0)
         for key, value in metadata.items():
-            print(f"{key.ljust(width)}  {value!r}")
+            # Encoded payloads (_FRAMES, _PACKAGE...) are sized, not printed.
+            shown = f"<{len(str(value))} characters>" if key.startswith("_") else repr(value)
+            print(f"{key.ljust(width)}  {shown}")
+    return EXIT_OK
+
+
+def _lsp(args: argparse.Namespace) -> int:
+    from precompile_lsp.server import main as serve
+
+    serve()
     return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="precompile", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="precompile",
+        description="torch-precompile: capture once, serve anywhere; see graph breaks and coverage gaps.",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
+    check = commands.add_parser(
+        "check", help="check the workspace's @precompile.target functions (CI)"
+    )
+    check.add_argument(
+        "paths", nargs="*", help="files or directories (default: the whole workspace)"
+    )
+    check.add_argument("--format", choices=["text", "json", "sarif", "github"], default="text")
+    check.add_argument("--output", help="write the report here (atomically) instead of stdout")
+    check.add_argument("--emit", action="store_true", help="also emit each target's artifact")
+    check.add_argument(
+        "--verify", action="store_true", help="also verify each artifact against eager"
+    )
+    check.add_argument("--fail-on", choices=["error", "warning", "never"], default="error")
+    check.add_argument(
+        "--jobs", type=int, help="worker processes (default: [tool.precompile] workers)"
+    )
+    check.add_argument(
+        "--no-cache", action="store_true", help="ignore and do not write .precompile/cache"
+    )
+    check.set_defaults(run=_check)
+    daemon = commands.add_parser("daemon", help="watch the workspace and print changed findings")
+    daemon.add_argument("paths", nargs="*")
+    daemon.set_defaults(run=_daemon)
+    emit = commands.add_parser("emit", help="emit one target's artifact pair")
+    emit.add_argument("target", help="module.function, function, or path.py::function")
+    emit.set_defaults(run=lambda a: _emit_or_verify(a, "emit"))
+    verify = commands.add_parser("verify", help="verify an artifact against eager")
+    verify.add_argument("artifact")
+    verify.set_defaults(run=lambda a: _emit_or_verify(a, "verify"))
     inspect = commands.add_parser("inspect", help="print an artifact's metadata without running it")
     inspect.add_argument("artifact", help="path of the artifact's .py file")
     inspect.add_argument("--json", action="store_true", help="print JSON")
     inspect.set_defaults(run=_inspect)
+    lsp = commands.add_parser("lsp", help="run the language server over stdio")
+    lsp.set_defaults(run=_lsp)
     return parser
 
 
@@ -44,6 +305,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0) and EXIT_ERROR
+    if getattr(args, "jobs", None) is not None and args.jobs < 1:
+        print("precompile check: --jobs must be at least 1", file=sys.stderr)
+        return EXIT_ERROR
     return int(args.run(args))
 
 

@@ -1,0 +1,327 @@
+"""Findings: what the engine tells its clients, with stable codes (docs/diagnostics.md).
+
+A finding has a location in the file where the thing happens (a graph break in a helper
+module is reported there), related locations (the target, the user stack), a severity
+(default per code, overridable per workspace), a documentation link, and ``data`` that
+clients act on without recomputing anything (the target key, for code actions).
+Positions: 1-based lines, 0-based columns in Unicode code points.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+DOCS = "https://github.com/torch-precompile/torch-precompile/blob/main/docs/diagnostics.md"
+
+
+@dataclasses.dataclass(frozen=True)
+class Code:
+    code: str
+    name: str
+    severity: str
+    summary: str
+
+
+CODES = {
+    c.code: c
+    for c in [
+        Code("PC001", "capture-failed", "error", "The target could not be captured."),
+        Code("PC002", "syntax-error", "error", "A file could not be parsed for targets."),
+        Code(
+            "PC003",
+            "target-not-module-level",
+            "warning",
+            "A target on a method or nested function is ignored.",
+        ),
+        Code(
+            "PC004",
+            "invalid-target",
+            "error",
+            "A target declaration is incomplete or cannot be imported.",
+        ),
+        Code("PC101", "graph-break", "warning", "Dynamo breaks the graph here."),
+        Code("PC102", "bypassed-frame", "error", "A frame could not be saved into the artifact."),
+        Code(
+            "PC103",
+            "eager-fallback-frame",
+            "warning",
+            "Dynamo gave up on a frame; it runs eagerly.",
+        ),
+        Code(
+            "PC201",
+            "coverage-gap",
+            "error",
+            "A declared covers call would be refused by the artifact.",
+        ),
+        Code(
+            "PC202", "risky-dropped-guard", "warning", "A guard that decides dispatch was dropped."
+        ),
+        Code(
+            "PC301",
+            "stale-artifact",
+            "warning",
+            "The artifact was emitted from sources that changed since.",
+        ),
+        Code(
+            "PC302",
+            "artifact-missing",
+            "warning",
+            "The target declares an artifact that does not exist.",
+        ),
+        Code(
+            "PC303",
+            "verification-failed",
+            "error",
+            "The artifact does not load or does not match eager.",
+        ),
+        Code(
+            "PC900", "worker-failed", "error", "A capture timed out or its worker process crashed."
+        ),
+    ]
+}
+
+SEVERITY_RANK = {"error": 3, "warning": 2, "information": 1, "hint": 0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+
+    @classmethod
+    def at(cls, line: int, column: int = 0, width: int = 1) -> Span:
+        return cls(line, column, line, column + width)
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Related:
+    file: Path
+    span: Span
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": str(self.file), **self.span.to_dict(), "message": self.message}
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    code: str
+    message: str
+    file: Path
+    span: Span
+    target: str | None = None
+    related: tuple[Related, ...] = ()
+    details: str | None = None
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+    severity: str | None = None  # None: the code's default (after workspace overrides)
+
+    @property
+    def doc(self) -> str:
+        return f"{DOCS}#{self.code.lower()}"
+
+    def with_severity(self, overrides: dict[str, str]) -> Finding:
+        severity = overrides.get(self.code, self.severity or CODES[self.code].severity)
+        return dataclasses.replace(self, severity=severity)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "name": CODES[self.code].name,
+            "severity": self.severity or CODES[self.code].severity,
+            "message": self.message,
+            "file": str(self.file),
+            **self.span.to_dict(),
+            "target": self.target,
+            "related": [r.to_dict() for r in self.related],
+            "details": self.details,
+            "doc": self.doc,
+            "data": self.data,
+        }
+
+
+def _span_of(location: dict[str, Any] | None, fallback: Span) -> Span:
+    if not location:
+        return fallback
+    return Span.at(location["line"], location.get("column", 0), 1)
+
+
+def _shown(path: str, root: Path | None) -> str:
+    if root is None:
+        return path
+    try:
+        return Path(path).resolve().relative_to(root).as_posix()
+    except ValueError:
+        return path
+
+
+def findings_from_result(
+    result: dict[str, Any], decl: Any, root: Path | None = None
+) -> list[Finding]:
+    """Turn one job's result (a worker's JSON) into findings for one target; paths in
+    messages are shown relative to the workspace ``root``."""
+    target_related = Related(decl.file, decl.definition, f"target {decl.function}")
+    base = {"target": decl.key, "data": {"target": decl.key}}
+    findings: list[Finding] = []
+    status = result.get("status")
+    if status in ("timeout", "crashed"):
+        findings.append(
+            Finding(
+                code="PC900",
+                message=result.get("message", "the capture worker failed"),
+                file=decl.file,
+                span=decl.decorator,
+                details=result.get("output"),
+                **base,
+            )
+        )
+        return findings
+    report = result.get("report") or {}
+    error = result.get("error") or report.get("error")
+    if error:
+        location = error.get("location")
+        in_workspace = location and Path(location["file"]).is_file()
+        file = Path(location["file"]) if in_workspace else decl.file
+        span = _span_of(location, decl.definition) if in_workspace else decl.definition
+        text = error["message"] + (f" (hint: {error['hint']})" if error.get("hint") else "")
+        findings.append(
+            Finding(
+                code="PC001",
+                message=f"{decl.function} could not be captured: {text}",
+                file=file,
+                span=span,
+                related=(target_related,) if file != decl.file or span != decl.definition else (),
+                details=result.get("output"),
+                **base,
+            )
+        )
+    for gb in report.get("graph_breaks", []):
+        location = gb.get("location")
+        if not location:
+            continue
+        gb_id = f" [{gb['gb_id']}]" if gb.get("gb_id") else ""
+        hint = f" Hint: {gb['hints'][0]}" if gb.get("hints") else ""
+        stack = tuple(
+            Related(Path(f["file"]), Span.at(f["line"], f["column"]), f"in {f['function']}")
+            for f in gb.get("user_stack", [])[:-1]
+        )
+        findings.append(
+            Finding(
+                code="PC101",
+                message=f"graph break{gb_id}: {gb['reason']}.{hint}",
+                file=Path(location["file"]),
+                span=Span.at(location["line"], location["column"], 1),
+                related=(target_related, *stack),
+                details=gb.get("explanation"),
+                target=decl.key,
+                data={
+                    "target": decl.key,
+                    "gb_id": gb.get("gb_id"),
+                    "doc_link": gb.get("doc_link"),
+                    "hints": gb.get("hints", []),
+                },
+            )
+        )
+    for frame in report.get("frames", []):
+        frame_span = Span.at(frame["line"], 0, 3)
+        if frame.get("bypassed"):
+            findings.append(
+                Finding(
+                    code="PC102",
+                    message=f"frame {frame['name']} was left out of the artifact: {frame.get('bypass_reason') or 'its guards could not be saved'}",
+                    file=Path(frame["file"]),
+                    span=frame_span,
+                    related=(target_related,),
+                    **base,
+                )
+            )
+        if frame.get("eager_fallback"):
+            findings.append(
+                Finding(
+                    code="PC103",
+                    message=f"frame {frame['name']} runs eagerly: Dynamo gave up on it ({frame.get('eager_reason') or 'see the report'})",
+                    file=Path(frame["file"]),
+                    span=frame_span,
+                    related=(target_related,),
+                    **base,
+                )
+            )
+    for gap in result.get("coverage", []):
+        if gap.get("served_by") is not None:
+            continue
+        reasons = "; ".join(
+            f"variant {f['variant']}: {f['guard']}" for f in gap.get("failures", [])
+        ) or gap.get("error", "")
+        findings.append(
+            Finding(
+                code="PC201",
+                message=f"covers call {gap['call']} would be refused by the artifact: {reasons}",
+                file=decl.file,
+                span=decl.definition,
+                **base,
+            )
+        )
+    audit = report.get("audit") or {}
+    for risky in audit.get("risky", []):
+        findings.append(
+            Finding(
+                code="PC202",
+                message=f"dropped guard {risky['guard']} could change which variant runs: {risky['why']}",
+                file=decl.file,
+                span=decl.definition,
+                **base,
+            )
+        )
+    for stale in result.get("stale", []):
+        findings.append(
+            Finding(
+                code="PC301",
+                message=f"the artifact {_shown(stale['artifact'], root)} is stale: {_shown(stale['file'], root)} changed since it was emitted; emit it again",
+                file=decl.file,
+                span=decl.decorator,
+                data={"target": decl.key, "artifact": stale["artifact"], "fix": "emit"},
+                target=decl.key,
+            )
+        )
+    if result.get("missing_artifact"):
+        findings.append(
+            Finding(
+                code="PC302",
+                message=f"the declared artifact {_shown(result['missing_artifact'], root)} does not exist; emit it",
+                file=decl.file,
+                span=decl.decorator,
+                data={"target": decl.key, "fix": "emit"},
+                target=decl.key,
+            )
+        )
+    for failure in result.get("verify_failures", []):
+        findings.append(
+            Finding(
+                code="PC303",
+                message=f"artifact verification failed: {failure}",
+                file=decl.file,
+                span=decl.decorator,
+                **base,
+            )
+        )
+    output = (result.get("output") or "").strip()
+    if output and status not in ("timeout", "crashed"):
+        # What user code printed while captured belongs to its findings, never to stdout.
+        findings = [
+            dataclasses.replace(
+                f,
+                details=(
+                    f"{f.details}\n\nOutput of the capture:\n{output}"
+                    if f.details
+                    else f"Output of the capture:\n{output}"
+                ),
+            )
+            for f in findings
+        ]
+    return findings

@@ -1,0 +1,225 @@
+"""The jobs a worker child runs (this module imports torch: it runs only in workers).
+
+*check* captures a target with the eager backend (graph breaks, frames and guards do not
+depend on the backend, and eager captures are fast), evaluates each ``covers`` call,
+and records which workspace files the capture imported (the target's dependencies) and
+whether its artifact is stale. *emit* captures with the declared backend and writes the
+artifact pair. *verify* loads the artifact and compares it with eager on every example
+and covers call.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import importlib.metadata
+import os
+import sys
+import tempfile
+import warnings
+from typing import Any
+
+import torch
+
+import precompile
+from precompile.errors import PrecompileError
+from precompile.targets import as_example
+
+
+def _sha256(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def _tracer(name: Any) -> Any:
+    if name == "make_fx":
+        return precompile.MakeFxTracer()
+    if name in ("dynamo", None):
+        return precompile.DynamoTracer(require_complete=False, require_no_risky_drops=False)
+    return name
+
+
+def _import_target(job: dict[str, Any]) -> Any:
+    for root in reversed(job["source_roots"]):
+        if root not in sys.path:
+            sys.path.insert(0, root)
+    module = importlib.import_module(job["module"])
+    fn = getattr(module, job["function"], None)
+    options = getattr(fn, "__precompile_target__", None)
+    if options is None:
+        raise PrecompileError(
+            f"{job['module']}.{job['function']} is not decorated with @precompile.target at run "
+            f"time (the decorator was found in its source)",
+            hint="make sure the decorator is applied, and not shadowed by another import",
+        )
+    return fn, options
+
+
+def _calls(factory: Any, what: str) -> list[Any]:
+    if factory is None:
+        return []
+    try:
+        return [as_example(c) for c in factory()]
+    except PrecompileError:
+        raise
+    except Exception as error:
+        raise PrecompileError(
+            f"the target's {what}() failed: {type(error).__name__}: {error}"
+        ) from error
+
+
+def _describe_call(example: Any) -> str:
+    def show(v: Any) -> str:
+        if isinstance(v, torch.Tensor):
+            return f"tensor{tuple(v.shape)}"
+        if isinstance(v, torch.nn.Module):
+            return type(v).__name__
+        return repr(v)[:40]
+
+    parts = [show(a) for a in example.args] + [f"{k}={show(v)}" for k, v in example.kwargs.items()]
+    return f"({', '.join(parts)})"
+
+
+def _dependencies(root: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Workspace files the child imported (with hashes), and third-party distributions
+    it imported (with versions): what a result depends on."""
+    files: dict[str, str] = {}
+    packages: dict[str, str] = {}
+    root_prefix = os.path.realpath(root) + os.sep
+    distributions = importlib.metadata.packages_distributions()
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if not path:
+            continue
+        real = os.path.realpath(path)
+        if real.startswith(root_prefix) and "site-packages" not in real:
+            digest = _sha256(real)
+            if digest:
+                files[real] = digest
+        elif "site-packages" in real and "." not in name:
+            for dist in distributions.get(name, []):
+                try:
+                    packages[dist] = importlib.metadata.version(dist)
+                except importlib.metadata.PackageNotFoundError:
+                    pass
+    return files, packages
+
+
+def _stale(artifact: str) -> list[dict[str, str]]:
+    try:
+        metadata = precompile.inspect_artifact(artifact)
+    except PrecompileError:
+        return [{"artifact": artifact, "file": artifact}]
+    base = os.path.dirname(os.path.abspath(artifact))
+    stale = []
+    for record in metadata.get("SOURCES", []):
+        path = os.path.normpath(os.path.join(base, record["path"]))
+        if _sha256(path) != record["sha256"]:
+            stale.append({"artifact": artifact, "file": path})
+    return stale
+
+
+def _capture(
+    fn: Any, options: Any, examples: list[Any], backend: str, artifact: str, cache: str
+) -> Any:
+    tracer = _tracer(options.tracer)
+    calls = examples[:1] if isinstance(tracer, precompile.MakeFxTracer) else examples
+    with precompile.capture(
+        fn,
+        artifact_path=artifact,
+        cache_path=cache,
+        tracer=tracer,
+        backend=backend,
+        training=options.training,
+    ) as cap:
+        for example in calls:
+            cap(*copy.deepcopy(example.args), **copy.deepcopy(example.kwargs))
+    return cap
+
+
+def _coverage(cap: Any, covers: list[Any]) -> list[dict[str, Any]]:
+    results = []
+    for example in covers:
+        entry = {"call": _describe_call(example)}
+        try:
+            coverage = cap.covers(*copy.deepcopy(example.args), **copy.deepcopy(example.kwargs))
+            entry.update(coverage)
+            runnable = cap._runnable
+            if coverage["served_by"] is not None and runnable is not None:
+                # Beyond the entry, only a real (served) call reaches the continuations.
+                runnable(*copy.deepcopy(example.args), **copy.deepcopy(example.kwargs))
+        except PrecompileError as error:
+            entry.update({"served_by": None, "failures": [], "error": error.message})
+        results.append(entry)
+    return results
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    warnings.simplefilter("ignore")
+    kind = job["kind"]
+    result: dict[str, Any] = {"status": "ok", "kind": kind}
+    try:
+        fn, options = _import_target(job)
+        artifact = job["artifact"]
+        cache = os.path.splitext(artifact)[0] + ".cache"
+        if kind == "verify":
+            result["verify_failures"] = verify(fn, options, artifact, cache)
+            result["stale"] = _stale(artifact) if os.path.exists(artifact) else []
+        else:
+            examples = _calls(options.examples, "examples")
+            if not examples:
+                raise PrecompileError(
+                    "the target's examples() returned no calls", hint="return at least one Example"
+                )
+            if kind == "emit":
+                cap = _capture(
+                    fn, options, examples, job.get("backend") or options.backend, artifact, cache
+                )
+                result["artifact"] = artifact
+            else:
+                with tempfile.TemporaryDirectory(prefix="precompile-check-") as tmp:
+                    cap = _capture(fn, options, examples, "eager", f"{tmp}/a.py", f"{tmp}/a.cache")
+                    result["coverage"] = _coverage(cap, _calls(options.covers, "covers"))
+                if os.path.exists(artifact):
+                    result["stale"] = _stale(artifact)
+                elif job.get("artifact_declared"):
+                    result["missing_artifact"] = artifact
+            result["report"] = cap.report().to_dict()
+    except PrecompileError as error:
+        result["error"] = error.to_dict()
+    finally:
+        result["dependencies"], result["packages"] = _dependencies(job["root"])
+    return result
+
+
+def verify(fn: Any, options: Any, artifact: str, cache: str) -> list[str]:
+    """Load the artifact in this (fresh) child and compare it with eager on every example
+    and covers call; each mismatch or refusal is one failure."""
+    if not os.path.exists(artifact):
+        return [f"{artifact} does not exist; emit it first"]
+    failures = []
+    try:
+        runnable = precompile.load(artifact, cache if os.path.exists(cache) else None)
+    except PrecompileError as error:
+        return [f"it does not load: {error.message}"]
+    calls = _calls(options.examples, "examples") + _calls(options.covers, "covers")
+    for example in calls:
+        served_args = copy.deepcopy((example.args, example.kwargs))
+        eager_args = copy.deepcopy((example.args, example.kwargs))
+        try:
+            served = runnable(*served_args[0], **served_args[1])
+        except PrecompileError as error:
+            failures.append(f"call {_describe_call(example)} is refused: {error.message}")
+            continue
+        expected = fn(*eager_args[0], **eager_args[1])
+        try:
+            torch.testing.assert_close(served, expected)
+        except AssertionError as error:
+            failures.append(
+                f"call {_describe_call(example)} differs from eager: {str(error).splitlines()[0]}"
+            )
+    return failures

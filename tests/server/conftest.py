@@ -1,0 +1,45 @@
+"""Fixture workspaces, copied to a temporary directory, and a CLI runner."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, fresh_env
+
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+def precompile_cli(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "precompile_lsp.cli", *args],
+        cwd=cwd,
+        env=fresh_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def check_json(workspace: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    proc = precompile_cli("check", "--format", "json", *args, cwd=workspace)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="session")
+def shop(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shop workspace with a stale artifact: emitted, then its source edited."""
+    workspace = tmp_path_factory.mktemp("shop") / "shop"
+    shutil.copytree(FIXTURES / "workspace", workspace)
+    proc = precompile_cli("emit", "shop.serving.stale", cwd=workspace)
+    assert proc.returncode == 0, proc.stderr
+    serving = workspace / "src" / "shop" / "serving.py"
+    serving.write_text(serving.read_text() + "\n# edited after the artifact was emitted\n")
+    return workspace

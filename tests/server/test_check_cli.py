@@ -1,0 +1,178 @@
+"""``precompile check`` on the shop workspace: every finding kind with its code,
+severity, location and related locations; the JSON, SARIF and GitHub formats; exit codes;
+the result cache; rescheduling only the targets that depend on an edited file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from precompile_lsp.findings import Finding, Span
+from precompile_lsp.formats import github
+from tests.server.conftest import check_json, precompile_cli
+
+
+@pytest.fixture(scope="module")
+def checked(shop: Path) -> dict[str, Any]:
+    code, document = check_json(shop)
+    return {"code": code, "doc": document}
+
+
+def _by_code(document: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    found: dict[str, list[dict[str, Any]]] = {}
+    for f in document["findings"]:
+        found.setdefault(f["code"], []).append(f)
+    return found
+
+
+def _at(finding: dict[str, Any]) -> tuple[str, int, int, str]:
+    return finding["file"], finding["line"], finding["column"], finding["severity"]
+
+
+def test_every_finding_kind_exactly(checked: dict[str, Any]) -> None:
+    found = _by_code(checked["doc"])
+    assert sorted(found) == ["PC002", "PC003", "PC101", "PC201", "PC301"]
+    assert [_at(f) for f in found["PC002"]] == [("src/shop/broken.py", 4, 14, "error")]
+    assert [_at(f) for f in found["PC003"]] == [("src/shop/methods.py", 7, 4, "warning")]
+    (gb,) = found["PC101"]
+    # Reported where it happens (the helper module), not at the target.
+    assert _at(gb) == ("src/shop/helpers.py", 5, 4, "warning")
+    assert gb["data"]["gb_id"] == "GB0059" and gb["target"] == "shop.pipeline.with_helper_break"
+    assert [(r["file"], r["line"], r["message"]) for r in gb["related"]] == [
+        ("src/shop/pipeline.py", 8, "target with_helper_break"),
+        ("src/shop/pipeline.py", 9, "in with_helper_break"),
+    ]
+    (gap,) = found["PC201"]
+    assert _at(gap) == ("src/shop/serving.py", 19, 0, "error")
+    assert "tensor(7, 8)" in gap["message"] and "expected 4, actual 7" in gap["message"]
+    (stale,) = found["PC301"]
+    assert _at(stale) == ("src/shop/serving.py", 23, 0, "warning")
+    assert stale["message"].startswith(
+        "the artifact artifacts/shop.serving.stale.py is stale: src/shop/serving.py changed"
+    )
+    assert stale["data"]["fix"] == "emit"
+    assert all(f["doc"].endswith("#" + f["code"].lower()) for f in checked["doc"]["findings"])
+
+
+def test_json_document_schema(checked: dict[str, Any]) -> None:
+    doc = checked["doc"]
+    assert doc["version"] == 1 and set(doc) == {"version", "root", "findings", "targets", "stats"}
+    keys = {
+        "code",
+        "name",
+        "severity",
+        "message",
+        "file",
+        "line",
+        "column",
+        "end_line",
+        "end_column",
+        "target",
+        "related",
+        "details",
+        "doc",
+        "data",
+    }
+    assert all(set(f) == keys for f in doc["findings"])
+    targets = {t["target"]: t for t in doc["targets"]}
+    assert set(targets) == {
+        "shop.serving.clean",
+        "shop.pipeline.with_helper_break",
+        "shop.serving.with_gap",
+        "shop.serving.stale",
+    }
+    assert any(
+        d.endswith("shop/helpers.py")
+        for d in targets["shop.pipeline.with_helper_break"]["dependencies"]
+    )
+    assert not any(
+        d.endswith("shop/helpers.py") for d in targets["shop.serving.clean"]["dependencies"]
+    )
+    assert targets["shop.serving.clean"]["summary"].endswith("complete")
+
+
+def test_exit_codes(shop: Path, checked: dict[str, Any], tmp_path: Path) -> None:
+    assert checked["code"] == 1  # errors present
+    assert precompile_cli("check", "--fail-on", "never", cwd=shop).returncode == 0
+    broken = tmp_path / "broken"
+    shutil.copytree(shop, broken)
+    (broken / "pyproject.toml").write_text('[tool.precompile]\nbackend = "tvm"\n')
+    proc = precompile_cli("check", cwd=broken)
+    assert proc.returncode == 2 and "backend must be one of inductor, eager" in proc.stderr
+    proc = precompile_cli("check", "no/such/dir", cwd=shop)
+    assert proc.returncode == 2 and "no such file" in proc.stderr
+    assert precompile_cli("check", "--format", "yaml", cwd=shop).returncode == 2
+
+
+def test_an_unchanged_check_captures_nothing(shop: Path, checked: dict[str, Any]) -> None:
+    _, again = check_json(shop)
+    assert again["stats"]["captures"] == 0 and again["stats"]["cache_hits"] == 4
+    assert again["findings"] == checked["doc"]["findings"]
+    assert (shop / ".precompile" / ".gitignore").read_text().strip().endswith("*")
+
+
+def test_editing_a_helper_reschedules_only_its_dependents(
+    shop: Path, checked: dict[str, Any], tmp_path: Path
+) -> None:
+    workspace = tmp_path / "shop"
+    shutil.copytree(shop, workspace)  # with its cache: paths in it are workspace-relative
+    _, copied = check_json(workspace)
+    assert copied["stats"]["captures"] == 0, "a copied workspace did not reuse its cache"
+    assert copied["findings"] == checked["doc"]["findings"]  # relative paths, same findings
+    assert not any(str(shop) in json.dumps(f) for f in copied["findings"])
+    helpers = workspace / "src" / "shop" / "helpers.py"
+    helpers.write_text(helpers.read_text() + "\n# edited\n")
+    _, after = check_json(workspace)
+    assert after["stats"]["captures"] == 1 and after["stats"]["cache_hits"] == 3
+
+
+def test_sarif_is_valid_2_1_0(shop: Path, checked: dict[str, Any]) -> None:
+    from sarif_pydantic import Sarif
+
+    proc = precompile_cli("check", "--format", "sarif", cwd=shop)
+    document = json.loads(proc.stdout)
+    Sarif.model_validate(document)  # the SARIF 2.1.0 object model
+    run = document["runs"][0]
+    assert document["version"] == "2.1.0" and run["columnKind"] == "unicodeCodePoints"
+    rules = {r["id"] for r in run["tool"]["driver"]["rules"]}
+    assert {r["ruleId"] for r in run["results"]} <= rules and "PC101" in rules
+    for result in run["results"]:
+        assert run["tool"]["driver"]["rules"][result["ruleIndex"]]["id"] == result["ruleId"]
+        region = result["locations"][0]["physicalLocation"]["region"]
+        assert (
+            region["startLine"] >= 1
+            and region["startColumn"] >= 1
+            and region["endColumn"] > region["startColumn"]
+        )
+    gb = next(r for r in run["results"] if r["ruleId"] == "PC101")
+    assert gb["locations"][0]["physicalLocation"]["region"]["startColumn"] == 5  # 0-based 4
+    assert (
+        gb["relatedLocations"][0]["physicalLocation"]["artifactLocation"]["uri"]
+        == "src/shop/pipeline.py"
+    )
+
+
+def test_github_annotations_are_escaped() -> None:
+    finding = Finding(
+        code="PC101",
+        message="100% broken\nline two",
+        file=Path("/ws/a,b:c.py"),
+        span=Span(3, 4, 3, 9),
+        severity="warning",
+    )
+    line = github({Path("/ws/a,b:c.py"): [finding]}, Path("/ws"))
+    assert (
+        line
+        == "::warning file=a%2Cb%3Ac.py,line=3,col=5,endLine=3,title=PC101 graph-break::100%25 broken%0Aline two\n"
+    )
+
+
+def test_text_output(shop: Path, checked: dict[str, Any]) -> None:
+    proc = precompile_cli("check", cwd=shop)
+    lines = proc.stdout.splitlines()
+    assert "src/shop/helpers.py:5:5: warning PC101 graph break [GB0059]" in proc.stdout
+    assert lines[-1].startswith("4 targets checked") and "2 errors, 3 warnings" in lines[-1]

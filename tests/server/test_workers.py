@@ -1,0 +1,53 @@
+"""Workers survive what user code does while captured: a target past its timeout, one that
+segfaults, one that prints to stdout and writes to fd 1 from C. Each becomes its finding,
+the output never reaches the protocol, and the next job still runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from typing import Any
+
+import pytest
+
+from tests.server.conftest import FIXTURES, precompile_cli
+
+
+@pytest.fixture(scope="module")
+def rogue(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    workspace = tmp_path_factory.mktemp("rogue") / "rogue"
+    shutil.copytree(FIXTURES / "misbehaving", workspace)
+    proc = precompile_cli("check", "--format", "json", cwd=workspace)
+    assert proc.returncode == 1, proc.stderr
+    return {"workspace": workspace, "doc": json.loads(proc.stdout), "stdout": proc.stdout}
+
+
+def _findings(rogue: dict[str, Any], target: str) -> list[dict[str, Any]]:
+    return [f for f in rogue["doc"]["findings"] if f["target"] == f"rogue.targets.{target}"]
+
+
+def test_a_target_past_its_timeout(rogue: dict[str, Any]) -> None:
+    (finding,) = _findings(rogue, "sleeps")
+    assert finding["code"] == "PC900" and finding["severity"] == "error"
+    assert "timed out after 8 s" in finding["message"]
+
+
+def test_a_target_that_segfaults(rogue: dict[str, Any]) -> None:
+    (finding,) = _findings(rogue, "crashes")
+    assert finding["code"] == "PC900" and "SIGSEGV" in finding["message"]
+
+
+def test_output_is_captured_and_never_leaks(rogue: dict[str, Any]) -> None:
+    # Anything printed to the check's stdout would break the JSON document.
+    assert json.loads(rogue["stdout"]) == rogue["doc"]
+    (finding,) = _findings(rogue, "prints")
+    assert finding["code"] == "PC101"
+    for noise in ("NOISE from print", "NOISE from fd 1", "NOISE from C"):
+        assert noise in finding["details"], finding["details"]
+
+
+def test_the_next_job_still_runs(rogue: dict[str, Any]) -> None:
+    assert _findings(rogue, "fine") == []
+    assert rogue["doc"]["stats"]["captures"] == 4
+    targets = {t["target"]: t for t in rogue["doc"]["targets"]}
+    assert targets["rogue.targets.fine"]["summary"].endswith("complete")
