@@ -17,13 +17,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import dynamo, single_graph
+from bench import daemon, dynamo, single_graph
 
 HERE = Path(__file__).resolve().parent
 SECTIONS: dict[str, Callable[[Path, int], str]] = {
     "single_graph_eager": single_graph.run_eager_section,
     "single_graph_inductor": single_graph.run_inductor_section,
     "dynamo": dynamo.run_dynamo_section,
+    "daemon": daemon.run_daemon_section,
 }
 
 

@@ -27,6 +27,23 @@ from typing import Any, TextIO
 
 OUTPUT_LIMIT = 20_000
 
+#: Imported once by the warm worker so that no child pays for them (measured: a check
+#: job in a child drops from ~3.6 s to ~0.5 s). Importing runs no op, compile or
+#: capture, and starts no thread pool or compiler worker, so forking stays safe.
+WARM_IMPORTS = (
+    "precompile",
+    "precompile.capturing",
+    "precompile.dynamo_capture",
+    "precompile_lsp.jobs",
+    "torch._dynamo",
+    "torch._dynamo.convert_frame",
+    "torch._dynamo.package",
+    "torch._dynamo.precompile_context",
+    "torch._dynamo.variables",
+    "torch._functorch.aot_autograd",
+    "torch._inductor.compile_fx",
+)
+
 
 def _protect_stdout() -> TextIO:
     channel = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
@@ -197,12 +214,7 @@ def serve(channel: TextIO) -> None:
 
     import torch  # noqa: F401  (the point: paid once, shared by every child)
 
-    for name in (
-        "precompile",
-        "precompile.capturing",
-        "precompile.dynamo_capture",
-        "precompile_lsp.jobs",
-    ):
+    for name in WARM_IMPORTS:
         importlib.import_module(name)
     _send(channel, {"ready": True, "pid": os.getpid(), "fork": True})
     lines = _Lines(0)
