@@ -37,7 +37,7 @@ def test_every_finding_kind_exactly(checked: dict[str, Any]) -> None:
     found = _by_code(checked["doc"])
     assert sorted(found) == ["PC002", "PC003", "PC101", "PC201", "PC301"]
     assert [_at(f) for f in found["PC002"]] == [("src/shop/broken.py", 4, 14, "error")]
-    assert [_at(f) for f in found["PC003"]] == [("src/shop/methods.py", 7, 4, "warning")]
+    assert [_at(f) for f in found["PC003"]] == [("src/shop/methods.py", 6, 4, "warning")]
     (gb,) = found["PC101"]
     # Reported where it happens (the helper module), not at the target.
     assert _at(gb) == ("src/shop/helpers.py", 5, 4, "warning")
