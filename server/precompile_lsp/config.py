@@ -59,10 +59,13 @@ class Config:
         return None
 
     def is_included(self, path: Path) -> bool:
+        path = path.resolve()
         try:
-            relative = path.resolve().relative_to(self.root).as_posix()
+            relative = path.relative_to(self.root).as_posix()
         except ValueError:
             return False
+        if self.artifact_dir.resolve() in path.parents:
+            return False  # emitted artifacts are generated code, never targets
         if any(fnmatch.fnmatch(relative, pattern) for pattern in self.exclude):
             return False
         return any(

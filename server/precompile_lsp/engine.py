@@ -117,7 +117,14 @@ class WorkerClient:
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.pending[job_id] = future
         await self._write({"op": "run", "id": job_id, "job": job})
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # Whoever waited is gone: stop the capture too, so the worker is free for the
+            # next job instead of finishing work nobody will read.
+            if self.pending.pop(job_id, None) is not None and self.alive:
+                await self._write({"op": "cancel", "id": job_id})
+            raise
 
     async def cancel(self, job_id: str) -> None:
         if job_id in self.pending and self.alive:
@@ -380,6 +387,12 @@ class Engine:
         self._inflight[key] = (job_id, task)
         try:
             result = await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # we are being cancelled ourselves
+            # A newer run of this target superseded this one: only the newer result counts.
+            return {"status": "cancelled", "message": "superseded by a newer run"}
         finally:
             if self._inflight.get(key, (None,))[0] == job_id:
                 del self._inflight[key]
@@ -392,6 +405,18 @@ class Engine:
         if result.get("status") != "cancelled":
             self.cache.put(cache_key, result)
         return result
+
+    def reconfigure(self, overrides: dict[str, Any] | None = None) -> None:
+        """Reload pyproject.toml with the editor's ``overrides`` and re-derive findings
+        (severities may have changed). A ConfigError keeps the old configuration."""
+        self.config = load_config(self.root, overrides)
+        self.pool.config = self.config
+        for state in self.targets.values():
+            if state.result is not None:
+                self._apply(state.decl, state.result)
+
+    def running(self, decl: TargetDecl) -> bool:
+        return decl.key in self._inflight
 
     def _apply(self, decl: TargetDecl, result: dict[str, Any]) -> None:
         state = self.targets.get(decl.key)

@@ -1,0 +1,5 @@
+"""``python -m precompile_lsp``: the language server over stdio."""
+
+from precompile_lsp.server import main
+
+main()

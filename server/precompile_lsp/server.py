@@ -1,0 +1,670 @@
+"""The language server: ``precompile lsp`` / ``python -m precompile_lsp`` over stdio.
+
+A thin dispatcher over one engine per workspace folder. It never imports torch (captures
+run in worker processes) and protects the protocol channel first thing: fd 1 becomes a
+private duplicate that only the protocol writes to, and the real fd 1 is pointed at
+stderr, so a stray print -- ours, a library's, a C extension's -- cannot corrupt the
+stream. Captures run user code, so they run only when the client says the workspace is
+trusted (initialization option ``trusted``); otherwise the server says so once and
+offers nothing that executes code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+from pygls.lsp.server import LanguageServer
+from pygls.uris import to_fs_path
+
+from precompile.version import __version__
+from precompile_lsp.config import ConfigError
+from precompile_lsp.engine import Engine
+from precompile_lsp.findings import Finding
+from precompile_lsp.lsp_convert import (
+    Lines,
+    hover_markdown,
+    lens_title,
+    shift_for_edit,
+    to_diagnostic,
+    to_range,
+    uri_of,
+)
+from precompile_lsp.settings import Settings, parse_settings
+
+log = logging.getLogger("precompile_lsp")
+COMMANDS = ("precompile.emit", "precompile.verify", "precompile.recheck")
+
+
+class PrecompileServer(LanguageServer):
+    def __init__(self) -> None:
+        super().__init__(
+            "precompile",
+            __version__,
+            text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
+        )
+        self.trusted = False
+        self.settings = Settings()
+        self.roots: list[Path] = []
+        self.engines: dict[Path, Engine] = {}
+        self.shown: dict[str, list[Finding]] = {}
+        self.unsaved_edits: dict[str, list[Any]] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.running = 0
+        self.watchers: dict[Path, Any] = {}  # ours, when the client cannot watch files
+        self.client_watches = False
+        self.told_untrusted = False
+
+    # ------------------------------------------------------------ plumbing
+
+    def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run in the background; a failure is logged to the client, never lost."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.tasks.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self.tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                error = t.exception()
+                self.window_log_message(
+                    types.LogMessageParams(
+                        types.MessageType.Error, f"precompile: {type(error).__name__}: {error}"
+                    )
+                )
+
+        task.add_done_callback(done)
+        return task
+
+    def engine_for(self, path: Path) -> Engine | None:
+        path = path.resolve()
+        best = None
+        for root, engine in self.engines.items():
+            if path == root or root in path.parents:
+                if best is None or len(root.parts) > len(best[0].parts):
+                    best = (root, engine)
+        return best[1] if best else None
+
+    def status(self, state: str, **extra: Any) -> None:
+        findings = sum(len(f) for f in self.shown.values())
+        self.protocol.notify("precompile/status", {"state": state, "findings": findings, **extra})
+
+    def tell_untrusted(self) -> None:
+        if not self.told_untrusted:
+            self.told_untrusted = True
+            self.window_show_message(
+                types.ShowMessageParams(
+                    types.MessageType.Warning,
+                    "Precompile: this workspace is not trusted, so no target is captured (captures run its code). "
+                    "Trust the workspace to see graph breaks and coverage gaps.",
+                )
+            )
+
+    # ------------------------------------------------------------ engines and findings
+
+    def start_engines(self) -> None:
+        for root in self.roots:
+            if root in self.engines:
+                continue
+            try:
+                self.engines[root] = Engine(
+                    root,
+                    overrides=self.settings.engine_overrides(),
+                    trusted=self.trusted,
+                    on_event=self.on_engine_event,
+                )
+            except ConfigError as error:
+                self.window_show_message(
+                    types.ShowMessageParams(types.MessageType.Error, f"Precompile: {error}")
+                )
+
+    def on_engine_event(self, event: dict[str, Any]) -> None:
+        if event["kind"] == "progress":
+            # "idle" comes from check() once the findings are published, never before.
+            self.status("capturing", done=event["done"], total=event["total"])
+        elif event["kind"] == "untrusted":
+            self.tell_untrusted()
+
+    def publish(self) -> None:
+        """Publish every engine's current findings; clear documents that have none now."""
+        by_uri: dict[str, list[Finding]] = {}
+        for engine in self.engines.values() if self.settings.enable else ():
+            for path, findings in engine.findings_by_file().items():
+                by_uri.setdefault(uri_of(path), []).extend(findings)
+        for uri in set(by_uri) | set(self.shown):
+            findings = by_uri.get(uri, [])
+            if not findings and not self.shown.get(uri):
+                continue
+            self.shown[uri] = findings
+            self.publish_uri(uri)
+        if self.settings.code_lens and self.client_supports_lens_refresh():
+            self.spawn(self.workspace_code_lens_refresh_async(None))
+
+    def visible(self, uri: str) -> list[Finding]:
+        """A document's findings as they apply to its buffer: results describe the saved
+        file, so edits made since are replayed over them."""
+        findings = self.shown.get(uri, [])
+        for change in self.unsaved_edits.get(uri, []):
+            findings = shift_for_edit(findings, change)
+        return findings
+
+    def publish_uri(self, uri: str) -> None:
+        lines = Lines({u: doc.source for u, doc in self.workspace.text_documents.items()})
+        codec = self.workspace.position_codec
+        self.text_document_publish_diagnostics(
+            types.PublishDiagnosticsParams(
+                uri=uri, diagnostics=[to_diagnostic(f, lines, codec) for f in self.visible(uri)]
+            )
+        )
+
+    def client_supports_lens_refresh(self) -> bool:
+        workspace = self.client_capabilities.workspace
+        lens = getattr(workspace, "code_lens", None) if workspace else None
+        return bool(getattr(lens, "refresh_support", False))
+
+    async def check(
+        self, engine: Engine, files: list[Path] | None = None, changed: bool = False
+    ) -> None:
+        if not self.settings.enable:
+            return
+        self.running += 1
+        self.status("capturing")
+        try:
+            if changed and files is not None:
+                await engine.files_changed(files)
+            else:
+                await engine.check(files)
+        finally:
+            self.running -= 1
+        self.publish()
+        if self.running == 0:
+            self.status("idle")
+
+    def check_paths(self, paths: list[Path], changed: bool = True) -> None:
+        by_engine: dict[Engine, list[Path]] = {}
+        for path in paths:
+            engine = self.engine_for(path)
+            if engine is None:
+                continue
+            if path.resolve() == engine.root / "pyproject.toml":
+                if self.reconfigure(engine):
+                    self.spawn(self.check(engine))
+                continue
+            by_engine.setdefault(engine, []).append(path)
+        for engine, files in by_engine.items():
+            self.spawn(self.check(engine, files, changed=changed))
+
+    def target_at(
+        self, uri: str, position: types.Position | None = None
+    ) -> tuple[Engine, Any] | None:
+        path = Path(to_fs_path(uri) or "")
+        engine = self.engine_for(path)
+        if engine is None:
+            return None
+        for state in engine.targets.values():
+            decl = state.decl
+            if decl.file != path.resolve():
+                continue
+            if (
+                position is None
+                or decl.decorator.line - 1 <= position.line <= decl.definition.line - 1
+            ):
+                return engine, decl
+        return None
+
+    async def register_file_watching(self) -> bool:
+        """Ask the client to send workspace/didChangeWatchedFiles, so a ``git checkout`` or
+        an external edit re-checks dependents; False when it cannot."""
+        workspace = self.client_capabilities.workspace
+        watched = getattr(workspace, "did_change_watched_files", None) if workspace else None
+        if watched is None or not watched.dynamic_registration:
+            return False
+        try:
+            await self.client_register_capability_async(
+                types.RegistrationParams(
+                    registrations=[
+                        types.Registration(
+                            id=str(uuid.uuid4()),
+                            method=types.WORKSPACE_DID_CHANGE_WATCHED_FILES,
+                            register_options=types.DidChangeWatchedFilesRegistrationOptions(
+                                watchers=[
+                                    types.FileSystemWatcher(glob_pattern="**/*.py"),
+                                    types.FileSystemWatcher(glob_pattern="**/pyproject.toml"),
+                                ]
+                            ),
+                        )
+                    ]
+                )
+            )
+        except Exception as error:  # a client that claims support but refuses
+            log.warning("client/registerCapability failed (%s); watching files ourselves", error)
+            return False
+        return True
+
+    def start_watchers(self) -> None:
+        from precompile_lsp.watcher import Watcher
+
+        loop = asyncio.get_running_loop()
+        for root in self.engines:
+            if root not in self.watchers:
+                watcher = Watcher(root, lambda changed: self.check_paths(sorted(changed)), loop)
+                watcher.start()
+                self.watchers[root] = watcher
+
+    async def close_engine(self, root: Path) -> None:
+        watcher = self.watchers.pop(root, None)
+        if watcher is not None:
+            watcher.stop()
+        engine = self.engines.pop(root, None)
+        if engine is not None:
+            await engine.close()
+
+    # ------------------------------------------------------------ commands
+
+    async def run_command(self, name: str, uri: str, key: str) -> str:
+        if not self.trusted:
+            self.tell_untrusted()
+            return "Precompile: not trusted; nothing was run"
+        path = Path(to_fs_path(uri) or "")
+        engine = self.engine_for(path)
+        if engine is None:
+            return f"Precompile: {uri} is not in a workspace folder"
+        if name == "precompile.recheck":
+            for e in self.engines.values():
+                await self.check(e)
+            return "Precompile: workspace rechecked"
+        state = engine.targets.get(key)
+        if state is None:
+            engine.discover([path])
+            state = engine.targets.get(key)
+        if state is None:
+            return f"Precompile: no target {key} in {path.name}"
+        kind = "emit" if name == "precompile.emit" else "verify"
+        token = str(uuid.uuid4())
+        progress = self.supports_progress()
+        task = asyncio.current_task()
+        if progress:
+            await self.work_done_progress.create_async(token)
+            future = self.work_done_progress.tokens.get(token)
+            if future is not None and task is not None:
+                future.add_done_callback(lambda f: task.cancel() if f.cancelled() else None)
+            self.work_done_progress.begin(
+                token,
+                types.WorkDoneProgressBegin(
+                    title=f"Precompile: {kind} {state.decl.function}",
+                    cancellable=True,
+                    message="capturing",
+                ),
+            )
+        try:
+            result = await engine.run_target(state.decl, kind)
+            if progress:
+                self.work_done_progress.report(
+                    token,
+                    types.WorkDoneProgressReport(message="refreshing findings", percentage=80),
+                )
+            await self.check(engine, [state.decl.file], changed=False)
+            message = _command_message(kind, state.decl, result, engine)
+        except asyncio.CancelledError:
+            message = f"Precompile: {kind} of {state.decl.function} cancelled"
+        if progress:
+            self.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
+        self.window_show_message(types.ShowMessageParams(types.MessageType.Info, message))
+        return message
+
+    def supports_progress(self) -> bool:
+        window = self.client_capabilities.window
+        return bool(window and window.work_done_progress)
+
+    async def refresh_settings(self) -> None:
+        workspace = self.client_capabilities.workspace
+        if not (workspace and workspace.configuration):
+            return
+        try:
+            values = await self.workspace_configuration_async(
+                types.ConfigurationParams(items=[types.ConfigurationItem(section="precompile")])
+            )
+        except Exception as error:  # a client that fails the request keeps our settings
+            log.warning("workspace/configuration failed: %s", error)
+            return
+        self.apply_settings(values[0] if values else None)
+
+    def apply_settings(self, raw: Any) -> None:
+        settings, errors = parse_settings(raw, self.settings)
+        for error in errors:
+            self.window_show_message(
+                types.ShowMessageParams(
+                    types.MessageType.Warning, f"Precompile: {error}; keeping the previous value"
+                )
+            )
+        enabled = settings.enable and not self.settings.enable
+        changed = settings != self.settings
+        self.settings = settings
+        if changed:
+            for engine in self.engines.values():
+                self.reconfigure(engine)
+            self.publish()
+        if enabled and self.trusted:
+            for engine in self.engines.values():
+                self.spawn(self.check(engine))
+
+    def reconfigure(self, engine: Engine) -> bool:
+        try:
+            engine.reconfigure(self.settings.engine_overrides())
+        except ConfigError as error:
+            self.window_show_message(
+                types.ShowMessageParams(
+                    types.MessageType.Error,
+                    f"Precompile: {error}; keeping the previous configuration",
+                )
+            )
+            return False
+        return True
+
+
+def _command_message(kind: str, decl: Any, result: dict[str, Any], engine: Engine) -> str:
+    if result.get("status") == "cancelled":
+        return f"Precompile: {kind} of {decl.function} was superseded by a newer run"
+    if result.get("status") in ("timeout", "crashed"):
+        return f"Precompile: {kind} of {decl.function} failed: {result.get('message')}"
+    if result.get("error"):
+        return f"Precompile: {kind} of {decl.function} failed: {result['error']['message']}"
+    if kind == "emit":
+        artifact, _ = engine.artifact_of(decl)
+        try:
+            shown = artifact.relative_to(engine.root)
+        except ValueError:
+            shown = artifact
+        return f"Precompile: emitted {shown}"
+    failures = result.get("verify_failures") or []
+    stale = result.get("stale") or []
+    if failures or stale:
+        return f"Precompile: {decl.function}'s artifact failed verification ({len(failures)} failures, {'stale' if stale else 'up to date'})"
+    return f"Precompile: {decl.function}'s artifact verified against eager"
+
+
+SERVER = PrecompileServer()
+
+
+@SERVER.feature(types.INITIALIZE)
+def on_initialize(ls: PrecompileServer, params: types.InitializeParams) -> None:
+    options = params.initialization_options or {}
+    trusted = options.get("trusted", False) if isinstance(options, dict) else False
+    ls.trusted = trusted is True
+    if isinstance(options, dict):
+        ls.settings, errors = parse_settings(options.get("settings", options))
+        ls.initialization_errors = errors  # type: ignore[attr-defined]
+    folders = params.workspace_folders or []
+    roots = [Path(to_fs_path(f.uri) or "") for f in folders]
+    if not roots and params.root_uri:
+        roots = [Path(to_fs_path(params.root_uri) or "")]
+    elif not roots and params.root_path:
+        roots = [Path(params.root_path)]
+    ls.roots = [r.resolve() for r in roots if str(r)]
+
+
+@SERVER.feature(types.INITIALIZED)
+async def on_initialized(ls: PrecompileServer, params: types.InitializedParams) -> None:
+    for error in getattr(ls, "initialization_errors", []):
+        ls.window_show_message(
+            types.ShowMessageParams(
+                types.MessageType.Warning, f"Precompile: {error}; using the default"
+            )
+        )
+    ls.start_engines()
+    await ls.refresh_settings()
+    ls.client_watches = await ls.register_file_watching()
+    if not ls.client_watches:
+        ls.start_watchers()
+    if not ls.trusted:
+        ls.tell_untrusted()
+        for engine in ls.engines.values():
+            engine.discover()
+        ls.publish()
+        ls.status("idle")
+        return
+    for engine in ls.engines.values():
+        ls.spawn(ls.check(engine))
+
+
+@SERVER.feature(types.SHUTDOWN)
+async def on_shutdown(ls: PrecompileServer, params: Any) -> None:
+    for root in list(ls.engines):
+        await ls.close_engine(root)
+
+
+@SERVER.feature(types.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
+async def on_folders(ls: PrecompileServer, params: types.DidChangeWorkspaceFoldersParams) -> None:
+    """One engine per folder: removed folders lose theirs (and their diagnostics), added
+    ones get one and a first check."""
+    for folder in params.event.removed:
+        root = Path(to_fs_path(folder.uri) or "").resolve()
+        await ls.close_engine(root)
+        if root in ls.roots:
+            ls.roots.remove(root)
+    added = [Path(to_fs_path(f.uri) or "").resolve() for f in params.event.added]
+    ls.roots.extend(r for r in added if r not in ls.roots)
+    ls.start_engines()
+    if not ls.client_watches:
+        ls.start_watchers()
+    ls.publish()
+    for root in added:
+        engine = ls.engines.get(root)
+        if engine is not None and ls.trusted:
+            ls.spawn(ls.check(engine))
+        elif engine is not None:
+            engine.discover()
+
+
+@SERVER.feature(types.TEXT_DOCUMENT_DID_OPEN)
+def on_open(ls: PrecompileServer, params: types.DidOpenTextDocumentParams) -> None:
+    path = Path(to_fs_path(params.text_document.uri) or "")
+    engine = ls.engine_for(path)
+    if engine is None or not path.suffix == ".py":
+        return
+    unchecked = [
+        s
+        for s in engine.targets.values()
+        if s.decl.file == path.resolve() and s.result is None and not engine.running(s.decl)
+    ]
+    if unchecked and ls.trusted:
+        ls.check_paths([path], changed=False)
+
+
+@SERVER.feature(types.TEXT_DOCUMENT_DID_SAVE)
+def on_save(ls: PrecompileServer, params: types.DidSaveTextDocumentParams) -> None:
+    uri = params.text_document.uri
+    if ls.unsaved_edits.pop(uri, None):
+        ls.publish_uri(uri)  # the buffer is the file again until the new result lands
+    if ls.settings.run_on_save:
+        ls.check_paths([Path(to_fs_path(uri) or "")])
+
+
+@SERVER.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+def on_change(ls: PrecompileServer, params: types.DidChangeTextDocumentParams) -> None:
+    uri = params.text_document.uri
+    ls.unsaved_edits.setdefault(uri, []).extend(params.content_changes)
+    if ls.shown.get(uri):
+        ls.publish_uri(uri)
+
+
+@SERVER.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+def on_close(ls: PrecompileServer, params: types.DidCloseTextDocumentParams) -> None:
+    """Closing without saving discards the edits: the findings describe the file again."""
+    uri = params.text_document.uri
+    if ls.unsaved_edits.pop(uri, None) and ls.shown.get(uri):
+        ls.publish_uri(uri)
+
+
+@SERVER.feature(types.WORKSPACE_DID_CHANGE_WATCHED_FILES)
+def on_watched(ls: PrecompileServer, params: types.DidChangeWatchedFilesParams) -> None:
+    ls.check_paths([Path(to_fs_path(c.uri) or "") for c in params.changes])
+
+
+@SERVER.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
+async def on_configuration(
+    ls: PrecompileServer, params: types.DidChangeConfigurationParams
+) -> None:
+    settings = params.settings.get("precompile") if isinstance(params.settings, dict) else None
+    if settings is not None:
+        ls.apply_settings(settings)
+    else:
+        await ls.refresh_settings()
+
+
+@SERVER.feature(
+    types.TEXT_DOCUMENT_CODE_ACTION,
+    types.CodeActionOptions(
+        code_action_kinds=[types.CodeActionKind.QuickFix, types.CodeActionKind.Source]
+    ),
+)
+def on_code_action(ls: PrecompileServer, params: types.CodeActionParams) -> list[types.CodeAction]:
+    if not ls.trusted:
+        return []
+    uri = params.text_document.uri
+    only = params.context.only
+    actions: list[types.CodeAction] = []
+
+    def wanted(kind: str) -> bool:
+        return not only or any(kind.startswith(o) for o in only)
+
+    for diagnostic in params.context.diagnostics:
+        data = diagnostic.data if isinstance(diagnostic.data, dict) else {}
+        if (
+            data.get("fix") == "emit"
+            and data.get("target")
+            and wanted(types.CodeActionKind.QuickFix)
+        ):
+            actions.append(
+                types.CodeAction(
+                    title="Re-emit precompile artifact",
+                    kind=types.CodeActionKind.QuickFix,
+                    diagnostics=[diagnostic],
+                    is_preferred=True,
+                    command=types.Command(
+                        "Re-emit precompile artifact", "precompile.emit", [uri, data["target"]]
+                    ),
+                )
+            )
+    found = ls.target_at(uri, params.range.start)
+    if found is None:
+        for diagnostic in params.context.diagnostics:
+            data = diagnostic.data if isinstance(diagnostic.data, dict) else {}
+            if data.get("target"):
+                engine = ls.engine_for(Path(to_fs_path(uri) or ""))
+                state = engine.targets.get(data["target"]) if engine else None
+                if state is not None:
+                    found = (engine, state.decl)
+                    break
+    if found is not None and wanted(types.CodeActionKind.Source):
+        _engine, decl = found
+        for title, command in (
+            ("Emit precompile artifact", "precompile.emit"),
+            ("Verify artifact", "precompile.verify"),
+        ):
+            actions.append(
+                types.CodeAction(
+                    title=title,
+                    kind=types.CodeActionKind.Source + ".precompile",
+                    command=types.Command(title, command, [uri_of(decl.file), decl.key]),
+                )
+            )
+    return actions
+
+
+@SERVER.feature(types.TEXT_DOCUMENT_CODE_LENS)
+def on_code_lens(ls: PrecompileServer, params: types.CodeLensParams) -> list[types.CodeLens]:
+    if not ls.settings.code_lens:
+        return []
+    path = Path(to_fs_path(params.text_document.uri) or "").resolve()
+    engine = ls.engine_for(path)
+    if engine is None:
+        return []
+    lines = Lines({u: d.source for u, d in ls.workspace.text_documents.items()})
+    lenses = []
+    for state in engine.targets.values():
+        if state.decl.file != path:
+            continue
+        where = to_range(state.decl.decorator, lines.of(path), ls.workspace.position_codec)
+        uri = uri_of(path)
+        title = (
+            lens_title(state.result)
+            if ls.trusted
+            else "precompile: not run (workspace not trusted)"
+        )
+        lenses.append(types.CodeLens(range=where, command=types.Command(title, "")))
+        if ls.trusted:
+            lenses.append(
+                types.CodeLens(
+                    range=where,
+                    command=types.Command("Emit", "precompile.emit", [uri, state.decl.key]),
+                )
+            )
+            lenses.append(
+                types.CodeLens(
+                    range=where,
+                    command=types.Command("Verify", "precompile.verify", [uri, state.decl.key]),
+                )
+            )
+    return lenses
+
+
+@SERVER.feature(types.TEXT_DOCUMENT_HOVER)
+def on_hover(ls: PrecompileServer, params: types.HoverParams) -> types.Hover | None:
+    line = params.position.line + 1
+    for finding in ls.visible(params.text_document.uri):
+        if (
+            finding.code in ("PC101", "PC201", "PC103", "PC202", "PC001")
+            and finding.span.line <= line <= finding.span.end_line
+        ):
+            return types.Hover(
+                contents=types.MarkupContent(
+                    kind=types.MarkupKind.Markdown, value=hover_markdown(finding)
+                )
+            )
+    return None
+
+
+@SERVER.command("precompile.emit")
+async def cmd_emit(ls: PrecompileServer, uri: str, key: str) -> str:
+    return await ls.run_command("precompile.emit", uri, key)
+
+
+@SERVER.command("precompile.verify")
+async def cmd_verify(ls: PrecompileServer, uri: str, key: str) -> str:
+    return await ls.run_command("precompile.verify", uri, key)
+
+
+@SERVER.command("precompile.recheck")
+async def cmd_recheck(ls: PrecompileServer, *args: Any) -> str:
+    if not ls.trusted:
+        ls.tell_untrusted()
+        return "Precompile: not trusted; nothing was run"
+    for engine in ls.engines.values():
+        await ls.check(engine)
+    return "Precompile: workspace rechecked"
+
+
+def _protect_stdout() -> Any:
+    """The protocol gets a private duplicate of fd 1; fd 1 itself now goes to stderr, so
+    nothing else in this process or anything it spawns can write into the protocol."""
+    channel = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return channel
+
+
+def main() -> None:
+    channel = _protect_stdout()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    SERVER.start_io(stdin=sys.stdin.buffer, stdout=channel)
+
+
+if __name__ == "__main__":
+    main()

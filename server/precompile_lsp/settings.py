@@ -1,0 +1,74 @@
+"""Editor settings: from ``initializationOptions`` and ``workspace/configuration``
+(section ``precompile``), camelCase on the wire. A bad value falls back to its default
+and is reported once, never failing the server."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from precompile_lsp.config import SEVERITIES
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    enable: bool = True
+    run_on_save: bool = True
+    timeout: float | None = None  # None: the workspace's [tool.precompile] timeout
+    severity: dict[str, str] = dataclasses.field(default_factory=dict)
+    code_lens: bool = True
+
+    def engine_overrides(self) -> dict[str, Any]:
+        overrides: dict[str, Any] = {}
+        if self.timeout is not None:
+            overrides["timeout"] = self.timeout
+        if self.severity:
+            overrides["severity"] = dict(self.severity)
+        return overrides
+
+
+_FIELDS = {
+    "enable": "enable",
+    "runOnSave": "run_on_save",
+    "timeout": "timeout",
+    "severity": "severity",
+    "codeLens": "code_lens",
+}
+
+
+def parse_settings(raw: Any, base: Settings | None = None) -> tuple[Settings, list[str]]:
+    """Settings from a client's dict; unknown keys are ignored (clients send their whole
+    section), bad values keep the previous value and are listed in the returned errors."""
+    settings = base or Settings()
+    if not isinstance(raw, dict):
+        return settings, [] if raw is None else [
+            f"precompile settings must be an object, got {type(raw).__name__}"
+        ]
+    changes: dict[str, Any] = {}
+    errors = []
+    for key, field in _FIELDS.items():
+        if key not in raw or raw[key] is None:
+            continue
+        value = raw[key]
+        if field in ("enable", "run_on_save", "code_lens"):
+            if isinstance(value, bool):
+                changes[field] = value
+            else:
+                errors.append(f"precompile.{key} must be true or false, got {value!r}")
+        elif field == "timeout":
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+                changes[field] = float(value)
+            else:
+                errors.append(
+                    f"precompile.timeout must be a positive number of seconds, got {value!r}"
+                )
+        elif field == "severity":
+            if isinstance(value, dict) and all(
+                isinstance(k, str) and v in SEVERITIES for k, v in value.items()
+            ):
+                changes[field] = dict(value)
+            else:
+                errors.append(
+                    f"precompile.severity must map codes to one of {', '.join(SEVERITIES)}, got {value!r}"
+                )
+    return dataclasses.replace(settings, **changes), errors

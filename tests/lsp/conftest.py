@@ -1,0 +1,235 @@
+"""A real LSP client (pytest-lsp) driving ``python -m precompile_lsp`` over stdio on a
+fresh copy of tests/fixtures/lsp_workspace, with helpers that wait on what the server
+publishes instead of sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import shutil
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from lsprotocol import types
+from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
+
+from tests.conftest import REPO, fresh_env
+
+WORKSPACE = REPO / "tests" / "fixtures" / "lsp_workspace"
+WAIT = float(
+    os.environ.get("PRECOMPILE_TEST_WAIT", "300")
+)  # seconds; a first capture in a cold worker imports torch and Dynamo
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (workers and their forked captures)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z":
+            parents[int(entry)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    live = set()
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[1].split()[0] != "Z":
+            live.add(pid)
+    return live
+
+
+@dataclasses.dataclass
+class Session:
+    """One client connected to one server, on workspace folders it owns."""
+
+    client: LanguageClient
+    root: Path
+    statuses: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    registrations: list[types.Registration] = dataclasses.field(default_factory=list)
+    lens_refreshes: int = 0
+    result: types.InitializeResult | None = None
+
+    async def start(
+        self,
+        profile: str = "visual-studio-code",
+        *,
+        trusted: bool = True,
+        folders: list[Path] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> types.InitializeResult:
+        folders = folders or [self.root]
+        self.result = await self.client.initialize_session(
+            types.InitializeParams(
+                capabilities=client_capabilities(profile),
+                workspace_folders=[types.WorkspaceFolder(f.as_uri(), f.name) for f in folders],
+                initialization_options={"trusted": trusted, **(options or {})},
+            )
+        )
+        return self.result
+
+    @property
+    def server_pid(self) -> int:
+        assert self.client._server is not None
+        return self.client._server.pid
+
+    def path(self, relative: str) -> Path:
+        return self.root / relative
+
+    def uri(self, relative: str) -> str:
+        return self.path(relative).as_uri()
+
+    def diagnostics(self, relative: str) -> list[types.Diagnostic]:
+        return list(self.client.diagnostics.get(self.uri(relative), []))
+
+    def codes(self, relative: str) -> list[str]:
+        return sorted(str(d.code) for d in self.diagnostics(relative))
+
+    async def until(self, predicate: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if self.client.error is not None:
+                raise AssertionError(f"the client failed while waiting for {what}") from (
+                    self.client.error
+                )
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            await asyncio.sleep(0.05)
+
+    async def settled(self, after: int = 0) -> dict[str, Any]:
+        """Wait for the server to go idle after the ``after``-th status notification."""
+        return await self.until(
+            lambda: next((s for s in self.statuses[after:] if s["state"] == "idle"), None),
+            f"an idle status after #{after}",
+        )
+
+    async def save(self, relative: str, text: str) -> int:
+        """Write a file as an editor does and send didSave; returns the status mark to
+        pass to settled()."""
+        mark = len(self.statuses)
+        self.path(relative).write_text(text, encoding="utf-8")
+        self.client.text_document_did_save(
+            types.DidSaveTextDocumentParams(types.TextDocumentIdentifier(self.uri(relative)))
+        )
+        return mark
+
+    def open(self, relative: str) -> str:
+        text = self.path(relative).read_text(encoding="utf-8")
+        self.client.text_document_did_open(
+            types.DidOpenTextDocumentParams(
+                types.TextDocumentItem(self.uri(relative), "python", 1, text)
+            )
+        )
+        return text
+
+    async def command(self, name: str, *arguments: Any) -> Any:
+        return await self.client.workspace_execute_command_async(
+            types.ExecuteCommandParams(command=name, arguments=list(arguments))
+        )
+
+
+def line_of(path: Path, needle: str) -> int:
+    """0-based line of the first line of ``path`` containing ``needle``."""
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        if needle in line:
+            return number
+    raise AssertionError(f"{needle!r} not in {path}")
+
+
+def column_in(encoding: str | None, text: str) -> int:
+    """Length of ``text`` in the position encoding the server negotiated."""
+    if encoding == types.PositionEncodingKind.Utf8:
+        return len(text.encode("utf-8"))
+    if encoding == types.PositionEncodingKind.Utf32:
+        return len(text)
+    return len(text.encode("utf-16-le")) // 2
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    root = tmp_path / "lab"
+    shutil.copytree(WORKSPACE, root)
+    return root
+
+
+SERVER = ClientServerConfig(
+    server_command=[sys.executable, "-m", "precompile_lsp"], server_env=fresh_env()
+)
+
+
+@pytest_asyncio.fixture
+async def session(workspace: Path) -> AsyncIterator[Session]:
+    """A started server process with a client listening for what it sends; initialize is
+    left to the test (profile, trust and folders differ). Teardown is bounded: a server
+    that will not shut down is killed, and the test fails for it."""
+    client = await SERVER.start()
+    state = Session(client, workspace)
+
+    @client.feature("precompile/status")
+    def on_status(params: Any) -> None:
+        state.statuses.append(
+            {
+                k: getattr(params, k)
+                for k in ("state", "findings", "done", "total")
+                if hasattr(params, k)
+            }
+        )
+
+    @client.feature(types.CLIENT_REGISTER_CAPABILITY)
+    def on_register(params: types.RegistrationParams) -> None:
+        state.registrations.extend(params.registrations)
+
+    @client.feature(types.WORKSPACE_CODE_LENS_REFRESH)
+    def on_lens_refresh(params: Any) -> None:
+        state.lens_refreshes += 1
+
+    server = client._server
+    try:
+        yield state
+    finally:
+        # Shutting down takes every worker (and every capture they forked) with it.
+        below = (
+            descendants(server.pid) if server is not None and server.returncode is None else set()
+        )
+        clean = True
+        try:
+            await asyncio.wait_for(client.shutdown_session(), 30)
+            if server is not None:
+                await asyncio.wait_for(server.wait(), 30)
+        except (TimeoutError, Exception):
+            clean = False
+        if server is not None and server.returncode is None:
+            server.kill()
+            clean = False
+        await client.stop()
+        deadline = asyncio.get_running_loop().time() + 10
+        while alive(below) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.1)
+        left = alive(below)
+        for pid in left:
+            os.kill(pid, 9)
+        assert clean, "the server did not shut down when asked"
+        assert not left, "the server left worker processes behind"
