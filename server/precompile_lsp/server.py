@@ -548,7 +548,9 @@ def on_code_action(ls: PrecompileServer, params: types.CodeActionParams) -> list
                     diagnostics=[diagnostic],
                     is_preferred=True,
                     command=types.Command(
-                        "Re-emit precompile artifact", "precompile.emit", [uri, data["target"]]
+                        title="Re-emit precompile artifact",
+                        command="precompile.emit",
+                        arguments=[uri, data["target"]],
                     ),
                 )
             )
@@ -572,7 +574,9 @@ def on_code_action(ls: PrecompileServer, params: types.CodeActionParams) -> list
                 types.CodeAction(
                     title=title,
                     kind=types.CodeActionKind.Source + ".precompile",
-                    command=types.Command(title, command, [uri_of(decl.file), decl.key]),
+                    command=types.Command(
+                        title=title, command=command, arguments=[uri_of(decl.file), decl.key]
+                    ),
                 )
             )
     return actions
@@ -598,18 +602,22 @@ def on_code_lens(ls: PrecompileServer, params: types.CodeLensParams) -> list[typ
             if ls.trusted
             else "precompile: not run (workspace not trusted)"
         )
-        lenses.append(types.CodeLens(range=where, command=types.Command(title, "")))
+        lenses.append(types.CodeLens(range=where, command=types.Command(title=title, command="")))
         if ls.trusted:
             lenses.append(
                 types.CodeLens(
                     range=where,
-                    command=types.Command("Emit", "precompile.emit", [uri, state.decl.key]),
+                    command=types.Command(
+                        title="Emit", command="precompile.emit", arguments=[uri, state.decl.key]
+                    ),
                 )
             )
             lenses.append(
                 types.CodeLens(
                     range=where,
-                    command=types.Command("Verify", "precompile.verify", [uri, state.decl.key]),
+                    command=types.Command(
+                        title="Verify", command="precompile.verify", arguments=[uri, state.decl.key]
+                    ),
                 )
             )
     return lenses

@@ -11,7 +11,7 @@ import shutil
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import pytest
 import pytest_asyncio
@@ -175,6 +175,20 @@ def workspace(tmp_path: Path) -> Path:
     return root
 
 
+def _read_code_actions_as_sent(client: LanguageClient) -> None:
+    """lsprotocol reads every ``Command | CodeAction`` that has a ``command`` key as a
+    Command, so a CodeAction that runs a command arrives mangled. Clients (VS Code's
+    ``Command.is``) tell them apart by the type of ``command``; so does this one."""
+    converter = client.protocol._converter
+
+    def structure(value: Any, _: type) -> types.Command | types.CodeAction:
+        kind = types.Command if isinstance(value.get("command"), str) else types.CodeAction
+        return converter.structure(value, kind)
+
+    # The hook is keyed by typing.Union, which ``X | Y`` is not.
+    converter.register_structure_hook(Union[types.Command, types.CodeAction], structure)  # noqa: UP007
+
+
 SERVER = ClientServerConfig(
     server_command=[sys.executable, "-m", "precompile_lsp"], server_env=fresh_env()
 )
@@ -186,6 +200,7 @@ async def session(workspace: Path) -> AsyncIterator[Session]:
     left to the test (profile, trust and folders differ). Teardown is bounded: a server
     that will not shut down is killed, and the test fails for it."""
     client = await SERVER.start()
+    _read_code_actions_as_sent(client)
     state = Session(client, workspace)
 
     @client.feature("precompile/status")
