@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import daemon, dynamo, single_graph
+from bench import daemon, dynamo, lsp, single_graph
 
 HERE = Path(__file__).resolve().parent
 SECTIONS: dict[str, Callable[[Path, int], str]] = {
@@ -25,6 +25,7 @@ SECTIONS: dict[str, Callable[[Path, int], str]] = {
     "single_graph_inductor": single_graph.run_inductor_section,
     "dynamo": dynamo.run_dynamo_section,
     "daemon": daemon.run_daemon_section,
+    "lsp": lsp.run_lsp_section,
 }
 
 

@@ -173,6 +173,9 @@ class PrecompileServer(LanguageServer):
     ) -> None:
         if not self.settings.enable:
             return
+        if not self.trusted:
+            self.tell_untrusted()
+            return
         self.running += 1
         self.status("capturing")
         try:

@@ -99,11 +99,13 @@ class Session:
     def uri(self, relative: str) -> str:
         return self.path(relative).as_uri()
 
-    def diagnostics(self, relative: str) -> list[types.Diagnostic]:
-        return list(self.client.diagnostics.get(self.uri(relative), []))
+    def diagnostics(self, where: str | Path) -> list[types.Diagnostic]:
+        """What the client shows for a file: relative to the root, or absolute."""
+        uri = where.as_uri() if isinstance(where, Path) else self.uri(where)
+        return list(self.client.diagnostics.get(uri, []))
 
-    def codes(self, relative: str) -> list[str]:
-        return sorted(str(d.code) for d in self.diagnostics(relative))
+    def codes(self, where: str | Path) -> list[str]:
+        return sorted(str(d.code) for d in self.diagnostics(where))
 
     async def until(self, predicate: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
         deadline = asyncio.get_running_loop().time() + timeout
