@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-10)
 
-.PHONY: install demo test lint format bench clean
+.PHONY: install demo test lint format bench clean vscode
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,8 +20,13 @@ install: $(STAMP)
 demo: install
 	$(PY) examples/demo.py
 
-test: install
+test: install vscode
 	$(PY) -m pytest -q
+
+# The VS Code extension (editor/vscode): type-check, bundle, unit tests, a strict-framing
+# smoke test against the real server, and the .vsix (needs Node 20 and npm).
+vscode: install
+	cd editor/vscode && npm ci && PRECOMPILE_PYTHON=$(abspath $(PY)) npm run ci
 
 lint: install
 	$(VENV)/bin/ruff check .
