@@ -197,6 +197,20 @@ class WorkerPool:
         self.started = False
 
 
+def _with_verification(checked: dict[str, Any], verified: dict[str, Any]) -> dict[str, Any]:
+    """A check result with what verifying the artifact found."""
+    failures = verified.get("verify_failures", [])
+    if verified.get("error"):
+        failures = [verified["error"]["message"]]
+    elif verified.get("status") in ("timeout", "crashed"):
+        failures = [verified.get("message", "the verification did not finish")]
+    return {
+        **checked,
+        "verify_failures": failures,
+        "stale": verified.get("stale", checked.get("stale", [])),
+    }
+
+
 def _sha256(path: Path) -> str | None:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
@@ -466,14 +480,7 @@ class Engine:
                     return
             result = await self.run_target(decl, "check")
             if verify and not result.get("error"):
-                verified = await self.run_target(decl, "verify")
-                result = {
-                    **result,
-                    "verify_failures": verified.get("verify_failures", []),
-                    "stale": verified.get("stale", result.get("stale", [])),
-                }
-                if verified.get("error"):
-                    result["verify_failures"] = [verified["error"]["message"]]
+                result = _with_verification(result, await self.run_target(decl, "verify"))
             if result.get("status") != "cancelled":
                 self._apply(decl, result)
             done += 1
@@ -481,6 +488,21 @@ class Engine:
 
         await asyncio.gather(*(one(d) for d in decls))
         return self.findings_by_file()
+
+    async def verify(self, decl: TargetDecl) -> dict[str, Any]:
+        """Verify a target's artifact and show the outcome among its findings (a failure,
+        a stale source) until its next check."""
+        verified = await self.run_target(decl, "verify")
+        state = self.targets.get(decl.key)
+        checked = state.result if state is not None else None
+        if (
+            verified.get("status") != "cancelled"
+            and checked is not None
+            and not checked.get("error")
+            and checked.get("status") not in ("timeout", "crashed")
+        ):
+            self._apply(decl, _with_verification(checked, verified))
+        return verified
 
     def dependents(self, changed: Iterable[Path]) -> list[TargetDecl]:
         """Targets whose dependencies include one of ``changed``."""

@@ -306,13 +306,19 @@ class PrecompileServer(LanguageServer):
                 ),
             )
         try:
-            result = await engine.run_target(state.decl, kind)
+            if kind == "verify":
+                result = await engine.verify(state.decl)
+            else:
+                result = await engine.run_target(state.decl, kind)
             if progress:
                 self.work_done_progress.report(
                     token,
                     types.WorkDoneProgressReport(message="refreshing findings", percentage=80),
                 )
-            await self.check(engine, [state.decl.file], changed=False)
+            if kind == "emit":
+                await self.check(engine, [state.decl.file], changed=False)
+            else:
+                self.publish()
             message = _command_message(kind, state.decl, result, engine)
         except asyncio.CancelledError:
             message = f"Precompile: {kind} of {state.decl.function} cancelled"
@@ -388,7 +394,10 @@ def _command_message(kind: str, decl: Any, result: dict[str, Any], engine: Engin
     failures = result.get("verify_failures") or []
     stale = result.get("stale") or []
     if failures or stale:
-        return f"Precompile: {decl.function}'s artifact failed verification ({len(failures)} failures, {'stale' if stale else 'up to date'})"
+        problems = [f"{len(failures)} failure{'s' * (len(failures) != 1)}"] if failures else []
+        if stale:
+            problems.append("stale: its sources changed since it was emitted")
+        return f"Precompile: {decl.function}'s artifact failed verification ({'; '.join(problems)})"
     return f"Precompile: {decl.function}'s artifact verified against eager"
 
 

@@ -123,7 +123,14 @@ async def test_verify_reports_a_stale_artifact_after_an_edit(session: Session) -
     assert stale.code == "PC301" and "stale" in stale.message
     assert stale.range.start.line == line_of(session.path(SERVING), f'artifact="{SHIPPED}"')
     message = await session.command("precompile.verify", uri, "lab.serving.shipped")
-    assert message == "Precompile: shipped's artifact failed verification (1 failures, stale)"
+    assert message == (
+        "Precompile: shipped's artifact failed verification "
+        "(1 failure; stale: its sources changed since it was emitted)"
+    )
+    # ...and shows it on the target until its next check.
+    await session.until(lambda: session.codes(SERVING) == ["PC301", "PC303"], "PC303 shown")
+    [failed] = [d for d in session.diagnostics(SERVING) if d.code == "PC303"]
+    assert failed.range.start.line == stale.range.start.line
 
     # The stale diagnostic's quick fix re-emits, after which it verifies again.
     actions = await code_actions(session, SERVING, stale.range.start.line, [stale])
@@ -150,6 +157,7 @@ async def test_code_lens_and_hover(session: Session) -> None:
     breaks = line_of(serving, "def with_break") - 1
     assert by_line[breaks][0] == "3 frames · 1 graph break · 3 variants"
     assert len(by_line) == 3
+    assert session.lens_refreshes > 0, "lenses were never refreshed after results arrived"
 
     # Hover on the graph break: the explanation, the hint, the user stack as links.
     [diagnostic] = session.diagnostics("src/lab/helpers.py")
