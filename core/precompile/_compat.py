@@ -317,6 +317,18 @@ UNSERIALIZABLE_GUARD_TYPES = frozenset(
         "WEAKREF_ALIVE",
     }
 )
+
+
+def compares_identity(entry: Any) -> bool:
+    """Whether a guard entry checks an object identity, directly or through what Dynamo
+    derives from it (a CONSTANT_MATCH on a function's ``__code__`` is an ID_MATCH), so it
+    cannot be serialized."""
+    derived = getattr(entry, "derived_guard_types", None) or ()
+    return entry.guard_type in UNSERIALIZABLE_GUARD_TYPES or any(
+        kind in UNSERIALIZABLE_GUARD_TYPES for kind in derived
+    )
+
+
 #: Guard types the artifact's driver enforces itself: GLOBAL_STATE bundles grad mode
 #: (the driver sets the captured one), autocast (disabled while serving), default dtype
 #: and deterministic mode (checked per call) with the thread count, which an artifact

@@ -131,6 +131,23 @@ class FrameRecord:
         }
 
 
+def _raised_inside_torch(error: BaseException) -> str | None:
+    """``file:line`` of a failed internal assertion of Dynamo or Inductor, or None. Other
+    errors raised inside torch (a shape mismatch met while tracing) are the user's to fix."""
+    if not isinstance(error, AssertionError):
+        return None
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return None
+    root = os.path.dirname(torch.__file__) + os.sep
+    filename = tb.tb_frame.f_code.co_filename
+    if not filename.startswith((root + "_dynamo" + os.sep, root + "_inductor" + os.sep)):
+        return None
+    return f"torch/{filename[len(root):]}:{tb.tb_lineno}"
+
+
 def _describe_value(value: Any) -> str:
     """A guarded value, described without process-specific details (no addresses)."""
     if isinstance(value, (type(None), bool, int, float, str)):
@@ -327,7 +344,7 @@ class DynamoSession:
         decisions, keep = [], []
         for entry, user_says in zip(entries, user_keep):
             dropped_by = None
-            if entry.guard_type in _compat.UNSERIALIZABLE_GUARD_TYPES:
+            if _compat.compares_identity(entry):
                 dropped_by = "default"
             elif entry.guard_type in _compat.DRIVER_ENFORCED_GUARD_TYPES:
                 dropped_by = "driver"
@@ -407,6 +424,16 @@ class DynamoSession:
                     ),
                     hint="define their classes at module level, or keep them out of what fn's "
                     "control flow reads",
+                ) from error
+            inside = _raised_inside_torch(error)
+            if inside is not None:
+                raise PrecompileError(
+                    f"Dynamo failed while capturing {self.fn.__qualname__}: "
+                    f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''} "
+                    f"(raised at {inside})",
+                    location=innermost(traceback_user_stack(error.__traceback__)),
+                    hint="this is a limitation of torch or precompile, not an error in your "
+                    "code: report it with the chained traceback",
                 ) from error
             where = innermost(traceback_user_stack(error.__traceback__))
             raise PrecompileError(

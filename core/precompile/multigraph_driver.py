@@ -235,7 +235,7 @@ def _build_multigraph_forward() -> Any:
             return f
 
         variants = []
-        for variant in frame["variants"]:
+        for number, variant in enumerate(frame["variants"]):
             guards_state = rt.load_guards_state(variant["guards_state"])
             key = guards_state.output_graph.name_of_builtins_dict_key_in_fglobals
             if key:
@@ -247,7 +247,19 @@ def _build_multigraph_forward() -> Any:
                         f"guards read through; unbind it and load again"
                     )
                 seed(scope, key, builtins)
-            manager = rt.load_guard_manager(guards_state, target, scope)
+            try:
+                manager = rt.load_guard_manager(guards_state, target, scope)
+            except Exception as error:
+                # Building a guard manager reads the live objects its guards name (a
+                # dict's keys by position, an attribute of a global): state a process may
+                # not have yet.
+                _fail(
+                    f"precompile: the guards of {target.co_name} (variant {number}) could not "
+                    f"be rebuilt in this process: {type(error).__name__}: {error}. They read "
+                    f"state reachable from module {frame['python_module']!r} as it was at "
+                    f"capture; do what fills that state first (e.g. build the model, import "
+                    f"what registers its classes), then load"
+                )
             variants.append((manager, rt.to_code(variant["dynamo_code"])))
 
         cells = tuple(types.CellType() for _ in target.co_freevars)

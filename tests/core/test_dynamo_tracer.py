@@ -177,6 +177,33 @@ def test_dynamic_none_promotes_the_varying_dim(tmp_path: Path) -> None:
         torch.testing.assert_close(run(model, x), dynamo_models.probs(model, x))
 
 
+def test_a_guard_that_checks_identity_through_a_constant_is_dropped_by_default(
+    tmp_path: Path,
+) -> None:
+    # A decorator that reads ``forward.__code__`` (as transformers' do) makes Dynamo guard
+    # the code object with a CONSTANT_MATCH whose derived check is an identity: Dynamo
+    # cannot serialize it, so the default filter drops it like any identity guard.
+    paths = tmp_path / "code.py", tmp_path / "code.cache"
+    torch._dynamo.reset()
+    model, x = dynamo_models.CodeReading().eval(), torch.randn(3, 8)
+    with precompile.capture(
+        dynamo_models.code_reading, artifact_path=paths[0], cache_path=paths[1], backend="eager"
+    ) as cap:
+        cap(model, x)
+    dropped = [s for s in cap.report().audit.dropped if s.path.endswith(".__code__")]
+    assert dropped and all(s.dropped_by == "default" for s in dropped)
+    proc = run_python(
+        "import torch, precompile\n"
+        "from tests.fixtures import dynamo_models\n"
+        "model, x = dynamo_models.CodeReading().eval(), torch.randn(3, 8)\n"
+        f"out = precompile.load({str(paths[0])!r}, {str(paths[1])!r})(model, x)\n"
+        "torch.testing.assert_close(out, dynamo_models.code_reading(model, x), rtol=0, atol=0)\n"
+        "print('served')\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "served"
+
+
 # ---------------------------------------------------------------- global state
 
 
