@@ -324,6 +324,7 @@ class PrecompileServer(LanguageServer):
             message = f"Precompile: {kind} of {state.decl.function} cancelled"
         if progress:
             self.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
+            self.work_done_progress.tokens.pop(token, None)  # pygls keeps every token otherwise
         self.window_show_message(types.ShowMessageParams(types.MessageType.Info, message))
         return message
 

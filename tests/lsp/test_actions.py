@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -22,6 +23,28 @@ model, x = Scorer().eval(), torch.randn(4, 8)
 out = precompile.load({artifact!r})(model, x)
 torch.testing.assert_close(out, model(x) * 2, rtol=0, atol=0)
 print("served", tuple(out.shape))
+"""
+
+
+SLOW = """import time
+from pathlib import Path
+
+import torch
+
+import precompile
+
+FLAG = Path(__file__).resolve().parents[2] / "slow-emit.flag"
+
+
+def calls():
+    if FLAG.exists():
+        time.sleep(120)
+    return [(torch.ones(3),)]
+
+
+@precompile.target(calls)
+def slow(x):
+    return x * 2
 """
 
 
@@ -185,3 +208,38 @@ async def test_code_lens_and_hover(session: Session) -> None:
         )
         is None
     )
+
+
+async def test_cancelling_an_emit_stops_its_capture_and_writes_nothing(session: Session) -> None:
+    session.path("src/lab/slow.py").write_text(SLOW, encoding="utf-8")
+    await session.start()
+    await session.settled()
+    uri = session.uri("src/lab/slow.py")
+
+    # From now on the target's examples() sleeps for two minutes: the emit hangs in it.
+    session.path("slow-emit.flag").write_text("")
+    emit = asyncio.ensure_future(session.command("precompile.emit", uri, "lab.slow.slow"))
+    token = await session.until(
+        lambda: next(
+            (
+                t
+                for t, reports in session.client.progress_reports.items()
+                if reports and getattr(reports[0], "title", "") == "Precompile: emit slow"
+            ),
+            None,
+        ),
+        "the emit's progress to begin",
+    )
+    await asyncio.sleep(1)
+    session.client.window_work_done_progress_cancel(types.WorkDoneProgressCancelParams(token=token))
+    message = await asyncio.wait_for(emit, 30)
+    assert message == "Precompile: emit of slow cancelled"
+    end = session.client.progress_reports[token][-1]
+    assert isinstance(end, types.WorkDoneProgressEnd) and end.message == message
+    assert not session.path("artifacts/lab.slow.slow.py").exists()
+
+    # The cancelled capture is gone, not still sleeping in the only worker: the next
+    # emit runs at once.
+    session.path("slow-emit.flag").unlink()
+    emitted = await asyncio.wait_for(session.command("precompile.emit", uri, "lab.slow.slow"), 60)
+    assert emitted == "Precompile: emitted artifacts/lab.slow.slow.py"
