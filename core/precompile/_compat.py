@@ -593,13 +593,32 @@ def _inductor_backend_loader(bundle: dict[str, Any] | None) -> Any:
             with open(path, "wb") as f:
                 f.write(data)
 
+    # Finding a cached kernel asks Inductor which vector ISA to build for, and Inductor
+    # answers by compiling and loading a test program per ISA (seconds). The bundle
+    # records the ISA the kernels were built for, and the load only got this bundle
+    # because this CPU has its features: answer with it while the kernels load.
+    recorded = None
+    if directory is not None:
+        from torch._inductor import cpu_vec_isa
+
+        isa = ((bundle or {}).get("requires") or {}).get("isa")
+        matches = [v for v in cpu_vec_isa.supported_vec_isa_list if str(v) == isa]
+        if matches or isa == "none":
+            recorded = matches
+
     def load(blob: bytes) -> Any:
         previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        probe = None
         if directory is not None:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
+            if recorded is not None:
+                probe = cpu_vec_isa.valid_vec_isa_list
+                cpu_vec_isa.valid_vec_isa_list = lambda: recorded
         try:
             return pickle.loads(blob).after_deserialization()
         finally:
+            if probe is not None:
+                cpu_vec_isa.valid_vec_isa_list = probe
             if directory is not None:
                 if previous is None:
                     os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)

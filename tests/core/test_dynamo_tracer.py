@@ -102,6 +102,67 @@ def test_fresh_process_compiles_nothing(dynamo_captured: dict[str, Any]) -> None
     assert dynamo_captured["torch_compile"]["__dynamo_frames_compiled__"] > 0  # the check can fail
 
 
+WATCHED_LOAD = """
+import json, os, subprocess, sys, warnings
+spawned = []
+_popen = subprocess.Popen.__init__
+def _record(self, *args, **kwargs):
+    spawned.append(str(args[0] if args else kwargs.get("args")))
+    return _popen(self, *args, **kwargs)
+subprocess.Popen.__init__ = _record
+for _name in ("fork", "posix_spawn", "posix_spawnp"):
+    def _wrap(*a, _orig=getattr(os, _name), _n=_name, **k):
+        spawned.append(_n)
+        return _orig(*a, **k)
+    setattr(os, _name, _wrap)
+import torch, precompile
+from tests.fixtures.dynamo_models import CASES
+warnings.simplefilter("error", precompile.CacheFallbackWarning)
+warnings.simplefilter("ignore", precompile.ArtifactTrustWarning)
+run = precompile.load({artifact!r}, {cache!r})
+case = CASES["explicit_break"]
+error = (run(*case.build(1)) - case.fn(*case.build(1))).abs().max().item()
+cache_dir = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+print(json.dumps({{
+    "error": error,
+    "spawned": spawned,
+    "cache_files": [os.path.join(d, f) for d, _, fs in os.walk(cache_dir) for f in fs],
+}}))
+"""
+
+
+@pytest.mark.parametrize("dynamo_captured", ["inductor"], indirect=True)
+def test_a_cached_inductor_load_compiles_and_probes_nothing(
+    dynamo_captured: dict[str, Any], tmp_path: Path
+) -> None:
+    # Neither a kernel compile nor Inductor's vector-ISA probe (which compiles and loads
+    # a test program per ISA in child processes) may run: the cache has the kernels and
+    # records the ISA they were built for. What Inductor's loader still runs to compute
+    # its cache keys -- the compiler's version, a preprocessing pass over torch's header
+    # and its hash -- compiles nothing.
+    artifact, cache = dynamo_captured["cases"]["explicit_break"]["paths"]
+    user_cache = tmp_path / "inductor-cache"
+    user_cache.mkdir()
+    proc = run_python(
+        WATCHED_LOAD.format(artifact=artifact, cache=cache),
+        TORCHINDUCTOR_CACHE_DIR=str(user_cache),
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["error"] < 1e-5
+    compiles = [
+        command
+        for command in result["spawned"]
+        if not (
+            command in ("['g++', '--version']", "['g++', '-v']")
+            or (command.startswith("['g++'") and "'-E'" in command and ".so" not in command)
+            or command.startswith("('openssl', 'sha512'")
+        )
+    ]
+    assert compiles == [], "a compile, a probe or another process was started"
+    assert result["cache_files"] == [], "the load wrote into TORCHINDUCTOR_CACHE_DIR"
+
+
 def test_every_break_shape_is_reported(dynamo_captured: dict[str, Any]) -> None:
     gb = {
         name: [b["gb_id"] for b in c["report"].graph_breaks]
