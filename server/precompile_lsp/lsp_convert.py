@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lsprotocol import types
-from pygls.uris import from_fs_path
+from pygls.uris import from_fs_path, to_fs_path
 
 from precompile_lsp.findings import CODES, Finding, Span
 
@@ -22,6 +22,11 @@ _SEVERITY = {
 
 def uri_of(path: Path) -> str:
     return from_fs_path(str(path)) or path.as_uri()
+
+
+def path_of(uri: str) -> Path:
+    """The file a ``file:`` URI names (an empty path for any other scheme)."""
+    return Path(to_fs_path(uri) or "")
 
 
 class Lines:

@@ -22,7 +22,6 @@ from typing import Any
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
-from pygls.uris import to_fs_path
 
 from precompile.version import __version__
 from precompile_lsp.config import ConfigError
@@ -32,6 +31,7 @@ from precompile_lsp.lsp_convert import (
     Lines,
     hover_markdown,
     lens_title,
+    path_of,
     shift_for_edit,
     to_diagnostic,
     to_range,
@@ -40,7 +40,6 @@ from precompile_lsp.lsp_convert import (
 from precompile_lsp.settings import Settings, parse_settings
 
 log = logging.getLogger("precompile_lsp")
-COMMANDS = ("precompile.emit", "precompile.verify", "precompile.recheck")
 
 
 class PrecompileServer(LanguageServer):
@@ -137,12 +136,13 @@ class PrecompileServer(LanguageServer):
         for engine in self.engines.values() if self.settings.enable else ():
             for path, findings in engine.findings_by_file().items():
                 by_uri.setdefault(uri_of(path), []).extend(findings)
+        lines = self.lines()
         for uri in set(by_uri) | set(self.shown):
             findings = by_uri.get(uri, [])
             if not findings and not self.shown.get(uri):
                 continue
             self.shown[uri] = findings
-            self.publish_uri(uri)
+            self.publish_uri(uri, lines)
         if self.settings.code_lens and self.client_supports_lens_refresh():
             self.spawn(self.workspace_code_lens_refresh_async(None))
 
@@ -154,8 +154,13 @@ class PrecompileServer(LanguageServer):
             findings = shift_for_edit(findings, change)
         return findings
 
-    def publish_uri(self, uri: str) -> None:
-        lines = Lines({u: doc.source for u, doc in self.workspace.text_documents.items()})
+    def lines(self) -> Lines:
+        """Source lines for converting columns: open buffers first, then files on disk
+        (read once per Lines, so make one per batch of publications)."""
+        return Lines({u: doc.source for u, doc in self.workspace.text_documents.items()})
+
+    def publish_uri(self, uri: str, lines: Lines | None = None) -> None:
+        lines = lines or self.lines()
         codec = self.workspace.position_codec
         self.text_document_publish_diagnostics(
             types.PublishDiagnosticsParams(
@@ -203,23 +208,19 @@ class PrecompileServer(LanguageServer):
         for engine, files in by_engine.items():
             self.spawn(self.check(engine, files, changed=changed))
 
-    def target_at(
-        self, uri: str, position: types.Position | None = None
-    ) -> tuple[Engine, Any] | None:
-        path = Path(to_fs_path(uri) or "")
+    def target_at(self, uri: str, line: int, named: list[str]) -> Any | None:
+        """The target whose decorator..def lines hold ``line`` (0-based), else the first
+        of ``named`` (targets the diagnostics under the cursor belong to) in this file."""
+        path = path_of(uri)
         engine = self.engine_for(path)
         if engine is None:
             return None
+        path = path.resolve()
         for state in engine.targets.values():
             decl = state.decl
-            if decl.file != path.resolve():
-                continue
-            if (
-                position is None
-                or decl.decorator.line - 1 <= position.line <= decl.definition.line - 1
-            ):
-                return engine, decl
-        return None
+            if decl.file == path and decl.decorator.line - 1 <= line <= decl.definition.line - 1:
+                return decl
+        return next((engine.targets[k].decl for k in named if k in engine.targets), None)
 
     async def register_file_watching(self) -> bool:
         """Ask the client to send workspace/didChangeWatchedFiles, so a ``git checkout`` or
@@ -274,14 +275,10 @@ class PrecompileServer(LanguageServer):
         if not self.trusted:
             self.tell_untrusted()
             return "Precompile: not trusted; nothing was run"
-        path = Path(to_fs_path(uri) or "")
+        path = path_of(uri)
         engine = self.engine_for(path)
         if engine is None:
             return f"Precompile: {uri} is not in a workspace folder"
-        if name == "precompile.recheck":
-            for e in self.engines.values():
-                await self.check(e)
-            return "Precompile: workspace rechecked"
         state = engine.targets.get(key)
         if state is None:
             engine.discover([path])
@@ -414,9 +411,9 @@ def on_initialize(ls: PrecompileServer, params: types.InitializeParams) -> None:
         ls.settings, errors = parse_settings(options.get("settings", options))
         ls.initialization_errors = errors  # type: ignore[attr-defined]
     folders = params.workspace_folders or []
-    roots = [Path(to_fs_path(f.uri) or "") for f in folders]
+    roots = [path_of(f.uri) for f in folders]
     if not roots and params.root_uri:
-        roots = [Path(to_fs_path(params.root_uri) or "")]
+        roots = [path_of(params.root_uri)]
     elif not roots and params.root_path:
         roots = [Path(params.root_path)]
     ls.roots = [r.resolve() for r in roots if str(r)]
@@ -457,11 +454,11 @@ async def on_folders(ls: PrecompileServer, params: types.DidChangeWorkspaceFolde
     """One engine per folder: removed folders lose theirs (and their diagnostics), added
     ones get one and a first check."""
     for folder in params.event.removed:
-        root = Path(to_fs_path(folder.uri) or "").resolve()
+        root = path_of(folder.uri).resolve()
         await ls.close_engine(root)
         if root in ls.roots:
             ls.roots.remove(root)
-    added = [Path(to_fs_path(f.uri) or "").resolve() for f in params.event.added]
+    added = [path_of(f.uri).resolve() for f in params.event.added]
     ls.roots.extend(r for r in added if r not in ls.roots)
     ls.start_engines()
     if not ls.client_watches:
@@ -477,7 +474,7 @@ async def on_folders(ls: PrecompileServer, params: types.DidChangeWorkspaceFolde
 
 @SERVER.feature(types.TEXT_DOCUMENT_DID_OPEN)
 def on_open(ls: PrecompileServer, params: types.DidOpenTextDocumentParams) -> None:
-    path = Path(to_fs_path(params.text_document.uri) or "")
+    path = path_of(params.text_document.uri)
     engine = ls.engine_for(path)
     if engine is None or not path.suffix == ".py":
         return
@@ -496,7 +493,7 @@ def on_save(ls: PrecompileServer, params: types.DidSaveTextDocumentParams) -> No
     if ls.unsaved_edits.pop(uri, None):
         ls.publish_uri(uri)  # the buffer is the file again until the new result lands
     if ls.settings.run_on_save:
-        ls.check_paths([Path(to_fs_path(uri) or "")])
+        ls.check_paths([path_of(uri)])
 
 
 @SERVER.feature(types.TEXT_DOCUMENT_DID_CHANGE)
@@ -517,7 +514,7 @@ def on_close(ls: PrecompileServer, params: types.DidCloseTextDocumentParams) -> 
 
 @SERVER.feature(types.WORKSPACE_DID_CHANGE_WATCHED_FILES)
 def on_watched(ls: PrecompileServer, params: types.DidChangeWatchedFilesParams) -> None:
-    ls.check_paths([Path(to_fs_path(c.uri) or "") for c in params.changes])
+    ls.check_paths([path_of(c.uri) for c in params.changes])
 
 
 @SERVER.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
@@ -547,13 +544,13 @@ def on_code_action(ls: PrecompileServer, params: types.CodeActionParams) -> list
     def wanted(kind: str) -> bool:
         return not only or any(kind.startswith(o) for o in only)
 
+    named = []
     for diagnostic in params.context.diagnostics:
         data = diagnostic.data if isinstance(diagnostic.data, dict) else {}
-        if (
-            data.get("fix") == "emit"
-            and data.get("target")
-            and wanted(types.CodeActionKind.QuickFix)
-        ):
+        if not data.get("target"):
+            continue
+        named.append(data["target"])
+        if data.get("fix") == "emit" and wanted(types.CodeActionKind.QuickFix):
             actions.append(
                 types.CodeAction(
                     title="Re-emit precompile artifact",
@@ -567,18 +564,8 @@ def on_code_action(ls: PrecompileServer, params: types.CodeActionParams) -> list
                     ),
                 )
             )
-    found = ls.target_at(uri, params.range.start)
-    if found is None:
-        for diagnostic in params.context.diagnostics:
-            data = diagnostic.data if isinstance(diagnostic.data, dict) else {}
-            if data.get("target"):
-                engine = ls.engine_for(Path(to_fs_path(uri) or ""))
-                state = engine.targets.get(data["target"]) if engine else None
-                if state is not None:
-                    found = (engine, state.decl)
-                    break
-    if found is not None and wanted(types.CodeActionKind.Source):
-        _engine, decl = found
+    decl = ls.target_at(uri, params.range.start.line, named)
+    if decl is not None and wanted(types.CodeActionKind.Source):
         for title, command in (
             ("Emit precompile artifact", "precompile.emit"),
             ("Verify artifact", "precompile.verify"),
@@ -599,11 +586,11 @@ def on_code_action(ls: PrecompileServer, params: types.CodeActionParams) -> list
 def on_code_lens(ls: PrecompileServer, params: types.CodeLensParams) -> list[types.CodeLens]:
     if not ls.settings.code_lens:
         return []
-    path = Path(to_fs_path(params.text_document.uri) or "").resolve()
+    path = path_of(params.text_document.uri).resolve()
     engine = ls.engine_for(path)
     if engine is None:
         return []
-    lines = Lines({u: d.source for u, d in ls.workspace.text_documents.items()})
+    lines = ls.lines()
     lenses = []
     for state in engine.targets.values():
         if state.decl.file != path:

@@ -79,14 +79,25 @@ def _child(job: dict[str, Any], result_path: str, output_path: str) -> None:
     os.dup2(fd, 2)
     sys.stdout = os.fdopen(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+    result = _run_job_reporting_failure(job)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(result_path, "w", encoding="utf-8") as f:
+        json.dump(result, f, default=str)
+    os._exit(0)
+
+
+def _run_job_reporting_failure(job: dict[str, Any]) -> dict[str, Any]:
+    """The job's result; whatever the job raised becomes an error result (a finding of
+    the target), never a crash of the process running it."""
     try:
         from precompile_lsp.jobs import run_job
 
-        result = run_job(job)
-    except BaseException as error:  # the job's own failures are findings, not crashes
+        return run_job(job)
+    except BaseException as error:
         import traceback
 
-        result = {
+        return {
             "status": "error",
             "error": {
                 "message": f"{type(error).__name__}: {error}",
@@ -95,11 +106,6 @@ def _child(job: dict[str, Any], result_path: str, output_path: str) -> None:
             },
             "traceback": traceback.format_exc(),
         }
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with open(result_path, "w", encoding="utf-8") as f:
-        json.dump(result, f, default=str)
-    os._exit(0)
 
 
 def _describe_exit(status: int) -> str:
@@ -247,19 +253,7 @@ def run_once(job_file: str, result_file: str) -> None:
     """The fallback where fork is unavailable: one job in this fresh process."""
     with open(job_file, encoding="utf-8") as f:
         job = json.load(f)
-    from precompile_lsp.jobs import run_job
-
-    try:
-        result = run_job(job)
-    except BaseException as error:
-        result = {
-            "status": "error",
-            "error": {
-                "message": f"{type(error).__name__}: {error}",
-                "location": None,
-                "hint": None,
-            },
-        }
+    result = _run_job_reporting_failure(job)
     with open(result_file, "w", encoding="utf-8") as f:
         json.dump(result, f, default=str)
 
