@@ -14,6 +14,24 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+#: Prepended to a script run with run_python: every process it starts (and every fork)
+#: is recorded in ``spawned``, so a test can assert that a load compiled nothing.
+RECORD_SPAWNS = """
+import json, os, subprocess, sys, warnings
+spawned = []
+_popen = subprocess.Popen.__init__
+def _record(self, *args, **kwargs):
+    spawned.append(str(args[0] if args else kwargs.get("args")))
+    return _popen(self, *args, **kwargs)
+subprocess.Popen.__init__ = _record
+for _name in ("fork", "posix_spawn", "posix_spawnp"):
+    def _wrap(*a, _orig=getattr(os, _name), _n=_name, **k):
+        spawned.append(_n)
+        return _orig(*a, **k)
+    setattr(os, _name, _wrap)
+"""
+
+
 def fresh_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)

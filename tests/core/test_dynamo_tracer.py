@@ -15,7 +15,7 @@ import torch
 
 import precompile
 from precompile import EagerFallbackWarning, PrecompileError
-from tests.conftest import assert_same, run_python, serve_fresh
+from tests.conftest import RECORD_SPAWNS, assert_same, run_python, serve_fresh
 from tests.fixtures import dynamo_models
 from tests.fixtures.dynamo_models import CASES
 from tests.fixtures.models import MLP, observe, serve
@@ -102,19 +102,9 @@ def test_fresh_process_compiles_nothing(dynamo_captured: dict[str, Any]) -> None
     assert dynamo_captured["torch_compile"]["__dynamo_frames_compiled__"] > 0  # the check can fail
 
 
-WATCHED_LOAD = """
-import json, os, subprocess, sys, warnings
-spawned = []
-_popen = subprocess.Popen.__init__
-def _record(self, *args, **kwargs):
-    spawned.append(str(args[0] if args else kwargs.get("args")))
-    return _popen(self, *args, **kwargs)
-subprocess.Popen.__init__ = _record
-for _name in ("fork", "posix_spawn", "posix_spawnp"):
-    def _wrap(*a, _orig=getattr(os, _name), _n=_name, **k):
-        spawned.append(_n)
-        return _orig(*a, **k)
-    setattr(os, _name, _wrap)
+WATCHED_LOAD = (
+    RECORD_SPAWNS
+    + """
 import torch, precompile
 from tests.fixtures.dynamo_models import CASES
 warnings.simplefilter("error", precompile.CacheFallbackWarning)
@@ -129,6 +119,7 @@ print(json.dumps({{
     "cache_files": [os.path.join(d, f) for d, _, fs in os.walk(cache_dir) for f in fs],
 }}))
 """
+)
 
 
 @pytest.mark.parametrize("dynamo_captured", ["inductor"], indirect=True)

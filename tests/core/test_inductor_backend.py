@@ -15,7 +15,7 @@ import torch
 
 import precompile
 from precompile import CacheFallbackWarning, PrecompileError
-from tests.conftest import run_python
+from tests.conftest import RECORD_SPAWNS, run_python
 from tests.fixtures.models import ConvBN, convbn_fn
 
 
@@ -35,19 +35,9 @@ def convbn(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return paths
 
 
-SERVE_AND_WATCH = """
-import json, os, subprocess, sys, warnings
-spawned = []
-_popen = subprocess.Popen.__init__
-def _record(self, *args, **kwargs):
-    spawned.append(str(args[0] if args else kwargs.get("args")))
-    return _popen(self, *args, **kwargs)
-subprocess.Popen.__init__ = _record
-for _name in ("fork", "posix_spawn", "posix_spawnp"):
-    def _wrap(*a, _orig=getattr(os, _name), _n=_name, **k):
-        spawned.append(_n)
-        return _orig(*a, **k)
-    setattr(os, _name, _wrap)
+SERVE_AND_WATCH = (
+    RECORD_SPAWNS
+    + """
 import torch, precompile
 from tests.fixtures.models import ConvBN, convbn_fn
 warnings.simplefilter("error", precompile.CacheFallbackWarning)
@@ -64,6 +54,7 @@ print(json.dumps({{
     "cache_files": [os.path.join(d, f) for d, _, fs in os.walk(cache_dir) for f in fs],
 }}))
 """
+)
 
 
 def test_cached_load_compiles_nothing(convbn: tuple[Path, Path], tmp_path: Path) -> None:

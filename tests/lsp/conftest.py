@@ -26,37 +26,32 @@ WAIT = float(
 )  # seconds; a first capture in a cold worker imports torch and Dynamo
 
 
+def _state_and_parent(pid: int | str) -> tuple[str, int] | None:
+    """A process's state letter and parent pid from /proc, or None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[1])
+
+
 def descendants(pid: int) -> set[int]:
     """Every live process below ``pid`` (workers and their forked captures)."""
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z":
-            parents[int(entry)] = int(fields[1])
-    found: set[int] = set()
+        found = _state_and_parent(entry) if entry.isdigit() else None
+        if found is not None and found[0] != "Z":
+            parents[int(entry)] = found[1]
+    below: set[int] = set()
     frontier = {pid}
     while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
+        frontier = {child for child, parent in parents.items() if parent in frontier} - below
+        below |= frontier
+    return below
 
 
 def alive(pids: set[int]) -> set[int]:
-    live = set()
-    for pid in pids:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        if stat.rsplit(")", 1)[1].split()[0] != "Z":
-            live.add(pid)
-    return live
+    return {pid for pid in pids if (found := _state_and_parent(pid)) and found[0] != "Z"}
 
 
 @dataclasses.dataclass
