@@ -69,6 +69,8 @@ import torch.utils._pytree as _pytree
 _DisableAutocast = _torch._C._DisableAutocast
 _any_autocast_enabled = _torch._C._is_any_autocast_enabled
 _set_grad_enabled = _torch._C._set_grad_enabled
+_dict_version = _torch._C._dynamo.guards.dict_version
+_TensorGuards = _torch._C._dynamo.guards.TensorGuards
 """
 
 #: What an Inductor artifact's runtime needs besides ARTIFACT_PRELUDE: how a prebuilt

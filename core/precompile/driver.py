@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     _DisableAutocast = _torch._C._DisableAutocast
     _any_autocast_enabled = _torch._C._is_any_autocast_enabled
     _set_grad_enabled = _torch._C._set_grad_enabled
+    _dict_version = _torch._C._dynamo.guards.dict_version
+    _TensorGuards = _torch._C._dynamo.guards.TensorGuards
 
     BACKEND: str = ""
     FN_NAME: str = ""
@@ -283,17 +285,30 @@ def _describe_input_mismatch(leaves: list[Any], spec_matches: bool) -> None:
             sizes.setdefault(shape_id, (size, i, dim))
 
 
+def _picker(positions: tuple[int, ...]) -> Any:
+    """A C-level ``seq -> tuple of seq[i] for i in positions``: itemgetter returns a bare
+    item for one position, so that case is wrapped."""
+    from operator import itemgetter
+
+    if len(positions) == 1:
+        only = itemgetter(positions[0])
+        return lambda seq: (only(seq),)
+    if not positions:
+        return lambda seq: ()
+    return itemgetter(*positions)
+
+
 def _build_single_graph_forward() -> Any:
     """Compute once what every call needs, and return the lean per-call ``forward``.
 
     Each call is checked in full, but through a fast path: the inputs' (shape, dtype,
-    device) and the model's structure are compared as whole tuples against what the last
-    verified call saw. Only a difference (or a new model) takes the slow path, which
-    names the exact mismatch or re-verifies and refreshes the snapshot. The snapshot
-    holds the most recent model's submodules, so that model stays alive until a call
-    with another model replaces it.
+    device) are compared as one tuple against the captured ones, and the model by
+    identity, by the version tags of the dicts that hold its structure and by one C-level
+    guard over its tensors' metadata, against what the last verified call saw. Only a
+    difference (or a new model) takes the slow path, which names the exact mismatch or
+    re-verifies and refreshes the snapshot. The snapshot holds the most recent model, so
+    it stays alive until a call with another model replaces it.
     """
-    from itertools import chain
     from operator import attrgetter
     from operator import is_ as _is
 
@@ -305,6 +320,9 @@ def _build_single_graph_forward() -> Any:
     flat_inputs = in_spec == _pytree.tree_structure(tuple(0 for _ in user_positions))
     single_output = out_spec == _pytree.tree_structure(0)
     tensor_slots = tuple(i for i, s in enumerate(USER_INPUT_SHAPES) if s is not None)
+    pick_modules = _picker(module_positions)
+    pick_user = _picker(user_positions)
+    pick_tensors = _picker(tensor_slots)
     constant_slots = tuple(
         (i, USER_INPUT_CONSTANTS[i]) for i, s in enumerate(USER_INPUT_SHAPES) if s is None
     )
@@ -324,45 +342,68 @@ def _build_single_graph_forward() -> Any:
     # One getter for parameters and buffers alike: a buffer's requires_grad is compared
     # against the snapshot too, which only ever makes the fast path more careful.
     tensor_meta = attrgetter("shape", "dtype", "device", "requires_grad")
-    state_dicts = attrgetter("_parameters", "_buffers", "_modules")
     training = attrgetter("training")
     grad_indices = tuple(GRAD_PARAM_INDICES)
     n_grads = len(grad_indices)
-    # The last verified model: its roots, every submodule, their parameter/buffer/child
-    # dicts with the identities of all values (held, so no id is reused while we
-    # compare), the lifted tensors and their metadata. A dict replaced wholesale (not
-    # something nn.Module does) is the one change this snapshot does not see.
-    verified: dict[str, Any] = {}
+    # The last verified model: its roots, the dicts that hold its structure (each
+    # submodule's attribute, parameter, buffer and child dicts) with their version tags,
+    # the lifted tensors, their metadata and a C-level guard over that metadata. Any
+    # store into one of those dicts -- a parameter, buffer or child replaced, added or
+    # deleted, a training flag flipped, a dict replaced wholesale -- changes a version,
+    # and the next call re-verifies the model from scratch.
+    roots: tuple[Any, ...] | None = None
+    dicts: tuple[dict[str, Any], ...] = ()
+    versions: tuple[int, ...] = ()
+    unwatched: list[Any] = []
+    flags: tuple[bool, ...] = ()
+    tensors: list[Any] = []
+    meta: tuple[Any, ...] = ()
+    tensor_guard: Any = None
 
-    def _slot_ids(dicts: tuple[dict[str, Any], ...]) -> tuple[int, ...]:
-        return tuple(map(id, chain.from_iterable(map(dict.values, dicts))))
+    def _guard(values: list[Any]) -> Any:
+        # Checks shape, strides, dtype, device and requires_grad in one C call. It
+        # also compares dispatch keys under the ambient state (inference mode, autocast)
+        # and strides, which the contract does not fix: a miss falls back to comparing
+        # the metadata in Python, and rebuilds the guard when that comparison passes.
+        return _TensorGuards(*values, dynamic_dims_sizes=None, dynamic_dims_strides=None)
 
-    def _verify_model(mods: list[Any]) -> list[Any]:
-        _describe_structure_mismatch(mods)
-        tensors, _names, subs = _lift_module_state(mods)
-        dicts = tuple(chain.from_iterable(map(state_dicts, subs)))
-        verified.clear()
-        verified.update(
-            roots=tuple(mods),
-            subs=subs,
-            dicts=dicts,
-            values=[v for d in dicts for v in d.values()],
-            ids=_slot_ids(dicts),
-            tensors=tensors,
-            training=tuple(map(training, subs)),
-            meta=tuple(map(tensor_meta, tensors)),
+    def _verify_model(mods: tuple[Any, ...]) -> list[Any]:
+        nonlocal roots, dicts, versions, unwatched, flags, tensors, meta, tensor_guard
+        for i, m in zip(module_positions, mods):
+            if not isinstance(m, _torch.nn.Module):
+                _fail(
+                    f"precompile: argument {i} must be the nn.Module the captured function "
+                    f"took there, got {type(m).__name__}",
+                    2,
+                )
+        _describe_structure_mismatch(list(mods))
+        tensors, _names, subs = _lift_module_state(list(mods))
+        roots = mods
+        dicts = tuple(
+            d for sub in subs for d in (vars(sub), sub._parameters, sub._buffers, sub._modules)
         )
+        versions = tuple(map(_dict_version, dicts))
+        # A training flag that does not live in the instance dict (a property, say) is
+        # invisible to the versions: compare those flags themselves.
+        unwatched = [sub for sub in subs if "training" not in vars(sub)]
+        flags = tuple(map(training, unwatched))
+        meta = tuple(map(tensor_meta, tensors))
+        tensor_guard = _guard(tensors)
         return tensors
 
-    def _model_tensors(mods: list[Any]) -> list[Any]:
+    def _model_tensors(mods: tuple[Any, ...]) -> list[Any]:
+        nonlocal tensor_guard
         if (
-            verified
-            and all(map(_is, mods, verified["roots"]))
-            and tuple(map(training, verified["subs"])) == verified["training"]
-            and _slot_ids(verified["dicts"]) == verified["ids"]
-            and tuple(map(tensor_meta, verified["tensors"])) == verified["meta"]
+            roots is not None
+            and all(map(_is, mods, roots))
+            and tuple(map(_dict_version, dicts)) == versions
+            and tuple(map(training, unwatched)) == flags
         ):
-            return verified["tensors"]
+            if tensor_guard.check(*tensors):
+                return tensors
+            if tuple(map(tensor_meta, tensors)) == meta:
+                tensor_guard = _guard(tensors)
+                return tensors
         return _verify_model(mods)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
@@ -378,15 +419,8 @@ def _build_single_graph_forward() -> Any:
                 f"but got {len(args)}",
                 2,
             )
-        mods = [args[i] for i in module_positions]
-        for i, m in zip(module_positions, mods):
-            if not isinstance(m, _torch.nn.Module):
-                _fail(
-                    f"precompile: argument {i} must be the nn.Module the captured function "
-                    f"took there, got {type(m).__name__}",
-                    2,
-                )
-        user = tuple(args[i] for i in user_positions)
+        mods = pick_modules(args)
+        user = pick_user(args)
         if flat_inputs:
             leaves = user
         else:
@@ -394,7 +428,7 @@ def _build_single_graph_forward() -> Any:
             if spec != in_spec:
                 _describe_input_mismatch(leaves, False)
         try:
-            tensors_in = [leaves[i] for i in tensor_slots]
+            tensors_in = pick_tensors(leaves)
             ok = (
                 not has_dynamic
                 and tuple(map(input_meta, tensors_in)) == expected_inputs
@@ -407,7 +441,7 @@ def _build_single_graph_forward() -> Any:
             ok = False
         if not ok:
             _describe_input_mismatch(list(leaves), True)
-            tensors_in = [leaves[i] for i in tensor_slots]
+            tensors_in = pick_tensors(leaves)
         flat = [*_model_tensors(mods), *tensors_in]
         grad_was_enabled = _torch.is_grad_enabled()
         if grad_was_enabled:
@@ -422,7 +456,7 @@ def _build_single_graph_forward() -> Any:
                 out = call(flat)
         except AssertionError as error:
             # call() consumed its list: rebuild the inputs for the message.
-            message = _relabel_layout_error(error, [*verified["tensors"], *tensors_in])
+            message = _relabel_layout_error(error, [*tensors, *tensors_in])
             if message is None:
                 raise
             _fail(message, 6)
@@ -432,9 +466,8 @@ def _build_single_graph_forward() -> Any:
                 _set_grad_enabled(True)
         if n_grads:
             # Accumulate like eager .backward(): frozen parameters keep .grad None.
-            params = verified["tensors"]
             for idx, g in zip(grad_indices, out[len(out) - n_grads :]):
-                p = params[idx]
+                p = tensors[idx]
                 if p.grad is None:
                     p.grad = g
                 else:
@@ -624,5 +657,6 @@ SINGLE_GRAPH_DRIVER = (
     _lift_module_state,
     _describe_structure_mismatch,
     _describe_input_mismatch,
+    _picker,
     _build_single_graph_forward,
 )

@@ -201,6 +201,30 @@ def test_fast_path_notices_changes_to_a_verified_model(runnable: Any) -> None:
     model.bn.eval()
     model.bn.register_buffer("extra", torch.ones(1))
     refused(runnable, model, b, invariant=2, words=("unexpected ['bn.extra']",))
+    del model.bn.extra
+    torch.testing.assert_close(runnable(model, b), scaled(model, b))
+    model.lin.bias.requires_grad_(False)  # no dict changes: the tensor guard sees it
+    refused(runnable, model, b, invariant=2, words=("'lin.bias' has requires_grad=False",))
+    model.lin.bias.requires_grad_(True)
+    model.lin.weight.data = torch.randn(4, 3).t()  # same meta, other strides and values
+    torch.testing.assert_close(runnable(model, b), scaled(model, b))
+
+
+def test_fast_path_serves_across_ambient_dispatch_states(runnable: Any) -> None:
+    # Inference mode and autocast change the dispatch keys the C-level tensor guard
+    # compares: such calls are still checked and served, in any alternation.
+    model, b = Net().eval(), batch()
+    expected = scaled(model, b)
+    for _ in range(2):
+        with torch.inference_mode():
+            torch.testing.assert_close(runnable(model, b), expected)
+            torch.testing.assert_close(runnable(model, b), expected)
+        torch.testing.assert_close(runnable(model, b), expected)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.testing.assert_close(runnable(model, b), expected)
+    with torch.inference_mode():
+        model.lin.weight.data = model.lin.weight.data.double()
+        refused(runnable, model, b, invariant=2, words=("dtype torch.float64",))
 
 
 def test_ambient_autocast_is_neutralised(runnable: Any) -> None:
