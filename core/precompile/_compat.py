@@ -231,10 +231,48 @@ def functional_retrace(gm: torch.fx.GraphModule, fakes: list[Any]) -> torch.fx.G
 
     fake_mode = _fake_mode_of(fakes)
     with fake_mode, torch.no_grad():
-        return make_fx(
+        functional = make_fx(
             torch.func.functionalize(gm, remove="mutations"),
             decomposition_table=select_decomp_table(),
         )(*fakes)
+    _reroot_views_of_mutated_inputs(functional)
+    return functional
+
+
+def _reroot_views_of_mutated_inputs(gm: torch.fx.GraphModule) -> None:
+    """Functionalization turns ``x.add_(1); return x[0]`` into ``new = x + 1;
+    copy_(x, new); return new[0]``: the output views a fresh tensor, where eager returns
+    a view of the input (writes through it reach the input). Re-root each such output's
+    chain of view ops on the input itself, after its ``copy_``."""
+    graph = gm.graph
+    copied = {
+        n.args[1]: n.args[0]
+        for n in graph.nodes
+        if n.op == "call_function"
+        and n.target is torch.ops.aten.copy_.default
+        and n.args[0].op == "placeholder"
+    }
+    if not copied:
+        return
+    output = graph.output_node()
+
+    def reroot(node: torch.fx.Node) -> torch.fx.Node:
+        chain, base = [], node
+        while base.op == "call_function" and getattr(base.target, "is_view", False):
+            chain.append(base)
+            base = base.args[0]
+        if base not in copied:
+            return node
+        value = copied[base]
+        with graph.inserting_before(output):
+            for view in reversed(chain):
+                value = graph.call_function(view.target, (value, *view.args[1:]), view.kwargs)
+                value.meta = dict(view.meta)
+        return value
+
+    output.args = torch.utils._pytree.tree_map_only(torch.fx.Node, reroot, output.args)
+    graph.eliminate_dead_code()
+    gm.recompile()
 
 
 def _fake_mode_of(fakes: list[Any]) -> Any:
@@ -257,6 +295,18 @@ def compile_inductor(gm: torch.fx.GraphModule, fakes: list[Any]) -> str:
     if not isinstance(source, str):
         raise RuntimeError("Inductor produced no Python output module for this graph")
     return source
+
+
+def lower_dynamo_subgraph(gm: torch.fx.GraphModule) -> str:
+    """Lower one Dynamo subgraph for inference the way a single graph is lowered: retraced
+    functional on the fake values Dynamo recorded for its inputs (symbolic sizes and
+    SymInt inputs included), then Inductor. Dynamo hands backends a fresh fake mode in its
+    tracing context; the retrace uses the recorded values' own mode, so the context is
+    set aside for it."""
+    fakes = [n.meta["example_value"] for n in gm.graph.nodes if n.op == "placeholder"]
+    with torch._guards.tracing(None):
+        functional = functional_retrace(gm, fakes)
+        return compile_inductor(functional, fakes)
 
 
 _X86_FLAG_CHECKS = {
@@ -570,6 +620,30 @@ def inductor_backend_artifact(backend_id: str) -> bytes | None:
 
     artifact = PrecompileContext.serialize_artifact_by_key(backend_id)
     return None if artifact is None else pickle.dumps(artifact, protocol=4)
+
+
+def complete_inductor_cache(blobs: list[bytes], cache_dir: str) -> None:
+    """Load each bundled artifact once, as a serving process will, with the capture's
+    private cache as Inductor's: Inductor can leave a kernel's source there unbuilt (the
+    capture never ran it, or took the kernel from its in-memory cache, loaded from an
+    earlier capture's directory), and without this every process loading the artifact
+    would compile that kernel."""
+    import os
+    import pickle
+
+    from torch._inductor.utils import clear_caches
+
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+    clear_caches()  # so every kernel is found (or built) in cache_dir
+    try:
+        for blob in blobs:
+            pickle.loads(blob).after_deserialization()
+    finally:
+        if previous is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
 
 
 def _inductor_backend_loader(bundle: dict[str, Any] | None) -> Any:

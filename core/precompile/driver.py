@@ -648,6 +648,20 @@ def _inductor_runtime(bundle: dict[str, Any] | None) -> Any:
     return types.SimpleNamespace(resolve=resolve, compiled=compiled, slim=slim, prebuilt=prebuilt)
 
 
+def _bind_inductor_module(name: str, source: str, resolve: Any) -> Any:
+    """Execute one inlined Inductor output module in a namespace of its own (several live
+    in one multi-graph artifact, each defining ``call`` and its kernels) and return the
+    positional-argument function Dynamo's transformed bytecode calls."""
+    scope: dict[str, Any] = {"__name__": f"precompile_graph_{name}", "_inductor_import": resolve}
+    exec(compile(source, f"<precompile graph {name}>", "exec"), scope)
+    call = scope["call"]
+
+    def run(*args: Any) -> Any:
+        return call(list(args))
+
+    return run
+
+
 #: The functions every single-graph artifact carries, in emission order. The backend
 #: adds its ``_relabel_layout_error_<backend>``, bound as ``_relabel_layout_error``.
 SINGLE_GRAPH_DRIVER = (

@@ -9,11 +9,13 @@ transformed bytecode) pairs, one per recompile.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import importlib
 import inspect
 import os
+import shutil
 import sys
 import tempfile
 import types
@@ -306,6 +308,7 @@ class DynamoSession:
         self.training = training
         self.package = _compat.new_package(fn)
         self.inductor_graphs: list[torch.fx.GraphModule] = []
+        self.kernel_runtime: Any = None  # compiles and remembers inlined modules' kernels
         self.guard_log: dict[types.CodeType, list[list[GuardDecision]]] = {}
         self.recompiles: list[dict[str, Any]] = []
         self.bypass_reasons: dict[str, str] = {}
@@ -317,6 +320,11 @@ class DynamoSession:
         self.inductor_cache = (
             tempfile.mkdtemp(prefix="precompile-capture-") if backend == "inductor" else None
         )
+        if self.inductor_cache:
+            # Removed when the process ends, not with the capture: Inductor keeps loaded
+            # kernels in memory by source, and a later capture in this process that
+            # compiles the same kernel is handed the module loaded from this directory.
+            atexit.register(shutil.rmtree, self.inductor_cache, True)
         self.compiled = _compat.optimize(
             fn,
             self._eager_backend if backend == "eager" else self._inductor_backend,
@@ -330,8 +338,30 @@ class DynamoSession:
         return gm.forward
 
     def _inductor_backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        """Inference subgraphs become inlined Inductor output modules, which a cached load
+        serves by binding their kernels directly (no compiler import, no AOTAutograd);
+        training subgraphs, and any the inlined path cannot take, are compiled the way
+        torch.compile compiles them and shipped as Inductor's bundled artifact."""
+        from precompile import driver, inductor_backend
+
         self.inductor_graphs.append(gm)
+        if not self.training:
+            if self.kernel_runtime is None:
+                self.kernel_runtime = driver._inductor_runtime(None)
+            inlined = inductor_backend.inline_dynamo_subgraph(gm, self.kernel_runtime)
+            if inlined is not None:
+                return inlined
         return _compat.compile_fx(gm, example_inputs)
+
+    def inlined_subgraphs(self) -> dict[str, Any]:
+        """Backend id -> the subgraph's inlined Inductor output module."""
+        from precompile.inductor_backend import InlinedSubgraph
+
+        return {
+            backend_id: compiled
+            for backend_id, compiled in self.package.cached_backends.items()
+            if isinstance(compiled, InlinedSubgraph)
+        }
 
     def _filter(self, entries: list[Any]) -> list[bool]:
         user = self.tracer.guard_filter_fn
@@ -524,7 +554,9 @@ class DynamoSession:
             artifacts[backend_id] = blob
         return artifacts
 
-    def inductor_cache_files(self) -> dict[str, bytes]:
+    def inductor_cache_files(self, artifacts: dict[str, bytes]) -> dict[str, bytes]:
+        """The private Inductor cache, as the artifacts' loader will need it."""
+        _compat.complete_inductor_cache(list(artifacts.values()), self.inductor_cache or "")
         files = {}
         for directory, _, names in os.walk(self.inductor_cache or ""):
             for name in names:

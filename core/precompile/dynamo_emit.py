@@ -212,19 +212,59 @@ def eager_graph_section(
     )
 
 
+def _text_literal(text: str) -> str:
+    """A string literal that reads like the text: one literal per line, concatenated."""
+    return "\n".join(f"        {line!r}" for line in text.splitlines(keepends=True))
+
+
 def inductor_graph_section(
-    frames: list[FrameRecord], artifacts: dict[str, bytes], names: dict[str, str]
+    frames: list[FrameRecord],
+    modules: dict[str, str],
+    artifacts: dict[str, bytes],
+    names: dict[str, str],
 ) -> str:
-    """Each Dynamo subgraph as Inductor's bundled artifact (forward, backward and their
-    generated code), rebuilt at load: from the cache's kernels when it has them, else by
-    compiling the kernel source the artifacts carry."""
-    rows = "\n".join(
-        f"    {names[b]!r}: {base64.b64encode(artifacts[b]).decode('ascii')!r},"
-        for b in _backend_order(frames)
-    )
-    return "\n".join(
-        [
-            "# ---- captured graphs: each Dynamo subgraph as Inductor's bundled artifact (pickled)",
+    """Each Dynamo subgraph through Inductor: an inference subgraph as its output module,
+    executed at load with its kernels bound from the cache (or compiled from the module's
+    kernel source without one); any other as Inductor's bundled artifact (forward,
+    backward and their generated code, pickled), rebuilt at load from the cache's files
+    or by compiling the kernel source it carries."""
+    order = _backend_order(frames)
+    parts = []
+    if modules:
+        rows = "\n".join(
+            f"    {names[b]!r}: (\n{_text_literal(modules[b])}\n    ),"
+            for b in order
+            if b in modules
+        )
+        parts += [
+            "# ---- captured graphs: inference subgraphs as Inductor output modules",
+            _compat.INDUCTOR_PRELUDE,
+            inspect.getsource(driver._inductor_runtime).strip(),
+            "",
+            "",
+            inspect.getsource(driver._bind_inductor_module).strip(),
+            "",
+            "",
+            "_INDUCTOR_MODULES = {",
+            rows,
+            "}",
+            '_INDUCTOR = _inductor_runtime(globals().get("_PRECOMPILE_BUNDLE"))',
+            "_BACKEND_FNS = {",
+            "    backend_id: _bind_inductor_module(backend_id, source, _INDUCTOR.resolve)",
+            "    for backend_id, source in _INDUCTOR_MODULES.items()",
+            "}",
+        ]
+    else:
+        parts.append("_BACKEND_FNS = {}")
+    if artifacts:
+        rows = "\n".join(
+            f"    {names[b]!r}: {base64.b64encode(artifacts[b]).decode('ascii')!r},"
+            for b in order
+            if b in artifacts
+        )
+        parts += [
+            "",
+            "# ---- captured graphs: other subgraphs as Inductor's bundled artifact (pickled)",
             inspect.getsource(_compat._inductor_backend_loader).strip(),
             "",
             "",
@@ -232,12 +272,12 @@ def inductor_graph_section(
             rows,
             "}",
             '_load_backend = _inductor_backend_loader(globals().get("_PRECOMPILE_BUNDLE"))',
-            "_BACKEND_FNS = {",
-            "    backend_id: _load_backend(base64.b64decode(blob))",
+            "_BACKEND_FNS.update(",
+            "    (backend_id, _load_backend(base64.b64decode(blob)))",
             "    for backend_id, blob in _INDUCTOR_ARTIFACTS.items()",
-            "}",
+            ")",
         ]
-    )
+    return "\n".join(parts)
 
 
 def emit_dynamo(

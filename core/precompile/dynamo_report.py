@@ -21,6 +21,7 @@ from precompile.dynamo_emit import (
 )
 from precompile.emit import Artifact
 from precompile.guard_audit import audit
+from precompile.inductor_backend import collect_kernels
 from precompile.report import CaptureReport, PrecompileSummary
 
 
@@ -105,19 +106,27 @@ def build_dynamo_artifact(
 
         collect_bundle: Any = lambda namespace: {}  # noqa: E731
     else:
-        artifacts = session.inductor_artifacts(order)
+        inlined = session.inlined_subgraphs()
+        artifacts = session.inductor_artifacts([b for b in order if b not in inlined])
+        modules = {b: sub.source for b, sub in inlined.items()}
         graph_sources = [gm.code for gm in session.inductor_graphs]
         ops = sum(
             1 for gm in session.inductor_graphs for n in gm.graph.nodes if n.op == "call_function"
         )
 
         def graph_section(names: dict[str, str]) -> str:
-            return inductor_graph_section(frames, artifacts, names)
+            return inductor_graph_section(frames, modules, artifacts, names)
 
-        files = session.inductor_cache_files()
+        files = session.inductor_cache_files(artifacts) if artifacts else {}
 
         def collect_bundle(namespace: dict[str, Any]) -> dict[str, Any]:
-            return {"inductor_cache_files": files, "requires": _compat.kernel_platform()}
+            bundle: dict[str, Any] = {"requires": _compat.kernel_platform()}
+            if files:
+                bundle["inductor_cache_files"] = files
+            if inlined:
+                slim = all(sub.slim for sub in inlined.values())
+                bundle.update(collect_kernels(session.kernel_runtime, slim))
+            return bundle
 
     report.graph = {"graphs": len(order), "ops": ops}
     files_traced = sorted(

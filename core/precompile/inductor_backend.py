@@ -11,8 +11,13 @@ imports no compiler and compiles nothing.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import re
+from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from precompile import _compat, driver
 from precompile.emit import LoweredGraph
@@ -72,15 +77,52 @@ def lower_inductor(graph: SingleGraph) -> LoweredGraph:
             '_INDUCTOR = _inductor_runtime(globals().get("_PRECOMPILE_BUNDLE"))\n'
             "_inductor_import = _INDUCTOR.resolve\n"
         ),
-        collect_bundle=lambda namespace: collect_kernels(namespace, slim),
+        collect_bundle=lambda namespace: collect_kernels(namespace["_INDUCTOR"], slim),
     )
 
 
-def collect_kernels(namespace: dict[str, Any], slim: bool) -> dict[str, Any]:
-    """The cache bundle: every kernel the artifact compiled when the capture executed it,
-    with what those kernels need of the machine that loads them."""
+@dataclasses.dataclass
+class InlinedSubgraph:
+    """A Dynamo subgraph lowered to an Inductor output module that the artifact inlines;
+    calling it runs that module, bound as the artifact binds it."""
+
+    source: str
+    slim: bool
+    run: Callable[..., Any]
+
+    def __call__(self, *args: Any) -> Any:
+        return self.run(*args)
+
+
+def _sets_grad_mode(gm: torch.fx.GraphModule) -> bool:
+    return any(
+        n.op == "call_function" and n.target is torch._C._set_grad_enabled for n in gm.graph.nodes
+    )
+
+
+def inline_dynamo_subgraph(gm: torch.fx.GraphModule, runtime: Any) -> InlinedSubgraph | None:
+    """Lower an inference subgraph to an inlined output module whose kernels ``runtime``
+    compiles (and remembers for the cache), or None when it needs AOTAutograd's runtime:
+    a graph that switches grad mode, or one the functional retrace cannot lower. The
+    caller then compiles it the way torch.compile does."""
+    if _sets_grad_mode(gm):
+        return None
+    try:
+        source = _compat.lower_dynamo_subgraph(gm)
+    except Exception:  # the full Inductor path compiles it, or says why it cannot
+        return None
+    section, slim = rewrite_inductor_module(source)
+    name = f"subgraph_{hashlib.sha256(section.encode()).hexdigest()[:12]}"
+    return InlinedSubgraph(
+        section, slim, driver._bind_inductor_module(name, section, runtime.resolve)
+    )
+
+
+def collect_kernels(runtime: Any, slim: bool) -> dict[str, Any]:
+    """The cache bundle: every kernel ``runtime`` compiled while the capture executed the
+    inlined modules, with what those kernels need of the machine that loads them."""
     kernels = {}
-    for digest, kernel in sorted(namespace["_INDUCTOR"].compiled.items()):
+    for digest, kernel in sorted(runtime.compiled.items()):
         path = getattr(getattr(kernel, "__self__", None), "__file__", None)
         if path is None:
             return {}  # a kernel we cannot locate: ship no cache rather than a partial one

@@ -110,37 +110,66 @@ from tests.fixtures.dynamo_models import CASES
 warnings.simplefilter("error", precompile.CacheFallbackWarning)
 warnings.simplefilter("ignore", precompile.ArtifactTrustWarning)
 run = precompile.load({artifact!r}, {cache!r})
-case = CASES["explicit_break"]
-error = (run(*case.build(1)) - case.fn(*case.build(1))).abs().max().item()
+case = CASES[{case!r}]
+served, expected = run(*case.build(1)), case.fn(*case.build(1))
+leaves = zip(torch.utils._pytree.tree_leaves(served), torch.utils._pytree.tree_leaves(expected))
+error = max((a - b).abs().max().item() for a, b in leaves)
 cache_dir = os.environ["TORCHINDUCTOR_CACHE_DIR"]
 print(json.dumps({{
     "error": error,
     "spawned": spawned,
     "cache_files": [os.path.join(d, f) for d, _, fs in os.walk(cache_dir) for f in fs],
+    "compiler_imported": sorted(
+        m for m in ("torch._inductor.compile_fx", "torch._functorch.aot_autograd")
+        if m in sys.modules
+    ),
 }}))
 """
 )
 
 
 @pytest.mark.parametrize("dynamo_captured", ["inductor"], indirect=True)
+@pytest.mark.parametrize(
+    "case_name, sections",
+    [
+        ("explicit_break", {"_INDUCTOR_MODULES"}),
+        ("grad_block", {"_INDUCTOR_MODULES", "_INDUCTOR_ARTIFACTS"}),
+        ("train_step_break", {"_INDUCTOR_ARTIFACTS"}),
+    ],
+)
 def test_a_cached_inductor_load_compiles_and_probes_nothing(
-    dynamo_captured: dict[str, Any], tmp_path: Path
+    dynamo_captured: dict[str, Any], tmp_path: Path, case_name: str, sections: set[str]
 ) -> None:
     # Neither a kernel compile nor Inductor's vector-ISA probe (which compiles and loads
     # a test program per ISA in child processes) may run: the cache has the kernels and
-    # records the ISA they were built for. What Inductor's loader still runs to compute
-    # its cache keys -- the compiler's version, a preprocessing pass over torch's header
-    # and its hash -- compiles nothing.
-    artifact, cache = dynamo_captured["cases"]["explicit_break"]["paths"]
+    # records the ISA they were built for.
+    artifact, cache = dynamo_captured["cases"][case_name]["paths"]
     user_cache = tmp_path / "inductor-cache"
     user_cache.mkdir()
     proc = run_python(
-        WATCHED_LOAD.format(artifact=artifact, cache=cache),
+        WATCHED_LOAD.format(artifact=artifact, cache=cache, case=case_name),
         TORCHINDUCTOR_CACHE_DIR=str(user_cache),
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["error"] < 1e-5
+    assert result["cache_files"] == [], "the load wrote into TORCHINDUCTOR_CACHE_DIR"
+    text = Path(artifact).read_text()
+    found = {
+        name for name in ("_INDUCTOR_MODULES", "_INDUCTOR_ARTIFACTS") if f"{name} = {{" in text
+    }
+    assert found == sections
+    if sections == {"_INDUCTOR_MODULES"}:
+        # An inference capture inlines each subgraph's Inductor output module: the load
+        # binds the cached kernels directly, so it starts no process at all and imports
+        # neither Inductor's compiler nor AOTAutograd.
+        assert result["spawned"] == []
+        assert result["compiler_imported"] == []
+        return
+    # Subgraphs of a training capture, or that switch grad mode, ship as Inductor's
+    # bundled artifacts, whose loader still runs what it computes its cache keys with --
+    # the compiler's version, a preprocessing pass over torch's header and its hash --
+    # which compiles nothing.
     compiles = [
         command
         for command in result["spawned"]
@@ -151,7 +180,6 @@ def test_a_cached_inductor_load_compiles_and_probes_nothing(
         )
     ]
     assert compiles == [], "a compile, a probe or another process was started"
-    assert result["cache_files"] == [], "the load wrote into TORCHINDUCTOR_CACHE_DIR"
 
 
 def test_every_break_shape_is_reported(dynamo_captured: dict[str, Any]) -> None:
@@ -363,14 +391,15 @@ def test_keyword_and_default_arguments_are_bound_like_python(tmp_path: Path) -> 
         run(model, x, shift=5.0)
 
 
-def test_two_emits_are_byte_identical(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_emits_are_byte_identical(tmp_path: Path, backend: str) -> None:
     torch._dynamo.reset()
     model = MLP().eval()
     with precompile.capture(
         dynamo_models.explicit_break,
         artifact_path=tmp_path / "a.py",
         cache_path=tmp_path / "a.cache",
-        backend="eager",
+        backend=backend,
     ) as cap:
         cap(model, torch.randn(2, 8))
         cap.save()
@@ -379,8 +408,9 @@ def test_two_emits_are_byte_identical(tmp_path: Path) -> None:
         assert ((tmp_path / "a.py").read_bytes(), (tmp_path / "a.cache").read_bytes()) == first
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_fresh_capture_process_emits_the_same_artifact_but_guard_debug_text(
-    tmp_path: Path,
+    tmp_path: Path, backend: str
 ) -> None:
     # Dynamo's pickled guard state embeds process-specific type ids in its debug text, so
     # only the _FRAMES payload may differ between capture processes: names, tag, graphs,
@@ -390,12 +420,13 @@ import torch, precompile
 from tests.fixtures import dynamo_models
 from tests.fixtures.models import MLP
 torch.manual_seed(0)
-with precompile.capture(dynamo_models.explicit_break, artifact_path={out!r} + ".py", cache_path={out!r} + ".cache", backend="eager") as cap:
+with precompile.capture(dynamo_models.explicit_break, artifact_path={out!r} + ".py", cache_path={out!r} + ".cache", backend={backend!r}) as cap:
     cap(MLP().eval(), torch.randn(2, 8))
+    cap(MLP().eval(), torch.randn(5, 8))
 """
     texts = []
     for name in ("one", "two"):
-        proc = run_python(script.format(out=str(tmp_path / name)))
+        proc = run_python(script.format(out=str(tmp_path / name), backend=backend))
         assert proc.returncode == 0, proc.stderr
         text = (tmp_path / f"{name}.py").read_text()
         start = text.index("_FRAMES = ")
