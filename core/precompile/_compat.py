@@ -297,6 +297,14 @@ def compile_inductor(gm: torch.fx.GraphModule, fakes: list[Any]) -> str:
     return source
 
 
+def sets_grad_mode(gm: torch.fx.GraphModule) -> bool:
+    """Whether a Dynamo subgraph switches grad mode inside (a ``with torch.no_grad()``
+    or ``enable_grad()`` block traced into it)."""
+    return any(
+        n.op == "call_function" and n.target is torch._C._set_grad_enabled for n in gm.graph.nodes
+    )
+
+
 def lower_dynamo_subgraph(gm: torch.fx.GraphModule) -> str:
     """Lower one Dynamo subgraph for inference the way a single graph is lowered: retraced
     functional on the fake values Dynamo recorded for its inputs (symbolic sizes and

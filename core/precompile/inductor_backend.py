@@ -94,18 +94,12 @@ class InlinedSubgraph:
         return self.run(*args)
 
 
-def _sets_grad_mode(gm: torch.fx.GraphModule) -> bool:
-    return any(
-        n.op == "call_function" and n.target is torch._C._set_grad_enabled for n in gm.graph.nodes
-    )
-
-
 def inline_dynamo_subgraph(gm: torch.fx.GraphModule, runtime: Any) -> InlinedSubgraph | None:
     """Lower an inference subgraph to an inlined output module whose kernels ``runtime``
     compiles (and remembers for the cache), or None when it needs AOTAutograd's runtime:
     a graph that switches grad mode, or one the functional retrace cannot lower. The
     caller then compiles it the way torch.compile does."""
-    if _sets_grad_mode(gm):
+    if _compat.sets_grad_mode(gm):
         return None
     try:
         source = _compat.lower_dynamo_subgraph(gm)
