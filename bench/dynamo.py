@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from bench.harness import REPO, fresh_process, per_call_us, table
+from bench.harness import REPO, Child, fresh_process, fresh_processes, per_call_us, table
 from bench.models import build, two_breaks
 
 CAPTURE = """
@@ -85,43 +85,51 @@ def _steady(backend: str, artifact: str, cache: str) -> dict[str, float]:
 
 
 def run_dynamo_section(workdir: Path, runs: int) -> str:
-    base = fresh_process("import torch\nfirst_result()\n", runs=runs)
-    dynamo_import = fresh_process("import torch, torch._dynamo.guards\nfirst_result()\n", runs=runs)
-    rows = [
-        ["`import torch`", base["first"], base["wall"], "1.00x"],
-        [
-            "`import torch._dynamo.guards`",
-            dynamo_import["first"],
-            dynamo_import["wall"],
-            f"{dynamo_import['first'] / base['first']:.2f}x",
-        ],
-    ]
     warm = {"TORCHINDUCTOR_CACHE_DIR": str(workdir / "warm-cache")}
 
     def cold(run: int) -> dict[str, str]:
         return {"TORCHINDUCTOR_CACHE_DIR": str(workdir / f"cold-{run}-{os.urandom(4).hex()}")}
 
-    findings = {}
-    call_rows = []
+    contenders = {
+        "`import torch`": Child("import torch\nfirst_result()\n"),
+        "`import torch._dynamo.guards`": Child(
+            "import torch, torch._dynamo.guards\nfirst_result()\n"
+        ),
+    }
+    artifacts = {}
     for backend in ("eager", "inductor"):
-        artifact, cache = _capture(backend, workdir)
+        artifacts[backend] = _capture(backend, workdir)
         compile_child = CHILD_COMPILE.format(backend=backend)
-        fresh_process(compile_child, runs=1, env=warm)
-        measured = {
-            f"ours, {backend}: load + first call (with cache, empty Inductor cache)": fresh_process(
-                CHILD_OURS.format(artifact=artifact, cache=cache), runs=runs, env_per_run=cold
-            ),
-            f"torch.compile({backend}) first call, cold cache": fresh_process(
-                compile_child, runs=runs, env_per_run=cold
-            ),
-            f"torch.compile({backend}) first call, warm cache": fresh_process(
-                compile_child, runs=runs, env=warm
-            ),
-        }
-        for label, r in measured.items():
-            rows.append([label, r["first"], r["wall"], f"{r['first'] / base['first']:.2f}x"])
-        values = list(measured.values())
-        findings[backend] = (values[0]["first"], values[2]["first"])
+        fresh_process(compile_child, runs=1, env=warm)  # fill the warm cache
+        artifact, cache = artifacts[backend]
+        contenders.update(
+            {
+                f"ours, {backend}: load + first call (with cache, empty Inductor cache)": Child(
+                    CHILD_OURS.format(artifact=artifact, cache=cache), env_per_run=cold
+                ),
+                f"torch.compile({backend}) first call, cold cache": Child(
+                    compile_child, env_per_run=cold
+                ),
+                f"torch.compile({backend}) first call, warm cache": Child(compile_child, warm),
+            }
+        )
+    measured = fresh_processes(contenders, runs=runs)
+    base = measured["`import torch`"]
+    rows = [
+        [label, r["first"], r["wall"], f"{r['first'] / base['first']:.2f}x"]
+        for label, r in measured.items()
+    ]
+    findings = {
+        backend: (
+            measured[f"ours, {backend}: load + first call (with cache, empty Inductor cache)"][
+                "first"
+            ],
+            measured[f"torch.compile({backend}) first call, warm cache"]["first"],
+        )
+        for backend in artifacts
+    }
+    call_rows = []
+    for backend, (artifact, cache) in artifacts.items():
         us = _steady(backend, artifact, cache)
         call_rows.append([backend, us["our runnable"], us["torch.compile (warm)"]])
     eager_ratio = findings["eager"][0] / base["first"]
@@ -131,7 +139,8 @@ def run_dynamo_section(workdir: Path, runs: int) -> str:
         [
             "## Multi-graph (Dynamo) artifacts (issue 4)",
             f"`bench.models.two_breaks` (three graphs, two breaks) captured with two batch sizes. "
-            f"Fresh processes, median of {runs}; seconds from spawn to first result and to exit.",
+            f"Fresh processes, median of {runs}, the contenders interleaved run by run; seconds "
+            "from spawn to first result and to exit.",
             table(["what", "first result (s)", "process wall (s)", "vs import torch"], rows),
             "Steady-state dispatch, microseconds per call, interleaved in one process (median of 7 "
             "rounds of 500 calls).",

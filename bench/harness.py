@@ -7,6 +7,7 @@ serverless cold start pays).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import subprocess
@@ -30,6 +31,50 @@ def first_result():
 """
 
 
+@dataclasses.dataclass
+class Child:
+    """One fresh-process contender: its script and environment. ``env_per_run(i)`` adds
+    variables for run ``i`` (e.g. an empty cache directory)."""
+
+    script: str
+    env: dict[str, str] | None = None
+    env_per_run: Callable[[int], dict[str, str]] | None = None
+
+
+def _spawn(child: Child, run: int) -> tuple[float, float]:
+    child_env = {**os.environ, **(child.env or {})}
+    child_env.update(child.env_per_run(run) if child.env_per_run else {})
+    t0 = time.time()
+    child_env["BENCH_T0"] = repr(t0)
+    code = PRELUDE + textwrap.dedent(child.script)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=child_env, capture_output=True, text=True, cwd=REPO
+    )
+    wall = time.time() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark child failed:\n{proc.stderr[-3000:]}")
+    marks = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith(FIRST_RESULT)]
+    return (float(marks[0]) if marks else wall), wall
+
+
+def fresh_processes(contenders: dict[str, Child], *, runs: int) -> dict[str, dict[str, float]]:
+    """Median seconds to first result and to exit over ``runs`` fresh processes per
+    contender, the contenders interleaved run by run so that drift (frequency scaling,
+    page cache, other load) hits them all alike."""
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
+    for run in range(runs):
+        for name, child in contenders.items():
+            samples[name].append(_spawn(child, run))
+    return {
+        name: {
+            "first": statistics.median(first for first, _ in values),
+            "wall": statistics.median(wall for _, wall in values),
+            "runs": runs,
+        }
+        for name, values in samples.items()
+    }
+
+
 def fresh_process(
     script: str,
     *,
@@ -37,26 +82,8 @@ def fresh_process(
     env: dict[str, str] | None = None,
     env_per_run: Callable[[int], dict[str, str]] | None = None,
 ) -> dict[str, float]:
-    """Median seconds to first result and to exit over ``runs`` fresh processes.
-    ``env_per_run(i)`` adds variables for run ``i`` (e.g. an empty cache directory)."""
-    firsts, walls = [], []
-    code = PRELUDE + textwrap.dedent(script)
-    for run in range(runs):
-        child_env = {**os.environ, **(env or {}), **(env_per_run(run) if env_per_run else {})}
-        t0 = time.time()
-        child_env["BENCH_T0"] = repr(t0)
-        proc = subprocess.run(
-            [sys.executable, "-c", code], env=child_env, capture_output=True, text=True, cwd=REPO
-        )
-        wall = time.time() - t0
-        if proc.returncode != 0:
-            raise RuntimeError(f"benchmark child failed:\n{proc.stderr[-3000:]}")
-        marks = [
-            line.split()[1] for line in proc.stdout.splitlines() if line.startswith(FIRST_RESULT)
-        ]
-        firsts.append(float(marks[0]) if marks else wall)
-        walls.append(wall)
-    return {"first": statistics.median(firsts), "wall": statistics.median(walls), "runs": runs}
+    """``fresh_processes`` for one contender."""
+    return fresh_processes({"": Child(script, env, env_per_run)}, runs=runs)[""]
 
 
 def per_call_us(
