@@ -16,7 +16,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 #: Prepended to a script run with run_python: every process it starts (and every fork)
 #: is recorded in ``spawned``, so a test can assert that a load compiled nothing.
-RECORD_SPAWNS = """
+#: A fresh process that records every process it starts, loads an artifact, serves it
+#: (the ``serve`` code sets ``error``) and prints what the load did, as JSON.
+_WATCHED_LOAD = """
 import json, os, subprocess, sys, warnings
 spawned = []
 _popen = subprocess.Popen.__init__
@@ -29,7 +31,32 @@ for _name in ("fork", "posix_spawn", "posix_spawnp"):
         spawned.append(_n)
         return _orig(*a, **k)
     setattr(os, _name, _wrap)
+import torch, precompile
+warnings.simplefilter("error", precompile.CacheFallbackWarning)
+warnings.simplefilter("ignore", precompile.ArtifactTrustWarning)
+run = precompile.load({artifact!r}, {cache!r})
+{serve}
+cache_dir = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+print(json.dumps({{
+    "error": error,
+    "spawned": spawned,
+    "modules": sorted(sys.modules),
+    "cache_files": [os.path.join(d, f) for d, _, fs in os.walk(cache_dir) for f in fs],
+}}))
 """
+
+
+def watched_load(artifact: str, cache: str, serve: str, inductor_cache: Path) -> dict[str, Any]:
+    """Load and serve an artifact in a fresh process whose TORCHINDUCTOR_CACHE_DIR is the
+    empty ``inductor_cache``: its serving error, the processes it started, the modules it
+    imported and the files it wrote there."""
+    inductor_cache.mkdir()
+    proc = run_python(
+        _WATCHED_LOAD.format(artifact=artifact, cache=cache, serve=serve),
+        TORCHINDUCTOR_CACHE_DIR=str(inductor_cache),
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def fresh_env(**extra: str) -> dict[str, str]:

@@ -593,24 +593,33 @@ def _dynamo_serving_runtime() -> Any:
 
 
 @contextlib.contextmanager
-def inductor_capture_config(cache_dir: str) -> Iterator[None]:
-    """While capturing with Dynamo and Inductor: record each subgraph's bundled
-    AOTAutograd artifact (forward and backward, lowered eagerly), and compile into a
-    private Inductor cache whose files become the artifact's kernel cache."""
+def _inductor_cache_dir(cache_dir: str) -> Iterator[None]:
+    """Inductor reads and writes its on-disk cache in ``cache_dir`` meanwhile."""
     import os
 
     previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
     try:
-        with torch._functorch.config.patch(
-            bundled_autograd_cache=True, force_non_lazy_backward_lowering=True
-        ):
-            yield
+        yield
     finally:
         if previous is None:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
         else:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+
+
+@contextlib.contextmanager
+def inductor_capture_config(cache_dir: str) -> Iterator[None]:
+    """While capturing with Dynamo and Inductor: record each subgraph's bundled
+    AOTAutograd artifact (forward and backward, lowered eagerly), and compile into a
+    private Inductor cache whose files become the artifact's kernel cache."""
+    with (
+        _inductor_cache_dir(cache_dir),
+        torch._functorch.config.patch(
+            bundled_autograd_cache=True, force_non_lazy_backward_lowering=True
+        ),
+    ):
+        yield
 
 
 def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -636,22 +645,14 @@ def complete_inductor_cache(blobs: list[bytes], cache_dir: str) -> None:
     capture never ran it, or took the kernel from its in-memory cache, loaded from an
     earlier capture's directory), and without this every process loading the artifact
     would compile that kernel."""
-    import os
     import pickle
 
     from torch._inductor.utils import clear_caches
 
-    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
-    clear_caches()  # so every kernel is found (or built) in cache_dir
-    try:
+    with _inductor_cache_dir(cache_dir):
+        clear_caches()  # so every kernel is found (or built) in cache_dir
         for blob in blobs:
             pickle.loads(blob).after_deserialization()
-    finally:
-        if previous is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
 
 
 def _inductor_backend_loader(bundle: dict[str, Any] | None) -> Any:

@@ -115,11 +115,11 @@ def _lift_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[Any]
     return tensors, names, subs
 
 
-def _describe_structure_mismatch(mods: list[Any]) -> None:
+def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[Any]]:
     """Raise the precise invariant-2 message for a runtime model that differs from the
-    traced one; return quietly if it matches. Slow on purpose: it runs only when the
-    per-call fast check saw a new model or a change."""
-    tensors, names, _subs = _lift_module_state(mods)
+    traced one; if it matches, return its lifted state (as ``_lift_module_state``). Slow
+    on purpose: it runs only when the per-call fast check saw a new model or a change."""
+    tensors, names, subs = _lift_module_state(mods)
     expected = list(PARAM_NAMES) + list(BUFFER_NAMES)
     if names != expected:
         missing = [n for n in expected if n not in names]
@@ -196,6 +196,7 @@ def _describe_structure_mismatch(mods: list[Any]) -> None:
                 f"identical model",
                 2,
             )
+    return tensors, names, subs
 
 
 def _describe_input_mismatch(leaves: list[Any], spec_matches: bool) -> None:
@@ -376,8 +377,7 @@ def _build_single_graph_forward() -> Any:
                     f"took there, got {type(m).__name__}",
                     2,
                 )
-        _describe_structure_mismatch(list(mods))
-        tensors, _names, subs = _lift_module_state(list(mods))
+        tensors, _names, subs = _checked_module_state(list(mods))
         roots = mods
         dicts = tuple(
             d for sub in subs for d in (vars(sub), sub._parameters, sub._buffers, sub._modules)
@@ -669,7 +669,7 @@ SINGLE_GRAPH_DRIVER = (
     _relabel_layout_error_eager,
     _fail,
     _lift_module_state,
-    _describe_structure_mismatch,
+    _checked_module_state,
     _describe_input_mismatch,
     _picker,
     _build_single_graph_forward,

@@ -15,7 +15,7 @@ import torch
 
 import precompile
 from precompile import EagerFallbackWarning, PrecompileError
-from tests.conftest import RECORD_SPAWNS, assert_same, run_python, serve_fresh
+from tests.conftest import assert_same, run_python, serve_fresh, watched_load
 from tests.fixtures import dynamo_models
 from tests.fixtures.dynamo_models import CASES
 from tests.fixtures.models import MLP, observe, serve
@@ -102,30 +102,14 @@ def test_fresh_process_compiles_nothing(dynamo_captured: dict[str, Any]) -> None
     assert dynamo_captured["torch_compile"]["__dynamo_frames_compiled__"] > 0  # the check can fail
 
 
-WATCHED_LOAD = (
-    RECORD_SPAWNS
-    + """
-import torch, precompile
+#: Serves a Dynamo test case in a watched load (tests.conftest.watched_load).
+SERVE_CASE = """
 from tests.fixtures.dynamo_models import CASES
-warnings.simplefilter("error", precompile.CacheFallbackWarning)
-warnings.simplefilter("ignore", precompile.ArtifactTrustWarning)
-run = precompile.load({artifact!r}, {cache!r})
 case = CASES[{case!r}]
 served, expected = run(*case.build(1)), case.fn(*case.build(1))
 leaves = zip(torch.utils._pytree.tree_leaves(served), torch.utils._pytree.tree_leaves(expected))
 error = max((a - b).abs().max().item() for a, b in leaves)
-cache_dir = os.environ["TORCHINDUCTOR_CACHE_DIR"]
-print(json.dumps({{
-    "error": error,
-    "spawned": spawned,
-    "cache_files": [os.path.join(d, f) for d, _, fs in os.walk(cache_dir) for f in fs],
-    "compiler_imported": sorted(
-        m for m in ("torch._inductor.compile_fx", "torch._functorch.aot_autograd")
-        if m in sys.modules
-    ),
-}}))
 """
-)
 
 
 @pytest.mark.parametrize("dynamo_captured", ["inductor"], indirect=True)
@@ -144,14 +128,13 @@ def test_a_cached_inductor_load_compiles_and_probes_nothing(
     # a test program per ISA in child processes) may run: the cache has the kernels and
     # records the ISA they were built for.
     artifact, cache = dynamo_captured["cases"][case_name]["paths"]
-    user_cache = tmp_path / "inductor-cache"
-    user_cache.mkdir()
-    proc = run_python(
-        WATCHED_LOAD.format(artifact=artifact, cache=cache, case=case_name),
-        TORCHINDUCTOR_CACHE_DIR=str(user_cache),
-    )
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    serve = SERVE_CASE.format(case=case_name)
+    result = watched_load(artifact, cache, serve, tmp_path / "inductor-cache")
+    compiler = [
+        m
+        for m in ("torch._inductor.compile_fx", "torch._functorch.aot_autograd")
+        if m in result["modules"]
+    ]
     assert result["error"] < 1e-5
     assert result["cache_files"] == [], "the load wrote into TORCHINDUCTOR_CACHE_DIR"
     text = Path(artifact).read_text()
@@ -164,7 +147,7 @@ def test_a_cached_inductor_load_compiles_and_probes_nothing(
         # binds the cached kernels directly, so it starts no process at all and imports
         # neither Inductor's compiler nor AOTAutograd.
         assert result["spawned"] == []
-        assert result["compiler_imported"] == []
+        assert compiler == []
         return
     # Subgraphs of a training capture, or that switch grad mode, ship as Inductor's
     # bundled artifacts, whose loader still runs what it computes its cache keys with --

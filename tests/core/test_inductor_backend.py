@@ -6,7 +6,6 @@ its own message."""
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import torch
 
 import precompile
 from precompile import CacheFallbackWarning, PrecompileError
-from tests.conftest import RECORD_SPAWNS, run_python
+from tests.conftest import run_python, watched_load
 from tests.fixtures.models import ConvBN, convbn_fn
 
 
@@ -35,40 +34,18 @@ def convbn(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return paths
 
 
-SERVE_AND_WATCH = (
-    RECORD_SPAWNS
-    + """
-import torch, precompile
+def test_cached_load_compiles_nothing(convbn: tuple[Path, Path], tmp_path: Path) -> None:
+    serve = """
 from tests.fixtures.models import ConvBN, convbn_fn
-warnings.simplefilter("error", precompile.CacheFallbackWarning)
-warnings.simplefilter("ignore", precompile.ArtifactTrustWarning)
-run = precompile.load({artifact!r}, {cache!r})
 torch.manual_seed(7)
 model, x = ConvBN().eval(), torch.randn(2, 3, 6, 6)
 error = (run(model, x) - convbn_fn(model, x)).abs().max().item()
-cache_dir = os.environ["TORCHINDUCTOR_CACHE_DIR"]
-print(json.dumps({{
-    "error": error,
-    "spawned": spawned,
-    "compiler_modules": sorted(m for m in sys.modules if m.startswith(("torch._inductor", "torch._dynamo"))),
-    "cache_files": [os.path.join(d, f) for d, _, fs in os.walk(cache_dir) for f in fs],
-}}))
 """
-)
-
-
-def test_cached_load_compiles_nothing(convbn: tuple[Path, Path], tmp_path: Path) -> None:
-    cache_dir = tmp_path / "inductor-cache"
-    cache_dir.mkdir()
-    proc = run_python(
-        SERVE_AND_WATCH.format(artifact=str(convbn[0]), cache=str(convbn[1])),
-        TORCHINDUCTOR_CACHE_DIR=str(cache_dir),
-    )
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = watched_load(str(convbn[0]), str(convbn[1]), serve, tmp_path / "inductor-cache")
+    compiler = [m for m in result["modules"] if m.startswith(("torch._inductor", "torch._dynamo"))]
     assert result["error"] < 1e-5
     assert result["spawned"] == [], "a compiler or worker process was started"
-    assert result["compiler_modules"] == [], "the load imported the compiler"
+    assert compiler == [], "the load imported the compiler"
     assert result["cache_files"] == [], "the load wrote into TORCHINDUCTOR_CACHE_DIR"
 
 
