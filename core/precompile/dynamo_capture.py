@@ -26,6 +26,7 @@ import torch
 
 from precompile import _compat
 from precompile.errors import Location, PrecompileError
+from precompile.function_records import function_records
 from precompile.locations import (
     StackFrame,
     codepoint_column,
@@ -591,35 +592,16 @@ def entry_binding(fn: types.FunctionType) -> dict[str, Any]:
     return {"defaults": fn.__defaults__, "kwdefaults": fn.__kwdefaults__}
 
 
-def function_sources(fn: types.FunctionType, frames: list[FrameRecord]) -> list[dict[str, Any]]:
-    """Function-level checksums of the traced source: the entry and every frame's code,
-    plus the functions Dynamo inlined, so a load can refuse a changed function by name."""
-    import hashlib
-
-    seen: dict[tuple[str, int], dict[str, Any]] = {}
-
-    def add(code: types.CodeType) -> None:
-        if code.co_name.startswith("torch_dynamo_resume_in") or not is_user_file(code.co_filename):
-            return
-        try:
-            lines, first = inspect.getsourcelines(code)
-        except (OSError, TypeError):
-            return
-        key = (code.co_filename, first)
-        if key not in seen:
-            seen[key] = {
-                "file": code.co_filename,
-                "function": code.co_qualname if hasattr(code, "co_qualname") else code.co_name,
-                "module": getattr(inspect.getmodule(code), "__name__", None),
-                "first_line": first,
-                "last_line": first + len(lines) - 1,
-                "sha256": hashlib.sha256("".join(lines).encode()).hexdigest(),
-            }
-
-    add(fn.__code__)
-    for frame in frames:
-        add(frame.code)
-    return sorted(seen.values(), key=lambda r: (r["file"], r["first_line"]))
+def function_sources(
+    fn: types.FunctionType, frames: list[FrameRecord], artifact_path: str
+) -> list[dict[str, Any]]:
+    """Function-level digests of the traced source: the entry and every frame's code, so
+    a load can refuse a changed function by name and an editor can tell a stale
+    artifact from an edit elsewhere in the same file (``precompile.source_digest``)."""
+    codes = [fn.__code__, *(frame.code for frame in frames)]
+    return function_records(
+        [c for c in codes if not c.co_name.startswith("torch_dynamo_resume_in")], artifact_path
+    )
 
 
 def inlined_source_files(package: Any) -> list[str]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from precompile import _compat, driver, installed_driver, multigraph_driver
+from precompile import _compat, driver, installed_driver, multigraph_driver, source_digest
 from precompile.dynamo_capture import FrameRecord
 from precompile.emit import Artifact, _header, source_records
 from precompile.errors import PrecompileError
@@ -344,6 +344,8 @@ def emit_dynamo(
         for f in (
             driver.PrecompileError,
             driver._fail,
+            source_digest.function_source,
+            source_digest.source_digest,
             _compat._dynamo_serving_runtime,
             *multigraph_driver.MULTIGRAPH_DRIVER,
             *(

@@ -87,7 +87,7 @@ def build_dynamo_artifact(
     report.graph_breaks = [b.to_dict() for b in breaks]
     report.recompiles = list(session.recompiles)
     report.guards = guards_summary(frames)
-    report.function_sources = function_sources(session.fn, frames)
+    report.function_sources = function_sources(session.fn, frames, artifact_path)
     report.summary = summarize(frames, len(breaks), len(order))
     report.audit = audit(frames)
     if session.backend == "eager":

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from precompile import _compat, driver
+from precompile.function_records import function_records
 from precompile.fx_capture import SingleGraph
 from precompile.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
 from precompile.version import __version__
@@ -107,6 +108,7 @@ def single_graph_metadata(
     backend: str,
     tracer: str,
     sources: list[dict[str, str]],
+    functions: list[dict[str, Any]],
 ) -> dict[str, Any]:
     lifted = graph.lifted
     leaves = graph.user_leaves
@@ -158,6 +160,7 @@ def single_graph_metadata(
         "TORCH_VERSION": str(torch.__version__),
         "PYTHON_VERSION": list(sys.version_info[:2]),
         "SOURCES": sources,
+        "FUNCTION_SOURCES": functions,
     }
 
 
@@ -171,8 +174,14 @@ def emit_single_graph(
     artifact_path: str,
 ) -> Artifact:
     sources = source_records([*graph.source_files(), fn_info["file"] or ""], artifact_path)
+    functions = function_records(graph.functions_run, artifact_path)
     metadata = single_graph_metadata(
-        graph, fn_info=fn_info, backend=backend, tracer=tracer, sources=sources
+        graph,
+        fn_info=fn_info,
+        backend=backend,
+        tracer=tracer,
+        sources=sources,
+        functions=functions,
     )
     imports = [_compat.ARTIFACT_PRELUDE, lowered.prelude]
     if lowered.runtime:
@@ -194,6 +203,7 @@ def emit_single_graph(
             "",
             f"_relabel_layout_error = {lowered.relabel.__name__}",
             "forward = _build_single_graph_forward()",
+            "covers = forward.covers",
             "",
         ]
     )

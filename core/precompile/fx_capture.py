@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import functools
 import sys
+import types
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -21,7 +22,12 @@ from precompile import _compat
 from precompile._compat import pytree
 from precompile.errors import Location, PrecompileError
 from precompile.lifting import LiftedState, lift_module_state, module_training_flags
-from precompile.locations import StackFrame, innermost, traceback_user_stack
+from precompile.locations import (
+    StackFrame,
+    innermost,
+    recording_calls,
+    traceback_user_stack,
+)
 
 #: Non-tensor example values the artifact can bake and re-check on every call.
 LITERAL_TYPES = (type(None), bool, int, float, complex, str)
@@ -48,6 +54,8 @@ class SingleGraph:
     dynamic_dims: dict[int, dict[int, tuple[int | None, int | None, str | None]]] = (
         dataclasses.field(default_factory=dict)
     )
+    #: Every project function the trace ran through (whether or not it made a node).
+    functions_run: list[types.CodeType] = dataclasses.field(default_factory=list)
 
     @property
     def user_tensors(self) -> list[torch.Tensor]:
@@ -436,7 +444,7 @@ def trace_single_graph(
         fakes = [fake_mode.from_tensor(t) for t in lifted.tensors]
         fakes += [fake_mode.from_tensor(leaves[i]) for i in tensor_slots]
     try:
-        with _compat.recording_user_stacks(flat_fn.__code__) as stack_of:
+        with _compat.recording_user_stacks(flat_fn.__code__) as stack_of, recording_calls() as ran:
             with fake_mode, _RefuseOpaqueAccess(), torch.set_grad_enabled(training):
                 gm = _compat.make_fx(
                     flat_fn,
@@ -468,6 +476,7 @@ def trace_single_graph(
         node_stacks=node_stacks,
         training=training,
         dynamic_dims=dynamic_dims,
+        functions_run=sorted(ran, key=lambda c: (c.co_filename, c.co_firstlineno)),
     )
 
 

@@ -16,7 +16,7 @@ from precompile.errors import PrecompileError
 #: The line that closes the metadata section; readers parse only what precedes it.
 METADATA_END = "# ---- end of metadata ----"
 ARTIFACT_FORMAT = "torch-precompile-artifact"
-ARTIFACT_FORMAT_VERSION = 1
+ARTIFACT_FORMAT_VERSION = 2
 
 
 def render_assignment(name: str, value: Any) -> str:
@@ -62,6 +62,12 @@ def parse_metadata(source: str, origin: str = "<artifact>") -> dict[str, Any]:
             f"{origin} is not a torch-precompile artifact (FORMAT is "
             f"{metadata.get('FORMAT')!r})",
             hint="pass the .py file that precompile.capture wrote",
+        )
+    if metadata.get("FORMAT_VERSION") != ARTIFACT_FORMAT_VERSION:
+        raise PrecompileError(
+            f"{origin} has artifact format version {metadata.get('FORMAT_VERSION')!r}; this "
+            f"torch-precompile reads version {ARTIFACT_FORMAT_VERSION}",
+            hint="emit the artifact again with this version of torch-precompile",
         )
     return metadata
 

@@ -46,6 +46,10 @@ if TYPE_CHECKING:
 
     def _dynamo_serving_runtime() -> Any: ...
 
+    def function_source(module_text: str, qualname: str, line: int = 0) -> str | None: ...
+
+    def source_digest(text: str) -> str: ...
+
 
 def _check_versions() -> None:
     """Refuse a foreign Python or torch before anything is unpickled: the artifact holds
@@ -91,22 +95,26 @@ def _import_module(name: str) -> Any:
 
 def _check_function_sources() -> None:
     """Refuse to serve a function whose source changed since capture: its guards and
-    bytecode describe the old code."""
-    import hashlib
+    bytecode describe the old code. Each function is compared on its own source
+    (``function_source``), so an edit elsewhere in its file changes nothing."""
     import inspect
 
+    texts: dict[str, str | None] = {}
     for record in FUNCTION_SOURCES:
-        module = _import_module(record["module"]) if record["module"] else None
-        try:
-            lines = inspect.getsource(module).splitlines(keepends=True) if module else []
-        except (OSError, TypeError):
-            lines = []
-        current = "".join(lines[record["first_line"] - 1 : record["last_line"]])
-        if hashlib.sha256(current.encode()).hexdigest() != record["sha256"]:
+        name = record["module"]
+        if name not in texts:
+            try:
+                texts[name] = inspect.getsource(_import_module(name))
+            except (OSError, TypeError):
+                texts[name] = None
+        text = texts[name]
+        source = None if text is None else function_source(text, record["function"], record["line"])
+        if source is None or source_digest(source) != record["sha256"]:
+            what = "is gone or renamed" if source is None else "changed"
             _fail(
-                f"precompile: {record['function']} in {record['file']} (lines "
-                f"{record['first_line']}-{record['last_line']}) changed since this artifact "
-                f"was captured; its guards and bytecode describe the old code. Capture it again"
+                f"precompile: {record['function']} in {record['path']} (module {name}) {what} "
+                f"since this artifact was captured; its guards and bytecode describe the old "
+                f"code. Capture it again"
             )
 
 

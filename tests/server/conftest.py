@@ -35,11 +35,14 @@ def check_json(workspace: Path, *args: str) -> tuple[int, dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def shop(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The shop workspace with a stale artifact: emitted, then its source edited."""
+    """The shop workspace with a stale artifact: emitted, then its target's code edited
+    (staleness is per function: an edit elsewhere in the file would not count)."""
     workspace = tmp_path_factory.mktemp("shop") / "shop"
     shutil.copytree(FIXTURES / "workspace", workspace)
     proc = precompile_cli("emit", "shop.serving.stale", cwd=workspace)
     assert proc.returncode == 0, proc.stderr
     serving = workspace / "src" / "shop" / "serving.py"
-    serving.write_text(serving.read_text() + "\n# edited after the artifact was emitted\n")
+    source = serving.read_text()
+    assert "    return model(x) * 2\n" in source
+    serving.write_text(source.replace("    return model(x) * 2\n", "    return model(x) * 2.0\n"))
     return workspace

@@ -1,0 +1,61 @@
+"""Records of the functions a capture ran through: module, qualified name, file (relative
+to the artifact), first line and a digest of the function's own source.
+
+Loading an artifact compares each with the live source, and the language server compares
+them with the workspace to call an artifact stale; both use ``precompile.source_digest``,
+so a change to another function in the same file is not a change to this one.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import types
+from typing import Any
+
+from precompile.locations import is_project_file
+from precompile.source_digest import function_source, source_digest
+
+
+def _module_text(code: types.CodeType) -> tuple[str | None, str | None]:
+    """The source of the module ``code`` was defined in, as this process loaded it."""
+    module = inspect.getmodule(code)
+    if module is None:
+        return None, None
+    try:
+        return module.__name__, inspect.getsource(module)
+    except (OSError, TypeError):
+        return module.__name__, None
+
+
+def function_records(codes: list[types.CodeType], artifact_path: str) -> list[dict[str, Any]]:
+    """One record per distinct project function among ``codes`` (torch is pinned by its
+    version check; installed libraries change by version, not by edit)."""
+    base = os.path.dirname(os.path.abspath(artifact_path))
+    records: dict[tuple[str, str], dict[str, Any]] = {}
+    for code in codes:
+        if not is_project_file(code.co_filename):
+            continue
+        qualname = getattr(code, "co_qualname", code.co_name)
+        key = (code.co_filename, qualname)
+        if key in records:
+            continue
+        module, text = _module_text(code)
+        source = None if text is None else function_source(text, qualname, code.co_firstlineno)
+        if module is None or source is None:
+            continue
+        try:
+            shown = os.path.relpath(os.path.abspath(code.co_filename), base)
+        except ValueError:
+            shown = os.path.abspath(code.co_filename)
+        records[key] = {
+            "module": module,
+            "function": qualname,
+            "path": shown.replace(os.sep, "/"),
+            "line": code.co_firstlineno,
+            "sha256": source_digest(source),
+        }
+    return sorted(records.values(), key=lambda r: (r["path"], r["line"]))
+
+
+__all__ = ["function_records"]

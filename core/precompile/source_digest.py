@@ -1,0 +1,70 @@
+"""What "this function's code changed" means, decided the same way everywhere.
+
+A capture records a digest of every function it ran through; a load compares them with
+the live sources, and the language server compares them with the workspace to call an
+artifact stale. All three use this module, so they agree: the digest covers exactly one
+function -- from its first decorator to its last line, dedented -- found by qualified
+name, so an edit elsewhere in the file (another function, a comment, lines added above)
+does not change it.
+
+Imports nothing at module level and nothing but the standard library inside: artifacts
+carry these functions verbatim, and the language server imports them without torch.
+"""
+
+from __future__ import annotations
+
+
+def function_source(module_text: str, qualname: str, line: int = 0) -> str | None:
+    """The source of the function ``qualname`` (``Cls.method``, ``f.<locals>.g``) in
+    ``module_text``, from its first decorator to its last line, dedented; None when the
+    text has no such function (or does not parse). ``line`` (the function's first line
+    at capture) picks among same-named definitions, and places a lambda."""
+    import ast
+    import textwrap
+
+    try:
+        tree = ast.parse(module_text)
+    except (SyntaxError, ValueError):
+        return None
+    path = [part for part in qualname.split(".") if part != "<locals>"]
+    scopes: list[list[ast.stmt]] = [tree.body]
+    found: list[ast.AST] = []
+    for depth, name in enumerate(path):
+        matches: list[ast.AST] = []
+        for body in scopes:
+            for node in body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    if node.name == name:
+                        matches.append(node)
+        if name == "<lambda>" and depth == len(path) - 1:
+            for body in scopes:
+                for stmt in body:
+                    for node in ast.walk(stmt):
+                        if isinstance(node, ast.Lambda) and node.lineno == line:
+                            matches.append(node)
+        if not matches:
+            return None
+        found = matches
+        scopes = [
+            getattr(m, "body", []) for m in matches if isinstance(getattr(m, "body", None), list)
+        ]
+    if not found:
+        return None
+
+    def first_line(node: ast.AST) -> int:
+        decorators = getattr(node, "decorator_list", [])
+        return min([d.lineno for d in decorators] + [node.lineno])
+
+    node = min(found, key=lambda n: (abs(first_line(n) - line) if line else 0))
+    lines = module_text.splitlines(keepends=True)
+    text = "".join(lines[first_line(node) - 1 : node.end_lineno])
+    if isinstance(node, ast.Lambda):
+        text = ast.get_source_segment(module_text, node) or text
+    return textwrap.dedent(text)
+
+
+def source_digest(text: str) -> str:
+    """The digest recorded for a function's source (sha256 of its UTF-8 text)."""
+    import hashlib
+
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

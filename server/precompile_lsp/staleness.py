@@ -1,0 +1,89 @@
+"""Is a target's artifact missing, unreadable, or stale -- decided here, without torch.
+
+Staleness is per function: an artifact records a digest of each function its capture ran
+through (``FUNCTION_SOURCES``), and it is stale when one of those functions reads
+differently in the workspace now, or is gone. Editing another function of the same file,
+a comment outside the function, or lines above it changes nothing. Artifacts that predate
+function records fall back to their per-file ``SOURCES`` hashes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from pathlib import Path
+
+from precompile.errors import PrecompileError
+from precompile.metadata import inspect_artifact
+from precompile.source_digest import function_source, source_digest
+
+
+@dataclasses.dataclass(frozen=True)
+class StaleSource:
+    """One recorded source that no longer matches: ``function`` is None for a
+    file-level record (an artifact without function records)."""
+
+    file: Path
+    function: str | None
+    gone: bool = False
+
+    def describe(self, shown_file: str) -> str:
+        if self.function is None:
+            return f"{shown_file} changed"
+        if self.gone:
+            return f"`{self.function}` ({shown_file}) is gone or renamed"
+        return f"`{self.function}` ({shown_file}) changed"
+
+
+@dataclasses.dataclass(frozen=True)
+class ArtifactStatus:
+    exists: bool
+    unreadable: str | None = None
+    stale: tuple[StaleSource, ...] = ()
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def artifact_status(artifact: Path) -> ArtifactStatus:
+    """What the workspace says of ``artifact`` now (reads files: call off the event loop)."""
+    if not artifact.is_file():
+        return ArtifactStatus(exists=False)
+    try:
+        metadata = inspect_artifact(artifact)
+    except PrecompileError as error:
+        return ArtifactStatus(exists=True, unreadable=error.message)
+    base = artifact.parent
+    stale: list[StaleSource] = []
+    records = metadata.get("FUNCTION_SOURCES")
+    if isinstance(records, list) and records:
+        texts: dict[Path, str | None] = {}
+        for record in records:
+            path = Path(os.path.normpath(base / record["path"]))
+            if path not in texts:
+                texts[path] = _read(path)
+            text = texts[path]
+            source = (
+                None
+                if text is None
+                else function_source(text, record["function"], record.get("line", 0))
+            )
+            if source is None:
+                stale.append(StaleSource(path, record["function"], gone=True))
+            elif source_digest(source) != record["sha256"]:
+                stale.append(StaleSource(path, record["function"]))
+        return ArtifactStatus(exists=True, stale=tuple(stale))
+    for record in metadata.get("SOURCES", []):
+        path = Path(os.path.normpath(base / record["path"]))
+        try:
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            digest = None
+        if digest != record["sha256"]:
+            stale.append(StaleSource(path, None))
+    return ArtifactStatus(exists=True, stale=tuple(stale))
