@@ -319,11 +319,11 @@ class Capture:
 
     def covers(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Which captured variant of the entry frame would serve this call, or which guard
-        fails per variant. No graph runs. Dynamo tracer only."""
+        fails per variant, decided as serving decides. No graph runs."""
         if not isinstance(self.tracer, DynamoTracer):
-            raise PrecompileError(
-                "covers() needs the Dynamo tracer; a make_fx artifact serves one call shape"
-            )
+            if self._runnable is None:
+                raise PrecompileError("covers() needs a captured call first")
+            return self._runnable.covers(*args, **kwargs)
         self._ensure_artifact()
         if self._runnable is None:
             return self._session.entry_coverage(args, kwargs)

@@ -406,7 +406,8 @@ def _build_single_graph_forward() -> Any:
                 return tensors
         return _verify_model(mods)
 
-    def forward(*args: Any, **kwargs: Any) -> Any:
+    def checked_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
+        """Every check of a call; the graph's flat inputs and the user's tensors."""
         if kwargs or len(args) != n_args:
             if kwargs:
                 _fail(
@@ -442,7 +443,21 @@ def _build_single_graph_forward() -> Any:
         if not ok:
             _describe_input_mismatch(list(leaves), True)
             tensors_in = pick_tensors(leaves)
-        flat = [*_model_tensors(mods), *tensors_in]
+        return [*_model_tensors(mods), *tensors_in], tensors_in
+
+    def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Whether this artifact serves the call, decided by the very checks a call runs
+        (no graph runs): served by its one graph, or the refusal."""
+        try:
+            checked_inputs(args, kwargs)
+        except Exception as error:
+            if type(error).__name__ != "PrecompileError":
+                raise
+            return {"served_by": None, "failures": [{"variant": 0, "guard": str(error)}]}
+        return {"served_by": 0, "failures": []}
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        flat, tensors_in = checked_inputs(args, kwargs)
         grad_was_enabled = _torch.is_grad_enabled()
         if grad_was_enabled:
             _set_grad_enabled(False)
@@ -477,6 +492,7 @@ def _build_single_graph_forward() -> Any:
             return out[0]
         return _pytree.tree_unflatten(list(out), out_spec)
 
+    forward.covers = covers  # type: ignore[attr-defined]
     return forward
 
 

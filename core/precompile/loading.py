@@ -45,12 +45,12 @@ class PrecompiledRunnable:
 
     def covers(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Which captured variant of the entry frame would serve this call, or, per
-        variant, the first guard that fails. No graph runs. Multi-graph artifacts only."""
+        variant, the first guard that fails: decided by the checks a call runs, but no
+        graph runs."""
         covers = self._namespace.get("covers")
         if covers is None:
             raise PrecompileError(
-                "covers() is for multi-graph (Dynamo) artifacts; a single-graph artifact "
-                "serves exactly its traced call shape"
+                "this artifact predates covers() for single-graph artifacts; emit it again"
             )
         return covers(*args, **kwargs)
 

@@ -30,10 +30,14 @@ class Example:
 
 @dataclasses.dataclass(frozen=True)
 class TargetOptions:
+    """What ``@precompile.target`` was given. ``backend`` and ``tracer`` are None when the
+    decorator leaves them to the workspace (``[tool.precompile]``: inductor and dynamo
+    unless it says otherwise)."""
+
     examples: Callable[[], Iterable[Any]]
     covers: Callable[[], Iterable[Any]] | None = None
-    backend: str = "inductor"
-    tracer: Any = "dynamo"
+    backend: str | None = None
+    tracer: Any = None
     training: bool = False
     artifact: str | None = None
 
@@ -54,13 +58,14 @@ def target(
     examples: Callable[[], Iterable[Any]],
     *,
     covers: Callable[[], Iterable[Any]] | None = None,
-    backend: str = "inductor",
-    tracer: Any = "dynamo",
+    backend: str | None = None,
+    tracer: Any = None,
     training: bool = False,
     artifact: str | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Mark ``fn`` as a precompile target: captured from ``examples()``, expected to serve
-    ``covers()``, emitted with ``backend`` to ``artifact``. Returns ``fn`` unchanged."""
+    ``covers()``, emitted with ``backend`` to ``artifact``. Returns ``fn`` unchanged.
+    ``backend`` and ``tracer`` default to the workspace's ``[tool.precompile]`` settings."""
     if not callable(examples):
         raise TypeError(
             "precompile.target: examples must be a zero-argument callable returning calls"
@@ -69,7 +74,7 @@ def target(
         raise TypeError(
             "precompile.target: covers must be a zero-argument callable returning calls"
         )
-    if backend not in ("inductor", "eager"):
+    if backend not in (None, "inductor", "eager"):
         raise ValueError(
             f"precompile.target: backend must be 'inductor' or 'eager', got {backend!r}"
         )

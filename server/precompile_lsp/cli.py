@@ -46,17 +46,28 @@ def _files(paths: list[str]) -> list[Path] | None:
 
 
 class _Progress:
-    """A live progress line on a terminal (stderr); silent otherwise."""
+    """A live progress line on a terminal (stderr); silent otherwise, or with --quiet."""
 
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
+    def __init__(self, quiet: bool = False) -> None:
+        self.tty = sys.stderr.isatty() and not quiet
 
     def __call__(self, event: dict[str, Any]) -> None:
+        if event["kind"] == "log":
+            self.done()
+            print(event["message"], file=sys.stderr)
+            return
         if not self.tty:
             return
         if event["kind"] == "progress":
             sys.stderr.write(
-                f"\r\033[Kprecompile: capturing {event['done']}/{event['total']} {event.get('target', '')}"
+                f"\r\033[Kprecompile: capturing {event['done']}/{event['total']} {event.get('target') or ''}"
+            )
+            sys.stderr.flush()
+        elif event["kind"] == "stage":
+            from precompile_lsp.stages import stage_text
+
+            sys.stderr.write(
+                f"\r\033[Kprecompile: {event['job']} {event['target']}: {stage_text(event)}"
             )
             sys.stderr.flush()
 
@@ -76,6 +87,8 @@ def _target_rows(engine: Any) -> list[dict[str, Any]]:
                 "file": str(state.decl.file),
                 "line": state.decl.definition.line,
                 "summary": (report.get("summary") or {}).get("text"),
+                "tracer": report.get("tracer") or engine.options_of(state.decl)["tracer"],
+                "backend": engine.options_of(state.decl)["backend"],
                 "artifact": str(engine.artifact_of(state.decl)[0]),
                 "dependencies": sorted(str(p) for p in state.dependencies),
             }
@@ -90,7 +103,7 @@ def _check(args: argparse.Namespace) -> int:
     from precompile_lsp.findings import SEVERITY_RANK
 
     root = _workspace(args.paths)
-    progress = _Progress()
+    progress = _Progress(args.quiet)
     overrides = {"workers": args.jobs} if args.jobs else None
     started = time.monotonic()
     try:
@@ -115,6 +128,16 @@ def _check(args: argparse.Namespace) -> int:
         print(f"precompile check: internal error: {type(error).__name__}: {error}", file=sys.stderr)
         return EXIT_ERROR
     progress.done()
+    if not engine.targets:
+        roots = ", ".join(str(r) for r in engine.config.source_roots)
+        print(
+            f"precompile check: no @precompile.target found under {root} (source roots: "
+            f"{roots}); mark a function with @precompile.target(examples) or set "
+            f"[tool.precompile] source-roots",
+            file=sys.stderr,
+        )
+    for warning in engine.config.warnings:
+        print(f"precompile check: warning: {warning}", file=sys.stderr)
     elapsed = time.monotonic() - started
     all_findings = [f for fs in findings.values() for f in fs]
     counts = {s: sum(1 for f in all_findings if f.severity == s) for s in ("error", "warning")}
@@ -174,8 +197,9 @@ def _emit_or_verify(args: argparse.Namespace, kind: str) -> int:
     from precompile_lsp.engine import Engine
 
     root = _workspace([])
+    progress = _Progress(args.quiet)
     try:
-        engine = Engine(root, trusted=True, use_cache=False)
+        engine = Engine(root, trusted=True, use_cache=False, on_event=progress)
         if kind == "verify":
             from precompile.metadata import inspect_artifact
 
@@ -192,11 +216,12 @@ def _emit_or_verify(args: argparse.Namespace, kind: str) -> int:
 
     async def run() -> dict[str, Any]:
         try:
-            return await engine.run_target(decl, kind)
+            return await (engine.verify(decl) if kind == "verify" else engine.emit(decl))
         finally:
             await engine.close()
 
     result = asyncio.run(run())
+    progress.done()
     if result.get("status") in ("timeout", "crashed"):
         print(f"precompile {kind}: {result['message']}", file=sys.stderr)
         return EXIT_FINDINGS
@@ -210,11 +235,13 @@ def _emit_or_verify(args: argparse.Namespace, kind: str) -> int:
     failures = result.get("verify_failures", [])
     for failure in failures:
         print(f"{args.artifact}: {failure}")
-    for stale in result.get("stale", []):
-        print(f"{args.artifact}: stale: {stale['file']} changed since it was emitted")
-    if not failures and not result.get("stale"):
+    status = engine.targets[decl.key].artifact
+    stale = status.stale if status is not None else ()
+    for source in stale:
+        print(f"{args.artifact}: stale: {source.describe(str(source.file))} since it was emitted")
+    if not failures and not stale:
         print(f"{args.artifact}: verified against eager")
-    return EXIT_FINDINGS if failures or result.get("stale") else EXIT_OK
+    return EXIT_FINDINGS if failures or stale else EXIT_OK
 
 
 def _daemon(args: argparse.Namespace) -> int:
@@ -280,15 +307,18 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--no-cache", action="store_true", help="ignore and do not write .precompile/cache"
     )
+    check.add_argument("--quiet", action="store_true", help="no progress line on a terminal")
     check.set_defaults(run=_check)
     daemon = commands.add_parser("daemon", help="watch the workspace and print changed findings")
     daemon.add_argument("paths", nargs="*")
     daemon.set_defaults(run=_daemon)
     emit = commands.add_parser("emit", help="emit one target's artifact pair")
     emit.add_argument("target", help="module.function, function, or path.py::function")
+    emit.add_argument("--quiet", action="store_true", help="no progress line on a terminal")
     emit.set_defaults(run=lambda a: _emit_or_verify(a, "emit"))
     verify = commands.add_parser("verify", help="verify an artifact against eager")
     verify.add_argument("artifact")
+    verify.add_argument("--quiet", action="store_true", help="no progress line on a terminal")
     verify.set_defaults(run=lambda a: _emit_or_verify(a, "verify"))
     inspect = commands.add_parser("inspect", help="print an artifact's metadata without running it")
     inspect.add_argument("artifact", help="path of the artifact's .py file")

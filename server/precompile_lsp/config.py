@@ -1,21 +1,42 @@
 """``[tool.precompile]`` in pyproject.toml: where targets live and how they are checked.
 
 Paths are relative to the pyproject.toml that holds the table (the workspace root). A
-bad value is a ConfigError naming the key and what it accepts: the CLI exits 2 on it,
-the language server shows it once and keeps its defaults.
+bad value is a ConfigError naming the key, the file it came from and what it accepts:
+the CLI exits 2 on it, the language server shows it once and keeps its previous
+configuration. An unknown key is only a warning (a newer version's key, or a typo): it
+is named, and the rest of the table still applies.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
+import math
 import os
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
 SEVERITIES = ("error", "warning", "information", "hint", "off")
+BACKENDS = ("inductor", "eager")
+TRACERS = ("dynamo", "make_fx")
+KEYS = (
+    "source-roots",
+    "include",
+    "exclude",
+    "artifact-dir",
+    "backend",
+    "tracer",
+    "timeout",
+    "workers",
+    "severity",
+    "python",
+)
+#: Directory names never searched for targets nor watched: tools' own state, caches.
+SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
 
 
 class ConfigError(ValueError):
@@ -42,6 +63,8 @@ class Config:
     workers: int = 1
     severity: dict[str, str] = dataclasses.field(default_factory=dict)
     python: str = sys.executable
+    #: What was wrong but not fatal (unknown keys), each naming the key and the file.
+    warnings: tuple[str, ...] = ()
 
     def module_of(self, path: Path) -> str | None:
         """The importable module name of a file, from the innermost source root holding it."""
@@ -58,11 +81,37 @@ class Config:
                 return ".".join(parts)
         return None
 
+    def _relative(self, path: Path) -> str | None:
+        try:
+            return path.resolve().relative_to(self.root).as_posix()
+        except ValueError:
+            return None
+
+    def is_skipped_dir(self, path: Path) -> bool:
+        """A directory that holds no targets and nothing a capture should react to:
+        hidden folders (``.git``, ``.precompile``), caches, virtual environments, the
+        artifact directory, and whatever ``exclude`` names as ``dir/**``."""
+        if path.name.startswith(".") or path.name in SKIPPED_DIRS:
+            return True
+        resolved = path.resolve()
+        if resolved == self.artifact_dir.resolve() or (resolved / "pyvenv.cfg").is_file():
+            return True
+        relative = self._relative(resolved)
+        if relative is None:
+            return False
+        for pattern in self.exclude:
+            if pattern.endswith("/**"):
+                stem = pattern[: -len("/**")]
+                if fnmatch.fnmatch(relative, stem) or fnmatch.fnmatch(
+                    relative, stem.removeprefix("**/")
+                ):
+                    return True
+        return False
+
     def is_included(self, path: Path) -> bool:
         path = path.resolve()
-        try:
-            relative = path.relative_to(self.root).as_posix()
-        except ValueError:
+        relative = self._relative(path)
+        if relative is None:
             return False
         if self.artifact_dir.resolve() in path.parents:
             return False  # emitted artifacts are generated code, never targets
@@ -73,14 +122,26 @@ class Config:
             for p in self.include
         )
 
+    def may_matter(self, path: Path) -> bool:
+        """Whether a change to ``path`` can change a finding: the workspace's
+        pyproject.toml, or a Python file inside the root outside skipped folders (a
+        target's dependencies are any workspace module its capture imported)."""
+        path = path.resolve()
+        if path == self.root / "pyproject.toml":
+            return True
+        if path.suffix != ".py" or self._relative(path) is None:
+            return False
+        parent = path.parent
+        while parent != self.root and self.root in parent.parents:
+            if self.is_skipped_dir(parent):
+                return False
+            parent = parent.parent
+        return True
+
     def python_files(self) -> list[Path]:
         files = []
         for directory, dirnames, names in os.walk(self.root):
-            dirnames[:] = [
-                d
-                for d in dirnames
-                if not d.startswith(".") and d not in ("__pycache__", "node_modules")
-            ]
+            dirnames[:] = [d for d in dirnames if not self.is_skipped_dir(Path(directory) / d)]
             for name in names:
                 path = Path(directory) / name
                 if name.endswith(".py") and self.is_included(path):
@@ -94,24 +155,6 @@ class Config:
         return self.severity.get(code, default)
 
 
-def _strings(value: Any, key: str) -> tuple[str, ...]:
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    raise ConfigError(
-        f"[tool.precompile] {key} must be a string or a list of strings, got {value!r}"
-    )
-
-
-def _choice(value: Any, key: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ConfigError(
-            f"[tool.precompile] {key} must be one of {', '.join(choices)}; got {value!r}"
-        )
-    return str(value)
-
-
 def find_pyproject(start: Path) -> Path | None:
     for directory in [start, *start.parents]:
         candidate = directory / "pyproject.toml"
@@ -120,80 +163,164 @@ def find_pyproject(start: Path) -> Path | None:
     return None
 
 
+class _Table:
+    """The merged table, able to say where each key came from for its error messages."""
+
+    def __init__(self, pyproject: Path, values: dict[str, Any], overrides: dict[str, Any]):
+        self.pyproject = pyproject
+        self.values = {**values, **overrides}
+        self.overridden = set(overrides)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.values
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    def where(self, key: str) -> str:
+        """How the user names ``key``: the editor setting, or the table and its file."""
+        if key in self.overridden:
+            return f"the editor setting precompile.{key}"
+        return f"[tool.precompile] {key}"
+
+    def source(self, key: str) -> str:
+        return "from the editor" if key in self.overridden else f"in {self.pyproject}"
+
+    def error(self, key: str, what: str) -> ConfigError:
+        return ConfigError(
+            f"{self.where(key)} {what}, got {self.values[key]!r} ({self.source(key)})"
+        )
+
+
+def _strings(table: _Table, key: str) -> tuple[str, ...]:
+    value = table[key]
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise table.error(key, "must be a string or a list of strings")
+
+
+def _choice(table: _Table, key: str, choices: tuple[str, ...]) -> str:
+    if table[key] not in choices:
+        raise table.error(key, f"must be one of {', '.join(choices)}")
+    return str(table[key])
+
+
+def _positive_seconds(table: _Table, key: str) -> float:
+    value = table[key]
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise table.error(key, "must be a finite positive number of seconds (e.g. 120)")
+    return float(value)
+
+
+@functools.lru_cache(maxsize=16)
+def _interpreter_problem(python: str, stamp: tuple[int, int]) -> str | None:
+    """Why ``python`` cannot run captures, or None. Cached by the file's identity and
+    modification time, so a reload of an unchanged configuration costs nothing."""
+    try:
+        proc = subprocess.run(
+            [python, "-c", "import sys; print(sys.version_info[0])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"does not run ({error})"
+    if proc.returncode != 0 or proc.stdout.strip() != "3":
+        detail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"does not run as a Python 3 interpreter (exit {proc.returncode}: {detail})"
+    return None
+
+
+def _interpreter(table: _Table, root: Path) -> str:
+    value = table["python"]
+    if not isinstance(value, str) or not value.strip():
+        raise table.error("python", "must be the path of a Python interpreter")
+    candidate = Path(value).expanduser()
+    if not candidate.is_absolute():
+        candidate = root / candidate
+    if not candidate.exists():
+        raise table.error(
+            "python",
+            f"names an interpreter that does not exist ({candidate}); point it at the "
+            f"python of the environment that has torch and torch-precompile installed",
+        )
+    if candidate.is_dir() or not os.access(candidate, os.X_OK):
+        raise table.error("python", f"is not an executable file ({candidate})")
+    status = candidate.stat()
+    problem = _interpreter_problem(str(candidate), (status.st_ino, status.st_mtime_ns))
+    if problem is not None:
+        raise table.error("python", f"{problem} ({candidate})")
+    return str(candidate)
+
+
 def load_config(root: Path, overrides: dict[str, Any] | None = None) -> Config:
     """The configuration of the workspace at ``root`` (its pyproject.toml, if any), with
     ``overrides`` (editor settings) applied on top."""
     root = root.resolve()
     pyproject = root / "pyproject.toml"
-    table: dict[str, Any] = {}
+    values: dict[str, Any] = {}
     if pyproject.is_file():
         try:
             data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
             raise ConfigError(f"{pyproject}: invalid TOML ({error})") from error
-        table = dict(data.get("tool", {}).get("precompile", {}))
-    table.update(overrides or {})
-    known = {
-        "source-roots",
-        "include",
-        "exclude",
-        "artifact-dir",
-        "backend",
-        "tracer",
-        "timeout",
-        "workers",
-        "severity",
-        "python",
-    }
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise ConfigError(f"[tool.precompile] has unknown keys {unknown}; known: {sorted(known)}")
-    kwargs: dict[str, Any] = {"root": root}
-    roots = _strings(table.get("source-roots", [".", "src"]), "source-roots")
+        section = data.get("tool", {}).get("precompile", {})
+        if not isinstance(section, dict):
+            raise ConfigError(f"{pyproject}: [tool.precompile] must be a table")
+        values = dict(section)
+    table = _Table(pyproject, values, dict(overrides or {}))
+    warnings = tuple(
+        f"{table.where(key)} is not a known key and is ignored ({table.source(key)}; "
+        f"known keys: {', '.join(KEYS)})"
+        for key in sorted(set(table.values) - set(KEYS))
+    )
+    kwargs: dict[str, Any] = {"root": root, "warnings": warnings}
+    roots = _strings(table, "source-roots") if "source-roots" in table else (".", "src")
     kwargs["source_roots"] = tuple((root / r).resolve() for r in roots)
     if "include" in table:
-        kwargs["include"] = _strings(table["include"], "include")
+        kwargs["include"] = _strings(table, "include")
     if "exclude" in table:
-        kwargs["exclude"] = Config.exclude + _strings(table["exclude"], "exclude")
+        kwargs["exclude"] = Config.exclude + _strings(table, "exclude")
+    kwargs["artifact_dir"] = root / "artifacts"
     if "artifact-dir" in table:
-        if not isinstance(table["artifact-dir"], str):
-            raise ConfigError("[tool.precompile] artifact-dir must be a string (a path)")
+        if not isinstance(table["artifact-dir"], str) or not table["artifact-dir"].strip():
+            raise table.error("artifact-dir", "must be a path (a string)")
         kwargs["artifact_dir"] = root / table["artifact-dir"]
-    else:
-        kwargs["artifact_dir"] = root / "artifacts"
     if "backend" in table:
-        kwargs["backend"] = _choice(table["backend"], "backend", ("inductor", "eager"))
+        kwargs["backend"] = _choice(table, "backend", BACKENDS)
     if "tracer" in table:
-        kwargs["tracer"] = _choice(table["tracer"], "tracer", ("dynamo", "make_fx"))
+        kwargs["tracer"] = _choice(table, "tracer", TRACERS)
     if "timeout" in table:
-        timeout = table["timeout"]
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise ConfigError(
-                f"[tool.precompile] timeout must be a positive number of seconds, got {timeout!r}"
-            )
-        kwargs["timeout"] = float(timeout)
+        kwargs["timeout"] = _positive_seconds(table, "timeout")
     if "workers" in table:
         workers = table["workers"]
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ConfigError(
-                f"[tool.precompile] workers must be a positive integer, got {workers!r}"
-            )
+            raise table.error("workers", "must be a positive integer")
         kwargs["workers"] = workers
     if "severity" in table:
         severity = table["severity"]
         if not isinstance(severity, dict):
-            raise ConfigError('[tool.precompile] severity must be a table: { PC101 = "error" }')
+            raise table.error("severity", 'must be a table, e.g. { PC101 = "error" }')
         for code, level in severity.items():
             if not (isinstance(code, str) and code.startswith("PC")):
                 raise ConfigError(
-                    f"[tool.precompile.severity] keys are finding codes like PC101, got {code!r}"
+                    f"{table.where('severity')} keys are finding codes like PC101, got "
+                    f"{code!r} ({table.source('severity')})"
                 )
-            _choice(level, f"severity.{code}", SEVERITIES)
+            if level not in SEVERITIES:
+                raise ConfigError(
+                    f"{table.where('severity')}.{code} must be one of "
+                    f"{', '.join(SEVERITIES)}, got {level!r} ({table.source('severity')})"
+                )
         kwargs["severity"] = dict(severity)
     if "python" in table:
-        python = table["python"]
-        if not isinstance(python, str):
-            raise ConfigError("[tool.precompile] python must be a path to an interpreter")
-        candidate = Path(python) if os.path.isabs(python) else root / python
-        kwargs["python"] = str(candidate) if candidate.exists() else python
+        kwargs["python"] = _interpreter(table, root)
     return Config(**kwargs)

@@ -1,4 +1,9 @@
-"""``precompile daemon``: check once, then watch the workspace and print what changes."""
+"""``precompile daemon``: check once, then watch the workspace and print what changes.
+
+The watcher hands the engine every path that may have changed; the engine drops what
+did not change content, so one edit is one re-check and one report, and an idle
+workspace prints nothing.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +12,16 @@ import signal
 import sys
 from pathlib import Path
 
+from precompile_lsp.config import ConfigError
 from precompile_lsp.engine import Engine
 from precompile_lsp.findings import Finding
-from precompile_lsp.formats import _relative
+from precompile_lsp.formats import relative
 from precompile_lsp.watcher import Watcher
 
 
 def _lines(findings: dict[Path, list[Finding]], root: Path) -> set[str]:
     return {
-        f"{_relative(f.file, root)}:{f.span.line}:{f.span.column + 1}: {f.severity} {f.code} {f.message}"
+        f"{relative(f.file, root)}:{f.span.line}:{f.span.column + 1}: {f.severity} {f.code} {f.message}"
         for fs in findings.values()
         for f in fs
     }
@@ -46,7 +52,7 @@ def run_daemon(root: Path, files: list[Path] | None) -> int:
 
         report(await engine.check(files))
         queue: asyncio.Queue[set[Path]] = asyncio.Queue()
-        watcher = Watcher(engine.root, queue.put_nowait, loop)
+        watcher = Watcher(engine.config, queue.put_nowait, loop)
         watcher.start()
         try:
             while not stop.is_set():
@@ -58,7 +64,14 @@ def run_daemon(root: Path, files: list[Path] | None) -> int:
                 for task in pending:
                     task.cancel()
                 if getter in done:
-                    report(await engine.files_changed(getter.result()))
+                    try:
+                        changed = await engine.files_changed(getter.result())
+                    except ConfigError as error:
+                        print(f"precompile daemon: {error}", file=sys.stderr, flush=True)
+                        continue
+                    watcher.config = engine.config
+                    if changed:
+                        report(engine.findings_by_file())
         finally:
             watcher.stop()
             await engine.close()

@@ -1,19 +1,29 @@
 """The engine: discovers targets, runs their jobs in warm workers, caches results, and
-turns them into findings. The language server and the CLI are its clients.
+turns them into findings. The language server, the daemon and the CLI are its clients.
 
 The engine process never imports torch: captures run user code, and run it in worker
 processes (precompile_lsp.worker). Results are cached on disk (``.precompile/cache``),
 keyed by everything they depend on -- the content of every workspace file the capture
 imported, the target's options, and the versions of torch, Python, this package and the
 third-party packages the capture imported -- so an unchanged target is never captured
-again, in the editor or across CI runs. A changed file reschedules only the targets
-whose dependencies include it; a newer request for a target cancels the older one.
-No user code runs unless the engine is trusted.
+again, in the editor or across CI runs.
+
+Changes arrive as paths (a save, a watched-file event, the daemon's watcher), possibly
+several times for one edit. The engine reads each path and compares its content hash
+with the last one it saw: an event whose content did not change is dropped, and a target
+is re-checked only when a file its last result was computed from now reads differently
+-- and not again while a job for exactly that content is already running. So duplicate
+notifications of one save coalesce into one re-check, and a check with nothing changed
+does no work and reports nothing. A target keeps its previous result and findings until
+the new result replaces them. Files are read and parsed off the event loop; a source
+larger than ``MAX_SOURCE_BYTES`` is skipped with one log line. No user code runs unless
+the engine is trusted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -27,10 +37,18 @@ from typing import Any
 
 from precompile_lsp.config import Config, load_config
 from precompile_lsp.discovery import TargetDecl, discover
-from precompile_lsp.findings import Finding, findings_from_result
+from precompile_lsp.files import MAX_SOURCE_BYTES, SourceRead, read_source
+from precompile_lsp.findings import (
+    Finding,
+    artifact_findings,
+    conflict_finding,
+    findings_from_result,
+)
+from precompile_lsp.staleness import ArtifactStatus, artifact_status
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 _ROOT_MARK = "${PRECOMPILE_WORKSPACE}/"
+_FAILED = ("timeout", "crashed")
 
 
 @dataclasses.dataclass
@@ -39,14 +57,57 @@ class Stats:
     cache_hits: int = 0
     emits: int = 0
     verifies: int = 0
+    #: Jobs handed to a worker (any kind): what "no job runs" is measured by.
+    jobs: int = 0
+    #: Batches of checks that ran at least one job.
+    rechecks: int = 0
+
+
+@dataclasses.dataclass
+class Job:
+    """A job in flight: cancelled when a newer one for the same target supersedes it,
+    shared when the same work is asked for again."""
+
+    id: str
+    task: asyncio.Task[dict[str, Any]]
+    inputs: dict[Path, str | None]
 
 
 @dataclasses.dataclass
 class TargetState:
     decl: TargetDecl
+    #: The last check result, kept until a newer one replaces it, and the declaration
+    #: as it was when that result was computed (findings anchored to it stay where the
+    #: result put them; a client maps them into newer versions of the file).
     result: dict[str, Any] | None = None
+    result_decl: TargetDecl | None = None
+    #: The last verify outcome, shown until the next check result.
+    verified: dict[str, Any] | None = None
+    artifact: ArtifactStatus | None = None
     findings: list[Finding] = dataclasses.field(default_factory=list)
-    dependencies: set[Path] = dataclasses.field(default_factory=set)
+    #: Content hashes of the files the result was computed from (what it depends on).
+    dependencies: dict[Path, str] = dataclasses.field(default_factory=dict)
+    jobs: dict[str, Job] = dataclasses.field(default_factory=dict)
+
+
+class TextStore:
+    """Texts of file versions by content hash, so a finding computed against one version
+    of a file can be placed in another (the buffer being edited, the file as saved)."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self.limit = limit
+        self.texts: collections.OrderedDict[str, str] = collections.OrderedDict()
+
+    def put(self, sha: str | None, text: str | None) -> None:
+        if sha is None or text is None:
+            return
+        self.texts[sha] = text
+        self.texts.move_to_end(sha)
+        while len(self.texts) > self.limit:
+            self.texts.popitem(last=False)
+
+    def get(self, sha: str | None) -> str | None:
+        return None if sha is None else self.texts.get(sha)
 
 
 class WorkerClient:
@@ -57,6 +118,8 @@ class WorkerClient:
         self.root = root
         self.process: asyncio.subprocess.Process | None = None
         self.pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self.started: set[str] = set()
+        self.progress: dict[str, Callable[[dict[str, Any]], None]] = {}
         self.reader: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
         self.failure: str | None = None
@@ -64,18 +127,23 @@ class WorkerClient:
     async def start(self) -> None:
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
-        self.process = await asyncio.create_subprocess_exec(
-            self.python,
-            "-m",
-            "precompile_lsp.worker",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-            cwd=str(self.root),
-            env=env,
-            start_new_session=True,
-            limit=64 * 1024 * 1024,
-        )
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                self.python,
+                "-m",
+                "precompile_lsp.worker",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+                cwd=str(self.root),
+                env=env,
+                start_new_session=True,
+                limit=64 * 1024 * 1024,
+            )
+        except OSError as error:
+            self.failure = f"the worker interpreter {self.python} could not start ({error})"
+            self.ready.set()
+            return
         self.reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
@@ -91,32 +159,54 @@ class WorkerClient:
             if message.get("ready"):
                 self.ready.set()
                 continue
+            if message.get("started"):
+                self.started.add(message.get("id"))
+                continue
+            if "progress" in message:
+                callback = self.progress.get(message.get("id"))
+                if callback is not None:
+                    callback(message["progress"])
+                continue
             future = self.pending.pop(message.get("id"), None)
             if future is not None and not future.done():
                 future.set_result(message["result"])
-        self.failure = "the worker process exited"
+        self.failure = self.failure or "the worker process exited"
         self.ready.set()
-        for future in self.pending.values():
-            if not future.done():
+        for job_id, future in self.pending.items():
+            if future.done():
+                continue
+            if job_id in self.started:
                 future.set_result(
                     {"status": "crashed", "message": "the worker process died while capturing"}
                 )
+            else:  # it never ran: the pool runs it on a fresh worker
+                future.set_result({"status": "unstarted"})
         self.pending.clear()
 
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.returncode is None and self.failure is None
 
-    async def run(self, job_id: str, job: dict[str, Any]) -> dict[str, Any]:
+    async def run(
+        self,
+        job_id: str,
+        job: dict[str, Any],
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
         await self.ready.wait()
         if not self.alive:
             return {
                 "status": "crashed",
-                "message": f"the worker for {self.python} could not start: is torch-precompile installed in that interpreter? (pip install torch-precompile)",
+                "message": f"the worker for {self.python} could not start: is torch-precompile "
+                f"installed in that interpreter? (pip install torch-precompile)",
             }
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.pending[job_id] = future
+        if on_progress is not None:
+            self.progress[job_id] = on_progress
         await self._write({"op": "run", "id": job_id, "job": job})
+        if (self.reader is None or self.reader.done()) and not future.done():
+            future.set_result({"status": "unstarted"})  # it died before reading the job
         try:
             return await future
         except asyncio.CancelledError:
@@ -125,6 +215,9 @@ class WorkerClient:
             if self.pending.pop(job_id, None) is not None and self.alive:
                 await self._write({"op": "cancel", "id": job_id})
             raise
+        finally:
+            self.progress.pop(job_id, None)
+            self.started.discard(job_id)
 
     async def cancel(self, job_id: str) -> None:
         if job_id in self.pending and self.alive:
@@ -171,19 +264,28 @@ class WorkerPool:
             for _ in range(self.config.workers):
                 self.idle.put_nowait(await self._spawn())
 
-    async def run(self, job_id: str, job: dict[str, Any]) -> dict[str, Any]:
+    async def run(
+        self,
+        job_id: str,
+        job: dict[str, Any],
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
         await self.start()
-        worker = await self.idle.get()
-        if not worker.alive and worker.ready.is_set():
-            self.workers.remove(worker)
-            await worker.close()
-            worker = await self._spawn()
-        self.running[job_id] = worker
-        try:
-            return await worker.run(job_id, job)
-        finally:
-            self.running.pop(job_id, None)
-            self.idle.put_nowait(worker)
+        for _attempt in range(3):
+            worker = await self.idle.get()
+            if (worker.ready.is_set() and not worker.alive) or worker.python != self.config.python:
+                self.workers.remove(worker)
+                await worker.close()
+                worker = await self._spawn()
+            self.running[job_id] = worker
+            try:
+                result = await worker.run(job_id, job, on_progress)
+            finally:
+                self.running.pop(job_id, None)
+                self.idle.put_nowait(worker)
+            if result.get("status") != "unstarted":
+                return result
+        return {"status": "crashed", "message": "the worker process died before the job started"}
 
     async def cancel(self, job_id: str) -> None:
         worker = self.running.get(job_id)
@@ -197,27 +299,6 @@ class WorkerPool:
         self.started = False
 
 
-def _with_verification(checked: dict[str, Any], verified: dict[str, Any]) -> dict[str, Any]:
-    """A check result with what verifying the artifact found."""
-    failures = verified.get("verify_failures", [])
-    if verified.get("error"):
-        failures = [verified["error"]["message"]]
-    elif verified.get("status") in ("timeout", "crashed"):
-        failures = [verified.get("message", "the verification did not finish")]
-    return {
-        **checked,
-        "verify_failures": failures,
-        "stale": verified.get("stale", checked.get("stale", [])),
-    }
-
-
-def _sha256(path: Path) -> str | None:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
 def _version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -229,7 +310,7 @@ class ResultCache:
     """``.precompile/cache/<hash>.json``: a result with the hashes of what it depends on.
 
     Paths inside the workspace are stored relative to its root, so a cache restored into
-    another checkout (another CI runner) still hits.
+    another checkout (another CI runner) still hits. Reads files: call off the event loop.
     """
 
     def __init__(self, root: Path, enabled: bool) -> None:
@@ -237,7 +318,7 @@ class ResultCache:
         self.directory = root / ".precompile" / "cache"
         self.enabled = enabled
 
-    def _portable(self, path: str) -> str:
+    def portable(self, path: str) -> str:
         try:
             return Path(path).relative_to(self.root).as_posix()
         except ValueError:
@@ -260,7 +341,7 @@ class ResultCache:
         if entry.get("format") != CACHE_FORMAT or entry.get("key") != key:
             return None
         for path, digest in entry["dependencies"].items():
-            if _sha256(self._local(path)) != digest:
+            if read_source(self._local(path)).sha != digest:
                 return None
         for dist, version in entry["packages"].items():
             if _version(dist) != version:
@@ -270,13 +351,13 @@ class ResultCache:
         return result
 
     def put(self, key: str, result: dict[str, Any]) -> None:
-        if not self.enabled or result.get("status") in ("timeout", "crashed", "cancelled"):
+        if not self.enabled or result.get("status") in (*_FAILED, "cancelled"):
             return
         self.directory.mkdir(parents=True, exist_ok=True)
         ignore = self.directory.parent / ".gitignore"
         if not ignore.exists():
             ignore.write_text("# Created by torch-precompile: results cached by content hash.\n*\n")
-        dependencies = {self._portable(p): d for p, d in result.get("dependencies", {}).items()}
+        dependencies = {self.portable(p): d for p, d in result.get("dependencies", {}).items()}
         entry = {
             "format": CACHE_FORMAT,
             "key": key,
@@ -287,12 +368,13 @@ class ResultCache:
         text = json.dumps(entry, default=str, ensure_ascii=False)
         # Every path under the root, anywhere in the result, is stored relative to it.
         text = text.replace(json.dumps(str(self.root))[1:-1] + "/", _ROOT_MARK)
-        tmp = self._path(key).with_suffix(".tmp")
+        tmp = self._path(key).with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, self._path(key))
 
 
 Event = dict[str, Any]
+_MISSING = object()
 
 
 class Engine:
@@ -306,7 +388,8 @@ class Engine:
         on_event: Callable[[Event], None] | None = None,
     ) -> None:
         self.root = root.resolve()
-        self.config = load_config(self.root, overrides)
+        self.overrides = dict(overrides or {})
+        self.config = load_config(self.root, self.overrides)
         self.trusted = trusted
         self.cache = ResultCache(self.root, use_cache)
         self.pool = WorkerPool(self.config)
@@ -314,39 +397,86 @@ class Engine:
         self.on_event = on_event or (lambda event: None)
         self.targets: dict[str, TargetState] = {}
         self.discovery_findings: dict[Path, list[Finding]] = {}
-        self.generation = itertools.count(1)
-        self.file_generation: dict[Path, int] = {}
-        self._inflight: dict[str, tuple[str, asyncio.Task[Any]]] = {}
+        self.texts = TextStore()
+        #: The content hash of each file as the engine last read it.
+        self.seen: dict[Path, str | None] = {}
+        self.skipped: set[Path] = set()  # too big to read; logged once each
         self._job_ids = itertools.count(1)
         self.versions = {
             "python": sys.version.split()[0],
             "torch": _version("torch"),
             "torch-precompile": _version("torch-precompile"),
+            "cache": CACHE_FORMAT,
         }
 
     # ------------------------------------------------------------ discovery
 
-    def discover(self, files: Iterable[Path] | None = None) -> list[TargetDecl]:
-        """(Re)discover targets in ``files`` (default: the whole workspace)."""
-        paths = [p.resolve() for p in files] if files is not None else self.config.python_files()
-        found = []
+    def _scan(self, paths: list[Path]) -> list[tuple[SourceRead, list[TargetDecl], list[Finding]]]:
+        """Read and parse ``paths`` for targets (thread-safe: touches no engine state)."""
+        scanned = []
         for path in paths:
+            read = read_source(path)
+            if read.text is None or not self.config.is_included(path):
+                scanned.append((read, [], []))
+                continue
+            targets, findings = discover(path, read.text, self.config.module_of(path))
+            scanned.append((read, targets, findings))
+        return scanned
+
+    def _apply_scan(
+        self, scanned: list[tuple[SourceRead, list[TargetDecl], list[Finding]]]
+    ) -> list[TargetDecl]:
+        """Replace the targets of the scanned files. A target that is still there keeps
+        its result, findings and running jobs (its declaration is updated); only a
+        target that is gone loses them."""
+        found = []
+        for read, targets, findings in scanned:
+            path = read.path
+            self.seen[path] = read.sha
+            if read.too_big and path not in self.skipped:
+                self.skipped.add(path)
+                self.on_event(
+                    {
+                        "kind": "log",
+                        "message": f"precompile: skipping {path}: it is larger than "
+                        f"{MAX_SOURCE_BYTES // (1024 * 1024)} MiB, so it is not searched for "
+                        f"targets",
+                    }
+                )
             self.discovery_findings.pop(path, None)
-            for key in [k for k, s in self.targets.items() if s.decl.file == path]:
-                del self.targets[key]
-            if not path.is_file() or not self.config.is_included(path):
-                continue
-            try:
-                source = path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                continue
-            targets, findings = discover(path, source, self.config.module_of(path))
             if findings:
-                self.discovery_findings[path] = findings
+                self.discovery_findings[path] = [f.at_versions({path: read.sha}) for f in findings]
+            if targets or findings:
+                self.texts.put(read.sha, read.text)
+            kept = {d.key for d in targets}
+            for key in [k for k, s in self.targets.items() if s.decl.file == path]:
+                if key not in kept:
+                    self._forget(key)
             for decl in targets:
-                self.targets[decl.key] = TargetState(decl)
+                state = self.targets.get(decl.key)
+                if state is None:
+                    self.targets[decl.key] = TargetState(decl)
+                else:
+                    state.decl = decl
                 found.append(decl)
         return found
+
+    def _forget(self, key: str) -> None:
+        state = self.targets.pop(key)
+        for job in state.jobs.values():
+            job.task.cancel()
+
+    def _paths(self, files: Iterable[Path] | None) -> list[Path]:
+        return [p.resolve() for p in files] if files is not None else self.config.python_files()
+
+    def discover(self, files: Iterable[Path] | None = None) -> list[TargetDecl]:
+        """(Re)discover targets in ``files`` (default: the whole workspace)."""
+        return self._apply_scan(self._scan(self._paths(files)))
+
+    async def discover_async(self, files: Iterable[Path] | None = None) -> list[TargetDecl]:
+        """``discover``, reading and parsing off the event loop."""
+        paths = await asyncio.to_thread(self._paths, files)
+        return self._apply_scan(await asyncio.to_thread(self._scan, paths))
 
     # ------------------------------------------------------------ jobs
 
@@ -356,6 +486,22 @@ class Engine:
             # Like every path of the workspace's configuration: relative to its root.
             return (self.root / declared).resolve(), True
         return self.config.default_artifact(decl.module, decl.function).resolve(), False
+
+    def conflicts(self, decl: TargetDecl) -> list[TargetDecl]:
+        """Other targets that resolve to ``decl``'s artifact path."""
+        artifact = self.artifact_of(decl)[0]
+        return [
+            s.decl
+            for k, s in sorted(self.targets.items())
+            if k != decl.key and self.artifact_of(s.decl)[0] == artifact
+        ]
+
+    def options_of(self, decl: TargetDecl) -> dict[str, Any]:
+        """What the job is run with: literal decorator options over the workspace's."""
+        return {
+            "backend": decl.options.get("backend") or self.config.backend,
+            "tracer": decl.options.get("tracer") or self.config.tracer,
+        }
 
     def _job(self, decl: TargetDecl, kind: str) -> dict[str, Any]:
         artifact, declared = self.artifact_of(decl)
@@ -367,40 +513,79 @@ class Engine:
             "source_roots": [str(r) for r in self.config.source_roots],
             "artifact": str(artifact),
             "artifact_declared": declared,
-            "backend": decl.options.get("backend") or self.config.backend,
+            **self.options_of(decl),
             "timeout": self.config.timeout,
         }
 
     def _cache_key(self, decl: TargetDecl, kind: str) -> str:
-        artifact, _ = self.artifact_of(decl)
         parts = [
             kind,
             decl.key,
             json.dumps(decl.options, sort_keys=True, default=str),
+            json.dumps(self.options_of(decl), sort_keys=True),
             json.dumps(self.versions, sort_keys=True),
         ]
-        parts.append(self.cache._portable(str(artifact)))
-        parts.append(_sha256(artifact) or "no-artifact")
+        if kind == "verify":
+            # A verification is of one artifact: its bytes are part of what it depends on.
+            artifact, _ = self.artifact_of(decl)
+            parts.append(self.cache.portable(str(artifact)))
+            parts.append(read_source(artifact).sha or "no-artifact")
         return "\n".join(parts)
 
-    async def run_target(self, decl: TargetDecl, kind: str = "check") -> dict[str, Any]:
-        """Run one job for a target (cached for check/verify), superseding an older one."""
-        key = decl.key if kind == "check" else f"{decl.key}:{kind}"
-        previous = self._inflight.get(key)
-        if previous is not None:
-            await self.pool.cancel(previous[0])
-            previous[1].cancel()
-        cache_key = self._cache_key(decl, kind)
-        if kind != "emit":
-            cached = self.cache.get(cache_key)
-            if cached is not None:
-                self.stats.cache_hits += 1
-                return cached
+    def _inputs(self, state: TargetState) -> dict[Path, str | None]:
+        """The current content hashes of what ``state``'s target depends on: its own file
+        and the files its last result was computed from."""
+        paths = {state.decl.file, *state.dependencies}
+        return {p: self.seen.get(p, state.dependencies.get(p)) for p in sorted(paths)}
+
+    def up_to_date(self, state: TargetState) -> bool:
+        """Whether the last result was computed from the files as they read now."""
+        if state.result is None:
+            return False
+        recorded = {p: state.dependencies.get(p) for p in self._inputs(state)}
+        return recorded == self._inputs(state)
+
+    def _submit(self, decl: TargetDecl, kind: str, inputs: dict[Path, str | None]) -> Job:
         job_id = f"job-{next(self._job_ids)}"
-        task = asyncio.create_task(self.pool.run(job_id, self._job(decl, kind)))
-        self._inflight[key] = (job_id, task)
+        self.stats.jobs += 1
+
+        def progress(stage: dict[str, Any]) -> None:
+            self.on_event({"kind": "stage", "target": decl.key, "job": kind, **stage})
+
+        task = asyncio.create_task(self.pool.run(job_id, self._job(decl, kind), progress))
+        return Job(job_id, task, inputs)
+
+    async def run_target(
+        self,
+        decl: TargetDecl,
+        kind: str = "check",
+        on_submit: Callable[[], None] | None = None,
+    ) -> dict[str, Any]:
+        """One job for a target (check and verify results are cached). A running job of
+        the same kind for the same content is shared; one for older content is cancelled
+        (superseded) and its waiter gets a ``cancelled`` result."""
+        state = self.targets.get(decl.key) or TargetState(decl)
+        inputs = self._inputs(state)
+        job = state.jobs.get(kind)
+        if job is not None and (job.inputs != inputs or kind == "emit"):
+            await self.pool.cancel(job.id)
+            job.task.cancel()
+            job = None
+        if job is None:
+            cache_key = self._cache_key(decl, kind)
+            if kind != "emit":
+                cached = await asyncio.to_thread(self.cache.get, cache_key)
+                if cached is not None:
+                    self.stats.cache_hits += 1
+                    return cached
+            if kind == "emit" and self.conflicts(decl):
+                return {"status": "error", "error": {"message": self._conflict_text(decl)}}
+            job = state.jobs[kind] = self._submit(decl, kind, inputs)
+            if on_submit is not None:
+                on_submit()
+            self.on_event({"kind": "job", "target": decl.key, "job": kind})
         try:
-            result = await task
+            result = await asyncio.shield(job.task)
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
@@ -408,8 +593,8 @@ class Engine:
             # A newer run of this target superseded this one: only the newer result counts.
             return {"status": "cancelled", "message": "superseded by a newer run"}
         finally:
-            if self._inflight.get(key, (None,))[0] == job_id:
-                del self._inflight[key]
+            if state.jobs.get(kind) is job and job.task.done():
+                del state.jobs[kind]
         if kind == "check":
             self.stats.captures += 1
         elif kind == "emit":
@@ -417,31 +602,88 @@ class Engine:
         else:
             self.stats.verifies += 1
         if result.get("status") != "cancelled":
-            self.cache.put(cache_key, result)
+            await asyncio.to_thread(self.cache.put, self._cache_key(decl, kind), result)
         return result
 
+    def _conflict_text(self, decl: TargetDecl) -> str:
+        artifact, _ = self.artifact_of(decl)
+        others = ", ".join(o.key for o in self.conflicts(decl))
+        return (
+            f"{decl.key} shares its artifact {artifact} with {others}; it was not written, so "
+            f"neither overwrites the other. Give each target its own artifact= path"
+        )
+
     def reconfigure(self, overrides: dict[str, Any] | None = None) -> None:
-        """Reload pyproject.toml with the editor's ``overrides`` and re-derive findings
-        (severities may have changed). A ConfigError keeps the old configuration."""
-        self.config = load_config(self.root, overrides)
+        """Reload pyproject.toml with the editor's ``overrides`` (None: keep the current
+        ones) and re-derive findings (severities may have changed). A ConfigError keeps
+        the old configuration."""
+        if overrides is not None:
+            self.overrides = dict(overrides)
+        self.config = load_config(self.root, self.overrides)
         self.pool.config = self.config
         for state in self.targets.values():
-            if state.result is not None:
-                self._apply(state.decl, state.result)
+            self._derive(state)
 
     def running(self, decl: TargetDecl) -> bool:
-        return decl.key in self._inflight
+        state = self.targets.get(decl.key)
+        return state is not None and "check" in state.jobs
+
+    def _derive(self, state: TargetState) -> None:
+        """A target's findings from its result, artifact status and last verification."""
+        decl = state.decl
+        findings: list[Finding] = []
+        if state.result is not None:
+            versions = dict(state.dependencies)
+            findings += [
+                f.at_versions(versions)
+                for f in findings_from_result(state.result, state.result_decl or decl, self.root)
+            ]
+        decl_version = {decl.file: self.seen.get(decl.file)}
+        artifact, declared = self.artifact_of(decl)
+        others = self.conflicts(decl)
+        if others:
+            findings.append(conflict_finding(decl, others, artifact, self.root))
+        elif state.artifact is not None:
+            findings += artifact_findings(state.artifact, decl, artifact, declared, self.root)
+        if state.verified is not None:
+            findings += findings_from_result(
+                {"verify_failures": _verify_failures(state.verified)}, decl, self.root
+            )
+        state.findings = [
+            f.with_severity(self.config.severity)
+            if f.version is not None or f.file != decl.file
+            else f.with_severity(self.config.severity).at_versions(decl_version)
+            for f in findings
+        ]
 
     def _apply(self, decl: TargetDecl, result: dict[str, Any]) -> None:
         state = self.targets.get(decl.key)
         if state is None:
             return
         state.result = result
-        state.dependencies = {Path(p) for p in result.get("dependencies", {})} | {decl.file}
-        state.findings = [
-            f.with_severity(self.config.severity)
-            for f in findings_from_result(result, decl, self.root)
-        ]
+        state.result_decl = decl
+        state.verified = None
+        recorded = {Path(p): d for p, d in result.get("dependencies", {}).items()}
+        state.dependencies = recorded
+        self._derive(state)
+
+    async def _refresh_artifact(self, state: TargetState) -> None:
+        artifact, _ = self.artifact_of(state.decl)
+        state.artifact = await asyncio.to_thread(artifact_status, artifact)
+
+    async def _snapshot(self, states: list[TargetState]) -> None:
+        """Keep the text of each file version findings point into, so they can be placed
+        in later versions of it (read off the event loop)."""
+        wanted = {
+            p: sha
+            for s in states
+            for p, sha in s.dependencies.items()
+            if self.texts.get(sha) is None
+        }
+        reads = await asyncio.to_thread(lambda: [read_source(p) for p in wanted])
+        for read in reads:
+            if read.sha == wanted[read.path]:
+                self.texts.put(read.sha, read.text)
 
     async def check(
         self,
@@ -454,55 +696,81 @@ class Engine:
         """Check the targets of ``files`` (default: all), optionally emitting and verifying
         their artifacts; return every finding of the workspace, by file."""
         if rediscover:
-            self.discover(files)
-        decls = [
-            s.decl
-            for s in self.targets.values()
-            if files is None or s.decl.file in {Path(p).resolve() for p in files}
-        ]
+            await self.discover_async(files)
+        wanted = None if files is None else {Path(p).resolve() for p in files}
+        decls = [s.decl for s in self.targets.values() if wanted is None or s.decl.file in wanted]
         if not self.trusted:
             self.on_event({"kind": "untrusted"})
             return self.findings_by_file()
+        await self._run_batch(decls, emit=emit, verify=verify)
+        return self.findings_by_file()
+
+    async def _run_batch(
+        self, decls: list[TargetDecl], *, emit: bool = False, verify: bool = False
+    ) -> None:
         total = len(decls)
         done = 0
-        self.on_event({"kind": "progress", "done": 0, "total": total})
+        working = False
+
+        def submitted() -> None:
+            nonlocal working
+            if not working:
+                working = True
+                self.on_event({"kind": "progress", "done": done, "total": total})
+
+        def report(target: str) -> None:
+            if working:
+                self.on_event({"kind": "progress", "done": done, "total": total, "target": target})
 
         async def one(decl: TargetDecl) -> None:
             nonlocal done
-            if emit:
-                emitted = await self.run_target(decl, "emit")
-                if emitted.get("error"):
+            if emit and not self.conflicts(decl):
+                emitted = await self.run_target(decl, "emit", submitted)
+                if emitted.get("error") or emitted.get("status") in _FAILED:
                     self._apply(decl, emitted)
                     done += 1
-                    self.on_event(
-                        {"kind": "progress", "done": done, "total": total, "target": decl.key}
-                    )
+                    report(decl.key)
                     return
-            result = await self.run_target(decl, "check")
-            if verify and not result.get("error"):
-                result = _with_verification(result, await self.run_target(decl, "verify"))
-            if result.get("status") != "cancelled":
+            result = await self.run_target(decl, "check", submitted)
+            state = self.targets.get(decl.key)
+            if result.get("status") != "cancelled" and state is not None:
                 self._apply(decl, result)
+                await self._refresh_artifact(state)
+                if verify and not result.get("error") and result.get("status") not in _FAILED:
+                    verified = await self.run_target(decl, "verify", submitted)
+                    if verified.get("status") != "cancelled":
+                        state.verified = verified
+                self._derive(state)
+                await self._snapshot([state])
             done += 1
-            self.on_event({"kind": "progress", "done": done, "total": total, "target": decl.key})
+            report(decl.key)
 
         await asyncio.gather(*(one(d) for d in decls))
-        return self.findings_by_file()
+        if working:
+            self.stats.rechecks += 1
 
     async def verify(self, decl: TargetDecl) -> dict[str, Any]:
         """Verify a target's artifact and show the outcome among its findings (a failure,
         a stale source) until its next check."""
         verified = await self.run_target(decl, "verify")
         state = self.targets.get(decl.key)
-        checked = state.result if state is not None else None
-        if (
-            verified.get("status") != "cancelled"
-            and checked is not None
-            and not checked.get("error")
-            and checked.get("status") not in ("timeout", "crashed")
-        ):
-            self._apply(decl, _with_verification(checked, verified))
+        if verified.get("status") != "cancelled" and state is not None:
+            state.verified = verified
+            await self._refresh_artifact(state)
+            self._derive(state)
         return verified
+
+    async def emit(self, decl: TargetDecl) -> dict[str, Any]:
+        """Emit a target's artifact, then re-read what the workspace says of it (a new
+        artifact also retires the last verification, which was of the old one)."""
+        emitted = await self.run_target(decl, "emit")
+        state = self.targets.get(decl.key)
+        if state is not None:
+            if emitted.get("status") != "cancelled" and not emitted.get("error"):
+                state.verified = None
+            await self._refresh_artifact(state)
+            self._derive(state)
+        return emitted
 
     def dependents(self, changed: Iterable[Path]) -> list[TargetDecl]:
         """Targets whose dependencies include one of ``changed``."""
@@ -510,19 +778,46 @@ class Engine:
         return [
             s.decl
             for s in self.targets.values()
-            if s.dependencies & changed or s.decl.file in changed
+            if changed & set(s.dependencies) or s.decl.file in changed
         ]
 
-    async def files_changed(self, changed: Iterable[Path]) -> dict[Path, list[Finding]]:
-        """Rediscover the changed files, then re-check only the targets that depend on them."""
-        changed = [Path(p).resolve() for p in changed]
-        python = [p for p in changed if p.suffix == ".py"]
-        self.discover(python)
-        affected = {d.key: d for d in self.dependents(changed)}
-        affected.update({k: s.decl for k, s in self.targets.items() if s.decl.file in python})
-        if affected:
-            await self.check([d.file for d in affected.values()], rediscover=False)
-        return self.findings_by_file()
+    async def files_changed(self, paths: Iterable[Path]) -> bool:
+        """React to ``paths`` that may have changed (saves, watched-file events, any
+        number of times for one edit): rediscover the files whose content did change and
+        re-check the targets whose results no longer match what they depend on. Returns
+        whether anything a client shows may have changed; False means nothing was done."""
+        candidates = sorted({Path(p).resolve() for p in paths})
+        candidates = [p for p in candidates if self.config.may_matter(p)]
+        if not candidates:
+            return False
+        reads = await asyncio.to_thread(lambda: [read_source(p) for p in candidates])
+        changed = [r for r in reads if self.seen.get(r.path, _MISSING) != r.sha]
+        if not changed:
+            return False
+        pyproject = self.root / "pyproject.toml"
+        if any(r.path == pyproject for r in changed):
+            self.seen[pyproject] = next(r.sha for r in changed if r.path == pyproject)
+            self.reconfigure()  # a ConfigError propagates: the old configuration stays
+            await self.check()
+            return True
+        python = [r.path for r in changed if r.path.suffix == ".py"]
+        had_findings = {p for p in python if p in self.discovery_findings}
+        scanned = await asyncio.to_thread(self._scan, python)
+        self._apply_scan(scanned)
+        for read in changed:
+            self.seen[read.path] = read.sha
+        shown = had_findings | {p for p in python if p in self.discovery_findings}
+        affected = {d.key: d for d in self.dependents(r.path for r in changed)}
+        due = []
+        for decl in affected.values():
+            state = self.targets[decl.key]
+            job = state.jobs.get("check")
+            if self.up_to_date(state) or (job is not None and job.inputs == self._inputs(state)):
+                continue
+            due.append(decl)
+        if due and self.trusted:
+            await self._run_batch(due)
+        return bool(due) or bool(shown)
 
     def findings_by_file(self) -> dict[Path, list[Finding]]:
         by_file: dict[Path, list[Finding]] = {}
@@ -533,12 +828,18 @@ class Engine:
         for state in self.targets.values():
             for finding in state.findings:
                 by_file.setdefault(finding.file, []).append(finding)
-        generation = next(self.generation)
-        for path in by_file:
-            self.file_generation[path] = generation
         return {p: [f for f in fs if f.severity != "off"] for p, fs in by_file.items()}
 
     async def close(self) -> None:
-        for _job_id, task in list(self._inflight.values()):
-            task.cancel()
+        for state in self.targets.values():
+            for job in state.jobs.values():
+                job.task.cancel()
         await self.pool.close()
+
+
+def _verify_failures(verified: dict[str, Any]) -> list[str]:
+    if verified.get("error"):
+        return [verified["error"]["message"]]
+    if verified.get("status") in _FAILED:
+        return [verified.get("message", "the verification did not finish")]
+    return list(verified.get("verify_failures", []))

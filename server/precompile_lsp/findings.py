@@ -77,6 +77,12 @@ CODES = {
             "The artifact does not load or does not match eager.",
         ),
         Code(
+            "PC304",
+            "artifact-conflict",
+            "error",
+            "Two targets would write the same artifact.",
+        ),
+        Code(
             "PC900", "worker-failed", "error", "A capture timed out or its worker process crashed."
         ),
     ]
@@ -105,6 +111,8 @@ class Related:
     file: Path
     span: Span
     message: str
+    #: Content hash of ``file`` the span was computed against (None: unknown).
+    version: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": str(self.file), **self.span.to_dict(), "message": self.message}
@@ -121,6 +129,9 @@ class Finding:
     details: str | None = None
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
     severity: str | None = None  # None: the code's default (after workspace overrides)
+    #: Content hash of ``file`` the span was computed against: a client holding another
+    #: version of the file maps the span into it (or hides it) instead of misplacing it.
+    version: str | None = None
 
     @property
     def doc(self) -> str:
@@ -129,6 +140,16 @@ class Finding:
     def with_severity(self, overrides: dict[str, str]) -> Finding:
         severity = overrides.get(self.code, self.severity or CODES[self.code].severity)
         return dataclasses.replace(self, severity=severity)
+
+    def at_versions(self, versions: dict[Path, str]) -> Finding:
+        """This finding with the content hash of each file it points into."""
+        return dataclasses.replace(
+            self,
+            version=versions.get(self.file),
+            related=tuple(
+                dataclasses.replace(r, version=versions.get(r.file)) for r in self.related
+            ),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -278,28 +299,6 @@ def findings_from_result(
                 **base,
             )
         )
-    for stale in result.get("stale", []):
-        findings.append(
-            Finding(
-                code="PC301",
-                message=f"the artifact {_shown(stale['artifact'], root)} is stale: {_shown(stale['file'], root)} changed since it was emitted; emit it again",
-                file=decl.file,
-                span=decl.decorator,
-                data={"target": decl.key, "artifact": stale["artifact"], "fix": "emit"},
-                target=decl.key,
-            )
-        )
-    if result.get("missing_artifact"):
-        findings.append(
-            Finding(
-                code="PC302",
-                message=f"the declared artifact {_shown(result['missing_artifact'], root)} does not exist; emit it",
-                file=decl.file,
-                span=decl.decorator,
-                data={"target": decl.key, "fix": "emit"},
-                target=decl.key,
-            )
-        )
     for failure in result.get("verify_failures", []):
         findings.append(
             Finding(
@@ -325,3 +324,44 @@ def findings_from_result(
             for f in findings
         ]
     return findings
+
+
+def artifact_findings(
+    status: Any, decl: Any, artifact: Path, declared: bool, root: Path | None = None
+) -> list[Finding]:
+    """What the workspace says of a target's artifact (a ``staleness.ArtifactStatus``):
+    stale sources, a declared artifact that is missing, one that cannot be read."""
+    data = {"target": decl.key, "artifact": str(artifact), "fix": "emit"}
+    shown = _shown(str(artifact), root)
+    if not status.exists:
+        if not declared:
+            return []
+        message = f"the declared artifact {shown} does not exist; emit it"
+        return [Finding("PC302", message, decl.file, decl.decorator, decl.key, data=data)]
+    if status.unreadable:
+        message = f"the artifact {shown} cannot be read ({status.unreadable}); emit it again"
+        return [Finding("PC301", message, decl.file, decl.decorator, decl.key, data=data)]
+    if not status.stale:
+        return []
+    changes = "; ".join(s.describe(_shown(str(s.file), root)) for s in status.stale)
+    message = f"the artifact {shown} is stale: {changes} since it was emitted; emit it again"
+    return [Finding("PC301", message, decl.file, decl.decorator, decl.key, data=data)]
+
+
+def conflict_finding(decl: Any, others: list[Any], artifact: Path, root: Path | None) -> Finding:
+    """A target whose artifact path another target resolves to as well: neither is
+    emitted, since each would overwrite the other."""
+    names = ", ".join(f"{o.key} ({_shown(str(o.file), root)}:{o.decorator.line})" for o in others)
+    return Finding(
+        "PC304",
+        f"{decl.function} and {names} all write the artifact {_shown(str(artifact), root)}; "
+        f"neither is emitted while they share it. Give each target its own artifact= path",
+        decl.file,
+        decl.decorator,
+        decl.key,
+        related=tuple(
+            Related(o.file, o.decorator, f"target {o.function} writes the same artifact")
+            for o in others
+        ),
+        data={"target": decl.key, "artifact": str(artifact)},
+    )

@@ -16,7 +16,7 @@ from precompile_lsp.findings import CODES, DOCS, Finding
 JSON_SCHEMA_VERSION = 1
 
 
-def _relative(path: Path, root: Path) -> str:
+def relative(path: Path, root: Path) -> str:
     try:
         return path.resolve().relative_to(root).as_posix()
     except ValueError:
@@ -34,11 +34,11 @@ def text(findings: dict[Path, list[Finding]], root: Path, summary: str) -> str:
     lines = []
     for f in _ordered(findings):
         lines.append(
-            f"{_relative(f.file, root)}:{f.span.line}:{f.span.column + 1}: {f.severity} {f.code} {f.message}"
+            f"{relative(f.file, root)}:{f.span.line}:{f.span.column + 1}: {f.severity} {f.code} {f.message}"
         )
         for related in f.related:
             lines.append(
-                f"    {_relative(related.file, root)}:{related.span.line}:{related.span.column + 1}: {related.message}"
+                f"    {relative(related.file, root)}:{related.span.line}:{related.span.column + 1}: {related.message}"
             )
     lines.append(summary)
     return "\n".join(lines) + "\n"
@@ -57,10 +57,10 @@ def as_json(
         "findings": [
             f.to_dict()
             | {
-                "file": _relative(f.file, root),
-                "related": [r.to_dict() | {"file": _relative(r.file, root)} for r in f.related],
+                "file": relative(f.file, root),
+                "related": [r.to_dict() | {"file": relative(r.file, root)} for r in f.related],
                 "data": {
-                    k: _relative(Path(v), root) if k == "artifact" else v for k, v in f.data.items()
+                    k: relative(Path(v), root) if k == "artifact" else v for k, v in f.data.items()
                 },
             }
             for f in _ordered(findings)
@@ -102,7 +102,7 @@ def sarif(findings: dict[Path, list[Finding]], root: Path, version: str) -> str:
     def location(file: Path, span: Any, message: str | None = None) -> dict[str, Any]:
         loc: dict[str, Any] = {
             "physicalLocation": {
-                "artifactLocation": {"uri": _relative(file, root), "uriBaseId": "%SRCROOT%"},
+                "artifactLocation": {"uri": relative(file, root), "uriBaseId": "%SRCROOT%"},
                 "region": _sarif_region(span),
             }
         }
@@ -161,7 +161,7 @@ def github(findings: dict[Path, list[Finding]], root: Path) -> str:
     for f in _ordered(findings):
         props = ",".join(
             [
-                f"file={_escape_property(_relative(f.file, root))}",
+                f"file={_escape_property(relative(f.file, root))}",
                 f"line={f.span.line}",
                 f"col={f.span.column + 1}",
                 f"endLine={f.span.end_line}",

@@ -2,10 +2,14 @@
 
 *check* captures a target with the eager backend (graph breaks, frames and guards do not
 depend on the backend, and eager captures are fast), evaluates each ``covers`` call,
-and records which workspace files the capture imported (the target's dependencies) and
-whether its artifact is stale. *emit* captures with the declared backend and writes the
-artifact pair. *verify* loads the artifact and compares it with eager on every example
-and covers call.
+and records which workspace files the capture imported (the target's dependencies).
+*emit* captures with the target's backend and writes the artifact pair. *verify* loads
+the artifact and compares it with eager on every example and covers call. Whether an
+artifact is stale or missing is the engine's call (it needs no torch).
+
+The tracer and backend come from the decorator when it names them, else from the job
+(the workspace's ``[tool.precompile]``). Long jobs report their stage as they go
+(``report_stage``), which the engine shows as progress.
 """
 
 from __future__ import annotations
@@ -35,10 +39,29 @@ def _sha256(path: str) -> str | None:
         return None
 
 
-def _tracer(name: Any) -> Any:
+#: Where a forked job child reports its stages (a pipe the worker reads), if anywhere.
+STAGE_FD: int | None = None
+
+
+def report_stage(stage: str, done: int | None = None, total: int | None = None) -> None:
+    """Tell whoever runs this job what it is doing now (one JSON line on STAGE_FD)."""
+    if STAGE_FD is None:
+        return
+    import json
+
+    message = {"stage": stage, "done": done, "total": total}
+    try:
+        os.write(STAGE_FD, (json.dumps(message) + "\n").encode())
+    except OSError:
+        pass
+
+
+def _tracer(option: Any, workspace: str) -> Any:
+    """The decorator's tracer (a name or a tracer object), else the workspace's."""
+    name = workspace if option is None else option
     if name == "make_fx":
         return precompile.MakeFxTracer()
-    if name in ("dynamo", None):
+    if name == "dynamo":
         return precompile.DynamoTracer(require_complete=False, require_no_risky_drops=False)
     return name
 
@@ -109,47 +132,36 @@ def _dependencies(root: str) -> tuple[dict[str, str], dict[str, str]]:
     return files, packages
 
 
-def _stale(artifact: str) -> list[dict[str, str]]:
-    try:
-        metadata = precompile.inspect_artifact(artifact)
-    except PrecompileError:
-        return [{"artifact": artifact, "file": artifact}]
-    base = os.path.dirname(os.path.abspath(artifact))
-    stale = []
-    for record in metadata.get("SOURCES", []):
-        path = os.path.normpath(os.path.join(base, record["path"]))
-        if _sha256(path) != record["sha256"]:
-            stale.append({"artifact": artifact, "file": path})
-    return stale
-
-
 def _capture(
-    fn: Any, options: Any, examples: list[Any], backend: str, artifact: str, cache: str
+    fn: Any, tracer: Any, training: bool, examples: list[Any], backend: str, paths: tuple[str, str]
 ) -> Any:
-    tracer = _tracer(options.tracer)
     calls = examples[:1] if isinstance(tracer, precompile.MakeFxTracer) else examples
     with precompile.capture(
         fn,
-        artifact_path=artifact,
-        cache_path=cache,
+        artifact_path=paths[0],
+        cache_path=paths[1],
         tracer=tracer,
         backend=backend,
-        training=options.training,
+        training=training,
     ) as cap:
-        for example in calls:
+        for number, example in enumerate(calls, 1):
+            report_stage("capturing", number, len(calls))
             cap(*copy.deepcopy(example.args), **copy.deepcopy(example.kwargs))
+        report_stage("compiling kernels and writing" if backend == "inductor" else "writing")
     return cap
 
 
 def _coverage(cap: Any, covers: list[Any]) -> list[dict[str, Any]]:
     results = []
-    for example in covers:
+    for number, example in enumerate(covers, 1):
+        report_stage("checking covers", number, len(covers))
         entry = {"call": _describe_call(example)}
         try:
             coverage = cap.covers(*copy.deepcopy(example.args), **copy.deepcopy(example.kwargs))
             entry.update(coverage)
             runnable = cap._runnable
-            if coverage["served_by"] is not None and runnable is not None:
+            dynamo = isinstance(cap.tracer, precompile.DynamoTracer)
+            if coverage["served_by"] is not None and runnable is not None and dynamo:
                 # Beyond the entry, only a real (served) call reaches the continuations.
                 runnable(*copy.deepcopy(example.args), **copy.deepcopy(example.kwargs))
         except PrecompileError as error:
@@ -163,31 +175,28 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     kind = job["kind"]
     result: dict[str, Any] = {"status": "ok", "kind": kind}
     try:
+        report_stage("importing")
         fn, options = _import_target(job)
         artifact = job["artifact"]
         cache = os.path.splitext(artifact)[0] + ".cache"
         if kind == "verify":
             result["verify_failures"] = verify(fn, options, artifact, cache)
-            result["stale"] = _stale(artifact) if os.path.exists(artifact) else []
         else:
             examples = _calls(options.examples, "examples")
             if not examples:
                 raise PrecompileError(
                     "the target's examples() returned no calls", hint="return at least one Example"
                 )
+            tracer = _tracer(options.tracer, job["tracer"])
             if kind == "emit":
-                cap = _capture(
-                    fn, options, examples, job.get("backend") or options.backend, artifact, cache
-                )
+                backend = options.backend or job["backend"]
+                cap = _capture(fn, tracer, options.training, examples, backend, (artifact, cache))
                 result["artifact"] = artifact
             else:
                 with tempfile.TemporaryDirectory(prefix="precompile-check-") as tmp:
-                    cap = _capture(fn, options, examples, "eager", f"{tmp}/a.py", f"{tmp}/a.cache")
+                    scratch = (f"{tmp}/a.py", f"{tmp}/a.cache")
+                    cap = _capture(fn, tracer, options.training, examples, "eager", scratch)
                     result["coverage"] = _coverage(cap, _calls(options.covers, "covers"))
-                if os.path.exists(artifact):
-                    result["stale"] = _stale(artifact)
-                elif job.get("artifact_declared"):
-                    result["missing_artifact"] = artifact
             result["report"] = cap.report().to_dict()
     except PrecompileError as error:
         result["error"] = error.to_dict()
@@ -207,7 +216,8 @@ def verify(fn: Any, options: Any, artifact: str, cache: str) -> list[str]:
     except PrecompileError as error:
         return [f"it does not load: {error.message}"]
     calls = _calls(options.examples, "examples") + _calls(options.covers, "covers")
-    for example in calls:
+    for number, example in enumerate(calls, 1):
+        report_stage("verifying", number, len(calls))
         served_args = copy.deepcopy((example.args, example.kwargs))
         eager_args = copy.deepcopy((example.args, example.kwargs))
         try:

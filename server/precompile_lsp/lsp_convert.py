@@ -1,15 +1,19 @@
 """Findings as LSP: diagnostics in the negotiated position encoding, hover text, CodeLens
-titles, and keeping published diagnostics honest while a buffer is edited."""
+titles, and placing findings computed against one version of a file in the version a
+client shows (so they stay right while a buffer is edited and after it is saved)."""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from lsprotocol import types
 from pygls.uris import from_fs_path, to_fs_path
 
+from precompile_lsp.files import read_source
 from precompile_lsp.findings import CODES, Finding, Span
 
 _SEVERITY = {
@@ -42,10 +46,7 @@ class Lines:
         if uri in self.open_text:
             return self.open_text[uri].splitlines()
         if uri not in self.cache:
-            try:
-                self.cache[uri] = path.read_text(encoding="utf-8").splitlines()
-            except (OSError, UnicodeDecodeError):
-                self.cache[uri] = []
+            self.cache[uri] = (read_source(path).text or "").splitlines()
         return self.cache[uri]
 
 
@@ -103,10 +104,16 @@ def hover_markdown(finding: Finding) -> str:
     return "\n\n".join(parts)
 
 
-def lens_title(result: dict[str, Any] | None) -> str:
-    """``N frames · N graph breaks · N variants · covers k/n`` for a target."""
+def lens_title(result: dict[str, Any] | None, rechecking: bool = False) -> str:
+    """``N frames · N graph breaks · N variants · covers k/n`` for a target, and
+    ``re-checking…`` while a newer result is on its way (the old one stays shown)."""
     if result is None:
-        return "precompile: not checked yet"
+        return "precompile: checking…" if rechecking else "precompile: not checked yet"
+    title = _result_title(result)
+    return f"{title} · re-checking…" if rechecking else title
+
+
+def _result_title(result: dict[str, Any]) -> str:
     if result.get("status") in ("timeout", "crashed"):
         return f"precompile: {result.get('message', 'capture failed')}"
     report = result.get("report") or {}
@@ -130,20 +137,68 @@ def lens_title(result: dict[str, Any] | None) -> str:
     return " · ".join(parts)
 
 
-def shift_for_edit(findings: list[Finding], change: Any) -> list[Finding]:
-    """Keep findings pointing at the right code across an edit: those on changed lines
-    are dropped (they may no longer hold), those below move with the text."""
-    if not hasattr(change, "range") or change.range is None:
-        return []  # a full-text change: nothing can be placed reliably until the next save
-    first = change.range.start.line + 1  # 1-based
-    last = change.range.end.line + 1
-    delta = change.text.count("\n") - (last - first)
-    kept = []
-    for finding in findings:
-        if finding.span.end_line < first:
-            kept.append(finding)
-        elif finding.span.line > last:
-            span = finding.span
-            moved = Span(span.line + delta, span.column, span.end_line + delta, span.end_column)
-            kept.append(dataclasses.replace(finding, span=moved))
-    return kept
+class LineMap:
+    """Where each line of an old version of a text stands in a new one (a line diff):
+    a line the edit left alone maps to its new number, a line it changed maps to None."""
+
+    def __init__(self, old: list[str], new: list[str]) -> None:
+        self.moves: list[tuple[int, int, int]] = []  # (old start, old end, delta), 1-based
+        matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+        for tag, i1, i2, j1, _j2 in matcher.get_opcodes():
+            if tag == "equal":
+                self.moves.append((i1 + 1, i2, j1 - i1))
+
+    def line(self, line: int) -> int | None:
+        for start, end, delta in self.moves:
+            if start <= line <= end:
+                return line + delta
+        return None
+
+
+class Placement:
+    """Places findings in the file versions a client shows. A finding knows the content
+    hash of the file version its position was computed against; when the client shows
+    another version, a line diff moves it with its code, or hides it when its own lines
+    changed (what it said may no longer hold). Without the old text it stays where it is."""
+
+    def __init__(self, lines: Lines, text_of: Callable[[Path, str], str | None]) -> None:
+        self.lines = lines
+        self.text_of = text_of
+        self.maps: dict[tuple[str, str], LineMap | None] = {}
+
+    def _map(self, path: Path, version: str | None) -> LineMap | None:
+        """None: no move needed (same text) or none possible (old text unknown)."""
+        if version is None:
+            return None
+        key = (str(path), version)
+        if key not in self.maps:
+            old = self.text_of(path, version)
+            current = self.lines.of(path)
+            if old is None or old.splitlines() == current:
+                self.maps[key] = None
+            else:
+                self.maps[key] = LineMap(old.splitlines(), current)
+        return self.maps[key]
+
+    def place(self, finding: Finding) -> Finding | None:
+        moved = self._map(finding.file, finding.version)
+        span = finding.span
+        if moved is not None:
+            start, end = moved.line(span.line), moved.line(span.end_line)
+            if start is None or end is None:
+                return None
+            span = Span(start, span.column, end, span.end_column)
+        related = []
+        for r in finding.related:
+            rmap = self._map(r.file, r.version)
+            line = rmap.line(r.span.line) if rmap is not None else r.span.line
+            if line is not None:
+                delta = line - r.span.line
+                r = dataclasses.replace(
+                    r, span=Span(line, r.span.column, r.span.end_line + delta, r.span.end_column)
+                )
+            related.append(r)
+        return dataclasses.replace(finding, span=span, related=tuple(related))
+
+    def place_all(self, findings: list[Finding]) -> list[Finding]:
+        return [p for f in findings if (p := self.place(f)) is not None]

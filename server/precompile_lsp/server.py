@@ -7,6 +7,14 @@ stderr, so a stray print -- ours, a library's, a C extension's -- cannot corrupt
 stream. Captures run user code, so they run only when the client says the workspace is
 trusted (initialization option ``trusted``); otherwise the server says so once and
 offers nothing that executes code.
+
+Every way a file can change -- ``didSave``, the client's watched-file events, our own
+watcher for clients that do not watch -- goes to ``Engine.files_changed``, which drops
+what did not change content and coalesces the rest, so one save is one re-check. Findings
+stay published until their replacement is ready: a re-check never clears a file first.
+A finding computed against an older version of a file is placed in the version the
+client shows (the buffer being edited, the file as saved) by a line diff, or hidden when
+its own line changed. Status notifications are sent only when something happens.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import asyncio
 import logging
 import os
 import sys
+import threading
 import uuid
 from collections.abc import Coroutine
 from pathlib import Path
@@ -29,15 +38,16 @@ from precompile_lsp.engine import Engine
 from precompile_lsp.findings import Finding
 from precompile_lsp.lsp_convert import (
     Lines,
+    Placement,
     hover_markdown,
     lens_title,
     path_of,
-    shift_for_edit,
     to_diagnostic,
     to_range,
     uri_of,
 )
 from precompile_lsp.settings import Settings, parse_settings
+from precompile_lsp.stages import stage_percentage, stage_text
 
 log = logging.getLogger("precompile_lsp")
 
@@ -51,17 +61,41 @@ class PrecompileServer(LanguageServer):
         )
         self.trusted = False
         self.settings = Settings()
+        self.initialization_errors: list[str] = []
         self.roots: list[Path] = []
         self.engines: dict[Path, Engine] = {}
         self.shown: dict[str, list[Finding]] = {}
-        self.unsaved_edits: dict[str, list[Any]] = {}
+        self.published: dict[str, list[types.Diagnostic]] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.running = 0
         self.watchers: dict[Path, Any] = {}  # ours, when the client cannot watch files
         self.client_watches = False
         self.told_untrusted = False
+        self.told: set[str] = set()  # configuration warnings already shown
+        #: Listeners for the stages of running jobs, by (target key, job kind).
+        self.stage_listeners: dict[tuple[str, str], Any] = {}
 
     # ------------------------------------------------------------ plumbing
+
+    def start_io(self, stdin: Any = None, stdout: Any = None) -> None:
+        """pygls's stdio server, with framing that survives a bad client (framing.py)."""
+        from pygls.io_ import StdinAsyncReader, StdoutWriter
+
+        from precompile_lsp import framing
+
+        # pygls's shutdown() sets this event to end the loop.
+        self._stop_event = threading.Event()
+        reader = StdinAsyncReader(stdin or sys.stdin.buffer, self.thread_pool)
+        writer = StdoutWriter(stdout or sys.stdout.buffer)
+        self.protocol.set_writer(writer)
+        try:
+            asyncio.run(framing.serve(self._stop_event, reader, self.protocol, writer))
+        except BrokenPipeError:
+            log.error("precompile: the connection to the client is lost; shutting down")
+        except (KeyboardInterrupt, SystemExit):
+            pass
+        finally:
+            self.shutdown()
 
     def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run in the background; a failure is logged to the client, never lost."""
@@ -94,16 +128,24 @@ class PrecompileServer(LanguageServer):
         findings = sum(len(f) for f in self.shown.values())
         self.protocol.notify("precompile/status", {"state": state, "findings": findings, **extra})
 
+    def show(self, kind: types.MessageType, text: str) -> None:
+        self.window_show_message(types.ShowMessageParams(kind, f"Precompile: {text}"))
+
     def tell_untrusted(self) -> None:
         if not self.told_untrusted:
             self.told_untrusted = True
-            self.window_show_message(
-                types.ShowMessageParams(
-                    types.MessageType.Warning,
-                    "Precompile: this workspace is not trusted, so no target is captured (captures run its code). "
-                    "Trust the workspace to see graph breaks and coverage gaps.",
-                )
+            self.show(
+                types.MessageType.Warning,
+                "this workspace is not trusted, so no target is captured (captures run its "
+                "code). Trust the workspace to see graph breaks and coverage gaps.",
             )
+
+    def tell_config(self, engine: Engine) -> None:
+        """A configuration's warnings (unknown keys), each once per server."""
+        for warning in engine.config.warnings:
+            if warning not in self.told:
+                self.told.add(warning)
+                self.show(types.MessageType.Warning, warning)
 
     # ------------------------------------------------------------ engines and findings
 
@@ -112,60 +154,76 @@ class PrecompileServer(LanguageServer):
             if root in self.engines:
                 continue
             try:
-                self.engines[root] = Engine(
+                engine = Engine(
                     root,
                     overrides=self.settings.engine_overrides(),
                     trusted=self.trusted,
                     on_event=self.on_engine_event,
                 )
             except ConfigError as error:
-                self.window_show_message(
-                    types.ShowMessageParams(types.MessageType.Error, f"Precompile: {error}")
-                )
+                self.show(types.MessageType.Error, str(error))
+                continue
+            self.engines[root] = engine
+            self.tell_config(engine)
 
     def on_engine_event(self, event: dict[str, Any]) -> None:
         if event["kind"] == "progress":
-            # "idle" comes from check() once the findings are published, never before.
+            # "idle" comes once the findings are published, never before.
             self.status("capturing", done=event["done"], total=event["total"])
         elif event["kind"] == "untrusted":
             self.tell_untrusted()
+        elif event["kind"] == "stage":
+            listener = self.stage_listeners.get((event["target"], event["job"]))
+            if listener is not None:
+                listener(event)
+        elif event["kind"] == "log":
+            self.window_log_message(
+                types.LogMessageParams(types.MessageType.Info, event["message"])
+            )
 
     def publish(self) -> None:
-        """Publish every engine's current findings; clear documents that have none now."""
+        """Publish what changed of every engine's current findings; clear documents
+        that have none now."""
         by_uri: dict[str, list[Finding]] = {}
         for engine in self.engines.values() if self.settings.enable else ():
             for path, findings in engine.findings_by_file().items():
                 by_uri.setdefault(uri_of(path), []).extend(findings)
-        lines = self.lines()
+        placement = self.placement()
         for uri in set(by_uri) | set(self.shown):
             findings = by_uri.get(uri, [])
             if not findings and not self.shown.get(uri):
                 continue
             self.shown[uri] = findings
-            self.publish_uri(uri, lines)
+            self.publish_uri(uri, placement)
         if self.settings.code_lens and self.client_supports_lens_refresh():
             self.spawn(self.workspace_code_lens_refresh_async(None))
 
-    def visible(self, uri: str) -> list[Finding]:
-        """A document's findings as they apply to its buffer: results describe the saved
-        file, so edits made since are replayed over them."""
-        findings = self.shown.get(uri, [])
-        for change in self.unsaved_edits.get(uri, []):
-            findings = shift_for_edit(findings, change)
-        return findings
+    def placement(self) -> Placement:
+        """Places findings in the file versions the client shows: open buffers first,
+        then files on disk (read once per Placement: make one per batch)."""
+        lines = Lines({u: doc.source for u, doc in self.workspace.text_documents.items()})
+        return Placement(lines, self.text_of_version)
 
-    def lines(self) -> Lines:
-        """Source lines for converting columns: open buffers first, then files on disk
-        (read once per Lines, so make one per batch of publications)."""
-        return Lines({u: doc.source for u, doc in self.workspace.text_documents.items()})
+    def text_of_version(self, path: Path, version: str) -> str | None:
+        engine = self.engine_for(path)
+        return engine.texts.get(version) if engine is not None else None
 
-    def publish_uri(self, uri: str, lines: Lines | None = None) -> None:
-        lines = lines or self.lines()
+    def visible(self, uri: str, placement: Placement | None = None) -> list[Finding]:
+        """A document's findings as they apply to what the client shows now."""
+        placement = placement or self.placement()
+        return placement.place_all(self.shown.get(uri, []))
+
+    def publish_uri(self, uri: str, placement: Placement | None = None) -> None:
+        placement = placement or self.placement()
         codec = self.workspace.position_codec
+        diagnostics = [
+            to_diagnostic(f, placement.lines, codec) for f in self.visible(uri, placement)
+        ]
+        if self.published.get(uri) == diagnostics:
+            return
+        self.published[uri] = diagnostics
         self.text_document_publish_diagnostics(
-            types.PublishDiagnosticsParams(
-                uri=uri, diagnostics=[to_diagnostic(f, lines, codec) for f in self.visible(uri)]
-            )
+            types.PublishDiagnosticsParams(uri=uri, diagnostics=diagnostics)
         )
 
     def client_supports_lens_refresh(self) -> bool:
@@ -173,40 +231,54 @@ class PrecompileServer(LanguageServer):
         lens = getattr(workspace, "code_lens", None) if workspace else None
         return bool(getattr(lens, "refresh_support", False))
 
-    async def check(
-        self, engine: Engine, files: list[Path] | None = None, changed: bool = False
-    ) -> None:
+    async def check(self, engine: Engine, files: list[Path] | None = None) -> None:
+        """A full check (first start, a folder added, a new configuration, Recheck)."""
         if not self.settings.enable:
             return
         if not self.trusted:
             self.tell_untrusted()
             return
         self.running += 1
-        self.status("capturing")
         try:
-            if changed and files is not None:
-                await engine.files_changed(files)
-            else:
-                await engine.check(files)
+            await engine.check(files)
         finally:
             self.running -= 1
         self.publish()
         if self.running == 0:
             self.status("idle")
 
-    def check_paths(self, paths: list[Path], changed: bool = True) -> None:
+    async def react(self, engine: Engine, files: list[Path]) -> None:
+        """Files that may have changed: re-check what depends on them, publish and report
+        only if something happened."""
+        self.running += 1
+        try:
+            changed = await engine.files_changed(files)
+        except ConfigError as error:
+            self.show(types.MessageType.Error, f"{error}; keeping the previous configuration")
+            return
+        finally:
+            self.running -= 1
+        if not changed:
+            return
+        self.tell_config(engine)
+        watcher = self.watchers.get(engine.root)
+        if watcher is not None:
+            watcher.config = engine.config
+        self.publish()
+        if self.running == 0:
+            self.status("idle")
+
+    def changed_paths(self, paths: list[Path]) -> None:
+        """Saves and watched-file events, from the client or our own watcher."""
+        if not self.settings.enable:
+            return
         by_engine: dict[Engine, list[Path]] = {}
         for path in paths:
             engine = self.engine_for(path)
-            if engine is None:
-                continue
-            if path.resolve() == engine.root / "pyproject.toml":
-                if self.reconfigure(engine):
-                    self.spawn(self.check(engine))
-                continue
-            by_engine.setdefault(engine, []).append(path)
+            if engine is not None:
+                by_engine.setdefault(engine, []).append(path)
         for engine, files in by_engine.items():
-            self.spawn(self.check(engine, files, changed=changed))
+            self.spawn(self.react(engine, files))
 
     def target_at(self, uri: str, line: int, named: list[str]) -> Any | None:
         """The target whose decorator..def lines hold ``line`` (0-based), else the first
@@ -255,9 +327,11 @@ class PrecompileServer(LanguageServer):
         from precompile_lsp.watcher import Watcher
 
         loop = asyncio.get_running_loop()
-        for root in self.engines:
+        for root, engine in self.engines.items():
             if root not in self.watchers:
-                watcher = Watcher(root, lambda changed: self.check_paths(sorted(changed)), loop)
+                watcher = Watcher(
+                    engine.config, lambda changed: self.changed_paths(sorted(changed)), loop
+                )
                 watcher.start()
                 self.watchers[root] = watcher
 
@@ -281,7 +355,7 @@ class PrecompileServer(LanguageServer):
             return f"Precompile: {uri} is not in a workspace folder"
         state = engine.targets.get(key)
         if state is None:
-            engine.discover([path])
+            await engine.discover_async([path])
             state = engine.targets.get(key)
         if state is None:
             return f"Precompile: no target {key} in {path.name}"
@@ -299,26 +373,36 @@ class PrecompileServer(LanguageServer):
                 types.WorkDoneProgressBegin(
                     title=f"Precompile: {kind} {state.decl.function}",
                     cancellable=True,
-                    message="capturing",
+                    message="starting",
+                    percentage=0,
                 ),
             )
+
+            def on_stage(event: dict[str, Any]) -> None:
+                self.work_done_progress.report(
+                    token,
+                    types.WorkDoneProgressReport(
+                        message=stage_text(event), percentage=stage_percentage(event)
+                    ),
+                )
+
+            self.stage_listeners[(state.decl.key, kind)] = on_stage
         try:
             if kind == "verify":
                 result = await engine.verify(state.decl)
             else:
-                result = await engine.run_target(state.decl, kind)
+                result = await engine.emit(state.decl)
             if progress:
                 self.work_done_progress.report(
                     token,
-                    types.WorkDoneProgressReport(message="refreshing findings", percentage=80),
+                    types.WorkDoneProgressReport(message="refreshing findings", percentage=98),
                 )
-            if kind == "emit":
-                await self.check(engine, [state.decl.file], changed=False)
-            else:
-                self.publish()
+            self.publish()
             message = _command_message(kind, state.decl, result, engine)
         except asyncio.CancelledError:
             message = f"Precompile: {kind} of {state.decl.function} cancelled"
+        finally:
+            self.stage_listeners.pop((state.decl.key, kind), None)
         if progress:
             self.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
             self.work_done_progress.tokens.pop(token, None)  # pygls keeps every token otherwise
@@ -345,11 +429,7 @@ class PrecompileServer(LanguageServer):
     def apply_settings(self, raw: Any) -> None:
         settings, errors = parse_settings(raw, self.settings)
         for error in errors:
-            self.window_show_message(
-                types.ShowMessageParams(
-                    types.MessageType.Warning, f"Precompile: {error}; keeping the previous value"
-                )
-            )
+            self.show(types.MessageType.Warning, f"{error}; keeping the previous value")
         enabled = settings.enable and not self.settings.enable
         changed = settings != self.settings
         self.settings = settings
@@ -365,13 +445,9 @@ class PrecompileServer(LanguageServer):
         try:
             engine.reconfigure(self.settings.engine_overrides())
         except ConfigError as error:
-            self.window_show_message(
-                types.ShowMessageParams(
-                    types.MessageType.Error,
-                    f"Precompile: {error}; keeping the previous configuration",
-                )
-            )
+            self.show(types.MessageType.Error, f"{error}; keeping the previous configuration")
             return False
+        self.tell_config(engine)
         return True
 
 
@@ -390,7 +466,8 @@ def _command_message(kind: str, decl: Any, result: dict[str, Any], engine: Engin
             shown = artifact
         return f"Precompile: emitted {shown}"
     failures = result.get("verify_failures") or []
-    stale = result.get("stale") or []
+    state = engine.targets.get(decl.key)
+    stale = bool(state and state.artifact and state.artifact.stale)
     if failures or stale:
         problems = [f"{len(failures)} failure{'s' * (len(failures) != 1)}"] if failures else []
         if stale:
@@ -408,8 +485,7 @@ def on_initialize(ls: PrecompileServer, params: types.InitializeParams) -> None:
     trusted = options.get("trusted", False) if isinstance(options, dict) else False
     ls.trusted = trusted is True
     if isinstance(options, dict):
-        ls.settings, errors = parse_settings(options.get("settings", options))
-        ls.initialization_errors = errors  # type: ignore[attr-defined]
+        ls.settings, ls.initialization_errors = parse_settings(options.get("settings", options))
     folders = params.workspace_folders or []
     roots = [path_of(f.uri) for f in folders]
     if not roots and params.root_uri:
@@ -421,12 +497,8 @@ def on_initialize(ls: PrecompileServer, params: types.InitializeParams) -> None:
 
 @SERVER.feature(types.INITIALIZED)
 async def on_initialized(ls: PrecompileServer, params: types.InitializedParams) -> None:
-    for error in getattr(ls, "initialization_errors", []):
-        ls.window_show_message(
-            types.ShowMessageParams(
-                types.MessageType.Warning, f"Precompile: {error}; using the default"
-            )
-        )
+    for error in ls.initialization_errors:
+        ls.show(types.MessageType.Warning, f"{error}; using the default")
     ls.start_engines()
     await ls.refresh_settings()
     ls.client_watches = await ls.register_file_watching()
@@ -435,7 +507,7 @@ async def on_initialized(ls: PrecompileServer, params: types.InitializedParams) 
     if not ls.trusted:
         ls.tell_untrusted()
         for engine in ls.engines.values():
-            engine.discover()
+            await engine.discover_async()
         ls.publish()
         ls.status("idle")
         return
@@ -469,37 +541,41 @@ async def on_folders(ls: PrecompileServer, params: types.DidChangeWorkspaceFolde
         if engine is not None and ls.trusted:
             ls.spawn(ls.check(engine))
         elif engine is not None:
-            engine.discover()
+            await engine.discover_async()
 
 
 @SERVER.feature(types.TEXT_DOCUMENT_DID_OPEN)
 def on_open(ls: PrecompileServer, params: types.DidOpenTextDocumentParams) -> None:
-    path = path_of(params.text_document.uri)
+    """A buffer may differ from the file its findings were computed from: place them in
+    it. Opening a file whose targets were never checked checks them."""
+    uri = params.text_document.uri
+    path = path_of(uri)
+    if ls.shown.get(uri):
+        ls.publish_uri(uri)
     engine = ls.engine_for(path)
-    if engine is None or not path.suffix == ".py":
+    if engine is None or not path.suffix == ".py" or not ls.trusted:
         return
     unchecked = [
         s
         for s in engine.targets.values()
         if s.decl.file == path.resolve() and s.result is None and not engine.running(s.decl)
     ]
-    if unchecked and ls.trusted:
-        ls.check_paths([path], changed=False)
+    if unchecked:
+        ls.spawn(ls.check(engine, [path]))
 
 
 @SERVER.feature(types.TEXT_DOCUMENT_DID_SAVE)
 def on_save(ls: PrecompileServer, params: types.DidSaveTextDocumentParams) -> None:
     uri = params.text_document.uri
-    if ls.unsaved_edits.pop(uri, None):
-        ls.publish_uri(uri)  # the buffer is the file again until the new result lands
+    if ls.shown.get(uri):
+        ls.publish_uri(uri)  # placed in the saved text until the new result lands
     if ls.settings.run_on_save:
-        ls.check_paths([path_of(uri)])
+        ls.changed_paths([path_of(uri)])
 
 
 @SERVER.feature(types.TEXT_DOCUMENT_DID_CHANGE)
 def on_change(ls: PrecompileServer, params: types.DidChangeTextDocumentParams) -> None:
     uri = params.text_document.uri
-    ls.unsaved_edits.setdefault(uri, []).extend(params.content_changes)
     if ls.shown.get(uri):
         ls.publish_uri(uri)
 
@@ -508,13 +584,13 @@ def on_change(ls: PrecompileServer, params: types.DidChangeTextDocumentParams) -
 def on_close(ls: PrecompileServer, params: types.DidCloseTextDocumentParams) -> None:
     """Closing without saving discards the edits: the findings describe the file again."""
     uri = params.text_document.uri
-    if ls.unsaved_edits.pop(uri, None) and ls.shown.get(uri):
+    if ls.shown.get(uri):
         ls.publish_uri(uri)
 
 
 @SERVER.feature(types.WORKSPACE_DID_CHANGE_WATCHED_FILES)
 def on_watched(ls: PrecompileServer, params: types.DidChangeWatchedFilesParams) -> None:
-    ls.check_paths([path_of(c.uri) for c in params.changes])
+    ls.changed_paths([path_of(c.uri) for c in params.changes])
 
 
 @SERVER.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
@@ -590,18 +666,17 @@ def on_code_lens(ls: PrecompileServer, params: types.CodeLensParams) -> list[typ
     engine = ls.engine_for(path)
     if engine is None:
         return []
-    lines = ls.lines()
+    lines = ls.placement().lines
     lenses = []
     for state in engine.targets.values():
         if state.decl.file != path:
             continue
         where = to_range(state.decl.decorator, lines.of(path), ls.workspace.position_codec)
         uri = uri_of(path)
-        title = (
-            lens_title(state.result)
-            if ls.trusted
-            else "precompile: not run (workspace not trusted)"
-        )
+        if not ls.trusted:
+            title = "precompile: not run (workspace not trusted)"
+        else:
+            title = lens_title(state.result, rechecking=engine.running(state.decl))
         lenses.append(types.CodeLens(range=where, command=types.Command(title=title, command="")))
         if ls.trusted:
             lenses.append(
@@ -657,6 +732,26 @@ async def cmd_recheck(ls: PrecompileServer, *args: Any) -> str:
     for engine in ls.engines.values():
         await ls.check(engine)
     return "Precompile: workspace rechecked"
+
+
+@SERVER.feature("precompile/stats")
+def on_stats(ls: PrecompileServer, params: Any) -> list[dict[str, Any]]:
+    """What each engine has done so far: jobs handed to workers, captures, cache hits,
+    re-check batches. For a client's status view, and for telling that the server is
+    quiet when nothing changes."""
+    return [
+        {
+            "root": str(root),
+            "jobs": engine.stats.jobs,
+            "captures": engine.stats.captures,
+            "cacheHits": engine.stats.cache_hits,
+            "emits": engine.stats.emits,
+            "verifies": engine.stats.verifies,
+            "rechecks": engine.stats.rechecks,
+            "targets": len(engine.targets),
+        }
+        for root, engine in ls.engines.items()
+    ]
 
 
 def _protect_stdout() -> Any:

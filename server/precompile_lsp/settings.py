@@ -5,6 +5,7 @@ and is reported once, never failing the server."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from precompile_lsp.config import SEVERITIES
@@ -56,7 +57,12 @@ def parse_settings(raw: Any, base: Settings | None = None) -> tuple[Settings, li
             else:
                 errors.append(f"precompile.{key} must be true or false, got {value!r}")
         elif field == "timeout":
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            if (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and value > 0
+            ):
                 changes[field] = float(value)
             else:
                 errors.append(

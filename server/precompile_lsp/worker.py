@@ -8,8 +8,10 @@ cancel kills the child and everything it started. Where ``fork`` is unavailable,
 runs in a fresh process instead (``--job FILE``).
 
 Protocol: one JSON object per line. The engine writes ``{"op": "run", "id", "job"}`` or
-``{"op": "cancel", "id"}`` to stdin; the worker answers ``{"ready": ...}`` once, then
-``{"id", "result"}`` per job. The protocol uses a duplicate of the original stdout;
+``{"op": "cancel", "id"}`` to stdin; the worker answers ``{"ready": ...}`` once, then per
+job ``{"id", "started": true}`` when its child is forked (a worker that dies before that
+never ran the job, which the engine then runs on a fresh worker), ``{"id", "progress"}``
+for each stage the job reports, and ``{"id", "result"}``. The protocol uses a duplicate of the original stdout;
 fd 1 itself is pointed at stderr, and in a child at a capture file, so nothing user code
 or a C extension prints can corrupt the channel.
 """
@@ -71,9 +73,12 @@ def _read_output(path: str) -> str:
     )
 
 
-def _child(job: dict[str, Any], result_path: str, output_path: str) -> None:
+def _child(job: dict[str, Any], result_path: str, output_path: str, stages: int) -> None:
     """In the forked child: own process group, captured output, run, write, exit."""
     os.setsid()
+    from precompile_lsp import jobs
+
+    jobs.STAGE_FD = stages
     fd = os.open(output_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -119,16 +124,42 @@ def _describe_exit(status: int) -> str:
     return f"the capture process exited with status {os.WEXITSTATUS(status)} before reporting"
 
 
-def run_forked(job: dict[str, Any], timeout: float, on_cancel: Any = None) -> dict[str, Any]:
-    """Run one job in a forked child; enforce the timeout; honour cancel messages."""
+def _stages(fd: int) -> list[dict[str, Any]]:
+    """The stage messages a child wrote so far (non-blocking)."""
+    data = b""
+    while select.select([fd], [], [], 0)[0]:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    messages = []
+    for line in data.splitlines():
+        try:
+            messages.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return messages
+
+
+def run_forked(
+    job: dict[str, Any],
+    timeout: float,
+    on_cancel: Any = None,
+    on_stage: Any = None,
+) -> dict[str, Any]:
+    """Run one job in a forked child; enforce the timeout; honour cancel messages; pass
+    on the stages it reports."""
     directory = tempfile.mkdtemp(prefix="precompile-job-")
     result_path, output_path = (
         os.path.join(directory, "result.json"),
         os.path.join(directory, "output.txt"),
     )
+    stage_read, stage_write = os.pipe()
     pid = os.fork()
     if pid == 0:
-        _child(job, result_path, output_path)
+        os.close(stage_read)
+        _child(job, result_path, output_path, stage_write)
+    os.close(stage_write)
     started = time.monotonic()
     try:
         while True:
@@ -143,6 +174,9 @@ def run_forked(job: dict[str, Any], timeout: float, on_cancel: Any = None) -> di
                     "message": f"capture timed out after {timeout:g} s (the job's whole process group was killed)",
                     "output": _read_output(output_path),
                 }
+            for stage in _stages(stage_read):  # drained always: a full pipe would block
+                if on_stage is not None:
+                    on_stage(stage)
             if on_cancel is not None:
                 if on_cancel():  # waits up to 20 ms for a message
                     _kill_group(pid)
@@ -161,6 +195,7 @@ def run_forked(job: dict[str, Any], timeout: float, on_cancel: Any = None) -> di
             "output": _read_output(output_path),
         }
     finally:
+        os.close(stage_read)
         for path in (result_path, output_path):
             try:
                 os.unlink(path)
@@ -245,7 +280,13 @@ def serve(channel: TextIO) -> None:
                 pending.append(other)
             return False
 
-        result = run_forked(message["job"], float(message["job"].get("timeout", 120)), on_cancel)
+        _send(channel, {"id": job_id, "started": True})
+
+        def on_stage(stage: dict[str, Any], job_id: str = job_id) -> None:
+            _send(channel, {"id": job_id, "progress": stage})
+
+        timeout = float(message["job"].get("timeout", 120))
+        result = run_forked(message["job"], timeout, on_cancel, on_stage)
         _send(channel, {"id": job_id, "result": result})
 
 

@@ -61,6 +61,8 @@ class Session:
     client: LanguageClient
     root: Path
     statuses: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: Every publishDiagnostics the client received, in order: (uri, diagnostics).
+    published: list[tuple[str, list[types.Diagnostic]]] = dataclasses.field(default_factory=list)
     registrations: list[types.Registration] = dataclasses.field(default_factory=list)
     lens_refreshes: int = 0
     result: types.InitializeResult | None = None
@@ -73,10 +75,14 @@ class Session:
         folders: list[Path] | None = None,
         options: dict[str, Any] | None = None,
     ) -> types.InitializeResult:
+        """Initialize as ``profile``: a pytest-lsp client profile, or ``minimal`` (a
+        client that sends didSave and nothing more: no file watching, no progress, no
+        configuration requests)."""
         folders = folders or [self.root]
+        capabilities = MINIMAL if profile == "minimal" else client_capabilities(profile)
         self.result = await self.client.initialize_session(
             types.InitializeParams(
-                capabilities=client_capabilities(profile),
+                capabilities=capabilities,
                 workspace_folders=[types.WorkspaceFolder(f.as_uri(), f.name) for f in folders],
                 initialization_options={"trusted": trusted, **(options or {})},
             )
@@ -142,6 +148,13 @@ class Session:
         )
         return text
 
+    async def stats(self) -> dict[str, Any]:
+        """The engine's counters for the session's root (``precompile/stats``)."""
+        result = await self.client.protocol.send_request_async("precompile/stats", None)
+        entries = [e if isinstance(e, dict) else e._asdict() for e in result]
+        [entry] = [e for e in entries if e["root"] == str(self.root.resolve())]
+        return entry
+
     async def command(self, name: str, *arguments: Any) -> Any:
         return await self.client.workspace_execute_command_async(
             types.ExecuteCommandParams(command=name, arguments=list(arguments))
@@ -163,6 +176,27 @@ def column_in(encoding: str | None, text: str) -> int:
     if encoding == types.PositionEncodingKind.Utf32:
         return len(text)
     return len(text.encode("utf-16-le")) // 2
+
+
+#: A client with the least an LSP client can have: it syncs documents and says when one is
+#: saved, and nothing else.
+MINIMAL = types.ClientCapabilities(
+    text_document=types.TextDocumentClientCapabilities(
+        synchronization=types.TextDocumentSyncClientCapabilities(did_save=True)
+    )
+)
+
+
+class _RecordingDiagnostics(dict[str, Any]):
+    """pytest-lsp's diagnostics store, also keeping every publication in order."""
+
+    def __init__(self, history: list[tuple[str, list[types.Diagnostic]]]) -> None:
+        super().__init__()
+        self.history = history
+
+    def __setitem__(self, uri: str, diagnostics: Any) -> None:
+        self.history.append((uri, list(diagnostics)))
+        super().__setitem__(uri, diagnostics)
 
 
 @pytest.fixture
@@ -199,6 +233,7 @@ async def session(workspace: Path) -> AsyncIterator[Session]:
     client = await SERVER.start()
     _read_code_actions_as_sent(client)
     state = Session(client, workspace)
+    client.diagnostics = _RecordingDiagnostics(state.published)
 
     @client.feature("precompile/status")
     def on_status(params: Any) -> None:

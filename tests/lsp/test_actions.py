@@ -116,6 +116,11 @@ async def test_emit_quick_fix_writes_an_artifact_that_serves(
     assert begin.cancellable is True
     assert reports and all(isinstance(r, types.WorkDoneProgressReport) for r in reports)
     assert isinstance(end, types.WorkDoneProgressEnd) and end.message == message
+    # The stages the capture went through, in order, as they happened.
+    stages = [r.message for r in reports]
+    assert stages[:3] == ["importing", "capturing 1 of 1 calls", "writing"], stages
+    percentages = [r.percentage for r in reports if r.percentage is not None]
+    assert percentages == sorted(percentages)
 
     # The emitted file serves in a fresh process: no capture, numerically the target.
     proc = run_python(

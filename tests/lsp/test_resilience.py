@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from pathlib import Path
 
+import pytest
 from lsprotocol import types
 
 from tests.lsp.conftest import Session, alive, descendants
@@ -116,3 +118,59 @@ async def test_one_engine_per_folder(session: Session, tmp_path: Path) -> None:
     )
     await session.settled(mark)
     assert session.codes(module) == ["PC101"]
+
+
+async def test_malformed_messages_are_answered_and_the_server_keeps_serving(
+    session: Session,
+) -> None:
+    """A client that sends a broken header, a bad Content-Length, a body that is not JSON,
+    a JSON value that is not a message and an unknown method: each is logged (and
+    answered where the protocol has an answer), and diagnostics keep coming."""
+    await session.start("neovim")
+    await session.settled()
+    writer = session.client.protocol.writer
+    assert writer is not None
+    for raw in (
+        b"Not-A-Header\r\n\r\n",
+        b"Content-Length: twelve\r\n\r\n{}",
+        b"Content-Length: 10\r\n\r\n{not json}",
+        b"Content-Length: 9\r\n\r\n[1, 2, 3]",
+    ):
+        writer.write(raw)
+    with pytest.raises(Exception, match="Method Not Found"):
+        await asyncio.wait_for(
+            session.client.protocol.send_request_async("precompile/no-such-method", None), 30
+        )
+    # The server still serves: a save re-checks and publishes.
+    helpers = session.path(HELPERS)
+    source = helpers.read_text()
+    await session.settled(await session.save(HELPERS, source.replace("print(tag", "# print(tag")))
+    await session.until(lambda: session.diagnostics(HELPERS) == [], "the break to clear")
+    await session.settled(await session.save(HELPERS, source))
+    assert session.codes(HELPERS) == ["PC101"]
+    assert session.client.error is None
+
+
+async def test_a_huge_source_file_neither_blocks_nor_is_parsed(session: Session) -> None:
+    """Tens of megabytes of generated Python: reading and hashing it happen off the event
+    loop (requests are answered meanwhile), it is never parsed, and one log line says so."""
+    huge = session.path("src/lab/generated_tables.py")
+    row = "TABLE_%d = [" + ", ".join(["1.0"] * 60) + "]\n"
+    with huge.open("w", encoding="utf-8") as f:
+        for i in range(90_000):
+            f.write(row % i)
+    assert huge.stat().st_size > 25 * 1024 * 1024
+    await session.start("neovim")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await asyncio.wait_for(session.stats(), 30)
+    assert loop.time() - started < 2.0, "a request waited on the huge file"
+    await session.settled()
+    assert session.codes(HELPERS) == ["PC101"]
+    skipped = [m.message for m in session.client.log_messages if "generated_tables.py" in m.message]
+    assert len(skipped) == 1 and "not searched for targets" in skipped[0]
+    # Saving it again does not log again, nor parse it.
+    await session.save("src/lab/generated_tables.py", huge.read_text() + "X = 1\n")
+    await asyncio.sleep(2)
+    skipped = [m.message for m in session.client.log_messages if "generated_tables.py" in m.message]
+    assert len(skipped) == 1

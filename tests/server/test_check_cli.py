@@ -52,7 +52,8 @@ def test_every_finding_kind_exactly(checked: dict[str, Any]) -> None:
     (stale,) = found["PC301"]
     assert _at(stale) == ("src/shop/serving.py", 23, 0, "warning")
     assert stale["message"].startswith(
-        "the artifact artifacts/shop.serving.stale.py is stale: src/shop/serving.py changed"
+        "the artifact artifacts/shop.serving.stale.py is stale: `stale` (src/shop/serving.py) "
+        "changed since it was emitted"
     )
     assert stale["data"]["fix"] == "emit"
     assert all(f["doc"].endswith("#" + f["code"].lower()) for f in checked["doc"]["findings"])
@@ -130,6 +131,33 @@ def test_editing_a_helper_reschedules_only_its_dependents(
     assert after["stats"]["captures"] == 1 and after["stats"]["cache_hits"] == 3
 
 
+def test_staleness_is_per_function(shop: Path, tmp_path: Path) -> None:
+    """An edit elsewhere in the target's file -- another function, a comment, lines added
+    above -- does not make its artifact stale; an edit of the target itself does."""
+    workspace = tmp_path / "shop"
+    shutil.copytree(shop, workspace)
+    serving = workspace / "src" / "shop" / "serving.py"
+    serving.write_text(
+        serving.read_text().replace("    return model(x) * 2.0\n", "    return model(x) * 2\n")
+    )
+    _, fresh = check_json(workspace)
+    assert "PC301" not in {f["code"] for f in fresh["findings"]}
+    source = serving.read_text()
+    edited = "# a comment above everything\n\n" + source.replace(
+        "def with_gap(model, x):\n    return model(x).tanh()",
+        "def with_gap(model, x):\n    return model(x).tanh() * 1",
+    )
+    serving.write_text(edited + "\n\ndef unrelated():\n    return 1\n")
+    _, elsewhere = check_json(workspace)
+    assert "PC301" not in {f["code"] for f in elsewhere["findings"]}
+    serving.write_text(
+        serving.read_text().replace("return model(x) * 2\n", "return model(x) * 4\n")
+    )
+    _, edited_target = check_json(workspace)
+    [stale] = [f for f in edited_target["findings"] if f["code"] == "PC301"]
+    assert "`stale` (src/shop/serving.py) changed" in stale["message"]
+
+
 def test_sarif_is_valid_2_1_0(shop: Path, checked: dict[str, Any]) -> None:
     from sarif_pydantic import Sarif
 
@@ -176,3 +204,51 @@ def test_text_output(shop: Path, checked: dict[str, Any]) -> None:
     lines = proc.stdout.splitlines()
     assert "src/shop/helpers.py:5:5: warning PC101 graph break [GB0059]" in proc.stdout
     assert lines[-1].startswith("4 targets checked") and "2 errors, 3 warnings" in lines[-1]
+
+
+def test_emit_shows_its_stages_on_a_terminal_only(shop: Path, tmp_path: Path) -> None:
+    """On a terminal, emit keeps one progress line (importing, capturing k of N calls,
+    writing); piped, or with --quiet, it prints nothing but its result."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    from tests.conftest import fresh_env
+
+    workspace = tmp_path / "shop"
+    shutil.copytree(shop, workspace)
+
+    def emit(*extra: str, tty: bool) -> tuple[int, str]:
+        master, slave = pty.openpty() if tty else (None, None)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "precompile_lsp.cli", "emit", "shop.serving.clean", *extra],
+            cwd=workspace,
+            env=fresh_env(),
+            stdout=subprocess.PIPE,
+            stderr=slave if tty else subprocess.PIPE,
+        )
+        err = b""
+        if tty:
+            assert master is not None and slave is not None
+            os.close(slave)
+            while True:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                err += chunk
+            os.close(master)
+        out, piped = proc.communicate(timeout=600)
+        return proc.wait(), (err or piped or b"").decode(errors="replace") + "\n" + out.decode()
+
+    code, text = emit(tty=True)
+    assert code == 0, text
+    for stage in ("importing", "capturing 1 of 1 calls", "writing"):
+        assert f"emit shop.serving.clean: {stage}" in text, text
+    code, text = emit(tty=False)
+    assert code == 0 and "capturing" not in text, text
+    code, text = emit("--quiet", tty=True)
+    assert code == 0 and "capturing" not in text, text
