@@ -90,7 +90,8 @@ def _write_temp(path: str, data: bytes, mode: int) -> str:
     while True:
         tmp = _sibling(path, "tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+            fd = os.open(tmp, flags | getattr(os, "O_BINARY", 0), mode)
             break
         except FileExistsError:
             continue
@@ -111,7 +112,7 @@ def _keep_backup(path: str, backup: str) -> None:
     link keeps the target in place meanwhile; where links are unsupported, a copy."""
     try:
         os.link(path, backup, follow_symlinks=False)
-    except OSError:
+    except (OSError, NotImplementedError):  # no links here, or none to a symlink
         shutil.copy2(path, backup, follow_symlinks=False)
 
 
