@@ -17,6 +17,7 @@ from precompile.errors import (
     Location,
     PrecompileError,
     RiskyGuardWarning,
+    SignatureError,
 )
 from precompile.version import __version__
 
@@ -30,6 +31,9 @@ _LAZY = {
     "load": "precompile.loading",
     "PrecompiledRunnable": "precompile.loading",
     "inspect_artifact": "precompile.metadata",
+    "sign": "precompile.signing",
+    "verify_signature": "precompile.signing",
+    "generate_key": "precompile.signing",
     "target": "precompile.targets",
     "Example": "precompile.targets",
 }
@@ -41,6 +45,7 @@ __all__ = [
     "Location",
     "PrecompileError",
     "RiskyGuardWarning",
+    "SignatureError",
     "__version__",
     *_LAZY,
 ]

@@ -657,9 +657,11 @@ def complete_inductor_cache(blobs: list[bytes], cache_dir: str) -> None:
 
 def _inductor_backend_loader(bundle: dict[str, Any] | None) -> Any:
     """Emitted verbatim into Dynamo+Inductor artifacts: turn each pickled backend artifact
-    back into a compiled function. With a cache bundle, Inductor reads from a private
-    directory unpacked from it (so nothing compiles that the capture compiled, and the
-    user's Inductor cache is never written); without one, kernels compile from the
+    back into a compiled function. With a cache bundle (every file of which the loader
+    checked against the envelope's digests: Inductor loads its shared objects and
+    unpickles its entries), Inductor reads from a private directory unpacked from it (so
+    nothing compiles that the capture compiled, and the user's Inductor cache is never
+    written); without one, kernels compile from the
     source inside the artifacts, into the user's Inductor cache."""
     import atexit
     import os

@@ -1,22 +1,27 @@
 """Reading and writing the artifact pair: path validation and atomic replacement.
 
-A write never leaves a half-written file: each file goes to a temporary sibling, is
-fsynced, and is renamed over the target; a failure before the renames leaves the
-previous pair untouched.
+A write replaces all its files or none: each file goes to a temporary sibling and is
+fsynced; then each target is linked to a backup and renamed over, and any failure or
+interrupt during those renames puts every replaced target back (or removes it, where
+there was none before). Files are created with the process umask, like any file a tool
+writes; only a private key asks for 0600.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
+import shutil
+from collections.abc import Collection, Sequence
 
 from precompile.errors import PrecompileError
 
 PathLike = str | os.PathLike[str]
 
 
-def _as_path(value: object, what: str) -> str:
+def as_path(value: object, what: str) -> str:
+    """``value`` as a file path, or a PrecompileError that says what was passed instead."""
     if isinstance(value, bytes):
         raise PrecompileError(
             f"{what} was given bytes; pass a file path (str or os.PathLike)",
@@ -39,8 +44,8 @@ def _as_path(value: object, what: str) -> str:
 
 
 def validate_pair(artifact_path: object, cache_path: object | None) -> tuple[str, str | None]:
-    artifact = _as_path(artifact_path, "artifact_path")
-    cache = None if cache_path is None else _as_path(cache_path, "cache_path")
+    artifact = as_path(artifact_path, "artifact_path")
+    cache = None if cache_path is None else as_path(cache_path, "cache_path")
     if cache is not None and os.path.realpath(cache) == os.path.realpath(artifact):
         raise PrecompileError(
             f"cache_path and artifact_path are the same file ({artifact!r}); the pair is "
@@ -73,10 +78,23 @@ def read_text(path: PathLike, what: str) -> str:
         ) from error
 
 
-def _write_temp(path: str, data: bytes) -> str:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+def _sibling(path: str, kind: str) -> str:
+    directory, name = os.path.split(os.path.abspath(path))
+    return os.path.join(directory, f".{name}.{secrets.token_hex(6)}.{kind}")
+
+
+def _write_temp(path: str, data: bytes, mode: int) -> str:
+    """Write ``data`` to a new temporary sibling of ``path``, created with ``mode`` less
+    the umask (``tempfile.mkstemp`` would force 0600 on every artifact)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    while True:
+        tmp = _sibling(path, "tmp")
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+            fd = os.open(tmp, flags | getattr(os, "O_BINARY", 0), mode)
+            break
+        except FileExistsError:
+            continue
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -89,20 +107,127 @@ def _write_temp(path: str, data: bytes) -> str:
     return tmp
 
 
-def atomic_write_files(files: list[tuple[str, bytes]]) -> None:
-    """Write every file to a temporary sibling first, then rename them all into place."""
+def _keep_backup(path: str, backup: str) -> None:
+    """A second name for the current target, so a rollback can rename it back. A hard
+    link keeps the target in place meanwhile; where links are unsupported, a copy."""
+    try:
+        os.link(path, backup, follow_symlinks=False)
+    except (OSError, NotImplementedError):  # no links here, or none to a symlink
+        shutil.copy2(path, backup, follow_symlinks=False)
+
+
+def _fsync_directories(paths: Sequence[str]) -> None:
+    """Make the renames durable; a filesystem that cannot fsync a directory is left be."""
+    for directory in {os.path.dirname(os.path.abspath(p)) for p in paths}:
+        with contextlib.suppress(OSError):
+            fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+class _Swap:
+    """Rename temporaries over their targets, all or none.
+
+    Every name is chosen before the first rename, and whether a target was replaced is
+    read from the file system (its temporary is gone), not from a flag: an interrupt can
+    land between a rename and the next statement, and the rollback must still see it.
+    """
+
+    def __init__(self, temps: list[tuple[str, str]], existed: dict[str, bool]) -> None:
+        self.steps = [(tmp, path, _sibling(path, "bak")) for tmp, path in temps]
+        self.existed = existed
+        self.kept: set[str] = set()  # backups a failed restore leaves for the user
+
+    def run(self) -> None:
+        for tmp, path, backup in self.steps:
+            if self.existed[path]:
+                _keep_backup(path, backup)
+            os.replace(tmp, path)
+
+    def roll_back(self) -> list[str]:
+        """Put back every target that was replaced; the problems, if any, as sentences."""
+        problems = []
+        for tmp, path, backup in reversed(self.steps):
+            if os.path.lexists(tmp):
+                continue  # never renamed: the target is as it was
+            try:
+                if self.existed[path]:
+                    os.replace(backup, path)
+                else:
+                    os.unlink(path)
+            except OSError as error:
+                where = ""
+                if self.existed[path]:
+                    self.kept.add(backup)
+                    where = f"; its previous version is at {backup}"
+                problems.append(
+                    f"{path} could not be restored ({error.strerror or error}) and holds "
+                    f"the new version{where}"
+                )
+        return problems
+
+    def clean_up(self) -> None:
+        for tmp, _, backup in self.steps:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if backup not in self.kept:
+                with contextlib.suppress(OSError):
+                    os.unlink(backup)
+
+
+def atomic_write_files(
+    files: Sequence[tuple[str, bytes]], *, private: Collection[str] = ()
+) -> None:
+    """Write every file, or none: temporaries first, then renames with rollback.
+
+    A failure or an interrupt (KeyboardInterrupt included) at any point leaves each
+    target exactly as it was, and absent where it was absent, with no temporaries left
+    behind; an OSError becomes a PrecompileError that says so, or says precisely what
+    could not be restored. Paths in ``private`` are created 0600 (less the umask).
+    """
+    existed = {path: os.path.lexists(path) for path, _ in files}
     temps: list[tuple[str, str]] = []
+    swap: _Swap | None = None
+    current = files[0][0] if files else "the artifact"
     try:
         for path, data in files:
-            temps.append((_write_temp(path, data), path))
-        for tmp, path in temps:
-            os.replace(tmp, path)
-    except OSError as error:
+            current = path
+            temps.append((_write_temp(path, data, 0o600 if path in private else 0o666), path))
+        swap = _Swap(temps, existed)
+        swap.run()
+    except BaseException as error:
+        problems = swap.roll_back() if swap is not None else []
+        if swap is not None:
+            swap.clean_up()
         for tmp, _ in temps:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+        if not isinstance(error, OSError):
+            raise
+        if problems:
+            outcome = "restoring the previous files failed: " + "; ".join(problems)
+        elif any(existed.values()):
+            outcome = "the previous files are unchanged"
+        else:
+            outcome = "no file was created"
         raise PrecompileError(
-            f"cannot write {getattr(error, 'filename', None) or 'the artifact'}: "
-            f"{error.strerror or error}; the previous files are unchanged",
+            f"cannot write {_target_of(error, temps, current)}: {error.strerror or error}; {outcome}",
             hint="check that the directory is writable and has space",
         ) from error
+    swap.clean_up()
+    _fsync_directories([path for _, path in temps])
+
+
+def _target_of(error: OSError, temps: list[tuple[str, str]], current: str) -> str:
+    """The target an OSError was about (a rename names the temporary first; a failed
+    write names nothing, and is about the file being written)."""
+    for name in (error.filename, getattr(error, "filename2", None)):
+        if name is None:
+            continue
+        for tmp, path in temps:
+            if os.fspath(name) in (tmp, path):
+                return path
+        return os.fspath(name)
+    return current

@@ -24,10 +24,13 @@ def capture(
     tracer: Any = None,
     backend: str = "inductor",
     training: bool = False,
+    signing_key: Any = None,
 ) -> Capture:
     """Capture ``fn`` into the artifact pair (python_code at ``artifact_path``, cache at
     ``cache_path``). Use as a context manager and call the result like ``fn``. The default
-    tracer is ``DynamoTracer()``."""
+    tracer is ``DynamoTracer()``. With ``signing_key`` (an Ed25519 private key: a PEM
+    file's path, its bytes or a key object) every write also signs the pair, writing
+    ``NAME.sig`` beside the artifact together with the two files."""
     return Capture(
         fn,
         artifact_path=artifact_path,
@@ -35,6 +38,7 @@ def capture(
         tracer=DynamoTracer() if tracer is None else tracer,
         backend=backend,
         training=training,
+        signing_key=signing_key,
     )
 
 
@@ -57,6 +61,7 @@ class Capture:
         tracer: Any,
         backend: str,
         training: bool,
+        signing_key: Any = None,
     ) -> None:
         self.backend = check_backend(backend)
         if not isinstance(tracer, (MakeFxTracer, DynamoTracer)):
@@ -70,6 +75,12 @@ class Capture:
         if cache is None:
             raise PrecompileError("cache_path is required", hint="e.g. cache_path='model.cache'")
         self.cache_path = cache
+        # Read now, so a bad key fails before anything runs rather than at the write.
+        self._signing_key: Any = None
+        if signing_key is not None:
+            from precompile import signing
+
+            self._signing_key = signing.load_private_key(signing_key)
         self.fn = fn
         self.tracer = tracer
         self.training = training
@@ -275,9 +286,15 @@ class Capture:
         self._ensure_artifact()
         self._check_gates()
         assert self._artifact is not None
-        atomic_write_files(
-            [(self.artifact_path, self._artifact.python_code), (self.cache_path, self._cache)]
-        )
+        files = [(self.artifact_path, self._artifact.python_code), (self.cache_path, self._cache)]
+        if self._signing_key is not None:
+            from precompile import signing
+
+            signature = signing.signature_bytes(
+                self._artifact.python_code, self._cache, self._signing_key
+            )
+            files.append((signing.default_signature_path(self.artifact_path), signature))
+        atomic_write_files(files)
 
     def _check_gates(self) -> None:
         """The DynamoTracer's require_* gates, checked before anything is written."""

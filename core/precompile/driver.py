@@ -544,8 +544,9 @@ def _relabel_layout_error_inductor(error: AssertionError, flat: list[Any]) -> st
 def _inductor_runtime(bundle: dict[str, Any] | None) -> Any:
     """Resolve the inlined Inductor module's imports and bind its C++ kernels.
 
-    With a usable cache bundle (the loader checked it against this torch, Python and
-    CPU) every kernel is a prebuilt extension module: written to a private temporary
+    With a usable cache bundle (the loader checked every kernel's sha256 against the
+    envelope's digests, and the kernels' platform against this torch, Python and CPU)
+    every kernel is a prebuilt extension module: written to a private temporary
     directory, loaded, the directory removed. Then ``torch._inductor`` is never imported
     and nothing compiles. Without one, each import resolves to the real Inductor name
     and kernels compile from the inlined source as the module executes, as Inductor's

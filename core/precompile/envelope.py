@@ -2,7 +2,12 @@
 
 python_code alone always runs; the envelope carries what makes loading cheap (compiled
 kernels, for Inductor) plus ``code_hash``, which binds it to the exact python_code bytes
-it was made with. Read with ``weights_only=True``: a cache is never a pickle gadget.
+it was made with, and ``digests``, the sha256 of every binary blob in the bundle (each
+compiled kernel, each Inductor cache file). Read with ``weights_only=True``, so the
+envelope itself is never a pickle gadget; but the kernels it carries are native code that
+the load executes, so a blob that does not match its digest refuses the whole bundle
+before any of it is written or loaded. The digests live in the same file: they catch a
+corrupted cache, not a forged one; authenticity is what signatures add (signing.py).
 """
 
 from __future__ import annotations
@@ -11,16 +16,68 @@ import hashlib
 import io
 import os
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from precompile.errors import CacheFallbackWarning, PrecompileError
 
 CACHE_FORMAT = "torch-precompile-cache"
-CACHE_VERSION = 1
+#: 2: the envelope records ``digests``; a version-1 cache (no digests) is not used.
+CACHE_VERSION = 2
 
 
 def code_hash(python_code: bytes) -> str:
     return hashlib.sha256(python_code).hexdigest()
+
+
+def _blobs(value: Any, name: str = "") -> Iterator[tuple[str, bytes]]:
+    """Every bytes value in the bundle, named by its path (``kernels/<source digest>``,
+    ``inductor_cache_files/<relative path>``)."""
+    if isinstance(value, (bytes, bytearray)):
+        yield name, bytes(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _blobs(item, f"{name}/{key}" if name else str(key))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _blobs(item, f"{name}[{i}]")
+
+
+def blob_digests(bundle: dict[str, Any]) -> dict[str, str]:
+    return {name: hashlib.sha256(data).hexdigest() for name, data in _blobs(bundle)}
+
+
+def _describe(name: str) -> str:
+    kind, _, rest = name.partition("/")
+    if kind == "kernels":
+        return f"the compiled kernel {rest!r}"
+    if kind == "inductor_cache_files":
+        return f"the Inductor cache file {rest!r}"
+    return f"the blob {name!r}"
+
+
+def blob_problem(bundle: dict[str, Any], digests: object) -> str | None:
+    """Why the bundle's blobs cannot be trusted to be what the capture wrote, or None.
+    Every blob must match its recorded sha256, and the recorded set must be complete."""
+    if not isinstance(digests, dict):
+        return "it records no digests of its compiled kernels"
+    seen = set()
+    for name, data in _blobs(bundle):
+        expected = digests.get(name)
+        if expected is None:
+            return f"{_describe(name)} has no recorded digest"
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != expected:
+            return (
+                f"{_describe(name)} failed verification: its sha256 is {actual[:16]}..., "
+                f"the cache records {str(expected)[:16]}...; the cache is corrupted or was "
+                f"altered, so none of its kernels is loaded"
+            )
+        seen.add(name)
+    missing = sorted(set(digests) - seen)
+    if missing:
+        return f"{_describe(missing[0])} is recorded but missing from the cache"
+    return None
 
 
 def build_envelope(
@@ -36,6 +93,7 @@ def build_envelope(
             "backend": backend,
             "tracer": tracer,
             "code_hash": code_hash(python_code),
+            "digests": blob_digests(bundle),
             "bundle": bundle,
         },
         buffer,
@@ -57,9 +115,10 @@ def read_envelope(
 ) -> dict[str, Any] | None:
     """The envelope's bundle, or None (with one warning) when it cannot be used.
 
-    An unreadable or foreign-format cache only slows loading down, so it warns; a cache
-    that reads fine but belongs to another capture means the pair was mixed up, which
-    the user must hear about, so it raises.
+    An unreadable or foreign-format cache only slows loading down, so it warns; so does
+    a bundle with a blob that does not match its digest, which is then never written or
+    loaded. A cache that reads fine but belongs to another capture means the pair was
+    mixed up, which the user must hear about, so it raises.
     """
     import torch
 
@@ -93,7 +152,17 @@ def read_envelope(
             hint="emit the artifact again, or pass the .cache written with this .py",
         )
     bundle = envelope.get("bundle")
-    return bundle if isinstance(bundle, dict) else {}
+    if not isinstance(bundle, dict):
+        return {}
+    problem = blob_problem(bundle, envelope.get("digests"))
+    if problem is not None:
+        _fallback(
+            cache_path,
+            f"{problem}; compiling them from the inlined source instead, which makes this "
+            f"load slow",
+        )
+        return None
+    return bundle
 
 
 def usable_kernels(bundle: dict[str, Any] | None, cache_path: str) -> dict[str, Any] | None:

@@ -73,11 +73,21 @@ class PrecompileError(RuntimeError):
         }
 
 
+class SignatureError(PrecompileError):
+    """A load or verify with trusted keys refused the pair: it is not signed, it is signed
+    by a key that is not trusted, or a file changed since it was signed.
+
+    Its own type so a deployment can tell "not authentic" from every other refusal.
+    """
+
+
 class ArtifactTrustWarning(UserWarning):
-    """Emitted once per load: python_code is executable input, to be trusted like a pickle.
+    """Emitted by every load that did not verify a signature: both files of the pair are
+    code (python_code is executed; the cache's compiled kernels are loaded as native
+    code), so they are trusted input, like a pickle.
 
     Its own category so a deployment that vets its artifacts can silence exactly this
-    warning and nothing else.
+    warning and nothing else; a load with ``trusted_keys`` that verifies does not warn.
     """
 
 

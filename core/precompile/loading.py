@@ -115,14 +115,34 @@ def load(
     cache_path: str | os.PathLike[str] | None = None,
     *,
     allow_serve_time_compiles: bool = False,
+    trusted_keys: Any = None,
+    signature_path: str | os.PathLike[str] | None = None,
 ) -> PrecompiledRunnable:
     """Load an artifact pair. ``cache_path=None`` runs from python_code alone.
 
-    Loading executes python_code: it is trusted input, like a pickle, and every load
-    says so with an ArtifactTrustWarning.
+    Both files are code: loading executes python_code, and the cache's compiled kernels
+    are loaded as native code (after each has been checked against its recorded digest).
+    Without ``trusted_keys`` the pair is trusted input, like a pickle, and every load says
+    so with an ArtifactTrustWarning. With ``trusted_keys`` (Ed25519 public keys: paths,
+    bytes or key objects) the pair must carry a signature by one of them over exactly
+    these bytes (``NAME.sig`` beside the artifact, or ``signature_path``), checked before
+    anything is unpickled, loaded or executed; otherwise SignatureError says why.
     """
     artifact, cache = validate_pair(artifact_path, cache_path)
     python_code = read_bytes(artifact, "artifact")
+    cache_data = None if cache is None else read_bytes(cache, "cache")
+    signer = None
+    if trusted_keys is not None:
+        from precompile import signing
+
+        signer = signing.verify_pair_bytes(
+            python_code,
+            cache_data,
+            trusted_keys=trusted_keys,
+            artifact_path=artifact,
+            cache_path=cache,
+            signature_path=signature_path,
+        )
     try:
         text = python_code.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -132,21 +152,24 @@ def load(
         ) from error
     metadata = parse_metadata(text, artifact)
     bundle = None
-    if cache is not None:
+    if cache is not None and cache_data is not None:
         bundle = read_envelope(
-            read_bytes(cache, "cache"),
+            cache_data,
             cache,
             backend=metadata.get("BACKEND", ""),
             tracer=metadata.get("TRACER", ""),
             python_code_hash=code_hash(python_code),
         )
         bundle = usable_kernels(bundle, cache)
-    warnings.warn(
-        f"precompile: loading {artifact!r} executes its Python code; load only artifacts "
-        f"you produced or reviewed (trust them like a pickle)",
-        ArtifactTrustWarning,
-        stacklevel=2,
-    )
+    if signer is None:
+        warnings.warn(
+            f"precompile: loading {artifact!r} executes its Python code, and its cache's "
+            f"compiled kernels run as native code: both files are code. Load only pairs "
+            f"you produced or reviewed, from a directory only you can write, or sign them "
+            f"(precompile sign) and load with trusted_keys=[...]",
+            ArtifactTrustWarning,
+            stacklevel=2,
+        )
     return exec_artifact(
         python_code,
         metadata,

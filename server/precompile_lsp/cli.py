@@ -244,6 +244,63 @@ def _emit_or_verify(args: argparse.Namespace, kind: str) -> int:
     return EXIT_FINDINGS if failures or stale else EXIT_OK
 
 
+def _verify(args: argparse.Namespace) -> int:
+    """With ``--trusted-key``, the pair's signature is checked first (in this process,
+    without torch); a refused signature is a finding, and nothing is loaded."""
+    if args.trusted_key:
+        from precompile.errors import PrecompileError, SignatureError
+        from precompile.signing import verify_signature
+
+        cache = str(Path(args.artifact).with_suffix(".cache"))
+        try:
+            signer = verify_signature(
+                args.artifact,
+                cache if Path(cache).exists() else None,
+                trusted_keys=args.trusted_key,
+            )
+        except SignatureError as error:
+            print(f"{args.artifact}: {error}", file=sys.stderr)
+            return EXIT_FINDINGS
+        except PrecompileError as error:
+            print(f"precompile verify: {error}", file=sys.stderr)
+            return EXIT_ERROR
+        print(f"{args.artifact}: signed by trusted key {signer}")
+    elif args.signature_only:
+        print("precompile verify: --signature-only needs --trusted-key", file=sys.stderr)
+        return EXIT_ERROR
+    if args.signature_only:
+        return EXIT_OK
+    return _emit_or_verify(args, "verify")
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    from precompile.errors import PrecompileError
+    from precompile.signing import generate_key
+
+    try:
+        private, public, key = generate_key(args.key, args.public)
+    except PrecompileError as error:
+        print(f"precompile keygen: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"wrote private key {private} (mode 0600: keep it secret) and public key {public}")
+    print(f"key id {key}; load with trusted_keys=[{public!r}] or verify --trusted-key {public}")
+    return EXIT_OK
+
+
+def _sign(args: argparse.Namespace) -> int:
+    from precompile.errors import PrecompileError
+    from precompile.signing import sign
+
+    cache = args.cache or str(Path(args.artifact).with_suffix(".cache"))
+    try:
+        signature = sign(args.artifact, cache, args.key, signature_path=args.signature)
+    except PrecompileError as error:
+        print(f"precompile sign: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"signed {args.artifact} and {cache}: {signature}")
+    return EXIT_OK
+
+
 def _daemon(args: argparse.Namespace) -> int:
     from precompile_lsp.config import ConfigError
     from precompile_lsp.daemon import run_daemon
@@ -319,7 +376,26 @@ def build_parser() -> argparse.ArgumentParser:
     verify = commands.add_parser("verify", help="verify an artifact against eager")
     verify.add_argument("artifact")
     verify.add_argument("--quiet", action="store_true", help="no progress line on a terminal")
-    verify.set_defaults(run=lambda a: _emit_or_verify(a, "verify"))
+    verify.add_argument(
+        "--trusted-key",
+        action="append",
+        metavar="PUBLIC_KEY",
+        help="first require a signature by this public key (repeatable)",
+    )
+    verify.add_argument(
+        "--signature-only", action="store_true", help="check the signature, not against eager"
+    )
+    verify.set_defaults(run=_verify)
+    keygen = commands.add_parser("keygen", help="make an Ed25519 key pair for signing artifacts")
+    keygen.add_argument("key", help="private key file to create (written 0600)")
+    keygen.add_argument("--public", help="public key file (default: KEY.pub)")
+    keygen.set_defaults(run=_keygen)
+    sign = commands.add_parser("sign", help="sign an artifact pair (writes NAME.sig)")
+    sign.add_argument("artifact", help="path of the artifact's .py file")
+    sign.add_argument("--key", required=True, help="the Ed25519 private key file")
+    sign.add_argument("--cache", help="the pair's cache (default: NAME.cache)")
+    sign.add_argument("--signature", help="where to write the signature (default: NAME.sig)")
+    sign.set_defaults(run=_sign)
     inspect = commands.add_parser("inspect", help="print an artifact's metadata without running it")
     inspect.add_argument("artifact", help="path of the artifact's .py file")
     inspect.add_argument("--json", action="store_true", help="print JSON")
