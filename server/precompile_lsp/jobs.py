@@ -133,9 +133,18 @@ def _dependencies(root: str) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def _capture(
-    fn: Any, tracer: Any, training: bool, examples: list[Any], backend: str, paths: tuple[str, str]
-) -> Any:
+    fn: Any,
+    tracer: Any,
+    training: bool,
+    examples: list[Any],
+    backend: str,
+    paths: tuple[str, str],
+    covers: list[Any] | None = None,
+) -> tuple[Any, list[dict[str, Any]]]:
+    """Capture ``examples``; evaluate ``covers`` against the artifact while the capture
+    still holds it (its frames bound as a served artifact binds them)."""
     calls = examples[:1] if isinstance(tracer, precompile.MakeFxTracer) else examples
+    coverage: list[dict[str, Any]] = []
     with precompile.capture(
         fn,
         artifact_path=paths[0],
@@ -147,8 +156,10 @@ def _capture(
         for number, example in enumerate(calls, 1):
             report_stage("capturing", number, len(calls))
             cap(*copy.deepcopy(example.args), **copy.deepcopy(example.kwargs))
+        if covers:
+            coverage = _coverage(cap, covers)
         report_stage("compiling kernels and writing" if backend == "inductor" else "writing")
-    return cap
+    return cap, coverage
 
 
 def _coverage(cap: Any, covers: list[Any]) -> list[dict[str, Any]]:
@@ -190,13 +201,17 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             tracer = _tracer(options.tracer, job["tracer"])
             if kind == "emit":
                 backend = options.backend or job["backend"]
-                cap = _capture(fn, tracer, options.training, examples, backend, (artifact, cache))
+                cap, _ = _capture(
+                    fn, tracer, options.training, examples, backend, (artifact, cache)
+                )
                 result["artifact"] = artifact
             else:
                 with tempfile.TemporaryDirectory(prefix="precompile-check-") as tmp:
                     scratch = (f"{tmp}/a.py", f"{tmp}/a.cache")
-                    cap = _capture(fn, tracer, options.training, examples, "eager", scratch)
-                    result["coverage"] = _coverage(cap, _calls(options.covers, "covers"))
+                    covers = _calls(options.covers, "covers")
+                    cap, result["coverage"] = _capture(
+                        fn, tracer, options.training, examples, "eager", scratch, covers
+                    )
             result["report"] = cap.report().to_dict()
     except PrecompileError as error:
         result["error"] = error.to_dict()
