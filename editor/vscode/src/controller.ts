@@ -11,6 +11,7 @@ import {
   State,
   TransportKind,
 } from 'vscode-languageclient/node';
+import { clientOutput, type ClientOutput } from './clientOutput';
 import { displayInterpreter, resolveInterpreter, type Interpreter } from './interpreter';
 import { runProbe } from './probe';
 import { onInterpreterChange, pythonExtensionApi, pythonExtensionInstalled } from './pythonExtension';
@@ -29,6 +30,7 @@ const STATUS_NOTIFICATION = 'precompile/status';
 
 export class ServerController implements vscode.Disposable {
   private client: LanguageClient | undefined;
+  private clientOutput: ClientOutput | undefined;
   private interpreter: Interpreter | undefined;
   private queue: Promise<void> = Promise.resolve();
   private state: ClientState = 'stopped';
@@ -175,6 +177,7 @@ export class ServerController implements vscode.Disposable {
       options: launch.options,
       transport: TransportKind.stdio,
     };
+    const output = clientOutput(this.output);
     const clientOptions: LanguageClientOptions = {
       documentSelector: [{ scheme: 'file', language: 'python' }],
       // Computed when the client initializes, so a restart after trust is granted says so.
@@ -184,7 +187,7 @@ export class ServerController implements vscode.Disposable {
           serverSettings((key) => vscode.workspace.getConfiguration('precompile').get(key)),
         ),
       synchronize: { configurationSection: 'precompile' },
-      outputChannel: this.output,
+      outputChannel: output.channel,
       traceOutputChannel: this.traceOutput,
       revealOutputChannelOn: RevealOutputChannelOn.Never,
       diagnosticCollectionName: 'precompile',
@@ -208,6 +211,7 @@ export class ServerController implements vscode.Disposable {
       }
     });
     this.client = client;
+    this.clientOutput = output;
     await client.start();
     this.setState('running');
   }
@@ -215,6 +219,8 @@ export class ServerController implements vscode.Disposable {
   private async stopNow(): Promise<void> {
     const client = this.client;
     this.client = undefined;
+    this.clientOutput?.stopRequested();
+    this.clientOutput = undefined;
     if (client) {
       try {
         // Stops the server (shutdown, exit; killed after the timeout) and frees the client.
