@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +134,12 @@ def assert_same(actual: Any, expected: Any, path: str = "") -> None:
 @pytest.fixture
 def artifact(tmp_path: Path) -> tuple[str, str]:
     return str(tmp_path / "artifact.py"), str(tmp_path / "artifact.cache")
+
+
+def documented_heading(link: str) -> str:
+    """The line a finding's documentation link opens: links to the shipped docs are
+    ``file:`` URIs with ``#L<line>``, which editors open at that line."""
+    parsed = urllib.parse.urlsplit(link)
+    assert parsed.scheme == "file" and parsed.fragment.startswith("L"), link
+    page = Path(urllib.request.url2pathname(parsed.path))
+    return page.read_text(encoding="utf-8").splitlines()[int(parsed.fragment[1:]) - 1]

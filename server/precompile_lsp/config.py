@@ -42,6 +42,7 @@ class Config:
     workers: int = 1
     severity: dict[str, str] = dataclasses.field(default_factory=dict)
     python: str = sys.executable
+    docs_url: str | None = None  # None: finding links open the docs shipped in the package
 
     def module_of(self, path: Path) -> str | None:
         """The importable module name of a file, from the innermost source root holding it."""
@@ -144,6 +145,7 @@ def load_config(root: Path, overrides: dict[str, Any] | None = None) -> Config:
         "workers",
         "severity",
         "python",
+        "docs-url",
     }
     unknown = sorted(set(table) - known)
     if unknown:
@@ -196,4 +198,16 @@ def load_config(root: Path, overrides: dict[str, Any] | None = None) -> Config:
             raise ConfigError("[tool.precompile] python must be a path to an interpreter")
         candidate = Path(python) if os.path.isabs(python) else root / python
         kwargs["python"] = str(candidate) if candidate.exists() else python
+    if "docs-url" in table:
+        kwargs["docs_url"] = _docs_url(table["docs-url"])
     return Config(**kwargs)
+
+
+def _docs_url(value: Any) -> str:
+    """A hosted copy of docs/diagnostics.md: an http(s) URL, to which ``#pc101`` is added."""
+    if not (isinstance(value, str) and value.startswith(("https://", "http://"))):
+        raise ConfigError(
+            "[tool.precompile] docs-url must be the http(s) URL of a hosted docs/diagnostics.md "
+            f"(links add #pc101 and the like), got {value!r}"
+        )
+    return value

@@ -439,7 +439,7 @@ class Engine:
         state.result = result
         state.dependencies = {Path(p) for p in result.get("dependencies", {})} | {decl.file}
         state.findings = [
-            f.with_severity(self.config.severity)
+            f.with_severity(self.config.severity).with_docs(self.config.docs_url)
             for f in findings_from_result(result, decl, self.root)
         ]
 
@@ -528,7 +528,8 @@ class Engine:
         by_file: dict[Path, list[Finding]] = {}
         for path, findings in self.discovery_findings.items():
             by_file.setdefault(path, []).extend(
-                f.with_severity(self.config.severity) for f in findings
+                f.with_severity(self.config.severity).with_docs(self.config.docs_url)
+                for f in findings
             )
         for state in self.targets.values():
             for finding in state.findings:
