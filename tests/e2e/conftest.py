@@ -109,6 +109,7 @@ def launch(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Launch]
     ) -> Workbench:
         work = WORK / name
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(OUT / name, ignore_errors=True)
         project = work / "recsys"
         shutil.copytree(DEMO, project, ignore=shutil.ignore_patterns("__pycache__", "artifacts"))
         if prepare is not None:
@@ -138,24 +139,24 @@ def launch(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Launch]
             timeout=120,
         )
         port = _free_port()
-        log = open(work / "code-server.log", "wb")  # noqa: SIM115 (closed with the process)
-        process = subprocess.Popen(
-            [
-                *base,
-                "--bind-addr",
-                f"127.0.0.1:{port}",
-                "--auth",
-                "none",
-                "--disable-telemetry",
-                "--disable-update-check",
-                "--disable-getting-started-override",
-                str(project),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=environment,
-            start_new_session=True,
-        )
+        with open(work / "code-server.log", "wb") as log:  # the child keeps its own copy
+            process = subprocess.Popen(
+                [
+                    *base,
+                    "--bind-addr",
+                    f"127.0.0.1:{port}",
+                    "--auth",
+                    "none",
+                    "--disable-telemetry",
+                    "--disable-update-check",
+                    "--disable-getting-started-override",
+                    str(project),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=environment,
+                start_new_session=True,
+            )
         context = browser.new_context(viewport={"width": 1600, "height": 1000})
         started.append((process, context))
         page = context.new_page()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import urllib.parse
 from pathlib import Path
 
@@ -37,16 +39,18 @@ def follow_doc_links(bench: Workbench, problems: list[Problem]) -> None:
         assert headings[line - 1] == f"## {problem.code.lower()}"
         bench.page.locator(".markers-panel a.monaco-link", has_text=problem.code).first.click()
         bench.wait_for(
-            lambda: bench.active_tab().startswith("diagnostics.md") and bench.cursor() == (line, 1),
+            lambda line=line: bench.active_tab().startswith("diagnostics.md")
+            and bench.cursor() == (line, 1),
             f"{problem.code}'s link to open diagnostics.md at line {line}",
             30,
         )
+        heading = f"## {problem.code.lower()}"
         shown = bench.wait_for(
-            lambda: [t for t in bench.editor_lines() if t.startswith(f"## {problem.code.lower()}")],
+            lambda heading=heading: [t for t in bench.editor_lines() if t.startswith(heading)],
             f"the {problem.code} section on screen",
             10,
         )
-        assert shown == [f"## {problem.code.lower()}"]
+        assert shown == [heading]
         bench.shot(f"doc-{problem.code}")
 
 
@@ -81,7 +85,11 @@ def test_first_diagnostics(launch) -> None:
     )
     assert "does not exist; emit it" in missing.message
     brk = by_code["PC101"]
-    assert (brk.file, brk.line, brk.column) == (TELEMETRY, line_of(project / TELEMETRY, "print("), 5)
+    assert (brk.file, brk.line, brk.column) == (
+        TELEMETRY,
+        line_of(project / TELEMETRY, "print("),
+        5,
+    )
     assert brk.message.startswith("graph break [GB0059]")
     assert brk.related == (
         ("serve.py", def_line(project, "score_logged"), "target score_logged"),
@@ -90,3 +98,228 @@ def test_first_diagnostics(launch) -> None:
     assert bench.status() == "Precompile: 3"
     assert bench.problem_counts() == "Errors: 1, Warnings: 2"
     follow_doc_links(bench, problems)
+
+
+def toast(bench: Workbench, text: str, what: str) -> dict:
+    return bench.wait_for(
+        lambda: next((n for n in bench.notifications() if text in n["message"]), None), what
+    )
+
+
+def test_codelens_hover_and_source_actions(launch) -> None:
+    bench = launch()
+    bench.open_file(SERVE)
+    bench.show_problems()
+    findings(bench, 3)
+    bench.command("View: Hide Panel")  # room for every lens of serve.py
+    expected = [
+        "1 frame · 0 graph breaks · 1 variant | Emit | Verify",
+        "3 frames · 1 graph break · 2 variants | Emit | Verify",
+        "1 frame · 0 graph breaks · 1 variant · covers 0/1 | Emit | Verify",
+        "1 frame · 0 graph breaks · 1 variant | Emit | Verify",
+    ]
+    bench.wait_for(lambda: bench.codelenses() == expected, f"the lenses {expected}", 30)
+    bench.shot("codelens")
+
+    # Hover on the graph break: what, why, the hint, the user stack, the docs.
+    bench.open_file(TELEMETRY)
+    bench.hover_over("print")
+    hover = bench.wait_for(
+        lambda: (h := bench.hover_text()) and "PC101 graph-break" in h and h, "the hover", 30
+    )
+    bench.shot("hover")
+    assert "PC101 graph-break: graph break [GB0059]" in hover
+    assert "Hint:" in hover and "User stack, outermost first:" in hover
+    assert "in score_logged (serve.py:" in hover and "PC101 documentation" in hover
+    bench.page.mouse.move(0, 0)
+
+    # Emit from the Source Action menu at probability: the artifact is written and the
+    # missing-artifact finding clears.
+    bench.open_file(SERVE)
+    bench.goto(def_line(bench.project, "probability"))
+    bench.command("Source Action...")
+    bench.shot("source-actions")
+    bench.pick("Emit precompile artifact")
+    toast(bench, "Precompile: emitted artifacts/recsys.serve.probability.py", "the emit message")
+    bench.show_problems()
+    findings(bench, 2)
+    assert "PC302" not in {p.code for p in bench.problems() or []}
+    bench.shot("emitted")
+    assert (bench.project / "artifacts" / "recsys.serve.probability.py").is_file()
+
+    bench.goto(def_line(bench.project, "probability"))
+    bench.command("Source Action...")
+    bench.pick("Verify artifact")
+    toast(bench, "Precompile: probability's artifact verified against eager", "the verify message")
+    bench.shot("verified")
+    assert len(bench.problems() or []) == 2
+
+
+def never_dropped(samples: list[dict], previous: set[str], what: str) -> None:
+    """Every sample of the Problems panel, from the save until the new result, still
+    shows every previous finding: none is wiped while the server re-checks."""
+    assert samples, "nothing was sampled"
+    start = samples[0]["t"]
+    for sample in samples:
+        at = (sample["t"] - start) / 1000
+        assert not sample[
+            "empty"
+        ], f"{what}: the Problems panel said 'No problems' {at:.2f}s after the save"
+        missing = previous - set(sample["rows"])
+        assert (
+            not missing
+        ), f"{what}: {sorted(missing)} vanished {at:.2f}s after the save ({sample})"
+
+
+def test_save_keeps_findings_until_replaced(launch) -> None:
+    bench = launch()
+    bench.open_file(SERVE)
+    bench.show_problems()
+    previous = {p.key for p in findings(bench, 3)}
+    serve = bench.project / SERVE
+    original = serve.read_text(encoding="utf-8")
+
+    # A print in score, the clean target: a graph break, shown once the file is saved.
+    bench.goto(line_of(serve, '"""Clean: one graph'))
+    bench.page.keyboard.press("End")
+    bench.page.keyboard.press("Enter")
+    bench.page.keyboard.type('print("scoring")')
+    bench.shot("edited")
+    bench.start_sampling()
+    bench.page.keyboard.press("Control+s")
+    printed = (
+        line_of(serve, 'print("scoring")') if 'print("scoring")' in serve.read_text() else None
+    )
+    after = findings(bench, 4)
+    samples = bench.stop_sampling()
+    bench.shot("saved")
+    never_dropped(samples, previous, "saving an edit")
+    [new] = [p for p in after if p.key not in previous]
+    assert (new.file, new.code, new.line) == (SERVE, "PC101", printed)
+    assert new.related[0] == ("serve.py", def_line(bench.project, "score"), "target score")
+
+    # Undo the edit and save: the graph break goes, the others stay throughout.
+    bench.page.locator(".editor-group-container.active .monaco-editor textarea").first.focus()
+    for _ in range(10):
+        if not any('print("scoring")' in line for line in bench.editor_lines()):
+            break
+        bench.page.keyboard.press("Control+z")
+    bench.start_sampling()
+    bench.page.keyboard.press("Control+s")
+    bench.wait_for(
+        lambda: serve.read_text(encoding="utf-8") == original, "the undone file saved", 30
+    )
+    final = findings(bench, 3)
+    samples = bench.stop_sampling()
+    bench.shot("undone")
+    never_dropped(samples, previous, "saving the undo")
+    assert {p.key for p in final} == previous
+
+
+def _stale(project: Path) -> None:
+    """As `make demo` does: emit probability's artifact, then change its source."""
+    subprocess.run(
+        [sys.executable, "-m", "precompile_lsp.cli", "emit", "probability"],
+        cwd=project,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    serve = project / SERVE
+    serve.write_text(serve.read_text() + "\n# a change made after the artifact was emitted\n")
+
+
+def test_stale_artifact_quick_fix(launch) -> None:
+    bench = launch(prepare=_stale)
+    bench.open_file(SERVE)
+    bench.show_problems()
+    problems = findings(bench, 3)
+    [stale] = [p for p in problems if p.code == "PC301"]
+    assert stale.file == SERVE and stale.severity == "warning"
+    assert "is stale" in stale.message
+    bench.shot("stale")
+    follow_doc_links(bench, [stale])
+
+    bench.open_file(SERVE)
+    bench.goto(stale.line, stale.column)
+    bench.command("Quick Fix...")
+    bench.shot("quick-fix")
+    bench.pick("Re-emit precompile artifact")
+    toast(bench, "Precompile: emitted artifacts/recsys.serve.probability.py", "the re-emit message")
+    after = findings(bench, 2)
+    bench.shot("fixed")
+    assert "PC301" not in {p.code for p in after}
+
+
+def output_text(bench: Workbench) -> str:
+    lines = bench.page.locator(".part.panel .monaco-editor .view-line").all_inner_texts()
+    return "\n".join(lines).replace("\u00a0", " ")
+
+
+def test_untrusted_then_trusted(launch) -> None:
+    bench = launch(trust_prompt=True)
+    prompt = bench.page.locator(".monaco-dialog-box")
+    prompt.wait_for(timeout=60_000)
+    bench.shot("trust-prompt")
+    bench.click_button(prompt, "No, I don't trust the authors")
+
+    # Restricted: the server runs nothing, and says so.
+    bench.wait_for(lambda: bench.status() == "Precompile: not trusted", "the not-trusted status")
+    toast(bench, "this workspace is not trusted, so no target is captured", "the server's warning")
+    bench.open_file(SERVE)
+    not_run = "precompile: not run (workspace not trusted)"
+    bench.wait_for(lambda: bench.codelenses() == [not_run] * 4, "the not-run lenses", 60)
+    bench.show_problems()
+    bench.wait_for(lambda: bench.problems() == [], "an empty Problems panel", 10)
+    bench.shot("restricted")
+    assert not (bench.project / "artifacts").exists()
+    assert "not trusted" in bench.status_tooltip()
+
+    # Trust: the server restarts and checks.
+    bench.command("Workspaces: Manage Workspace Trust")
+    trust = bench.page.locator(".workspace-trust-editor")
+    trust.wait_for()
+    bench.shot("trust-editor")
+    bench.click_button(trust, "Trust")
+    bench.open_file(SERVE)
+    bench.show_problems()
+    findings(bench, 3)
+    bench.shot("trusted")
+
+    # The restart left no error, and pygls no warnings, in the user's log.
+    bench.command("Precompile: Show Logs")
+    log = bench.wait_for(
+        lambda: (t := output_text(bench)) and "restarting the language server" in t and t,
+        "the Precompile log",
+        30,
+    )
+    bench.shot("log")
+    assert "exited with code" not in log
+    assert "Cancel notification" not in log
+
+
+def test_missing_interpreter(launch) -> None:
+    # No precompile.interpreter and no Python extension: the fallback, python3 on PATH,
+    # is the system's, which has no torch-precompile (as on a new user's machine).
+    bench = launch(interpreter=None)
+    error = toast(bench, "the language server cannot start", "the missing-interpreter error")
+    bench.page.wait_for_timeout(2000)  # time for a second error, were there one
+    bench.shot("error")
+    errors = [n for n in bench.notifications() if n["severity"] == "error"]
+    assert errors == [error]
+    assert '"python3" cannot import precompile_lsp' in error["message"]
+    assert "Install it with `python3 -m pip install torch-precompile`" in error["message"]
+    assert '"precompile.interpreter" setting' in error["message"]
+    assert error["buttons"] == ["Open Setting", "Show Logs"]
+    assert bench.status() == "Precompile"
+    assert "the language server is not running" in bench.status_tooltip()
+
+    # The fix it offers: the setting, opened where it can be set (in a remote window like
+    # this one, machine settings are on the Remote tab; the User tab would find nothing).
+    bench.click_button(bench.page.locator(".notification-toast"), "Open Setting")
+    settings = bench.page.locator(".settings-editor")
+    bench.wait_for(
+        lambda: "Precompile: Interpreter" in settings.inner_text(), "the interpreter setting", 30
+    )
+    bench.shot("setting")
+    assert "No Settings Found" not in settings.inner_text()

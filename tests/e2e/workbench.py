@@ -125,7 +125,10 @@ class Workbench:
                 return last
             if time.monotonic() > deadline:
                 self.shot("timeout")
-                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+                (self.shots / f"{self.step:02d}-timeout.html").write_text(self.page.content())
+                raise AssertionError(
+                    f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}"
+                )
             self.page.wait_for_timeout(250)
 
     def problems(self) -> list[Problem] | None:
@@ -209,7 +212,8 @@ class Workbench:
         box.wait_for()
         box.fill(f">{title}")
         row = self.page.locator(
-            ".quick-input-widget:visible .monaco-list-row", has_text=re.compile(rf"^{re.escape(title)}")
+            ".quick-input-widget:visible .monaco-list-row",
+            has_text=re.compile(rf"^{re.escape(title)}"),
         )
         row.first.wait_for()
         self.page.keyboard.press("Enter")
@@ -221,8 +225,9 @@ class Workbench:
         box.wait_for()
         box.fill(relative)
         name = Path(relative).name
-        self.page.locator(".quick-input-widget:visible .monaco-list-row", has_text=name).first.wait_for()
-        self.page.keyboard.press("Enter")
+        row = self.page.locator(".quick-input-widget:visible .monaco-list-row", has_text=name).first
+        row.wait_for()
+        row.click()
         self.wait_for(lambda: self.active_tab().startswith(name), f"{name} to open", 30)
         self.page.locator(".editor-group-container.active .monaco-editor textarea").first.focus()
 
@@ -235,6 +240,11 @@ class Workbench:
         self.page.keyboard.press("Enter")
         self.wait_for(lambda: self.cursor() == (line, column), f"the cursor at {line}:{column}", 10)
 
+    def hover_over(self, token: str) -> None:
+        """Rest the mouse on the first token of the active editor that reads ``token``."""
+        spans = self.page.locator(".editor-group-container.active .view-lines .view-line span span")
+        spans.filter(has_text=re.compile(rf"^{re.escape(token)}$")).first.hover()
+
     def show_problems(self) -> None:
         self.command("View: Focus Problems")
         self.page.locator(".markers-panel").first.wait_for()
@@ -243,7 +253,14 @@ class Workbench:
         """Choose an entry of the action menu (Quick Fix, Source Action) by its label."""
         item = self.page.locator(".action-widget .monaco-list-row.action", has_text=label)
         item.first.wait_for()
-        item.first.click()
+        # The menu takes keys, as a person uses it (its pointer guard swallows early clicks).
+        focused = self.page.locator(".action-widget .monaco-list-row.focused")
+        for _ in range(20):
+            if focused.count() and focused.first.get_attribute("aria-label") == label:
+                self.page.keyboard.press("Enter")
+                return
+            self.page.keyboard.press("ArrowDown")
+        raise AssertionError(f"{label!r} could not be selected in the menu")
 
     def click_button(self, container: Locator, label: str) -> None:
         container.get_by_role("button", name=label).first.click()
@@ -254,7 +271,9 @@ class Workbench:
         self.page.evaluate(_START_SAMPLING, _READ_PROBLEMS)
 
     def stop_sampling(self) -> list[dict[str, Any]]:
-        return self.page.evaluate("() => { clearInterval(window.__sampler); return window.__samples; }")
+        return self.page.evaluate(
+            "() => { clearInterval(window.__sampler); return window.__samples; }"
+        )
 
 
 def settings_json(path: Path, settings: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ import {
 } from 'vscode-languageclient/node';
 import { clientOutput, type ClientOutput } from './clientOutput';
 import { displayInterpreter, resolveInterpreter, type Interpreter } from './interpreter';
+import { openSettingCommand } from './openSetting';
 import { runProbe } from './probe';
 import { onInterpreterChange, pythonExtensionApi, pythonExtensionInstalled } from './pythonExtension';
 import {
@@ -241,7 +242,8 @@ export class ServerController implements vscode.Disposable {
     if (choice === select) {
       await vscode.commands.executeCommand('python.setInterpreter');
     } else if (choice === setting) {
-      await vscode.commands.executeCommand('workbench.action.openSettings', 'precompile.interpreter');
+      const open = openSettingCommand('precompile.interpreter', vscode.env.remoteName);
+      await vscode.commands.executeCommand(open.command, ...open.args);
     } else if (choice === logs) {
       this.output.show();
     }
