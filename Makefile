@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-10)
 
-.PHONY: install demo test lint format bench clean vscode
+.PHONY: install demo test lint format bench clean vscode e2e
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,26 @@ test: install vscode
 vscode: install
 	cd editor/vscode && npm ci && PRECOMPILE_PYTHON=$(abspath $(PY)) npm run ci
 
+# The extension in a real VS Code (README, "Testing"): code-server from npm in .e2e/,
+# Debian's Chromium driven by Playwright from PyPI, the .vsix built from this checkout.
+# Idempotent: what is installed already is skipped. Screenshots: .e2e/out/<scenario>/.
+E2E := .e2e
+CODE_SERVER_VERSION := 4.100.3
+# Chromium for Playwright; ripgrep stands in for the rg code-server would download;
+# libkrb5-dev, g++ and make build code-server's native modules; a font for the pages.
+E2E_APT := chromium ripgrep libkrb5-dev g++ make fonts-dejavu-core
+
+editor/vscode/node_modules/.package-lock.json: editor/vscode/package-lock.json
+	cd editor/vscode && npm ci
+
+e2e: install editor/vscode/node_modules/.package-lock.json
+	dpkg -s $(E2E_APT) >/dev/null 2>&1 || { apt-get update && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(E2E_APT); }
+	tests/e2e/install-code-server.sh $(E2E)/code-server $(CODE_SERVER_VERSION)
+	$(PY) -c 'import playwright' 2>/dev/null || $(PY) -m pip install -q -e '.[e2e]'
+	cd editor/vscode && npm run package
+	$(PY) -m pytest --e2e -p no:cacheprovider -q tests/e2e
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -40,4 +60,4 @@ bench: install
 	$(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache $(E2E)

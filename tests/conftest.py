@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +134,28 @@ def assert_same(actual: Any, expected: Any, path: str = "") -> None:
 @pytest.fixture
 def artifact(tmp_path: Path) -> tuple[str, str]:
     return str(tmp_path / "artifact.py"), str(tmp_path / "artifact.cache")
+
+
+def documented_heading(link: str) -> str:
+    """The line a finding's documentation link opens: links to the shipped docs are
+    ``file:`` URIs with ``#L<line>``, which editors open at that line."""
+    parsed = urllib.parse.urlsplit(link)
+    assert parsed.scheme == "file" and parsed.fragment.startswith("L"), link
+    page = Path(urllib.request.url2pathname(parsed.path))
+    return page.read_text(encoding="utf-8").splitlines()[int(parsed.fragment[1:]) - 1]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--e2e",
+        action="store_true",
+        help="also collect tests/e2e: the extension in a real VS Code (run by `make e2e`)",
+    )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """tests/e2e needs code-server, Chromium and Playwright (`make e2e` installs them) and
+    takes minutes, so `make test` leaves it out."""
+    if collection_path == REPO / "tests" / "e2e" and not config.getoption("--e2e"):
+        return True
+    return None

@@ -159,7 +159,7 @@ def _check(args: argparse.Namespace) -> int:
     elif args.format == "sarif":
         from precompile.version import __version__
 
-        output = formats.sarif(findings, root, __version__)
+        output = formats.sarif(findings, root, __version__, engine.config.docs_url)
     elif args.format == "github":
         output = formats.github(findings, root)
     else:

@@ -34,6 +34,7 @@ KEYS = (
     "workers",
     "severity",
     "python",
+    "docs-url",
 )
 #: Directory names never searched for targets nor watched: tools' own state, caches.
 SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
@@ -65,6 +66,7 @@ class Config:
     python: str = sys.executable
     #: What was wrong but not fatal (unknown keys), each naming the key and the file.
     warnings: tuple[str, ...] = ()
+    docs_url: str | None = None  # None: finding links open the docs shipped in the package
 
     def module_of(self, path: Path) -> str | None:
         """The importable module name of a file, from the innermost source root holding it."""
@@ -323,4 +325,18 @@ def load_config(root: Path, overrides: dict[str, Any] | None = None) -> Config:
         kwargs["severity"] = dict(severity)
     if "python" in table:
         kwargs["python"] = _interpreter(table, root)
+    if "docs-url" in table:
+        kwargs["docs_url"] = _docs_url(table, "docs-url")
     return Config(**kwargs)
+
+
+def _docs_url(table: _Table, key: str) -> str:
+    """A hosted copy of docs/diagnostics.md: an http(s) URL, to which ``#pc101`` is added."""
+    value = table[key]
+    if not (isinstance(value, str) and value.startswith(("https://", "http://"))):
+        raise table.error(
+            key,
+            "must be the http(s) URL of a hosted docs/diagnostics.md (links add #pc101 and "
+            "the like)",
+        )
+    return value

@@ -650,11 +650,15 @@ class Engine:
                 {"verify_failures": _verify_failures(state.verified)}, decl, self.root
             )
         state.findings = [
-            f.with_severity(self.config.severity)
-            if f.version is not None or f.file != decl.file
-            else f.with_severity(self.config.severity).at_versions(decl_version)
+            self._configured(
+                f if f.version is not None or f.file != decl.file else f.at_versions(decl_version)
+            )
             for f in findings
         ]
+
+    def _configured(self, finding: Finding) -> Finding:
+        """A finding as this workspace shows it: its severity, its documentation link."""
+        return finding.with_severity(self.config.severity).with_docs(self.config.docs_url)
 
     def _apply(self, decl: TargetDecl, result: dict[str, Any]) -> None:
         state = self.targets.get(decl.key)
@@ -822,9 +826,7 @@ class Engine:
     def findings_by_file(self) -> dict[Path, list[Finding]]:
         by_file: dict[Path, list[Finding]] = {}
         for path, findings in self.discovery_findings.items():
-            by_file.setdefault(path, []).extend(
-                f.with_severity(self.config.severity) for f in findings
-            )
+            by_file.setdefault(path, []).extend(self._configured(f) for f in findings)
         for state in self.targets.values():
             for finding in state.findings:
                 by_file.setdefault(finding.file, []).append(finding)

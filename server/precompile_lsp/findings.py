@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-DOCS = "https://github.com/torch-precompile/torch-precompile/blob/main/docs/diagnostics.md"
+from precompile_lsp.doclinks import doc_link
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,10 +132,15 @@ class Finding:
     #: Content hash of ``file`` the span was computed against: a client holding another
     #: version of the file maps the span into it (or hides it) instead of misplacing it.
     version: str | None = None
+    docs_url: str | None = None  # None: the docs shipped in the package
 
     @property
     def doc(self) -> str:
-        return f"{DOCS}#{self.code.lower()}"
+        return doc_link(self.code, self.docs_url)
+
+    def with_docs(self, docs_url: str | None) -> Finding:
+        """The finding with its documentation link at ``docs_url`` (None: shipped docs)."""
+        return dataclasses.replace(self, docs_url=docs_url)
 
     def with_severity(self, overrides: dict[str, str]) -> Finding:
         severity = overrides.get(self.code, self.severity or CODES[self.code].severity)

@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from precompile_lsp.findings import CODES, DOCS, Finding
+from precompile_lsp.doclinks import doc_link, page_link
+from precompile_lsp.findings import CODES, Finding
 
 JSON_SCHEMA_VERSION = 1
 
@@ -85,14 +86,16 @@ def _sarif_region(span: Any) -> dict[str, int]:
     }
 
 
-def sarif(findings: dict[Path, list[Finding]], root: Path, version: str) -> str:
+def sarif(
+    findings: dict[Path, list[Finding]], root: Path, version: str, docs_url: str | None = None
+) -> str:
     ordered = _ordered(findings)
     rules = [
         {
             "id": code.code,
             "name": code.name,
             "shortDescription": {"text": code.summary},
-            "helpUri": f"{DOCS}#{code.code.lower()}",
+            "helpUri": doc_link(code.code, docs_url),
             "defaultConfiguration": {"level": _SARIF_LEVEL.get(code.severity, "warning")},
         }
         for code in CODES.values()
@@ -133,7 +136,7 @@ def sarif(findings: dict[Path, list[Finding]], root: Path, version: str) -> str:
                     "driver": {
                         "name": "torch-precompile",
                         "version": version,
-                        "informationUri": DOCS,
+                        "informationUri": page_link(docs_url),
                         "rules": rules,
                     }
                 },

@@ -99,8 +99,12 @@ def hover_markdown(finding: Finding) -> str:
             for r in stack
         ]
         parts.append("User stack, outermost first:\n" + "\n".join(links))
-    link = finding.data.get("doc_link") or finding.doc
-    parts.append(f"[Documentation]({link})")
+    links = [f"[{finding.code} documentation]({finding.doc})"]
+    if finding.data.get("doc_link"):  # Dynamo's own page on this graph break
+        links.append(
+            f"[PyTorch on {finding.data.get('gb_id') or 'this'}]({finding.data['doc_link']})"
+        )
+    parts.append(" · ".join(links))
     return "\n\n".join(parts)
 
 

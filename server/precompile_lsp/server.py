@@ -36,6 +36,7 @@ from precompile.version import __version__
 from precompile_lsp.config import ConfigError
 from precompile_lsp.engine import Engine
 from precompile_lsp.findings import Finding
+from precompile_lsp.logfilters import quiet_answered_cancels
 from precompile_lsp.lsp_convert import (
     Lines,
     Placement,
@@ -766,6 +767,7 @@ def _protect_stdout() -> Any:
 def main() -> None:
     channel = _protect_stdout()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    quiet_answered_cancels()
     SERVER.start_io(stdin=sys.stdin.buffer, stdout=channel)
 
 

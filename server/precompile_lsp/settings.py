@@ -18,6 +18,7 @@ class Settings:
     timeout: float | None = None  # None: the workspace's [tool.precompile] timeout
     severity: dict[str, str] = dataclasses.field(default_factory=dict)
     code_lens: bool = True
+    docs_url: str | None = None  # None: [tool.precompile] docs-url, else the shipped docs
 
     def engine_overrides(self) -> dict[str, Any]:
         overrides: dict[str, Any] = {}
@@ -25,6 +26,8 @@ class Settings:
             overrides["timeout"] = self.timeout
         if self.severity:
             overrides["severity"] = dict(self.severity)
+        if self.docs_url is not None:
+            overrides["docs-url"] = self.docs_url
         return overrides
 
 
@@ -34,6 +37,7 @@ _FIELDS = {
     "timeout": "timeout",
     "severity": "severity",
     "codeLens": "code_lens",
+    "docsUrl": "docs_url",
 }
 
 
@@ -68,6 +72,13 @@ def parse_settings(raw: Any, base: Settings | None = None) -> tuple[Settings, li
                 errors.append(
                     f"precompile.timeout must be a positive number of seconds, got {value!r}"
                 )
+        elif field == "docs_url":
+            if value == "":
+                changes[field] = None  # cleared: back to pyproject.toml or the shipped docs
+            elif isinstance(value, str) and value.startswith(("https://", "http://")):
+                changes[field] = value
+            else:
+                errors.append(f"precompile.docsUrl must be an http(s) URL or empty, got {value!r}")
         elif field == "severity":
             if isinstance(value, dict) and all(
                 isinstance(k, str) and v in SEVERITIES for k, v in value.items()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 
 import pytest
 from lsprotocol import types
 
-from tests.conftest import REPO, run_python
+from tests.conftest import REPO, documented_heading, run_python
 from tests.lsp.conftest import Session, line_of
 
 PROFILES = ["visual-studio-code", "neovim"]
@@ -202,7 +203,10 @@ async def test_code_lens_and_hover(session: Session) -> None:
     assert "*Hint:*" in text
     call_line = line_of(serving, "helpers.log_scores(") + 1
     assert f"({serving.as_uri()}#L{call_line})" in text
-    assert "[Documentation](http" in text
+    # Our page on the code (shipped with the package), and PyTorch's on the graph break.
+    [ours] = re.findall(r"\[PC101 documentation\]\(([^)]+)\)", text)
+    assert documented_heading(ours) == "## pc101"
+    assert re.search(r"\[PyTorch on GB\d+\]\(https?://", text)
     # Nothing to say away from a finding.
     assert (
         await session.client.text_document_hover_async(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from lsprotocol import types
 
+from tests.conftest import documented_heading
 from tests.lsp.conftest import Session, column_in, line_of
 
 PROFILES = ["visual-studio-code", "neovim"]
@@ -31,7 +32,8 @@ async def test_findings_land_in_the_files_where_they_happen(session: Session, pr
         line, column_in(encoding, text[: text.index("print")])
     )
     assert "print" in breaks.message
-    assert breaks.code_description is not None and breaks.code_description.href.startswith("http")
+    assert breaks.code_description is not None
+    assert documented_heading(breaks.code_description.href) == "## pc101"
 
     serving = session.path("src/lab/serving.py")
     related = {

@@ -11,7 +11,9 @@ import {
   State,
   TransportKind,
 } from 'vscode-languageclient/node';
+import { clientOutput, type ClientOutput } from './clientOutput';
 import { displayInterpreter, resolveInterpreter, type Interpreter } from './interpreter';
+import { openSettingCommand } from './openSetting';
 import { runProbe } from './probe';
 import { onInterpreterChange, pythonExtensionApi, pythonExtensionInstalled } from './pythonExtension';
 import {
@@ -29,6 +31,7 @@ const STATUS_NOTIFICATION = 'precompile/status';
 
 export class ServerController implements vscode.Disposable {
   private client: LanguageClient | undefined;
+  private clientOutput: ClientOutput | undefined;
   private interpreter: Interpreter | undefined;
   private queue: Promise<void> = Promise.resolve();
   private state: ClientState = 'stopped';
@@ -175,6 +178,7 @@ export class ServerController implements vscode.Disposable {
       options: launch.options,
       transport: TransportKind.stdio,
     };
+    const output = clientOutput(this.output);
     const clientOptions: LanguageClientOptions = {
       documentSelector: [{ scheme: 'file', language: 'python' }],
       // Computed when the client initializes, so a restart after trust is granted says so.
@@ -184,7 +188,7 @@ export class ServerController implements vscode.Disposable {
           serverSettings((key) => vscode.workspace.getConfiguration('precompile').get(key)),
         ),
       synchronize: { configurationSection: 'precompile' },
-      outputChannel: this.output,
+      outputChannel: output.channel,
       traceOutputChannel: this.traceOutput,
       revealOutputChannelOn: RevealOutputChannelOn.Never,
       diagnosticCollectionName: 'precompile',
@@ -208,6 +212,7 @@ export class ServerController implements vscode.Disposable {
       }
     });
     this.client = client;
+    this.clientOutput = output;
     await client.start();
     this.setState('running');
   }
@@ -215,6 +220,8 @@ export class ServerController implements vscode.Disposable {
   private async stopNow(): Promise<void> {
     const client = this.client;
     this.client = undefined;
+    this.clientOutput?.stopRequested();
+    this.clientOutput = undefined;
     if (client) {
       try {
         // Stops the server (shutdown, exit; killed after the timeout) and frees the client.
@@ -235,7 +242,8 @@ export class ServerController implements vscode.Disposable {
     if (choice === select) {
       await vscode.commands.executeCommand('python.setInterpreter');
     } else if (choice === setting) {
-      await vscode.commands.executeCommand('workbench.action.openSettings', 'precompile.interpreter');
+      const open = openSettingCommand('precompile.interpreter', vscode.env.remoteName);
+      await vscode.commands.executeCommand(open.command, ...open.args);
     } else if (choice === logs) {
       this.output.show();
     }

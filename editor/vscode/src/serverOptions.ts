@@ -5,7 +5,7 @@ import { displayInterpreter, type Interpreter } from './interpreter';
 export const SERVER_MODULE = 'precompile_lsp';
 
 /** The keys of the `precompile` section the server reads (camelCase, as on the wire). */
-export const SERVER_SETTING_KEYS = ['enable', 'runOnSave', 'timeout', 'severity', 'codeLens'] as const;
+export const SERVER_SETTING_KEYS = ['enable', 'runOnSave', 'timeout', 'severity', 'codeLens', 'docsUrl'] as const;
 
 export interface ServerSettings {
   enable?: boolean;
@@ -13,6 +13,7 @@ export interface ServerSettings {
   timeout?: number | null;
   severity?: Record<string, string>;
   codeLens?: boolean;
+  docsUrl?: string;
 }
 
 export interface InitializationOptions {

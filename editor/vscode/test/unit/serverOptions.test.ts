@@ -56,6 +56,7 @@ describe('serverSettings', () => {
       timeout: null,
       severity: { PC302: 'off' },
       codeLens: undefined,
+      docsUrl: 'https://docs.example.org/diagnostics.html',
       interpreter: '/x/python',
       trace: { server: 'verbose' },
     };
@@ -64,6 +65,7 @@ describe('serverSettings', () => {
       runOnSave: true,
       timeout: null,
       severity: { PC302: 'off' },
+      docsUrl: 'https://docs.example.org/diagnostics.html',
     });
   });
 
