@@ -44,11 +44,15 @@ def main() -> None:
             print(setup.stderr, file=sys.stderr)
             raise SystemExit(1)
         serve = project / "src" / "recsys" / "serve.py"
+        docstring = '"""Its committed artifact was emitted before the last change: stale."""'
+        source = serve.read_text()
+        assert docstring in source
+        # Staleness is per function: the edit is inside probability itself.
         serve.write_text(
-            serve.read_text() + "\n# a change made after probability's artifact was emitted\n"
+            source.replace(docstring, docstring + "\n    # changed after its artifact was emitted")
         )
         print(
-            "emitted artifacts/recsys.serve.probability.py, then edited serve.py: that artifact is now stale"
+            "emitted artifacts/recsys.serve.probability.py, then edited probability(): that artifact is now stale"
         )
         for args in (("check",), ("check", "--emit", "--verify"), ("check",)):
             started = time.monotonic()

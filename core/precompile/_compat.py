@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree  # noqa: F401  (re-exported: the one pytree spelling)
 
+from precompile.guard_text import frame_label, guard_failure_text
 from precompile.locations import StackFrame, live_user_stack
 
 #: Names imported on first use (module-level __getattr__), to keep this module cheap.
@@ -537,7 +538,8 @@ def check_variants(
         if manager.check(f_locals) or manager.check(f_locals):
             return {"served_by": i, "failures": failures}
         parts = list(getattr(manager.check_verbose(f_locals), "verbose_code_parts", None) or [])
-        failures.append({"variant": i, "guard": str(parts[0]) if parts else "a guard failed"})
+        shown = guard_failure_text(str(parts[0])) if parts else "a guard failed"
+        failures.append({"variant": i, "guard": shown})
     return {"served_by": None, "failures": failures}
 
 
@@ -748,10 +750,11 @@ def _dynamo_installed_runtime() -> Any:
             for i, entry in enumerate(_debug_get_precompile_entries(code)):
                 info = entry.guard_manager.check_verbose(frame.f_locals)
                 parts = list(getattr(info, "verbose_code_parts", None) or [])
-                failures.append(f"variant {i}: {parts[0] if parts else 'a guard failed'}")
+                shown = guard_failure_text(str(parts[0])) if parts else "a guard failed"
+                failures.append(f"variant {i}: {shown}")
             raise CompileRefused(
-                f"frame {code.co_name!r} ({code.co_filename}:{frame.f_lineno}) would need a new "
-                f"compile; {'; '.join(failures) or 'no captured variant'}"
+                f"{frame_label(code.co_name)} ({code.co_filename}:{frame.f_lineno}) would need "
+                f"a new compile; {'; '.join(failures) or 'no captured variant'}"
             )
 
         callback._torchdynamo_orig_backend = getattr(inner, "_torchdynamo_orig_backend", inner)  # type: ignore[attr-defined]

@@ -30,7 +30,9 @@ from precompile.function_records import function_records
 from precompile.locations import (
     StackFrame,
     codepoint_column,
+    definition_location,
     innermost,
+    is_project_file,
     is_user_file,
     traceback_user_stack,
 )
@@ -248,7 +250,7 @@ def check_dynamo_fn(fn: Callable[..., Any]) -> None:
     """A Dynamo artifact rebuilds fn's frames inside fn's own module in another process:
     fn must be a plain module-level function of an importable module."""
     code = getattr(fn, "__code__", None)
-    where = Location(code.co_filename, code.co_firstlineno, 0) if code else None
+    where = definition_location(code) if code else None
     if not isinstance(fn, types.FunctionType):
         raise PrecompileError(
             f"the Dynamo tracer captures plain functions, got {type(fn).__name__}",
@@ -418,7 +420,7 @@ class DynamoSession:
                 "capture was called under torch.autocast; an artifact serves with autocast "
                 "disabled, so casts must be part of the captured program",
                 invariant=6,
-                location=Location(self.fn.__code__.co_filename, self.fn.__code__.co_firstlineno, 0),
+                location=definition_location(self.fn.__code__),
                 hint="enter torch.autocast inside fn instead of around the capture",
             )
         if _compat.global_state() != self.global_state:
@@ -447,15 +449,7 @@ class DynamoSession:
         except Exception as error:
             unpicklable = self._unpicklable_paths()
             if unpicklable and "package" in str(error):
-                raise PrecompileError(
-                    f"guards on {', '.join(unpicklable)} check values that cannot be serialized "
-                    f"into an artifact ({str(error).splitlines()[-1][:200]})",
-                    location=Location(
-                        self.fn.__code__.co_filename, self.fn.__code__.co_firstlineno, 0
-                    ),
-                    hint="define their classes at module level, or keep them out of what fn's "
-                    "control flow reads",
-                ) from error
+                raise self._unserializable_guards(unpicklable, error, args, kwargs) from error
             inside = _raised_inside_torch(error)
             if inside is not None:
                 raise PrecompileError(
@@ -474,12 +468,53 @@ class DynamoSession:
                 hint="fix the error at the location shown (fn runs for real during capture)",
             ) from error
 
+    def _unserializable_guards(
+        self, paths: list[str], error: BaseException, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> PrecompileError:
+        """Guards whose values cannot be saved: named by the library objects they come
+        from when a library is the cause (a model's generate(), a loss behind labels=),
+        with the raw access paths and torch's words kept in ``details``."""
+        libraries = sorted(
+            {
+                f"{type(a).__name__} (from {type(a).__module__.split('.')[0]})"
+                for a in (*args, *kwargs.values())
+                if isinstance(a, torch.nn.Module)
+                and not is_project_file(
+                    getattr(sys.modules.get(type(a).__module__), "__file__", "") or ""
+                )
+            }
+        )
+        where = definition_location(self.fn.__code__)
+        details = (
+            "Guards whose values cannot be serialized:\n  "
+            + "\n  ".join(paths)
+            + f"\n\nDynamo: {str(error).strip()[-2000:]}"
+        )
+        if libraries:
+            return PrecompileError(
+                f"Dynamo's guards on {', '.join(libraries)} read library state that cannot be "
+                f"saved into an artifact",
+                location=where,
+                hint="capture a function that calls the model's forward only: library control "
+                "flow around it (generate(), a loss computed from labels=) keeps state an "
+                "artifact cannot check; loop or compute the loss around the loaded artifact",
+                details=details,
+            )
+        shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+        return PrecompileError(
+            f"guards on {shown} check values that cannot be serialized into an artifact",
+            location=where,
+            hint="define their classes at module level, or keep them out of what fn's "
+            "control flow reads",
+            details=details,
+        )
+
     def _unpicklable_paths(self) -> list[str]:
-        from precompile.guard_audit import readable_path
+        from precompile.guard_text import user_path
 
         return sorted(
             {
-                readable_path(d.name)
+                user_path(d.name)
                 for variants in self.guard_log.values()
                 for ds in variants
                 for d in ds

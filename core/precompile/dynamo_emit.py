@@ -20,7 +20,14 @@ from typing import Any
 
 import torch
 
-from precompile import _compat, driver, installed_driver, multigraph_driver, source_digest
+from precompile import (
+    _compat,
+    driver,
+    guard_text,
+    installed_driver,
+    multigraph_driver,
+    source_digest,
+)
 from precompile.dynamo_capture import FrameRecord
 from precompile.emit import Artifact, _header, source_records
 from precompile.errors import PrecompileError
@@ -346,6 +353,9 @@ def emit_dynamo(
             driver._fail,
             source_digest.function_source,
             source_digest.source_digest,
+            guard_text.user_path,
+            guard_text.guard_failure_text,
+            guard_text.frame_label,
             _compat._dynamo_serving_runtime,
             *multigraph_driver.MULTIGRAPH_DRIVER,
             *(

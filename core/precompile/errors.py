@@ -36,7 +36,9 @@ class PrecompileError(RuntimeError):
 
     The structured fields let an editor place the error: ``invariant`` is the number of
     the programming-model invariant that was broken (docs/programming-model.md), or None;
-    ``location`` is the user line at fault when known; ``hint`` says what to do.
+    ``location`` is the user line at fault when known; ``hint`` says what to do;
+    ``details`` keeps raw material (what torch said, long lists) out of the message, for
+    whoever wants it (an editor's hover, ``--format json``).
     """
 
     def __init__(
@@ -46,11 +48,13 @@ class PrecompileError(RuntimeError):
         invariant: int | None = None,
         location: Location | None = None,
         hint: str | None = None,
+        details: str | None = None,
     ) -> None:
         self.message = message
         self.invariant = invariant
         self.location = location
         self.hint = hint
+        self.details = details
         super().__init__(self._render())
 
     def _render(self) -> str:
@@ -70,6 +74,7 @@ class PrecompileError(RuntimeError):
             "invariant": self.invariant,
             "location": None if self.location is None else self.location.to_dict(),
             "hint": self.hint,
+            "details": self.details,
         }
 
 

@@ -24,6 +24,7 @@ from precompile.errors import Location, PrecompileError
 from precompile.lifting import LiftedState, lift_module_state, module_training_flags
 from precompile.locations import (
     StackFrame,
+    definition_location,
     innermost,
     recording_calls,
     traceback_user_stack,
@@ -112,7 +113,7 @@ def _fn_location(fn: Callable[..., Any]) -> Location | None:
     code = getattr(getattr(fn, "__func__", fn), "__code__", None)
     if code is None:
         return None
-    return Location(code.co_filename, code.co_firstlineno, 0)
+    return definition_location(code)
 
 
 def _holds_state(value: Any) -> bool:

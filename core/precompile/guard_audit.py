@@ -16,22 +16,12 @@ import dataclasses
 from typing import Any
 
 from precompile.dynamo_capture import FrameRecord, GuardDecision
+from precompile.guard_text import frame_label, user_path
 
 #: Guard types whose checks carry shapes; listed first among risky drops.
 _SHAPE_TYPES = ("TENSOR_MATCH", "SHAPE_ENV", "SIZE_MATCH", "DYNAMIC_INDICES", "LENGTH_CHECK")
 #: Guard types that pin a value.
 _VALUE_TYPES = ("CONSTANT_MATCH", "EQUALS_MATCH")
-
-
-def readable_path(name: str) -> str:
-    """``L['model'].cfg.tokenizer`` -> ``model.cfg.tokenizer``."""
-    text = name
-    for prefix, quote in (("L['", "'"), ('L["', '"'), ("G['", "'"), ('G["', '"')):
-        while prefix in text:
-            start = text.index(prefix)
-            end = text.index(quote + "]", start + 3)
-            text = text[:start] + text[start + 3 : end] + text[end + 2 :]
-    return text
 
 
 @dataclasses.dataclass
@@ -40,10 +30,16 @@ class Slot:
     name: str
     guard_type: str
     decisions: list[GuardDecision]
+    #: Where the frame starts (for a continuation: the line of the break it resumes
+    #: after), how many variants it has, and whether it is a continuation.
+    file: str = ""
+    line: int = 0
+    variants: int = 0
+    continuation: bool = False
 
     @property
     def path(self) -> str:
-        return readable_path(self.name)
+        return user_path(self.name)
 
     @property
     def dropped_by(self) -> str | None:
@@ -57,7 +53,7 @@ class Slot:
     def describe(self) -> str:
         values = sorted({d.value for d in self.decisions if d.value is not None})
         shown = f" (values {', '.join(values[:4])})" if values else ""
-        return f"{self.frame}: {self.guard_type} {self.path}{shown}"
+        return f"{frame_label(self.frame)}: {self.guard_type} {self.path}{shown}"
 
 
 @dataclasses.dataclass
@@ -75,6 +71,17 @@ class GuardAudit:
             ],
             "risky": [{"guard": s.describe(), "why": why} for s, why in self.risky],
             "wont_generalize": [s.describe() for s in self.pinned],
+            "pinned": [
+                {
+                    "frame": s.frame,
+                    "path": s.path,
+                    "values": sorted({d.value for d in s.decisions if d.value is not None}),
+                    "file": s.file,
+                    "line": s.line,
+                    "continuation": s.continuation,
+                }
+                for s in self.pinned
+            ],
             "unpicklable": list(self.unpicklable),
         }
 
@@ -82,10 +89,16 @@ class GuardAudit:
 def audit(frames: list[FrameRecord]) -> GuardAudit:
     slots: dict[tuple[str, str, str], Slot] = {}
     for frame in frames:
+        where = {
+            "file": frame.code.co_filename,
+            "line": frame.code.co_firstlineno,
+            "variants": len(frame.guards),
+            "continuation": not frame.is_entry and bool(frame.resume_names),
+        }
         for decisions in frame.guards:
             for d in decisions:
                 key = (frame.name, d.name, d.guard_type)
-                slot = slots.setdefault(key, Slot(frame.name, d.name, d.guard_type, []))
+                slot = slots.setdefault(key, Slot(frame.name, d.name, d.guard_type, [], **where))
                 slot.decisions.append(d)
     dropped = [s for s in slots.values() if s.dropped_by not in (None, "driver")]
     risky = []
@@ -99,15 +112,18 @@ def audit(frames: list[FrameRecord]) -> GuardAudit:
     risky.sort(
         key=lambda item: (item[0].guard_type not in _SHAPE_TYPES, item[0].frame, item[0].name)
     )
+    # Pinned: every variant of the frame guards the value (a variant without the guard,
+    # such as an automatically dynamic one, serves other values).
     pinned = [
         s
         for s in slots.values()
         if s.guard_type in _VALUE_TYPES
+        and len(s.decisions) == s.variants
         and all(d.kept for d in s.decisions)
         and (s.path.startswith("___stack") or ("." not in s.path and "[" not in s.path))
         and any(d.value not in (None, "None") for d in s.decisions)
     ]
     unpicklable = sorted(
-        {readable_path(d.name) for s in slots.values() for d in s.decisions if d.unpicklable}
+        {user_path(d.name) for s in slots.values() for d in s.decisions if d.unpicklable}
     )
     return GuardAudit(dropped=dropped, risky=risky, pinned=pinned, unpicklable=unpicklable)

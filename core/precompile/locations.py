@@ -150,6 +150,23 @@ def traceback_user_stack(tb: types.TracebackType | None) -> list[StackFrame]:
     return frames
 
 
+def definition_location(code: types.CodeType) -> Location:
+    """Where a function's ``def`` is (a decorated function's code starts at its first
+    decorator, which is not the line a user would look at)."""
+    lines = linecache.getlines(code.co_filename)
+    for number in range(code.co_firstlineno, min(len(lines), code.co_firstlineno + 50) + 1):
+        text = lines[number - 1]
+        stripped = text.lstrip()
+        if stripped.startswith(("def ", "async def ")):
+            return Location(code.co_filename, number, len(text) - len(stripped))
+    return Location(code.co_filename, code.co_firstlineno, 0)
+
+
 def innermost(frames: Iterable[StackFrame]) -> Location | None:
+    """The innermost frame of the project's own code (what the user can edit), else the
+    innermost user frame (an installed library's)."""
     frames = list(frames)
+    own = [f for f in frames if is_project_file(f.file)]
+    if own:
+        return own[-1].location()
     return frames[-1].location() if frames else None

@@ -48,6 +48,10 @@ if TYPE_CHECKING:
 
     def function_source(module_text: str, qualname: str, line: int = 0) -> str | None: ...
 
+    def guard_failure_text(raw: str) -> str: ...
+
+    def frame_label(name: str, line: int = 0) -> str: ...
+
     def source_digest(text: str) -> str: ...
 
 
@@ -119,16 +123,10 @@ def _check_function_sources() -> None:
 
 
 def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str:
-    """The first guard of a variant that fails for these locals, in readable form."""
+    """The first guard of a variant that fails for these locals, in the user's words."""
     info = manager.check_verbose(f_locals)
     parts = list(getattr(info, "verbose_code_parts", None) or [])
-    text = str(parts[0]) if parts else "a guard failed"
-    for prefix in ("L['", 'L["'):
-        while prefix in text:
-            start = text.index(prefix)
-            end = text.index(prefix[-1] + "]", start + 3)
-            text = text[:start] + text[start + 3 : end] + text[end + 2 :]
-    return text.strip()
+    return guard_failure_text(str(parts[0])) if parts else "a guard failed"
 
 
 def _serve_as_captured(entry: Any) -> Any:
@@ -221,7 +219,7 @@ def _build_multigraph_forward() -> Any:
                 else "produced no guarded code during capture"
             )
             message = (
-                f"precompile: frame {target.co_name!r} {cause}, so this artifact has no "
+                f"precompile: {frame_label(target.co_name)} {cause}, so this artifact has no "
                 f"variant of it to serve; fix what the capture report says and capture again"
             )
             if frame["is_entry"]:
@@ -303,7 +301,7 @@ def _build_multigraph_forward() -> Any:
                     except ImportError:
                         _Warning = UserWarning  # type: ignore[misc]
                     warnings.warn(
-                        f"precompile: frame {target.co_name!r} runs eagerly: Dynamo gave up on "
+                        f"precompile: {frame_label(target.co_name)} runs eagerly: Dynamo gave up on "
                         f"it during capture ({frame.get('eager_reason') or 'see the capture report'})",
                         _Warning,
                         stacklevel=3,
@@ -314,7 +312,7 @@ def _build_multigraph_forward() -> Any:
                 for i, (m, _v) in enumerate(bound)
             )
             _fail(
-                f"precompile: no captured variant of frame {target.co_name!r} serves this call "
+                f"precompile: no captured variant of {frame_label(target.co_name)} serves this call "
                 f"({len(bound)} captured: {failures}). The artifact serves only what capture "
                 f"exercised: add a call like this one to the capture, or restore the global "
                 f"the failing guard reads",

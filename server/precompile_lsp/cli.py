@@ -10,13 +10,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+#: ``precompile inspect`` shows this much of a value unless asked for --full.
+INSPECT_LIMIT = 400
 FAIL_ON = {"error": 3, "warning": 2, "never": 99}
 
 
@@ -323,12 +327,23 @@ def _inspect(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     if args.json:
         print(json.dumps(metadata, indent=2, default=list))
-    else:
-        width = max(map(len, metadata), default=0)
-        for key, value in metadata.items():
-            # Encoded payloads (_FRAMES, _PACKAGE...) are sized, not printed.
-            shown = f"<{len(str(value))} characters>" if key.startswith("_") else repr(value)
-            print(f"{key.ljust(width)}  {shown}")
+        return EXIT_OK
+    width = max(map(len, metadata), default=0)
+    columns = max(shutil.get_terminal_size((100, 24)).columns - width - 2, 40)
+    for key, value in metadata.items():
+        if key.startswith("_"):
+            # Encoded payloads (_FRAMES, _PACKAGE...) are sized, never printed.
+            print(f"{key.ljust(width)}  <{len(str(value))} characters>")
+            continue
+        text = repr(value)
+        if not args.full and len(text) > INSPECT_LIMIT:
+            text = (
+                f"{text[:INSPECT_LIMIT]}... ({len(text) - INSPECT_LIMIT} more characters; --full)"
+            )
+        lines = textwrap.wrap(text, columns, break_long_words=True) or [""]
+        print(f"{key.ljust(width)}  {lines[0]}")
+        for line in lines[1:]:
+            print(f"{'':{width}}  {line}")
     return EXIT_OK
 
 
@@ -399,6 +414,11 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", help="print an artifact's metadata without running it")
     inspect.add_argument("artifact", help="path of the artifact's .py file")
     inspect.add_argument("--json", action="store_true", help="print JSON")
+    inspect.add_argument(
+        "--full",
+        action="store_true",
+        help=f"print values longer than {INSPECT_LIMIT} characters whole",
+    )
     inspect.set_defaults(run=_inspect)
     lsp = commands.add_parser("lsp", help="run the language server over stdio")
     lsp.set_defaults(run=_lsp)

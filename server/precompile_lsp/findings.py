@@ -13,6 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from precompile.guard_text import frame_label, guard_failure_text
 from precompile_lsp.doclinks import doc_link
 
 
@@ -57,6 +58,12 @@ CODES = {
         ),
         Code(
             "PC202", "risky-dropped-guard", "warning", "A guard that decides dispatch was dropped."
+        ),
+        Code(
+            "PC203",
+            "pinned-value",
+            "warning",
+            "A value computed in the function crosses a graph break and is served only as captured.",
         ),
         Code(
             "PC301",
@@ -178,6 +185,16 @@ def _span_of(location: dict[str, Any] | None, fallback: Span) -> Span:
     return Span.at(location["line"], location.get("column", 0), 1)
 
 
+def _inside(path: Path, root: Path | None) -> bool:
+    """Whether ``path`` is a file of the workspace (not an installed library's)."""
+    if not path.is_file():
+        return False
+    if root is None:
+        return True
+    resolved = path.resolve()
+    return root in resolved.parents and "site-packages" not in resolved.parts
+
+
 def _shown(path: str, root: Path | None) -> str:
     if root is None:
         return path
@@ -185,6 +202,20 @@ def _shown(path: str, root: Path | None) -> str:
         return Path(path).resolve().relative_to(root).as_posix()
     except ValueError:
         return path
+
+
+def _pinned_crossing_breaks(audit: dict[str, Any]) -> list[dict[str, Any]]:
+    """Values computed inside the function that a continuation serves by value: one per
+    value (a value crossing two breaks is named once, at the first)."""
+    seen: set[tuple[str, ...]] = set()
+    found = []
+    for pinned in sorted(audit.get("pinned", []), key=lambda p: (p["file"], p["line"])):
+        key = tuple(pinned["values"])
+        if not pinned.get("continuation") or key in seen:
+            continue
+        seen.add(key)
+        found.append(pinned)
+    return found
 
 
 def findings_from_result(
@@ -212,18 +243,26 @@ def findings_from_result(
     error = result.get("error") or report.get("error")
     if error:
         location = error.get("location")
-        in_workspace = location and Path(location["file"]).is_file()
+        in_workspace = bool(location) and _inside(Path(location["file"]), root)
         file = Path(location["file"]) if in_workspace else decl.file
         span = _span_of(location, decl.definition) if in_workspace else decl.definition
-        text = error["message"] + (f" (hint: {error['hint']})" if error.get("hint") else "")
+        # The failure is shown where it happened; the decorator is where the target is.
+        related = [Related(decl.file, decl.decorator, f"target {decl.function}")]
+        if location and not in_workspace:
+            # Raised inside a library: the finding stays on the user's code, the library
+            # line is where to look next.
+            where = Span.at(location["line"], location.get("column", 0), 1)
+            related.append(Related(Path(location["file"]), where, "raised here, in a library"))
+        text = error["message"] + (f"\nHint: {error['hint']}" if error.get("hint") else "")
         findings.append(
             Finding(
                 code="PC001",
                 message=f"{decl.function} could not be captured: {text}",
                 file=file,
                 span=span,
-                related=(target_related,) if file != decl.file or span != decl.definition else (),
-                details=result.get("output"),
+                related=tuple(related),
+                details="\n\n".join(d for d in (error.get("details"), result.get("output")) if d)
+                or None,
                 **base,
             )
         )
@@ -260,7 +299,7 @@ def findings_from_result(
             findings.append(
                 Finding(
                     code="PC102",
-                    message=f"frame {frame['name']} was left out of the artifact: {frame.get('bypass_reason') or 'its guards could not be saved'}",
+                    message=f"{frame_label(frame['name'])} was left out of the artifact: {frame.get('bypass_reason') or 'its guards could not be saved'}",
                     file=Path(frame["file"]),
                     span=frame_span,
                     related=(target_related,),
@@ -271,7 +310,7 @@ def findings_from_result(
             findings.append(
                 Finding(
                     code="PC103",
-                    message=f"frame {frame['name']} runs eagerly: Dynamo gave up on it ({frame.get('eager_reason') or 'see the report'})",
+                    message=f"{frame_label(frame['name'])} runs eagerly: Dynamo gave up on it ({frame.get('eager_reason') or 'see the report'})",
                     file=Path(frame["file"]),
                     span=frame_span,
                     related=(target_related,),
@@ -282,7 +321,8 @@ def findings_from_result(
         if gap.get("served_by") is not None:
             continue
         reasons = "; ".join(
-            f"variant {f['variant']}: {f['guard']}" for f in gap.get("failures", [])
+            f"variant {f['variant']}: {guard_failure_text(f['guard'])}"
+            for f in gap.get("failures", [])
         ) or gap.get("error", "")
         findings.append(
             Finding(
@@ -301,6 +341,26 @@ def findings_from_result(
                 message=f"dropped guard {risky['guard']} could change which variant runs: {risky['why']}",
                 file=decl.file,
                 span=decl.definition,
+                **base,
+            )
+        )
+    for pinned in _pinned_crossing_breaks(audit):
+        values = " or ".join(pinned["values"][:3])
+        where = (
+            f"the value computed on line {pinned['line']} crosses the graph break there"
+            if pinned["path"].startswith("___stack")
+            else f"`{pinned['path']}` crosses the graph break on line {pinned['line']}"
+        )
+        findings.append(
+            Finding(
+                code="PC203",
+                message=f"{where} as a Python value ({values}): the artifact serves only that "
+                f"value and refuses any other. Keep it a tensor across the break (no .item()), "
+                f"or capture examples that give it different values (or DynamoTracer("
+                f"dynamic=True)) so that it is captured as a dynamic input",
+                file=Path(pinned["file"]),
+                span=Span.at(pinned["line"], 0, 1),
+                related=(target_related,),
                 **base,
             )
         )

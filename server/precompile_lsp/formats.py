@@ -34,9 +34,11 @@ def _ordered(findings: dict[Path, list[Finding]]) -> list[Finding]:
 def text(findings: dict[Path, list[Finding]], root: Path, summary: str) -> str:
     lines = []
     for f in _ordered(findings):
+        first, *rest = f.message.splitlines() or [""]
         lines.append(
-            f"{relative(f.file, root)}:{f.span.line}:{f.span.column + 1}: {f.severity} {f.code} {f.message}"
+            f"{relative(f.file, root)}:{f.span.line}:{f.span.column + 1}: {f.severity} {f.code} {first}"
         )
+        lines.extend(f"    {line}" for line in rest)
         for related in f.related:
             lines.append(
                 f"    {relative(related.file, root)}:{related.span.line}:{related.span.column + 1}: {related.message}"

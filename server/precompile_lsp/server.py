@@ -399,6 +399,8 @@ class PrecompileServer(LanguageServer):
                     types.WorkDoneProgressReport(message="refreshing findings", percentage=98),
                 )
             self.publish()
+            if self.running == 0:
+                self.status("idle")  # the findings count may have changed
             message = _command_message(kind, state.decl, result, engine)
         except asyncio.CancelledError:
             message = f"Precompile: {kind} of {state.decl.function} cancelled"

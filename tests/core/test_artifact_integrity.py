@@ -177,6 +177,37 @@ def test_inspect_command(pair: tuple[Path, Path], tmp_path: Path) -> None:
     assert proc.returncode == 2 and "not a torch-precompile artifact" in proc.stderr
 
 
+def test_inspect_wraps_long_values_and_full_shows_them(pair: tuple[Path, Path]) -> None:
+    """Text output fits a terminal: long values wrapped under their key and cut at
+    INSPECT_LIMIT characters unless --full; encoded payloads are only sized."""
+    import re
+
+    from precompile_lsp.cli import INSPECT_LIMIT
+
+    artifact = pair[0]
+    text = artifact.read_text()
+    long_value = "x" * (3 * INSPECT_LIMIT)
+    doctored = artifact.with_name("long.py")
+    doctored.write_text(text.replace("FN_NAME = 'double'", f"FN_NAME = {long_value!r}", 1))
+
+    def inspect(*extra: str) -> str:
+        proc = run_python(
+            "from precompile_lsp.cli import main; raise SystemExit(main(['inspect', "
+            f"{str(doctored)!r}, *{list(extra)!r}]))",
+            COLUMNS="100",
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    short = inspect()
+    assert all(len(line) <= 100 for line in short.splitlines()), short
+    assert "more characters; --full" in short
+    assert long_value not in short.replace("\n", "")
+    full = inspect("--full")
+    joined = re.sub(r"\n\s+", "", full)
+    assert long_value in joined and "--full" not in full
+
+
 def test_unchanged_capture_emits_identical_bytes(pair: tuple[Path, Path], tmp_path: Path) -> None:
     # Another directory at the same depth: sources are recorded relative to the
     # artifact, so the emitted pair must be byte-identical.

@@ -1,0 +1,67 @@
+"""Dynamo's words turned into the user's: guard failures, access paths and frame names.
+
+Dynamo describes a guard as ``tensor 'L['x']' size mismatch at index 0. expected 4,
+actual 7`` and a continuation as ``torch_dynamo_resume_in_score_at_12``; a user wrote
+``x`` and ``score``. Every message that names a guard or a frame -- a refused call, a
+coverage gap, a capture report -- goes through here, so none of them shows ``L['x']``,
+resume-function names or the ``___module_...`` globals Dynamo installs.
+
+Imports nothing at module level and only ``re`` inside: artifacts carry these functions
+verbatim, and the language server uses them without torch.
+"""
+
+from __future__ import annotations
+
+
+def user_path(text: str) -> str:
+    """``L['model']._modules['fc']._parameters['weight']`` -> ``model.fc.weight``;
+    ``G['SCALE']`` -> ``SCALE``; ``___stack0`` -> ``the value carried across the break``."""
+    import re
+
+    text = re.sub(r"\b[LG]\[(['\"])(.+?)\1\]", r"\2", text)
+    text = re.sub(r"\._(?:modules|parameters|buffers)\[(['\"])(.+?)\1\]", r".\2", text)
+    text = re.sub(r"\.__dict__\[(['\"])(.+?)\1\]", r".\2", text)
+    text = re.sub(r"___stack\d+", "the value carried across the graph break", text)
+    text = re.sub(r"__import_(\w+)", lambda m: m.group(1).replace("_dot_", "."), text)
+    return re.sub(r"___module_\w+", "a module global", text)
+
+
+def guard_failure_text(raw: str) -> str:
+    """One failing guard, as the user would say it."""
+    import re
+
+    text = user_path(raw.strip())
+    match = re.fullmatch(
+        r"tensor '(.+?)' (size|stride) mismatch at index (\d+)\. expected (\S+), actual (\S+)",
+        text,
+    )
+    if match:
+        name, what, dim, expected, actual = match.groups()
+        return f"`{name}` has {what} {actual} at dim {dim}; the capture saw {expected}"
+    match = re.fullmatch(r"tensor '(.+?)' (\w[\w ]*?) mismatch\. expected (.+), actual (.+)", text)
+    if match:
+        name, what, expected, actual = match.groups()
+        return f"`{name}` has {what} {actual}; the capture saw {expected}"
+    match = re.fullmatch(r"tensor '(.+?)' rank mismatch\. expected (\d+), actual (\d+)", text)
+    if match:
+        name, expected, actual = match.groups()
+        return f"`{name}` has {actual} dims; the capture saw {expected}"
+    match = re.fullmatch(r"([\w.\[\]'\" ]+?) == (.+)", text)
+    if match:
+        name, value = match.groups()
+        shown = name if " " in name else f"`{name}`"
+        return f"{shown} is not {value}, the value the capture specialized on"
+    match = re.fullmatch(r"KeyError on (.+)", text)
+    if match:
+        return f"{match.group(1)} is not defined in this process"
+    return text
+
+
+def frame_label(name: str, line: int = 0) -> str:
+    """``torch_dynamo_resume_in_score_at_12`` -> ``the code after line 12 of `score` ``."""
+    import re
+
+    match = re.fullmatch(r"torch_dynamo_resume_in_(.+)_at_(\d+)", name)
+    if match:
+        return f"the code after line {match.group(2)} of `{match.group(1)}`"
+    return f"`{name}`" + (f" (line {line})" if line else "")
