@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import sys
 import tempfile
@@ -120,15 +121,21 @@ def _describe_exit(status: int) -> str:
 
 
 def run_forked(job: dict[str, Any], timeout: float, on_cancel: Any = None) -> dict[str, Any]:
-    """Run one job in a forked child; enforce the timeout; honour cancel messages."""
+    """Run one job in a forked child; enforce the timeout; honour cancel messages.
+
+    The job's folder -- its result, its output and the ``scratch`` folder the job keeps
+    its temporary files in -- belongs to this process, which removes it once the child has
+    ended: a child killed on a timeout or a cancel cleans nothing up itself."""
     directory = tempfile.mkdtemp(prefix="precompile-job-")
-    result_path, output_path = (
+    result_path, output_path, scratch = (
         os.path.join(directory, "result.json"),
         os.path.join(directory, "output.txt"),
+        os.path.join(directory, "scratch"),
     )
+    os.mkdir(scratch)
     pid = os.fork()
     if pid == 0:
-        _child(job, result_path, output_path)
+        _child({**job, "scratch": scratch}, result_path, output_path)
     started = time.monotonic()
     try:
         while True:
@@ -161,15 +168,7 @@ def run_forked(job: dict[str, Any], timeout: float, on_cancel: Any = None) -> di
             "output": _read_output(output_path),
         }
     finally:
-        for path in (result_path, output_path):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        try:
-            os.rmdir(directory)
-        except OSError:
-            pass
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _kill_group(pid: int) -> None:
