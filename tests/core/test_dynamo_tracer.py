@@ -150,19 +150,12 @@ def test_a_cached_inductor_load_compiles_and_probes_nothing(
         assert compiler == []
         return
     # Subgraphs of a training capture, or that switch grad mode, ship as Inductor's
-    # bundled artifacts, whose loader still runs what it computes its cache keys with --
-    # the compiler's version, a preprocessing pass over torch's header and its hash --
-    # which compiles nothing.
-    compiles = [
-        command
-        for command in result["spawned"]
-        if not (
-            command in ("['g++', '--version']", "['g++', '-v']")
-            or (command.startswith("['g++'") and "'-E'" in command and ".so" not in command)
-            or command.startswith("('openssl', 'sha512'")
-        )
-    ]
-    assert compiles == [], "a compile, a probe or another process was started"
+    # bundled artifacts, whose loader still asks the compiler its version (part of its
+    # cache keys), which compiles nothing. It neither preprocesses nor precompiles
+    # torch's header: this load's TMPDIR, where Inductor keeps precompiled headers, is
+    # empty, as on a machine that never compiled.
+    others = [command for command in result["spawned"] if command != "['g++', '--version']"]
+    assert others == [], "a compile, a probe or another process was started"
 
 
 def test_every_break_shape_is_reported(dynamo_captured: dict[str, Any]) -> None:
