@@ -6,12 +6,24 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+T = TypeVar("T")
+
+
+def together(*calls: Callable[[], T]) -> list[T]:
+    """Run independent calls that each wait on a fresh process at the same time: where a
+    core is free they overlap, and the results (or the first error) come back in order."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [future.result() for future in futures]
 
 
 #: Prepended to a script run with run_python: every process it starts (and every fork)

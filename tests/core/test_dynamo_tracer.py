@@ -15,7 +15,7 @@ import torch
 
 import precompile
 from precompile import EagerFallbackWarning, PrecompileError
-from tests.conftest import assert_same, run_python, serve_fresh, watched_load
+from tests.conftest import assert_same, run_python, serve_fresh, together, watched_load
 from tests.fixtures import dynamo_models
 from tests.fixtures.dynamo_models import CASES
 from tests.fixtures.models import MLP, observe, serve
@@ -69,11 +69,15 @@ def dynamo_captured(
         {"key": name, "case": name, "torch_compile": request.param, "seed": SERVE_SEED.get(name, 1)}
         for name in cases
     ]
+    dirs = tmp_path_factory.mktemp("dynamo-fresh"), tmp_path_factory.mktemp("dynamo-compile")
+    fresh, torch_compile = together(
+        lambda: serve_fresh(entries, dirs[0]), lambda: serve_fresh(reference, dirs[1])
+    )
     return {
         "backend": request.param,
         "cases": cases,
-        "fresh": serve_fresh(entries, tmp_path_factory.mktemp("dynamo-fresh")),
-        "torch_compile": serve_fresh(reference, tmp_path_factory.mktemp("dynamo-compile")),
+        "fresh": fresh,
+        "torch_compile": torch_compile,
     }
 
 
@@ -401,8 +405,13 @@ with precompile.capture(dynamo_models.explicit_break, artifact_path={out!r} + ".
     cap(MLP().eval(), torch.randn(5, 8))
 """
     texts = []
-    for name in ("one", "two"):
-        proc = run_python(script.format(out=str(tmp_path / name), backend=backend))
+    procs = together(
+        *(
+            lambda name=name: run_python(script.format(out=str(tmp_path / name), backend=backend))
+            for name in ("one", "two")
+        )
+    )
+    for name, proc in zip(("one", "two"), procs):
         assert proc.returncode == 0, proc.stderr
         text = (tmp_path / f"{name}.py").read_text()
         start = text.index("_FRAMES = ")
