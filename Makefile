@@ -20,8 +20,19 @@ install: $(STAMP)
 demo: install
 	$(PY) examples/demo.py
 
-test: install vscode
-	$(PY) -m pytest -q
+# The suite runs in two processes (pytest-xdist), each taking one test module at a time
+# so that a module's captured fixtures are built once. Each run gets an empty TMPDIR and
+# Inductor cache of its own, removed afterwards: it neither reuses nor fills the
+# machine's (Inductor keeps precompiled headers under TMPDIR, whatever
+# TORCHINDUCTOR_CACHE_DIR says). Options: make test TEST_WORKERS=1 PYTEST_ARGS="-k lsp".
+TEST_WORKERS ?= 2
+PYTEST_ARGS ?=
+test: install
+	@run=$$(mktemp -d -t precompile-test-XXXXXX) && mkdir $$run/tmp $$run/inductor && \
+	export TMPDIR=$$run/tmp TORCHINDUCTOR_CACHE_DIR=$$run/inductor && \
+	$(MAKE) --no-print-directory vscode && \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); \
+	status=$$?; rm -rf $$run; exit $$status
 
 # The VS Code extension (editor/vscode): type-check, bundle, unit tests, a strict-framing
 # smoke test against the real server, and the .vsix (needs Node 20 and npm).

@@ -8,12 +8,24 @@ import subprocess
 import sys
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+T = TypeVar("T")
+
+
+def together(*calls: Callable[[], T]) -> list[T]:
+    """Run independent calls that each wait on a fresh process at the same time: where a
+    core is free they overlap, and the results (or the first error) come back in order."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [future.result() for future in futures]
 
 
 #: Prepended to a script run with run_python: every process it starts (and every fork)
@@ -21,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 #: A fresh process that records every process it starts, loads an artifact, serves it
 #: (the ``serve`` code sets ``error``) and prints what the load did, as JSON.
 _WATCHED_LOAD = """
-import json, os, subprocess, sys, warnings
+import glob, json, os, subprocess, sys, warnings
 spawned = []
 _popen = subprocess.Popen.__init__
 def _record(self, *args, **kwargs):
@@ -38,24 +50,31 @@ warnings.simplefilter("error", precompile.CacheFallbackWarning)
 warnings.simplefilter("ignore", precompile.ArtifactTrustWarning)
 run = precompile.load({artifact!r}, {cache!r})
 {serve}
-cache_dir = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+modules = sorted(sys.modules)
+caches = [os.environ["TORCHINDUCTOR_CACHE_DIR"]]
+caches += glob.glob(os.path.join(os.environ["TMPDIR"], "torchinductor_*"))
 print(json.dumps({{
     "error": error,
     "spawned": spawned,
-    "modules": sorted(sys.modules),
-    "cache_files": [os.path.join(d, f) for d, _, fs in os.walk(cache_dir) for f in fs],
+    "modules": modules,
+    "cache_files": [os.path.join(d, f) for c in caches for d, _, fs in os.walk(c) for f in fs],
 }}))
 """
 
 
 def watched_load(artifact: str, cache: str, serve: str, inductor_cache: Path) -> dict[str, Any]:
     """Load and serve an artifact in a fresh process whose TORCHINDUCTOR_CACHE_DIR is the
-    empty ``inductor_cache``: its serving error, the processes it started, the modules it
-    imported and the files it wrote there."""
+    empty ``inductor_cache`` and whose TMPDIR is empty too -- Inductor keeps precompiled
+    headers in a folder of its own there, whatever TORCHINDUCTOR_CACHE_DIR says, and a
+    machine that never compiled has none. Returns its serving error, the processes it
+    started, the modules it imported and the files it wrote into either Inductor folder."""
     inductor_cache.mkdir()
+    temp = inductor_cache.with_name(f"{inductor_cache.name}-tmp")
+    temp.mkdir()
     proc = run_python(
         _WATCHED_LOAD.format(artifact=artifact, cache=cache, serve=serve),
         TORCHINDUCTOR_CACHE_DIR=str(inductor_cache),
+        TMPDIR=str(temp),
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])

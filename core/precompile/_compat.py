@@ -688,18 +688,33 @@ def _inductor_backend_loader(bundle: dict[str, Any] | None) -> Any:
     # because this CPU has its features: answer with it while the kernels load.
     recorded = None
     if directory is not None:
-        from torch._inductor import cpu_vec_isa
+        from torch._inductor import codecache, cpu_vec_isa
 
         isa = ((bundle or {}).get("requires") or {}).get("isa")
         matches = [v for v in cpu_vec_isa.supported_vec_isa_list if str(v) == isa]
         if matches or isa == "none":
             recorded = matches
 
+    # Before it looks a kernel up, Inductor precompiles the kernels' common header into
+    # the machine's own directory (not TORCHINDUCTOR_CACHE_DIR, so never into the bundle):
+    # on a machine, or in a fresh venv, that never compiled it, that is a g++ run of
+    # seconds. Every kernel is in the bundle, so no header is needed: answer with a plain
+    # one (a kernel compiled despite that would still build, only without the speed-up).
+    def plain_header(header: str, *args: Any, **kwargs: Any) -> str:
+        path = os.path.join(directory, "headers", header.replace("/", "_"))
+        if not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(f"#include <{header}>\n")
+        return path
+
     def load(blob: bytes) -> Any:
         previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-        probe = None
+        probe = precompile_header = None
         if directory is not None:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
+            precompile_header = codecache._precompile_header
+            codecache._precompile_header = plain_header
             if recorded is not None:
                 probe = cpu_vec_isa.valid_vec_isa_list
                 cpu_vec_isa.valid_vec_isa_list = lambda: recorded
@@ -708,6 +723,8 @@ def _inductor_backend_loader(bundle: dict[str, Any] | None) -> Any:
         finally:
             if probe is not None:
                 cpu_vec_isa.valid_vec_isa_list = probe
+            if precompile_header is not None:
+                codecache._precompile_header = precompile_header
             if directory is not None:
                 if previous is None:
                     os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)

@@ -206,7 +206,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
                 )
                 result["artifact"] = artifact
             else:
-                with tempfile.TemporaryDirectory(prefix="precompile-check-") as tmp:
+                # In the worker's folder for this job, which it removes even if it kills us.
+                with tempfile.TemporaryDirectory(
+                    prefix="precompile-check-", dir=job.get("scratch")
+                ) as tmp:
                     scratch = (f"{tmp}/a.py", f"{tmp}/a.cache")
                     covers = _calls(options.covers, "covers")
                     cap, result["coverage"] = _capture(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import sys
 import tempfile
@@ -148,17 +149,23 @@ def run_forked(
     on_stage: Any = None,
 ) -> dict[str, Any]:
     """Run one job in a forked child; enforce the timeout; honour cancel messages; pass
-    on the stages it reports."""
+    on the stages it reports.
+
+    The job's folder -- its result, its output and the ``scratch`` folder the job keeps
+    its temporary files in -- belongs to this process, which removes it once the child has
+    ended: a child killed on a timeout or a cancel cleans nothing up itself."""
     directory = tempfile.mkdtemp(prefix="precompile-job-")
-    result_path, output_path = (
+    result_path, output_path, scratch = (
         os.path.join(directory, "result.json"),
         os.path.join(directory, "output.txt"),
+        os.path.join(directory, "scratch"),
     )
+    os.mkdir(scratch)
     stage_read, stage_write = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(stage_read)
-        _child(job, result_path, output_path, stage_write)
+        _child({**job, "scratch": scratch}, result_path, output_path, stage_write)
     os.close(stage_write)
     started = time.monotonic()
     try:
@@ -196,15 +203,7 @@ def run_forked(
         }
     finally:
         os.close(stage_read)
-        for path in (result_path, output_path):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        try:
-            os.rmdir(directory)
-        except OSError:
-            pass
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _kill_group(pid: int) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import assert_same, run_python, serve_fresh
+from tests.conftest import assert_same, run_python, serve_fresh, together
 from tests.fixtures.installed_models import CASES
 from tests.fixtures.models import observe, serve
 
@@ -44,20 +44,26 @@ def installed(
         cases[name] = {"paths": paths, "served": served, "report": cap.report()}
     # Installed artifacts sharing a function (ChattyNet's forwards) cannot serve in one
     # process (tested below), so each is served in a fresh process of its own.
-    fresh = {}
-    for n, c in cases.items():
-        entry = {"key": n, "case": n, "artifact": c["paths"][0], "cache": c["paths"][1], "seed": 1}
-        result = serve_fresh([entry], tmp_path_factory.mktemp("installed-fresh"))
-        fresh[n] = result[n]
-        fresh["__dynamo_frames_compiled__"] = (
-            fresh.get("__dynamo_frames_compiled__", 0) + result["__dynamo_frames_compiled__"]
-        )
+    entries = [
+        [{"key": n, "case": n, "artifact": c["paths"][0], "cache": c["paths"][1], "seed": 1}]
+        for n, c in cases.items()
+    ]
     reference = [{"key": n, "case": n, "torch_compile": request.param, "seed": 1} for n in cases]
+    dirs = [tmp_path_factory.mktemp("installed-fresh") for _ in entries]
+    compile_dir = tmp_path_factory.mktemp("installed-compile")
+    *results, torch_compile = together(
+        *(lambda e=e, d=d: serve_fresh(e, d) for e, d in zip(entries, dirs)),
+        lambda: serve_fresh(reference, compile_dir),
+    )
+    fresh: dict[str, Any] = {"__dynamo_frames_compiled__": 0}
+    for n, result in zip(cases, results):
+        fresh[n] = result[n]
+        fresh["__dynamo_frames_compiled__"] += result["__dynamo_frames_compiled__"]
     return {
         "backend": request.param,
         "cases": cases,
         "fresh": fresh,
-        "torch_compile": serve_fresh(reference, tmp_path_factory.mktemp("installed-compile")),
+        "torch_compile": torch_compile,
     }
 
 
@@ -113,14 +119,22 @@ except precompile.PrecompileError as error:
 
 def test_serve_time_compile_refused_then_allowed_and_counted(installed: dict[str, Any]) -> None:
     artifact, cache = installed["cases"]["child_break"]["paths"]
-    proc = run_python(SERVE_TIME.format(artifact=artifact, cache=cache, allow=False))
-    assert proc.returncode == 0, proc.stderr
-    assert "REFUSED 0" in proc.stdout and "no captured variant serves this call" in proc.stdout
-    assert "allow_serve_time_compiles=True" in proc.stdout
-    proc = run_python(SERVE_TIME.format(artifact=artifact, cache=cache, allow=True))
-    assert proc.returncode == 0, proc.stderr
-    compiled = int(proc.stdout.split("SERVED")[1].split()[0])
-    assert compiled > 0, proc.stdout
+    refused, allowed = together(
+        *(
+            lambda allow=allow: run_python(
+                SERVE_TIME.format(artifact=artifact, cache=cache, allow=allow)
+            )
+            for allow in (False, True)
+        )
+    )
+    assert refused.returncode == 0, refused.stderr
+    assert (
+        "REFUSED 0" in refused.stdout and "no captured variant serves this call" in refused.stdout
+    )
+    assert "allow_serve_time_compiles=True" in refused.stdout
+    assert allowed.returncode == 0, allowed.stderr
+    compiled = int(allowed.stdout.split("SERVED")[1].split()[0])
+    assert compiled > 0, allowed.stdout
 
 
 def test_a_process_that_compiled_the_function_is_refused(installed: dict[str, Any]) -> None:

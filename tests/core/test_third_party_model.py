@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import REPO, assert_same, fresh_env
+from tests.conftest import REPO, assert_same, fresh_env, together
 from tests.fixtures.gpt2_entry import build_model, input_ids, next_token_logprobs
 
 BACKENDS = ["eager", "inductor"]
@@ -69,22 +69,25 @@ def gpt2(
         ) as cap:
             captured = cap(model, input_ids(0))
     job = {"state_dict": str(state_dict), "seeds": SERVE_SEEDS}
+    artifact = {"artifact": paths[0], "cache": paths[1]}
+    jobs = {
+        "gpt2-fresh": {**job, **artifact},
+        "gpt2-load-first": {**job, **artifact, "load_first": True},
+        "gpt2-compile": {**job, "torch_compile": backend},
+    }
+    dirs = {name: tmp_path_factory.mktemp(name) for name in jobs}
+    fresh, load_first, torch_compile = together(
+        *(lambda name=name: _serve_fresh(jobs[name], dirs[name]) for name in jobs)
+    )
     return {
         "backend": backend,
         "model": model,
         "captured": captured,
         "report": cap.report(),
         "summary": cap.summary(),
-        "fresh": _serve_fresh(
-            {**job, "artifact": paths[0], "cache": paths[1]}, tmp_path_factory.mktemp("gpt2-fresh")
-        ),
-        "load_first": _serve_fresh(
-            {**job, "artifact": paths[0], "cache": paths[1], "load_first": True},
-            tmp_path_factory.mktemp("gpt2-load-first"),
-        ),
-        "torch_compile": _serve_fresh(
-            {**job, "torch_compile": backend}, tmp_path_factory.mktemp("gpt2-compile")
-        ),
+        "fresh": fresh,
+        "load_first": load_first,
+        "torch_compile": torch_compile,
     }
 
 

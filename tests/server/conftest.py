@@ -16,11 +16,13 @@ from tests.conftest import REPO, fresh_env
 FIXTURES = REPO / "tests" / "fixtures"
 
 
-def precompile_cli(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+def precompile_cli(
+    *args: str, cwd: Path, timeout: float = 900, **env: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "precompile_lsp.cli", *args],
         cwd=cwd,
-        env=fresh_env(),
+        env=fresh_env(**env),
         capture_output=True,
         text=True,
         timeout=timeout,

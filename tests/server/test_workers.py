@@ -1,6 +1,7 @@
 """Workers survive what user code does while captured: a target past its timeout, one that
 segfaults, one that prints to stdout and writes to fd 1 from C. Each becomes its finding,
-the output never reaches the protocol, and the next job still runs."""
+the output never reaches the protocol, a killed job leaves no temporary files, and the
+next job still runs."""
 
 from __future__ import annotations
 
@@ -17,9 +18,15 @@ from tests.server.conftest import FIXTURES, precompile_cli
 def rogue(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     workspace = tmp_path_factory.mktemp("rogue") / "rogue"
     shutil.copytree(FIXTURES / "misbehaving", workspace)
-    proc = precompile_cli("check", "--format", "json", cwd=workspace)
+    temp = tmp_path_factory.mktemp("rogue-tmp")  # the check's own TMPDIR
+    proc = precompile_cli("check", "--format", "json", cwd=workspace, TMPDIR=str(temp))
     assert proc.returncode == 1, proc.stderr
-    return {"workspace": workspace, "doc": json.loads(proc.stdout), "stdout": proc.stdout}
+    return {
+        "workspace": workspace,
+        "doc": json.loads(proc.stdout),
+        "stdout": proc.stdout,
+        "temp": temp,
+    }
 
 
 def _findings(rogue: dict[str, Any], target: str) -> list[dict[str, Any]]:
@@ -30,6 +37,13 @@ def test_a_target_past_its_timeout(rogue: dict[str, Any]) -> None:
     (finding,) = _findings(rogue, "sleeps")
     assert finding["code"] == "PC900" and finding["severity"] == "error"
     assert "timed out after 8 s" in finding["message"]
+
+
+def test_a_killed_job_leaves_no_temporary_files(rogue: dict[str, Any]) -> None:
+    # The timed-out job was killed in its covers(), holding its capture's scratch files.
+    # Only Inductor's per-user cache folder (made on import, kept by design) may remain.
+    left = [p.name for p in rogue["temp"].iterdir() if not p.name.startswith("torchinductor_")]
+    assert left == []
 
 
 def test_a_target_that_segfaults(rogue: dict[str, Any]) -> None:
