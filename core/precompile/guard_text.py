@@ -30,7 +30,8 @@ def guard_failure_text(raw: str) -> str:
     """One failing guard, as the user would say it."""
     import re
 
-    text = user_path(raw.strip())
+    # Dynamo appends where the guard came from ("  # x = f()  # file.py:34 in <frame>").
+    text = user_path(re.sub(r"\s+#.*$", "", raw.strip(), flags=re.DOTALL))
     match = re.fullmatch(
         r"tensor '(.+?)' (size|stride) mismatch at index (\d+)\. expected (\S+), actual (\S+)",
         text,

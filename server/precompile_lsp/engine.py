@@ -401,6 +401,7 @@ class Engine:
         #: The content hash of each file as the engine last read it.
         self.seen: dict[Path, str | None] = {}
         self.skipped: set[Path] = set()  # too big to read; logged once each
+        self._deciding = asyncio.Lock()
         self._job_ids = itertools.count(1)
         self.versions = {
             "python": sys.version.split()[0],
@@ -580,10 +581,15 @@ class Engine:
                     return cached
             if kind == "emit" and self.conflicts(decl):
                 return {"status": "error", "error": {"message": self._conflict_text(decl)}}
-            job = state.jobs[kind] = self._submit(decl, kind, inputs)
-            if on_submit is not None:
-                on_submit()
-            self.on_event({"kind": "job", "target": decl.key, "job": kind})
+            job = state.jobs.get(kind)  # another run may have started it meanwhile
+            if job is None or job.inputs != inputs or kind == "emit":
+                if job is not None:
+                    await self.pool.cancel(job.id)
+                    job.task.cancel()
+                job = state.jobs[kind] = self._submit(decl, kind, inputs)
+                if on_submit is not None:
+                    on_submit()
+                self.on_event({"kind": "job", "target": decl.key, "job": kind})
         try:
             result = await asyncio.shield(job.task)
         except asyncio.CancelledError:
@@ -790,20 +796,30 @@ class Engine:
         number of times for one edit): rediscover the files whose content did change and
         re-check the targets whose results no longer match what they depend on. Returns
         whether anything a client shows may have changed; False means nothing was done."""
+        async with self._deciding:
+            due, shown = await self._decide(paths)
+        if due and self.trusted:
+            await self._run_batch(due)
+        return bool(due) or shown
+
+    async def _decide(self, paths: Iterable[Path]) -> tuple[list[TargetDecl], bool]:
+        """What a batch of changed paths calls for: the targets to re-check, and whether
+        any finding a client shows may have changed. Runs under ``_deciding``, so two
+        notifications of one save see each other's hashes."""
         candidates = sorted({Path(p).resolve() for p in paths})
         candidates = [p for p in candidates if self.config.may_matter(p)]
         if not candidates:
-            return False
+            return [], False
         reads = await asyncio.to_thread(lambda: [read_source(p) for p in candidates])
         changed = [r for r in reads if self.seen.get(r.path, _MISSING) != r.sha]
         if not changed:
-            return False
+            return [], False
         pyproject = self.root / "pyproject.toml"
         if any(r.path == pyproject for r in changed):
             self.seen[pyproject] = next(r.sha for r in changed if r.path == pyproject)
             self.reconfigure()  # a ConfigError propagates: the old configuration stays
-            await self.check()
-            return True
+            await self.discover_async()
+            return [s.decl for s in self.targets.values()], True
         python = [r.path for r in changed if r.path.suffix == ".py"]
         had_findings = {p for p in python if p in self.discovery_findings}
         scanned = await asyncio.to_thread(self._scan, python)
@@ -819,9 +835,7 @@ class Engine:
             if self.up_to_date(state) or (job is not None and job.inputs == self._inputs(state)):
                 continue
             due.append(decl)
-        if due and self.trusted:
-            await self._run_batch(due)
-        return bool(due) or bool(shown)
+        return due, bool(shown)
 
     def findings_by_file(self) -> dict[Path, list[Finding]]:
         by_file: dict[Path, list[Finding]] = {}

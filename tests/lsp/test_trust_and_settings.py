@@ -112,3 +112,29 @@ async def test_settings_apply_without_a_restart(session: Session) -> None:
     )
     await session.settled(mark)
     assert session.codes(HELPERS) == ["PC101"]
+
+
+async def test_run_on_save_and_timeout_reach_where_they_act(session: Session) -> None:
+    """runOnSave off: a save re-checks nothing (no job runs); the timeout setting is the
+    per-capture limit the workers enforce."""
+    await session.start(options={"settings": {"runOnSave": False}})
+    await session.settled()
+    before = await session.stats()
+    helpers = session.path(HELPERS)
+    await session.save(HELPERS, "# a line added above\n" + helpers.read_text())
+    await asyncio.sleep(3)
+    assert (await session.stats())["jobs"] == before["jobs"]
+    assert session.codes(HELPERS) == ["PC101"]  # not re-checked: still shown, moved down
+
+    # runOnSave back on, with a timeout far below what a capture takes: the next save
+    # re-checks the helper's dependent, and its capture is stopped.
+    session.client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(
+            settings={"precompile": {"runOnSave": True, "timeout": 0.01}}
+        )
+    )
+    await session.settled(await session.save(HELPERS, helpers.read_text()))
+    timed_out = [
+        d for d in session.diagnostics(SERVING) if d.code == "PC900" and "timed out" in d.message
+    ]
+    assert timed_out and "0.01 s" in timed_out[0].message
