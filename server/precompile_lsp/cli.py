@@ -84,14 +84,14 @@ class _Progress:
 def _target_rows(engine: Any) -> list[dict[str, Any]]:
     rows = []
     for key, state in sorted(engine.targets.items()):
-        report = (state.result or {}).get("report") or {}
+        report = state.result.report if state.result is not None else None
         rows.append(
             {
                 "target": key,
                 "file": str(state.decl.file),
                 "line": state.decl.definition.line,
-                "summary": (report.get("summary") or {}).get("text"),
-                "tracer": report.get("tracer") or engine.options_of(state.decl)["tracer"],
+                "summary": report.summary.text if report is not None else None,
+                "tracer": report.tracer if report else engine.options_of(state.decl)["tracer"],
                 "backend": engine.options_of(state.decl)["backend"],
                 "artifact": str(engine.artifact_of(state.decl)[0]),
                 "dependencies": sorted(str(p) for p in state.dependencies),
@@ -199,6 +199,7 @@ def _resolve_target(engine: Any, spec: str) -> Any:
 def _emit_or_verify(args: argparse.Namespace, kind: str) -> int:
     from precompile_lsp.config import ConfigError
     from precompile_lsp.engine import Engine
+    from precompile_lsp.protocol import JobResult
 
     root = _workspace([])
     progress = _Progress(args.quiet)
@@ -218,7 +219,7 @@ def _emit_or_verify(args: argparse.Namespace, kind: str) -> int:
         print(f"precompile {kind}: {error}", file=sys.stderr)
         return EXIT_ERROR
 
-    async def run() -> dict[str, Any]:
+    async def run() -> JobResult:
         try:
             return await (engine.verify(decl) if kind == "verify" else engine.emit(decl))
         finally:
@@ -226,17 +227,17 @@ def _emit_or_verify(args: argparse.Namespace, kind: str) -> int:
 
     result = asyncio.run(run())
     progress.done()
-    if result.get("status") in ("timeout", "crashed"):
-        print(f"precompile {kind}: {result['message']}", file=sys.stderr)
+    if result.status.failed:
+        print(f"precompile {kind}: {result.message}", file=sys.stderr)
         return EXIT_FINDINGS
-    if result.get("error"):
-        print(f"precompile {kind}: {decl.key}: {result['error']['message']}", file=sys.stderr)
+    if result.failure is not None:
+        print(f"precompile {kind}: {decl.key}: {result.failure.message}", file=sys.stderr)
         return EXIT_FINDINGS
     if kind == "emit":
-        summary = ((result.get("report") or {}).get("summary") or {}).get("text", "")
-        print(f"emitted {result['artifact']}: {summary}")
+        summary = result.report.summary.text if result.report is not None else ""
+        print(f"emitted {result.artifact}: {summary}")
         return EXIT_OK
-    failures = result.get("verify_failures", [])
+    failures = result.verify_failures
     for failure in failures:
         print(f"{args.artifact}: {failure}")
     status = engine.targets[decl.key].artifact

@@ -25,17 +25,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import hashlib
-import importlib.metadata
 import itertools
 import json
-import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from precompile_lsp.config import Config, load_config
+import attrs
+
+from precompile_lsp.config import load_config
 from precompile_lsp.discovery import TargetDecl, discover
 from precompile_lsp.files import MAX_SOURCE_BYTES, SourceRead, read_source
 from precompile_lsp.findings import (
@@ -43,12 +42,19 @@ from precompile_lsp.findings import (
     artifact_findings,
     conflict_finding,
     findings_from_result,
+    verify_findings,
 )
+from precompile_lsp.protocol import (
+    CaptureError,
+    JobKind,
+    JobRequest,
+    JobResult,
+    Outcome,
+    Stage,
+)
+from precompile_lsp.result_cache import CACHE_FORMAT, ResultCache, distribution_version
 from precompile_lsp.staleness import ArtifactStatus, artifact_status
-
-CACHE_FORMAT = 2
-_ROOT_MARK = "${PRECOMPILE_WORKSPACE}/"
-_FAILED = ("timeout", "crashed")
+from precompile_lsp.workers import WorkerPool
 
 
 @dataclasses.dataclass
@@ -69,7 +75,7 @@ class Job:
     shared when the same work is asked for again."""
 
     id: str
-    task: asyncio.Task[dict[str, Any]]
+    task: asyncio.Task[JobResult]
     inputs: dict[Path, str | None]
 
 
@@ -79,15 +85,15 @@ class TargetState:
     #: The last check result, kept until a newer one replaces it, and the declaration
     #: as it was when that result was computed (findings anchored to it stay where the
     #: result put them; a client maps them into newer versions of the file).
-    result: dict[str, Any] | None = None
+    result: JobResult | None = None
     result_decl: TargetDecl | None = None
     #: The last verify outcome, shown until the next check result.
-    verified: dict[str, Any] | None = None
+    verified: JobResult | None = None
     artifact: ArtifactStatus | None = None
     findings: list[Finding] = dataclasses.field(default_factory=list)
     #: Content hashes of the files the result was computed from (what it depends on).
     dependencies: dict[Path, str] = dataclasses.field(default_factory=dict)
-    jobs: dict[str, Job] = dataclasses.field(default_factory=dict)
+    jobs: dict[JobKind, Job] = dataclasses.field(default_factory=dict)
 
 
 class TextStore:
@@ -108,269 +114,6 @@ class TextStore:
 
     def get(self, sha: str | None) -> str | None:
         return None if sha is None else self.texts.get(sha)
-
-
-class WorkerClient:
-    """One warm worker process, spoken to over its stdin/stdout (see worker.py)."""
-
-    def __init__(self, python: str, root: Path) -> None:
-        self.python = python
-        self.root = root
-        self.process: asyncio.subprocess.Process | None = None
-        self.pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
-        self.started: set[str] = set()
-        self.progress: dict[str, Callable[[dict[str, Any]], None]] = {}
-        self.reader: asyncio.Task[None] | None = None
-        self.ready = asyncio.Event()
-        self.failure: str | None = None
-
-    async def start(self) -> None:
-        env = dict(os.environ)
-        env["PYTHONUNBUFFERED"] = "1"
-        try:
-            self.process = await asyncio.create_subprocess_exec(
-                self.python,
-                "-m",
-                "precompile_lsp.worker",
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL,
-                cwd=str(self.root),
-                env=env,
-                start_new_session=True,
-                limit=64 * 1024 * 1024,
-            )
-        except OSError as error:
-            self.failure = f"the worker interpreter {self.python} could not start ({error})"
-            self.ready.set()
-            return
-        self.reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        while True:
-            line = await self.process.stdout.readline()
-            if not line:
-                break
-            try:
-                message = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if message.get("ready"):
-                self.ready.set()
-                continue
-            if message.get("started"):
-                self.started.add(message.get("id"))
-                continue
-            if "progress" in message:
-                callback = self.progress.get(message.get("id"))
-                if callback is not None:
-                    callback(message["progress"])
-                continue
-            future = self.pending.pop(message.get("id"), None)
-            if future is not None and not future.done():
-                future.set_result(message["result"])
-        self.failure = self.failure or "the worker process exited"
-        self.ready.set()
-        for job_id, future in self.pending.items():
-            if future.done():
-                continue
-            if job_id in self.started:
-                future.set_result(
-                    {"status": "crashed", "message": "the worker process died while capturing"}
-                )
-            else:  # it never ran: the pool runs it on a fresh worker
-                future.set_result({"status": "unstarted"})
-        self.pending.clear()
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.returncode is None and self.failure is None
-
-    async def run(
-        self,
-        job_id: str,
-        job: dict[str, Any],
-        on_progress: Callable[[dict[str, Any]], None] | None = None,
-    ) -> dict[str, Any]:
-        await self.ready.wait()
-        if not self.alive:
-            return {
-                "status": "crashed",
-                "message": f"the worker for {self.python} could not start: is torch-precompile "
-                f"installed in that interpreter? (pip install torch-precompile)",
-            }
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self.pending[job_id] = future
-        if on_progress is not None:
-            self.progress[job_id] = on_progress
-        await self._write({"op": "run", "id": job_id, "job": job})
-        if (self.reader is None or self.reader.done()) and not future.done():
-            future.set_result({"status": "unstarted"})  # it died before reading the job
-        try:
-            return await future
-        except asyncio.CancelledError:
-            # Whoever waited is gone: stop the capture too, so the worker is free for the
-            # next job instead of finishing work nobody will read.
-            if self.pending.pop(job_id, None) is not None and self.alive:
-                await self._write({"op": "cancel", "id": job_id})
-            raise
-        finally:
-            self.progress.pop(job_id, None)
-            self.started.discard(job_id)
-
-    async def cancel(self, job_id: str) -> None:
-        if job_id in self.pending and self.alive:
-            await self._write({"op": "cancel", "id": job_id})
-
-    async def _write(self, message: dict[str, Any]) -> None:
-        assert self.process is not None and self.process.stdin is not None
-        try:
-            self.process.stdin.write((json.dumps(message) + "\n").encode())
-            await self.process.stdin.drain()
-        except (BrokenPipeError, ConnectionResetError):
-            self.failure = "the worker process exited"
-
-    async def close(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            try:
-                os.killpg(self.process.pid, 9)
-            except (ProcessLookupError, PermissionError):
-                self.process.kill()
-            await self.process.wait()
-        if self.reader is not None:
-            await asyncio.gather(self.reader, return_exceptions=True)
-
-
-class WorkerPool:
-    """``size`` warm workers; a dead one is replaced before its next job."""
-
-    def __init__(self, config: Config) -> None:
-        self.config = config
-        self.idle: asyncio.Queue[WorkerClient] = asyncio.Queue()
-        self.workers: list[WorkerClient] = []
-        self.running: dict[str, WorkerClient] = {}
-        self.started = False
-
-    async def _spawn(self) -> WorkerClient:
-        worker = WorkerClient(self.config.python, self.config.root)
-        await worker.start()
-        self.workers.append(worker)
-        return worker
-
-    async def start(self) -> None:
-        if not self.started:
-            self.started = True
-            for _ in range(self.config.workers):
-                self.idle.put_nowait(await self._spawn())
-
-    async def run(
-        self,
-        job_id: str,
-        job: dict[str, Any],
-        on_progress: Callable[[dict[str, Any]], None] | None = None,
-    ) -> dict[str, Any]:
-        await self.start()
-        for _attempt in range(3):
-            worker = await self.idle.get()
-            if (worker.ready.is_set() and not worker.alive) or worker.python != self.config.python:
-                self.workers.remove(worker)
-                await worker.close()
-                worker = await self._spawn()
-            self.running[job_id] = worker
-            try:
-                result = await worker.run(job_id, job, on_progress)
-            finally:
-                self.running.pop(job_id, None)
-                self.idle.put_nowait(worker)
-            if result.get("status") != "unstarted":
-                return result
-        return {"status": "crashed", "message": "the worker process died before the job started"}
-
-    async def cancel(self, job_id: str) -> None:
-        worker = self.running.get(job_id)
-        if worker is not None:
-            await worker.cancel(job_id)
-
-    async def close(self) -> None:
-        for worker in self.workers:
-            await worker.close()
-        self.workers.clear()
-        self.started = False
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-class ResultCache:
-    """``.precompile/cache/<hash>.json``: a result with the hashes of what it depends on.
-
-    Paths inside the workspace are stored relative to its root, so a cache restored into
-    another checkout (another CI runner) still hits. Reads files: call off the event loop.
-    """
-
-    def __init__(self, root: Path, enabled: bool) -> None:
-        self.root = root
-        self.directory = root / ".precompile" / "cache"
-        self.enabled = enabled
-
-    def portable(self, path: str) -> str:
-        try:
-            return Path(path).relative_to(self.root).as_posix()
-        except ValueError:
-            return path
-
-    def _local(self, path: str) -> Path:
-        return Path(path) if os.path.isabs(path) else self.root / path
-
-    def _path(self, key: str) -> Path:
-        return self.directory / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        if not self.enabled:
-            return None
-        try:
-            text = self._path(key).read_text(encoding="utf-8")
-            entry = json.loads(text.replace(_ROOT_MARK, json.dumps(str(self.root))[1:-1] + "/"))
-        except (OSError, json.JSONDecodeError):
-            return None
-        if entry.get("format") != CACHE_FORMAT or entry.get("key") != key:
-            return None
-        for path, digest in entry["dependencies"].items():
-            if read_source(self._local(path)).sha != digest:
-                return None
-        for dist, version in entry["packages"].items():
-            if _version(dist) != version:
-                return None
-        result = entry["result"]
-        result["dependencies"] = {str(self._local(p)): d for p, d in entry["dependencies"].items()}
-        return result
-
-    def put(self, key: str, result: dict[str, Any]) -> None:
-        if not self.enabled or result.get("status") in (*_FAILED, "cancelled"):
-            return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        ignore = self.directory.parent / ".gitignore"
-        if not ignore.exists():
-            ignore.write_text("# Created by torch-precompile: results cached by content hash.\n*\n")
-        dependencies = {self.portable(p): d for p, d in result.get("dependencies", {}).items()}
-        entry = {
-            "format": CACHE_FORMAT,
-            "key": key,
-            "dependencies": dependencies,
-            "packages": result.get("packages", {}),
-            "result": result,
-        }
-        text = json.dumps(entry, default=str, ensure_ascii=False)
-        # Every path under the root, anywhere in the result, is stored relative to it.
-        text = text.replace(json.dumps(str(self.root))[1:-1] + "/", _ROOT_MARK)
-        tmp = self._path(key).with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, self._path(key))
 
 
 Event = dict[str, Any]
@@ -405,8 +148,8 @@ class Engine:
         self._job_ids = itertools.count(1)
         self.versions = {
             "python": sys.version.split()[0],
-            "torch": _version("torch"),
-            "torch-precompile": _version("torch-precompile"),
+            "torch": distribution_version("torch"),
+            "torch-precompile": distribution_version("torch-precompile"),
             "cache": CACHE_FORMAT,
         }
 
@@ -414,7 +157,7 @@ class Engine:
 
     def _scan(self, paths: list[Path]) -> list[tuple[SourceRead, list[TargetDecl], list[Finding]]]:
         """Read and parse ``paths`` for targets (thread-safe: touches no engine state)."""
-        scanned = []
+        scanned: list[tuple[SourceRead, list[TargetDecl], list[Finding]]] = []
         for path in paths:
             read = read_source(path)
             if read.text is None or not self.config.is_included(path):
@@ -504,29 +247,31 @@ class Engine:
             "tracer": decl.options.get("tracer") or self.config.tracer,
         }
 
-    def _job(self, decl: TargetDecl, kind: str) -> dict[str, Any]:
+    def job_request(self, decl: TargetDecl, kind: JobKind) -> JobRequest:
         artifact, declared = self.artifact_of(decl)
-        return {
-            "kind": kind,
-            "module": decl.module,
-            "function": decl.function,
-            "root": str(self.root),
-            "source_roots": [str(r) for r in self.config.source_roots],
-            "artifact": str(artifact),
-            "artifact_declared": declared,
-            **self.options_of(decl),
-            "timeout": self.config.timeout,
-        }
+        options = self.options_of(decl)
+        return JobRequest(
+            kind=kind,
+            module=decl.module,
+            function=decl.function,
+            root=str(self.root),
+            source_roots=[str(r) for r in self.config.source_roots],
+            artifact=str(artifact),
+            artifact_declared=declared,
+            backend=options["backend"],
+            tracer=options["tracer"],
+            timeout=self.config.timeout,
+        )
 
-    def _cache_key(self, decl: TargetDecl, kind: str) -> str:
+    def _cache_key(self, decl: TargetDecl, kind: JobKind) -> str:
         parts = [
-            kind,
+            kind.value,
             decl.key,
             json.dumps(decl.options, sort_keys=True, default=str),
             json.dumps(self.options_of(decl), sort_keys=True),
             json.dumps(self.versions, sort_keys=True),
         ]
-        if kind == "verify":
+        if kind is JobKind.VERIFY:
             # A verification is of one artifact: its bytes are part of what it depends on.
             artifact, _ = self.artifact_of(decl)
             parts.append(self.cache.portable(str(artifact)))
@@ -546,50 +291,53 @@ class Engine:
         recorded = {p: state.dependencies.get(p) for p in self._inputs(state)}
         return recorded == self._inputs(state)
 
-    def _submit(self, decl: TargetDecl, kind: str, inputs: dict[Path, str | None]) -> Job:
+    def _submit(self, decl: TargetDecl, kind: JobKind, inputs: dict[Path, str | None]) -> Job:
         job_id = f"job-{next(self._job_ids)}"
         self.stats.jobs += 1
 
-        def progress(stage: dict[str, Any]) -> None:
-            self.on_event({"kind": "stage", "target": decl.key, "job": kind, **stage})
+        def progress(stage: Stage) -> None:
+            self.on_event(
+                {"kind": "stage", "target": decl.key, "job": kind.value, **attrs.asdict(stage)}
+            )
 
-        task = asyncio.create_task(self.pool.run(job_id, self._job(decl, kind), progress))
+        task = asyncio.create_task(self.pool.run(job_id, self.job_request(decl, kind), progress))
         return Job(job_id, task, inputs)
 
     async def run_target(
         self,
         decl: TargetDecl,
-        kind: str = "check",
+        kind: JobKind = JobKind.CHECK,
         on_submit: Callable[[], None] | None = None,
-    ) -> dict[str, Any]:
+    ) -> JobResult:
         """One job for a target (check and verify results are cached). A running job of
         the same kind for the same content is shared; one for older content is cancelled
         (superseded) and its waiter gets a ``cancelled`` result."""
         state = self.targets.get(decl.key) or TargetState(decl)
         inputs = self._inputs(state)
         job = state.jobs.get(kind)
-        if job is not None and (job.inputs != inputs or kind == "emit"):
+        if job is not None and (job.inputs != inputs or kind is JobKind.EMIT):
             await self.pool.cancel(job.id)
             job.task.cancel()
             job = None
         if job is None:
             cache_key = self._cache_key(decl, kind)
-            if kind != "emit":
+            if kind is not JobKind.EMIT:
                 cached = await asyncio.to_thread(self.cache.get, cache_key)
                 if cached is not None:
                     self.stats.cache_hits += 1
                     return cached
-            if kind == "emit" and self.conflicts(decl):
-                return {"status": "error", "error": {"message": self._conflict_text(decl)}}
+            if kind is JobKind.EMIT and self.conflicts(decl):
+                error = CaptureError(message=self._conflict_text(decl), type="ArtifactConflict")
+                return JobResult(status=Outcome.ERROR, kind=kind, error=error)
             job = state.jobs.get(kind)  # another run may have started it meanwhile
-            if job is None or job.inputs != inputs or kind == "emit":
+            if job is None or job.inputs != inputs or kind is JobKind.EMIT:
                 if job is not None:
                     await self.pool.cancel(job.id)
                     job.task.cancel()
                 job = state.jobs[kind] = self._submit(decl, kind, inputs)
                 if on_submit is not None:
                     on_submit()
-                self.on_event({"kind": "job", "target": decl.key, "job": kind})
+                self.on_event({"kind": "job", "target": decl.key, "job": kind.value})
         try:
             result = await asyncio.shield(job.task)
         except asyncio.CancelledError:
@@ -597,17 +345,17 @@ class Engine:
             if current is not None and current.cancelling():
                 raise  # we are being cancelled ourselves
             # A newer run of this target superseded this one: only the newer result counts.
-            return {"status": "cancelled", "message": "superseded by a newer run"}
+            return JobResult(status=Outcome.CANCELLED, message="superseded by a newer run")
         finally:
             if state.jobs.get(kind) is job and job.task.done():
                 del state.jobs[kind]
-        if kind == "check":
+        if kind is JobKind.CHECK:
             self.stats.captures += 1
-        elif kind == "emit":
+        elif kind is JobKind.EMIT:
             self.stats.emits += 1
         else:
             self.stats.verifies += 1
-        if result.get("status") != "cancelled":
+        if result.status is not Outcome.CANCELLED:
             await asyncio.to_thread(self.cache.put, self._cache_key(decl, kind), result)
         return result
 
@@ -632,7 +380,7 @@ class Engine:
 
     def running(self, decl: TargetDecl) -> bool:
         state = self.targets.get(decl.key)
-        return state is not None and "check" in state.jobs
+        return state is not None and JobKind.CHECK in state.jobs
 
     def _derive(self, state: TargetState) -> None:
         """A target's findings from its result, artifact status and last verification."""
@@ -652,9 +400,7 @@ class Engine:
         elif state.artifact is not None:
             findings += artifact_findings(state.artifact, decl, artifact, declared, self.root)
         if state.verified is not None:
-            findings += findings_from_result(
-                {"verify_failures": _verify_failures(state.verified)}, decl, self.root
-            )
+            findings += verify_findings(state.verified, decl)
         state.findings = [
             self._configured(
                 f if f.version is not None or f.file != decl.file else f.at_versions(decl_version)
@@ -666,15 +412,14 @@ class Engine:
         """A finding as this workspace shows it: its severity, its documentation link."""
         return finding.with_severity(self.config.severity).with_docs(self.config.docs_url)
 
-    def _apply(self, decl: TargetDecl, result: dict[str, Any]) -> None:
+    def _apply(self, decl: TargetDecl, result: JobResult) -> None:
         state = self.targets.get(decl.key)
         if state is None:
             return
         state.result = result
         state.result_decl = decl
         state.verified = None
-        recorded = {Path(p): d for p, d in result.get("dependencies", {}).items()}
-        state.dependencies = recorded
+        state.dependencies = {Path(p): d for p, d in result.dependencies.items()}
         self._derive(state)
 
     async def _refresh_artifact(self, state: TargetState) -> None:
@@ -735,20 +480,20 @@ class Engine:
         async def one(decl: TargetDecl) -> None:
             nonlocal done
             if emit and not self.conflicts(decl):
-                emitted = await self.run_target(decl, "emit", submitted)
-                if emitted.get("error") or emitted.get("status") in _FAILED:
+                emitted = await self.run_target(decl, JobKind.EMIT, submitted)
+                if emitted.failure is not None or emitted.status.failed:
                     self._apply(decl, emitted)
                     done += 1
                     report(decl.key)
                     return
-            result = await self.run_target(decl, "check", submitted)
+            result = await self.run_target(decl, JobKind.CHECK, submitted)
             state = self.targets.get(decl.key)
-            if result.get("status") != "cancelled" and state is not None:
+            if result.status is not Outcome.CANCELLED and state is not None:
                 self._apply(decl, result)
                 await self._refresh_artifact(state)
-                if verify and not result.get("error") and result.get("status") not in _FAILED:
-                    verified = await self.run_target(decl, "verify", submitted)
-                    if verified.get("status") != "cancelled":
+                if verify and result.failure is None and not result.status.failed:
+                    verified = await self.run_target(decl, JobKind.VERIFY, submitted)
+                    if verified.status is not Outcome.CANCELLED:
                         state.verified = verified
                 self._derive(state)
                 await self._snapshot([state])
@@ -759,24 +504,24 @@ class Engine:
         if working:
             self.stats.rechecks += 1
 
-    async def verify(self, decl: TargetDecl) -> dict[str, Any]:
+    async def verify(self, decl: TargetDecl) -> JobResult:
         """Verify a target's artifact and show the outcome among its findings (a failure,
         a stale source) until its next check."""
-        verified = await self.run_target(decl, "verify")
+        verified = await self.run_target(decl, JobKind.VERIFY)
         state = self.targets.get(decl.key)
-        if verified.get("status") != "cancelled" and state is not None:
+        if verified.status is not Outcome.CANCELLED and state is not None:
             state.verified = verified
             await self._refresh_artifact(state)
             self._derive(state)
         return verified
 
-    async def emit(self, decl: TargetDecl) -> dict[str, Any]:
+    async def emit(self, decl: TargetDecl) -> JobResult:
         """Emit a target's artifact, then re-read what the workspace says of it (a new
         artifact also retires the last verification, which was of the old one)."""
-        emitted = await self.run_target(decl, "emit")
+        emitted = await self.run_target(decl, JobKind.EMIT)
         state = self.targets.get(decl.key)
         if state is not None:
-            if emitted.get("status") != "cancelled" and not emitted.get("error"):
+            if emitted.status is not Outcome.CANCELLED and emitted.failure is None:
                 state.verified = None
             await self._refresh_artifact(state)
             self._derive(state)
@@ -831,7 +576,7 @@ class Engine:
         due = []
         for decl in affected.values():
             state = self.targets[decl.key]
-            job = state.jobs.get("check")
+            job = state.jobs.get(JobKind.CHECK)
             if self.up_to_date(state) or (job is not None and job.inputs == self._inputs(state)):
                 continue
             due.append(decl)
@@ -851,11 +596,3 @@ class Engine:
             for job in state.jobs.values():
                 job.task.cancel()
         await self.pool.close()
-
-
-def _verify_failures(verified: dict[str, Any]) -> list[str]:
-    if verified.get("error"):
-        return [verified["error"]["message"]]
-    if verified.get("status") in _FAILED:
-        return [verified.get("message", "the verification did not finish")]
-    return list(verified.get("verify_failures", []))

@@ -15,6 +15,15 @@ from typing import Any
 
 from precompile.guard_text import frame_label, guard_failure_text
 from precompile_lsp.doclinks import doc_link
+from precompile_lsp.protocol import (
+    CaptureError,
+    CoverageFact,
+    FrameFact,
+    GraphBreakFact,
+    JobResult,
+    PinnedValue,
+    RiskyDrop,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +162,7 @@ class Finding:
         severity = overrides.get(self.code, self.severity or CODES[self.code].severity)
         return dataclasses.replace(self, severity=severity)
 
-    def at_versions(self, versions: dict[Path, str]) -> Finding:
+    def at_versions(self, versions: dict[Path, str | None] | dict[Path, str]) -> Finding:
         """This finding with the content hash of each file it points into."""
         return dataclasses.replace(
             self,
@@ -179,12 +188,6 @@ class Finding:
         }
 
 
-def _span_of(location: dict[str, Any] | None, fallback: Span) -> Span:
-    if not location:
-        return fallback
-    return Span.at(location["line"], location.get("column", 0), 1)
-
-
 def _inside(path: Path, root: Path | None) -> bool:
     """Whether ``path`` is a file of the workspace (not an installed library's)."""
     if not path.is_file():
@@ -204,191 +207,210 @@ def _shown(path: str, root: Path | None) -> str:
         return path
 
 
-def _pinned_crossing_breaks(audit: dict[str, Any]) -> list[dict[str, Any]]:
+class _Target:
+    """What every finding of one target shares: its key, its place, its ``data``."""
+
+    def __init__(self, decl: Any, root: Path | None) -> None:
+        self.decl = decl
+        self.root = root
+        self.related = Related(decl.file, decl.definition, f"target {decl.function}")
+
+    def finding(self, code: str, message: str, file: Path, span: Span, **extra: Any) -> Finding:
+        extra.setdefault("data", {"target": self.decl.key})
+        return Finding(code, message, file, span, target=self.decl.key, **extra)
+
+
+def _worker_failed(result: JobResult, t: _Target) -> list[Finding]:
+    message = result.message or "the capture worker failed"
+    return [t.finding("PC900", message, t.decl.file, t.decl.decorator, details=result.output)]
+
+
+def _capture_failed(error: CaptureError, result: JobResult, t: _Target) -> Finding:
+    decl, location = t.decl, error.location
+    in_workspace = location is not None and _inside(Path(location.file), t.root)
+    if location is not None and in_workspace:
+        file, span = Path(location.file), Span.at(location.line, location.column, 1)
+    else:
+        file, span = decl.file, decl.definition
+    # The failure is shown where it happened; the decorator is where the target is.
+    related = [Related(decl.file, decl.decorator, f"target {decl.function}")]
+    if location is not None and not in_workspace:
+        # Raised inside a library: the finding stays on the user's code, the library
+        # line is where to look next.
+        where = Span.at(location.line, location.column, 1)
+        related.append(Related(Path(location.file), where, "raised here, in a library"))
+    text = error.message + (f"\nHint: {error.hint}" if error.hint else "")
+    details = "\n\n".join(d for d in (error.details, result.output) if d) or None
+    return t.finding(
+        "PC001",
+        f"{decl.function} could not be captured: {text}",
+        file,
+        span,
+        related=tuple(related),
+        details=details,
+    )
+
+
+def _graph_break(gb: GraphBreakFact, t: _Target) -> Finding | None:
+    if gb.location is None:
+        return None
+    gb_id = f" [{gb.gb_id}]" if gb.gb_id else ""
+    hint = f" Hint: {gb.hints[0]}" if gb.hints else ""
+    stack = tuple(
+        Related(Path(f.file), Span.at(f.line, f.column), f"in {f.function}")
+        for f in gb.user_stack[:-1]
+    )
+    return t.finding(
+        "PC101",
+        f"graph break{gb_id}: {gb.reason}.{hint}",
+        Path(gb.location.file),
+        Span.at(gb.location.line, gb.location.column, 1),
+        related=(t.related, *stack),
+        details=gb.explanation or None,
+        data={
+            "target": t.decl.key,
+            "gb_id": gb.gb_id,
+            "doc_link": gb.doc_link,
+            "hints": list(gb.hints),
+        },
+    )
+
+
+def _frame(frame: FrameFact, t: _Target) -> list[Finding]:
+    span, found = Span.at(frame.line, 0, 3), []
+    if frame.bypassed:
+        reason = frame.bypass_reason or "its guards could not be saved"
+        found.append(
+            t.finding(
+                "PC102",
+                f"{frame_label(frame.name)} was left out of the artifact: {reason}",
+                Path(frame.file),
+                span,
+                related=(t.related,),
+            )
+        )
+    if frame.eager_fallback:
+        reason = frame.eager_reason or "see the report"
+        found.append(
+            t.finding(
+                "PC103",
+                f"{frame_label(frame.name)} runs eagerly: Dynamo gave up on it ({reason})",
+                Path(frame.file),
+                span,
+                related=(t.related,),
+            )
+        )
+    return found
+
+
+def _coverage_gap(gap: CoverageFact, t: _Target) -> Finding | None:
+    if gap.served_by is not None:
+        return None
+    reasons = "; ".join(
+        f"variant {f.variant}: {guard_failure_text(f.guard)}" for f in gap.failures
+    ) or (gap.error or "")
+    return t.finding(
+        "PC201",
+        f"covers call {gap.call} would be refused by the artifact: {reasons}",
+        t.decl.file,
+        t.decl.definition,
+    )
+
+
+def _risky_drop(risky: RiskyDrop, t: _Target) -> Finding:
+    return t.finding(
+        "PC202",
+        f"dropped guard {risky.guard} could change which variant runs: {risky.why}",
+        t.decl.file,
+        t.decl.definition,
+    )
+
+
+def _pinned_crossing_breaks(pinned: list[PinnedValue]) -> list[PinnedValue]:
     """Values computed inside the function that a continuation serves by value: one per
     value (a value crossing two breaks is named once, at the first)."""
     seen: set[tuple[str, ...]] = set()
     found = []
-    for pinned in sorted(audit.get("pinned", []), key=lambda p: (p["file"], p["line"])):
-        key = tuple(pinned["values"])
-        if not pinned.get("continuation") or key in seen:
-            continue
-        seen.add(key)
-        found.append(pinned)
+    for value in sorted(pinned, key=lambda p: (p.file, p.line)):
+        key = tuple(value.values)
+        if value.continuation and key not in seen:
+            seen.add(key)
+            found.append(value)
     return found
 
 
-def findings_from_result(
-    result: dict[str, Any], decl: Any, root: Path | None = None
-) -> list[Finding]:
-    """Turn one job's result (a worker's JSON) into findings for one target; paths in
-    messages are shown relative to the workspace ``root``."""
-    target_related = Related(decl.file, decl.definition, f"target {decl.function}")
-    base = {"target": decl.key, "data": {"target": decl.key}}
-    findings: list[Finding] = []
-    status = result.get("status")
-    if status in ("timeout", "crashed"):
-        findings.append(
-            Finding(
-                code="PC900",
-                message=result.get("message", "the capture worker failed"),
-                file=decl.file,
-                span=decl.decorator,
-                details=result.get("output"),
-                **base,
-            )
-        )
+def _pinned_value(pinned: PinnedValue, t: _Target) -> Finding:
+    values = " or ".join(pinned.values[:3])
+    where = (
+        f"the value computed on line {pinned.line} crosses the graph break there"
+        if pinned.path.startswith(("___stack", "the value carried"))
+        else f"`{pinned.path}` crosses the graph break on line {pinned.line}"
+    )
+    return t.finding(
+        "PC203",
+        f"{where} as a Python value ({values}): the artifact serves only that value and "
+        f"refuses any other. Keep it a tensor across the break (no .item()), or capture "
+        f"examples that give it different values (or DynamoTracer(dynamic=True)) so that "
+        f"it is captured as a dynamic input",
+        Path(pinned.file),
+        Span.at(pinned.line, 0, 1),
+        related=(t.related,),
+    )
+
+
+def _with_output(findings: list[Finding], output: str | None) -> list[Finding]:
+    """What user code printed while captured belongs to its findings, never to stdout."""
+    text = (output or "").strip()
+    if not text:
         return findings
-    report = result.get("report") or {}
-    error = result.get("error") or report.get("error")
-    if error:
-        location = error.get("location")
-        in_workspace = bool(location) and _inside(Path(location["file"]), root)
-        file = Path(location["file"]) if in_workspace else decl.file
-        span = _span_of(location, decl.definition) if in_workspace else decl.definition
-        # The failure is shown where it happened; the decorator is where the target is.
-        related = [Related(decl.file, decl.decorator, f"target {decl.function}")]
-        if location and not in_workspace:
-            # Raised inside a library: the finding stays on the user's code, the library
-            # line is where to look next.
-            where = Span.at(location["line"], location.get("column", 0), 1)
-            related.append(Related(Path(location["file"]), where, "raised here, in a library"))
-        text = error["message"] + (f"\nHint: {error['hint']}" if error.get("hint") else "")
-        findings.append(
-            Finding(
-                code="PC001",
-                message=f"{decl.function} could not be captured: {text}",
-                file=file,
-                span=span,
-                related=tuple(related),
-                details="\n\n".join(d for d in (error.get("details"), result.get("output")) if d)
-                or None,
-                **base,
-            )
+    return [
+        dataclasses.replace(
+            f,
+            details=(
+                f"{f.details}\n\nOutput of the capture:\n{text}"
+                if f.details
+                else f"Output of the capture:\n{text}"
+            ),
         )
-    for gb in report.get("graph_breaks", []):
-        location = gb.get("location")
-        if not location:
-            continue
-        gb_id = f" [{gb['gb_id']}]" if gb.get("gb_id") else ""
-        hint = f" Hint: {gb['hints'][0]}" if gb.get("hints") else ""
-        stack = tuple(
-            Related(Path(f["file"]), Span.at(f["line"], f["column"]), f"in {f['function']}")
-            for f in gb.get("user_stack", [])[:-1]
-        )
-        findings.append(
-            Finding(
-                code="PC101",
-                message=f"graph break{gb_id}: {gb['reason']}.{hint}",
-                file=Path(location["file"]),
-                span=Span.at(location["line"], location["column"], 1),
-                related=(target_related, *stack),
-                details=gb.get("explanation"),
-                target=decl.key,
-                data={
-                    "target": decl.key,
-                    "gb_id": gb.get("gb_id"),
-                    "doc_link": gb.get("doc_link"),
-                    "hints": gb.get("hints", []),
-                },
-            )
-        )
-    for frame in report.get("frames", []):
-        frame_span = Span.at(frame["line"], 0, 3)
-        if frame.get("bypassed"):
-            findings.append(
-                Finding(
-                    code="PC102",
-                    message=f"{frame_label(frame['name'])} was left out of the artifact: {frame.get('bypass_reason') or 'its guards could not be saved'}",
-                    file=Path(frame["file"]),
-                    span=frame_span,
-                    related=(target_related,),
-                    **base,
-                )
-            )
-        if frame.get("eager_fallback"):
-            findings.append(
-                Finding(
-                    code="PC103",
-                    message=f"{frame_label(frame['name'])} runs eagerly: Dynamo gave up on it ({frame.get('eager_reason') or 'see the report'})",
-                    file=Path(frame["file"]),
-                    span=frame_span,
-                    related=(target_related,),
-                    **base,
-                )
-            )
-    for gap in result.get("coverage", []):
-        if gap.get("served_by") is not None:
-            continue
-        reasons = "; ".join(
-            f"variant {f['variant']}: {guard_failure_text(f['guard'])}"
-            for f in gap.get("failures", [])
-        ) or gap.get("error", "")
-        findings.append(
-            Finding(
-                code="PC201",
-                message=f"covers call {gap['call']} would be refused by the artifact: {reasons}",
-                file=decl.file,
-                span=decl.definition,
-                **base,
-            )
-        )
-    audit = report.get("audit") or {}
-    for risky in audit.get("risky", []):
-        findings.append(
-            Finding(
-                code="PC202",
-                message=f"dropped guard {risky['guard']} could change which variant runs: {risky['why']}",
-                file=decl.file,
-                span=decl.definition,
-                **base,
-            )
-        )
-    for pinned in _pinned_crossing_breaks(audit):
-        values = " or ".join(pinned["values"][:3])
-        where = (
-            f"the value computed on line {pinned['line']} crosses the graph break there"
-            if pinned["path"].startswith("___stack")
-            else f"`{pinned['path']}` crosses the graph break on line {pinned['line']}"
-        )
-        findings.append(
-            Finding(
-                code="PC203",
-                message=f"{where} as a Python value ({values}): the artifact serves only that "
-                f"value and refuses any other. Keep it a tensor across the break (no .item()), "
-                f"or capture examples that give it different values (or DynamoTracer("
-                f"dynamic=True)) so that it is captured as a dynamic input",
-                file=Path(pinned["file"]),
-                span=Span.at(pinned["line"], 0, 1),
-                related=(target_related,),
-                **base,
-            )
-        )
-    for failure in result.get("verify_failures", []):
-        findings.append(
-            Finding(
-                code="PC303",
-                message=f"artifact verification failed: {failure}",
-                file=decl.file,
-                span=decl.decorator,
-                **base,
-            )
-        )
-    output = (result.get("output") or "").strip()
-    if output and status not in ("timeout", "crashed"):
-        # What user code printed while captured belongs to its findings, never to stdout.
-        findings = [
-            dataclasses.replace(
-                f,
-                details=(
-                    f"{f.details}\n\nOutput of the capture:\n{output}"
-                    if f.details
-                    else f"Output of the capture:\n{output}"
-                ),
-            )
-            for f in findings
-        ]
-    return findings
+        for f in findings
+    ]
+
+
+def findings_from_result(result: JobResult, decl: Any, root: Path | None = None) -> list[Finding]:
+    """One job's result as findings of one target; paths in messages are shown relative
+    to the workspace ``root``."""
+    t = _Target(decl, root)
+    if result.status.failed:
+        return _worker_failed(result, t)
+    findings: list[Finding] = []
+    error = result.failure
+    if error is not None:
+        findings.append(_capture_failed(error, result, t))
+    report = result.report
+    if report is not None:
+        findings += [f for gb in report.graph_breaks if (f := _graph_break(gb, t)) is not None]
+        findings += [f for frame in report.frames for f in _frame(frame, t)]
+    findings += [f for gap in result.coverage if (f := _coverage_gap(gap, t)) is not None]
+    if report is not None:
+        findings += [_risky_drop(r, t) for r in report.audit.risky]
+        findings += [_pinned_value(p, t) for p in _pinned_crossing_breaks(report.audit.pinned)]
+    return _with_output(findings, result.output)
+
+
+def verify_findings(verified: JobResult, decl: Any) -> list[Finding]:
+    """A verification's outcome: each failure (a refused call, a call that differs from
+    eager, an artifact that does not load, a verify job that did not finish)."""
+    t = _Target(decl, None)
+    if verified.failure is not None:
+        failures = [verified.failure.message]
+    elif verified.status.failed:
+        failures = [verified.message or "the verification did not finish"]
+    else:
+        failures = list(verified.verify_failures)
+    return [
+        t.finding("PC303", f"artifact verification failed: {failure}", decl.file, decl.decorator)
+        for failure in failures
+    ]
 
 
 def artifact_findings(

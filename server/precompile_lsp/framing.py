@@ -22,6 +22,7 @@ import json
 import logging
 import re
 import threading
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 log = logging.getLogger("precompile_lsp")
@@ -34,9 +35,9 @@ PARSE_ERROR, INVALID_REQUEST = -32700, -32600
 
 
 class AsyncReader(Protocol):
-    async def readline(self) -> bytes: ...
+    def readline(self) -> Awaitable[bytes]: ...
 
-    async def readexactly(self, n: int) -> bytes: ...
+    def readexactly(self, n: int) -> Awaitable[bytes]: ...
 
 
 class Writer(Protocol):

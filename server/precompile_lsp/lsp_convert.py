@@ -15,6 +15,7 @@ from pygls.uris import from_fs_path, to_fs_path
 
 from precompile_lsp.files import read_source
 from precompile_lsp.findings import CODES, Finding, Span
+from precompile_lsp.protocol import JobResult
 
 _SEVERITY = {
     "error": types.DiagnosticSeverity.Error,
@@ -108,7 +109,7 @@ def hover_markdown(finding: Finding) -> str:
     return "\n\n".join(parts)
 
 
-def lens_title(result: dict[str, Any] | None, rechecking: bool = False) -> str:
+def lens_title(result: JobResult | None, rechecking: bool = False) -> str:
     """``N frames · N graph breaks · N variants · covers k/n`` for a target, and
     ``re-checking…`` while a newer result is on its way (the old one stays shown)."""
     if result is None:
@@ -117,27 +118,24 @@ def lens_title(result: dict[str, Any] | None, rechecking: bool = False) -> str:
     return f"{title} · re-checking…" if rechecking else title
 
 
-def _result_title(result: dict[str, Any]) -> str:
-    if result.get("status") in ("timeout", "crashed"):
-        return f"precompile: {result.get('message', 'capture failed')}"
-    report = result.get("report") or {}
-    if result.get("error") and not report.get("frames"):
+def _result_title(result: JobResult) -> str:
+    if result.status.failed:
+        return f"precompile: {result.message or 'capture failed'}"
+    report = result.report
+    if result.failure is not None and (report is None or not report.frames):
         return "precompile: capture failed"
-    summary = report.get("summary") or {}
-    coverage = result.get("coverage") or []
-    covered = sum(1 for c in coverage if c.get("served_by") is not None)
-    frames, breaks, variants = (
-        summary.get("frames", 0),
-        summary.get("graph_breaks", 0),
-        summary.get("guarded_codes", 0),
-    )
+    summary = report.summary if report is not None else None
+    frames = summary.frames if summary else 0
+    breaks = summary.graph_breaks if summary else 0
+    variants = summary.guarded_codes if summary else 0
     parts = [
         f"{frames} frame{'s' * (frames != 1)}",
         f"{breaks} graph break{'s' * (breaks != 1)}",
         f"{variants} variant{'s' * (variants != 1)}",
     ]
-    if coverage:
-        parts.append(f"covers {covered}/{len(coverage)}")
+    if result.coverage:
+        covered = sum(1 for c in result.coverage if c.served_by is not None)
+        parts.append(f"covers {covered}/{len(result.coverage)}")
     return " · ".join(parts)
 
 

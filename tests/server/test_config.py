@@ -16,6 +16,7 @@ import pytest
 
 from precompile_lsp.config import Config, ConfigError, load_config
 from precompile_lsp.engine import Engine
+from precompile_lsp.protocol import JobKind
 from tests.server.conftest import precompile_cli
 
 TARGETS = """import torch
@@ -140,9 +141,9 @@ def test_paths_keys_reach_discovery_and_artifacts(tmp_path: Path) -> None:
     artifact, declared = engine.artifact_of(decl)
     assert artifact == (root / "out" / "arts" / "pkg.targets.plain.py").resolve()
     assert not declared
-    job = engine._job(decl, "emit")
-    assert job["artifact"] == str(artifact)
-    assert job["source_roots"] == [str((root / "src").resolve())]
+    job = engine.job_request(decl, JobKind.EMIT)
+    assert job.artifact == str(artifact)
+    assert job.source_roots == [str((root / "src").resolve())]
     # The artifact directory is never searched for targets nor watched.
     assert engine.config.is_skipped_dir(root / "out" / "arts")
     assert engine.config.is_skipped_dir(root / "src" / "pkg" / "gen")
@@ -157,8 +158,8 @@ def test_run_keys_reach_the_jobs(tmp_path: Path) -> None:
     )
     engine = Engine(root)
     [decl] = engine.discover()
-    job = engine._job(decl, "check")
-    assert (job["backend"], job["tracer"], job["timeout"]) == ("eager", "make_fx", 7.5)
+    job = engine.job_request(decl, JobKind.CHECK)
+    assert (job.backend, job.tracer, job.timeout) == ("eager", "make_fx", 7.5)
     assert engine.config.severity == {"PC101": "error", "PC302": "off"}
     assert engine.config.python == os.path.realpath(sys.executable) or engine.config.python == (
         sys.executable
@@ -184,8 +185,8 @@ def test_literal_decorator_options_win_over_the_workspace(tmp_path: Path) -> Non
     )
     engine = Engine(root)
     [decl] = engine.discover()
-    job = engine._job(decl, "check")
-    assert (job["backend"], job["tracer"]) == ("eager", "make_fx")
+    job = engine.job_request(decl, JobKind.CHECK)
+    assert (job.backend, job.tracer) == ("eager", "make_fx")
 
 
 def test_tracer_and_backend_are_part_of_the_cache_key(tmp_path: Path) -> None:

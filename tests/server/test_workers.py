@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -65,3 +66,33 @@ def test_the_next_job_still_runs(rogue: dict[str, Any]) -> None:
     assert rogue["doc"]["stats"]["captures"] == 4
     targets = {t["target"]: t for t in rogue["doc"]["targets"]}
     assert targets["rogue.targets.fine"]["summary"].endswith("complete")
+
+
+def test_without_fork_each_job_runs_in_a_fresh_interpreter(tmp_path: Path) -> None:
+    """Where fork is unavailable (forced here), jobs run in fresh interpreters with the
+    same results, timeouts and clean-up."""
+    import subprocess
+    import sys
+
+    from tests.conftest import fresh_env
+
+    workspace = tmp_path / "rogue"
+    shutil.copytree(FIXTURES / "misbehaving", workspace)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "precompile_lsp.cli", "check", "--format", "json", "--no-cache"],
+        cwd=workspace,
+        env=fresh_env(PRECOMPILE_WORKER_SPAWN="1", TMPDIR=str(scratch)),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 1, proc.stderr
+    doc = json.loads(proc.stdout)
+    by_target = {
+        t: sorted(f["code"] for f in doc["findings"] if f["target"] == f"rogue.targets.{t}")
+        for t in ("fine", "prints", "sleeps", "crashes")
+    }
+    assert by_target == {"fine": [], "prints": ["PC101"], "sleeps": ["PC900"], "crashes": ["PC900"]}
+    assert not [p for p in scratch.iterdir() if p.name.startswith("precompile-")]

@@ -24,11 +24,24 @@ import tempfile
 import warnings
 from typing import Any
 
+import attrs
 import torch
 
 import precompile
 from precompile.errors import PrecompileError
 from precompile.targets import as_example
+from precompile_lsp import protocol
+from precompile_lsp.protocol import (
+    CaptureError,
+    CaptureFacts,
+    CoverageFact,
+    GuardFailure,
+    JobKind,
+    JobRequest,
+    JobResult,
+    Outcome,
+    Stage,
+)
 
 
 def _sha256(path: str) -> str | None:
@@ -49,9 +62,9 @@ def report_stage(stage: str, done: int | None = None, total: int | None = None) 
         return
     import json
 
-    message = {"stage": stage, "done": done, "total": total}
+    line = json.dumps(protocol.to_json_value(Stage(stage, done, total))) + "\n"
     try:
-        os.write(STAGE_FD, (json.dumps(message) + "\n").encode())
+        os.write(STAGE_FD, line.encode())
     except OSError:
         pass
 
@@ -66,16 +79,16 @@ def _tracer(option: Any, workspace: str) -> Any:
     return name
 
 
-def _import_target(job: dict[str, Any]) -> Any:
-    for root in reversed(job["source_roots"]):
+def _import_target(job: JobRequest) -> Any:
+    for root in reversed(job.source_roots):
         if root not in sys.path:
             sys.path.insert(0, root)
-    module = importlib.import_module(job["module"])
-    fn = getattr(module, job["function"], None)
+    module = importlib.import_module(job.module)
+    fn = getattr(module, job.function, None)
     options = getattr(fn, "__precompile_target__", None)
     if options is None:
         raise PrecompileError(
-            f"{job['module']}.{job['function']} is not decorated with @precompile.target at run "
+            f"{job.module}.{job.function} is not decorated with @precompile.target at run "
             f"time (the decorator was found in its source)",
             hint="make sure the decorator is applied, and not shadowed by another import",
         )
@@ -140,11 +153,11 @@ def _capture(
     backend: str,
     paths: tuple[str, str],
     covers: list[Any] | None = None,
-) -> tuple[Any, list[dict[str, Any]]]:
+) -> tuple[Any, list[CoverageFact]]:
     """Capture ``examples``; evaluate ``covers`` against the artifact while the capture
     still holds it (its frames bound as a served artifact binds them)."""
     calls = examples[:1] if isinstance(tracer, precompile.MakeFxTracer) else examples
-    coverage: list[dict[str, Any]] = []
+    coverage: list[CoverageFact] = []
     with precompile.capture(
         fn,
         artifact_path=paths[0],
@@ -162,64 +175,99 @@ def _capture(
     return cap, coverage
 
 
-def _coverage(cap: Any, covers: list[Any]) -> list[dict[str, Any]]:
+def _coverage(cap: Any, covers: list[Any]) -> list[CoverageFact]:
     results = []
     for number, example in enumerate(covers, 1):
         report_stage("checking covers", number, len(covers))
-        entry = {"call": _describe_call(example)}
+        call = _describe_call(example)
         try:
             coverage = cap.covers(*copy.deepcopy(example.args), **copy.deepcopy(example.kwargs))
-            entry.update(coverage)
+            fact = CoverageFact(
+                call,
+                coverage["served_by"],
+                [GuardFailure(f["variant"], f["guard"]) for f in coverage["failures"]],
+            )
             runnable = cap._runnable
             dynamo = isinstance(cap.tracer, precompile.DynamoTracer)
-            if coverage["served_by"] is not None and runnable is not None and dynamo:
+            if fact.served_by is not None and runnable is not None and dynamo:
                 # Beyond the entry, only a real (served) call reaches the continuations.
                 runnable(*copy.deepcopy(example.args), **copy.deepcopy(example.kwargs))
         except PrecompileError as error:
-            entry.update({"served_by": None, "failures": [], "error": error.message})
-        results.append(entry)
+            fact = CoverageFact(call, None, [], error.message)
+        results.append(fact)
     return results
 
 
-def run_job(job: dict[str, Any]) -> dict[str, Any]:
+def capture_error(error: PrecompileError) -> CaptureError:
+    return protocol.from_json_value(error.to_dict(), CaptureError)
+
+
+def facts_of(report: Any) -> CaptureFacts:
+    """What the engine reads of a capture report, as protocol facts: the report can grow
+    fields without the pipe noticing."""
+    data = report.to_dict()
+    audit = data.get("audit") or {}
+    summary = data["summary"]
+    return protocol.from_json_value(
+        {
+            "tracer": data["tracer"],
+            "backend": data["backend"],
+            "serving_mode": data.get("serving_mode"),
+            "error": data.get("error"),
+            "graph_breaks": data.get("graph_breaks", []),
+            "frames": data.get("frames", []),
+            "audit": {"risky": audit.get("risky", []), "pinned": audit.get("pinned", [])},
+            "summary": {
+                key: summary[key]
+                for key in ("frames", "graph_breaks", "guarded_codes", "complete", "text")
+            },
+        },
+        CaptureFacts,
+    )
+
+
+def run_job(job: JobRequest) -> JobResult:
     warnings.simplefilter("ignore")
-    kind = job["kind"]
-    result: dict[str, Any] = {"status": "ok", "kind": kind}
+    result = JobResult(status=Outcome.OK, kind=job.kind)
     try:
         report_stage("importing")
         fn, options = _import_target(job)
-        artifact = job["artifact"]
+        artifact = job.artifact
         cache = os.path.splitext(artifact)[0] + ".cache"
-        if kind == "verify":
-            result["verify_failures"] = verify(fn, options, artifact, cache)
+        if job.kind is JobKind.VERIFY:
+            result = attrs.evolve(result, verify_failures=verify(fn, options, artifact, cache))
         else:
             examples = _calls(options.examples, "examples")
             if not examples:
                 raise PrecompileError(
                     "the target's examples() returned no calls", hint="return at least one Example"
                 )
-            tracer = _tracer(options.tracer, job["tracer"])
-            if kind == "emit":
-                backend = options.backend or job["backend"]
+            tracer = _tracer(options.tracer, job.tracer)
+            if job.kind is JobKind.EMIT:
+                backend = options.backend or job.backend
                 cap, _ = _capture(
                     fn, tracer, options.training, examples, backend, (artifact, cache)
                 )
-                result["artifact"] = artifact
+                result = attrs.evolve(result, artifact=artifact)
             else:
                 # In the worker's folder for this job, which it removes even if it kills us.
                 with tempfile.TemporaryDirectory(
-                    prefix="precompile-check-", dir=job.get("scratch")
+                    prefix="precompile-check-", dir=job.scratch
                 ) as tmp:
                     scratch = (f"{tmp}/a.py", f"{tmp}/a.cache")
                     covers = _calls(options.covers, "covers")
-                    cap, result["coverage"] = _capture(
+                    cap, coverage = _capture(
                         fn, tracer, options.training, examples, "eager", scratch, covers
                     )
-            result["report"] = cap.report().to_dict()
+                result = attrs.evolve(result, coverage=coverage)
+            facts = facts_of(cap.report())
+            status = Outcome.ERROR if facts.error is not None else Outcome.OK
+            result = attrs.evolve(result, report=facts, status=status)
     except PrecompileError as error:
-        result["error"] = error.to_dict()
+        result = attrs.evolve(result, status=Outcome.ERROR, error=capture_error(error))
     finally:
-        result["dependencies"], result["packages"] = _dependencies(job["root"])
+        files, packages = _dependencies(job.root)
+        result = attrs.evolve(result, dependencies=files, packages=packages)
     return result
 
 

@@ -1,0 +1,217 @@
+"""The engine's side of the worker pipe: warm worker processes and the pool that hands
+them jobs.
+
+Each worker is ``python -m precompile_lsp.worker`` run with the workspace's interpreter;
+it is spoken to in ``precompile_lsp.protocol`` messages, decoded strictly: a worker that
+sends something else, or speaks another protocol version, is treated as dead (its jobs
+end as crashed with the reason) rather than misread. A job whose worker died before
+forking it never ran, and the pool runs it again on a fresh worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from precompile_lsp import protocol
+from precompile_lsp.config import Config
+from precompile_lsp.protocol import JobRequest, JobResult, Outcome, ProtocolError, Stage
+
+OnStage = Callable[[Stage], None]
+
+
+class WorkerClient:
+    """One warm worker process, spoken to over its stdin/stdout."""
+
+    def __init__(self, python: str, root: Path) -> None:
+        self.python = python
+        self.root = root
+        self.process: asyncio.subprocess.Process | None = None
+        self.pending: dict[str, asyncio.Future[JobResult]] = {}
+        self.started: set[str] = set()
+        self.progress: dict[str, OnStage] = {}
+        self.reader: asyncio.Task[None] | None = None
+        self.ready = asyncio.Event()
+        self.failure: str | None = None
+
+    async def start(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                self.python,
+                "-m",
+                "precompile_lsp.worker",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+                cwd=str(self.root),
+                env=env,
+                start_new_session=True,
+                limit=64 * 1024 * 1024,
+            )
+        except OSError as error:
+            self.failure = f"the worker interpreter {self.python} could not start ({error})"
+            self.ready.set()
+            return
+        self.reader = asyncio.create_task(self._read())
+
+    def _dispatch(self, message: protocol.Message) -> None:
+        if isinstance(message, protocol.Ready):
+            if message.version != protocol.PROTOCOL_VERSION:
+                raise ProtocolError(
+                    f"the worker speaks protocol {message.version}, this engine "
+                    f"{protocol.PROTOCOL_VERSION}: {self.python} has another torch-precompile "
+                    f"installed than the one running the engine"
+                )
+            self.ready.set()
+        elif isinstance(message, protocol.Started):
+            self.started.add(message.id)
+        elif isinstance(message, protocol.Progress):
+            callback = self.progress.get(message.id)
+            if callback is not None:
+                callback(message.progress)
+        elif isinstance(message, protocol.Finished):
+            future = self.pending.pop(message.id, None)
+            if future is not None and not future.done():
+                future.set_result(message.result)
+        else:
+            raise ProtocolError(f"a worker does not send {type(message).__name__}")
+
+    async def _read(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        try:
+            while True:
+                line = await self.process.stdout.readline()
+                if not line:
+                    break
+                self._dispatch(protocol.decode(line))
+        except ProtocolError as error:
+            self.failure = f"the worker sent a message this engine cannot read: {error}"
+            await self.close()
+        self.failure = self.failure or "the worker process exited"
+        self.ready.set()
+        for job_id, future in self.pending.items():
+            if future.done():
+                continue
+            if job_id in self.started:
+                message = (
+                    self.failure
+                    if self.failure != "the worker process exited"
+                    else "the worker process died while capturing"
+                )
+                future.set_result(JobResult(status=Outcome.CRASHED, message=message))
+            else:  # it never ran: the pool runs it on a fresh worker
+                future.set_result(JobResult(status=Outcome.UNSTARTED, message=self.failure))
+        self.pending.clear()
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.returncode is None and self.failure is None
+
+    async def run(self, job_id: str, job: JobRequest, on_stage: OnStage | None = None) -> JobResult:
+        await self.ready.wait()
+        if not self.alive:
+            return JobResult(
+                status=Outcome.CRASHED,
+                message=f"the worker for {self.python} could not start ({self.failure}): is "
+                f"torch-precompile installed in that interpreter? (pip install torch-precompile)",
+            )
+        future: asyncio.Future[JobResult] = asyncio.get_running_loop().create_future()
+        self.pending[job_id] = future
+        if on_stage is not None:
+            self.progress[job_id] = on_stage
+        await self._write(protocol.Run(job_id, job))
+        if (self.reader is None or self.reader.done()) and not future.done():
+            future.set_result(JobResult(status=Outcome.UNSTARTED))  # died before reading it
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # Whoever waited is gone: stop the capture too, so the worker is free for the
+            # next job instead of finishing work nobody will read.
+            if self.pending.pop(job_id, None) is not None and self.alive:
+                await self._write(protocol.Cancel(job_id))
+            raise
+        finally:
+            self.progress.pop(job_id, None)
+            self.started.discard(job_id)
+
+    async def cancel(self, job_id: str) -> None:
+        if job_id in self.pending and self.alive:
+            await self._write(protocol.Cancel(job_id))
+
+    async def _write(self, message: protocol.Message) -> None:
+        assert self.process is not None and self.process.stdin is not None
+        try:
+            self.process.stdin.write((protocol.encode(message) + "\n").encode())
+            await self.process.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            self.failure = "the worker process exited"
+
+    async def close(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            try:
+                os.killpg(self.process.pid, 9)
+            except (ProcessLookupError, PermissionError):
+                self.process.kill()
+            await self.process.wait()
+        if self.reader is not None and self.reader is not asyncio.current_task():
+            await asyncio.gather(self.reader, return_exceptions=True)
+
+
+class WorkerPool:
+    """``size`` warm workers; a dead one is replaced before its next job."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.idle: asyncio.Queue[WorkerClient] = asyncio.Queue()
+        self.workers: list[WorkerClient] = []
+        self.running: dict[str, WorkerClient] = {}
+        self.started = False
+
+    async def _spawn(self) -> WorkerClient:
+        worker = WorkerClient(self.config.python, self.config.root)
+        await worker.start()
+        self.workers.append(worker)
+        return worker
+
+    async def start(self) -> None:
+        if not self.started:
+            self.started = True
+            for _ in range(self.config.workers):
+                self.idle.put_nowait(await self._spawn())
+
+    async def run(self, job_id: str, job: JobRequest, on_stage: OnStage | None = None) -> JobResult:
+        await self.start()
+        result = JobResult(status=Outcome.CRASHED, message="no worker could start the job")
+        for _attempt in range(3):
+            worker = await self.idle.get()
+            if (worker.ready.is_set() and not worker.alive) or worker.python != self.config.python:
+                self.workers.remove(worker)
+                await worker.close()
+                worker = await self._spawn()
+            self.running[job_id] = worker
+            try:
+                result = await worker.run(job_id, job, on_stage)
+            finally:
+                self.running.pop(job_id, None)
+                self.idle.put_nowait(worker)
+            if result.status is not Outcome.UNSTARTED:
+                return result
+        return JobResult(
+            status=Outcome.CRASHED,
+            message=f"the worker process died before the job started ({result.message})",
+        )
+
+    async def cancel(self, job_id: str) -> None:
+        worker = self.running.get(job_id)
+        if worker is not None:
+            await worker.cancel(job_id)
+
+    async def close(self) -> None:
+        for worker in self.workers:
+            await worker.close()
+        self.workers.clear()
+        self.started = False
