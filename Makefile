@@ -62,6 +62,7 @@ e2e: install editor/vscode/node_modules/.package-lock.json
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 format: install
 	$(VENV)/bin/ruff check --fix .

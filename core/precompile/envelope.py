@@ -101,7 +101,7 @@ def build_envelope(
     return buffer.getvalue()
 
 
-def _fallback(cache_path: str, why: str) -> None:
+def warn_cache_fallback(cache_path: str, why: str) -> None:
     warnings.warn(
         f"precompile: ignoring the cache {cache_path!r} ({why}); the artifact runs from its "
         f"python_code alone, with identical results (only loading is slower)",
@@ -125,13 +125,13 @@ def read_envelope(
     try:
         envelope = torch.load(io.BytesIO(data), weights_only=True)
     except Exception as error:  # any unpickling failure means "not a usable cache"
-        _fallback(cache_path, f"unreadable: {type(error).__name__}: {str(error)[:200]}")
+        warn_cache_fallback(cache_path, f"unreadable: {type(error).__name__}: {str(error)[:200]}")
         return None
     if not isinstance(envelope, dict) or envelope.get("format") != CACHE_FORMAT:
-        _fallback(cache_path, "not a torch-precompile cache")
+        warn_cache_fallback(cache_path, "not a torch-precompile cache")
         return None
     if envelope.get("version") != CACHE_VERSION:
-        _fallback(
+        warn_cache_fallback(
             cache_path,
             f"cache format version {envelope.get('version')!r}, expected {CACHE_VERSION}",
         )
@@ -156,32 +156,13 @@ def read_envelope(
         return {}
     problem = blob_problem(bundle, envelope.get("digests"))
     if problem is not None:
-        _fallback(
+        warn_cache_fallback(
             cache_path,
             f"{problem}; compiling them from the inlined source instead, which makes this "
             f"load slow",
         )
         return None
     return bundle
-
-
-def usable_kernels(bundle: dict[str, Any] | None, cache_path: str) -> dict[str, Any] | None:
-    """The bundle, if its compiled kernels can run in this process; else None, with one
-    warning: the artifact then compiles its kernels from the inlined source. A kernel
-    built for a CPU feature this machine lacks would die of an illegal instruction, so
-    this is checked from CPU-feature queries before anything is loaded."""
-    if not bundle or not bundle.get("requires"):
-        return bundle
-    from precompile._compat import kernel_platform_problem
-
-    problem = kernel_platform_problem(bundle.get("requires", {}))
-    if problem is None:
-        return bundle
-    _fallback(
-        cache_path,
-        f"its compiled kernels cannot run here: {problem}; compiling them from the inlined source instead, which makes this load slow",
-    )
-    return None
 
 
 def default_cache_path(artifact_path: str) -> str:

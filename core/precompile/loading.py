@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from precompile.artifact_io import read_bytes, validate_pair
-from precompile.envelope import code_hash, read_envelope, usable_kernels
+from precompile.envelope import code_hash, read_envelope, warn_cache_fallback
 from precompile.errors import ArtifactTrustWarning, PrecompileError
 from precompile.metadata import parse_metadata
 
@@ -160,7 +160,7 @@ def load(
             tracer=metadata.get("TRACER", ""),
             python_code_hash=code_hash(python_code),
         )
-        bundle = usable_kernels(bundle, cache)
+        bundle = _usable_kernels(bundle, cache)
     if signer is None:
         warnings.warn(
             f"precompile: loading {artifact!r} executes its Python code, and its cache's "
@@ -178,3 +178,22 @@ def load(
         cache_path=cache,
         allow_serve_time_compiles=allow_serve_time_compiles,
     )
+
+
+def _usable_kernels(bundle: dict[str, Any] | None, cache_path: str) -> dict[str, Any] | None:
+    """The bundle, if its compiled kernels can run in this process; else None, with one
+    warning: the artifact then compiles its kernels from the inlined source. A kernel
+    built for a CPU feature this machine lacks would die of an illegal instruction, so
+    this is checked from CPU-feature queries before anything is loaded."""
+    if not bundle or not bundle.get("requires"):
+        return bundle
+    from precompile._compat import kernel_platform_problem
+
+    problem = kernel_platform_problem(bundle.get("requires", {}))
+    if problem is None:
+        return bundle
+    warn_cache_fallback(
+        cache_path,
+        f"its compiled kernels cannot run here: {problem}; compiling them from the inlined source instead, which makes this load slow",
+    )
+    return None

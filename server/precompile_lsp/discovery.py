@@ -29,6 +29,9 @@ class TargetDecl:
     decorator: Span
     definition: Span  # the ``def name`` header
     options: dict[str, Any]
+    #: The function's last line: the target spans decorator..end_line (an editor asks
+    #: for the target "at the cursor" anywhere in it).
+    end_line: int = 0
 
     @property
     def key(self) -> str:
@@ -40,7 +43,7 @@ def _codepoints(lines: list[str], line: int, byte_col: int) -> int:
     return len(text.encode("utf-8")[:byte_col].decode("utf-8", errors="ignore"))
 
 
-def _span(lines: list[str], node: ast.AST) -> Span:
+def _span(lines: list[str], node: ast.expr) -> Span:
     return Span(
         node.lineno,
         _codepoints(lines, node.lineno, node.col_offset),
@@ -49,7 +52,7 @@ def _span(lines: list[str], node: ast.AST) -> Span:
     )
 
 
-def _decorator_span(lines: list[str], node: ast.AST) -> Span:
+def _decorator_span(lines: list[str], node: ast.expr) -> Span:
     """A decorator from its ``@`` (ast starts it at the expression after it)."""
     span = _span(lines, node)
     text = lines[span.line - 1] if span.line <= len(lines) else ""
@@ -207,6 +210,7 @@ def discover(path: Path, source: str, module: str | None) -> tuple[list[TargetDe
                             _decorator_span(lines, decorator),
                             _def_header(lines, node),
                             options,
+                            node.end_lineno or node.lineno,
                         )
                     )
                 visit(node.body, "nested function")

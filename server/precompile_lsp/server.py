@@ -47,6 +47,7 @@ from precompile_lsp.lsp_convert import (
     to_range,
     uri_of,
 )
+from precompile_lsp.protocol import JobResult, Outcome
 from precompile_lsp.settings import Settings, parse_settings
 from precompile_lsp.stages import stage_percentage, stage_text
 
@@ -282,8 +283,8 @@ class PrecompileServer(LanguageServer):
             self.spawn(self.react(engine, files))
 
     def target_at(self, uri: str, line: int, named: list[str]) -> Any | None:
-        """The target whose decorator..def lines hold ``line`` (0-based), else the first
-        of ``named`` (targets the diagnostics under the cursor belong to) in this file."""
+        """The target whose function (decorator to last line) holds ``line`` (0-based),
+        else the first of ``named`` (targets the diagnostics under the cursor belong to)."""
         path = path_of(uri)
         engine = self.engine_for(path)
         if engine is None:
@@ -291,7 +292,8 @@ class PrecompileServer(LanguageServer):
         path = path.resolve()
         for state in engine.targets.values():
             decl = state.decl
-            if decl.file == path and decl.decorator.line - 1 <= line <= decl.definition.line - 1:
+            last = max(decl.end_line, decl.definition.line)
+            if decl.file == path and decl.decorator.line - 1 <= line <= last - 1:
                 return decl
         return next((engine.targets[k].decl for k in named if k in engine.targets), None)
 
@@ -454,13 +456,13 @@ class PrecompileServer(LanguageServer):
         return True
 
 
-def _command_message(kind: str, decl: Any, result: dict[str, Any], engine: Engine) -> str:
-    if result.get("status") == "cancelled":
+def _command_message(kind: str, decl: Any, result: JobResult, engine: Engine) -> str:
+    if result.status is Outcome.CANCELLED:
         return f"Precompile: {kind} of {decl.function} was superseded by a newer run"
-    if result.get("status") in ("timeout", "crashed"):
-        return f"Precompile: {kind} of {decl.function} failed: {result.get('message')}"
-    if result.get("error"):
-        return f"Precompile: {kind} of {decl.function} failed: {result['error']['message']}"
+    if result.status.failed:
+        return f"Precompile: {kind} of {decl.function} failed: {result.message}"
+    if result.failure is not None:
+        return f"Precompile: {kind} of {decl.function} failed: {result.failure.message}"
     if kind == "emit":
         artifact, _ = engine.artifact_of(decl)
         try:
@@ -468,7 +470,7 @@ def _command_message(kind: str, decl: Any, result: dict[str, Any], engine: Engin
         except ValueError:
             shown = artifact
         return f"Precompile: emitted {shown}"
-    failures = result.get("verify_failures") or []
+    failures = result.verify_failures
     state = engine.targets.get(decl.key)
     stale = bool(state and state.artifact and state.artifact.stale)
     if failures or stale:

@@ -188,6 +188,16 @@ async def test_code_lens_and_hover(session: Session) -> None:
     assert len(by_line) == 3
     assert session.lens_refreshes > 0, "lenses were never refreshed after results arrived"
 
+    # The server knows where each target is: from anywhere in its function (decorator
+    # to last line) it offers that target's Emit and Verify; between functions, nothing.
+    body = line_of(serving, "return model(x).relu()")
+    actions = await code_actions(session, SERVING, body, [])
+    assert [(a.title, a.command.arguments[1]) for a in actions if a.command] == [
+        ("Emit precompile artifact", "lab.serving.clean"),
+        ("Verify artifact", "lab.serving.clean"),
+    ]
+    assert await code_actions(session, SERVING, body + 1, []) == []
+
     # Hover on the graph break: the explanation, the hint, the user stack as links.
     [diagnostic] = session.diagnostics("src/lab/helpers.py")
     hover = await session.client.text_document_hover_async(

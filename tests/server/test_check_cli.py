@@ -255,3 +255,27 @@ def test_emit_shows_its_stages_on_a_terminal_only(shop: Path, tmp_path: Path) ->
     assert code == 0 and "capturing" not in text, text
     code, text = emit("--quiet", tty=True)
     assert code == 0 and "capturing" not in text, text
+
+
+def test_the_engine_and_the_server_never_import_torch(shop: Path, checked: dict[str, Any]) -> None:
+    """With the result cache warm, a check runs no worker at all: in a fresh interpreter
+    that imports the language server and runs `check`, torch is never imported (nor the
+    worker package, nor precompile's capture side)."""
+    from tests.conftest import run_python
+
+    proc = run_python(
+        "import sys, json\n"
+        "import precompile_lsp.server\n"
+        "from precompile_lsp.cli import main\n"
+        "code = main(['check', '--format', 'json', '--output', 'report.json'])\n"
+        "heavy = sorted(m for m in sys.modules if m in ('torch', 'precompile_lsp.worker', "
+        "'precompile.capturing', 'precompile._compat') or m.startswith(('torch.', "
+        "'precompile_lsp.worker.')))\n"
+        "print(json.dumps({'code': code, 'heavy': heavy}))\n",
+        cwd=shop,
+    )
+    assert proc.returncode == 0, proc.stderr
+    outcome = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert outcome == {"code": 1, "heavy": []}
+    report = json.loads((shop / "report.json").read_text())
+    assert report["stats"]["captures"] == 0 and report["stats"]["cache_hits"] == 4

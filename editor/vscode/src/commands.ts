@@ -8,7 +8,7 @@ import {
   type LanguageClient,
 } from 'vscode-languageclient/node';
 import type { ServerController } from './controller';
-import { pickTargetCommand, targetDecoratorLine, type ProtocolCommand } from './targetAtCursor';
+import { pickTargetCommand, type ProtocolCommand } from './targetAtCursor';
 
 export const SERVER_EMIT = 'precompile.emit';
 export const SERVER_VERIFY = 'precompile.verify';
@@ -86,19 +86,9 @@ async function targetCommand(
   editor: vscode.TextEditor,
   serverCommand: string,
 ): Promise<ProtocolCommand | undefined> {
-  const document = editor.document;
-  const cursor = editor.selection.active;
-  const atCursor = pickTargetCommand(await sourceActions(client, document, editor.selection), serverCommand);
-  if (atCursor) {
-    return atCursor;
-  }
-  // The server knows a target by its decorator..def lines; from the body, ask at the decorator.
-  const decorator = targetDecoratorLine(document.getText(), cursor.line);
-  if (decorator === undefined || decorator === cursor.line) {
-    return undefined;
-  }
-  const line = new vscode.Range(decorator, 0, decorator, 0);
-  return pickTargetCommand(await sourceActions(client, document, line), serverCommand);
+  // The server knows where each target is (decorator to last line): it answers source
+  // actions anywhere in one.
+  return pickTargetCommand(await sourceActions(client, editor.document, editor.selection), serverCommand);
 }
 
 async function runAtCursor(controller: ServerController, serverCommand: string): Promise<void> {

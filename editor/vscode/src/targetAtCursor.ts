@@ -1,68 +1,12 @@
-// Finding the target at the cursor. The server owns target keys (they are module
-// qualified), so the extension asks it for source actions at a position; this module only
-// picks the position to ask about and the action to run. Pure: no "vscode".
+// Finding the target at the cursor. The server owns targets (their keys and where each
+// function starts and ends), so the extension asks it for source actions at the cursor;
+// this module only picks the action to run. Pure: no "vscode".
 
 /** A protocol Command. */
 export interface ProtocolCommand {
   title: string;
   command: string;
   arguments?: unknown[];
-}
-
-const DECORATOR = /^(\s*)@\s*(?:[A-Za-z_][\w]*\s*\.\s*)*target\b/;
-const DEFINITION = /^(\s*)(?:async\s+)?def\s/;
-
-function indentOf(line: string): number {
-  return line.length - line.trimStart().length;
-}
-
-function isBlankOrComment(line: string): boolean {
-  const trimmed = line.trim();
-  return trimmed === '' || trimmed.startsWith('#');
-}
-
-/**
- * The 0-based line of the `@precompile.target` decorator of the function the cursor is in
- * (on the decorator, between it and the `def`, or in the body); undefined when the cursor
- * is not in a target. The server answers source actions only on decorator..def lines, so
- * a cursor in the body is moved up to the decorator.
- */
-export function targetDecoratorLine(text: string, cursorLine: number): number | undefined {
-  const lines = text.split(/\r\n|\r|\n/);
-  const cursor = Math.min(Math.max(cursorLine, 0), lines.length - 1);
-  for (let decorator = cursor; decorator >= 0; decorator--) {
-    const match = DECORATOR.exec(lines[decorator]!);
-    if (!match) {
-      continue;
-    }
-    const indent = match[1]!.length;
-    // The def this decorator belongs to: the first def at the same indent below it.
-    let definition = -1;
-    for (let line = decorator + 1; line < lines.length; line++) {
-      const def = DEFINITION.exec(lines[line]!);
-      if (def && def[1]!.length === indent) {
-        definition = line;
-        break;
-      }
-      if (/^\s*class\s/.test(lines[line]!) && indentOf(lines[line]!) === indent) {
-        break; // a decorated class is not a target
-      }
-    }
-    if (definition < 0) {
-      return undefined;
-    }
-    if (cursor <= definition) {
-      return decorator;
-    }
-    // In the body while every line from the def to the cursor is indented deeper (or blank).
-    for (let line = definition + 1; line <= cursor; line++) {
-      if (!isBlankOrComment(lines[line]!) && indentOf(lines[line]!) <= indent) {
-        return undefined;
-      }
-    }
-    return decorator;
-  }
-  return undefined;
 }
 
 function asCommand(value: unknown): ProtocolCommand | undefined {

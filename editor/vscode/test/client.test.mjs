@@ -69,6 +69,10 @@ test('a trusted workspace: trusted and the settings at initialize, capture progr
     WAIT_MS,
   );
   assert.deepEqual(seen.errors, []);
+  // tee writes the log after passing each message on: give the last one (exit) a moment.
+  for (let i = 0; i < 50 && !/"method":\s*"exit"/.test(sent()); i++) {
+    await new Promise((r) => setTimeout(r, 100));
+  }
   const sentMessages = messages(sent());
   const initialize = sentMessages.find((m) => m.method === 'initialize');
   assert.deepEqual(initialize.params.initializationOptions, {
@@ -102,6 +106,10 @@ test('an untrusted workspace: trusted false at initialize, "not trusted"; granti
     60_000,
   );
   assert.deepEqual(seen.errors, []);
+  // tee writes the log after passing each message on: give the last one (exit) a moment.
+  for (let i = 0; i < 50 && !/"method":\s*"exit"/.test(sent()); i++) {
+    await new Promise((r) => setTimeout(r, 100));
+  }
   const sentMessages = messages(sent());
   const initializes = sentMessages.filter((m) => m.method === 'initialize');
   assert.deepEqual(
