@@ -1,0 +1,84 @@
+"""The layering contracts (pyproject.toml, run by `make lint`) hold, and they bite: a copy
+of the sources with one forbidden import added fails them, naming the contract."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "core"), str(root / "server")])
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(root / "pyproject.toml"), "--no-cache"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.fixture
+def sources(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    root.mkdir()
+    shutil.copy(REPO / "pyproject.toml", root)
+    for package in ("core/precompile", "server/precompile_lsp"):
+        shutil.copytree(
+            REPO / package, root / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    return root
+
+
+def test_the_contracts_hold(sources: Path) -> None:
+    proc = lint_imports(sources)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "5 kept, 0 broken" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "module, line, contract",
+    [
+        (
+            "server/precompile_lsp/engine.py",
+            "import torch",
+            "the engine, language server and CLI never import torch",
+        ),
+        (
+            "server/precompile_lsp/findings.py",
+            "from precompile_lsp.worker import jobs",
+            "only the worker package imports the worker package",
+        ),
+        ("core/precompile/metadata.py", "import precompile_lsp", "core never imports the server"),
+        (
+            "core/precompile/driver.py",
+            "from precompile import capturing",
+            "the artifact runtime never imports the capture side",
+        ),
+        (
+            "core/precompile/envelope.py",
+            "from precompile import _compat",
+            "the base layer (errors, metadata, envelope, files) imports no",
+        ),
+    ],
+)
+def test_a_forbidden_import_breaks_its_contract(
+    sources: Path, module: str, line: str, contract: str
+) -> None:
+    path = sources / module
+    path.write_text(path.read_text() + f"\n{line}  # deliberately forbidden\n")
+    proc = lint_imports(sources)
+    assert proc.returncode != 0
+    broken = proc.stdout.split("Broken contracts", 1)[-1]
+    assert contract in broken.replace("\n", " "), proc.stdout
