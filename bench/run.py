@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import daemon, dynamo, lsp, single_graph
+from bench import daemon, dynamo, lsp, scale, single_graph
 
 HERE = Path(__file__).resolve().parent
 SECTIONS: dict[str, Callable[[Path, int], str]] = {
@@ -26,6 +26,7 @@ SECTIONS: dict[str, Callable[[Path, int], str]] = {
     "dynamo": dynamo.run_dynamo_section,
     "daemon": daemon.run_daemon_section,
     "lsp": lsp.run_lsp_section,
+    "scale": scale.run_scale_section,
 }
 
 

@@ -145,6 +145,7 @@ class Engine:
         self.seen: dict[Path, str | None] = {}
         self.skipped: set[Path] = set()  # too big to read; logged once each
         self._deciding = asyncio.Lock()
+        self._by_artifact: dict[Path, list[TargetDecl]] | None = None
         self._job_ids = itertools.count(1)
         self.versions = {
             "python": sys.version.split()[0],
@@ -174,6 +175,7 @@ class Engine:
         its result, findings and running jobs (its declaration is updated); only a
         target that is gone loses them."""
         found = []
+        self._by_artifact = None
         for read, targets, findings in scanned:
             path = read.path
             self.seen[path] = read.sha
@@ -206,6 +208,7 @@ class Engine:
         return found
 
     def _forget(self, key: str) -> None:
+        self._by_artifact = None
         state = self.targets.pop(key)
         for job in state.jobs.values():
             job.task.cancel()
@@ -232,13 +235,17 @@ class Engine:
         return self.config.default_artifact(decl.module, decl.function).resolve(), False
 
     def conflicts(self, decl: TargetDecl) -> list[TargetDecl]:
-        """Other targets that resolve to ``decl``'s artifact path."""
-        artifact = self.artifact_of(decl)[0]
-        return [
-            s.decl
-            for k, s in sorted(self.targets.items())
-            if k != decl.key and self.artifact_of(s.decl)[0] == artifact
-        ]
+        """Other targets that resolve to ``decl``'s artifact path (an index over all
+        targets, rebuilt when targets or the configuration change: asking for every
+        target must not cost targets squared)."""
+        if self._by_artifact is None:
+            index: dict[Path, list[TargetDecl]] = {}
+            for key in sorted(self.targets):
+                declared = self.targets[key].decl
+                index.setdefault(self.artifact_of(declared)[0], []).append(declared)
+            self._by_artifact = index
+        same = self._by_artifact.get(self.artifact_of(decl)[0], [])
+        return [other for other in same if other.key != decl.key]
 
     def options_of(self, decl: TargetDecl) -> dict[str, Any]:
         """What the job is run with: literal decorator options over the workspace's."""
@@ -322,7 +329,7 @@ class Engine:
         if job is None:
             cache_key = self._cache_key(decl, kind)
             if kind is not JobKind.EMIT:
-                cached = await asyncio.to_thread(self.cache.get, cache_key)
+                cached = await asyncio.to_thread(self.cache.get, cache_key, dict(self.seen))
                 if cached is not None:
                     self.stats.cache_hits += 1
                     return cached
@@ -375,6 +382,7 @@ class Engine:
             self.overrides = dict(overrides)
         self.config = load_config(self.root, self.overrides)
         self.pool.config = self.config
+        self._by_artifact = None
         for state in self.targets.values():
             self._derive(state)
 
@@ -460,6 +468,28 @@ class Engine:
         await self._run_batch(decls, emit=emit, verify=verify)
         return self.findings_by_file()
 
+    def _cached_checks(self, decls: list[TargetDecl]) -> dict[str, JobResult]:
+        """The check results the cache still holds for ``decls`` (file I/O: one trip off
+        the event loop for the whole batch, not one per target)."""
+        seen = dict(self.seen)
+        distribution_version.cache_clear()  # a package may have been installed meanwhile
+        hits = {}
+        for decl in decls:
+            cached = self.cache.get(self._cache_key(decl, JobKind.CHECK), seen)
+            if cached is not None:
+                hits[decl.key] = cached
+        return hits
+
+    async def _finish(self, states: list[TargetState]) -> None:
+        """After new results: what the workspace says of each artifact, the findings, and
+        the texts they point into (one trip off the event loop for all of ``states``)."""
+        paths = [self.artifact_of(s.decl)[0] for s in states]
+        statuses = await asyncio.to_thread(lambda: [artifact_status(p) for p in paths])
+        for state, status in zip(states, statuses):
+            state.artifact = status
+            self._derive(state)
+        await self._snapshot(states)
+
     async def _run_batch(
         self, decls: list[TargetDecl], *, emit: bool = False, verify: bool = False
     ) -> None:
@@ -477,6 +507,17 @@ class Engine:
             if working:
                 self.on_event({"kind": "progress", "done": done, "total": total, "target": target})
 
+        hits = {} if emit or verify else await asyncio.to_thread(self._cached_checks, decls)
+        self.stats.cache_hits += len(hits)
+        cached = []
+        for key, result in hits.items():
+            state = self.targets.get(key)
+            if state is not None:
+                self._apply(state.decl, result)
+                cached.append(state)
+        await self._finish(cached)
+        done = len(hits)
+
         async def one(decl: TargetDecl) -> None:
             nonlocal done
             if emit and not self.conflicts(decl):
@@ -490,17 +531,15 @@ class Engine:
             state = self.targets.get(decl.key)
             if result.status is not Outcome.CANCELLED and state is not None:
                 self._apply(decl, result)
-                await self._refresh_artifact(state)
                 if verify and result.failure is None and not result.status.failed:
                     verified = await self.run_target(decl, JobKind.VERIFY, submitted)
                     if verified.status is not Outcome.CANCELLED:
                         state.verified = verified
-                self._derive(state)
-                await self._snapshot([state])
+                await self._finish([state])
             done += 1
             report(decl.key)
 
-        await asyncio.gather(*(one(d) for d in decls))
+        await asyncio.gather(*(one(d) for d in decls if d.key not in hits))
         if working:
             self.stats.rechecks += 1
 

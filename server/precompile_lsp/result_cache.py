@@ -10,10 +10,12 @@ a miss, never an error. Reads files: call off the event loop.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
@@ -26,7 +28,10 @@ CACHE_FORMAT = 3
 _ROOT_MARK = "${PRECOMPILE_WORKSPACE}/"
 
 
+@functools.lru_cache(maxsize=512)
 def distribution_version(dist: str) -> str | None:
+    """An installed distribution's version (remembered: reading it scans site-packages;
+    ``distribution_version.cache_clear()`` forgets, e.g. before each batch)."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -51,7 +56,10 @@ class ResultCache:
     def _path(self, key: str) -> Path:
         return self.directory / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
 
-    def get(self, key: str) -> JobResult | None:
+    def get(self, key: str, known: Mapping[Path, str | None] | None = None) -> JobResult | None:
+        """The cached result for ``key`` if everything it depends on is unchanged.
+        ``known``: content hashes the caller read moments ago (the engine's last scan),
+        used instead of reading those files again."""
         if not self.enabled:
             return None
         try:
@@ -63,8 +71,11 @@ class ResultCache:
             return None
         if entry.get("format") != CACHE_FORMAT or entry.get("key") != key:
             return None
+        known = known or {}
         for path, digest in entry["dependencies"].items():
-            if read_source(self._local(path)).sha != digest:
+            local = self._local(path)
+            current = known[local] if local in known else read_source(local).sha
+            if current != digest:
                 return None
         for dist, version in entry["packages"].items():
             if distribution_version(dist) != version:
