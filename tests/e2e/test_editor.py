@@ -224,8 +224,14 @@ def _stale(project: Path) -> None:
         capture_output=True,
         timeout=300,
     )
+    # Staleness is per function: the change is inside probability itself.
     serve = project / SERVE
-    serve.write_text(serve.read_text() + "\n# a change made after the artifact was emitted\n")
+    docstring = '"""Its committed artifact was emitted before the last change: stale."""'
+    source = serve.read_text()
+    assert docstring in source
+    serve.write_text(
+        source.replace(docstring, docstring + "\n    # changed after its artifact was emitted")
+    )
 
 
 def test_stale_artifact_quick_fix(launch) -> None:
