@@ -20,6 +20,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from precompile_lsp.files import relative_path
+
 SEVERITIES = ("error", "warning", "information", "hint", "off")
 BACKENDS = ("inductor", "eager")
 TRACERS = ("dynamo", "make_fx")
@@ -83,12 +85,6 @@ class Config:
                 return ".".join(parts)
         return None
 
-    def _relative(self, path: Path) -> str | None:
-        try:
-            return path.resolve().relative_to(self.root).as_posix()
-        except ValueError:
-            return None
-
     def is_skipped_dir(self, path: Path) -> bool:
         """A directory that holds no targets and nothing a capture should react to:
         hidden folders (``.git``, ``.precompile``), caches, virtual environments, the
@@ -98,7 +94,7 @@ class Config:
         resolved = path.resolve()
         if resolved == self.artifact_dir.resolve() or (resolved / "pyvenv.cfg").is_file():
             return True
-        relative = self._relative(resolved)
+        relative = relative_path(resolved, self.root)
         if relative is None:
             return False
         for pattern in self.exclude:
@@ -112,7 +108,7 @@ class Config:
 
     def is_included(self, path: Path) -> bool:
         path = path.resolve()
-        relative = self._relative(path)
+        relative = relative_path(path, self.root)
         if relative is None:
             return False
         if self.artifact_dir.resolve() in path.parents:
@@ -131,7 +127,7 @@ class Config:
         path = path.resolve()
         if path == self.root / "pyproject.toml":
             return True
-        if path.suffix != ".py" or self._relative(path) is None:
+        if path.suffix != ".py" or relative_path(path, self.root) is None:
             return False
         parent = path.parent
         while parent != self.root and self.root in parent.parents:

@@ -14,14 +14,14 @@ from pathlib import Path
 
 from precompile_lsp.config import ConfigError
 from precompile_lsp.engine import Engine
+from precompile_lsp.files import shown_path
 from precompile_lsp.findings import Finding
-from precompile_lsp.formats import relative
 from precompile_lsp.watcher import Watcher
 
 
 def _lines(findings: dict[Path, list[Finding]], root: Path) -> set[str]:
     return {
-        f"{relative(f.file, root)}:{f.span.line}:{f.span.column + 1}: {f.severity} {f.code} {f.message}"
+        f"{shown_path(f.file, root)}:{f.span.line}:{f.span.column + 1}: {f.severity} {f.code} {f.message}"
         for fs in findings.values()
         for f in fs
     }

@@ -37,3 +37,20 @@ def read_source(path: Path) -> SourceRead:
         return SourceRead(path, digest, data.decode("utf-8"))
     except UnicodeDecodeError:
         return SourceRead(path, digest, None)
+
+
+def relative_path(path: Path | str, root: Path) -> str | None:
+    """``path`` relative to ``root`` (POSIX separators), or None when it is outside."""
+    try:
+        return Path(path).resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return None
+
+
+def shown_path(path: Path | str, root: Path | None) -> str:
+    """How a path is shown to a user and stored portably: relative to the workspace
+    root when inside it, else as it is."""
+    if root is None:
+        return str(path)
+    relative = relative_path(path, root)
+    return str(path) if relative is None else relative

@@ -15,6 +15,7 @@ from typing import Any
 
 from precompile.guard_text import frame_label, guard_failure_text
 from precompile_lsp.doclinks import doc_link
+from precompile_lsp.files import shown_path
 from precompile_lsp.protocol import (
     CaptureError,
     CoverageFact,
@@ -196,15 +197,6 @@ def _inside(path: Path, root: Path | None) -> bool:
         return True
     resolved = path.resolve()
     return root in resolved.parents and "site-packages" not in resolved.parts
-
-
-def _shown(path: str, root: Path | None) -> str:
-    if root is None:
-        return path
-    try:
-        return Path(path).resolve().relative_to(root).as_posix()
-    except ValueError:
-        return path
 
 
 class _Target:
@@ -419,7 +411,7 @@ def artifact_findings(
     """What the workspace says of a target's artifact (a ``staleness.ArtifactStatus``):
     stale sources, a declared artifact that is missing, one that cannot be read."""
     data = {"target": decl.key, "artifact": str(artifact), "fix": "emit"}
-    shown = _shown(str(artifact), root)
+    shown = shown_path(str(artifact), root)
     if not status.exists:
         if not declared:
             return []
@@ -430,7 +422,7 @@ def artifact_findings(
         return [Finding("PC301", message, decl.file, decl.decorator, decl.key, data=data)]
     if not status.stale:
         return []
-    changes = "; ".join(s.describe(_shown(str(s.file), root)) for s in status.stale)
+    changes = "; ".join(s.describe(shown_path(str(s.file), root)) for s in status.stale)
     message = f"the artifact {shown} is stale: {changes} since it was emitted; emit it again"
     return [Finding("PC301", message, decl.file, decl.decorator, decl.key, data=data)]
 
@@ -438,10 +430,12 @@ def artifact_findings(
 def conflict_finding(decl: Any, others: list[Any], artifact: Path, root: Path | None) -> Finding:
     """A target whose artifact path another target resolves to as well: neither is
     emitted, since each would overwrite the other."""
-    names = ", ".join(f"{o.key} ({_shown(str(o.file), root)}:{o.decorator.line})" for o in others)
+    names = ", ".join(
+        f"{o.key} ({shown_path(str(o.file), root)}:{o.decorator.line})" for o in others
+    )
     return Finding(
         "PC304",
-        f"{decl.function} and {names} all write the artifact {_shown(str(artifact), root)}; "
+        f"{decl.function} and {names} all write the artifact {shown_path(str(artifact), root)}; "
         f"neither is emitted while they share it. Give each target its own artifact= path",
         decl.file,
         decl.decorator,

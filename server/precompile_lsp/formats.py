@@ -12,16 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from precompile_lsp.doclinks import doc_link, page_link
+from precompile_lsp.files import shown_path
 from precompile_lsp.findings import CODES, Finding
 
 JSON_SCHEMA_VERSION = 1
-
-
-def relative(path: Path, root: Path) -> str:
-    try:
-        return path.resolve().relative_to(root).as_posix()
-    except ValueError:
-        return str(path)
 
 
 def _ordered(findings: dict[Path, list[Finding]]) -> list[Finding]:
@@ -36,12 +30,12 @@ def text(findings: dict[Path, list[Finding]], root: Path, summary: str) -> str:
     for f in _ordered(findings):
         first, *rest = f.message.splitlines() or [""]
         lines.append(
-            f"{relative(f.file, root)}:{f.span.line}:{f.span.column + 1}: {f.severity} {f.code} {first}"
+            f"{shown_path(f.file, root)}:{f.span.line}:{f.span.column + 1}: {f.severity} {f.code} {first}"
         )
         lines.extend(f"    {line}" for line in rest)
         for related in f.related:
             lines.append(
-                f"    {relative(related.file, root)}:{related.span.line}:{related.span.column + 1}: {related.message}"
+                f"    {shown_path(related.file, root)}:{related.span.line}:{related.span.column + 1}: {related.message}"
             )
     lines.append(summary)
     return "\n".join(lines) + "\n"
@@ -60,10 +54,11 @@ def as_json(
         "findings": [
             f.to_dict()
             | {
-                "file": relative(f.file, root),
-                "related": [r.to_dict() | {"file": relative(r.file, root)} for r in f.related],
+                "file": shown_path(f.file, root),
+                "related": [r.to_dict() | {"file": shown_path(r.file, root)} for r in f.related],
                 "data": {
-                    k: relative(Path(v), root) if k == "artifact" else v for k, v in f.data.items()
+                    k: shown_path(Path(v), root) if k == "artifact" else v
+                    for k, v in f.data.items()
                 },
             }
             for f in _ordered(findings)
@@ -107,7 +102,7 @@ def sarif(
     def location(file: Path, span: Any, message: str | None = None) -> dict[str, Any]:
         loc: dict[str, Any] = {
             "physicalLocation": {
-                "artifactLocation": {"uri": relative(file, root), "uriBaseId": "%SRCROOT%"},
+                "artifactLocation": {"uri": shown_path(file, root), "uriBaseId": "%SRCROOT%"},
                 "region": _sarif_region(span),
             }
         }
@@ -166,7 +161,7 @@ def github(findings: dict[Path, list[Finding]], root: Path) -> str:
     for f in _ordered(findings):
         props = ",".join(
             [
-                f"file={_escape_property(relative(f.file, root))}",
+                f"file={_escape_property(shown_path(f.file, root))}",
                 f"line={f.span.line}",
                 f"col={f.span.column + 1}",
                 f"endLine={f.span.end_line}",

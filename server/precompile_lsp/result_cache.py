@@ -21,7 +21,7 @@ from pathlib import Path
 import attrs
 
 from precompile_lsp import protocol
-from precompile_lsp.files import read_source
+from precompile_lsp.files import read_source, shown_path
 from precompile_lsp.protocol import JobResult, ProtocolError
 
 CACHE_FORMAT = 3
@@ -45,10 +45,7 @@ class ResultCache:
         self.enabled = enabled
 
     def portable(self, path: str) -> str:
-        try:
-            return Path(path).relative_to(self.root).as_posix()
-        except ValueError:
-            return path
+        return shown_path(path, self.root)
 
     def _local(self, path: str) -> Path:
         return Path(path) if os.path.isabs(path) else self.root / path
@@ -84,8 +81,8 @@ class ResultCache:
             result: JobResult = protocol.from_json_value(entry["result"], JobResult)
         except ProtocolError:
             return None
-        local = {str(self._local(p)): d for p, d in entry["dependencies"].items()}
-        return attrs.evolve(result, dependencies=local)
+        here = {str(self._local(p)): d for p, d in entry["dependencies"].items()}
+        return attrs.evolve(result, dependencies=here)
 
     def put(self, key: str, result: JobResult) -> None:
         if not self.enabled or result.status.failed or result.status is protocol.Outcome.CANCELLED:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sys
 import threading
 import uuid
@@ -35,6 +34,7 @@ from pygls.lsp.server import LanguageServer
 from precompile.version import __version__
 from precompile_lsp.config import ConfigError
 from precompile_lsp.engine import Engine
+from precompile_lsp.files import shown_path
 from precompile_lsp.findings import Finding
 from precompile_lsp.logfilters import quiet_answered_cancels
 from precompile_lsp.lsp_convert import (
@@ -50,6 +50,7 @@ from precompile_lsp.lsp_convert import (
 from precompile_lsp.protocol import JobResult, Outcome
 from precompile_lsp.settings import Settings, parse_settings
 from precompile_lsp.stages import stage_percentage, stage_text
+from precompile_lsp.stdio import protect_stdout
 
 log = logging.getLogger("precompile_lsp")
 
@@ -465,11 +466,7 @@ def _command_message(kind: str, decl: Any, result: JobResult, engine: Engine) ->
         return f"Precompile: {kind} of {decl.function} failed: {result.failure.message}"
     if kind == "emit":
         artifact, _ = engine.artifact_of(decl)
-        try:
-            shown = artifact.relative_to(engine.root)
-        except ValueError:
-            shown = artifact
-        return f"Precompile: emitted {shown}"
+        return f"Precompile: emitted {shown_path(artifact, engine.root)}"
     failures = result.verify_failures
     state = engine.targets.get(decl.key)
     stale = bool(state and state.artifact and state.artifact.stale)
@@ -759,17 +756,8 @@ def on_stats(ls: PrecompileServer, params: Any) -> list[dict[str, Any]]:
     ]
 
 
-def _protect_stdout() -> Any:
-    """The protocol gets a private duplicate of fd 1; fd 1 itself now goes to stderr, so
-    nothing else in this process or anything it spawns can write into the protocol."""
-    channel = os.fdopen(os.dup(1), "wb", buffering=0)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return channel
-
-
 def main() -> None:
-    channel = _protect_stdout()
+    channel = protect_stdout(binary=True)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     quiet_answered_cancels()
     SERVER.start_io(stdin=sys.stdin.buffer, stdout=channel)

@@ -16,6 +16,7 @@ capture file, so nothing user code or a C extension prints can corrupt the chann
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import select
@@ -37,6 +38,7 @@ from precompile_lsp.protocol import (
     ProtocolError,
     Stage,
 )
+from precompile_lsp.stdio import protect_stdout
 
 OUTPUT_LIMIT = 20_000
 
@@ -56,13 +58,6 @@ WARM_IMPORTS = (
     "torch._functorch.aot_autograd",
     "torch._inductor.compile_fx",
 )
-
-
-def _protect_stdout() -> TextIO:
-    channel = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return channel
 
 
 def _send(channel: TextIO, message: protocol.Message) -> None:
@@ -399,4 +394,6 @@ def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--job":
         run_once(sys.argv[2], sys.argv[3])
         return
-    serve(_protect_stdout())
+    channel = protect_stdout(binary=False)
+    assert isinstance(channel, io.TextIOBase)
+    serve(channel)  # type: ignore[arg-type]  # a text channel, as asked
