@@ -151,12 +151,21 @@ class WorkerClient:
             self.failure = "the worker process exited"
 
     async def close(self) -> None:
+        """Stop the worker and whatever job it runs: SIGTERM first (it kills its job's
+        process group, which has a session of its own, and removes the job's folder),
+        then SIGKILL for its own group if it has not gone within two seconds."""
         if self.process is not None and self.process.returncode is None:
             try:
-                os.killpg(self.process.pid, 9)
-            except (ProcessLookupError, PermissionError):
-                self.process.kill()
-            await self.process.wait()
+                self.process.terminate()
+                await asyncio.wait_for(self.process.wait(), 2)
+            except (ProcessLookupError, TimeoutError):
+                pass
+            if self.process.returncode is None:
+                try:
+                    os.killpg(self.process.pid, 9)
+                except (ProcessLookupError, PermissionError):
+                    self.process.kill()
+                await self.process.wait()
         if self.reader is not None and self.reader is not asyncio.current_task():
             await asyncio.gather(self.reader, return_exceptions=True)
 

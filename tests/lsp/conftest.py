@@ -66,6 +66,7 @@ class Session:
     registrations: list[types.Registration] = dataclasses.field(default_factory=list)
     lens_refreshes: int = 0
     result: types.InitializeResult | None = None
+    shut_down: bool = False
 
     async def start(
         self,
@@ -147,6 +148,11 @@ class Session:
             )
         )
         return text
+
+    async def shutdown(self) -> None:
+        """Shut the server down now (the fixture's teardown then only checks)."""
+        self.shut_down = True
+        await asyncio.wait_for(self.client.shutdown_session(), 30)
 
     async def stats(self) -> dict[str, Any]:
         """The engine's counters for the session's root (``precompile/stats``)."""
@@ -263,7 +269,8 @@ async def session(workspace: Path) -> AsyncIterator[Session]:
         )
         clean = True
         try:
-            await asyncio.wait_for(client.shutdown_session(), 30)
+            if not state.shut_down:
+                await asyncio.wait_for(client.shutdown_session(), 30)
             if server is not None:
                 await asyncio.wait_for(server.wait(), 30)
         except (TimeoutError, Exception):

@@ -174,3 +174,42 @@ async def test_a_huge_source_file_neither_blocks_nor_is_parsed(session: Session)
     await asyncio.sleep(2)
     skipped = [m.message for m in session.client.log_messages if "generated_tables.py" in m.message]
     assert len(skipped) == 1
+
+
+SLOW_MODULE = """import time
+
+import torch
+
+import precompile
+
+
+def calls():
+    time.sleep(600)
+    return [(torch.ones(3),)]
+
+
+@precompile.target(calls)
+def slow(x):
+    return x * 2
+"""
+
+
+async def test_shutting_down_mid_capture_leaves_nothing_running(session: Session) -> None:
+    """A capture runs in a job child with a session of its own (so a timeout can kill all
+    it started), which a signal to its worker's process group does not reach; shutting
+    the server down while it runs takes it along too (the job is cancelled, and a worker
+    that is stopped ends its job's group itself)."""
+    session.path("src/lab/slow.py").write_text(SLOW_MODULE)
+    await session.start()
+
+    # The worker, and below it the capture it forked (sleeping in calls()).
+    def running() -> set[int] | None:
+        found = descendants(session.server_pid)
+        return found if len(found) >= 2 else None
+
+    below = await session.until(running, "a capture to be running")
+    await session.shutdown()
+    deadline = asyncio.get_running_loop().time() + 10
+    while alive(below) and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.1)
+    assert not alive(below), "a worker or its capture outlived the server's shutdown"

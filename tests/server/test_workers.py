@@ -96,3 +96,85 @@ def test_without_fork_each_job_runs_in_a_fresh_interpreter(tmp_path: Path) -> No
     }
     assert by_target == {"fine": [], "prints": ["PC101"], "sleeps": ["PC900"], "crashes": ["PC900"]}
     assert not [p for p in scratch.iterdir() if p.name.startswith("precompile-")]
+
+
+def test_stopping_a_worker_stops_the_capture_it_runs(tmp_path: Path) -> None:
+    """The job child has a session of its own, out of reach of a signal to the worker's
+    group: a worker that is stopped mid-job (no cancel message first) ends its job's
+    process group itself and removes the job's folder."""
+    import asyncio
+    import os
+    import sys
+
+    from precompile_lsp.protocol import JobKind, JobRequest
+    from precompile_lsp.workers import WorkerClient
+
+    root = tmp_path / "ws"
+    (root / "src" / "slowpkg").mkdir(parents=True)
+    (root / "src" / "slowpkg" / "__init__.py").write_text("")
+    (root / "src" / "slowpkg" / "t.py").write_text(
+        "import time\nimport torch\nimport precompile\n\n\n"
+        "def calls():\n    time.sleep(600)\n    return [(torch.ones(3),)]\n\n\n"
+        "@precompile.target(calls)\ndef slow(x):\n    return x * 2\n"
+    )
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    job = JobRequest(
+        kind=JobKind.CHECK,
+        module="slowpkg.t",
+        function="slow",
+        root=str(root),
+        source_roots=[str(root / "src")],
+        artifact=str(root / "artifacts" / "a.py"),
+        artifact_declared=False,
+        backend="eager",
+        tracer="dynamo",
+        timeout=600,
+    )
+
+    def children(pid: int) -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if entry.isdigit() and int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+        return found
+
+    async def scenario() -> tuple[list[int], bool]:
+        os.environ["TMPDIR"] = str(scratch)
+        worker = WorkerClient(sys.executable, root)
+        await worker.start()
+        run = asyncio.create_task(worker.run("job-1", job))
+        assert worker.process is not None
+        for _ in range(600):
+            kids = children(worker.process.pid)
+            if kids:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1)  # into calls(), sleeping
+        await worker.close()
+        await asyncio.sleep(1)
+        run.cancel()
+        alive = [k for k in kids if Path(f"/proc/{k}").exists() and children(1) is not None]
+        still = [
+            k
+            for k in alive
+            if Path(f"/proc/{k}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        ]
+        return kids, bool(still)
+
+    previous = os.environ.get("TMPDIR")
+    try:
+        # A capture that kept the worker's pipe open would hang the close: bounded.
+        kids, survived = asyncio.run(asyncio.wait_for(scenario(), 120))
+    finally:
+        if previous is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = previous
+    assert kids, "the worker forked no job"
+    assert not survived, f"the capture {kids} outlived its worker"
+    assert not [p for p in scratch.iterdir() if p.name.startswith("precompile-job-")]

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, TextIO
 
 from precompile_lsp import protocol
 from precompile_lsp.protocol import (
@@ -95,9 +95,19 @@ def _write_result(result: JobResult, result_path: str) -> None:
         json.dump(protocol.to_json_value(result), f)
 
 
+#: The protocol channel's file descriptor (a forked child must not keep it open: the
+#: engine would never see the worker's stdout close).
+_CHANNEL_FD: int | None = None
+
+
 def _child(job: JobRequest, result_path: str, output_path: str, stages: int) -> None:
     """In the forked child: own process group, captured output, run, write, exit."""
     os.setsid()
+    if _CHANNEL_FD is not None:
+        os.close(_CHANNEL_FD)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # the engine's requests are the worker's to read, not the job's
+    os.close(devnull)
     from precompile_lsp.worker import jobs
 
     jobs.STAGE_FD = stages
@@ -175,6 +185,25 @@ def _ended(status: Outcome, message: str, output_path: str) -> JobResult:
 Cancelled = Callable[[], bool]
 OnStage = Callable[[Stage], None]
 
+#: The job running now: its process group and its folder, for the SIGTERM handler.
+_running: dict[str, Any] = {}
+
+
+def _stop_on_sigterm() -> None:
+    """When the engine stops this worker, take the running job with it: the job's child
+    has a session of its own (so a timeout can kill everything it started), which a
+    signal to this worker's group does not reach."""
+
+    def handler(signum: int, frame: Any) -> None:
+        pid, directory = _running.get("pid"), _running.get("directory")
+        if pid is not None:
+            _kill_group(pid)
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, handler)
+
 
 def run_forked(
     job: JobRequest,
@@ -202,6 +231,7 @@ def run_forked(
         os.close(stage_read)
         _child(attrs.evolve(job, scratch=scratch), result_path, output_path, stage_write)
     os.close(stage_write)
+    _running.update(pid=pid, directory=directory)
     started = time.monotonic()
     try:
         while True:
@@ -233,6 +263,7 @@ def run_forked(
                 return result
         return _ended(Outcome.CRASHED, _describe_exit(status), output_path)
     finally:
+        _running.clear()
         os.close(stage_read)
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -259,6 +290,7 @@ def run_spawned(job: JobRequest, on_cancel: Cancelled | None = None) -> JobResul
             stderr=output,
             start_new_session=True,
         )
+    _running.update(pid=process.pid, directory=directory)
     try:
         while process.poll() is None:
             if time.monotonic() - started > job.timeout:
@@ -288,6 +320,7 @@ def run_spawned(job: JobRequest, on_cancel: Cancelled | None = None) -> JobResul
         )
         return _ended(Outcome.CRASHED, message, output_path)
     finally:
+        _running.clear()
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -348,6 +381,9 @@ def serve(channel: TextIO) -> None:
 
     for name in WARM_IMPORTS:
         importlib.import_module(name)
+    _stop_on_sigterm()
+    global _CHANNEL_FD
+    _CHANNEL_FD = channel.fileno()
     fork = hasattr(os, "fork") and os.environ.get("PRECOMPILE_WORKER_SPAWN") != "1"
     _send(channel, protocol.Ready(protocol.PROTOCOL_VERSION, os.getpid(), fork))
     lines = _Lines(0)
