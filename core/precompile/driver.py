@@ -636,7 +636,9 @@ def _build_single_graph_forward() -> Any:
             _torch.Size(USER_INPUT_SHAPES[i]),
             getattr(_torch, USER_INPUT_DTYPES[i].split(".")[-1]),
             _torch.device(USER_INPUT_DEVICES[i]),
-            bool(USER_INPUT_REQUIRES_GRAD[i]),
+            # Inference: an input that requires grad always takes the slow path, which
+            # refuses it under grad mode (eager's outputs would carry its gradient).
+            bool(TRAINING and USER_INPUT_REQUIRES_GRAD[i]),
         )
         for i in tensor_slots
         if not has_dynamic

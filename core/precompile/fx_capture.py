@@ -7,6 +7,7 @@ artifact could not reproduce faithfully is refused before an artifact exists.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -295,14 +296,18 @@ def _registration_hint(cls: type) -> str:
 
 
 def _spec_types(spec: Any) -> list[type]:
+    """The container classes in a spec, outermost first (a namedtuple's node names
+    ``collections.namedtuple`` and keeps its class as the context)."""
     found: list[type] = []
     stack = [spec]
     while stack:
-        node = stack.pop()
-        kind = getattr(node, "type", None)
-        if kind is not None and kind not in found:
+        node = stack.pop(0)
+        kind = node.type
+        if kind is collections.namedtuple:
+            kind = node.context
+        if isinstance(kind, type) and kind not in found:
             found.append(kind)
-        stack.extend(getattr(node, "children_specs", ()))
+        stack.extend(node.children())
     return found
 
 
@@ -592,7 +597,7 @@ def trace_single_graph(
         with (
             _compat.recording_user_stacks(flat_fn.__code__) as stack_of,
             _compat.recording_grad_access(
-                lambda frame: frame.f_code is not flat_fn.__code__
+                lambda frame: frame.f_code.co_filename != __file__
             ) as grad_access,
             dependencies.recording_calls() as ran,
         ):
