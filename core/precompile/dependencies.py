@@ -115,11 +115,13 @@ class GlobalRead:
 @dataclasses.dataclass
 class Dependencies:
     """The recorded state: per module argument and submodule (in ``named_modules``
-    order) its fingerprint; the globals read per module; torch's global hooks; the
-    attribute names that count as read."""
+    order) its fingerprint; per distinct submodule class its class-level values; the
+    globals read per module; torch's global hooks; the attribute names that count as
+    read."""
 
     names: frozenset[str]
     modules: list[list[Any]]
+    classes: list[tuple[str, Any]]
     globals: list[GlobalRead]
     global_hooks: Any
 
@@ -132,6 +134,16 @@ def _module_records(modules: list[torch.nn.Module], names: Any, training: bool) 
             for _, sub in m.named_modules()
         ]
         for m in modules
+    ]
+
+
+def _class_records(
+    modules: list[torch.nn.Module], names: Any, training: bool
+) -> list[tuple[str, Any]]:
+    context = state_checks.new_context(names, training)
+    classes = dict.fromkeys(type(sub) for m in modules for sub in m.modules())
+    return [
+        (state_checks.type_name(c), state_checks.class_fingerprint(c, context)) for c in classes
     ]
 
 
@@ -187,6 +199,7 @@ def record_dependencies(
     return Dependencies(
         names=names,
         modules=_module_records(modules, names, training),
+        classes=_class_records(modules, names, training),
         globals=_global_values(log, names, training),
         global_hooks=state_checks.global_hooks_fingerprint(_compat.global_module_hooks()),
     )

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     TRAINING: bool = False
     USER_INPUT_REQUIRES_GRAD: list[bool | None] = []
     MODULE_STATE: list[list[Any]] = []
+    CLASS_STATE: list[tuple[str, Any]] = []
     READ_NAMES: list[str] = []
     GLOBAL_READS: list[dict[str, Any]] = []
     GLOBAL_HOOKS: Any = ()
@@ -79,6 +80,10 @@ if TYPE_CHECKING:
     ) -> tuple[Any, ...]: ...
 
     def global_hooks_fingerprint(hooks: tuple[dict[Any, Any], ...]) -> Any: ...
+
+    def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]: ...
+
+    def type_name(cls: Any) -> str: ...
 
     def shallow_contents(value: Any) -> tuple[Any, ...]: ...
 
@@ -542,6 +547,28 @@ def _check_module_state(mods: list[Any], context: dict[str, Any]) -> None:
                     )
 
 
+def _check_class_state(subs: list[Any], context: dict[str, Any]) -> None:
+    """Raise for a module class whose methods or class attributes that the traced code
+    reads differ from what the trace saw (a method monkeypatched, ``Net.scale = 2.0``)."""
+    recorded = dict(CLASS_STATE)
+    for cls in dict.fromkeys(map(type, subs)):
+        live = class_fingerprint(cls, context)
+        then = recorded.get(type_name(cls))
+        if then is None or live == then:
+            continue  # a type not captured was refused already
+        old, new = dict(then), dict(live)
+        for name in sorted(old.keys() | new.keys()):
+            if old.get(name) != new.get(name):
+                shown = describe_value(new[name]) if name in new else "gone"
+                _fail(
+                    f"precompile: {type_name(cls)}.{name} is {shown} but the trace read "
+                    f"{describe_value(old.get(name, ('absent',)))} (a class attribute or "
+                    f"method the traced code reads); the graph baked it. Restore it, or "
+                    f"capture again (re-emit the artifact)",
+                    2,
+                )
+
+
 def _load_spec(text: str) -> Any:
     """A pytree spec from its JSON, importing the modules that register its container
     types (a model's output class, say) when this process has not imported them yet."""
@@ -704,6 +731,7 @@ def _build_single_graph_forward() -> Any:
         tensors, _names, sub_list = _checked_module_state(list(mods))
         context = new_context(read_names, TRAINING)
         _check_module_state(list(mods), context)
+        _check_class_state(sub_list, context)
         _check_globals(scopes, context)
         watched = [*context["dicts"], *(scope for scope, _ in scopes), *_GLOBAL_MODULE_HOOKS]
         dicts = tuple({id(d): d for d in watched}.values())
@@ -1054,6 +1082,7 @@ SINGLE_GRAPH_DRIVER = (
     _global_scopes,
     _check_globals,
     _check_module_state,
+    _check_class_state,
     _load_spec,
     _picker,
     _build_single_graph_forward,

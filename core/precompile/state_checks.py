@@ -333,6 +333,24 @@ def module_fingerprint(
     return (type_name(type(module)), attrs, hooks, kids, tensors)
 
 
+def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]:
+    """The class-level values the traced code may read through an instance of ``cls``
+    (a method, a class attribute ``scale = 2.0``), first match along the MRO, by the
+    names in ``context``. Each class's own dict is watched: a method monkeypatched or a
+    class attribute set at run time changes its version."""
+    import gc
+
+    names = context["names"]
+    found: dict[str, Any] = {}
+    for klass in cls.__mro__[:-1]:  # every class but object
+        namespace = vars(klass)
+        context["dicts"] += [r for r in gc.get_referents(namespace) if isinstance(r, dict)]
+        for key, value in namespace.items():
+            if key in names and key not in found and not key.startswith("__"):
+                found[key] = value
+    return tuple((key, fingerprint(value, context)) for key, value in sorted(found.items()))
+
+
 def global_hooks_fingerprint(hooks: tuple[dict[Any, Any], ...]) -> Any:
     """torch's global module hooks (``register_module_forward_hook`` and friends): they
     run around every module call, so a trace bakes them like a module's own. ``hooks``

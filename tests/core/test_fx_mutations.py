@@ -41,10 +41,13 @@ CELLS: dict[str, tuple[str, ...] | None] = {
     "swap activation": ("SiLU",),
     "training flag": ("mode",),
     "instance forward": ("'forward'",),
+    "monkeypatched method": ("forward", "class attribute or method"),
     "source:forward": ("forward", "changed", "re-emit"),
     "source:helper": ("shift", "changed"),
 }
-MODEL_CELLS = {"convbn": {"config object": ("cfg",)}}
+MODEL_CELLS: dict[str, dict[str, tuple[str, ...] | None]] = {
+    "convbn": {"config object": ("cfg",), "class attribute": ("ConvBNNet.bias_shift is 1.0",)}
+}
 
 
 def copy_fixture(directory: Path) -> tuple[ModuleType, str]:
