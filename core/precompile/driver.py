@@ -535,16 +535,28 @@ def _check_module_state(mods: list[Any], context: dict[str, Any]) -> None:
                     2,
                 )
             for kind, now, then in zip(hook_kinds, live[2], record[2]):
-                if now != then:
-                    _fail(
-                        f"precompile: {where} has {len(now)} {kind} "
+                if now == then:
+                    continue
+                if len(now) == len(then):
+                    i = next(i for i, (a, b) in enumerate(zip(now, then)) if a != b)
+                    state = (
+                        f"has {kind} {i} = {describe_value(now[i][0])}, which differs from "
+                        f"the one captured ({describe_value(then[i][0])}) in its code, "
+                        f"defaults, closure values or registration flags"
+                    )
+                else:
+                    state = (
+                        f"has {len(now)} {kind} "
                         f"({', '.join(describe_value(h[0]) for h in now) or 'none'}) but "
                         f"was captured with {len(then)} "
-                        f"({', '.join(describe_value(h[0]) for h in then) or 'none'}); the "
-                        f"trace baked the hooks present at capture. Register the same "
-                        f"hooks, or capture again with these (re-emit the artifact)",
-                        2,
+                        f"({', '.join(describe_value(h[0]) for h in then) or 'none'})"
                     )
+                _fail(
+                    f"precompile: {where} {state}; the trace baked the hooks present at "
+                    f"capture. Register the same hooks, or capture again with these "
+                    f"(re-emit the artifact)",
+                    2,
+                )
 
 
 def _check_class_state(subs: list[Any], context: dict[str, Any]) -> None:
