@@ -708,6 +708,7 @@ def _build_single_graph_forward() -> Any:
     roots: tuple[Any, ...] | None = None
     dicts: tuple[dict[str, Any], ...] = ()
     versions: tuple[int, ...] = ()
+    empty_dicts: tuple[dict[str, Any], ...] = ()
     unwatched: list[Any] = []
     flags: tuple[bool, ...] = ()
     subs: tuple[Any, ...] = ()
@@ -730,7 +731,7 @@ def _build_single_graph_forward() -> Any:
         return len(a) == len(b) and all(map(_is, a, b))
 
     def _verify_model(mods: tuple[Any, ...]) -> list[Any]:
-        nonlocal roots, dicts, versions, unwatched, flags, subs, sub_types, shallow
+        nonlocal roots, dicts, versions, empty_dicts, unwatched, flags, subs, sub_types, shallow
         nonlocal shallow_snapshot, tensors, meta, tensor_guard
         roots = None
         for i, m in zip(module_positions, mods):
@@ -746,7 +747,11 @@ def _build_single_graph_forward() -> Any:
         _check_class_state(sub_list, context)
         _check_globals(scopes, context)
         watched = [*context["dicts"], *(scope for scope, _ in scopes), *_GLOBAL_MODULE_HOOKS]
-        dicts = tuple({id(d): d for d in watched}.values())
+        watched = list({id(d): d for d in watched}.values())
+        # An empty dict's whole state is that it is empty (most hook, buffer and child
+        # dicts): one truth test each, cheaper than reading a version tag.
+        empty_dicts = tuple(d for d in watched if not d)
+        dicts = tuple(d for d in watched if d)
         versions = tuple(map(_dict_version, dicts))
         shallow = tuple({id(o): o for o in context["shallow"]}.values())
         shallow_snapshot = tuple(map(shallow_contents, shallow))
@@ -766,6 +771,7 @@ def _build_single_graph_forward() -> Any:
         if (
             roots is not None
             and all(map(_is, mods, roots))
+            and not any(empty_dicts)
             and tuple(map(_dict_version, dicts)) == versions
             and tuple(map(type, subs)) == sub_types
             and tuple(map(training, unwatched)) == flags
