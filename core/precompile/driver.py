@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     GLOBAL_HOOKS: Any = ()
     GRAD_ACCESS: list[str] = []
     OUTPUT_DETACH: list[int] = []
+    DEFAULT_DTYPE: str = ""
     FUNCTION_SOURCES: list[dict[str, Any]] = []
     _GLOBAL_MODULE_HOOKS: tuple[dict[Any, Any], ...] = ()
 
@@ -696,6 +697,10 @@ def _build_single_graph_forward() -> Any:
     grad_indices = tuple(GRAD_PARAM_INDICES)
     n_grads = len(grad_indices)
     output_detach = tuple(OUTPUT_DETACH)
+    # A tensor fn built from Python numbers took the default dtype at capture; the
+    # graph carries that dtype where eager would take today's.
+    default_dtype = getattr(_torch, DEFAULT_DTYPE.split(".")[-1])
+    get_default_dtype = _torch.get_default_dtype
     # The last verified model and state: the module roots, the dicts that hold what the
     # trace read (each submodule's attribute, parameter, buffer, child and hook dicts,
     # the dicts of objects its attributes hold, the globals of the user modules the
@@ -829,6 +834,14 @@ def _build_single_graph_forward() -> Any:
             _describe_input_mismatch(list(leaves), True)
             tensors_in = pick_tensors(leaves)
         state = _model_tensors(mods)
+        if get_default_dtype() is not default_dtype:
+            _fail(
+                f"precompile: the default dtype is {get_default_dtype()} but this artifact "
+                f"was captured under {default_dtype}, which tensors fn builds from Python "
+                f"numbers took. Restore it (torch.set_default_dtype) around the call, or "
+                f"capture again",
+                6,
+            )
         if GRAD_ACCESS:
             for idx in grad_indices:
                 if state[idx].grad is not None:
