@@ -635,10 +635,31 @@ def trace_single_graph(
         node_stacks=node_stacks,
         training=training,
         dynamic_dims=dynamic_dims,
-        functions_run=ran.project_codes(),
+        functions_run=_with_enclosing(ran.project_codes(), ran.scopes),
         dependencies=dependencies.record_dependencies(modules, ran, training),
         grad_access=list(dict.fromkeys(grad_access)) if grad_param_indices else [],
     )
+
+
+def _with_enclosing(
+    codes: list[types.CodeType], scopes: dict[types.CodeType, dict[str, Any]]
+) -> list[types.CodeType]:
+    """``codes`` and, for each nested function among them, the module-level function
+    that defines it: a closure's values (the loss module a training-step factory
+    creates) come from that function's source, so an edit of it must be seen at load
+    like an edit of the traced code itself."""
+    extra: list[types.CodeType] = []
+    for code in codes:
+        qualname = getattr(code, "co_qualname", code.co_name)
+        if ".<locals>." not in qualname:
+            continue
+        holder: Any = scopes.get(code, {})
+        for part in qualname.split(".<locals>.")[0].split("."):
+            holder = holder.get(part) if isinstance(holder, dict) else getattr(holder, part, None)
+        outer = getattr(getattr(holder, "__func__", holder), "__code__", None)
+        if isinstance(outer, types.CodeType) and outer not in codes and outer not in extra:
+            extra.append(outer)
+    return codes + extra
 
 
 def _without_grad(t: torch.Tensor) -> torch.Tensor:

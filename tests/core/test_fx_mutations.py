@@ -46,7 +46,9 @@ CELLS: dict[str, tuple[str, ...] | None] = {
     "source:helper": ("shift", "changed"),
 }
 MODEL_CELLS: dict[str, dict[str, tuple[str, ...] | None]] = {
-    "convbn": {"config object": ("cfg",), "class attribute": ("ConvBNNet.bias_shift is 1.0",)}
+    "convbn": {"config object": ("cfg",), "class attribute": ("ConvBNNet.bias_shift is 1.0",)},
+    # The step's loss module comes from the factory that defines the step.
+    "train_step": {"source:factory": ("make_train_step", "changed")},
 }
 
 
