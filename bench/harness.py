@@ -87,13 +87,17 @@ def fresh_process(
 
 
 def per_call_us(
-    contenders: dict[str, Callable[[], Any]], *, rounds: int = 7, calls: int = 2000
+    contenders: dict[str, Callable[[], Any]],
+    *,
+    rounds: int = 7,
+    calls: int = 2000,
+    warmup: int = 50,
 ) -> dict[str, float]:
     """Median microseconds per call, the contenders interleaved round by round so that
     drift (frequency scaling, other load) hits them all alike."""
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     for fn in contenders.values():  # warm-up
-        for _ in range(50):
+        for _ in range(warmup):
             fn()
     for _ in range(rounds):
         for name, fn in contenders.items():

@@ -166,8 +166,12 @@ def recording_user_stacks(
 
 def unbacked_marks(t: torch.Tensor) -> dict[int, tuple[int | None, int | None, str | None]]:
     """The dims ``torch._dynamo.decorators.mark_unbacked`` marked on ``t``:
-    ``{dim: (min, max, shape_id)}``."""
-    dims = getattr(t, "_dynamo_unbacked_indices", None) or ()
+    ``{dim: (min, max, shape_id)}``. A ``strict=True`` mark (kept by torch in a set of
+    its own) is one too: an unbacked dim that the trace would specialize is refused."""
+    dims = {
+        *(getattr(t, "_dynamo_unbacked_indices", None) or ()),
+        *(getattr(t, "_dynamo_strict_unbacked_indices", None) or ()),
+    }
     bounds = getattr(t, "_dynamo_unbacked_bounds", None) or {}
     ids = getattr(t, "_dynamo_shape_ids", None) or {}
     return {d: (*bounds.get(d, (None, None)), ids.get(d)) for d in sorted(dims)}
@@ -178,7 +182,6 @@ def dynamic_fakes(static: list[torch.Tensor], marked: list[torch.Tensor]) -> tup
     ``marked`` ones with their mark_unbacked dims as unbacked symbols (bounds and shared
     shape ids applied). Returns the fake mode and the fakes (static, then marked)."""
     from torch._dynamo.source import ConstantSource
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import (
         DimDynamic,
         ShapeEnv,
@@ -186,7 +189,7 @@ def dynamic_fakes(static: list[torch.Tensor], marked: list[torch.Tensor]) -> tup
     )
 
     shape_env = ShapeEnv()
-    mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
+    mode = fake_mode(shape_env=shape_env)
     fakes = [mode.from_tensor(t, static_shapes=True) for t in static]
     with shape_env.ignore_fresh_unbacked_symbols():
         for i, t in enumerate(marked):
@@ -813,3 +816,106 @@ def _dynamo_installed_runtime() -> Any:
         precompile_entries=_debug_get_precompile_entries,
         reset_entries=_reset_precompile_entries,
     )
+
+
+# ---------------------------------------------------------------- single graph: what a trace read
+# The make_fx side of "every call is checked": torch internals the single-graph capture
+# and its artifacts use to see what a trace depended on besides its tensors.
+
+#: Bound in single-graph artifacts: torch's global module hook dicts, in the order
+#: ``precompile.state_checks.global_hooks_fingerprint`` reads them.
+SINGLE_GRAPH_STATE_PRELUDE = """\
+import torch.nn.modules.module as _torch_nn_module
+
+_GLOBAL_MODULE_HOOKS = (
+    _torch_nn_module._global_forward_pre_hooks,
+    _torch_nn_module._global_forward_hooks,
+    _torch_nn_module._global_backward_pre_hooks,
+    _torch_nn_module._global_backward_hooks,
+    _torch_nn_module._global_forward_hooks_with_kwargs,
+    _torch_nn_module._global_forward_hooks_always_called,
+)
+"""
+
+
+def global_module_hooks() -> tuple[dict[Any, Any], ...]:
+    """The dicts behind ``torch.nn.modules.module.register_module_forward_hook`` and
+    friends, as SINGLE_GRAPH_STATE_PRELUDE binds them."""
+    import torch.nn.modules.module as m
+
+    return (
+        m._global_forward_pre_hooks,
+        m._global_forward_hooks,
+        m._global_backward_pre_hooks,
+        m._global_backward_hooks,
+        m._global_forward_hooks_with_kwargs,
+        m._global_forward_hooks_always_called,
+    )
+
+
+def fake_mode(**kwargs: Any) -> Any:
+    """A fake-tensor mode that refuses operators without a fake kernel. By default
+    FakeTensorMode runs such an operator's real kernel on zero-filled inputs for a few
+    namespaces (``aten``, ``quantized``, ...): the output shapes it takes from zeros
+    would be baked into the graph, right or not."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False, **kwargs)
+
+
+@contextlib.contextmanager
+def recording_grad_access(counts: Callable[[types.FrameType], bool]) -> Iterator[list[str]]:
+    """Record reads and writes of ``.grad`` on fake tensors made by code for which
+    ``counts(frame)`` is true, while active. A trace starts with no gradients on its fake
+    parameters, so code that reads them (gradient clipping, an optimizer step, a
+    ``zero_grad``) saw none: the artifact must serve only calls that have none either."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    native = torch._C.TensorBase.__dict__["grad"]
+    seen: list[str] = []
+
+    def note(what: str) -> None:
+        frame = sys._getframe(2)
+        if counts(frame):
+            seen.append(f"{what} at {frame.f_code.co_filename}:{frame.f_lineno}")
+
+    def get(self: Any) -> Any:
+        note("read")
+        return native.__get__(self)
+
+    def set_(self: Any, value: Any) -> None:
+        note("write")
+        native.__set__(self, value)
+
+    def delete(self: Any) -> None:
+        note("delete")
+        native.__delete__(self)
+
+    with _stack_patch_lock:
+        FakeTensor.grad = property(get, set_, delete)  # type: ignore[attr-defined]
+        try:
+            yield seen
+        finally:
+            del FakeTensor.grad  # type: ignore[attr-defined]
+
+
+def dim_marks(t: torch.Tensor) -> dict[str, Any]:
+    """The Dynamo dim marks on ``t`` besides plain mark_unbacked: ``mark_dynamic`` dims,
+    ``mark_unbacked(..., strict=True)`` dims (torch keeps them apart from the other
+    unbacked dims) and ``specialize_on`` criteria."""
+    return {
+        "dynamic": sorted(getattr(t, "_dynamo_dynamic_indices", None) or ()),
+        "strict": sorted(getattr(t, "_dynamo_strict_unbacked_indices", None) or ()),
+        "specialize_on": {
+            d: list(v) for d, v in (getattr(t, "_specialize_on", None) or {}).items() if v
+        },
+    }
+
+
+def inductor_layout_config() -> Any:
+    """Inductor's size/stride asserts on while lowering a single graph, whatever
+    ``TORCHINDUCTOR_SIZE_ASSERTS`` says: the artifact's layout checks must not depend on
+    the capturing process's environment."""
+    from torch._inductor import config
+
+    return config.patch(size_asserts=True)

@@ -55,6 +55,43 @@ if TYPE_CHECKING:
     USER_INPUT_CONSTANTS: list[object] = []
 
     GRAPH_INPUT_STRIDES: list[tuple[int, ...] | None] = []
+    TRAINING: bool = False
+    USER_INPUT_REQUIRES_GRAD: list[bool | None] = []
+    MODULE_STATE: list[list[Any]] = []
+    CLASS_STATE: list[tuple[str, Any]] = []
+    READ_NAMES: list[str] = []
+    GLOBAL_READS: list[dict[str, Any]] = []
+    GLOBAL_HOOKS: Any = ()
+    GRAD_ACCESS: list[str] = []
+    OUTPUT_DETACH: list[int] = []
+    DEFAULT_DTYPE: str = ""
+    FUNCTION_SOURCES: list[dict[str, Any]] = []
+    _GLOBAL_MODULE_HOOKS: tuple[dict[Any, Any], ...] = ()
+
+    def function_source(module_text: str, qualname: str, line: int = 0) -> str | None: ...
+
+    def source_digest(text: str) -> str: ...
+
+    def new_context(names: Any, training: bool = True) -> dict[str, Any]: ...
+
+    def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any: ...
+
+    def module_fingerprint(
+        module: Any, context: dict[str, Any], depth: int = 0, children: bool = True
+    ) -> tuple[Any, ...]: ...
+
+    def global_hooks_fingerprint(hooks: tuple[dict[Any, Any], ...]) -> Any: ...
+
+    def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]: ...
+
+    def type_name(cls: Any) -> str: ...
+
+    def shallow_contents(value: Any) -> tuple[Any, ...]: ...
+
+    def describe_value(fp: Any) -> str: ...
+
+    def first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any]: ...
+
     _KERNEL_DATA_PTR_ENV: str = ""
     _kernel_data_ptr: int = 0
     _INDUCTOR_ALIGN_BYTES: int = 64
@@ -62,6 +99,8 @@ if TYPE_CHECKING:
     def call(flat_inputs: list[object]) -> list[object]: ...
 
     def _relabel_layout_error(error: AssertionError, flat: list[Any]) -> str | None: ...
+
+    def _memory_format(t: Any) -> str: ...
 
 
 class PrecompileError(RuntimeError):
@@ -160,6 +199,9 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
                 f"(.to({device!r})) or capture again",
                 2,
             )
+    if BACKEND == "inductor":
+        labels = [f"parameter {n!r}" for n in PARAM_NAMES] + [f"buffer {n!r}" for n in BUFFER_NAMES]
+        _check_strides(labels, tensors, GRAPH_INPUT_STRIDES)
     for name, t, wanted in zip(names, tensors, PARAM_REQUIRES_GRAD):
         if bool(t.requires_grad) != wanted:
             _fail(
@@ -197,6 +239,20 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
                 2,
             )
     return tensors, names, subs
+
+
+def _check_strides(labels: list[str], tensors: list[Any], expected: list[Any]) -> None:
+    """Inductor bakes each input's strides: raise naming the first that differs."""
+    for label, t, strides in zip(labels, tensors, expected):
+        if strides is not None and tuple(t.stride()) != tuple(strides):
+            _fail(
+                f"precompile: {label} has strides {tuple(t.stride())} ({_memory_format(t)} "
+                f"memory format) but was captured with strides {tuple(strides)}; the "
+                f"Inductor backend bakes each tensor's memory layout (invariants 3 and 6). "
+                f"Pass it in the captured layout (.contiguous(), or the memory format it "
+                f"had at capture), or use backend='eager'",
+                6,
+            )
 
 
 def _describe_input_mismatch(leaves: list[Any], spec_matches: bool) -> None:
@@ -271,6 +327,39 @@ def _describe_input_mismatch(leaves: list[Any], spec_matches: bool) -> None:
                 f"(.to({USER_INPUT_DEVICES[i]!r})) or capture again",
                 6,
             )
+    tensor_leaves = [leaf for leaf, shape in zip(leaves, USER_INPUT_SHAPES) if shape is not None]
+    if BACKEND == "inductor":
+        n_state = len(PARAM_NAMES) + len(BUFFER_NAMES)
+        labels = [f"input {i}" for i, s in enumerate(USER_INPUT_SHAPES) if s is not None]
+        _check_strides(labels, tensor_leaves, GRAPH_INPUT_STRIDES[n_state:])
+    for i, leaf in enumerate(leaves):
+        if USER_INPUT_SHAPES[i] is None or not leaf.requires_grad:
+            continue
+        if TRAINING and not USER_INPUT_REQUIRES_GRAD[i]:
+            _fail(
+                f"precompile: input {i} requires grad but was captured without; the "
+                f"captured backward computes no gradient for it, where eager would. Pass "
+                f"x.detach(), or capture again with an input that requires grad",
+                5,
+            )
+        if not TRAINING and _torch.is_grad_enabled():
+            _fail(
+                f"precompile: input {i} requires grad, but this artifact was captured for "
+                f"inference (training=False): it runs without autograd, so its outputs "
+                f"would carry no gradient and a backward through them would silently "
+                f"leave this input out. Call it under torch.no_grad() or pass x.detach(), "
+                f"or capture with training=True and run the backward inside fn",
+                5,
+            )
+    if TRAINING:
+        for i, leaf in enumerate(leaves):
+            if USER_INPUT_REQUIRES_GRAD[i] and not leaf.requires_grad:
+                _fail(
+                    f"precompile: input {i} does not require grad but was captured "
+                    f"requiring it; the captured graph computes with its gradient. Pass "
+                    f"it with requires_grad=True, or capture again",
+                    5,
+                )
     sizes: dict[str, tuple[int, int, int]] = {}
     for i, ids in enumerate(USER_INPUT_SHAPE_IDS):
         for dim, shape_id in (ids or {}).items():
@@ -284,6 +373,250 @@ def _describe_input_mismatch(leaves: list[Any], spec_matches: bool) -> None:
                     3,
                 )
             sizes.setdefault(shape_id, (size, i, dim))
+
+
+def _recorded_path(path: str | None) -> str | None:
+    """A source path the capture recorded relative to the artifact, resolved against
+    where this artifact is now (None when the artifact was executed without a file)."""
+    import os
+
+    here = globals().get("__file__")
+    if not path:
+        return None
+    if os.path.isabs(path):
+        return path
+    if not here:
+        return None
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(here)), path))
+
+
+def _live_module(name: str, path: str | None) -> Any:
+    """The module a record names, as this process runs it (imported if it is not yet);
+    None for a ``__main__`` that is another script than the one captured from."""
+    import importlib
+    import os
+    import sys
+
+    if name == "__main__":
+        main = sys.modules.get("__main__")
+        file = getattr(main, "__file__", None)
+        recorded = _recorded_path(path)
+        if file and recorded and os.path.realpath(file) == os.path.realpath(recorded):
+            return main
+        return None
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    try:
+        return importlib.import_module(name)
+    except Exception as error:
+        _fail(
+            f"precompile: this artifact was traced through module {name!r}, which is not "
+            f"importable here ({type(error).__name__}: {error}), so its code and globals "
+            f"cannot be checked. Make it importable, or capture again in this environment",
+            3,
+        )
+
+
+def _check_function_sources_once() -> None:
+    """Refuse to load when a function the trace ran through changed since capture: the
+    graph holds what the old code computed. Each function is compared on its own source
+    (``function_source``), so an edit elsewhere in its file changes nothing. A function
+    of a script that ran as ``__main__`` at capture, and is not this process's
+    ``__main__``, is compared with that script's file."""
+    import inspect
+
+    texts: dict[tuple[str, str], str | None] = {}
+    for record in FUNCTION_SOURCES:
+        key = (record["module"], record["path"])
+        if key not in texts:
+            text = None
+            try:
+                module = _live_module(*key)
+                if module is not None:
+                    text = inspect.getsource(module)
+                else:
+                    recorded = _recorded_path(record["path"])
+                    if recorded:
+                        with open(recorded, encoding="utf-8") as f:
+                            text = f.read()
+            except (OSError, TypeError, UnicodeDecodeError):
+                text = None
+            texts[key] = text
+        text = texts[key]
+        source = None if text is None else function_source(text, record["function"], record["line"])
+        if source is None or source_digest(source) != record["sha256"]:
+            what = "is gone or renamed" if source is None else "changed"
+            _fail(
+                f"precompile: {record['function']} ({record['path']}:{record['line']}, module "
+                f"{record['module']}) {what} since this artifact was captured; the graph was "
+                f"traced through the old code. Capture it again (re-emit the artifact)",
+                3,
+            )
+
+
+def _global_scopes() -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Each module whose globals the trace read, as (its live globals, the record)."""
+    scopes = []
+    for record in GLOBAL_READS:
+        module = _live_module(record["module"], record["path"])
+        if module is None:
+            names = ", ".join(name for name, _ in record["values"])
+            _fail(
+                f"precompile: the traced code read globals ({names}) of the script "
+                f"{record['path']}, which ran as __main__ at capture; this process runs "
+                f"another __main__, so they cannot be checked. Move that code into an "
+                f"importable module, or serve from the same script",
+                3,
+            )
+        scopes.append((vars(module), record))
+    return scopes
+
+
+def _check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
+    """Raise for a module-level value the traced code read that is not what it was."""
+    for scope, record in scopes:
+        for name, recorded in record["values"]:
+            live = fingerprint(scope[name], context) if name in scope else ("absent",)
+            if live != recorded:
+                path, then, now = first_difference(recorded, live, name)
+                shown = "no longer defined" if name not in scope else f"{describe_value(now)}"
+                _fail(
+                    f"precompile: global {path} of module {record['module']} "
+                    f"({record['path']}) is {shown}, but the traced code read "
+                    f"{describe_value(then)} and the graph baked it. Restore it, or "
+                    f"capture again (re-emit the artifact)",
+                    3,
+                )
+    if global_hooks_fingerprint(_GLOBAL_MODULE_HOOKS) != GLOBAL_HOOKS:
+        _fail(
+            "precompile: torch's global module hooks (register_module_forward_hook and "
+            "friends) differ from those registered at capture; the trace baked the hooks "
+            "present then. Register the same hooks, or capture again with these "
+            "(re-emit the artifact)",
+            2,
+        )
+
+
+def _check_module_state(mods: list[Any], context: dict[str, Any]) -> None:
+    """Raise the precise message for a submodule whose type, read attributes or hooks
+    differ from what the trace saw (names, order and count were checked already)."""
+    hook_kinds = ("forward pre-hooks", "forward hooks", "backward pre-hooks", "backward hooks")
+    for mi, (m, records) in enumerate(zip(mods, MODULE_STATE)):
+        for (name, sub), record in zip(m.named_modules(), records):
+            live = module_fingerprint(sub, context, children=False)
+            if live == record:
+                continue
+            where = f"submodule {name!r}" if name else "the model"
+            where += f" of module argument {MODULE_POSITIONS[mi]}"
+            if live[0] != record[0]:
+                _fail(
+                    f"precompile: {where} is a {live[0]} but was captured as a {record[0]}; "
+                    f"the trace baked the captured type's code. Pass a model of the "
+                    f"captured structure, or capture again (re-emit the artifact)",
+                    2,
+                )
+            old, new = dict(record[1]), dict(live[1])
+            for attr in sorted(old.keys() | new.keys()):
+                if old.get(attr) == new.get(attr):
+                    continue
+                if attr not in old:
+                    state = f"has an attribute {attr!r} ({describe_value(new[attr])})"
+                    state += " that it did not have at capture"
+                elif attr not in new:
+                    state = f"no longer has the attribute {attr!r}"
+                else:
+                    path, then, now = first_difference(old[attr], new[attr], attr)
+                    state = f"has {path} = {describe_value(now)}"
+                    state += f" but the trace read {describe_value(then)}"
+                _fail(
+                    f"precompile: {where} {state}; the traced code reads it, and the graph "
+                    f"baked what it read. Restore it, or capture again (re-emit the "
+                    f"artifact)",
+                    2,
+                )
+            for kind, now, then in zip(hook_kinds, live[2], record[2]):
+                if now == then:
+                    continue
+                if len(now) == len(then):
+                    i = next(i for i, (a, b) in enumerate(zip(now, then)) if a != b)
+                    state = (
+                        f"has {kind} {i} = {describe_value(now[i][0])}, which differs from "
+                        f"the one captured ({describe_value(then[i][0])}) in its code, "
+                        f"defaults, closure values or registration flags"
+                    )
+                else:
+                    state = (
+                        f"has {len(now)} {kind} "
+                        f"({', '.join(describe_value(h[0]) for h in now) or 'none'}) but "
+                        f"was captured with {len(then)} "
+                        f"({', '.join(describe_value(h[0]) for h in then) or 'none'})"
+                    )
+                _fail(
+                    f"precompile: {where} {state}; the trace baked the hooks present at "
+                    f"capture. Register the same hooks, or capture again with these "
+                    f"(re-emit the artifact)",
+                    2,
+                )
+
+
+def _check_class_state(subs: list[Any], context: dict[str, Any]) -> None:
+    """Raise for a module class whose methods or class attributes that the traced code
+    reads differ from what the trace saw (a method monkeypatched, ``Net.scale = 2.0``)."""
+    recorded = dict(CLASS_STATE)
+    for cls in dict.fromkeys(map(type, subs)):
+        live = class_fingerprint(cls, context)
+        then = recorded.get(type_name(cls))
+        if then is None or live == then:
+            continue  # a type not captured was refused already
+        old, new = dict(then), dict(live)
+        for name in sorted(old.keys() | new.keys()):
+            if old.get(name) != new.get(name):
+                shown = describe_value(new[name]) if name in new else "gone"
+                _fail(
+                    f"precompile: {type_name(cls)}.{name} is {shown} but the trace read "
+                    f"{describe_value(old.get(name, ('absent',)))} (a class attribute or "
+                    f"method the traced code reads); the graph baked it. Restore it, or "
+                    f"capture again (re-emit the artifact)",
+                    2,
+                )
+
+
+def _load_spec(text: str) -> Any:
+    """A pytree spec from its JSON, importing the modules that register its container
+    types (a model's output class, say) when this process has not imported them yet."""
+    import importlib
+    import json
+
+    try:
+        return _pytree.treespec_loads(text)
+    except Exception as error:
+        first = error
+    names: list[str] = []
+    stack = [json.loads(text)[1]]
+    while stack:
+        node = stack.pop()
+        if node.get("type"):
+            names.append(node["type"])
+        stack.extend(node.get("children_spec") or [])
+    for name in names:
+        parts = name.split(".")
+        for end in range(len(parts) - 1, 0, -1):
+            try:
+                importlib.import_module(".".join(parts[:end]))
+                break
+            except ImportError:
+                continue
+    try:
+        return _pytree.treespec_loads(text)
+    except Exception:
+        _fail(
+            f"precompile: the artifact's inputs or outputs use container types "
+            f"({', '.join(names)}) that are not registered with torch.utils._pytree in "
+            f"this process ({type(first).__name__}: {first}). Import the module that "
+            f"registers them before loading",
+            3,
+        )
 
 
 def _picker(positions: tuple[int, ...]) -> Any:
@@ -302,22 +635,29 @@ def _picker(positions: tuple[int, ...]) -> Any:
 def _build_single_graph_forward() -> Any:
     """Compute once what every call needs, and return the lean per-call ``forward``.
 
-    Each call is checked in full, but through a fast path: the inputs' (shape, dtype,
-    device) are compared as one tuple against the captured ones, and the model by
-    identity, by the version tags of the dicts that hold its structure and by one C-level
-    guard over its tensors' metadata, against what the last verified call saw. Only a
-    difference (or a new model) takes the slow path, which names the exact mismatch or
-    re-verifies and refreshes the snapshot. The snapshot holds the most recent model, so
-    it stays alive until a call with another model replaces it.
+    Loading checks the code the trace ran through (``_check_function_sources_once``)
+    and finds the live modules whose globals it read. Each call is then checked in full,
+    but through a fast path: the inputs' (shape, dtype, device, requires_grad, and for
+    Inductor strides) are compared as one tuple against the captured ones, and the model
+    and the Python state the trace read by identity, by the version tags of the dicts
+    that hold them, by the types of the submodules, by the contents of the few mutable
+    objects that have no version tag, and by one C-level guard over the model's tensors'
+    metadata, against what the last verified call saw. Only a difference (or a new
+    model) takes the slow path, which names the exact mismatch or re-verifies and
+    refreshes the snapshot. The snapshot holds the most recent model, so it stays alive
+    until a call with another model replaces it.
     """
     from operator import attrgetter
     from operator import is_ as _is
 
+    _check_function_sources_once()
+    scopes = _global_scopes()
+    read_names = frozenset(READ_NAMES)
     n_args = NUM_POSITIONAL_ARGS
     module_positions = tuple(MODULE_POSITIONS)
     user_positions = tuple(i for i in range(n_args) if i not in set(module_positions))
-    in_spec = _pytree.treespec_loads(IN_SPEC)
-    out_spec = _pytree.treespec_loads(OUT_SPEC)
+    in_spec = _load_spec(IN_SPEC)
+    out_spec = _load_spec(OUT_SPEC)
     flat_inputs = in_spec == _pytree.tree_structure(tuple(0 for _ in user_positions))
     single_output = out_spec == _pytree.tree_structure(0)
     tensor_slots = tuple(i for i, s in enumerate(USER_INPUT_SHAPES) if s is not None)
@@ -330,33 +670,56 @@ def _build_single_graph_forward() -> Any:
     has_dynamic = any(s is not None and None in s for s in USER_INPUT_SHAPES) or any(
         USER_INPUT_SHAPE_IDS
     )
-    input_meta = attrgetter("shape", "dtype", "device")
+    input_meta = attrgetter("shape", "dtype", "device", "requires_grad")
     expected_inputs = tuple(
         (
             _torch.Size(USER_INPUT_SHAPES[i]),
             getattr(_torch, USER_INPUT_DTYPES[i].split(".")[-1]),
             _torch.device(USER_INPUT_DEVICES[i]),
+            # Inference: an input that requires grad always takes the slow path, which
+            # refuses it under grad mode (eager's outputs would carry its gradient).
+            bool(TRAINING and USER_INPUT_REQUIRES_GRAD[i]),
         )
         for i in tensor_slots
         if not has_dynamic
     )
+    # Inductor bakes every graph input's strides (and may return a view of an input
+    # built from them), whether or not its own asserts stayed on at capture: compare
+    # them per call. The eager graph runs ATen ops, which take any layout.
+    stride_of = _torch.Tensor.stride if BACKEND == "inductor" else type
+    n_state = len(PARAM_NAMES) + len(BUFFER_NAMES)
+    expected_input_strides = tuple(GRAPH_INPUT_STRIDES[n_state:]) if BACKEND == "inductor" else ()
+    check_input_strides = bool(expected_input_strides) and None not in expected_input_strides
     # One getter for parameters and buffers alike: a buffer's requires_grad is compared
     # against the snapshot too, which only ever makes the fast path more careful.
     tensor_meta = attrgetter("shape", "dtype", "device", "requires_grad")
     training = attrgetter("training")
     grad_indices = tuple(GRAD_PARAM_INDICES)
     n_grads = len(grad_indices)
-    # The last verified model: its roots, the dicts that hold its structure (each
-    # submodule's attribute, parameter, buffer and child dicts) with their version tags,
-    # the lifted tensors, their metadata and a C-level guard over that metadata. Any
-    # store into one of those dicts -- a parameter, buffer or child replaced, added or
-    # deleted, a training flag flipped, a dict replaced wholesale -- changes a version,
-    # and the next call re-verifies the model from scratch.
+    output_detach = tuple(OUTPUT_DETACH)
+    # A tensor fn built from Python numbers took the default dtype at capture; the
+    # graph carries that dtype where eager would take today's.
+    default_dtype = getattr(_torch, DEFAULT_DTYPE.split(".")[-1])
+    get_default_dtype = _torch.get_default_dtype
+    # The last verified model and state: the module roots, the dicts that hold what the
+    # trace read (each submodule's attribute, parameter, buffer, child and hook dicts,
+    # the dicts of objects its attributes hold, the globals of the user modules the
+    # trace read, torch's global hook dicts) with their version tags, the submodules'
+    # types, mutable objects without a version tag with their contents, the lifted
+    # tensors, their metadata and a C-level guard over that metadata. Any store into
+    # one of those dicts -- a parameter, buffer, child, attribute, hook or global
+    # replaced, added or deleted, a training flag flipped -- changes a version, and the
+    # next call re-verifies from scratch.
     roots: tuple[Any, ...] | None = None
     dicts: tuple[dict[str, Any], ...] = ()
     versions: tuple[int, ...] = ()
+    empty_dicts: tuple[dict[str, Any], ...] = ()
     unwatched: list[Any] = []
     flags: tuple[bool, ...] = ()
+    subs: tuple[Any, ...] = ()
+    sub_types: tuple[type, ...] = ()
+    shallow: tuple[Any, ...] = ()
+    shallow_snapshot: tuple[Any, ...] = ()
     tensors: list[Any] = []
     meta: tuple[Any, ...] = ()
     tensor_guard: Any = None
@@ -364,12 +727,18 @@ def _build_single_graph_forward() -> Any:
     def _guard(values: list[Any]) -> Any:
         # Checks shape, strides, dtype, device and requires_grad in one C call. It
         # also compares dispatch keys under the ambient state (inference mode, autocast)
-        # and strides, which the contract does not fix: a miss falls back to comparing
-        # the metadata in Python, and rebuilds the guard when that comparison passes.
+        # and strides, which the eager contract does not fix: a miss falls back to
+        # comparing the metadata (with strides for Inductor) in Python, and rebuilds the
+        # guard when that comparison passes.
         return _TensorGuards(*values, dynamic_dims_sizes=None, dynamic_dims_strides=None)
 
+    def _same_items(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+        return len(a) == len(b) and all(map(_is, a, b))
+
     def _verify_model(mods: tuple[Any, ...]) -> list[Any]:
-        nonlocal roots, dicts, versions, unwatched, flags, tensors, meta, tensor_guard
+        nonlocal roots, dicts, versions, empty_dicts, unwatched, flags, subs, sub_types, shallow
+        nonlocal shallow_snapshot, tensors, meta, tensor_guard
+        roots = None
         for i, m in zip(module_positions, mods):
             if not isinstance(m, _torch.nn.Module):
                 _fail(
@@ -377,18 +746,29 @@ def _build_single_graph_forward() -> Any:
                     f"took there, got {type(m).__name__}",
                     2,
                 )
-        tensors, _names, subs = _checked_module_state(list(mods))
-        roots = mods
-        dicts = tuple(
-            d for sub in subs for d in (vars(sub), sub._parameters, sub._buffers, sub._modules)
-        )
+        tensors, _names, sub_list = _checked_module_state(list(mods))
+        context = new_context(read_names, TRAINING)
+        _check_module_state(list(mods), context)
+        _check_class_state(sub_list, context)
+        _check_globals(scopes, context)
+        watched = [*context["dicts"], *(scope for scope, _ in scopes), *_GLOBAL_MODULE_HOOKS]
+        watched = list({id(d): d for d in watched}.values())
+        # An empty dict's whole state is that it is empty (most hook, buffer and child
+        # dicts): one truth test each, cheaper than reading a version tag.
+        empty_dicts = tuple(d for d in watched if not d)
+        dicts = tuple(d for d in watched if d)
         versions = tuple(map(_dict_version, dicts))
+        shallow = tuple({id(o): o for o in context["shallow"]}.values())
+        shallow_snapshot = tuple(map(shallow_contents, shallow))
+        subs = tuple(sub_list)
+        sub_types = tuple(map(type, subs))
         # A training flag that does not live in the instance dict (a property, say) is
         # invisible to the versions: compare those flags themselves.
         unwatched = [sub for sub in subs if "training" not in vars(sub)]
         flags = tuple(map(training, unwatched))
-        meta = tuple(map(tensor_meta, tensors))
+        meta = tuple(zip(map(tensor_meta, tensors), map(stride_of, tensors)))
         tensor_guard = _guard(tensors)
+        roots = mods
         return tensors
 
     def _model_tensors(mods: tuple[Any, ...]) -> list[Any]:
@@ -396,12 +776,18 @@ def _build_single_graph_forward() -> Any:
         if (
             roots is not None
             and all(map(_is, mods, roots))
+            and not any(empty_dicts)
             and tuple(map(_dict_version, dicts)) == versions
+            and tuple(map(type, subs)) == sub_types
             and tuple(map(training, unwatched)) == flags
+            and (
+                not shallow
+                or all(map(_same_items, map(shallow_contents, shallow), shallow_snapshot))
+            )
         ):
             if tensor_guard.check(*tensors):
                 return tensors
-            if tuple(map(tensor_meta, tensors)) == meta:
+            if tuple(zip(map(tensor_meta, tensors), map(stride_of, tensors))) == meta:
                 tensor_guard = _guard(tensors)
                 return tensors
         return _verify_model(mods)
@@ -434,6 +820,10 @@ def _build_single_graph_forward() -> Any:
                 not has_dynamic
                 and tuple(map(input_meta, tensors_in)) == expected_inputs
                 and (
+                    not check_input_strides
+                    or tuple(map(stride_of, tensors_in)) == expected_input_strides
+                )
+                and (
                     not constant_slots
                     or all(type(leaves[i]) is type(v) and leaves[i] == v for i, v in constant_slots)
                 )
@@ -443,7 +833,27 @@ def _build_single_graph_forward() -> Any:
         if not ok:
             _describe_input_mismatch(list(leaves), True)
             tensors_in = pick_tensors(leaves)
-        return [*_model_tensors(mods), *tensors_in], tensors_in
+        state = _model_tensors(mods)
+        if get_default_dtype() is not default_dtype:
+            _fail(
+                f"precompile: the default dtype is {get_default_dtype()} but this artifact "
+                f"was captured under {default_dtype}, which tensors fn builds from Python "
+                f"numbers took. Restore it (torch.set_default_dtype) around the call, or "
+                f"capture again",
+                6,
+            )
+        if GRAD_ACCESS:
+            for idx in grad_indices:
+                if state[idx].grad is not None:
+                    _fail(
+                        f"precompile: parameter {PARAM_NAMES[idx]!r} already has a .grad, "
+                        f"and fn reads or writes .grad ({GRAD_ACCESS[0]}: gradient "
+                        f"clipping, an optimizer step, zero_grad); the trace saw no "
+                        f"gradients there, so it would compute with the wrong ones. Clear "
+                        f"them first (optimizer.zero_grad(set_to_none=True))",
+                        5,
+                    )
+        return [*state, *tensors_in], tensors_in
 
     def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:
         """Whether this artifact serves the call, decided by the very checks a call runs
@@ -469,6 +879,12 @@ def _build_single_graph_forward() -> Any:
                     out = call(flat)
             else:
                 out = call(flat)
+            if output_detach:
+                # The graph computes a new tensor there (x.detach(), say) that Inductor
+                # returns as the input object itself: hand back a new one, as eager does.
+                out = list(out)
+                for i in output_detach:
+                    out[i] = out[i].detach()
         except AssertionError as error:
             # call() consumed its list: rebuild the inputs for the message.
             message = _relabel_layout_error(error, [*tensors, *tensors_in])
@@ -679,15 +1095,26 @@ def _bind_inductor_module(name: str, source: str, resolve: Any) -> Any:
     return run
 
 
-#: The functions every single-graph artifact carries, in emission order. The backend
-#: adds its ``_relabel_layout_error_<backend>``, bound as ``_relabel_layout_error``.
+#: The functions every single-graph artifact carries, in emission order, after
+#: ``precompile.source_digest``'s and ``precompile.state_checks``'.
+#: The backend adds its ``_relabel_layout_error_<backend>``, bound as
+#: ``_relabel_layout_error``.
 SINGLE_GRAPH_DRIVER = (
     PrecompileError,
     _relabel_layout_error_eager,
     _fail,
     _lift_module_state,
     _checked_module_state,
+    _check_strides,
     _describe_input_mismatch,
+    _recorded_path,
+    _live_module,
+    _check_function_sources_once,
+    _global_scopes,
+    _check_globals,
+    _check_module_state,
+    _check_class_state,
+    _load_spec,
     _picker,
     _build_single_graph_forward,
 )

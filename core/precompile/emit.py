@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from precompile import _compat, driver
+from precompile import _compat, driver, source_digest, state_checks
 from precompile.function_records import function_records
 from precompile.fx_capture import SingleGraph
 from precompile.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
@@ -44,7 +44,9 @@ class LoweredGraph:
     that words the backend's own layout asserts; ``runtime`` driver functions the graph
     section needs defined before it runs, emitted with ``prelude`` and ``runtime_setup``
     in the imports section; ``collect_bundle`` reads the cache bundle out of the executed
-    artifact's namespace (compiled kernels, for Inductor).
+    artifact's namespace (compiled kernels, for Inductor); ``identity_outputs`` the
+    outputs that are input objects themselves (Inductor returns ``x`` for
+    ``x.detach()``).
     """
 
     source: str
@@ -53,6 +55,8 @@ class LoweredGraph:
     prelude: str = ""
     runtime_setup: str = ""
     collect_bundle: Callable[[dict[str, Any]], dict[str, Any]] = _no_bundle
+    #: Output positions where the lowered graph hands back one of its input objects.
+    identity_outputs: tuple[int, ...] = ()
 
 
 def _header(fn_info: dict[str, Any], tracer: str, backend: str) -> str:
@@ -102,6 +106,41 @@ def _driver_source(functions: Iterable[Any]) -> str:
     return "\n\n".join(inspect.getsource(f).strip() for f in functions)
 
 
+def _module_source(module: Any) -> str:
+    """A module emitted whole (its functions and constants), minus the future import
+    the artifact's header already makes."""
+    lines = inspect.getsource(module).splitlines()
+    return "\n".join(x for x in lines if x != "from __future__ import annotations").strip()
+
+
+def _relative(path: str | None, artifact_path: str) -> str | None:
+    if not path:
+        return None
+    base = os.path.dirname(os.path.abspath(artifact_path))
+    try:
+        shown = os.path.relpath(os.path.abspath(path), base)
+    except ValueError:
+        shown = os.path.abspath(path)
+    return shown.replace(os.sep, "/")
+
+
+def _output_detach(graph: SingleGraph, lowered: LoweredGraph) -> list[int]:
+    """Outputs the lowered graph returns as an input object although the traced graph
+    computed a new tensor there (``x.detach()``): the driver detaches those, so the
+    caller gets a new tensor like eager, never the input or the Parameter itself."""
+    output = graph.graph_module.graph.output_node()
+    nodes = _compat.pytree.tree_leaves(output.args[0])
+    same = {i for i, n in enumerate(nodes) if getattr(n, "op", None) == "placeholder"}
+    return [i for i in lowered.identity_outputs if i not in same]
+
+
+def _grad_site(site: str, artifact_path: str) -> str:
+    """``read at FILE:LINE`` with FILE relative to the artifact (emits stay portable)."""
+    what, _, place = site.partition(" at ")
+    file, _, line = place.rpartition(":")
+    return f"{what} at {_relative(file, artifact_path)}:{line}"
+
+
 def single_graph_metadata(
     graph: SingleGraph,
     *,
@@ -110,8 +149,12 @@ def single_graph_metadata(
     tracer: str,
     sources: list[dict[str, str]],
     functions: list[dict[str, Any]],
+    artifact_path: str,
+    output_detach: list[int],
 ) -> dict[str, Any]:
     lifted = graph.lifted
+    deps = graph.dependencies
+    assert deps is not None
     leaves = graph.user_leaves
     tensor = [isinstance(leaf, torch.Tensor) for leaf in leaves]
     shapes: list[Any] = []
@@ -156,7 +199,25 @@ def single_graph_metadata(
         "USER_INPUT_BOUNDS": bounds,
         "USER_INPUT_SHAPE_IDS": shape_ids,
         "USER_INPUT_CONSTANTS": [None if t else leaf for leaf, t in zip(leaves, tensor)],
+        "USER_INPUT_REQUIRES_GRAD": [
+            bool(leaf.requires_grad) if t else None for leaf, t in zip(leaves, tensor)
+        ],
         "GRAPH_INPUT_STRIDES": graph.graph_input_strides(),
+        "OUTPUT_DETACH": output_detach,
+        "DEFAULT_DTYPE": str(torch.get_default_dtype()),
+        "MODULE_STATE": deps.modules,
+        "CLASS_STATE": deps.classes,
+        "READ_NAMES": sorted(deps.names),
+        "GLOBAL_READS": [
+            {
+                "module": read.module,
+                "path": _relative(read.file, artifact_path),
+                "values": list(read.values.items()),
+            }
+            for read in deps.globals
+        ],
+        "GLOBAL_HOOKS": deps.global_hooks,
+        "GRAD_ACCESS": [_grad_site(site, artifact_path) for site in graph.grad_access],
         "GRAPH_OPS": graph.op_count(),
         "TORCH_VERSION": str(torch.__version__),
         "PYTHON_VERSION": list(sys.version_info[:2]),
@@ -183,8 +244,10 @@ def emit_single_graph(
         tracer=tracer,
         sources=sources,
         functions=functions,
+        artifact_path=artifact_path,
+        output_detach=_output_detach(graph, lowered),
     )
-    imports = [_compat.ARTIFACT_PRELUDE, lowered.prelude]
+    imports = [_compat.ARTIFACT_PRELUDE, _compat.SINGLE_GRAPH_STATE_PRELUDE, lowered.prelude]
     if lowered.runtime:
         imports += [_driver_source(lowered.runtime), "", lowered.runtime_setup]
     driver_functions = [*driver.SINGLE_GRAPH_DRIVER]
@@ -199,7 +262,12 @@ def emit_single_graph(
             *imports,
             "# ---- captured graph",
             lowered.source,
-            "# ---- runtime driver (emitted verbatim from precompile/driver.py)",
+            "# ---- runtime driver (emitted verbatim from precompile/source_digest.py,",
+            "# precompile/state_checks.py and precompile/driver.py)",
+            _driver_source([source_digest.function_source, source_digest.source_digest]),
+            "",
+            _module_source(state_checks),
+            "",
             _driver_source(driver_functions),
             "",
             f"_relabel_layout_error = {lowered.relabel.__name__}",

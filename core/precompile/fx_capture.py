@@ -7,6 +7,7 @@ artifact could not reproduce faithfully is refused before an artifact exists.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -18,17 +19,12 @@ from typing import Any, ClassVar
 import torch
 from torch.overrides import TorchFunctionMode
 
-from precompile import _compat
+from precompile import _compat, dependencies
 from precompile._compat import pytree
+from precompile.dependencies import Dependencies, param_free
 from precompile.errors import Location, PrecompileError
 from precompile.lifting import LiftedState, lift_module_state, module_training_flags
-from precompile.locations import (
-    StackFrame,
-    definition_location,
-    innermost,
-    recording_calls,
-    traceback_user_stack,
-)
+from precompile.locations import StackFrame, definition_location, innermost, traceback_user_stack
 
 #: Non-tensor example values the artifact can bake and re-check on every call.
 LITERAL_TYPES = (type(None), bool, int, float, complex, str)
@@ -57,6 +53,10 @@ class SingleGraph:
     )
     #: Every project function the trace ran through (whether or not it made a node).
     functions_run: list[types.CodeType] = dataclasses.field(default_factory=list)
+    #: The Python state the trace read (module types, attributes, globals, hooks).
+    dependencies: Dependencies | None = None
+    #: Where fn read or wrote a parameter's ``.grad`` (it saw none at capture).
+    grad_access: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def user_tensors(self) -> list[torch.Tensor]:
@@ -96,8 +96,36 @@ class _RefuseOpaqueAccess(TorchFunctionMode):
         torch.Tensor.data_ptr: ".data_ptr()",
         torch.Tensor.numpy: ".numpy()",
     }
+    #: Reading a real (non-fake) tensor's value during the trace bakes it as a Python
+    #: number: such a tensor is neither an input nor a parameter or buffer.
+    _VALUE_READS: ClassVar[dict[Any, str]] = {
+        torch.Tensor.item: ".item()",
+        torch.Tensor.tolist: ".tolist()",
+        torch.Tensor.__bool__: "bool()",
+        torch.Tensor.__int__: "int()",
+        torch.Tensor.__float__: "float()",
+        torch.Tensor.__index__: "an index",
+        torch.Tensor.__complex__: "complex()",
+    }
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        read = self._VALUE_READS.get(func)
+        if (
+            read is not None
+            and args
+            and isinstance(args[0], torch.Tensor)
+            and not isinstance(args[0], _compat.FakeTensor)
+        ):
+            t = args[0]
+            raise _Refusal(
+                f"fn reads the value of a tensor that is not an input ({read} of a tensor of "
+                f"shape {tuple(t.shape)} and dtype {t.dtype}: a plain module attribute, a "
+                f"global or a closure variable); the artifact would bake the value it had "
+                f"at capture",
+                1,
+                "pass it as an argument of fn, or register it on a module argument with "
+                "register_buffer / nn.Parameter",
+            )
         what = self._REFUSED.get(func)
         if what is not None:
             raise _Refusal(
@@ -117,14 +145,19 @@ def _fn_location(fn: Callable[..., Any]) -> Location | None:
 
 
 def _holds_state(value: Any) -> bool:
-    return isinstance(value, (torch.nn.Module, torch.Tensor))
+    """A tensor, or a module with parameters or buffers: state the artifact would bake.
+    A module without either (a loss, an activation) is code and configuration, baked
+    like any other value fn closes over."""
+    if isinstance(value, torch.nn.Module):
+        return not param_free(value)
+    return isinstance(value, torch.Tensor)
 
 
 def check_fn_holds_no_state(fn: Callable[..., Any]) -> None:
     """Invariant 1: modules and tensors reach fn as arguments, never through fn itself."""
     where = _fn_location(fn)
     hint = "pass the module or tensor as an argument of fn instead"
-    if isinstance(fn, torch.nn.Module):
+    if isinstance(fn, torch.nn.Module) and not param_free(fn):
         raise PrecompileError(
             f"fn is itself an nn.Module ({type(fn).__name__}); its parameters would be "
             f"baked into the artifact",
@@ -182,15 +215,16 @@ def _check_tensor(t: torch.Tensor, what: str, where: Location | None) -> None:
             "and fake-tensor modes",
         )
     problem = None
-    if t.layout != torch.strided:
-        problem = f"has layout {t.layout} (sparse or mkldnn)"
+    if t.is_nested:
+        problem = f"is a nested tensor (layout {t.layout})"
+        fix = "pass padded dense tensors (.to_padded_tensor(0.0))"
+    elif t.layout != torch.strided:
+        kind = "mkldnn" if "mkldnn" in str(t.layout) else "sparse"
+        problem = f"has layout {t.layout} (a {kind} tensor)"
         fix = "pass a dense tensor (.to_dense())"
     elif t.is_quantized:
         problem = "is quantized"
         fix = "pass the dequantized tensor (.dequantize())"
-    elif t.is_nested:
-        problem = "is a nested tensor"
-        fix = "pass padded dense tensors"
     elif t.is_pinned():
         problem = "is in pinned memory"
         fix = "pass an unpinned copy"
@@ -225,6 +259,7 @@ def _split_args(
             )
         if isinstance(leaf, torch.Tensor):
             _check_tensor(leaf, f"input value {i}", where)
+            _check_dim_marks(leaf, i, where)
         elif not isinstance(leaf, LITERAL_TYPES):
             raise PrecompileError(
                 f"input value {i} is a {type(leaf).__name__}; besides tensors and modules "
@@ -232,9 +267,103 @@ def _split_args(
                 f"complex, str), which the artifact bakes and re-checks on every call",
                 invariant=3,
                 location=where,
-                hint="pass tensors and literals only; read other configuration inside fn",
+                hint="pass tensors and literals only; read other configuration inside fn"
+                + _registration_hint(type(leaf)),
             )
+    check_spec_serializable(in_spec, "the call's inputs", where)
     return module_positions, modules, leaves, in_spec
+
+
+def _registration_hint(cls: type) -> str:
+    """How to make ``cls`` a container pytree flattens, with a name another process can
+    find it by (``serialized_type_name``)."""
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if dataclasses.is_dataclass(cls):
+        return (
+            f"; or register the dataclass: torch.utils._pytree.register_dataclass("
+            f"{cls.__qualname__}, serialized_type_name={name!r})"
+        )
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        return (
+            f"; or register the namedtuple: torch.utils._pytree._register_namedtuple("
+            f"{cls.__qualname__}, serialized_type_name={name!r})"
+        )
+    return (
+        f"; or register it: torch.utils._pytree.register_pytree_node({cls.__qualname__}, "
+        f"flatten_fn, unflatten_fn, serialized_type_name={name!r}), with "
+        f"to_dumpable_context / from_dumpable_context when its context is not JSON"
+    )
+
+
+def _spec_types(spec: Any) -> list[type]:
+    """The container classes in a spec, outermost first (a namedtuple's node names
+    ``collections.namedtuple`` and keeps its class as the context)."""
+    found: list[type] = []
+    stack = [spec]
+    while stack:
+        node = stack.pop(0)
+        kind = node.type
+        if kind is collections.namedtuple:
+            kind = node.context
+        if isinstance(kind, type) and kind not in found:
+            found.append(kind)
+        stack.extend(node.children())
+    return found
+
+
+def check_spec_serializable(spec: Any, what: str, where: Location | None) -> None:
+    """The artifact records the nesting of inputs and outputs as JSON and rebuilds it in
+    another process: every container type in it must be registered with pytree under a
+    ``serialized_type_name``, with a JSON context."""
+    try:
+        same = pytree.treespec_loads(pytree.treespec_dumps(spec)) == spec
+        error: Exception | None = None
+    except Exception as exc:  # pytree raises NotImplementedError, TypeError, KeyError...
+        same, error = False, exc
+    if same:
+        return
+    plain = (list, tuple, dict, type(None))
+    odd = [t for t in _spec_types(spec) if t not in plain]
+    culprit = odd[-1] if odd else None
+    shown = f"a {culprit.__module__}.{culprit.__qualname__}" if culprit else "a container"
+    detail = f": {type(error).__name__}: {str(error)[:300]}" if error else ""
+    raise PrecompileError(
+        f"{what} hold {shown}, which the artifact cannot record as a pytree node it can "
+        f"rebuild in another process{detail}",
+        invariant=3,
+        location=where,
+        hint=(
+            "use lists, tuples and dicts" + _registration_hint(culprit)
+            if culprit
+            else "use lists, tuples and dicts"
+        ),
+    )
+
+
+def _check_dim_marks(t: torch.Tensor, i: int, where: Location | None) -> None:
+    """Dynamo's dim marks mean something under make_fx only as mark_unbacked dims; any
+    other mark would be dropped silently, so it is refused."""
+    marks = _compat.dim_marks(t)
+    if marks["dynamic"]:
+        raise PrecompileError(
+            f"input value {i} has dims {marks['dynamic']} marked with "
+            f"torch._dynamo.mark_dynamic, which the make_fx tracer does not honour (it "
+            f"would trace them static)",
+            invariant=3,
+            location=where,
+            hint="mark them with torch._dynamo.decorators.mark_unbacked(t, dim) (served at "
+            "any size; refused at capture where the graph must specialize on them), or "
+            "use precompile.DynamoTracer()",
+        )
+    if marks["specialize_on"]:
+        raise PrecompileError(
+            f"input value {i} dims {sorted(marks['specialize_on'])} carry "
+            f"mark_unbacked(..., specialize_on=...), which the make_fx tracer does not "
+            f"support (it traces one graph, not one per criterion)",
+            invariant=3,
+            location=where,
+            hint="drop specialize_on, or use precompile.DynamoTracer()",
+        )
 
 
 def _name_constant(
@@ -329,10 +458,11 @@ def _refuse_from_exception(error: BaseException, training: bool) -> PrecompileEr
         )
     if isinstance(error, _compat.UnsupportedOperatorException):
         return PrecompileError(
-            f"operator {error.func} has no fake (meta) kernel, so it cannot be traced",
+            f"operator {error.func} has no fake (meta) kernel, so the capture cannot tell "
+            f"the shape of its result without running it on real data",
             invariant=None,
             location=where,
-            hint="register one with torch.library.register_fake, or call the op " "outside fn",
+            hint="register one with torch.library.register_fake, or call the op outside fn",
         )
     text = str(error)
     if not training and "does not require grad and does not have a grad_fn" in text:
@@ -371,6 +501,20 @@ def trace_single_graph(
     for name, tensor in zip(lifted.names, lifted.tensors):
         _check_tensor(tensor, f"parameter/buffer {name!r}", where)
     tensor_slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    if not training and torch.is_grad_enabled():
+        for i in tensor_slots:
+            if leaves[i].requires_grad:
+                raise PrecompileError(
+                    f"input value {i} requires grad, but an inference capture "
+                    f"(training=False) gives outputs that carry no gradient: the artifact "
+                    f"runs without autograd, so a backward through its outputs would "
+                    f"silently leave this input out",
+                    invariant=5,
+                    location=where,
+                    hint="pass x.detach() or capture under torch.no_grad() (then serve "
+                    "under it too), or capture with training=True and run the backward "
+                    "inside fn",
+                )
     n_state = len(lifted.tensors)
     grad_param_indices: list[int] = []
     out_spec_box: list[Any] = []
@@ -400,9 +544,10 @@ def trace_single_graph(
             if not isinstance(leaf, (torch.Tensor, *LITERAL_TYPES)):
                 raise _Refusal(
                     f"fn returned a {type(leaf).__name__} (output value {i}); outputs are "
-                    f"tensors and Python literals, in lists, tuples and dicts",
+                    f"tensors and Python literals, in lists, tuples, dicts and registered "
+                    f"pytree containers",
                     3,
-                    "return tensors (or literals) only",
+                    "return tensors (or literals) only" + _registration_hint(type(leaf)),
                 )
         for k in range(lifted.num_params, n_state):
             if state[k].grad is not None:
@@ -438,14 +583,24 @@ def trace_single_graph(
 
     dynamic_dims = {i: _compat.unbacked_marks(leaves[i]) for i in tensor_slots}
     dynamic_dims = {i: marks for i, marks in dynamic_dims.items() if marks}
+    # The trace starts with no gradients on the parameters (an existing .grad would
+    # become a constant of the graph): served calls accumulate onto .grad like eager.
+    state_tensors = [_without_grad(t) for t in lifted.tensors]
     if dynamic_dims:
-        fake_mode, fakes = _compat.dynamic_fakes(lifted.tensors, [leaves[i] for i in tensor_slots])
+        fake_mode, fakes = _compat.dynamic_fakes(state_tensors, [leaves[i] for i in tensor_slots])
     else:
-        fake_mode = _compat.FakeTensorMode(allow_non_fake_inputs=True)
-        fakes = [fake_mode.from_tensor(t) for t in lifted.tensors]
+        fake_mode = _compat.fake_mode()
+        fakes = [fake_mode.from_tensor(t) for t in state_tensors]
         fakes += [fake_mode.from_tensor(leaves[i]) for i in tensor_slots]
+    before = dependencies.Snapshot(modules)
     try:
-        with _compat.recording_user_stacks(flat_fn.__code__) as stack_of, recording_calls() as ran:
+        with (
+            _compat.recording_user_stacks(flat_fn.__code__) as stack_of,
+            _compat.recording_grad_access(
+                lambda frame: frame.f_code.co_filename != __file__
+            ) as grad_access,
+            dependencies.recording_calls() as ran,
+        ):
             with fake_mode, _RefuseOpaqueAccess(), torch.set_grad_enabled(training):
                 gm = _compat.make_fx(
                     flat_fn,
@@ -462,6 +617,9 @@ def trace_single_graph(
     except Exception as error:
         raise _refuse_from_exception(error, training) from error
     _check_graph(gm, node_stacks, fn, modules)
+    check_spec_serializable(out_spec_box[-1], "fn's outputs", where)
+    names = dependencies.read_names(ran)
+    dependencies.refuse_trace_side_effects(before.changed_during(modules, names), where)
     if dynamic_dims:
         _compat.insert_runtime_asserts(gm, fake_mode)
     return SingleGraph(
@@ -477,8 +635,41 @@ def trace_single_graph(
         node_stacks=node_stacks,
         training=training,
         dynamic_dims=dynamic_dims,
-        functions_run=sorted(ran, key=lambda c: (c.co_filename, c.co_firstlineno)),
+        functions_run=_with_enclosing(ran.project_codes(), ran.scopes),
+        dependencies=dependencies.record_dependencies(modules, ran, training),
+        grad_access=list(dict.fromkeys(grad_access)) if grad_param_indices else [],
     )
+
+
+def _with_enclosing(
+    codes: list[types.CodeType], scopes: dict[types.CodeType, dict[str, Any]]
+) -> list[types.CodeType]:
+    """``codes`` and, for each nested function among them, the module-level function
+    that defines it: a closure's values (the loss module a training-step factory
+    creates) come from that function's source, so an edit of it must be seen at load
+    like an edit of the traced code itself."""
+    extra: list[types.CodeType] = []
+    for code in codes:
+        qualname = getattr(code, "co_qualname", code.co_name)
+        if ".<locals>." not in qualname:
+            continue
+        holder: Any = scopes.get(code, {})
+        for part in qualname.split(".<locals>.")[0].split("."):
+            holder = holder.get(part) if isinstance(holder, dict) else getattr(holder, part, None)
+        outer = getattr(getattr(holder, "__func__", holder), "__code__", None)
+        if isinstance(outer, types.CodeType) and outer not in codes and outer not in extra:
+            extra.append(outer)
+    return codes + extra
+
+
+def _without_grad(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as the trace should see it: the same storage and requires_grad, no .grad."""
+    if t.grad is None:
+        return t
+    alias = t.detach()
+    if isinstance(t, torch.nn.Parameter):
+        return torch.nn.Parameter(alias, requires_grad=t.requires_grad)
+    return alias.requires_grad_(t.requires_grad)
 
 
 def is_literal_constant(node: torch.fx.Node, value: Any) -> bool:

@@ -11,6 +11,7 @@ imports no compiler and compiles nothing.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
 import re
@@ -58,7 +59,8 @@ def lower_inductor(graph: SingleGraph) -> LoweredGraph:
     fakes = _graph_fakes(graph)
     try:
         functional = _compat.functional_retrace(graph.graph_module, fakes)
-        source = _compat.compile_inductor(functional, fakes)
+        with _compat.inductor_layout_config():
+            source = _compat.compile_inductor(functional, fakes)
     except PrecompileError:
         raise
     except Exception as error:
@@ -78,6 +80,38 @@ def lower_inductor(graph: SingleGraph) -> LoweredGraph:
             "_inductor_import = _INDUCTOR.resolve\n"
         ),
         collect_bundle=lambda namespace: collect_kernels(namespace["_INDUCTOR"], slim),
+        identity_outputs=identity_outputs(section),
+    )
+
+
+def identity_outputs(source: str) -> tuple[int, ...]:
+    """The positions of ``call``'s results that are its input objects themselves: the
+    names its first statement unpacks from ``args`` and its return tuple hands back
+    unchanged. Inductor does that for an output it needs no kernel for (``x.detach()``,
+    ``w.detach()``). A ``call`` shaped otherwise is refused: the driver could not tell."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and node.name == "call":
+            inputs: set[str] = set()
+            for stmt in node.body:
+                if (
+                    isinstance(stmt, ast.Assign)
+                    and isinstance(stmt.value, ast.Name)
+                    and stmt.value.id == "args"
+                ):
+                    target = stmt.targets[0]
+                    elts = target.elts if isinstance(target, ast.Tuple) else [target]
+                    inputs |= {e.id for e in elts if isinstance(e, ast.Name)}
+            returns = [s for s in node.body if isinstance(s, ast.Return)]
+            if returns and isinstance(returns[-1].value, ast.Tuple):
+                return tuple(
+                    i
+                    for i, e in enumerate(returns[-1].value.elts)
+                    if isinstance(e, ast.Name) and e.id in inputs
+                )
+    raise PrecompileError(
+        "Inductor's output module has no recognizable call(args) returning a tuple; "
+        "this is a precompile limitation with this torch version, please report it",
+        hint="capture with backend='eager'",
     )
 
 

@@ -8,16 +8,14 @@ to code points, the unit every output format converts from.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.util
 import itertools
 import linecache
 import os
-import sys
 import sysconfig
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from precompile.errors import Location
 
@@ -81,30 +79,6 @@ def is_project_file(filename: str) -> bool:
     """User code that is not an installed library: what a project edits, and what an
     artifact records function by function (installed libraries change by version)."""
     return is_user_file(filename) and not os.path.realpath(filename).startswith(_SITE_DIRS)
-
-
-@contextlib.contextmanager
-def recording_calls() -> Iterator[set[types.CodeType]]:
-    """Every project function entered on this thread while active (a profile hook that
-    chains to any profiler already installed): what a trace ran through, including
-    functions that produced no graph node."""
-    seen: set[types.CodeType] = set()
-    previous = sys.getprofile()
-
-    def hook(frame: types.FrameType, event: str, arg: object) -> object:
-        if event == "call":
-            seen.add(frame.f_code)
-        if previous is not None:
-            return previous(frame, event, arg)
-        return None
-
-    sys.setprofile(hook)
-    try:
-        yield seen
-    finally:
-        sys.setprofile(previous)
-        for code in [c for c in seen if not is_project_file(c.co_filename)]:
-            seen.discard(code)
 
 
 def codepoint_column(filename: str, line: int, byte_column: int | None) -> int:

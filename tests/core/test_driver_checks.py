@@ -236,6 +236,17 @@ def test_ambient_autocast_is_neutralised(runnable: Any) -> None:
     torch.testing.assert_close(out, expected)
 
 
+def test_default_dtype_is_checked(runnable: Any) -> None:
+    model, b = Net().eval(), batch()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        refused(runnable, model, b, invariant=6, words=("default dtype is torch.float64",))
+    finally:
+        torch.set_default_dtype(previous)
+    torch.testing.assert_close(runnable(model, b), scaled(model, b))
+
+
 def test_grad_mode_does_not_leak_into_the_graph(runnable: Any) -> None:
     out = runnable(Net().eval(), batch())
     assert out.grad_fn is None and torch.is_grad_enabled()

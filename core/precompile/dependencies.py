@@ -1,0 +1,226 @@
+"""What a single-graph trace depended on besides its tensors, recorded for the artifact.
+
+make_fx runs the user's Python once and keeps only tensor operations, so every plain
+value that Python read is baked in: a module's type and attributes (``eps``, a user's
+``self.scale``), module-level values the traced functions read, the hooks around each
+module call. This module watches the trace (which code ran, which globals it read) and
+records fingerprints of that state (``precompile.state_checks``), which the artifact
+recomputes from the live objects to refuse a call whose state differs.
+
+Which attributes count as read is decided by name: an attribute of a module (or of an
+object a module or global holds) is recorded when its name is one the traced code loads
+(``co_names`` and string constants of every user function and every ``torch.nn``
+function that ran). That over-approximates what was read -- a change to an attribute of
+the same name that the trace did not read is refused too -- and it misses an attribute
+read under a computed name (``getattr(self, f"w{i}")``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import dis
+import os
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from precompile import _compat, state_checks
+from precompile.errors import PrecompileError
+from precompile.locations import is_project_file, is_user_file
+
+_TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
+#: torch code whose attribute reads on modules count (a LayerNorm reads ``self.eps``).
+_TORCH_MODULE_CODE = tuple(_TORCH_DIR + d + os.sep for d in ("nn", os.path.join("ao", "nn")))
+
+
+class _Everything:
+    """A name set that holds every name: fingerprints everything an object has."""
+
+    def __contains__(self, name: object) -> bool:
+        return True
+
+
+@dataclasses.dataclass
+class CallLog:
+    """What ran during a trace: every code object, and the globals of each user one."""
+
+    codes: set[types.CodeType] = dataclasses.field(default_factory=set)
+    scopes: dict[types.CodeType, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    def project_codes(self) -> list[types.CodeType]:
+        return sorted(
+            (c for c in self.codes if is_project_file(c.co_filename)),
+            key=lambda c: (c.co_filename, c.co_firstlineno),
+        )
+
+
+@contextlib.contextmanager
+def recording_calls() -> Iterator[CallLog]:
+    """Every function entered on this thread while active (a profile hook that chains
+    to any profiler already installed), with the module globals of the user ones."""
+    log = CallLog()
+    previous = sys.getprofile()
+    codes, scopes = log.codes, log.scopes
+
+    def hook(frame: types.FrameType, event: str, arg: object) -> object:
+        if event == "call":
+            code = frame.f_code
+            if code not in codes:
+                codes.add(code)
+                scopes[code] = frame.f_globals
+        if previous is not None:
+            return previous(frame, event, arg)
+        return None
+
+    sys.setprofile(hook)
+    try:
+        yield log
+    finally:
+        sys.setprofile(previous)
+
+
+def read_names(log: CallLog) -> frozenset[str]:
+    """Attribute names the traced code may read: the names and string constants of
+    every user function and every torch.nn function that ran."""
+    names: set[str] = set()
+    for code in log.codes:
+        path = os.path.realpath(code.co_filename) if code.co_filename else ""
+        if is_user_file(code.co_filename) or path.startswith(_TORCH_MODULE_CODE):
+            names.update(code.co_names)
+            names.update(c for c in code.co_consts if isinstance(c, str) and c.isidentifier())
+    return frozenset(names)
+
+
+def _global_loads(code: types.CodeType) -> list[str]:
+    return list(
+        dict.fromkeys(
+            str(ins.argval) for ins in dis.get_instructions(code) if ins.opname == "LOAD_GLOBAL"
+        )
+    )
+
+
+@dataclasses.dataclass
+class GlobalRead:
+    """The module-level values one user module's traced functions read."""
+
+    module: str
+    file: str | None
+    values: dict[str, Any]
+
+
+@dataclasses.dataclass
+class Dependencies:
+    """The recorded state: per module argument and submodule (in ``named_modules``
+    order) its fingerprint; per distinct submodule class its class-level values; the
+    globals read per module; torch's global hooks; the attribute names that count as
+    read."""
+
+    names: frozenset[str]
+    modules: list[list[Any]]
+    classes: list[tuple[str, Any]]
+    globals: list[GlobalRead]
+    global_hooks: Any
+
+
+def _module_records(modules: list[torch.nn.Module], names: Any, training: bool) -> list[list[Any]]:
+    context = state_checks.new_context(names, training)
+    return [
+        [
+            state_checks.module_fingerprint(sub, context, children=False)
+            for _, sub in m.named_modules()
+        ]
+        for m in modules
+    ]
+
+
+def _class_records(
+    modules: list[torch.nn.Module], names: Any, training: bool
+) -> list[tuple[str, Any]]:
+    context = state_checks.new_context(names, training)
+    classes = dict.fromkeys(type(sub) for m in modules for sub in m.modules())
+    return [
+        (state_checks.type_name(c), state_checks.class_fingerprint(c, context)) for c in classes
+    ]
+
+
+def _global_values(log: CallLog, names: Any, training: bool) -> list[GlobalRead]:
+    """Per user module, the values its traced functions loaded as globals (names bound
+    to builtins are not module state; imported modules are named, not values)."""
+    by_module: dict[str, GlobalRead] = {}
+    context = state_checks.new_context(names, training)
+    for code in log.project_codes():
+        scope = log.scopes.get(code)
+        if scope is None:
+            continue
+        module = str(scope.get("__name__"))
+        read = by_module.setdefault(module, GlobalRead(module, scope.get("__file__"), {}))
+        for name in _global_loads(code):
+            if name in scope and not isinstance(scope[name], types.ModuleType):
+                read.values[name] = state_checks.fingerprint(scope[name], context)
+    return [r for _, r in sorted(by_module.items()) if r.values]
+
+
+class Snapshot:
+    """The state before a trace, to tell what the trace itself changed: Python side
+    effects that an artifact, which runs no Python, would not repeat."""
+
+    def __init__(self, modules: list[torch.nn.Module]) -> None:
+        self.modules = [
+            [(name, _attr_fps(sub)) for name, sub in m.named_modules()] for m in modules
+        ]
+
+    def changed_during(self, modules: list[torch.nn.Module], names: frozenset[str]) -> list[str]:
+        changes = []
+        multi = len(modules) > 1
+        for mi, (m, before) in enumerate(zip(modules, self.modules)):
+            after = [(name, _attr_fps(sub)) for name, sub in m.named_modules()]
+            for (name, old), (_, new) in zip(before, after):
+                for attr in sorted((old.keys() | new.keys()) & names):
+                    if old.get(attr) != new.get(attr):
+                        owner = (f"m{mi}." if multi else "") + name
+                        changes.append(f"{owner + '.' if owner else ''}{attr}")
+        return changes
+
+
+def _attr_fps(module: torch.nn.Module) -> dict[str, Any]:
+    context = state_checks.new_context(_Everything())
+    record = state_checks.module_fingerprint(module, context, children=False)
+    return dict(record[1]) | {"<hooks>": record[2], "<type>": record[0]}
+
+
+def record_dependencies(
+    modules: list[torch.nn.Module], log: CallLog, training: bool
+) -> Dependencies:
+    names = read_names(log)
+    return Dependencies(
+        names=names,
+        modules=_module_records(modules, names, training),
+        classes=_class_records(modules, names, training),
+        globals=_global_values(log, names, training),
+        global_hooks=state_checks.global_hooks_fingerprint(_compat.global_module_hooks()),
+    )
+
+
+def refuse_trace_side_effects(changes: list[str], where: Any) -> None:
+    if changes:
+        raise PrecompileError(
+            f"fn changed module state in Python while it was traced ({', '.join(changes)}); "
+            f"an artifact runs no Python, so served calls would not repeat that change",
+            invariant=4,
+            location=where,
+            hint="keep per-call state in tensors (a registered buffer updated in place), "
+            "or change it outside fn",
+        )
+
+
+def param_free(module: object) -> bool:
+    """A module with no parameters and no buffers bakes no tensor into a trace."""
+    return (
+        isinstance(module, torch.nn.Module)
+        and next(module.parameters(), None) is None
+        and next(module.buffers(), None) is None
+    )

@@ -1,0 +1,435 @@
+"""Fingerprints of the Python state a single-graph trace read, computed the same way at
+capture and when serving.
+
+A make_fx trace runs the user's Python once and keeps only tensor operations: every
+plain value it read on the way (a module's ``eps``, a user attribute, a module-level
+float, the hooks on a module, which function an attribute holds) is baked into the
+graph. The capture records a fingerprint of each such value; the artifact recomputes it
+from the live objects whenever a watched dict changes and refuses a call whose state
+differs. Both sides call these functions -- the capture imports this module, artifacts
+carry its functions verbatim -- so "the same state" means the same thing to both.
+
+A fingerprint is a literal (nested tuples of str, int, bool, None, bytes), so it renders
+into the metadata section and compares with ``==``. Mutable containers are watched:
+each dict reached is returned for its version tag to be watched; each other mutable
+object (a list, a set, an object with ``__slots__``) is returned for a per-call identity
+comparison of its direct contents (``shallow_contents``).
+
+Imports nothing at module level and nothing but torch and the standard library inside.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def type_name(cls: Any) -> str:
+    """A class as another process names it: ``module.qualname``."""
+    return f"{getattr(cls, '__module__', None)}.{getattr(cls, '__qualname__', repr(cls))}"
+
+
+def code_fingerprint(code: Any) -> str:
+    """A digest of what a code object does, independent of where it sits in its file:
+    bytecode, names and constants (nested code objects included), but not file names or
+    line numbers, so an edit elsewhere in the file does not change it. Frozen-set
+    constants are sorted: their iteration order varies between processes."""
+    import hashlib
+    import types
+
+    digest = hashlib.sha256()
+
+    def constant(value: Any) -> str:
+        if isinstance(value, types.CodeType):
+            feed(value)
+            return "<code>"
+        if isinstance(value, frozenset):
+            return "frozenset(" + ",".join(sorted(constant(v) for v in value)) + ")"
+        if isinstance(value, tuple):
+            return "(" + ",".join(constant(v) for v in value) + ")"
+        return repr(value)
+
+    def feed(c: Any) -> None:
+        digest.update(c.co_code)
+        digest.update(repr((c.co_names, c.co_varnames, c.co_freevars, c.co_cellvars)).encode())
+        digest.update(repr(c.co_flags).encode())
+        for value in c.co_consts:
+            digest.update(constant(value).encode("utf-8", "backslashreplace"))
+
+    feed(code)
+    return digest.hexdigest()[:24]
+
+
+#: Hook dicts of a module whose entries change what its call computes, with the dicts
+#: that carry per-hook flags.
+MODULE_HOOK_DICTS = (
+    "_forward_pre_hooks",
+    "_forward_hooks",
+    "_backward_pre_hooks",
+    "_backward_hooks",
+)
+GLOBAL_HOOK_DICTS = (
+    "_global_forward_pre_hooks",
+    "_global_forward_hooks",
+    "_global_backward_pre_hooks",
+    "_global_backward_hooks",
+)
+
+
+def new_context(names: Any, training: bool = True) -> dict[str, Any]:
+    """What one fingerprinting pass needs and collects: the attribute names the trace's
+    code reads (``names``), which module hooks count (backward hooks only when the
+    capture ran a backward), and -- filled in -- the dicts to watch by version and the
+    other mutable objects to compare by identity of their contents."""
+    return {
+        "names": names,
+        "hook_dicts": MODULE_HOOK_DICTS if training else MODULE_HOOK_DICTS[:2],
+        "dicts": [],
+        "shallow": [],
+        "path": set(),
+    }
+
+
+def shallow_contents(value: Any) -> tuple[Any, ...]:
+    """The direct contents of a mutable object that has no version tag: compared by
+    identity per call (nested mutables are watched on their own)."""
+    if isinstance(value, (list, set, bytearray)):
+        return tuple(value)
+    missing = shallow_contents
+    return tuple(getattr(value, slot, missing) for slot in _slots_of(type(value)))
+
+
+def _slots_of(cls: Any) -> tuple[str, ...]:
+    slots: list[str] = []
+    for klass in getattr(cls, "__mro__", ()):
+        declared = klass.__dict__.get("__slots__", ())
+        if isinstance(declared, str):
+            declared = (declared,)
+        slots += [s for s in declared if s not in ("__dict__", "__weakref__")]
+    return tuple(dict.fromkeys(slots))
+
+
+def _is_stdlib_class(cls: Any) -> bool:
+    """Objects of standard-library classes keep private bookkeeping (a logger's level
+    cache) that changes as they are used: only their type is recorded, except for the
+    classes that exist to hold configuration."""
+    import sys
+    import types
+
+    if cls in (types.SimpleNamespace,) or type_name(cls) == "argparse.Namespace":
+        return False
+    return str(getattr(cls, "__module__", "")).split(".")[0] in sys.stdlib_module_names
+
+
+def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any:
+    """A literal that changes whenever ``value`` would make the traced code behave
+    differently, as far as a Python value can: literals by type and exact value
+    (floats by ``repr``), containers element by element, functions by module, name and
+    code, classes and modules by name, objects by type and the attributes the trace's
+    code reads, tensors by their metadata (their values are graph inputs, or were
+    refused at capture as constants)."""
+    import enum
+    import types
+
+    import torch
+
+    kind = type(value)
+    if value is None or kind in (bool, int, str, bytes):
+        return (kind.__name__, value)
+    if kind in (float, complex):
+        return (kind.__name__, repr(value))
+    if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return ("torch", kind.__name__, str(value))
+    if isinstance(value, torch.Tensor):
+        # By metadata only: a tensor's values reach the graph as an input (parameters
+        # and buffers, checked on their own) or were refused at capture as a constant;
+        # a module attribute holding tensors is often a cache of its parameters (an
+        # LSTM's _flat_weights), which the trace itself refreshes with fake ones.
+        return (
+            "tensor",
+            tuple(value.shape),
+            str(value.dtype),
+            str(value.device),
+            bool(value.requires_grad),
+        )
+    if isinstance(value, type):
+        return ("class", type_name(value))
+    if isinstance(value, types.ModuleType):
+        return ("module", value.__name__)
+    if isinstance(value, enum.Enum):
+        return ("enum", type_name(kind), value.name)
+    if depth > 8 or id(value) in context["path"]:
+        return ("deep", type_name(kind))
+    context["path"].add(id(value))
+    try:
+        return _fingerprint_container(value, kind, context, depth + 1)
+    finally:
+        context["path"].discard(id(value))
+
+
+def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth: int) -> Any:
+    import functools
+    import numbers
+    import types
+
+    import torch
+
+    def fp(v: Any) -> Any:
+        return fingerprint(v, context, depth)
+
+    if isinstance(value, (list, tuple)):
+        if not isinstance(value, tuple):
+            context["shallow"].append(value)
+        return (type_name(kind), tuple(fp(v) for v in value))
+    if isinstance(value, dict):
+        context["dicts"].append(value)
+        return (type_name(kind), tuple((fp(k), fp(v)) for k, v in value.items()))
+    if isinstance(value, (set, frozenset)):
+        if isinstance(value, set):
+            context["shallow"].append(value)
+        return (type_name(kind), tuple(sorted((fp(v) for v in value), key=repr)))
+    if isinstance(value, (bytearray, range, slice)):
+        if isinstance(value, bytearray):
+            context["shallow"].append(value)
+        return (type_name(kind), repr(value))
+    if isinstance(value, types.FunctionType):
+        cells = []
+        for cell in value.__closure__ or ():
+            try:
+                cells.append(fp(cell.cell_contents))
+            except ValueError:
+                cells.append(("empty cell",))
+        return (
+            "function",
+            str(value.__module__),
+            value.__qualname__,
+            code_fingerprint(value.__code__),
+            fp(value.__defaults__),
+            fp(value.__kwdefaults__),
+            tuple(cells),
+        )
+    if isinstance(value, types.MethodType):
+        return ("method", fp(value.__func__), fp(value.__self__))
+    if isinstance(value, functools.partial):
+        return ("partial", fp(value.func), fp(value.args), fp(value.keywords))
+    if type_name(kind) in ("torch._ops.OpOverload", "torch._ops.OpOverloadPacket"):
+        return ("op", str(value))
+    if callable(value) and not hasattr(value, "__dict__") and hasattr(value, "__qualname__"):
+        # Builtins, method descriptors, torch ops: named by where they live.
+        owner = getattr(value, "__module__", None) or type_name(
+            type(getattr(value, "__self__", None))
+        )
+        return ("builtin", str(owner), value.__qualname__)
+    if isinstance(value, numbers.Number):
+        return ("number", type_name(kind), repr(value))
+    if isinstance(value, torch.nn.Module):
+        return ("nn.Module", *module_fingerprint(value, context, depth))
+    return _fingerprint_object(value, kind, context, depth)
+
+
+def _fingerprint_object(value: Any, kind: Any, context: dict[str, Any], depth: int) -> Any:
+    names = context["names"]
+    if _is_stdlib_class(kind):
+        return ("object", type_name(kind))
+    attrs: list[Any] = []
+    state = getattr(value, "__dict__", None)
+    if isinstance(state, dict):
+        context["dicts"].append(state)
+        attrs += [(k, fingerprint(v, context, depth)) for k, v in state.items() if k in names]
+    slots = [s for s in _slots_of(kind) if s in names]
+    if slots:
+        context["shallow"].append(value)
+        for slot in slots:
+            if hasattr(value, slot):
+                attrs.append((slot, fingerprint(getattr(value, slot), context, depth)))
+    return ("object", type_name(kind), tuple(sorted(attrs)))
+
+
+#: Instance attributes every nn.Module has: its bookkeeping, each checked on its own
+#: (parameters, buffers, children and training flags by the model checks, hooks by
+#: ``hooks_fingerprint``) or irrelevant to what a call computes.
+_MODULE_BOOKKEEPING = frozenset(
+    {
+        "training",
+        "_parameters",
+        "_buffers",
+        "_non_persistent_buffers_set",
+        "_backward_pre_hooks",
+        "_backward_hooks",
+        "_is_full_backward_hook",
+        "_forward_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+        "_forward_pre_hooks",
+        "_forward_pre_hooks_with_kwargs",
+        "_state_dict_hooks",
+        "_state_dict_pre_hooks",
+        "_load_state_dict_pre_hooks",
+        "_load_state_dict_post_hooks",
+        "_modules",
+        "_compiled_call_impl",
+    }
+)
+
+
+def hooks_fingerprint(holder: Any, dict_names: tuple[str, ...], flags: Any) -> Any:
+    """The hooks in ``holder``'s hook dicts, in order, each by function identity and its
+    registration flags (with kwargs, always called). Handle ids are left out: they come
+    from a per-process counter."""
+    context = new_context(frozenset())
+    result = []
+    for dict_name in dict_names:
+        if isinstance(holder, dict):
+            hooks = holder[dict_name]
+        else:
+            hooks = getattr(holder, dict_name, None) or {}
+        result.append(
+            tuple(
+                (fingerprint(hook, context), tuple(bool(f.get(key)) for f in flags(dict_name)))
+                for key, hook in hooks.items()
+            )
+        )
+    return tuple(result)
+
+
+def module_fingerprint(
+    module: Any, context: dict[str, Any], depth: int = 0, children: bool = True
+) -> tuple[Any, ...]:
+    """One module's own state as a trace depends on it: its type, the attributes the
+    trace's code reads (by the names in ``context``), and its hooks. Its children are
+    fingerprinted on their own (``children=False``) when the module is a module
+    argument; for a module held any other way (a global, an attribute) they are
+    included, with the names of its parameters and buffers."""
+    state = vars(module)
+    hook_dicts = context["hook_dicts"]
+    context["dicts"] += [
+        state,
+        module._parameters,
+        module._buffers,
+        module._modules,
+        *(getattr(module, name) for name in hook_dicts),
+    ]
+    names = context["names"]
+    attrs = tuple(
+        (k, fingerprint(v, context, depth))
+        for k, v in state.items()
+        if k in names and k not in _MODULE_BOOKKEEPING
+    )
+
+    def flags(dict_name: str) -> tuple[dict[Any, Any], ...]:
+        if dict_name == "_forward_hooks":
+            return (module._forward_hooks_with_kwargs, module._forward_hooks_always_called)
+        if dict_name == "_forward_pre_hooks":
+            return (module._forward_pre_hooks_with_kwargs,)
+        return ()
+
+    hooks = hooks_fingerprint(module, hook_dicts, flags)
+    if not children:
+        return (type_name(type(module)), attrs, hooks)
+    kids = tuple(
+        (name, None if child is None else fingerprint(child, context, depth))
+        for name, child in module._modules.items()
+    )
+    tensors = (tuple(module._parameters), tuple(module._buffers))
+    return (type_name(type(module)), attrs, hooks, kids, tensors)
+
+
+def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]:
+    """The class-level values the traced code may read through an instance of ``cls``
+    (a method, a class attribute ``scale = 2.0``), first match along the MRO, by the
+    names in ``context``. Each class's own dict is watched: a method monkeypatched or a
+    class attribute set at run time changes its version."""
+    import gc
+
+    names = context["names"]
+    found: dict[str, Any] = {}
+    for klass in cls.__mro__[:-1]:  # every class but object
+        namespace = vars(klass)
+        context["dicts"] += [r for r in gc.get_referents(namespace) if isinstance(r, dict)]
+        for key, value in namespace.items():
+            if key in names and key not in found and not key.startswith("__"):
+                found[key] = value
+    return tuple((key, fingerprint(value, context)) for key, value in sorted(found.items()))
+
+
+def global_hooks_fingerprint(hooks: tuple[dict[Any, Any], ...]) -> Any:
+    """torch's global module hooks (``register_module_forward_hook`` and friends): they
+    run around every module call, so a trace bakes them like a module's own. ``hooks``
+    is ``(forward_pre, forward, backward_pre, backward, forward_with_kwargs,
+    forward_always_called)``, the dicts torch keeps them in."""
+    holder = dict(zip(GLOBAL_HOOK_DICTS, hooks[:4]))
+
+    def flags(dict_name: str) -> tuple[dict[Any, Any], ...]:
+        return hooks[4:6] if dict_name == "_global_forward_hooks" else ()
+
+    return hooks_fingerprint(holder, GLOBAL_HOOK_DICTS, flags)
+
+
+def first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any]:
+    """Where two fingerprints first differ: the attribute path or index below the
+    value (``.pool``, ``[0]``) and the two fingerprints there."""
+    if (
+        isinstance(old, tuple)
+        and isinstance(new, tuple)
+        and len(old) == len(new) == 3
+        and old[0] == new[0] == "object"
+        and old[1] == new[1]
+    ):
+        before, after = dict(old[2]), dict(new[2])
+        for key in sorted(before.keys() | after.keys()):
+            if before.get(key) != after.get(key):
+                if key in before and key in after:
+                    return first_difference(before[key], after[key], f"{path}.{key}")
+                return f"{path}.{key}", before.get(key, ("absent",)), after.get(key, ("absent",))
+    if (
+        isinstance(old, tuple)
+        and isinstance(new, tuple)
+        and len(old) == len(new) == 2
+        and old[0] == new[0]
+        and str(old[0]).startswith("builtins.")
+        and isinstance(old[1], tuple)
+        and isinstance(new[1], tuple)
+        and len(old[1]) == len(new[1])
+    ):
+        for i, (a, b) in enumerate(zip(old[1], new[1])):
+            if a != b:
+                return first_difference(a, b, f"{path}[{i}]")
+    return path, old, new
+
+
+def describe_value(fp: Any) -> str:
+    """A fingerprint, readable in a message: literals and their containers as Python
+    writes them, functions, classes and modules by name, objects by type."""
+    text = _readable(fp)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _readable(fp: Any) -> str:
+    if not isinstance(fp, tuple) or not fp:
+        return repr(fp)
+    kind = fp[0]
+    if kind in ("bool", "int", "str", "bytes", "NoneType") and len(fp) == 2:
+        return repr(fp[1])
+    if kind in ("float", "complex", "number"):
+        return str(fp[-1])
+    if kind in ("function", "builtin"):
+        return f"function {fp[1]}.{fp[2]}"
+    if kind in ("class", "module", "op"):
+        return f"{kind} {fp[1]}"
+    if kind == "torch":
+        return fp[2]
+    if kind == "tensor":
+        return f"a tensor of shape {fp[1]} and dtype {fp[2]}"
+    if kind in ("builtins.list", "builtins.tuple", "builtins.set", "builtins.frozenset"):
+        items = ", ".join(_readable(v) for v in fp[1])
+        brackets = {"builtins.list": "[]", "builtins.tuple": "()"}.get(kind, "{}")
+        return (
+            brackets[0]
+            + items
+            + ("," if kind == "builtins.tuple" and len(fp[1]) == 1 else "")
+            + brackets[1]
+        )
+    if kind in ("builtins.dict", "collections.OrderedDict"):
+        return "{" + ", ".join(f"{_readable(k)}: {_readable(v)}" for k, v in fp[1]) + "}"
+    if kind in ("object", "nn.Module", "enum"):
+        return f"a {fp[1]}" + (f".{fp[2]}" if kind == "enum" else "")
+    return repr(fp)
