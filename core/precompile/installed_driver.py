@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     FN_MODULE: str = ""
     EAGER_FRAMES: list[tuple[str, int]] = []
     _PACKAGE: str = ""
+    DYNAMO_GLOBALS: list[list[str]] = []
     _BACKEND_FNS: dict[str, Any] = {}
 
     def _fail(message: str, invariant: int | None = None) -> Any: ...
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     def _serve_as_captured(entry: Any) -> Any: ...
 
     def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str: ...
+
+    def _rebuild_global(kind: str, data: str) -> Any: ...
 
 
 def _build_installed_forward() -> Any:
@@ -102,6 +105,11 @@ def _build_installed_forward() -> Any:
             context.callback = rt.refusing_callback(context.callback, eager)
         compiled = context(fn)
     package.install({backend_id: rt.Backend(f) for backend_id, f in _BACKEND_FNS.items()})
+    helpers = []
+    for module_name, name, kind, data in DYNAMO_GLOBALS:
+        scope = vars(_import_module(module_name))
+        scope[name] = _rebuild_global(kind, data)
+        helpers.append((scope, name))
 
     def entry(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -135,6 +143,8 @@ def _build_installed_forward() -> Any:
 
     def unload() -> None:
         rt.uninstall(package, targets)
+        for scope, name in helpers:
+            scope.pop(name, None)
 
     forward.covers = covers  # type: ignore[attr-defined]
     forward.unload = unload  # type: ignore[attr-defined]

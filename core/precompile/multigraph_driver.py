@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     GRAD_MODE: bool = False
     GLOBAL_STATE: dict[str, Any] = {}
     FUNCTION_SOURCES: list[dict[str, Any]] = []
+    DYNAMO_GLOBALS: list[list[str]] = []
     ARTIFACT_TAG: str = ""
     _FRAMES: str = ""
     _ENTRY_BINDING: str = ""
@@ -122,6 +123,30 @@ def _check_function_sources() -> None:
             )
 
 
+def _rebuild_global(kind: str, data: str) -> Any:
+    """A helper global Dynamo bound at capture (DYNAMO_GLOBALS), rebuilt here: a module,
+    a module's globals dict, a function or class by ``module:qualname``, or a small
+    pickled value."""
+    import base64
+    import operator
+    import pickle
+
+    if kind == "module":
+        return _import_module(data)
+    if kind == "module_dict":
+        return vars(_import_module(data))
+    if kind == "object":
+        module_name, qualname = data.split(":", 1)
+        try:
+            return operator.attrgetter(qualname)(_import_module(module_name))
+        except AttributeError:
+            _fail(
+                f"precompile: this artifact's compiled code reads {module_name}.{qualname}, "
+                f"which this process does not define; capture it again"
+            )
+    return pickle.loads(base64.b64decode(data))
+
+
 def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str:
     """The first guard of a variant that fails for these locals, in the user's words."""
     info = manager.check_verbose(f_locals)
@@ -198,6 +223,9 @@ def _build_multigraph_forward() -> Any:
             scope = scopes[name] = vars(_import_module(name))
             for backend_id, fn in compiled.items():
                 seed(scope, backend_id, fn)
+            for module_name, helper, kind, data in DYNAMO_GLOBALS:
+                if module_name == name:
+                    seed(scope, helper, _rebuild_global(kind, data))
         for alias, module_name in frame["import_sources"].items():
             seed(scope, alias, _import_module(module_name))
         return scope
@@ -404,6 +432,7 @@ MULTIGRAPH_DRIVER = (
     _serve_as_captured,
     _import_module,
     _check_function_sources,
+    _rebuild_global,
     _readable_guard_failure,
     _build_multigraph_forward,
 )
