@@ -174,9 +174,9 @@ def test_same_artifact_twice_and_two_artifacts_of_one_function_serve_side_by_sid
     x2, x3 = torch.randn(2, 8), torch.randn(3, 8)
     torch.testing.assert_close(second(model, x2), dynamo_models.explicit_break(model, x2))
     torch.testing.assert_close(other(model, x3), dynamo_models.explicit_break(model, x3))
-    with pytest.raises(PrecompileError, match="expected 2, actual 3"):
+    with pytest.raises(PrecompileError, match="`x` has size 3 at dim 0; the capture saw 2"):
         first(model, x3)
-    with pytest.raises(PrecompileError, match="expected 3, actual 2"):
+    with pytest.raises(PrecompileError, match="`x` has size 2 at dim 0; the capture saw 3"):
         other(model, x2)
     for run in (first, second, other):
         run.unload()

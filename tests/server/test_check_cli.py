@@ -49,7 +49,10 @@ def test_every_finding_kind_exactly(checked: dict[str, Any]) -> None:
     ]
     (gap,) = found["PC201"]
     assert _at(gap) == ("src/shop/serving.py", 19, 0, "error")
-    assert "tensor(7, 8)" in gap["message"] and "expected 4, actual 7" in gap["message"]
+    assert (
+        "tensor(7, 8)" in gap["message"]
+        and "has size 7 at dim 0; the capture saw 4" in gap["message"]
+    )
     (stale,) = found["PC301"]
     assert _at(stale) == ("src/shop/serving.py", 23, 0, "warning")
     assert stale["message"].startswith(
