@@ -403,6 +403,20 @@ def new_package(fn: Callable[..., Any]) -> Any:
     return CompilePackage(fn)
 
 
+def recording_traced_code(package: Any, codes: dict[types.CodeType, None]) -> None:
+    """Record in ``codes`` every code object Dynamo traced into a graph of ``package``'s
+    frames: the frame's own code and every function it inlined (a module's ``forward``,
+    helpers, hooks) -- what Dynamo hands the package as the frame's inlined sources."""
+    original = package.add_inlined_source
+
+    def add_inlined_source(sources: list[types.CodeType]) -> None:
+        for code in sources:
+            codes.setdefault(code, None)
+        return original(sources)
+
+    package.add_inlined_source = add_inlined_source
+
+
 def current_package_code(package: Any) -> types.CodeType | None:
     """The code object the package is compiling right now (inside a guard filter)."""
     entry = getattr(package, "_current_entry", None)
@@ -412,6 +426,12 @@ def current_package_code(package: Any) -> types.CodeType | None:
         if candidate is entry:
             return code
     return None
+
+
+def current_package_module(package: Any) -> str:
+    """The module whose globals the frame being compiled runs in (inside a guard filter)."""
+    entry = getattr(package, "_current_entry", None)
+    return str(getattr(entry, "python_module", "") or "")
 
 
 def optimize(

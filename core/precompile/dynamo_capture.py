@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from precompile import _compat
+from precompile.dynamo_dependencies import DependencyRecorder
 from precompile.errors import Location, PrecompileError
 from precompile.function_records import function_records
 from precompile.locations import (
@@ -337,6 +338,9 @@ class DynamoSession:
         self.backend = backend
         self.training = training
         self.package = _compat.new_package(fn)
+        #: Every code object traced into a graph (frames and what they inlined).
+        self.traced_codes: dict[types.CodeType, None] = {}
+        _compat.recording_traced_code(self.package, self.traced_codes)
         self.inductor_graphs: list[torch.fx.GraphModule] = []
         self.kernel_runtime: Any = None  # compiles and remembers inlined modules' kernels
         self.guard_log: dict[types.CodeType, list[list[GuardDecision]]] = {}
@@ -347,6 +351,7 @@ class DynamoSession:
         self.calls = 0
         self.global_state = _compat.global_state()
         self._touched: dict[types.CodeType, bool] = {}
+        self.dependencies = DependencyRecorder(fn)  # type: ignore[arg-type]
         self.installed_globals: dict[types.CodeType, dict[str, Any]] = {}
         # Inductor compiles into a private cache; its files become the kernel cache.
         self.inductor_cache = (
@@ -436,6 +441,7 @@ class DynamoSession:
                 )
             )
         code = _compat.current_package_code(self.package)
+        self.dependencies.observe(code, _compat.current_package_module(self.package), entries)
         if code is not None:
             variants = self.guard_log.setdefault(code, [])
             variants.append(decisions)
@@ -669,12 +675,17 @@ def entry_binding(fn: types.FunctionType) -> dict[str, Any]:
 
 
 def function_sources(
-    fn: types.FunctionType, frames: list[FrameRecord], artifact_path: str
+    fn: types.FunctionType,
+    frames: list[FrameRecord],
+    artifact_path: str,
+    traced: list[types.CodeType] = (),  # type: ignore[assignment]
 ) -> list[dict[str, Any]]:
-    """Function-level digests of the traced source: the entry and every frame's code, so
-    a load can refuse a changed function by name and an editor can tell a stale
-    artifact from an edit elsewhere in the same file (``precompile.source_digest``)."""
-    codes = [fn.__code__, *(frame.code for frame in frames)]
+    """Function-level digests of the traced source: the entry, every frame's code and
+    every function Dynamo inlined into a graph (``traced``: a model's ``forward``,
+    helpers, hooks), so a load can refuse a changed function by name and an editor can
+    tell a stale artifact from an edit elsewhere in the same file
+    (``precompile.source_digest``)."""
+    codes = [fn.__code__, *(frame.code for frame in frames), *traced]
     return function_records(
         [c for c in codes if not c.co_name.startswith("torch_dynamo_resume_in")], artifact_path
     )

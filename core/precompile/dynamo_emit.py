@@ -22,6 +22,7 @@ import torch
 
 from precompile import (
     _compat,
+    dependency_driver,
     driver,
     guard_text,
     installed_driver,
@@ -84,15 +85,21 @@ def helper_globals(frames: list[FrameRecord]) -> list[tuple[FrameRecord, str, An
     besides the ones the package records (subgraphs, resume functions, import aliases,
     the builtins dict): (frame, name, value), in the order Dynamo bound them."""
     found = []
+    handled = {
+        name
+        for frame in frames
+        for name in (*frame.backend_ids, *frame.resume_names, *frame.import_sources)
+    }
     for frame in frames:
-        handled = set(frame.backend_ids) | set(frame.resume_names) | set(frame.import_sources)
         used: set[str] = set()
         blobs = b""
         for guards_state, code in frame.variants:
             used |= _code_names(code)
             blobs += guards_state
         for name, value in frame.installed_globals.items():
-            if name in handled or name.startswith(("__builtins_dict___", "__compiled_fn_")):
+            if name in handled or name.startswith(
+                ("__builtins_dict___", "__compiled_fn_", "__resume_at_")
+            ):
                 continue
             if name in used or re.search(re.escape(name.encode()) + rb"(?!\d)", blobs):
                 found.append((frame, name, value))
@@ -214,6 +221,32 @@ def _package_payload(package: Any, frames: list[FrameRecord], tag: str) -> Any:
         for code in entry.codes
     ]
     return dataclasses.replace(entry, codes=codes)
+
+
+def _renamed_dependencies(
+    dependencies: dict[str, Any] | None, names: dict[str, str]
+) -> dict[str, Any]:
+    """MODULE_HOOKS and GLOBAL_READS with the access paths through globals Dynamo minted
+    (a namedtuple's globals dict, the builtins dict) renamed like the bytecode."""
+    dependencies = dependencies or {"MODULE_HOOKS": {"roots": [], "global": {}}, "GLOBAL_READS": []}
+    minted = {old: new for old, new in names.items() if _guard_visible(old)}
+
+    def rename(path: str) -> str:
+        for old, new in minted.items():
+            if old in path:
+                path = re.sub(re.escape(old) + r"(?!\d)", new, path)
+        return path
+
+    hooks = dependencies["MODULE_HOOKS"]
+    return {
+        "MODULE_HOOKS": {
+            **hooks,
+            "roots": [{**root, "path": rename(root["path"])} for root in hooks["roots"]],
+        },
+        "GLOBAL_READS": [
+            {**read, "path": rename(read["path"])} for read in dependencies["GLOBAL_READS"]
+        ],
+    }
 
 
 def _encode(value: Any) -> str:
@@ -352,6 +385,7 @@ def emit_dynamo(
     guards_summary: list[dict[str, Any]],
     serving_mode: str = "standalone",
     package: Any = None,
+    dependencies: dict[str, Any] | None = None,
 ) -> Artifact:
     """``graph_section(names)`` renders the backend's graphs under the normalized names.
     An ``installed`` artifact carries the renamed package (``_PACKAGE``) instead of frame
@@ -387,6 +421,7 @@ def emit_dynamo(
         ],
         "GUARDS": guards_summary,
         "DYNAMO_GLOBALS": helpers,
+        **_renamed_dependencies(dependencies, names),
         "FUNCTION_SOURCES": function_sources,
         "TORCH_VERSION": str(torch.__version__),
         "PYTHON_VERSION": list(sys.version_info[:2]),
@@ -411,6 +446,7 @@ def emit_dynamo(
             guard_text.guard_failure_text,
             guard_text.frame_label,
             _compat._dynamo_serving_runtime,
+            *dependency_driver.DEPENDENCY_DRIVER,
             *multigraph_driver.MULTIGRAPH_DRIVER,
             *(
                 (_compat._dynamo_installed_runtime, installed_driver._build_installed_forward)

@@ -35,7 +35,9 @@ if TYPE_CHECKING:
 
     def _dynamo_installed_runtime() -> Any: ...
 
-    def _serve_as_captured(entry: Any) -> Any: ...
+    def _serve_as_captured(entry: Any, check: Any) -> Any: ...
+
+    def _build_dependency_check() -> Any: ...
 
     def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str: ...
 
@@ -122,7 +124,7 @@ def _build_installed_forward() -> Any:
                 3,
             )
 
-    forward = _serve_as_captured(entry)
+    forward = _serve_as_captured(entry, _build_dependency_check())
     signature = inspect.signature(fn)
 
     def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:

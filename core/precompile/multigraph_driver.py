@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 
     def source_digest(text: str) -> str: ...
 
+    def _build_dependency_check() -> Any: ...
+
 
 def _check_versions() -> None:
     """Refuse a foreign Python or torch before anything is unpickled: the artifact holds
@@ -117,9 +119,9 @@ def _check_function_sources() -> None:
         if source is None or source_digest(source) != record["sha256"]:
             what = "is gone or renamed" if source is None else "changed"
             _fail(
-                f"precompile: {record['function']} in {record['path']} (module {name}) {what} "
-                f"since this artifact was captured; its guards and bytecode describe the old "
-                f"code. Capture it again"
+                f"precompile: {record['function']} ({record['path']}:{record['line']}, module "
+                f"{name}) {what} since this artifact was captured; its guards and bytecode "
+                f"describe the old code. Capture it again (re-emit the artifact)"
             )
 
 
@@ -154,17 +156,20 @@ def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str:
     return guard_failure_text(str(parts[0])) if parts else "a guard failed"
 
 
-def _serve_as_captured(entry: Any) -> Any:
+def _serve_as_captured(entry: Any, check: Any) -> Any:
     """Run ``entry`` under the global state the artifact was captured in: the captured grad
     mode, autocast off (the casts are in the graphs), and the default dtype and
     deterministic mode checked, since Dynamo's own guard on them is left to this driver
-    (it also bundles the thread count, which an artifact must not depend on)."""
+    (it also bundles the thread count, which an artifact must not depend on). Each call
+    first runs ``check(args, kwargs)``: what the trace depended on beyond its guards
+    (hooks, module-level functions; see _build_dependency_check)."""
     import torch
 
     dtype = getattr(torch, GLOBAL_STATE["default_dtype"].split(".")[-1])
     deterministic = GLOBAL_STATE["deterministic"]
 
     def forward(*args: Any, **kwargs: Any) -> Any:
+        check(args, kwargs)
         if torch.get_default_dtype() is not dtype or (
             torch.are_deterministic_algorithms_enabled() != deterministic
         ):
@@ -409,7 +414,7 @@ def _build_multigraph_forward() -> Any:
             seed(scope, name, dispatcher)
     if entry is None:
         _fail("precompile: this artifact has no entry frame; capture it again")
-    forward = _serve_as_captured(entry)
+    forward = _serve_as_captured(entry, _build_dependency_check())
 
     def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:
         return entry.coverage(args, kwargs)
