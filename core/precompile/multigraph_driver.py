@@ -306,7 +306,14 @@ def _build_multigraph_forward() -> Any:
 
         signature = inspect.signature(function(target, cells or None))
 
+        positional = target.co_varnames[: target.co_argcount]
+        # A call that passes exactly the positional parameters (every continuation, most
+        # entries) binds without inspect: 0x04/0x08 are CO_VARARGS/CO_VARKEYWORDS.
+        plain_signature = not (target.co_flags & 0x0C or target.co_kwonlyargcount)
+
         def locals_of(closure: Any, args: Any, kwargs: Any) -> dict[str, Any]:
+            if plain_signature and not kwargs and not closure and len(args) == len(positional):
+                return dict(zip(positional, args))
             f_locals: dict[str, Any] = {}
             for name, cell in zip(target.co_freevars, closure or ()):
                 try:
@@ -314,7 +321,7 @@ def _build_multigraph_forward() -> Any:
                 except ValueError:
                     pass
             f_locals.update(rt.bind_locals(signature, *args, **kwargs))
-            for name in target.co_varnames[: target.co_argcount]:
+            for name in positional:
                 if name.startswith("."):
                     f_locals[name] = f_locals.pop("implicit" + name[1:])
             return f_locals
