@@ -225,28 +225,17 @@ def _build_dependency_check() -> Any:
         cache[id(module)] = (weakref.ref(module), dicts, tuple(map(_dict_version, dicts)))
 
     # Global reads: resolved now, compared by identity per call in one generated function.
+    # A path that does not resolve to what the capture saw yet (state a library fills
+    # later) is resolved again when a call misses, and adopted once it does; a path
+    # resolved here stays bound to that object.
     scopes: list[dict[str, Any]] = []
     scope_index: dict[str, int] = {}
-    expected: list[Any] = []
     terms = []
     for i, read in enumerate(GLOBAL_READS):
-        name = read["scope"]
-        if name not in scope_index:
-            scope_index[name] = len(scopes)
-            scopes.append(vars(_import_module(name)))
-        index = scope_index[name]
-        term = f"__S{index}" + read["path"][1:]
-        try:
-            bound = eval(term, {f"__S{index}": scopes[index]})
-        except Exception:
-            bound = None
-        target = getattr(bound, "__func__", bound)
-        same = (getattr(target, "__module__", None), getattr(target, "__qualname__", None)) == (
-            read["module"],
-            read["qualname"],
-        )
-        expected.append(bound if same else object())
-        terms.append(f"({term}) is __E[{i}]")
+        if read["scope"] not in scope_index:
+            scope_index[read["scope"]] = len(scopes)
+            scopes.append(vars(_import_module(read["scope"])))
+        terms.append(f"(__S{scope_index[read['scope']]}{read['path'][1:]}) is __E[{i}]")
     source = "def __reads_ok({}):\n    try:\n        return {}\n    except Exception:\n        return False\n".format(
         ", ".join([*(f"__S{i}" for i in range(len(scopes))), "__E"]),
         " and ".join(terms) or "True",
@@ -254,25 +243,43 @@ def _build_dependency_check() -> Any:
     namespace: dict[str, Any] = {}
     exec(compile(source, "<precompile global reads>", "exec"), namespace)
     reads_ok = namespace["__reads_ok"]
-    reads_args = (*scopes, tuple(expected))
 
-    def describe_reads() -> None:
-        for read, want in zip(GLOBAL_READS, expected):
-            scope = scopes[scope_index[read["scope"]]]
-            try:
-                bound = eval("__S" + read["path"][1:], {"__S": scope})
-            except Exception:
-                bound = None
-            if bound is want:
+    def bound_now(read: dict[str, str]) -> Any:
+        try:
+            return eval("__S" + read["path"][1:], {"__S": scopes[scope_index[read["scope"]]]})
+        except Exception:
+            return None
+
+    def captured_one(read: dict[str, str], bound: Any) -> bool:
+        target = getattr(bound, "__func__", bound)
+        return (getattr(target, "__module__", None), getattr(target, "__qualname__", None)) == (
+            read["module"],
+            read["qualname"],
+        )
+
+    unresolved = object()
+    expected = [
+        bound if captured_one(read, bound) else unresolved
+        for read, bound in ((read, bound_now(read)) for read in GLOBAL_READS)
+    ]
+    reads_args = [(*scopes, tuple(expected))]
+
+    def recheck_reads() -> None:
+        for i, read in enumerate(GLOBAL_READS):
+            bound = bound_now(read)
+            if bound is expected[i]:
+                continue
+            if expected[i] is unresolved and captured_one(read, bound):
+                expected[i] = bound
                 continue
             captured = f"{read['module']}.{read['qualname']}"
             if read.get("location"):
                 captured += f" ({read['location']})"
-            code = getattr(getattr(bound, "__func__", bound), "__code__", None)
+            target = getattr(bound, "__func__", bound)
+            code = getattr(target, "__code__", None)
             if bound is None:
                 now = "nothing (it is not defined)"
             else:
-                target = getattr(bound, "__func__", bound)
                 now = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(bound).__qualname__)}"
                 if code is not None:
                     now += f" ({code.co_filename}:{code.co_firstlineno})"
@@ -282,7 +289,7 @@ def _build_dependency_check() -> Any:
                 f"artifact serves only that. Restore it, or capture again with the new one "
                 f"(re-emit the artifact)"
             )
-        _fail("precompile: a module-level function or class the capture read was rebound")
+        reads_args[0] = (*scopes, tuple(expected))
 
     def check(args: Any, kwargs: Any) -> None:
         if tuple(map(_dict_version, global_dicts)) != global_versions[0]:
@@ -301,8 +308,8 @@ def _build_dependency_check() -> Any:
                 or tuple(map(_dict_version, cached[1])) != cached[2]
             ):
                 check_module(root, module)
-        if not reads_ok(*reads_args):
-            describe_reads()
+        if not reads_ok(*reads_args[0]):
+            recheck_reads()
 
     return check
 

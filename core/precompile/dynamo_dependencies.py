@@ -11,9 +11,11 @@ a process) or skipped altogether (``skip_nnmodule_hook_guards``):
   ``module.qualname``) and refuses a call that meets others.
 - **Module-level functions and classes** the frames read (a helper, a namedtuple class,
   ``F.gelu``): recorded by access path with the module and qualified name of what was
-  bound there. A load resolves each path and refuses one now bound to something else;
-  every call then checks the bindings by identity. Their code is covered by
-  ``FUNCTION_SOURCES`` (every function Dynamo traced).
+  bound there. Serving resolves each path and refuses one bound to something else; every
+  call then checks the bindings by identity. Their code (the project's functions among
+  them, with every function Dynamo traced) joins ``FUNCTION_SOURCES``, checked at load.
+
+The checks themselves are ``precompile.dependency_driver``, emitted into artifacts.
 
 Messages name things in the user's words (``precompile.guard_text``).
 """
@@ -72,6 +74,8 @@ class DependencyRecorder:
         #: (frame module, access path) -> (module, qualname, location) of what was bound.
         self.reads: dict[tuple[str, str], tuple[str, str, str]] = {}
         self.conflicts: list[str] = []
+        #: The code of every function read that way (its source is checked at load).
+        self.read_codes: dict[types.CodeType, None] = {}
 
     def observe(self, code: types.CodeType | None, module_name: str, entries: list[Any]) -> None:
         is_entry = code is self.fn.__code__
@@ -107,6 +111,9 @@ class DependencyRecorder:
             if qualified is None or not e.name.startswith("G["):
                 continue
             self.reads.setdefault((module_name, e.name), (*qualified, _location(e.value)))
+            code = getattr(getattr(e.value, "__func__", e.value), "__code__", None)
+            if isinstance(code, types.CodeType):
+                self.read_codes.setdefault(code, None)
 
     def metadata(self) -> dict[str, Any]:
         """``MODULE_HOOKS`` and ``GLOBAL_READS``, as artifact literals."""

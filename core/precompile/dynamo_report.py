@@ -88,7 +88,10 @@ def build_dynamo_artifact(
     report.recompiles = list(session.recompiles)
     report.guards = guards_summary(frames)
     report.function_sources = function_sources(
-        session.fn, frames, artifact_path, list(session.traced_codes)
+        session.fn,
+        frames,
+        artifact_path,
+        [*session.traced_codes, *session.dependencies.read_codes],
     )
     report.summary = summarize(frames, len(breaks), len(order))
     report.audit = audit(frames)
