@@ -173,9 +173,12 @@ def _build_dependency_check() -> Any:
 
     entry_fn = operator.attrgetter(FN_NAME)(_import_module(FN_MODULE))
     signature = inspect.signature(entry_fn)
-    cache: dict[int, tuple[Any, list[Any], tuple[Any, ...]]] = {}
+    # (root, id(module)) -> (weakref to the module, its hook and _modules dicts, their
+    # version tags when last found as captured): one module may stand for two roots.
+    cache: dict[tuple[int, int], tuple[Any, list[Any], tuple[Any, ...]]] = {}
     fetchers = []
-    for root in MODULE_HOOKS.get("roots") or []:
+    for number, root in enumerate(MODULE_HOOKS.get("roots") or []):
+        root = {**root, "number": number}
         path = root["path"]
         if root["kind"] == "global":
             scope = vars(_import_module(root["module"]))
@@ -222,7 +225,11 @@ def _build_dependency_check() -> Any:
             dicts.extend(getattr(sub_module, attr) for attr in attrs)
         if len(cache) > 64:
             cache.clear()
-        cache[id(module)] = (weakref.ref(module), dicts, tuple(map(_dict_version, dicts)))
+        cache[root["number"], id(module)] = (
+            weakref.ref(module),
+            dicts,
+            tuple(map(_dict_version, dicts)),
+        )
 
     # Global reads: resolved now, compared by identity per call in one generated function.
     # A path that does not resolve to what the capture saw yet (state a library fills
@@ -301,7 +308,7 @@ def _build_dependency_check() -> Any:
                 continue  # the call's own guards refuse what is missing
             if not isinstance(module, module_type):
                 continue
-            cached = cache.get(id(module))
+            cached = cache.get((root["number"], id(module)))
             if (
                 cached is None
                 or cached[0]() is not module

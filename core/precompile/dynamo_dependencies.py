@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from precompile import _compat
 from precompile.dependency_driver import global_hook_snapshot, hook_snapshot
 from precompile.errors import PrecompileError
 from precompile.guard_text import user_path
@@ -85,7 +86,7 @@ class DependencyRecorder:
             if getattr(e, "has_value", False) and isinstance(e.value, torch.nn.Module)
         }
         for name, module in modules.items():
-            if any(name != other and name.startswith(other) for other in modules):
+            if any(name.startswith((other + ".", other + "[")) for other in modules):
                 continue  # reached from a module already recorded
             match = _ROOT.match(name)
             if match is None or (match.group("local") and not is_entry):
@@ -105,7 +106,7 @@ class DependencyRecorder:
         for e in entries:
             if not (getattr(e, "is_global", False) and getattr(e, "has_value", False)):
                 continue
-            if not _identity_guard(e) or "__builtins_dict__" in e.name:
+            if not _compat.compares_identity(e) or "__builtins_dict__" in e.name:
                 continue
             qualified = _qualified(e.value)
             if qualified is None or not e.name.startswith("G["):
@@ -153,9 +154,3 @@ class DependencyRecorder:
             "MODULE_HOOKS": {"roots": roots, "global": self.global_hooks or {}},
             "GLOBAL_READS": reads,
         }
-
-
-def _identity_guard(entry: Any) -> bool:
-    from precompile import _compat
-
-    return _compat.compares_identity(entry)

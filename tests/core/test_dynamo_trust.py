@@ -287,3 +287,29 @@ def test_a_live_torch_compile_of_the_function_is_named_as_the_conflict(tmp_path:
         out = cap(model, x)
     with torch.no_grad():
         assert_same(out, trust_models.block_step(model, x))
+
+
+def test_each_module_argument_is_checked_against_its_own_hooks(tmp_path: Path) -> None:
+    """Two same-shaped modules, one captured with a hook: passed the other way round,
+    every guard on shapes holds, and only the hooks tell them apart."""
+    torch.manual_seed(0)
+    net, net2, x = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.randn(2, 8)
+    net.register_forward_hook(trust_models.clamp_hook)
+    with precompile.capture(
+        trust_models.pair_step,
+        artifact_path=tmp_path / "pair.py",
+        cache_path=tmp_path / "pair.cache",
+        backend="eager",
+    ) as cap:
+        cap(net, net2, x)
+    run = precompile.load(tmp_path / "pair.py", tmp_path / "pair.cache")
+    roots = {root["path"] for root in run.metadata["MODULE_HOOKS"]["roots"]}
+    assert roots == {"net", "net2"}
+    with torch.no_grad():
+        assert_same(run(net, net2, x), trust_models.pair_step(net, net2, x))
+        with pytest.raises(
+            precompile.PrecompileError, match="clamp_hook` that `net` had at capture is gone"
+        ):
+            run(net2, net, x)
+        assert_same(run(net, net2, x), trust_models.pair_step(net, net2, x))
+    run.unload()
