@@ -79,7 +79,7 @@ def _build_installed_forward() -> Any:
     if live:
         _fail(
             f"precompile: {', '.join(live)} already hold live Dynamo compiles in this process "
-            f"(the capture that produced this artifact, or a torch.compile of them), which "
+            f"(a torch.compile of them, or a capture of them still open), which "
             f"would serve calls the artifact does not: load it in a fresh process"
         )
     taken = [code.co_name for code in targets if rt.precompile_entries(code)]
