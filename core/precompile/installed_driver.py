@@ -107,7 +107,7 @@ def _build_installed_forward() -> Any:
             context.callback = rt.refusing_callback(context.callback, eager)
         compiled = context(fn)
     package.install({backend_id: rt.Backend(f) for backend_id, f in _BACKEND_FNS.items()})
-    helpers = []
+    helpers: list[tuple[dict[str, Any], str]] = []
     for module_name, name, kind, data in DYNAMO_GLOBALS:
         scope = vars(_import_module(module_name))
         scope[name] = _rebuild_global(kind, data)
@@ -124,7 +124,17 @@ def _build_installed_forward() -> Any:
                 3,
             )
 
-    forward = _serve_as_captured(entry, _build_dependency_check())
+    def unload() -> None:
+        rt.uninstall(package, targets)
+        for scope, name in helpers:
+            scope.pop(name, None)
+
+    try:
+        check = _build_dependency_check()
+    except BaseException:
+        unload()  # a refused load leaves the process as it found it
+        raise
+    forward = _serve_as_captured(entry, check)
     signature = inspect.signature(fn)
 
     def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -142,11 +152,6 @@ def _build_installed_forward() -> Any:
                 }
             )
         return {"served_by": None, "failures": failures}
-
-    def unload() -> None:
-        rt.uninstall(package, targets)
-        for scope, name in helpers:
-            scope.pop(name, None)
 
     forward.covers = covers  # type: ignore[attr-defined]
     forward.unload = unload  # type: ignore[attr-defined]

@@ -421,16 +421,22 @@ def _build_multigraph_forward() -> Any:
             seed(scope, name, dispatcher)
     if entry is None:
         _fail("precompile: this artifact has no entry frame; capture it again")
-    forward = _serve_as_captured(entry, _build_dependency_check())
-
-    def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        return entry.coverage(args, kwargs)
 
     def unload() -> None:
         while seeded:
             scope, name, value = seeded.pop()
             if scope.get(name) is value:
                 del scope[name]
+
+    try:
+        check = _build_dependency_check()
+    except BaseException:
+        unload()  # a refused load leaves the process as it found it
+        raise
+    forward = _serve_as_captured(entry, check)
+
+    def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        return entry.coverage(args, kwargs)
 
     forward.covers = covers  # type: ignore[attr-defined]
     forward.unload = unload  # type: ignore[attr-defined]
