@@ -29,7 +29,7 @@ import torch
 
 import precompile
 from tests.conftest import REPO, assert_same, fresh_env, run_python, together
-from tests.fixtures import trust_models
+from tests.fixtures import dynamo_trust_models
 
 MODULE = "precompile_trust_models"
 CELLS = [
@@ -73,9 +73,9 @@ def _quiet_dynamo() -> None:
 
 @pytest.fixture(scope="module")
 def copied(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """trust_models copied to a directory of its own (cells edit its source there)."""
+    """dynamo_trust_models copied to a directory of its own (cells edit its source there)."""
     directory = tmp_path_factory.mktemp("trust-src")
-    shutil.copy(trust_models.__file__, directory / f"{MODULE}.py")
+    shutil.copy(dynamo_trust_models.__file__, directory / f"{MODULE}.py")
     sys.path.insert(0, str(directory))
     try:
         yield importlib.import_module(MODULE), directory
@@ -107,7 +107,7 @@ def _serve_cells(
     env = fresh_env()
     env["PYTHONPATH"] = f"{own}:{env['PYTHONPATH']}"
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.fixtures.trust_cells", str(job)],
+        [sys.executable, "-m", "tests.fixtures.dynamo_trust_cells", str(job)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -146,7 +146,7 @@ def matrix(copied: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
     return dict(zip(captured, served))
 
 
-@pytest.mark.parametrize("model", list(trust_models.MODELS))
+@pytest.mark.parametrize("model", list(dynamo_trust_models.MODELS))
 def test_every_change_is_served_exactly_or_refused_naming_it(
     matrix: dict[str, Any], model: str
 ) -> None:
@@ -224,7 +224,7 @@ def test_one_process_captures_one_function_three_times_then_compiles_it(tmp_path
     script = f"""
 import json, logging, torch, precompile
 from torch._dynamo.utils import counters
-from tests.fixtures import trust_models as m
+from tests.fixtures import dynamo_trust_models as m
 torch._logging.set_logs(dynamo=logging.ERROR)
 model, x = m.build("conv", seed=0)
 for i, (backend, batch) in enumerate([("eager", 2), ("inductor", 2), ("eager", 3)]):
@@ -245,7 +245,7 @@ print(json.dumps({{"compiled_frames": counters["frames"]["total"] - before}}))
     assert json.loads(proc.stdout.strip().splitlines()[-1])["compiled_frames"] >= 2
     serve = f"""
 import torch, warnings, precompile
-from tests.fixtures import trust_models as m
+from tests.fixtures import dynamo_trust_models as m
 warnings.simplefilter("ignore", precompile.ArtifactTrustWarning)
 for i, batch in enumerate([2, 2, 3]):
     run = precompile.load({str(tmp_path)!r} + f"/a{{i}}.py", {str(tmp_path)!r} + f"/a{{i}}.cache")
@@ -263,12 +263,12 @@ print("served")
 
 
 def test_a_live_torch_compile_of_the_function_is_named_as_the_conflict(tmp_path: Path) -> None:
-    model, x = trust_models.build("block", seed=0)
-    torch.compile(trust_models.block_step, backend="eager")(model, x)
+    model, x = dynamo_trust_models.build("block", seed=0)
+    torch.compile(dynamo_trust_models.block_step, backend="eager")(model, x)
     try:
         with pytest.raises(precompile.PrecompileError) as info:
             with precompile.capture(
-                trust_models.block_step,
+                dynamo_trust_models.block_step,
                 artifact_path=tmp_path / "a.py",
                 cache_path=tmp_path / "a.cache",
                 backend="eager",
@@ -279,14 +279,14 @@ def test_a_live_torch_compile_of_the_function_is_named_as_the_conflict(tmp_path:
         torch._dynamo.reset()
     # With that compile gone, the same capture works.
     with precompile.capture(
-        trust_models.block_step,
+        dynamo_trust_models.block_step,
         artifact_path=tmp_path / "a.py",
         cache_path=tmp_path / "a.cache",
         backend="eager",
     ) as cap:
         out = cap(model, x)
     with torch.no_grad():
-        assert_same(out, trust_models.block_step(model, x))
+        assert_same(out, dynamo_trust_models.block_step(model, x))
 
 
 def test_each_module_argument_is_checked_against_its_own_hooks(tmp_path: Path) -> None:
@@ -294,9 +294,9 @@ def test_each_module_argument_is_checked_against_its_own_hooks(tmp_path: Path) -
     every guard on shapes holds, and only the hooks tell them apart."""
     torch.manual_seed(0)
     net, net2, x = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.randn(2, 8)
-    net.register_forward_hook(trust_models.clamp_hook)
+    net.register_forward_hook(dynamo_trust_models.clamp_hook)
     with precompile.capture(
-        trust_models.pair_step,
+        dynamo_trust_models.pair_step,
         artifact_path=tmp_path / "pair.py",
         cache_path=tmp_path / "pair.cache",
         backend="eager",
@@ -306,10 +306,10 @@ def test_each_module_argument_is_checked_against_its_own_hooks(tmp_path: Path) -
     roots = {root["path"] for root in run.metadata["MODULE_HOOKS"]["roots"]}
     assert roots == {"net", "net2"}
     with torch.no_grad():
-        assert_same(run(net, net2, x), trust_models.pair_step(net, net2, x))
+        assert_same(run(net, net2, x), dynamo_trust_models.pair_step(net, net2, x))
         with pytest.raises(
             precompile.PrecompileError, match="clamp_hook` that `net` had at capture is gone"
         ):
             run(net2, net, x)
-        assert_same(run(net, net2, x), trust_models.pair_step(net, net2, x))
+        assert_same(run(net, net2, x), dynamo_trust_models.pair_step(net, net2, x))
     run.unload()
