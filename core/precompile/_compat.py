@@ -406,6 +406,20 @@ def new_package(fn: Callable[..., Any]) -> Any:
     return CompilePackage(fn)
 
 
+def recording_traced_code(package: Any, codes: dict[types.CodeType, None]) -> None:
+    """Record in ``codes`` every code object Dynamo traced into a graph of ``package``'s
+    frames: the frame's own code and every function it inlined (a module's ``forward``,
+    helpers, hooks) -- what Dynamo hands the package as the frame's inlined sources."""
+    original = package.add_inlined_source
+
+    def add_inlined_source(sources: list[types.CodeType]) -> None:
+        for code in sources:
+            codes.setdefault(code, None)
+        return original(sources)
+
+    package.add_inlined_source = add_inlined_source
+
+
 def current_package_code(package: Any) -> types.CodeType | None:
     """The code object the package is compiling right now (inside a guard filter)."""
     entry = getattr(package, "_current_entry", None)
@@ -417,6 +431,12 @@ def current_package_code(package: Any) -> types.CodeType | None:
     return None
 
 
+def current_package_module(package: Any) -> str:
+    """The module whose globals the frame being compiled runs in (inside a guard filter)."""
+    entry = getattr(package, "_current_entry", None)
+    return str(getattr(entry, "python_module", "") or "")
+
+
 def optimize(
     fn: Callable[..., Any],
     backend: Any,
@@ -425,14 +445,53 @@ def optimize(
     guard_filter_fn: Callable[[list[Any]], list[bool]],
     guard_fail_fn: Callable[[Any], None],
     dynamic: bool | None,
+    touched: dict[types.CodeType, bool],
 ) -> Callable[..., Any]:
-    return torch._dynamo.optimize(
+    """``fn`` under Dynamo with our package. Every code object the frame evaluator hands
+    this capture is recorded in ``touched`` (True when it held no compiled code before:
+    what is on it then is the capture's alone), so the capture can remove what it
+    compiled when it ends (``forget_compiled``)."""
+    context = torch._dynamo.optimize(
         backend,
         package=package,
         guard_filter_fn=guard_filter_fn,
         guard_fail_fn=guard_fail_fn,
         dynamic=dynamic,
-    )(fn)
+    )
+    inner = context.callback
+
+    def callback(frame: Any, cache_entry: Any, *args: Any, **kwargs: Any) -> Any:
+        code = frame.f_code
+        if code not in touched:
+            touched[code] = cache_entry is None and not _precompile_entries(code)
+        return inner(frame, cache_entry, *args, **kwargs)
+
+    # Dynamo keys cache entries by the innermost backend: keep it ours.
+    callback._torchdynamo_orig_backend = getattr(inner, "_torchdynamo_orig_backend", inner)  # type: ignore[attr-defined]
+    context.callback = callback
+    return context(fn)
+
+
+def _precompile_entries(code: types.CodeType) -> list[Any]:
+    from torch._C._dynamo.eval_frame import _debug_get_precompile_entries
+
+    return list(_debug_get_precompile_entries(code))
+
+
+def forget_compiled(touched: dict[types.CodeType, bool]) -> None:
+    """Remove what a capture compiled from the code objects it alone compiled (cache
+    entries, skip marks, frame state, Dynamo's per-code context), so the process's
+    Dynamo state is as the capture found it: a later capture or torch.compile of the
+    same function compiles afresh. Code that held someone else's compiled code when the
+    capture met it is left alone (Dynamo offers no way to remove one entry)."""
+    from torch._C._dynamo.eval_frame import reset_code
+    from torch._dynamo.code_context import code_context
+
+    for code, ours in touched.items():
+        if ours:
+            reset_code(code)
+            if code_context.has_context(code):
+                code_context.pop_context(code)
 
 
 def dynamo_config(recompile_limit: int) -> Any:
@@ -446,10 +505,12 @@ def dynamo_config(recompile_limit: int) -> Any:
     )
 
 
-def live_cache_entries(code: types.CodeType) -> int:
+def live_compiles(code: types.CodeType) -> tuple[int, int]:
+    """What ``code`` holds in this process: (Dynamo cache entries, as torch.compile
+    leaves them; entries an installed artifact put there)."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-    return len(_debug_get_cache_entry_list(code))
+    return len(_debug_get_cache_entry_list(code)), len(_precompile_entries(code))
 
 
 def graph_break_link(gb_type: str) -> tuple[str | None, str | None]:
@@ -509,6 +570,34 @@ def recording_bypasses(reasons: dict[str, str]) -> Iterator[None]:
             yield
         finally:
             OutputGraph.bypass_package = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def recording_installed_globals(
+    installed: dict[types.CodeType, dict[str, Any]],
+) -> Iterator[None]:
+    """Record every global Dynamo binds into a compiled frame's module while active
+    (frame code -> {name: value}): besides compiled subgraphs, resume functions and
+    import aliases, which the package records, Dynamo binds helpers its bytecode and
+    guards read -- a module it imports under ``___module_<name>_<id>_c<n>`` (e.g. to
+    build an ``OrderedDict``), the globals dict of a function it inlined that has no
+    module (a namedtuple's ``__new__``) -- and the package records none of them."""
+    from torch._dynamo.output_graph import OutputGraph
+
+    original = OutputGraph.install_global_unsafe
+
+    def install_global_unsafe(self: Any, name: str, value: Any) -> None:
+        code = getattr(getattr(self, "root_tx", None), "f_code", None)
+        if code is not None:
+            installed.setdefault(code, {})[name] = value
+        return original(self, name, value)
+
+    with _stack_patch_lock:
+        OutputGraph.install_global_unsafe = install_global_unsafe  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            OutputGraph.install_global_unsafe = original  # type: ignore[method-assign]
 
 
 def serialize_code(code: types.CodeType) -> Any:

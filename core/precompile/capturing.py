@@ -117,6 +117,8 @@ class Capture:
                 # The in-process build (for covers() and the checkpoint) bound names into
                 # the user's modules; a capture leaves them as it found them.
                 self._runnable.unload()
+            if self._session is not None:
+                self._session.close()  # and its compiled code objects, likewise
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._state != "open":

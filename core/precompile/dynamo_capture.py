@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from precompile import _compat
+from precompile.dynamo_dependencies import DependencyRecorder
 from precompile.errors import Location, PrecompileError
 from precompile.function_records import function_records
 from precompile.locations import (
@@ -112,6 +113,8 @@ class FrameRecord:
     trivial: bool
     truncated: bool
     guards: list[list[GuardDecision]]
+    #: Every global Dynamo bound into the frame's module while compiling it.
+    installed_globals: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -291,17 +294,42 @@ def check_dynamo_fn(fn: Callable[..., Any]) -> None:
             location=where,
             hint="capture a module-level function",
         )
-    if _compat.live_cache_entries(code):
+    if code in _OPEN_CAPTURES:
         raise PrecompileError(
-            f"{fn.__qualname__} was already compiled by Dynamo in this process "
-            f"(torch.compile); its cached code would be reused instead of captured",
+            f"{fn.__qualname__} is being captured already: another capture of it is still "
+            f"open in this process",
             location=where,
-            hint="capture in a fresh process, or call torch._dynamo.reset() first",
+            hint="finish the first capture's with-block before starting the next",
+        )
+    compiled, installed = _compat.live_compiles(code)
+    if installed:
+        raise PrecompileError(
+            f"{fn.__qualname__} serves an installed precompile artifact in this process; "
+            f"a capture would run that artifact instead of capturing",
+            location=where,
+            hint="unload it first (runnable.unload()), or capture in another process",
+        )
+    if compiled:
+        raise PrecompileError(
+            f"{fn.__qualname__} holds live code from a torch.compile of it in this process "
+            f"({compiled} compiled entries); Dynamo would reuse that code instead of "
+            f"capturing",
+            location=where,
+            hint="capture before compiling it, in another process, or call "
+            "torch._dynamo.reset() to drop that compile first",
         )
 
 
+#: Entry code objects with a capture open in this process.
+_OPEN_CAPTURES: set[types.CodeType] = set()
+
+
 class DynamoSession:
-    """The running capture: Dynamo, its package, and what we record around it."""
+    """The running capture: Dynamo, its package, and what we record around it.
+
+    A capture is hermetic: ``close()`` removes what it compiled onto the program's code
+    objects, so the process's Dynamo state is left as the capture found it.
+    """
 
     def __init__(self, fn: Callable[..., Any], tracer: DynamoTracer, backend: str, training: bool):
         check_dynamo_fn(fn)
@@ -310,6 +338,9 @@ class DynamoSession:
         self.backend = backend
         self.training = training
         self.package = _compat.new_package(fn)
+        #: Every code object traced into a graph (frames and what they inlined).
+        self.traced_codes: dict[types.CodeType, None] = {}
+        _compat.recording_traced_code(self.package, self.traced_codes)
         self.inductor_graphs: list[torch.fx.GraphModule] = []
         self.kernel_runtime: Any = None  # compiles and remembers inlined modules' kernels
         self.guard_log: dict[types.CodeType, list[list[GuardDecision]]] = {}
@@ -319,6 +350,9 @@ class DynamoSession:
         self.break_events: list[dict[str, Any]] = []
         self.calls = 0
         self.global_state = _compat.global_state()
+        self._touched: dict[types.CodeType, bool] = {}
+        self.dependencies = DependencyRecorder(fn)  # type: ignore[arg-type]
+        self.installed_globals: dict[types.CodeType, dict[str, Any]] = {}
         # Inductor compiles into a private cache; its files become the kernel cache.
         self.inductor_cache = (
             tempfile.mkdtemp(prefix="precompile-capture-") if backend == "inductor" else None
@@ -335,7 +369,17 @@ class DynamoSession:
             guard_filter_fn=self._filter,
             guard_fail_fn=self._on_recompile,
             dynamic=tracer.dynamic,
+            touched=self._touched,
         )
+        _OPEN_CAPTURES.add(fn.__code__)
+
+    def close(self) -> None:
+        """End the capture: what it compiled onto the program's code objects goes (what
+        it recorded stays, for emitting). Idempotent."""
+        if self.fn.__code__ in _OPEN_CAPTURES:
+            _OPEN_CAPTURES.discard(self.fn.__code__)
+            _compat.forget_compiled(self._touched)
+            self._touched.clear()
 
     def _eager_backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         return gm.forward
@@ -397,6 +441,7 @@ class DynamoSession:
                 )
             )
         code = _compat.current_package_code(self.package)
+        self.dependencies.observe(code, _compat.current_package_module(self.package), entries)
         if code is not None:
             variants = self.guard_log.setdefault(code, [])
             variants.append(decisions)
@@ -434,6 +479,7 @@ class DynamoSession:
                 _compat.dynamo_config(self.tracer.recompile_limit),
                 _compat.recording_graph_breaks() as events,
                 _compat.recording_bypasses(self.bypass_reasons),
+                _compat.recording_installed_globals(self.installed_globals),
                 torch.set_grad_enabled(self.training),
                 _compat.inductor_capture_config(self.inductor_cache)
                 if self.inductor_cache
@@ -561,6 +607,7 @@ class DynamoSession:
                     trivial=not variants and not gave_up and not c.bypassed and c.has_compile_id,
                     truncated=len(variants) >= self.tracer.recompile_limit,
                     guards=self.guard_log.get(code, []),
+                    installed_globals=dict(self.installed_globals.get(code, {})),
                 )
             )
         return records
@@ -628,12 +675,17 @@ def entry_binding(fn: types.FunctionType) -> dict[str, Any]:
 
 
 def function_sources(
-    fn: types.FunctionType, frames: list[FrameRecord], artifact_path: str
+    fn: types.FunctionType,
+    frames: list[FrameRecord],
+    artifact_path: str,
+    traced: list[types.CodeType] = (),  # type: ignore[assignment]
 ) -> list[dict[str, Any]]:
-    """Function-level digests of the traced source: the entry and every frame's code, so
-    a load can refuse a changed function by name and an editor can tell a stale
-    artifact from an edit elsewhere in the same file (``precompile.source_digest``)."""
-    codes = [fn.__code__, *(frame.code for frame in frames)]
+    """Function-level digests of the traced source: the entry, every frame's code and
+    every function Dynamo inlined into a graph (``traced``: a model's ``forward``,
+    helpers, hooks), so a load can refuse a changed function by name and an editor can
+    tell a stale artifact from an edit elsewhere in the same file
+    (``precompile.source_digest``)."""
+    codes = [fn.__code__, *(frame.code for frame in frames), *traced]
     return function_records(
         [c for c in codes if not c.co_name.startswith("torch_dynamo_resume_in")], artifact_path
     )
@@ -647,3 +699,46 @@ def inlined_source_files(package: Any) -> list[str]:
         if path and is_user_file(path):
             files.add(path)
     return sorted(files)
+
+
+def global_recipe(name: str, value: Any, frame: str) -> list[str]:
+    """How a serving process rebuilds a global Dynamo bound for a frame's bytecode or
+    guards (``[kind, data]``): a module by name, a module's globals dict, a function or
+    class by module and qualified name, or a small container of such values by pickled
+    value. Anything else is refused: an artifact must not depend on a global it cannot
+    recreate."""
+    import base64
+    import pickle
+
+    if isinstance(value, types.ModuleType):
+        return ["module", value.__name__]
+    if isinstance(value, dict):
+        module = sys.modules.get(str(value.get("__name__", "")))
+        if module is not None and vars(module) is value:
+            return ["module_dict", module.__name__]
+    if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
+        module_name = getattr(value, "__module__", None)
+        qualname = getattr(value, "__qualname__", "")
+        owner: Any = sys.modules.get(module_name or "")
+        for part in qualname.split("."):
+            owner = getattr(owner, part, None)
+        if owner is value:
+            return ["object", f"{module_name}:{qualname}"]
+    elif isinstance(value, (dict, list, tuple)):
+        try:
+            blob = pickle.dumps(value, protocol=4)
+            same = pickle.loads(blob) == value
+        except Exception:
+            same = False
+        if same:
+            return ["value", base64.b64encode(blob).decode("ascii")]
+    from precompile.guard_text import frame_label
+
+    raise PrecompileError(
+        f"Dynamo bound a helper global ({type(value).__qualname__}) into the module of "
+        f"{frame_label(frame)} that its compiled code reads, and an artifact cannot "
+        f"recreate it in another process",
+        hint="report the model; as a workaround, move the construct that needs it "
+        "(see the capture report's graph breaks) out of the captured function",
+        details=f"global {name!r} = {value!r}"[:2000],
+    )

@@ -22,13 +22,14 @@ import torch
 
 from precompile import (
     _compat,
+    dependency_driver,
     driver,
     guard_text,
     installed_driver,
     multigraph_driver,
     source_digest,
 )
-from precompile.dynamo_capture import FrameRecord
+from precompile.dynamo_capture import FrameRecord, global_recipe
 from precompile.emit import Artifact, _header, source_records
 from precompile.errors import PrecompileError
 from precompile.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
@@ -59,9 +60,62 @@ def _builtins_key(key: str, tag: str) -> str:
     return (stem + tag)[: len(key)].ljust(len(key), "0")
 
 
+def _same_length_name(old: str, tag: str, index: int) -> str:
+    """A global Dynamo minted from an object id and compile counter
+    (``___module_collections_140466863194576_c0``) renamed to one of the same length
+    whose digits hash the artifact's tag: reproducible, and never minted by Dynamo
+    (see _builtins_key for why the length is kept)."""
+    match = re.match(r"^(_*[A-Za-z]\w*?_|_)(\d.*)$", old)
+    stem, tail = (match.group(1), match.group(2)) if match else (old[:1], old[1:])
+    digits = str(int(hashlib.sha256(f"{tag}/{stem}/{index}".encode()).hexdigest(), 16))
+    return stem + digits[: len(tail)].ljust(len(tail), "0")
+
+
+def _code_names(serialized: Any) -> set[str]:
+    """Every global name a SerializedCode (and the code nested in its constants) reads."""
+    names = set(serialized.co_names)
+    for const in serialized.co_consts:
+        if type(const).__name__ == "SerializedCode":
+            names |= _code_names(const)
+    return names
+
+
+def helper_globals(frames: list[FrameRecord]) -> list[tuple[FrameRecord, str, Any]]:
+    """The globals Dynamo bound for a frame that its variants' bytecode or guards read,
+    besides the ones the package records (subgraphs, resume functions, import aliases,
+    the builtins dict): (frame, name, value), in the order Dynamo bound them."""
+    found = []
+    handled = {
+        name
+        for frame in frames
+        for name in (*frame.backend_ids, *frame.resume_names, *frame.import_sources)
+    }
+    for frame in frames:
+        used: set[str] = set()
+        blobs = b""
+        for guards_state, code in frame.variants:
+            used |= _code_names(code)
+            blobs += guards_state
+        for name, value in frame.installed_globals.items():
+            if name in handled or name.startswith(
+                ("__builtins_dict___", "__compiled_fn_", "__resume_at_")
+            ):
+                continue
+            if name in used or re.search(re.escape(name.encode()) + rb"(?!\d)", blobs):
+                found.append((frame, name, value))
+    return found
+
+
+def _guard_visible(old: str) -> bool:
+    """Names that appear inside pickled guard state (renamed there in place)."""
+    return old.startswith("__builtins_dict___") or not old.startswith(
+        ("__compiled_fn_", "__resume_at_", "__import_")
+    )
+
+
 def _rekey_guards_state(guards_state: bytes, names: dict[str, str]) -> bytes:
     for old, new in names.items():
-        if old.startswith("__builtins_dict___"):
+        if _guard_visible(old) and len(old) == len(new):
             guards_state = re.sub(re.escape(old.encode()) + rb"(?!\d)", new.encode(), guards_state)
     return guards_state
 
@@ -73,6 +127,8 @@ def _name_map(frames: list[FrameRecord], tag: str) -> dict[str, str]:
             key = _compat.builtins_key_of(guards_state)
             if key:
                 names[key] = _builtins_key(key, tag)
+    for index, (_frame, name, _value) in enumerate(helper_globals(frames)):
+        names.setdefault(name, _same_length_name(name, tag, index))
     backends = 0
     for frame in frames:
         for backend_id in frame.backend_ids:
@@ -165,6 +221,32 @@ def _package_payload(package: Any, frames: list[FrameRecord], tag: str) -> Any:
         for code in entry.codes
     ]
     return dataclasses.replace(entry, codes=codes)
+
+
+def _renamed_dependencies(
+    dependencies: dict[str, Any] | None, names: dict[str, str]
+) -> dict[str, Any]:
+    """MODULE_HOOKS and GLOBAL_READS with the access paths through globals Dynamo minted
+    (a namedtuple's globals dict, the builtins dict) renamed like the bytecode."""
+    dependencies = dependencies or {"MODULE_HOOKS": {"roots": [], "global": {}}, "GLOBAL_READS": []}
+    minted = {old: new for old, new in names.items() if _guard_visible(old)}
+
+    def rename(path: str) -> str:
+        for old, new in minted.items():
+            if old in path:
+                path = re.sub(re.escape(old) + r"(?!\d)", new, path)
+        return path
+
+    hooks = dependencies["MODULE_HOOKS"]
+    return {
+        "MODULE_HOOKS": {
+            **hooks,
+            "roots": [{**root, "path": rename(root["path"])} for root in hooks["roots"]],
+        },
+        "GLOBAL_READS": [
+            {**read, "path": rename(read["path"])} for read in dependencies["GLOBAL_READS"]
+        ],
+    }
 
 
 def _encode(value: Any) -> str:
@@ -303,6 +385,7 @@ def emit_dynamo(
     guards_summary: list[dict[str, Any]],
     serving_mode: str = "standalone",
     package: Any = None,
+    dependencies: dict[str, Any] | None = None,
 ) -> Artifact:
     """``graph_section(names)`` renders the backend's graphs under the normalized names.
     An ``installed`` artifact carries the renamed package (``_PACKAGE``) instead of frame
@@ -318,6 +401,10 @@ def emit_dynamo(
     tag = content_tag(frames, graph_sources, fn_info)
     payload = _frame_payload(frames, tag)
     names = _name_map(frames, tag)
+    helpers = [
+        [frame.python_module, names[name], *global_recipe(name, value, frame.name)]
+        for frame, name, value in helper_globals(frames)
+    ]
     metadata = {
         "FORMAT": ARTIFACT_FORMAT,
         "FORMAT_VERSION": ARTIFACT_FORMAT_VERSION,
@@ -333,6 +420,8 @@ def emit_dynamo(
             f.summary() | {"resume_names": p["resume_names"]} for f, p in zip(frames, payload)
         ],
         "GUARDS": guards_summary,
+        "DYNAMO_GLOBALS": helpers,
+        **_renamed_dependencies(dependencies, names),
         "FUNCTION_SOURCES": function_sources,
         "TORCH_VERSION": str(torch.__version__),
         "PYTHON_VERSION": list(sys.version_info[:2]),
@@ -357,6 +446,7 @@ def emit_dynamo(
             guard_text.guard_failure_text,
             guard_text.frame_label,
             _compat._dynamo_serving_runtime,
+            *dependency_driver.DEPENDENCY_DRIVER,
             *multigraph_driver.MULTIGRAPH_DRIVER,
             *(
                 (_compat._dynamo_installed_runtime, installed_driver._build_installed_forward)

@@ -87,7 +87,12 @@ def build_dynamo_artifact(
     report.graph_breaks = [b.to_dict() for b in breaks]
     report.recompiles = list(session.recompiles)
     report.guards = guards_summary(frames)
-    report.function_sources = function_sources(session.fn, frames, artifact_path)
+    report.function_sources = function_sources(
+        session.fn,
+        frames,
+        artifact_path,
+        [*session.traced_codes, *session.dependencies.read_codes],
+    )
     report.summary = summarize(frames, len(breaks), len(order))
     report.audit = audit(frames)
     if session.backend == "eager":
@@ -147,6 +152,7 @@ def build_dynamo_artifact(
         guards_summary=report.guards,
         serving_mode=mode,
         package=session.package,
+        dependencies=session.dependencies.metadata(),
     )
     report.sources = artifact.metadata["SOURCES"]
     return artifact, report, collect_bundle

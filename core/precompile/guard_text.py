@@ -23,39 +23,62 @@ def user_path(text: str) -> str:
     text = re.sub(r"\.__dict__\[(['\"])(.+?)\1\]", r".\2", text)
     text = re.sub(r"___stack\d+", "the value carried across the graph break", text)
     text = re.sub(r"__import_(\w+)", lambda m: m.group(1).replace("_dot_", "."), text)
+    text = re.sub(r"___unnamed_scope_\w+", "a function's globals", text)
     return re.sub(r"___module_\w+", "a module global", text)
 
 
 def guard_failure_text(raw: str) -> str:
-    """One failing guard, as the user would say it."""
+    """One failing guard, as the user would say it, with where the capture read the value
+    (Dynamo appends ``  # source line  # path:line in function`` to a guard)."""
     import re
 
+    def words(text: str) -> str:
+        match = re.fullmatch(r"___check_type_id\((.+?), \d+\), type=<class '(.+?)'>", text)
+        if match:
+            name, expected = match.groups()
+            return (
+                f"`{name}` is not a {expected.rsplit('.', 1)[-1]} ({expected}), the type the "
+                f"capture saw"
+            )
+        match = re.fullmatch(r"___check_obj_id\((.+?), \d+\)", text)
+        if match:
+            return f"`{match.group(1)}` is not the object the capture saw"
+        match = re.fullmatch(
+            r"tensor '(.+?)' (size|stride) mismatch at index (\d+)\. expected (\S+), actual (\S+)",
+            text,
+        )
+        if match:
+            name, what, dim, expected, actual = match.groups()
+            return f"`{name}` has {what} {actual} at dim {dim}; the capture saw {expected}"
+        match = re.fullmatch(
+            r"tensor '(.+?)' (\w[\w ]*?) mismatch\. expected (.+), actual (.+)", text
+        )
+        if match:
+            name, what, expected, actual = match.groups()
+            return f"`{name}` has {what} {actual}; the capture saw {expected}"
+        match = re.fullmatch(r"tensor '(.+?)' rank mismatch\. expected (\d+), actual (\d+)", text)
+        if match:
+            name, expected, actual = match.groups()
+            return f"`{name}` has {actual} dims; the capture saw {expected}"
+        match = re.fullmatch(r"([\w.\[\]'\" ]+?) == (.+)", text)
+        if match:
+            name, value = match.groups()
+            shown = name if " " in name else f"`{name}`"
+            return f"{shown} is not {value}, the value the capture specialized on"
+        match = re.fullmatch(r"KeyError on (.+)", text)
+        if match:
+            return f"{match.group(1)} is not defined in this process"
+        return text
+
     # Dynamo appends where the guard came from ("  # x = f()  # file.py:34 in <frame>").
-    text = user_path(re.sub(r"\s+#.*$", "", raw.strip(), flags=re.DOTALL))
-    match = re.fullmatch(
-        r"tensor '(.+?)' (size|stride) mismatch at index (\d+)\. expected (\S+), actual (\S+)",
-        text,
-    )
-    if match:
-        name, what, dim, expected, actual = match.groups()
-        return f"`{name}` has {what} {actual} at dim {dim}; the capture saw {expected}"
-    match = re.fullmatch(r"tensor '(.+?)' (\w[\w ]*?) mismatch\. expected (.+), actual (.+)", text)
-    if match:
-        name, what, expected, actual = match.groups()
-        return f"`{name}` has {what} {actual}; the capture saw {expected}"
-    match = re.fullmatch(r"tensor '(.+?)' rank mismatch\. expected (\d+), actual (\d+)", text)
-    if match:
-        name, expected, actual = match.groups()
-        return f"`{name}` has {actual} dims; the capture saw {expected}"
-    match = re.fullmatch(r"([\w.\[\]'\" ]+?) == (.+)", text)
-    if match:
-        name, value = match.groups()
-        shown = name if " " in name else f"`{name}`"
-        return f"{shown} is not {value}, the value the capture specialized on"
-    match = re.fullmatch(r"KeyError on (.+)", text)
-    if match:
-        return f"{match.group(1)} is not defined in this process"
-    return text
+    code, *comments = re.split(r"\s+# ", raw.strip())
+    where = ""
+    if comments:
+        match = re.fullmatch(r"\S*?([^/\s]+:\d+) in (\S+)(?: \(HINT.*\))?", comments[-1].strip())
+        if match:
+            function = re.sub(r"^torch_dynamo_resume_in_(.+)_at_\d+$", r"\1", match.group(2))
+            where = f" (read at {match.group(1)} in `{function}`)"
+    return words(user_path(code.strip())) + where
 
 
 def frame_label(name: str, line: int = 0) -> str:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     FN_MODULE: str = ""
     EAGER_FRAMES: list[tuple[str, int]] = []
     _PACKAGE: str = ""
+    DYNAMO_GLOBALS: list[list[str]] = []
     _BACKEND_FNS: dict[str, Any] = {}
 
     def _fail(message: str, invariant: int | None = None) -> Any: ...
@@ -34,9 +35,13 @@ if TYPE_CHECKING:
 
     def _dynamo_installed_runtime() -> Any: ...
 
-    def _serve_as_captured(entry: Any) -> Any: ...
+    def _serve_as_captured(entry: Any, check: Any) -> Any: ...
+
+    def _build_dependency_check() -> Any: ...
 
     def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str: ...
+
+    def _rebuild_global(kind: str, data: str) -> Any: ...
 
 
 def _build_installed_forward() -> Any:
@@ -74,7 +79,7 @@ def _build_installed_forward() -> Any:
     if live:
         _fail(
             f"precompile: {', '.join(live)} already hold live Dynamo compiles in this process "
-            f"(the capture that produced this artifact, or a torch.compile of them), which "
+            f"(a torch.compile of them, or a capture of them still open), which "
             f"would serve calls the artifact does not: load it in a fresh process"
         )
     taken = [code.co_name for code in targets if rt.precompile_entries(code)]
@@ -102,6 +107,11 @@ def _build_installed_forward() -> Any:
             context.callback = rt.refusing_callback(context.callback, eager)
         compiled = context(fn)
     package.install({backend_id: rt.Backend(f) for backend_id, f in _BACKEND_FNS.items()})
+    helpers: list[tuple[dict[str, Any], str]] = []
+    for module_name, name, kind, data in DYNAMO_GLOBALS:
+        scope = vars(_import_module(module_name))
+        scope[name] = _rebuild_global(kind, data)
+        helpers.append((scope, name))
 
     def entry(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -114,7 +124,17 @@ def _build_installed_forward() -> Any:
                 3,
             )
 
-    forward = _serve_as_captured(entry)
+    def unload() -> None:
+        rt.uninstall(package, targets)
+        for scope, name in helpers:
+            scope.pop(name, None)
+
+    try:
+        check = _build_dependency_check()
+    except BaseException:
+        unload()  # a refused load leaves the process as it found it
+        raise
+    forward = _serve_as_captured(entry, check)
     signature = inspect.signature(fn)
 
     def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -132,9 +152,6 @@ def _build_installed_forward() -> Any:
                 }
             )
         return {"served_by": None, "failures": failures}
-
-    def unload() -> None:
-        rt.uninstall(package, targets)
 
     forward.covers = covers  # type: ignore[attr-defined]
     forward.unload = unload  # type: ignore[attr-defined]

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     GRAD_MODE: bool = False
     GLOBAL_STATE: dict[str, Any] = {}
     FUNCTION_SOURCES: list[dict[str, Any]] = []
+    DYNAMO_GLOBALS: list[list[str]] = []
     ARTIFACT_TAG: str = ""
     _FRAMES: str = ""
     _ENTRY_BINDING: str = ""
@@ -53,6 +54,8 @@ if TYPE_CHECKING:
     def frame_label(name: str, line: int = 0) -> str: ...
 
     def source_digest(text: str) -> str: ...
+
+    def _build_dependency_check() -> Any: ...
 
 
 def _check_versions() -> None:
@@ -116,10 +119,34 @@ def _check_function_sources() -> None:
         if source is None or source_digest(source) != record["sha256"]:
             what = "is gone or renamed" if source is None else "changed"
             _fail(
-                f"precompile: {record['function']} in {record['path']} (module {name}) {what} "
-                f"since this artifact was captured; its guards and bytecode describe the old "
-                f"code. Capture it again"
+                f"precompile: {record['function']} ({record['path']}:{record['line']}, module "
+                f"{name}) {what} since this artifact was captured; its guards and bytecode "
+                f"describe the old code. Capture it again (re-emit the artifact)"
             )
+
+
+def _rebuild_global(kind: str, data: str) -> Any:
+    """A helper global Dynamo bound at capture (DYNAMO_GLOBALS), rebuilt here: a module,
+    a module's globals dict, a function or class by ``module:qualname``, or a small
+    pickled value."""
+    import base64
+    import operator
+    import pickle
+
+    if kind == "module":
+        return _import_module(data)
+    if kind == "module_dict":
+        return vars(_import_module(data))
+    if kind == "object":
+        module_name, qualname = data.split(":", 1)
+        try:
+            return operator.attrgetter(qualname)(_import_module(module_name))
+        except AttributeError:
+            _fail(
+                f"precompile: this artifact's compiled code reads {module_name}.{qualname}, "
+                f"which this process does not define; capture it again"
+            )
+    return pickle.loads(base64.b64decode(data))
 
 
 def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str:
@@ -129,17 +156,20 @@ def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str:
     return guard_failure_text(str(parts[0])) if parts else "a guard failed"
 
 
-def _serve_as_captured(entry: Any) -> Any:
+def _serve_as_captured(entry: Any, check: Any) -> Any:
     """Run ``entry`` under the global state the artifact was captured in: the captured grad
     mode, autocast off (the casts are in the graphs), and the default dtype and
     deterministic mode checked, since Dynamo's own guard on them is left to this driver
-    (it also bundles the thread count, which an artifact must not depend on)."""
+    (it also bundles the thread count, which an artifact must not depend on). Each call
+    first runs ``check(args, kwargs)``: what the trace depended on beyond its guards
+    (hooks, module-level functions; see _build_dependency_check)."""
     import torch
 
     dtype = getattr(torch, GLOBAL_STATE["default_dtype"].split(".")[-1])
     deterministic = GLOBAL_STATE["deterministic"]
 
     def forward(*args: Any, **kwargs: Any) -> Any:
+        check(args, kwargs)
         if torch.get_default_dtype() is not dtype or (
             torch.are_deterministic_algorithms_enabled() != deterministic
         ):
@@ -198,6 +228,9 @@ def _build_multigraph_forward() -> Any:
             scope = scopes[name] = vars(_import_module(name))
             for backend_id, fn in compiled.items():
                 seed(scope, backend_id, fn)
+            for module_name, helper, kind, data in DYNAMO_GLOBALS:
+                if module_name == name:
+                    seed(scope, helper, _rebuild_global(kind, data))
         for alias, module_name in frame["import_sources"].items():
             seed(scope, alias, _import_module(module_name))
         return scope
@@ -273,7 +306,14 @@ def _build_multigraph_forward() -> Any:
 
         signature = inspect.signature(function(target, cells or None))
 
+        positional = target.co_varnames[: target.co_argcount]
+        # A call that passes exactly the positional parameters (every continuation, most
+        # entries) binds without inspect: 0x04/0x08 are CO_VARARGS/CO_VARKEYWORDS.
+        plain_signature = not (target.co_flags & 0x0C or target.co_kwonlyargcount)
+
         def locals_of(closure: Any, args: Any, kwargs: Any) -> dict[str, Any]:
+            if plain_signature and not kwargs and not closure and len(args) == len(positional):
+                return dict(zip(positional, args))
             f_locals: dict[str, Any] = {}
             for name, cell in zip(target.co_freevars, closure or ()):
                 try:
@@ -281,7 +321,7 @@ def _build_multigraph_forward() -> Any:
                 except ValueError:
                     pass
             f_locals.update(rt.bind_locals(signature, *args, **kwargs))
-            for name in target.co_varnames[: target.co_argcount]:
+            for name in positional:
                 if name.startswith("."):
                     f_locals[name] = f_locals.pop("implicit" + name[1:])
             return f_locals
@@ -381,16 +421,22 @@ def _build_multigraph_forward() -> Any:
             seed(scope, name, dispatcher)
     if entry is None:
         _fail("precompile: this artifact has no entry frame; capture it again")
-    forward = _serve_as_captured(entry)
-
-    def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        return entry.coverage(args, kwargs)
 
     def unload() -> None:
         while seeded:
             scope, name, value = seeded.pop()
             if scope.get(name) is value:
                 del scope[name]
+
+    try:
+        check = _build_dependency_check()
+    except BaseException:
+        unload()  # a refused load leaves the process as it found it
+        raise
+    forward = _serve_as_captured(entry, check)
+
+    def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        return entry.coverage(args, kwargs)
 
     forward.covers = covers  # type: ignore[attr-defined]
     forward.unload = unload  # type: ignore[attr-defined]
@@ -404,6 +450,7 @@ MULTIGRAPH_DRIVER = (
     _serve_as_captured,
     _import_module,
     _check_function_sources,
+    _rebuild_global,
     _readable_guard_failure,
     _build_multigraph_forward,
 )

@@ -1,0 +1,332 @@
+"""The per-call checks of what a Dynamo trace depended on beyond its serialized guards,
+authored as code, emitted verbatim into multi-graph artifacts (standalone and installed).
+
+``precompile.dynamo_dependencies`` records, at capture, the hooks on every module the
+trace reached and torch's global module hooks (``MODULE_HOOKS``), and the module-level
+functions and classes the frames read (``GLOBAL_READS``). Here, every call checks them:
+
+- Hooks, cheaply: the version tags of the hook dicts (and of each module's
+  ``_modules``, so a swapped submodule is walked again) are compared on the fast path;
+  only when a tag changed are the hooks walked and compared by name.
+- Global reads: a load resolves each access path and refuses one bound to another
+  function or class than the capture saw (by module and qualified name; the code of
+  project functions is checked by ``FUNCTION_SOURCES``); every call then compares the
+  bindings by identity, in one generated function.
+
+A mismatch raises PrecompileError naming what changed, where, and the fix. Nothing
+here imports precompile: the hook helpers are also what the capture records with.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch as _torch
+
+    _dict_version = _torch._C._dynamo.guards.dict_version
+    FN_NAME: str = ""
+    FN_MODULE: str = ""
+    MODULE_HOOKS: dict[str, Any] = {}
+    GLOBAL_READS: list[dict[str, str]] = []
+
+    def _fail(message: str, invariant: int | None = None) -> Any: ...
+
+    def _import_module(name: str) -> Any: ...
+
+    def user_path(text: str) -> str: ...
+
+
+def hook_name(hook: Any) -> str:
+    """``module.qualname`` of a hook (of the function a partial or bound method wraps)."""
+    target = getattr(hook, "func", hook)
+    target = getattr(target, "__func__", target)
+    if not hasattr(target, "__qualname__"):
+        target = type(target)
+    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"
+
+
+def hook_locations(modules: Any, attrs: Any) -> dict[str, str]:
+    """Hook name -> ``file:line`` of its definition, for the hooks on ``modules``."""
+    found = {}
+    for module in modules:
+        for attr in attrs:
+            for hook in (getattr(module, attr, None) or {}).values():
+                target = getattr(hook, "func", hook)
+                code = getattr(getattr(target, "__func__", target), "__code__", None)
+                if code is not None:
+                    found[hook_name(hook)] = f"{code.co_filename}:{code.co_firstlineno}"
+    return found
+
+
+def hook_snapshot(root: Any) -> dict[str, dict[str, list[str]]]:
+    """Submodule path -> hook dict -> hook names, for the hooks present under ``root``
+    (the forward, forward-pre, backward and backward-pre hooks of every submodule)."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for path, module in root.named_modules():
+        for attr in (
+            "_forward_pre_hooks",
+            "_forward_hooks",
+            "_backward_pre_hooks",
+            "_backward_hooks",
+        ):
+            hooks = getattr(module, attr, None)
+            if hooks:
+                found.setdefault(path, {})[attr] = [hook_name(h) for h in hooks.values()]
+    return found
+
+
+def global_hook_snapshot() -> dict[str, list[str]]:
+    """torch's global module hooks present: hook dict -> hook names."""
+    from torch.nn.modules import module as nn_module
+
+    found = {}
+    for attr in (
+        "_global_forward_pre_hooks",
+        "_global_forward_hooks",
+        "_global_backward_pre_hooks",
+        "_global_backward_hooks",
+    ):
+        hooks = getattr(nn_module, attr, None)
+        if hooks:
+            found[attr] = [hook_name(h) for h in hooks.values()]
+    return found
+
+
+def _hook_change(
+    captured: dict[str, list[str]],
+    now: dict[str, list[str]],
+    where: str,
+    located: dict[str, str] | None = None,
+) -> str:
+    """The first hook difference between two snapshots of one module, in words
+    (``located``: where the hooks present now are defined)."""
+    words = {
+        "_forward_pre_hooks": "forward pre-hook",
+        "_forward_hooks": "forward hook",
+        "_backward_pre_hooks": "backward pre-hook",
+        "_backward_hooks": "backward hook",
+    }
+    for attr in sorted(set(captured) | set(now)):
+        kind = words.get(attr.replace("_global", ""), attr)
+        before, after = captured.get(attr, []), now.get(attr, [])
+        added = [h for h in after if h not in before]
+        removed = [h for h in before if h not in after]
+        if added:
+            at = (located or {}).get(added[0])
+            return (
+                f"a {kind} `{added[0]}`{f' ({at})' if at else ''} was added to {where} after "
+                f"capture; the artifact did "
+                f"not trace it, so it cannot serve it. Remove the hook, or capture with the "
+                f"hook registered (re-emit the artifact)"
+            )
+        if removed:
+            return (
+                f"the {kind} `{removed[0]}` that {where} had at capture is gone; the artifact "
+                f"runs it as traced. Register it again, or capture without it (re-emit the "
+                f"artifact)"
+            )
+        if before != after:
+            return (
+                f"the {kind}s of {where} run in another order than at capture "
+                f"({', '.join(after)}; captured: {', '.join(before)}). Register them as at "
+                f"capture, or re-emit the artifact"
+            )
+    return ""
+
+
+def _build_dependency_check() -> Any:
+    """``check(args, kwargs)``: raise PrecompileError when a call's modules carry other
+    hooks than at capture, torch's global module hooks changed, or a module-level
+    function or class the frames read is bound to something else. Call it after the
+    frames' import aliases are bound (global reads go through them)."""
+    import inspect
+    import operator
+    import weakref
+
+    from torch.nn.modules import module as nn_module
+
+    module_type = nn_module.Module
+    attrs = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+    global_attrs = (
+        "_global_forward_pre_hooks",
+        "_global_forward_hooks",
+        "_global_backward_pre_hooks",
+        "_global_backward_hooks",
+    )
+    captured_global = MODULE_HOOKS.get("global") or {}
+    global_dicts = [getattr(nn_module, attr) for attr in global_attrs]
+    global_versions: list[Any] = [None]
+
+    def check_global_hooks() -> None:
+        now = global_hook_snapshot()
+        for attr in sorted(set(captured_global) | set(now)):
+            if captured_global.get(attr, []) != now.get(attr, []):
+                change = _hook_change(
+                    {attr.replace("_global", ""): captured_global.get(attr, [])},
+                    {attr.replace("_global", ""): now.get(attr, [])},
+                    "every module (a global hook, torch.nn.modules.module.register_module_*)",
+                    hook_locations([nn_module], global_attrs),
+                )
+                _fail(f"precompile: {change}")
+        global_versions[0] = tuple(map(_dict_version, global_dicts))
+
+    entry_fn = operator.attrgetter(FN_NAME)(_import_module(FN_MODULE))
+    signature = inspect.signature(entry_fn)
+    # (root, id(module)) -> (weakref to the module, its hook and _modules dicts, their
+    # version tags when last found as captured): one module may stand for two roots.
+    cache: dict[tuple[int, int], tuple[Any, list[Any], tuple[Any, ...]]] = {}
+    fetchers = []
+    for number, root in enumerate(MODULE_HOOKS.get("roots") or []):
+        root = {**root, "number": number}
+        path = root["path"]
+        if root["kind"] == "global":
+            scope = vars(_import_module(root["module"]))
+            code = compile(root["path"].replace("G[", "__G[", 1), "<precompile>", "eval")
+
+            def fetch(args: Any, kwargs: Any, code: Any = code, scope: Any = scope) -> Any:
+                return eval(code, {"__G": scope})
+
+        elif root["index"] is not None and path == root["param"] and not root["variadic"]:
+            param = signature.parameters[root["param"]]
+            default = None if param.default is inspect.Parameter.empty else param.default
+
+            def fetch(
+                args: Any, kwargs: Any, i: int = root["index"], name: str = path, d: Any = default
+            ) -> Any:
+                return args[i] if i < len(args) else kwargs.get(name, d)
+
+        else:
+            code = compile(path, "<precompile>", "eval")
+
+            def fetch(args: Any, kwargs: Any, code: Any = code) -> Any:
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                return eval(code, {}, dict(bound.arguments))
+
+        fetchers.append((fetch, root))
+
+    def check_module(root: dict[str, Any], module: Any) -> None:
+        now = hook_snapshot(module)
+        captured = root["hooks"]
+        for sub in sorted(set(captured) | set(now)):
+            where = user_path(root["path"]) + (f".{sub}" if sub else "")
+            change = _hook_change(
+                captured.get(sub, {}),
+                now.get(sub, {}),
+                f"`{where}`",
+                hook_locations([m for _p, m in module.named_modules()], attrs),
+            )
+            if change:
+                _fail(f"precompile: {change}")
+        dicts: list[Any] = []
+        for _path, sub_module in module.named_modules():
+            dicts.append(sub_module._modules)
+            dicts.extend(getattr(sub_module, attr) for attr in attrs)
+        if len(cache) > 64:
+            cache.clear()
+        cache[root["number"], id(module)] = (
+            weakref.ref(module),
+            dicts,
+            tuple(map(_dict_version, dicts)),
+        )
+
+    # Global reads: resolved now, compared by identity per call in one generated function.
+    # A path that does not resolve to what the capture saw yet (state a library fills
+    # later) is resolved again when a call misses, and adopted once it does; a path
+    # resolved here stays bound to that object.
+    scopes: list[dict[str, Any]] = []
+    scope_index: dict[str, int] = {}
+    terms = []
+    for i, read in enumerate(GLOBAL_READS):
+        if read["scope"] not in scope_index:
+            scope_index[read["scope"]] = len(scopes)
+            scopes.append(vars(_import_module(read["scope"])))
+        terms.append(f"(__S{scope_index[read['scope']]}{read['path'][1:]}) is __E[{i}]")
+    source = "def __reads_ok({}):\n    try:\n        return {}\n    except Exception:\n        return False\n".format(
+        ", ".join([*(f"__S{i}" for i in range(len(scopes))), "__E"]),
+        " and ".join(terms) or "True",
+    )
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<precompile global reads>", "exec"), namespace)
+    reads_ok = namespace["__reads_ok"]
+
+    def bound_now(read: dict[str, str]) -> Any:
+        try:
+            return eval("__S" + read["path"][1:], {"__S": scopes[scope_index[read["scope"]]]})
+        except Exception:
+            return None
+
+    def captured_one(read: dict[str, str], bound: Any) -> bool:
+        target = getattr(bound, "__func__", bound)
+        return (getattr(target, "__module__", None), getattr(target, "__qualname__", None)) == (
+            read["module"],
+            read["qualname"],
+        )
+
+    unresolved = object()
+    expected = [
+        bound if captured_one(read, bound) else unresolved
+        for read, bound in ((read, bound_now(read)) for read in GLOBAL_READS)
+    ]
+    reads_args = [(*scopes, tuple(expected))]
+
+    def recheck_reads() -> None:
+        for i, read in enumerate(GLOBAL_READS):
+            bound = bound_now(read)
+            if bound is expected[i]:
+                continue
+            if expected[i] is unresolved and captured_one(read, bound):
+                expected[i] = bound
+                continue
+            captured = f"{read['module']}.{read['qualname']}"
+            if read.get("location"):
+                captured += f" ({read['location']})"
+            target = getattr(bound, "__func__", bound)
+            code = getattr(target, "__code__", None)
+            if bound is None:
+                now = "nothing (it is not defined)"
+            else:
+                now = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(bound).__qualname__)}"
+                if code is not None:
+                    now += f" ({code.co_filename}:{code.co_firstlineno})"
+            _fail(
+                f"precompile: `{user_path(read['path'])}` (read by module {read['scope']}) is "
+                f"bound to {now} in this process; the capture traced {captured}, and this "
+                f"artifact serves only that. Restore it, or capture again with the new one "
+                f"(re-emit the artifact)"
+            )
+        reads_args[0] = (*scopes, tuple(expected))
+
+    def check(args: Any, kwargs: Any) -> None:
+        if tuple(map(_dict_version, global_dicts)) != global_versions[0]:
+            check_global_hooks()
+        for fetch, root in fetchers:
+            try:
+                module = fetch(args, kwargs)
+            except Exception:
+                continue  # the call's own guards refuse what is missing
+            if not isinstance(module, module_type):
+                continue
+            cached = cache.get((root["number"], id(module)))
+            if (
+                cached is None
+                or cached[0]() is not module
+                or tuple(map(_dict_version, cached[1])) != cached[2]
+            ):
+                check_module(root, module)
+        if not reads_ok(*reads_args[0]):
+            recheck_reads()
+
+    return check
+
+
+#: What the driver section of every multi-graph artifact holds from this module.
+DEPENDENCY_DRIVER = (
+    hook_name,
+    hook_locations,
+    hook_snapshot,
+    global_hook_snapshot,
+    _hook_change,
+    _build_dependency_check,
+)
