@@ -13,12 +13,12 @@ from torch import nn
 
 import precompile
 from tests.conftest import run_python
-from tests.fixtures.trust_models import layout_fn
+from tests.fixtures.fx_trust_models import layout_fn
 
 SERVE = """
 import json, warnings, torch, precompile
 from torch import nn
-from tests.fixtures.trust_models import layout_fn
+from tests.fixtures.fx_trust_models import layout_fn
 warnings.simplefilter("ignore")
 run = precompile.load({artifact!r}, {cache!r})
 

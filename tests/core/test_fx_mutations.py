@@ -1,7 +1,7 @@
 """The make_fx mutation matrix: tiny models x changes made after capture.
 
-Each model is captured here from a private copy of ``tests/fixtures/trust_models.py``;
-its artifact is loaded in ONE fresh process (``tests/fixtures/trust_cells.py``), which
+Each model is captured here from a private copy of ``tests/fixtures/fx_trust_models.py``;
+its artifact is loaded in ONE fresh process (``tests/fixtures/fx_trust_cells.py``), which
 makes every change there and compares the served call with eager. Every cell must be
 ``exact`` (the eager answer) or ``refused`` with a PrecompileError naming the change --
 never ``wrong``. Changes that only touch tensor values must be served exactly.
@@ -24,7 +24,7 @@ import pytest
 import precompile
 from tests.conftest import REPO, fresh_env
 
-FIXTURE = REPO / "tests" / "fixtures" / "trust_models.py"
+FIXTURE = REPO / "tests" / "fixtures" / "fx_trust_models.py"
 
 #: cell -> words the refusal must contain; None: must be served exactly.
 CELLS: dict[str, tuple[str, ...] | None] = {
@@ -108,7 +108,7 @@ def run_cells(
         )
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.fixtures.trust_cells", str(job)],
+        [sys.executable, "-m", "tests.fixtures.fx_trust_cells", str(job)],
         cwd=REPO,
         env=fresh_env(),
         capture_output=True,

@@ -17,7 +17,7 @@ from torch import nn
 import precompile
 from precompile import PrecompileError
 from tests.conftest import run_python
-from tests.fixtures import trust_models
+from tests.fixtures import fx_trust_models
 
 
 def capture(
@@ -53,7 +53,7 @@ def fresh(code: str, **env: str) -> Any:
 
 
 def test_registered_containers_serve_in_a_fresh_process(tmp_path: Path) -> None:
-    from tests.fixtures.trust_io import containers, example
+    from tests.fixtures.fx_trust_io import containers, example
 
     paths = capture(containers, *example(), directory=tmp_path)
     # The serving process loads before importing the module that registers the types.
@@ -61,8 +61,8 @@ def test_registered_containers_serve_in_a_fresh_process(tmp_path: Path) -> None:
         f"""
 import json, sys, torch, precompile
 run = precompile.load({paths[0]!r}, {paths[1]!r})
-registered = "tests.fixtures.trust_io" in sys.modules
-from tests.fixtures.trust_io import containers, example, Pair, Result
+registered = "tests.fixtures.fx_trust_io" in sys.modules
+from tests.fixtures.fx_trust_io import containers, example, Pair, Result
 args = example(1)
 out, ref = run(*args), containers(*args)
 ok = (
@@ -163,26 +163,26 @@ def test_an_input_that_requires_grad_is_refused_or_served_without_grad(tmp_path:
 
 
 def test_training_step_with_a_loss_module_in_a_closure_and_existing_grads(tmp_path: Path) -> None:
-    model, (x, y) = trust_models.build("train_step")
-    reference, _ = trust_models.build("train_step")
+    model, (x, y) = fx_trust_models.build("train_step")
+    reference, _ = fx_trust_models.build("train_step")
     for m in (model, reference):  # a previous step left gradients on every parameter
-        trust_models.train_step(m, x * 0.5, y)
-    paths = capture(trust_models.train_step, model, x, y, directory=tmp_path, training=True)
-    expected_loss = trust_models.train_step(reference, x, y)
+        fx_trust_models.train_step(m, x * 0.5, y)
+    paths = capture(fx_trust_models.train_step, model, x, y, directory=tmp_path, training=True)
+    expected_loss = fx_trust_models.train_step(reference, x, y)
     for p, r in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, r.grad)  # the capture's own call accumulated
     result = fresh(
         f"""
 import json, torch, precompile
-from tests.fixtures import trust_models
+from tests.fixtures import fx_trust_models
 run = precompile.load({paths[0]!r}, {paths[1]!r})
-served, (x, y) = trust_models.build("train_step", seed=3)
-eager, _ = trust_models.build("train_step", seed=3)
+served, (x, y) = fx_trust_models.build("train_step", seed=3)
+eager, _ = fx_trust_models.build("train_step", seed=3)
 for m in (served, eager):
-    trust_models.train_step(m, x * 0.5, y)  # existing grads
+    fx_trust_models.train_step(m, x * 0.5, y)  # existing grads
 same = []
 for _ in range(2):  # accumulating twice, like eager
-    same.append(torch.allclose(run(served, x, y), trust_models.train_step(eager, x, y)))
+    same.append(torch.allclose(run(served, x, y), fx_trust_models.train_step(eager, x, y)))
     same += [torch.allclose(p.grad, q.grad) for p, q in zip(served.parameters(), eager.parameters())]
 print(json.dumps(all(same)))
 """
@@ -192,10 +192,12 @@ print(json.dumps(all(same)))
 
 
 def test_a_step_that_reads_grad_is_served_only_onto_cleared_grads(tmp_path: Path) -> None:
-    model, (x, y) = trust_models.build("train_step")
-    reference, _ = trust_models.build("train_step")
-    paths = capture(trust_models.clipped_train_step, model, x, y, directory=tmp_path, training=True)
-    trust_models.clipped_train_step(reference, x, y)
+    model, (x, y) = fx_trust_models.build("train_step")
+    reference, _ = fx_trust_models.build("train_step")
+    paths = capture(
+        fx_trust_models.clipped_train_step, model, x, y, directory=tmp_path, training=True
+    )
+    fx_trust_models.clipped_train_step(reference, x, y)
     for p, r in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, r.grad)
     run = precompile.load(*paths)
@@ -205,7 +207,9 @@ def test_a_step_that_reads_grad_is_served_only_onto_cleared_grads(tmp_path: Path
         run(model, x, y)
     model.zero_grad(set_to_none=True)
     reference.zero_grad(set_to_none=True)
-    torch.testing.assert_close(run(model, x, y), trust_models.clipped_train_step(reference, x, y))
+    torch.testing.assert_close(
+        run(model, x, y), fx_trust_models.clipped_train_step(reference, x, y)
+    )
     for p, r in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, r.grad)
 
