@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -297,6 +298,17 @@ class Capture:
             )
             files.append((signing.default_signature_path(self.artifact_path), signature))
         atomic_write_files(files)
+        if self._signing_key is None:
+            self._drop_stale_signature()
+
+    def _drop_stale_signature(self) -> None:
+        """An unsigned write makes a signature beside the pair stale: it signs bytes that
+        are gone. Left there, a load with trusted keys would blame tampering; removed, it
+        says plainly that the pair is unsigned."""
+        from precompile.signing import default_signature_path
+
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(default_signature_path(self.artifact_path))
 
     def _check_gates(self) -> None:
         """The DynamoTracer's require_* gates, checked before anything is written."""

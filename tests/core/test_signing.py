@@ -210,11 +210,23 @@ def test_sign_after_capture_and_a_stale_signature(
     # key, in a directory at the same depth: sources are recorded relative to it).
     assert artifact.read_bytes() == signed[0].read_bytes()
     assert cache.read_bytes() == signed[1].read_bytes()
-    # A new capture without a key leaves the old signature behind: it no longer
-    # matches, and says so.
+    # A file changed after signing (not by a capture) leaves the signature behind: it no
+    # longer matches, and says so.
     cache.write_bytes(cache.read_bytes() + b"\0")
     with pytest.raises(SignatureError, match="the cache .* changed since the pair was signed"):
         precompile.verify_signature(artifact, cache, trusted_keys=[keys["other"][1]])
+
+
+def test_an_unsigned_capture_removes_the_signature_it_made_stale(
+    tmp_path: Path, keys: dict[str, tuple[str, str]]
+) -> None:
+    artifact, cache = _capture(tmp_path, signing_key=keys["producer"][0])
+    assert artifact.with_suffix(".sig").exists()
+    _capture(tmp_path)  # the same target again, without a key
+    assert not artifact.with_suffix(".sig").exists()
+    with pytest.raises(SignatureError, match="is not signed"):
+        precompile.load(artifact, cache, trusted_keys=[keys["producer"][1]])
+    assert precompile.load(artifact, cache)(nn.Linear(3, 2), torch.ones(4, 3)).shape == (4, 2)
 
 
 def test_a_signing_capture_writes_the_three_files_all_or_nothing(
