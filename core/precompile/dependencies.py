@@ -65,13 +65,21 @@ def recording_calls() -> Iterator[CallLog]:
     log = CallLog()
     previous = sys.getprofile()
     codes, scopes = log.codes, log.scopes
+    importing: list[types.FrameType] = []  # the import machinery's outermost frame
 
     def hook(frame: types.FrameType, event: str, arg: object) -> object:
-        if event == "call":
-            code = frame.f_code
-            if code not in codes:
-                codes.add(code)
-                scopes[code] = frame.f_globals
+        code = frame.f_code
+        if importing:
+            # An import during the trace (a lazy one in torch, say) runs the import
+            # system's hooks (pytest's rewriter, editable-install finders): what the
+            # trace read does not depend on them, and the artifact must not either.
+            if event == "return" and frame is importing[0]:
+                importing.clear()
+        elif event == "call" and code.co_filename.startswith("<frozen importlib"):
+            importing.append(frame)
+        elif event == "call" and code not in codes:
+            codes.add(code)
+            scopes[code] = frame.f_globals
         if previous is not None:
             return previous(frame, event, arg)
         return None
