@@ -156,11 +156,11 @@ def recording_user_stacks(
 
     with _stack_patch_lock:
         original = TracerBase._filter_traceback_frames
-        TracerBase._filter_traceback_frames = _filter  # type: ignore[method-assign]  # patched for the block
+        TracerBase._filter_traceback_frames = _filter  # type: ignore[method-assign]  # a patch for the block
         try:
             yield lambda stack_trace: table.get(stack_trace or "", [])
         finally:
-            TracerBase._filter_traceback_frames = original  # type: ignore[method-assign]  # restored
+            TracerBase._filter_traceback_frames = original  # type: ignore[method-assign]  # torch's own, back
 
 
 # ---------------------------------------------------------------- dynamic dims
@@ -481,7 +481,7 @@ def optimize(
         return inner(frame, cache_entry, *args, **kwargs)
 
     # Dynamo keys cache entries by the innermost backend: keep it ours.
-    callback._torchdynamo_orig_backend = getattr(inner, "_torchdynamo_orig_backend", inner)  # type: ignore[attr-defined]
+    callback._torchdynamo_orig_backend = getattr(inner, "_torchdynamo_orig_backend", inner)  # type: ignore[attr-defined]  # Dynamo reads it off the callback function
     context.callback = callback
     return context(fn)
 
@@ -558,11 +558,11 @@ def recording_graph_breaks() -> Iterator[list[dict[str, Any]]]:
         return original(self, code_options, reason, exc)
 
     with _stack_patch_lock:
-        InstructionTranslatorBase.log_graph_break = log_graph_break  # type: ignore[method-assign]
+        InstructionTranslatorBase.log_graph_break = log_graph_break  # type: ignore[method-assign]  # a patch for the block
         try:
             yield events
         finally:
-            InstructionTranslatorBase.log_graph_break = original  # type: ignore[method-assign]
+            InstructionTranslatorBase.log_graph_break = original  # type: ignore[method-assign]  # torch's own, back
 
 
 @contextlib.contextmanager
@@ -579,11 +579,11 @@ def recording_bypasses(reasons: dict[str, str]) -> Iterator[None]:
         return original(self, reason, **kwargs)
 
     with _stack_patch_lock:
-        OutputGraph.bypass_package = bypass_package  # type: ignore[method-assign]
+        OutputGraph.bypass_package = bypass_package  # type: ignore[method-assign]  # a patch for the block
         try:
             yield
         finally:
-            OutputGraph.bypass_package = original  # type: ignore[method-assign]
+            OutputGraph.bypass_package = original  # type: ignore[method-assign]  # torch's own, back
 
 
 @contextlib.contextmanager
@@ -607,11 +607,11 @@ def recording_installed_globals(
         return original(self, name, value)
 
     with _stack_patch_lock:
-        OutputGraph.install_global_unsafe = install_global_unsafe  # type: ignore[method-assign]
+        OutputGraph.install_global_unsafe = install_global_unsafe  # type: ignore[method-assign]  # a patch for the block
         try:
             yield
         finally:
-            OutputGraph.install_global_unsafe = original  # type: ignore[method-assign]
+            OutputGraph.install_global_unsafe = original  # type: ignore[method-assign]  # torch's own, back
 
 
 def serialize_code(code: types.CodeType) -> Any:
@@ -820,12 +820,11 @@ def _inductor_backend_loader(bundle: dict[str, Any] | None) -> Any:
         if directory is not None:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
             precompile_header = codecache._precompile_header
-            # Patched for this load only (restored below): a plain function stands in
-            # for torch's lru_cache-wrapped one.
-            codecache._precompile_header = plain_header  # type: ignore[assignment]  # see above
+            # Patched for this load only, restored below.
+            codecache._precompile_header = plain_header  # type: ignore[assignment]  # a plain function for torch's lru_cache'd one
             if recorded is not None:
                 probe = cpu_vec_isa.valid_vec_isa_list
-                cpu_vec_isa.valid_vec_isa_list = lambda: recorded  # type: ignore[assignment]  # as above: a plain function for the lru_cache'd one
+                cpu_vec_isa.valid_vec_isa_list = lambda: recorded  # type: ignore[assignment]  # a plain function for torch's lru_cache'd one
         try:
             return pickle.loads(blob).after_deserialization()
         finally:
@@ -882,7 +881,7 @@ def _dynamo_installed_runtime() -> Any:
                 f"a new compile; {'; '.join(failures) or 'no captured variant'}"
             )
 
-        callback._torchdynamo_orig_backend = getattr(inner, "_torchdynamo_orig_backend", inner)  # type: ignore[attr-defined]
+        callback._torchdynamo_orig_backend = getattr(inner, "_torchdynamo_orig_backend", inner)  # type: ignore[attr-defined]  # Dynamo reads it off the callback function
         return callback
 
     class Backend:
@@ -997,9 +996,8 @@ def recording_grad_access(counts: Callable[[types.FrameType], bool]) -> Iterator
         native.__delete__(self)
 
     with _stack_patch_lock:
-        # A class-level property over the C descriptor, for the block (the stubs type the
-        # attribute as the tensor it holds).
-        FakeTensor.grad = property(get, set_, delete)  # type: ignore[assignment]  # see above
+        # A class-level property over the C descriptor, for the block.
+        FakeTensor.grad = property(get, set_, delete)  # type: ignore[assignment]  # stubs type it as the value
         try:
             yield seen
         finally:

@@ -914,7 +914,7 @@ def _build_single_graph_forward() -> Any:
             return out[0]
         return _pytree.tree_unflatten(list(out), out_spec)
 
-    forward.covers = covers  # type: ignore[attr-defined]
+    forward.covers = covers  # type: ignore[attr-defined]  # loaders call forward.covers()
     return forward
 
 

@@ -390,7 +390,7 @@ def _build_multigraph_forward() -> Any:
         def dispatch(*args: Any, **kwargs: Any) -> Any:
             return dispatch_with(bound, None, args, kwargs)
 
-        dispatch.coverage = coverage  # type: ignore[attr-defined]
+        dispatch.coverage = coverage  # type: ignore[attr-defined]  # covers() reads it off the entry
         return dispatch
 
     # Every resume name is checked before anything is seeded, so a refusal leaves each
