@@ -918,7 +918,6 @@ def _dynamo_installed_runtime() -> Any:
         uninstall=uninstall,
         live_entries=_debug_get_cache_entry_list,
         precompile_entries=_debug_get_precompile_entries,
-        reset_entries=_reset_precompile_entries,
     )
 
 

@@ -672,10 +672,6 @@ def serving_mode(frames: list[FrameRecord]) -> tuple[str, str | None]:
     return "standalone", None
 
 
-def entry_binding(fn: types.FunctionType) -> dict[str, Any]:
-    return {"defaults": fn.__defaults__, "kwdefaults": fn.__kwdefaults__}
-
-
 def function_sources(
     fn: types.FunctionType,
     frames: list[FrameRecord],
