@@ -59,10 +59,13 @@ e2e: install editor/vscode/node_modules/.package-lock.json
 	cd editor/vscode && npm run package
 	$(PY) -m pytest --e2e -p no:cacheprovider -q tests/e2e
 
+# ruff, the layering contracts ([tool.importlinter]) and the type checker ([tool.mypy]:
+# core/precompile and server/precompile_lsp, every type: ignore with its reason).
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 format: install
 	$(VENV)/bin/ruff check --fix .

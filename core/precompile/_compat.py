@@ -20,7 +20,7 @@ import threading
 import traceback
 import types
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.utils._pytree as pytree  # noqa: F401  (re-exported: the one pytree spelling)
@@ -142,7 +142,9 @@ def recording_user_stacks(
 
     table: dict[str, list[StackFrame]] = {}
 
-    def _filter(self: Any, summary: traceback.StackSummary) -> traceback.StackSummary:
+    def _filter(
+        self: TracerBase, user_stack_summary: traceback.StackSummary
+    ) -> traceback.StackSummary:
         frames = live_user_stack(sys._getframe(1), boundary)
         if not frames:
             return traceback.StackSummary.from_list([])
@@ -154,11 +156,11 @@ def recording_user_stacks(
 
     with _stack_patch_lock:
         original = TracerBase._filter_traceback_frames
-        TracerBase._filter_traceback_frames = _filter  # type: ignore[method-assign]
+        TracerBase._filter_traceback_frames = _filter  # type: ignore[method-assign]  # a patch for the block
         try:
             yield lambda stack_trace: table.get(stack_trace or "", [])
         finally:
-            TracerBase._filter_traceback_frames = original  # type: ignore[method-assign]
+            TracerBase._filter_traceback_frames = original  # type: ignore[method-assign]  # torch's own, back
 
 
 # ---------------------------------------------------------------- dynamic dims
@@ -194,7 +196,7 @@ def dynamic_fakes(static: list[torch.Tensor], marked: list[torch.Tensor]) -> tup
     with shape_env.ignore_fresh_unbacked_symbols():
         for i, t in enumerate(marked):
             marks = unbacked_marks(t)
-            context = StatelessSymbolicContext(
+            context: StatelessSymbolicContext[..., Any] = StatelessSymbolicContext(
                 dynamic_sizes=[
                     DimDynamic.UNBACKED if d in marks else DimDynamic.STATIC for d in range(t.dim())
                 ],
@@ -261,16 +263,19 @@ def _reroot_views_of_mutated_inputs(gm: torch.fx.GraphModule) -> None:
     output = graph.output_node()
 
     def reroot(node: torch.fx.Node) -> torch.fx.Node:
-        chain, base = [], node
+        # The view ops, each a call_function node: its target is the op itself.
+        chain: list[tuple[Callable[..., Any], torch.fx.Node]] = []
+        base = node
         while base.op == "call_function" and getattr(base.target, "is_view", False):
-            chain.append(base)
-            base = base.args[0]
+            chain.append((cast("Callable[..., Any]", base.target), base))
+            # A view's first argument is the tensor it views: a node of the graph.
+            base = cast(torch.fx.Node, base.args[0])
         if base not in copied:
             return node
         value = copied[base]
         with graph.inserting_before(output):
-            for view in reversed(chain):
-                value = graph.call_function(view.target, (value, *view.args[1:]), view.kwargs)
+            for target, view in reversed(chain):
+                value = graph.call_function(target, (value, *view.args[1:]), view.kwargs)
                 value.meta = dict(view.meta)
         return value
 
@@ -451,6 +456,8 @@ def optimize(
     this capture is recorded in ``touched`` (True when it held no compiled code before:
     what is on it then is the capture's alone), so the capture can remove what it
     compiled when it ends (``forget_compiled``)."""
+    from torch._dynamo.eval_frame import OptimizeContext
+
     context = torch._dynamo.optimize(
         backend,
         package=package,
@@ -458,6 +465,13 @@ def optimize(
         guard_fail_fn=guard_fail_fn,
         dynamic=dynamic,
     )
+    if not isinstance(context, OptimizeContext) or not callable(context.callback):
+        # optimize() hands back a do-nothing decorator when Dynamo is switched off.
+        raise RuntimeError(
+            "precompile: Dynamo is disabled in this process (TORCHDYNAMO_DISABLE=1 or the "
+            "enable_dynamo killswitch); a Dynamo capture needs it: unset it, or capture "
+            "with tracer=precompile.MakeFxTracer()"
+        )
     inner = context.callback
 
     def callback(frame: Any, cache_entry: Any, *args: Any, **kwargs: Any) -> Any:
@@ -467,7 +481,7 @@ def optimize(
         return inner(frame, cache_entry, *args, **kwargs)
 
     # Dynamo keys cache entries by the innermost backend: keep it ours.
-    callback._torchdynamo_orig_backend = getattr(inner, "_torchdynamo_orig_backend", inner)  # type: ignore[attr-defined]
+    callback._torchdynamo_orig_backend = getattr(inner, "_torchdynamo_orig_backend", inner)  # type: ignore[attr-defined]  # Dynamo reads it off the callback function
     context.callback = callback
     return context(fn)
 
@@ -544,11 +558,11 @@ def recording_graph_breaks() -> Iterator[list[dict[str, Any]]]:
         return original(self, code_options, reason, exc)
 
     with _stack_patch_lock:
-        InstructionTranslatorBase.log_graph_break = log_graph_break  # type: ignore[method-assign]
+        InstructionTranslatorBase.log_graph_break = log_graph_break  # type: ignore[method-assign]  # a patch for the block
         try:
             yield events
         finally:
-            InstructionTranslatorBase.log_graph_break = original  # type: ignore[method-assign]
+            InstructionTranslatorBase.log_graph_break = original  # type: ignore[method-assign]  # torch's own, back
 
 
 @contextlib.contextmanager
@@ -565,11 +579,11 @@ def recording_bypasses(reasons: dict[str, str]) -> Iterator[None]:
         return original(self, reason, **kwargs)
 
     with _stack_patch_lock:
-        OutputGraph.bypass_package = bypass_package  # type: ignore[method-assign]
+        OutputGraph.bypass_package = bypass_package  # type: ignore[method-assign]  # a patch for the block
         try:
             yield
         finally:
-            OutputGraph.bypass_package = original  # type: ignore[method-assign]
+            OutputGraph.bypass_package = original  # type: ignore[method-assign]  # torch's own, back
 
 
 @contextlib.contextmanager
@@ -593,11 +607,11 @@ def recording_installed_globals(
         return original(self, name, value)
 
     with _stack_patch_lock:
-        OutputGraph.install_global_unsafe = install_global_unsafe  # type: ignore[method-assign]
+        OutputGraph.install_global_unsafe = install_global_unsafe  # type: ignore[method-assign]  # a patch for the block
         try:
             yield
         finally:
-            OutputGraph.install_global_unsafe = original  # type: ignore[method-assign]
+            OutputGraph.install_global_unsafe = original  # type: ignore[method-assign]  # torch's own, back
 
 
 def serialize_code(code: types.CodeType) -> Any:
@@ -624,7 +638,7 @@ def check_variants(
     and the first failing guard of each that would not."""
     from torch._dynamo.package import load_guard_manager, load_guards_state
 
-    failures = []
+    failures: list[dict[str, Any]] = []
     for i, (guards_state, _code) in enumerate(variants):
         manager = load_guard_manager(load_guards_state(guards_state), code, scope)
         if manager.check(f_locals) or manager.check(f_locals):
@@ -787,18 +801,18 @@ def _inductor_backend_loader(bundle: dict[str, Any] | None) -> Any:
         if matches or isa == "none":
             recorded = matches
 
-    # Before it looks a kernel up, Inductor precompiles the kernels' common header into
-    # the machine's own directory (not TORCHINDUCTOR_CACHE_DIR, so never into the bundle):
-    # on a machine, or in a fresh venv, that never compiled it, that is a g++ run of
-    # seconds. Every kernel is in the bundle, so no header is needed: answer with a plain
-    # one (a kernel compiled despite that would still build, only without the speed-up).
-    def plain_header(header: str, *args: Any, **kwargs: Any) -> str:
-        path = os.path.join(directory, "headers", header.replace("/", "_"))
-        if not os.path.exists(path):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(f"#include <{header}>\n")
-        return path
+        # Before it looks a kernel up, Inductor precompiles the kernels' common header into
+        # the machine's own directory (not TORCHINDUCTOR_CACHE_DIR, so never into the bundle):
+        # on a machine, or in a fresh venv, that never compiled it, that is a g++ run of
+        # seconds. Every kernel is in the bundle, so no header is needed: answer with a plain
+        # one (a kernel compiled despite that would still build, only without the speed-up).
+        def plain_header(header: str, *args: Any, **kwargs: Any) -> str:
+            path = os.path.join(directory, "headers", header.replace("/", "_"))
+            if not os.path.exists(path):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w") as f:
+                    f.write(f"#include <{header}>\n")
+            return path
 
     def load(blob: bytes) -> Any:
         previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
@@ -806,10 +820,11 @@ def _inductor_backend_loader(bundle: dict[str, Any] | None) -> Any:
         if directory is not None:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
             precompile_header = codecache._precompile_header
-            codecache._precompile_header = plain_header
+            # Patched for this load only, restored below.
+            codecache._precompile_header = plain_header  # type: ignore[assignment]  # a plain function for torch's lru_cache'd one
             if recorded is not None:
                 probe = cpu_vec_isa.valid_vec_isa_list
-                cpu_vec_isa.valid_vec_isa_list = lambda: recorded
+                cpu_vec_isa.valid_vec_isa_list = lambda: recorded  # type: ignore[assignment]  # a plain function for torch's lru_cache'd one
         try:
             return pickle.loads(blob).after_deserialization()
         finally:
@@ -866,7 +881,7 @@ def _dynamo_installed_runtime() -> Any:
                 f"a new compile; {'; '.join(failures) or 'no captured variant'}"
             )
 
-        callback._torchdynamo_orig_backend = getattr(inner, "_torchdynamo_orig_backend", inner)  # type: ignore[attr-defined]
+        callback._torchdynamo_orig_backend = getattr(inner, "_torchdynamo_orig_backend", inner)  # type: ignore[attr-defined]  # Dynamo reads it off the callback function
         return callback
 
     class Backend:
@@ -903,7 +918,6 @@ def _dynamo_installed_runtime() -> Any:
         uninstall=uninstall,
         live_entries=_debug_get_cache_entry_list,
         precompile_entries=_debug_get_precompile_entries,
-        reset_entries=_reset_precompile_entries,
     )
 
 
@@ -981,11 +995,12 @@ def recording_grad_access(counts: Callable[[types.FrameType], bool]) -> Iterator
         native.__delete__(self)
 
     with _stack_patch_lock:
-        FakeTensor.grad = property(get, set_, delete)  # type: ignore[attr-defined]
+        # A class-level property over the C descriptor, for the block.
+        FakeTensor.grad = property(get, set_, delete)  # type: ignore[assignment]  # stubs type it as the value
         try:
             yield seen
         finally:
-            del FakeTensor.grad  # type: ignore[attr-defined]
+            del FakeTensor.grad
 
 
 def dim_marks(t: torch.Tensor) -> dict[str, Any]:

@@ -129,15 +129,17 @@ class Capture:
             )
         try:
             if isinstance(self.tracer, DynamoTracer):
-                return self._call_dynamo(args, kwargs)
-            return self._call_make_fx(args, kwargs)
+                return self._call_dynamo(self.tracer, args, kwargs)
+            return self._call_make_fx(self.tracer, args, kwargs)
         except PrecompileError as error:
             self._report.ok = False
             self._report.error = error.to_dict()
             self._report.summary.capture_errors.append(error.message)
             raise
 
-    def _call_make_fx(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call_make_fx(
+        self, tracer: MakeFxTracer, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         if self._artifact is not None:
             raise PrecompileError(
                 "the make_fx tracer captures exactly one call, and this Capture already has one",
@@ -150,18 +152,20 @@ class Capture:
                 f"{sorted(kwargs)}",
                 hint="pass them positionally, or use tracer=precompile.DynamoTracer()",
             )
-        self._capture_single_graph(args)
+        self._capture_single_graph(tracer, args)
         started = time.perf_counter()
         result = self._runnable(*args)
         self._report.timings["first_call_s"] = time.perf_counter() - started
         return result
 
-    def _call_dynamo(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call_dynamo(
+        self, tracer: DynamoTracer, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         from precompile.dynamo_capture import DynamoSession
 
         started = time.perf_counter()
         if self._session is None:
-            self._session = DynamoSession(self.fn, self.tracer, self.backend, self.training)
+            self._session = DynamoSession(self.fn, tracer, self.backend, self.training)
         self._artifact = None  # what was emitted before this call is out of date
         try:
             return self._session.call(args, kwargs)
@@ -172,7 +176,7 @@ class Capture:
 
     # ------------------------------------------------------------ emitting
 
-    def _capture_single_graph(self, args: tuple[Any, ...]) -> None:
+    def _capture_single_graph(self, tracer: MakeFxTracer, args: tuple[Any, ...]) -> None:
         from precompile.backends import lower_eager
         from precompile.emit import emit_single_graph
         from precompile.fx_capture import trace_single_graph
@@ -180,7 +184,7 @@ class Capture:
         timings = self._report.timings
         started = time.perf_counter()
         graph = trace_single_graph(
-            self.fn, args, training=self.training, decompositions=self.tracer.decompositions
+            self.fn, args, training=self.training, decompositions=tracer.decompositions
         )
         timings["trace_s"] = time.perf_counter() - started
         started = time.perf_counter()

@@ -24,13 +24,16 @@ import os
 import sys
 import types
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from precompile import _compat, state_checks
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file, is_user_file
+
+#: The events sys.setprofile hands a profile function.
+ProfileEvent = Literal["call", "return", "c_call", "c_return", "c_exception"]
 
 _TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
 #: torch code whose attribute reads on modules count (a LayerNorm reads ``self.eps``).
@@ -67,7 +70,7 @@ def recording_calls() -> Iterator[CallLog]:
     codes, scopes = log.codes, log.scopes
     importing: list[types.FrameType] = []  # the import machinery's outermost frame
 
-    def hook(frame: types.FrameType, event: str, arg: object) -> object:
+    def hook(frame: types.FrameType, event: ProfileEvent, arg: object) -> object:
         code = frame.f_code
         if importing:
             # An import during the trace (a lazy one in torch, say) runs the import

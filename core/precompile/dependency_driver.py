@@ -19,7 +19,8 @@ here imports precompile: the hook helpers are also what the capture records with
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     import torch as _torch
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     MODULE_HOOKS: dict[str, Any] = {}
     GLOBAL_READS: list[dict[str, str]] = []
 
-    def _fail(message: str, invariant: int | None = None) -> Any: ...
+    def _fail(message: str, invariant: int | None = None) -> NoReturn: ...
 
     def _import_module(name: str) -> Any: ...
 
@@ -180,6 +181,8 @@ def _build_dependency_check() -> Any:
     for number, root in enumerate(MODULE_HOOKS.get("roots") or []):
         root = {**root, "number": number}
         path = root["path"]
+        # Each kind of root binds what it reads as defaults; all are called (args, kwargs).
+        fetch: Callable[[Any, Any], Any]
         if root["kind"] == "global":
             scope = vars(_import_module(root["module"]))
             code = compile(root["path"].replace("G[", "__G[", 1), "<precompile>", "eval")

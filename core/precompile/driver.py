@@ -18,7 +18,8 @@ holds the two in agreement.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     import torch as _torch
@@ -96,11 +97,9 @@ if TYPE_CHECKING:
     _kernel_data_ptr: int = 0
     _INDUCTOR_ALIGN_BYTES: int = 64
 
-    def call(flat_inputs: list[object]) -> list[object]: ...
+    def call(flat_inputs: list[Any]) -> list[Any]: ...
 
     def _relabel_layout_error(error: AssertionError, flat: list[Any]) -> str | None: ...
-
-    def _memory_format(t: Any) -> str: ...
 
 
 class PrecompileError(RuntimeError):
@@ -126,14 +125,17 @@ class PrecompileError(RuntimeError):
         super().__init__(message + suffix)
 
 
-def _fail(message: str, invariant: int | None = None) -> Any:
+def _fail(message: str, invariant: int | None = None) -> NoReturn:
     # Imported at the moment of failure only, so a normal call never touches the
     # package and an artifact runs where it is not installed.
+    error_type: Callable[..., Exception]
     try:
-        from precompile.errors import PrecompileError as _Error
+        from precompile.errors import PrecompileError as packaged_error
+
+        error_type = packaged_error
     except ImportError:
-        _Error = PrecompileError
-    raise _Error(message, invariant=invariant) from None
+        error_type = PrecompileError
+    raise error_type(message, invariant=invariant) from None
 
 
 def _lift_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[Any]]:
@@ -649,6 +651,7 @@ def _build_single_graph_forward() -> Any:
     """
     from operator import attrgetter
     from operator import is_ as _is
+    from typing import cast
 
     _check_function_sources_once()
     scopes = _global_scopes()
@@ -671,11 +674,14 @@ def _build_single_graph_forward() -> Any:
         USER_INPUT_SHAPE_IDS
     )
     input_meta = attrgetter("shape", "dtype", "device", "requires_grad")
+    # Only without dynamic dims: then each tensor slot's shape (tensor_slots holds the
+    # slots with one) is all ints, and the emitter writes a dtype and a device exactly
+    # where it writes a shape.
     expected_inputs = tuple(
         (
-            _torch.Size(USER_INPUT_SHAPES[i]),
-            getattr(_torch, USER_INPUT_DTYPES[i].split(".")[-1]),
-            _torch.device(USER_INPUT_DEVICES[i]),
+            _torch.Size(cast("tuple[int, ...]", USER_INPUT_SHAPES[i])),
+            getattr(_torch, cast(str, USER_INPUT_DTYPES[i]).split(".")[-1]),
+            _torch.device(cast(str, USER_INPUT_DEVICES[i])),
             # Inference: an input that requires grad always takes the slow path, which
             # refuses it under grad mode (eager's outputs would carry its gradient).
             bool(TRAINING and USER_INPUT_REQUIRES_GRAD[i]),
@@ -908,7 +914,7 @@ def _build_single_graph_forward() -> Any:
             return out[0]
         return _pytree.tree_unflatten(list(out), out_spec)
 
-    forward.covers = covers  # type: ignore[attr-defined]
+    forward.covers = covers  # type: ignore[attr-defined]  # loaders call forward.covers()
     return forward
 
 
@@ -992,6 +998,8 @@ def _inductor_runtime(bundle: dict[str, Any] | None) -> Any:
                     with open(path, "wb") as f:
                         f.write(data)
                     spec = importlib.util.spec_from_file_location(name, path)
+                    # A path ending in .so always gets the extension-module loader.
+                    assert spec is not None and spec.loader is not None
                     module = importlib.util.module_from_spec(spec)
                     spec.loader.exec_module(module)
                     sys.modules[name] = module

@@ -19,7 +19,7 @@ import shutil
 import sys
 import tempfile
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -249,9 +249,10 @@ def _dedupe_breaks(events: list[dict[str, Any]]) -> list[GraphBreak]:
     return list(breaks.values())
 
 
-def check_dynamo_fn(fn: Callable[..., Any]) -> None:
+def check_dynamo_fn(fn: Callable[..., Any]) -> types.FunctionType:
     """A Dynamo artifact rebuilds fn's frames inside fn's own module in another process:
-    fn must be a plain module-level function of an importable module."""
+    fn must be a plain module-level function of an importable module. Returns ``fn``,
+    known to be one."""
     code = getattr(fn, "__code__", None)
     where = definition_location(code) if code else None
     if not isinstance(fn, types.FunctionType):
@@ -260,6 +261,7 @@ def check_dynamo_fn(fn: Callable[..., Any]) -> None:
             location=where,
             hint="wrap the call in a module-level function: def run(model, x): return model(x)",
         )
+    code = fn.__code__
     module = fn.__module__
     if module == "__main__":
         raise PrecompileError(
@@ -318,6 +320,7 @@ def check_dynamo_fn(fn: Callable[..., Any]) -> None:
             hint="capture before compiling it, in another process, or call "
             "torch._dynamo.reset() to drop that compile first",
         )
+    return fn
 
 
 #: Entry code objects with a capture open in this process.
@@ -332,8 +335,7 @@ class DynamoSession:
     """
 
     def __init__(self, fn: Callable[..., Any], tracer: DynamoTracer, backend: str, training: bool):
-        check_dynamo_fn(fn)
-        self.fn = fn
+        self.fn = check_dynamo_fn(fn)
         self.tracer = tracer
         self.backend = backend
         self.training = training
@@ -351,7 +353,7 @@ class DynamoSession:
         self.calls = 0
         self.global_state = _compat.global_state()
         self._touched: dict[types.CodeType, bool] = {}
-        self.dependencies = DependencyRecorder(fn)  # type: ignore[arg-type]
+        self.dependencies = DependencyRecorder(self.fn)
         self.installed_globals: dict[types.CodeType, dict[str, Any]] = {}
         # Inductor compiles into a private cache; its files become the kernel cache.
         self.inductor_cache = (
@@ -670,15 +672,11 @@ def serving_mode(frames: list[FrameRecord]) -> tuple[str, str | None]:
     return "standalone", None
 
 
-def entry_binding(fn: types.FunctionType) -> dict[str, Any]:
-    return {"defaults": fn.__defaults__, "kwdefaults": fn.__kwdefaults__}
-
-
 def function_sources(
     fn: types.FunctionType,
     frames: list[FrameRecord],
     artifact_path: str,
-    traced: list[types.CodeType] = (),  # type: ignore[assignment]
+    traced: Sequence[types.CodeType] = (),
 ) -> list[dict[str, Any]]:
     """Function-level digests of the traced source: the entry, every frame's code and
     every function Dynamo inlined into a graph (``traced``: a model's ``forward``,

@@ -98,10 +98,10 @@ class DependencyRecorder:
                 self.conflicts.append(
                     f"the hooks on `{user_path(name)}` changed between captured calls"
                 )
-        snapshot = global_hook_snapshot()
+        global_snapshot = global_hook_snapshot()
         if self.global_hooks is None:
-            self.global_hooks = snapshot
-        elif self.global_hooks != snapshot:
+            self.global_hooks = global_snapshot
+        elif self.global_hooks != global_snapshot:
             self.conflicts.append("torch's global module hooks changed between captured calls")
         for e in entries:
             if not (getattr(e, "is_global", False) and getattr(e, "has_value", False)):

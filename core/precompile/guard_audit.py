@@ -89,16 +89,25 @@ class GuardAudit:
 def audit(frames: list[FrameRecord]) -> GuardAudit:
     slots: dict[tuple[str, str, str], Slot] = {}
     for frame in frames:
-        where = {
-            "file": frame.code.co_filename,
-            "line": frame.code.co_firstlineno,
-            "variants": len(frame.guards),
-            "continuation": not frame.is_entry and bool(frame.resume_names),
-        }
+        file, line = frame.code.co_filename, frame.code.co_firstlineno
+        variants = len(frame.guards)
+        continuation = not frame.is_entry and bool(frame.resume_names)
         for decisions in frame.guards:
             for d in decisions:
                 key = (frame.name, d.name, d.guard_type)
-                slot = slots.setdefault(key, Slot(frame.name, d.name, d.guard_type, [], **where))
+                slot = slots.setdefault(
+                    key,
+                    Slot(
+                        frame.name,
+                        d.name,
+                        d.guard_type,
+                        [],
+                        file=file,
+                        line=line,
+                        variants=variants,
+                        continuation=continuation,
+                    ),
+                )
                 slot.decisions.append(d)
     dropped = [s for s in slots.values() if s.dropped_by not in (None, "driver")]
     risky = []

@@ -14,7 +14,7 @@ the compile is recorded nowhere.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     BACKEND: str = ""
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     DYNAMO_GLOBALS: list[list[str]] = []
     _BACKEND_FNS: dict[str, Any] = {}
 
-    def _fail(message: str, invariant: int | None = None) -> Any: ...
+    def _fail(message: str, invariant: int | None = None) -> NoReturn: ...
 
     def _check_versions() -> None: ...
 
@@ -141,7 +141,7 @@ def _build_installed_forward() -> Any:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         f_locals = dict(bound.arguments)
-        failures = []
+        failures: list[dict[str, Any]] = []
         for i, precompiled in enumerate(rt.precompile_entries(fn.__code__)):
             if precompiled.guard_manager.check(f_locals):
                 return {"served_by": i, "failures": failures}
@@ -153,7 +153,7 @@ def _build_installed_forward() -> Any:
             )
         return {"served_by": None, "failures": failures}
 
-    forward.covers = covers  # type: ignore[attr-defined]
-    forward.unload = unload  # type: ignore[attr-defined]
-    forward.installed = True  # type: ignore[attr-defined]
+    forward.covers = covers
+    forward.unload = unload
+    forward.installed = True
     return forward

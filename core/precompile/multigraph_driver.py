@@ -22,7 +22,7 @@ eagerly here too, with a warning once per frame.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     import torch as _torch
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     _ENTRY_BINDING: str = ""
     _BACKEND_FNS: dict[str, Any] = {}
 
-    def _fail(message: str, invariant: int | None = None) -> Any: ...
+    def _fail(message: str, invariant: int | None = None) -> NoReturn: ...
 
     def _dynamo_serving_runtime() -> Any: ...
 
@@ -336,14 +336,17 @@ def _build_multigraph_forward() -> Any:
             if frame["eager_fallback"]:
                 if target.co_name not in warned:
                     warned.add(target.co_name)
+                    category: type[Warning]
                     try:
-                        from precompile.errors import EagerFallbackWarning as _Warning
+                        from precompile.errors import EagerFallbackWarning
+
+                        category = EagerFallbackWarning
                     except ImportError:
-                        _Warning = UserWarning  # type: ignore[misc]
+                        category = UserWarning
                     warnings.warn(
                         f"precompile: {frame_label(target.co_name)} runs eagerly: Dynamo gave up on "
                         f"it during capture ({frame.get('eager_reason') or 'see the capture report'})",
-                        _Warning,
+                        category,
                         stacklevel=3,
                     )
                 return function(target, closure)(*args, **kwargs)
@@ -364,7 +367,7 @@ def _build_multigraph_forward() -> Any:
 
         def coverage(args: Any, kwargs: Any) -> dict[str, Any]:
             f_locals = locals_of(None, args, kwargs)
-            failures = []
+            failures: list[dict[str, Any]] = []
             for i, (manager, _body) in enumerate(variants):
                 if manager.check(f_locals) or manager.check(f_locals):
                     return {"served_by": i, "failures": failures}
@@ -387,7 +390,7 @@ def _build_multigraph_forward() -> Any:
         def dispatch(*args: Any, **kwargs: Any) -> Any:
             return dispatch_with(bound, None, args, kwargs)
 
-        dispatch.coverage = coverage  # type: ignore[attr-defined]
+        dispatch.coverage = coverage  # type: ignore[attr-defined]  # covers() reads it off the entry
         return dispatch
 
     # Every resume name is checked before anything is seeded, so a refusal leaves each
@@ -417,8 +420,9 @@ def _build_multigraph_forward() -> Any:
         else:
             dispatcher.__precompile_artifact__ = ARTIFACT_TAG
         scope = scopes.get(frame["python_module"])
-        for name in frame["resume_names"] if scope is not None else ():
-            seed(scope, name, dispatcher)
+        if scope is not None:
+            for name in frame["resume_names"]:
+                seed(scope, name, dispatcher)
     if entry is None:
         _fail("precompile: this artifact has no entry frame; capture it again")
 
@@ -438,8 +442,8 @@ def _build_multigraph_forward() -> Any:
     def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:
         return entry.coverage(args, kwargs)
 
-    forward.covers = covers  # type: ignore[attr-defined]
-    forward.unload = unload  # type: ignore[attr-defined]
+    forward.covers = covers
+    forward.unload = unload
     return forward
 
 

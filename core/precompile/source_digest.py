@@ -28,20 +28,21 @@ def function_source(module_text: str, qualname: str, line: int = 0) -> str | Non
         return None
     path = [part for part in qualname.split(".") if part != "<locals>"]
     scopes: list[list[ast.stmt]] = [tree.body]
-    found: list[ast.AST] = []
+    # Definitions and lambdas: statements and expressions, both with line numbers.
+    found: list[ast.stmt | ast.expr] = []
     for depth, name in enumerate(path):
-        matches: list[ast.AST] = []
+        matches: list[ast.stmt | ast.expr] = []
         for body in scopes:
-            for node in body:
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    if node.name == name:
-                        matches.append(node)
+            for stmt in body:
+                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    if stmt.name == name:
+                        matches.append(stmt)
         if name == "<lambda>" and depth == len(path) - 1:
             for body in scopes:
                 for stmt in body:
-                    for node in ast.walk(stmt):
-                        if isinstance(node, ast.Lambda) and node.lineno == line:
-                            matches.append(node)
+                    for child in ast.walk(stmt):
+                        if isinstance(child, ast.Lambda) and child.lineno == line:
+                            matches.append(child)
         if not matches:
             return None
         found = matches
@@ -51,7 +52,7 @@ def function_source(module_text: str, qualname: str, line: int = 0) -> str | Non
     if not found:
         return None
 
-    def first_line(node: ast.AST) -> int:
+    def first_line(node: ast.stmt | ast.expr) -> int:
         decorators = getattr(node, "decorator_list", [])
         return min([d.lineno for d in decorators] + [node.lineno])
 

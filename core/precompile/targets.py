@@ -85,7 +85,7 @@ def target(
     options = TargetOptions(examples, covers, backend, tracer, training, artifact)
 
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
-        fn.__precompile_target__ = options  # type: ignore[attr-defined]
+        fn.__precompile_target__ = options  # type: ignore[attr-defined]  # the mark is an attribute of the function
         return fn
 
     return mark

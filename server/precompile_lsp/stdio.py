@@ -7,7 +7,15 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import IO
+from typing import IO, Literal, overload
+
+
+@overload
+def protect_stdout(binary: Literal[True]) -> IO[bytes]: ...
+
+
+@overload
+def protect_stdout(binary: Literal[False]) -> IO[str]: ...
 
 
 def protect_stdout(binary: bool) -> IO[bytes] | IO[str]:

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import IO, Any
 
 from precompile_lsp import protocol
 from precompile_lsp.protocol import (
@@ -60,7 +60,7 @@ WARM_IMPORTS = (
 )
 
 
-def _send(channel: TextIO, message: protocol.Message) -> None:
+def _send(channel: IO[str], message: protocol.Message) -> None:
     channel.write(protocol.encode(message) + "\n")
     channel.flush()
 
@@ -373,7 +373,7 @@ class _Lines:
                 print(f"precompile worker: ignoring a bad message: {error}", file=sys.stderr)
 
 
-def serve(channel: TextIO) -> None:
+def serve(channel: IO[str]) -> None:
     """The warm loop: read jobs, run each in a child, answer with results."""
     import importlib
 
@@ -432,4 +432,4 @@ def main() -> None:
         return
     channel = protect_stdout(binary=False)
     assert isinstance(channel, io.TextIOBase)
-    serve(channel)  # type: ignore[arg-type]  # a text channel, as asked
+    serve(channel)
