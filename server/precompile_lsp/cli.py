@@ -199,17 +199,29 @@ def _resolve_target(engine: Any, spec: str) -> Any:
 def _emit_or_verify(args: argparse.Namespace, kind: str) -> int:
     from precompile_lsp.config import ConfigError
     from precompile_lsp.engine import Engine
+    from precompile_lsp.files import shown_path
     from precompile_lsp.protocol import JobResult
 
     root = _workspace([])
     progress = _Progress(args.quiet)
     try:
-        engine = Engine(root, trusted=True, use_cache=False, on_event=progress)
+        # Key files as absolute paths: the worker that loads the pair runs elsewhere.
+        keys = [str(Path(k).resolve()) for k in getattr(args, "trusted_key", None) or ()]
+        engine = Engine(root, trusted=True, use_cache=False, on_event=progress, trusted_keys=keys)
         if kind == "verify":
             from precompile.metadata import inspect_artifact
 
             metadata = inspect_artifact(args.artifact)
             decl = _resolve_target(engine, f"{metadata['FN_MODULE']}.{metadata['FN_NAME']}")
+            own = engine.artifact_of(decl)[0]
+            if own != Path(args.artifact).resolve():
+                # The worker verifies the target's own artifact: verifying (or checking the
+                # signature of) any other file would report on one file and load another.
+                raise LookupError(
+                    f"{args.artifact} is a copy of {decl.key}'s artifact, which lives at "
+                    f"{shown_path(own, root)}; verify that path (or point the target's "
+                    f"artifact= option at this file)"
+                )
         else:
             decl = _resolve_target(engine, args.target)
     except (ConfigError, LookupError) as error:

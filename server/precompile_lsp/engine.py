@@ -28,7 +28,7 @@ import dataclasses
 import itertools
 import json
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,8 +129,12 @@ class Engine:
         trusted: bool = False,
         use_cache: bool = True,
         on_event: Callable[[Event], None] | None = None,
+        trusted_keys: Sequence[str] = (),
     ) -> None:
         self.root = root.resolve()
+        #: Public keys a verification's load must find the pair signed by (none: any
+        #: pair loads, as a plain ``precompile.load`` would).
+        self.trusted_keys = list(trusted_keys)
         self.overrides = dict(overrides or {})
         self.config = load_config(self.root, self.overrides)
         self.trusted = trusted
@@ -268,6 +272,7 @@ class Engine:
             backend=options["backend"],
             tracer=options["tracer"],
             timeout=self.config.timeout,
+            trusted_keys=self.trusted_keys if kind is JobKind.VERIFY else [],
         )
 
     def _cache_key(self, decl: TargetDecl, kind: JobKind) -> str:
@@ -283,6 +288,7 @@ class Engine:
             artifact, _ = self.artifact_of(decl)
             parts.append(self.cache.portable(str(artifact)))
             parts.append(read_source(artifact).sha or "no-artifact")
+            parts.append(json.dumps(self.trusted_keys))
         return "\n".join(parts)
 
     def _inputs(self, state: TargetState) -> dict[Path, str | None]:

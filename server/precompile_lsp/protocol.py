@@ -68,6 +68,9 @@ class JobRequest:
     timeout: float
     #: A folder the worker owns and removes after the job, whatever happened to it.
     scratch: str | None = None
+    #: For a verification: the public keys (PEM paths or base64) the pair must be signed
+    #: by; the load itself refuses any other pair, so what is verified is what was checked.
+    trusted_keys: list[str] = attrs.field(factory=list)
 
 
 # ---------------------------------------------------------------- what a capture found

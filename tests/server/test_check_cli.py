@@ -279,3 +279,36 @@ def test_the_engine_and_the_server_never_import_torch(shop: Path, checked: dict[
     assert outcome == {"code": 1, "heavy": []}
     report = json.loads((shop / "report.json").read_text())
     assert report["stats"]["captures"] == 0 and report["stats"]["cache_hits"] == 4
+
+
+def test_verify_checks_the_file_it_was_given_with_the_keys_it_was_given(
+    shop: Path, tmp_path: Path
+) -> None:
+    """`verify` loads the target's own artifact: a copy elsewhere is named as such (it
+    would check one file and load another), and with --trusted-key the load itself
+    refuses a pair the keys did not sign, not only the CLI's check before it."""
+    import asyncio
+
+    import precompile
+    from precompile_lsp.engine import Engine
+
+    artifact = shop / "artifacts" / "shop.serving.stale.py"
+    copy = tmp_path / "copy.py"
+    shutil.copyfile(artifact, copy)
+    proc = precompile_cli("verify", str(copy), cwd=shop)
+    assert proc.returncode == 2, proc.stderr
+    assert "is a copy of shop.serving.stale's artifact" in proc.stderr
+    assert "artifacts/shop.serving.stale.py" in proc.stderr
+
+    _, public, _ = precompile.generate_key(tmp_path / "key")
+
+    async def verify_with_keys() -> list[str]:
+        engine = Engine(shop, trusted=True, use_cache=False, trusted_keys=[public])
+        try:
+            (decl,) = [d for d in await engine.discover_async() if d.key.endswith(".stale")]
+            return (await engine.verify(decl)).verify_failures
+        finally:
+            await engine.close()
+
+    (failure,) = asyncio.run(verify_with_keys())
+    assert failure.startswith("it does not load:") and "is not signed" in failure

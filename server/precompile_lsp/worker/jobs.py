@@ -235,7 +235,8 @@ def run_job(job: JobRequest) -> JobResult:
         artifact = job.artifact
         cache = os.path.splitext(artifact)[0] + ".cache"
         if job.kind is JobKind.VERIFY:
-            result = attrs.evolve(result, verify_failures=verify(fn, options, artifact, cache))
+            failures = verify(fn, options, artifact, cache, job.trusted_keys)
+            result = attrs.evolve(result, verify_failures=failures)
         else:
             examples = _calls(options.examples, "examples")
             if not examples:
@@ -271,14 +272,19 @@ def run_job(job: JobRequest) -> JobResult:
     return result
 
 
-def verify(fn: Any, options: Any, artifact: str, cache: str) -> list[str]:
+def verify(fn: Any, options: Any, artifact: str, cache: str, trusted_keys: list[str]) -> list[str]:
     """Load the artifact in this (fresh) child and compare it with eager on every example
-    and covers call; each mismatch or refusal is one failure."""
+    and covers call; each mismatch or refusal is one failure. With ``trusted_keys`` the
+    load itself checks the signature of the bytes it loads."""
     if not os.path.exists(artifact):
         return [f"{artifact} does not exist; emit it first"]
     failures = []
     try:
-        runnable = precompile.load(artifact, cache if os.path.exists(cache) else None)
+        runnable = precompile.load(
+            artifact,
+            cache if os.path.exists(cache) else None,
+            trusted_keys=trusted_keys or None,
+        )
     except PrecompileError as error:
         return [f"it does not load: {error.message}"]
     calls = _calls(options.examples, "examples") + _calls(options.covers, "covers")
