@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     def _build_dependency_check() -> Any: ...
 
-    def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str: ...
+    def _coverage(managers: list[Any], f_locals: dict[str, Any]) -> dict[str, Any]: ...
 
     def _rebuild_global(kind: str, data: str) -> Any: ...
 
@@ -140,18 +140,8 @@ def _build_installed_forward() -> Any:
     def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        f_locals = dict(bound.arguments)
-        failures: list[dict[str, Any]] = []
-        for i, precompiled in enumerate(rt.precompile_entries(fn.__code__)):
-            if precompiled.guard_manager.check(f_locals):
-                return {"served_by": i, "failures": failures}
-            failures.append(
-                {
-                    "variant": i,
-                    "guard": _readable_guard_failure(precompiled.guard_manager, f_locals),
-                }
-            )
-        return {"served_by": None, "failures": failures}
+        managers = [p.guard_manager for p in rt.precompile_entries(fn.__code__)]
+        return _coverage(managers, dict(bound.arguments))
 
     forward.covers = covers
     forward.unload = unload

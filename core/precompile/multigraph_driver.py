@@ -149,6 +149,26 @@ def _rebuild_global(kind: str, data: str) -> Any:
     return pickle.loads(base64.b64decode(data))
 
 
+def _serving_variant(managers: list[Any], f_locals: dict[str, Any]) -> int | None:
+    """The variant whose guards pass for these locals: the one choice standalone
+    serving and every covers() make. A root's fast path can refuse without running its
+    tree once, so each variant is checked twice before the next."""
+    for i, manager in enumerate(managers):
+        if manager.check(f_locals) or manager.check(f_locals):
+            return i
+    return None
+
+
+def _coverage(managers: list[Any], f_locals: dict[str, Any]) -> dict[str, Any]:
+    """What covers() answers: the serving variant, and why each one before it refused."""
+    chosen = _serving_variant(managers, f_locals)
+    failures = [
+        {"variant": i, "guard": _readable_guard_failure(managers[i], f_locals)}
+        for i in range(len(managers) if chosen is None else chosen)
+    ]
+    return {"served_by": chosen, "failures": failures}
+
+
 def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str:
     """The first guard of a variant that fails for these locals, in the user's words."""
     info = manager.check_verbose(f_locals)
@@ -326,13 +346,13 @@ def _build_multigraph_forward() -> Any:
                     f_locals[name] = f_locals.pop("implicit" + name[1:])
             return f_locals
 
+        managers = [manager for manager, _body in variants]
+
         def dispatch_with(bound: list[Any], closure: Any, args: Any, kwargs: Any) -> Any:
             f_locals = locals_of(closure, args, kwargs)
-            # A root's fast path can refuse without running its tree once; check twice.
-            for _ in range(2):
-                for manager, variant in bound:
-                    if manager.check(f_locals):
-                        return variant(*args, **kwargs)
+            chosen = _serving_variant(managers, f_locals)
+            if chosen is not None:
+                return bound[chosen](*args, **kwargs)
             if frame["eager_fallback"]:
                 if target.co_name not in warned:
                     warned.add(target.co_name)
@@ -352,7 +372,7 @@ def _build_multigraph_forward() -> Any:
                 return function(target, closure)(*args, **kwargs)
             failures = "; ".join(
                 f"variant {i}: {_readable_guard_failure(m, f_locals)}"
-                for i, (m, _v) in enumerate(bound)
+                for i, m in enumerate(managers)
             )
             _fail(
                 f"precompile: no captured variant of {frame_label(target.co_name)} serves this call "
@@ -363,16 +383,10 @@ def _build_multigraph_forward() -> Any:
             )
 
         def bind(closure: Any) -> list[Any]:
-            return [(manager, function(body, closure)) for manager, body in variants]
+            return [function(body, closure) for _manager, body in variants]
 
         def coverage(args: Any, kwargs: Any) -> dict[str, Any]:
-            f_locals = locals_of(None, args, kwargs)
-            failures: list[dict[str, Any]] = []
-            for i, (manager, _body) in enumerate(variants):
-                if manager.check(f_locals) or manager.check(f_locals):
-                    return {"served_by": i, "failures": failures}
-                failures.append({"variant": i, "guard": _readable_guard_failure(manager, f_locals)})
-            return {"served_by": None, "failures": failures}
+            return _coverage(managers, locals_of(None, args, kwargs))
 
         if target.co_freevars:
 
@@ -456,5 +470,7 @@ MULTIGRAPH_DRIVER = (
     _check_function_sources,
     _rebuild_global,
     _readable_guard_failure,
+    _serving_variant,
+    _coverage,
     _build_multigraph_forward,
 )
