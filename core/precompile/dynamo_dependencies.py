@@ -383,20 +383,7 @@ class DependencyRecorder:
             {"scope": scope, "path": path, "module": m, "qualname": q, "location": where}
             for (scope, path), (m, q, where) in sorted(self.reads.items())
         ]
-        identities = []
-        for row in self.identities.values():
-            param = self.signature.parameters[row["param"]]
-            identities.append(
-                row
-                | {
-                    "index": params.index(param)
-                    if param.kind
-                    in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-                    else None,
-                    "variadic": param.kind
-                    in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD),
-                }
-            )
+        identities = list(self.identities.values())
         return {
             "MODULE_HOOKS": {"roots": roots, "global": self.global_hooks or {}},
             "GLOBAL_READS": reads,
