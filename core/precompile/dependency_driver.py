@@ -13,6 +13,11 @@ functions and classes the frames read (``GLOBAL_READS``). Here, every call check
   project functions is checked by ``FUNCTION_SOURCES``); every call then compares the
   bindings by identity, in one generated function.
 
+- Objects compared by identity, reached from the arguments (``ARG_IDENTITIES``): a load
+  resolves each by its name (module and qualified name, enum class and member, module
+  global); every call evaluates the access paths from the arguments and compares by
+  identity, in one generated function (a closure is compared by its code).
+
 A mismatch raises PrecompileError naming what changed, where, and the fix. Nothing
 here imports precompile: the hook helpers are also what the capture records with.
 """
@@ -30,6 +35,7 @@ if TYPE_CHECKING:
     FN_MODULE: str = ""
     MODULE_HOOKS: dict[str, Any] = {}
     GLOBAL_READS: list[dict[str, str]] = []
+    ARG_IDENTITIES: list[dict[str, Any]] = []
 
     def _fail(message: str, invariant: int | None = None) -> NoReturn: ...
 
@@ -301,7 +307,10 @@ def _build_dependency_check() -> Any:
             )
         reads_args[0] = (*scopes, tuple(expected))
 
+    identities_ok = _build_identity_check(signature)
+
     def check(args: Any, kwargs: Any) -> None:
+        identities_ok(args, kwargs)
         if tuple(map(_dict_version, global_dicts)) != global_versions[0]:
             check_global_hooks()
         for fetch, root in fetchers:
@@ -324,6 +333,138 @@ def _build_dependency_check() -> Any:
     return check
 
 
+def _build_identity_check(signature: Any) -> Any:
+    """``check(args, kwargs)`` for ``ARG_IDENTITIES``: the objects at those access paths
+    from the arguments must be the ones the capture traced, compared by identity. One
+    generated function evaluates every path; only a miss resolves names again (an
+    object not importable at load is adopted once a call shows it by its name) and
+    raises PrecompileError naming the path, what is there now and what was traced."""
+    import enum
+    import inspect
+    import operator
+
+    if not ARG_IDENTITIES:
+        return lambda args, kwargs: None
+    missing = object()
+
+    def resolve(row: dict[str, Any]) -> Any:
+        try:
+            module = _import_module(row["module"])
+            found = operator.attrgetter(row["qualname"])(module)
+            return found[row["member"]] if row["kind"] == "enum" else found
+        except Exception:
+            return missing
+
+    def matches(row: dict[str, Any], value: Any) -> bool:
+        """Whether ``value`` is what the capture traced at ``row``, by name."""
+        if row["kind"] == "code":
+            code = getattr(value, "__code__", None)
+            return (getattr(value, "__module__", None), getattr(code, "co_qualname", None)) == (
+                row["module"],
+                row["qualname"],
+            )
+        target = resolve(row)
+        return target is not missing and value is target
+
+    def shown(value: Any) -> str:
+        if isinstance(value, enum.Enum):
+            return f"{type(value).__qualname__}.{value.name}"
+        if value is missing:
+            return "nothing (the path does not resolve)"
+        import sys
+
+        name = getattr(value, "__qualname__", None)
+        module = getattr(value, "__module__", None)
+        short = getattr(value, "__name__", None)
+        if isinstance(module, str) and isinstance(short, str):
+            if getattr(sys.modules.get(module), short, None) is value:
+                return f"{module}.{short}"
+        if isinstance(name, str) and isinstance(module, str) and name != "<lambda>":
+            return f"{module}.{name}"
+        if isinstance(name, str):
+            code = getattr(value, "__code__", None)
+            where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+            return f"{module}.{name}{where}"
+        return f"another {type(value).__qualname__} instance"
+
+    def captured(row: dict[str, Any]) -> str:
+        if row["kind"] == "enum":
+            return f"{row['qualname']}.{row['member']}"
+        if row["kind"] == "global":
+            return f"the object bound to {row['module']}.{row['qualname']}"
+        if row["kind"] == "code":
+            return f"a {row['module']}.{row['qualname']} function"
+        return f"{row['module']}.{row['qualname']}"
+
+    # The generated function's locals are the parameters, bound from (args, kwargs).
+    params = list(signature.parameters.values())
+    positional = [
+        p
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    defaults = [missing if p.default is inspect.Parameter.empty else p.default for p in params]
+    lines = []
+    for i, p in enumerate(params):
+        if p.kind is inspect.Parameter.VAR_POSITIONAL:
+            lines.append(f"{p.name} = __a[{len(positional)}:]")
+        elif p.kind is inspect.Parameter.VAR_KEYWORD:
+            lines.append(f"{p.name} = {{k: v for k, v in __k.items() if k not in __N}}")
+        elif p in positional:
+            j = positional.index(p)
+            lines.append(
+                f"{p.name} = __a[{j}] if len(__a) > {j} else __k.get({p.name!r}, __D[{i}])"
+            )
+        else:
+            lines.append(f"{p.name} = __k.get({p.name!r}, __D[{i}])")
+    terms = [
+        f"({row['path']}).__code__ is __E[{i}]"
+        if row["kind"] == "code"
+        else f"({row['path']}) is __E[{i}]"
+        for i, row in enumerate(ARG_IDENTITIES)
+    ]
+    source = "def __identities_ok(__a, __k, __E):\n    try:\n{}\n        return {}\n    except Exception:\n        return False\n".format(
+        "\n".join("        " + line for line in lines), " and ".join(terms)
+    )
+    namespace: dict[str, Any] = {"__D": defaults, "__N": frozenset(p.name for p in params)}
+    exec(compile(source, "<precompile identities>", "exec"), namespace)
+    identities_ok = namespace["__identities_ok"]
+    expected = [missing if row["kind"] == "code" else resolve(row) for row in ARG_IDENTITIES]
+    state = [tuple(expected)]
+
+    def recheck(args: Any, kwargs: Any) -> None:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return  # the call itself fails as eager would
+        bound.apply_defaults()
+        scope = dict(bound.arguments)
+        for i, row in enumerate(ARG_IDENTITIES):
+            try:
+                value = eval(row["path"], {}, scope)
+            except Exception:
+                value = missing
+            now = getattr(value, "__code__", missing) if row["kind"] == "code" else value
+            if now is not missing and now is expected[i]:
+                continue
+            if value is not missing and matches(row, value):
+                expected[i] = now
+                continue
+            _fail(
+                f"precompile: `{row['shown']}` is {shown(value)} in this call; the capture "
+                f"traced {captured(row)} there (the trace compared it by identity), and this "
+                f"artifact serves only that. Pass what the capture traced, or capture again "
+                f"with the new one (re-emit the artifact)"
+            )
+        state[0] = tuple(expected)
+
+    def check(args: Any, kwargs: Any) -> None:
+        if not identities_ok(args, kwargs, state[0]):
+            recheck(args, kwargs)
+
+    return check
+
+
 #: What the driver section of every multi-graph artifact holds from this module.
 DEPENDENCY_DRIVER = (
     hook_name,
@@ -331,5 +472,6 @@ DEPENDENCY_DRIVER = (
     hook_snapshot,
     global_hook_snapshot,
     _hook_change,
+    _build_identity_check,
     _build_dependency_check,
 )

@@ -270,6 +270,24 @@ def check_dynamo_fn(fn: Callable[..., Any]) -> types.FunctionType:
             location=where,
             hint="move the function into an importable module and import it from the script",
         )
+    if code.co_freevars and hasattr(fn, "__wrapped__"):
+        context_manager = "ctx_factory" in code.co_freevars
+        wrapped = getattr(fn.__wrapped__, "__code__", None)
+        raise PrecompileError(
+            f"{fn.__qualname__} is wrapped by a decorator"
+            + (" (a context manager used as one, like @torch.no_grad())" if context_manager else "")
+            + "; an artifact rebuilds the entry from its module, and the decorator's "
+            "wrapper is a closure it cannot recreate",
+            invariant=1,
+            location=definition_location(wrapped) if wrapped else where,
+            hint=(
+                "remove the decorator and enter the context inside the function body "
+                "(with torch.no_grad(): ...)"
+                if context_manager
+                else "capture the undecorated function, and apply what the decorator does "
+                "inside it or around the loaded artifact"
+            ),
+        )
     if code.co_freevars:
         raise PrecompileError(
             f"{fn.__qualname__} closes over {list(code.co_freevars)}; an artifact rebuilds the "
@@ -488,10 +506,12 @@ class DynamoSession:
                 else contextlib.nullcontext(),
             ):
                 try:
-                    return self.compiled(*args, **kwargs)
+                    result = self.compiled(*args, **kwargs)
                 finally:
                     self.break_events += events
                     self.calls += 1
+                self.dependencies.verify(args, kwargs)
+                return result
         except PrecompileError:
             raise
         except Exception as error:

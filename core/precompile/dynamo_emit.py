@@ -246,6 +246,8 @@ def _renamed_dependencies(
         "GLOBAL_READS": [
             {**read, "path": rename(read["path"])} for read in dependencies["GLOBAL_READS"]
         ],
+        "ARG_IDENTITIES": dependencies.get("ARG_IDENTITIES", []),
+        "GRAD_MODE_READ": dependencies.get("GRAD_MODE_READ", False),
     }
 
 

@@ -65,6 +65,9 @@ def guard_failure_text(raw: str) -> str:
             name, value = match.groups()
             shown = name if " " in name else f"`{name}`"
             return f"{shown} is not {value}, the value the capture specialized on"
+        match = re.fullmatch(r"KeyError on (.+)\[(['\"].*['\"])\]", text)
+        if match:
+            return f"`{match.group(1)}` has no key {match.group(2)}; the capture read that key"
         match = re.fullmatch(r"KeyError on (.+)", text)
         if match:
             return f"{match.group(1)} is not defined in this process"

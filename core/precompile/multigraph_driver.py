@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:
     import torch as _torch
 
-    _DisableAutocast = _torch._C._DisableAutocast
     _any_autocast_enabled = _torch._C._is_any_autocast_enabled
     _set_grad_enabled = _torch._C._set_grad_enabled
     FN_NAME: str = ""
@@ -35,6 +34,7 @@ if TYPE_CHECKING:
     TORCH_VERSION: str = ""
     PYTHON_VERSION: list[int] = []
     GRAD_MODE: bool = False
+    GRAD_MODE_READ: bool = False
     GLOBAL_STATE: dict[str, Any] = {}
     FUNCTION_SOURCES: list[dict[str, Any]] = []
     DYNAMO_GLOBALS: list[list[str]] = []
@@ -178,12 +178,45 @@ def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str:
 
 def _serve_as_captured(entry: Any, check: Any) -> Any:
     """Run ``entry`` under the global state the artifact was captured in: the captured grad
-    mode, autocast off (the casts are in the graphs), and the default dtype and
-    deterministic mode checked, since Dynamo's own guard on them is left to this driver
-    (it also bundles the thread count, which an artifact must not depend on). Each call
-    first runs ``check(args, kwargs)``: what the trace depended on beyond its guards
-    (hooks, module-level functions; see _build_dependency_check)."""
+    mode, and the default dtype and deterministic mode checked, since Dynamo's own guard
+    on them is left to this driver (it also bundles the thread count, which an artifact
+    must not depend on). A call under an ambient autocast is refused (the capture ran
+    without one: eager would compute in another dtype), and so is a call in another grad
+    mode than the captured one when the trace read the grad mode
+    (``torch.is_grad_enabled()``: eager would take the other branch). Each call first runs
+    ``check(args, kwargs)``: what the trace depended on beyond its guards (hooks,
+    module-level functions, objects compared by identity; see _build_dependency_check)."""
     import torch
+
+    def refuse_autocast() -> None:
+        active = [
+            f"{device} ({torch.get_autocast_dtype(device)})"
+            for device in ("cpu", "cuda", "xpu", "mps", "hpu")
+            if _autocast_enabled_on(device)
+        ]
+        _fail(
+            f"precompile: this call runs under torch.autocast ({', '.join(active) or 'on'}), "
+            f"and the capture ran without it: eager would compute in the autocast dtype, the "
+            f"artifact in the captured one. Call it outside torch.autocast, or enter "
+            f"torch.autocast inside fn and capture again (re-emit the artifact)",
+            6,
+        )
+
+    def _autocast_enabled_on(device: str) -> bool:
+        try:
+            return bool(torch.is_autocast_enabled(device))
+        except Exception:
+            return False
+
+    def refuse_grad_mode(grad: bool) -> None:
+        _fail(
+            f"precompile: this call runs with grad mode {'on' if grad else 'off'}, and the "
+            f"capture traced fn with it {'on' if GRAD_MODE else 'off'}, reading it "
+            f"(torch.is_grad_enabled()): eager would take the branch for the other mode. Call "
+            f"it under torch.set_grad_enabled({GRAD_MODE}), or capture with "
+            f"training={grad} (re-emit the artifact)",
+            6,
+        )
 
     dtype = getattr(torch, GLOBAL_STATE["default_dtype"].split(".")[-1])
     deterministic = GLOBAL_STATE["deterministic"]
@@ -201,19 +234,71 @@ def _serve_as_captured(entry: Any, check: Any) -> Any:
                 f"around the call",
                 6,
             )
+        if _any_autocast_enabled():
+            refuse_autocast()
         grad = torch.is_grad_enabled()
         if grad != GRAD_MODE:
+            if GRAD_MODE_READ:
+                refuse_grad_mode(grad)
             _set_grad_enabled(GRAD_MODE)
         try:
-            if _any_autocast_enabled():
-                with _DisableAutocast():
-                    return entry(*args, **kwargs)
             return entry(*args, **kwargs)
         finally:
             if grad != GRAD_MODE:
                 _set_grad_enabled(grad)
 
     return forward
+
+
+def _entry_defaults_check(binding: dict[str, Any]) -> Any:
+    """``check()``: refuse a call when the live entry's ``__defaults__`` or
+    ``__kwdefaults__`` differ from the captured ones, which the rebuilt entry binds (an
+    artifact rebuilds fn from the capture: rebinding them afterwards changes what eager
+    computes, not what the artifact computes). Compared by value at load, then by
+    identity per call (a new tuple is compared by value again)."""
+    import operator
+
+    import torch
+
+    live = operator.attrgetter(FN_NAME)(_import_module(FN_MODULE))
+
+    def same(a: Any, b: Any) -> bool:
+        if a is b:
+            return True
+        if type(a) is not type(b):
+            return False
+        if isinstance(a, (tuple, list)):
+            return len(a) == len(b) and all(map(same, a, b))
+        if isinstance(a, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, torch.Tensor):
+            return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+        try:
+            return bool(a == b)
+        except Exception:
+            return False
+
+    seen: list[Any] = [None, None]
+
+    def check() -> None:
+        defaults, kwdefaults = live.__defaults__, live.__kwdefaults__
+        if defaults is seen[0] and kwdefaults is seen[1]:
+            return
+        for what, now, captured in (
+            ("__defaults__", defaults, binding.get("defaults")),
+            ("__kwdefaults__", kwdefaults, binding.get("kwdefaults")),
+        ):
+            if not same(now, captured):
+                _fail(
+                    f"precompile: {FN_MODULE}.{FN_NAME}.{what} is {now!r:.200} in this "
+                    f"process; the capture traced it with {captured!r:.200}, which this "
+                    f"artifact binds. Restore the defaults, or capture again with the new "
+                    f"ones (re-emit the artifact)"
+                )
+        seen[0], seen[1] = defaults, kwdefaults
+
+    check()
+    return check
 
 
 def _build_multigraph_forward() -> Any:
@@ -447,10 +532,16 @@ def _build_multigraph_forward() -> Any:
                 del scope[name]
 
     try:
-        check = _build_dependency_check()
+        defaults_ok = _entry_defaults_check(binding)
+        dependencies_ok = _build_dependency_check()
     except BaseException:
         unload()  # a refused load leaves the process as it found it
         raise
+
+    def check(args: Any, kwargs: Any) -> None:
+        defaults_ok()
+        dependencies_ok(args, kwargs)
+
     forward = _serve_as_captured(entry, check)
 
     def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -466,6 +557,7 @@ def _build_multigraph_forward() -> Any:
 MULTIGRAPH_DRIVER = (
     _check_versions,
     _serve_as_captured,
+    _entry_defaults_check,
     _import_module,
     _check_function_sources,
     _rebuild_global,

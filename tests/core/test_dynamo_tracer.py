@@ -266,14 +266,17 @@ def test_a_guard_that_checks_identity_through_a_constant_is_dropped_by_default(
 # ---------------------------------------------------------------- global state
 
 
-def test_ambient_autocast_and_thread_count_do_not_miss(tmp_path: Path) -> None:
+def test_ambient_autocast_is_refused_and_thread_count_does_not_miss(tmp_path: Path) -> None:
+    """Under an ambient autocast eager computes in bfloat16; the artifact, captured
+    without one, cannot: the call is refused, naming autocast (not served in float32)."""
     run, _ = _shapes_capture(tmp_path, dynamic=False, batches=[4])
     model, x = MLP().eval(), torch.randn(4, 8)
     expected = dynamo_models.probs(model, x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = run(model, x)
-    assert out.dtype == torch.float32
-    torch.testing.assert_close(out, expected)
+        assert dynamo_models.probs(model, x).dtype == torch.bfloat16
+        with pytest.raises(PrecompileError, match=r"torch\.autocast \(cpu \(torch\.bfloat16\)\)"):
+            run(model, x)
+    torch.testing.assert_close(run(model, x), expected)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -313,3 +313,121 @@ def test_each_module_argument_is_checked_against_its_own_hooks(tmp_path: Path) -
             run(net2, net, x)
         assert_same(run(net, net2, x), dynamo_trust_models.pair_step(net, net2, x))
     run.unload()
+
+
+# ---------------------------------------------------------------- identity and ambient state
+
+
+def _identity_capture(tmp_path: Path, entry: str, model: str, training: bool = False) -> Any:
+    from tests.fixtures import dynamo_identity_models as ids
+
+    paths = str(tmp_path / f"{entry}.py"), str(tmp_path / f"{entry}.cache")
+    with precompile.capture(
+        getattr(ids, entry),
+        artifact_path=paths[0],
+        cache_path=paths[1],
+        tracer=precompile.DynamoTracer(),
+        backend="eager",
+        training=training,
+    ) as cap:
+        cap(*ids.build(model, seed=0))
+    return paths
+
+
+def _serve_identity(paths: tuple[str, str], entry: str, model: str) -> dict[str, Any]:
+    script = f"""
+import json, warnings, precompile
+from tests.fixtures import dynamo_identity_models as ids
+warnings.simplefilter("ignore", precompile.ArtifactTrustWarning)
+print(json.dumps(ids.serve_cells({paths[0]!r}, {paths[1]!r}, {entry!r}, {model!r})))
+"""
+    proc = run_python(script)
+    assert proc.returncode == 0, proc.stderr
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def test_identity_grad_mode_autocast_and_defaults_are_served_exactly_or_refused(
+    tmp_path: Path,
+) -> None:
+    """What Dynamo compares by identity (a builtin, an enum member, a function, a class,
+    a sentinel object() kept as attributes), the entry's defaults, the grad mode a trace
+    branched on and an ambient autocast: each changed after capture, in a fresh process,
+    standalone and installed. Every cell is exact or refused naming the change."""
+    from tests.fixtures.dynamo_identity_models import SWAPS
+
+    cases = {
+        "step": ("net", {"grad_on": "exact"}),
+        "grad_step": ("net", {"grad_on": "refused"}),
+        "installed_step": ("outer", {"grad_on": "exact"}),
+    }
+    captured = {
+        entry: _identity_capture(tmp_path, entry, model) for entry, (model, _) in cases.items()
+    }
+    served = together(
+        *(
+            lambda entry=entry: _serve_identity(captured[entry], entry, cases[entry][0])
+            for entry in cases
+        )
+    )
+    names = {
+        cell: (f"model.{attr}", captured_name) for cell, (attr, _, captured_name) in SWAPS.items()
+    }
+    for (entry, (model, special)), results in zip(cases.items(), served):
+        installed = results.pop("__installed__")["result"]
+        assert installed == str(entry == "installed_step"), entry
+        table = {cell: r["result"] for cell, r in results.items()}
+        expected = {
+            cell: special.get(cell, "exact" if cell.startswith("baseline") else "refused")
+            for cell in table
+        }
+        assert table == expected, (entry, {c: results[c] for c in table if table[c] != expected[c]})
+        assert "defaults" in table or entry != "step"
+        swapped = [cell for cell in table if cell in SWAPS]
+        assert swapped == (["function"] if model == "outer" else list(SWAPS)), entry
+        for cell, result in results.items():
+            message = result["message"]
+            if cell in names:
+                path, was = names[cell]
+                assert f"`{path}`" in message and was in message, (entry, cell, message)
+            elif cell == "defaults":
+                assert "__defaults__" in message and "2.0" in message, message
+            elif cell == "autocast":
+                assert "torch.autocast" in message and "bfloat16" in message, message
+            elif cell == "grad_on" and result["result"] == "refused":
+                assert "grad mode on" in message and "is_grad_enabled" in message, message
+            for raw in ("L['", "G['", "___", "0x"):
+                assert raw not in message, (entry, cell, message)
+
+
+@pytest.mark.parametrize(
+    ("entry", "model", "words"),
+    [
+        ("child_reads_step", "holder", ["`self.act`", "torch.relu", "identity"]),
+        ("child_reads_step", "scaled", ["`self.k`", "numpy", "float("]),
+        ("decorated_step", "net", ["decorator", "@torch.no_grad()", "with torch.no_grad():"]),
+    ],
+)
+def test_what_no_artifact_could_check_or_load_is_refused_at_capture(
+    tmp_path: Path, entry: str, model: str, words: list[str]
+) -> None:
+    with pytest.raises(precompile.PrecompileError) as info:
+        _identity_capture(tmp_path, entry, model)
+    text = str(info.value)
+    for word in words:
+        assert word in text, (word, text)
+    assert "ctx_factory" not in text
+
+
+def test_a_partial_keyword_gone_is_named_as_a_missing_key(tmp_path: Path) -> None:
+    import functools
+
+    from tests.fixtures import dynamo_identity_models as ids
+
+    paths = _identity_capture(tmp_path, "child_reads_step", "clamped")
+    run = precompile.load(*paths)
+    model, x = ids.build("clamped", seed=1)
+    model.act = functools.partial(torch.clamp, max=-0.1)
+    with pytest.raises(precompile.PrecompileError) as info:
+        run(model, x)
+    assert "`model.act.keywords` has no key 'min'" in str(info.value)
+    run.unload()
