@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     OUTPUT_DETACH: list[int] = []
     DEFAULT_DTYPE: str = ""
     FUNCTION_SOURCES: list[dict[str, Any]] = []
+    AUTOCAST: list[tuple[str, str]] = []
     _GLOBAL_MODULE_HOOKS: tuple[dict[Any, Any], ...] = ()
 
     def function_source(module_text: str, qualname: str, line: int = 0) -> str | None: ...
@@ -82,6 +83,8 @@ if TYPE_CHECKING:
     ) -> tuple[Any, ...]: ...
 
     def global_hooks_fingerprint(hooks: tuple[dict[Any, Any], ...]) -> Any: ...
+
+    def autocast_state() -> tuple[tuple[str, str], ...]: ...
 
     def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]: ...
 
@@ -375,6 +378,24 @@ def _describe_input_mismatch(leaves: list[Any], spec_matches: bool) -> None:
                     3,
                 )
             sizes.setdefault(shape_id, (size, i, dim))
+
+
+def _autocast_mismatch(live: tuple[tuple[str, str], ...]) -> NoReturn:
+    """Raise for a call whose ambient ``torch.autocast`` differs from the capture's."""
+
+    def shown(state: Any) -> str:
+        if not state:
+            return "without torch.autocast"
+        return "under torch.autocast(" + ", ".join(f"{d}: {t}" for d, t in state) + ")"
+
+    captured = tuple(map(tuple, AUTOCAST))
+    _fail(
+        f"precompile: this call runs {shown(live)} but the artifact was captured "
+        f"{shown(captured)}; the graph holds the casts autocast made at capture, so eager "
+        f"would compute in other dtypes here. Call it {shown(captured)}, or capture again "
+        f"under the autocast state you serve with",
+        6,
+    )
 
 
 def _recorded_path(path: str | None) -> str | None:
@@ -707,6 +728,9 @@ def _build_single_graph_forward() -> Any:
     # graph carries that dtype where eager would take today's.
     default_dtype = getattr(_torch, DEFAULT_DTYPE.split(".")[-1])
     get_default_dtype = _torch.get_default_dtype
+    # The graph holds the casts of the capture's autocast state: a call under another
+    # one (autocast entered or left since) would get other dtypes from eager.
+    captured_autocast = tuple(map(tuple, AUTOCAST))
     # The last verified model and state: the module roots, the dicts that hold what the
     # trace read (each submodule's attribute, parameter, buffer, child and hook dicts,
     # the dicts of objects its attributes hold, the globals of the user modules the
@@ -840,6 +864,10 @@ def _build_single_graph_forward() -> Any:
             _describe_input_mismatch(list(leaves), True)
             tensors_in = pick_tensors(leaves)
         state = _model_tensors(mods)
+        if _any_autocast_enabled() or captured_autocast:
+            live_autocast = autocast_state()
+            if live_autocast != captured_autocast:
+                _autocast_mismatch(live_autocast)
         if get_default_dtype() is not default_dtype:
             _fail(
                 f"precompile: the default dtype is {get_default_dtype()} but this artifact "
@@ -1115,6 +1143,7 @@ SINGLE_GRAPH_DRIVER = (
     _checked_module_state,
     _check_strides,
     _describe_input_mismatch,
+    _autocast_mismatch,
     _recorded_path,
     _live_module,
     _check_function_sources_once,

@@ -205,6 +205,7 @@ def single_graph_metadata(
         "GRAPH_INPUT_STRIDES": graph.graph_input_strides(),
         "OUTPUT_DETACH": output_detach,
         "DEFAULT_DTYPE": str(torch.get_default_dtype()),
+        "AUTOCAST": [list(state) for state in graph.autocast],
         "MODULE_STATE": deps.modules,
         "CLASS_STATE": deps.classes,
         "READ_NAMES": sorted(deps.names),

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch.overrides import TorchFunctionMode
 
-from precompile import _compat, dependencies
+from precompile import _compat, dependencies, state_checks
 from precompile._compat import pytree
 from precompile.dependencies import Dependencies, param_free
 from precompile.errors import Location, PrecompileError
@@ -57,6 +57,8 @@ class SingleGraph:
     dependencies: Dependencies | None = None
     #: Where fn read or wrote a parameter's ``.grad`` (it saw none at capture).
     grad_access: list[str] = dataclasses.field(default_factory=list)
+    #: The ambient torch.autocast state of the capture (its casts are in the graph).
+    autocast: tuple[tuple[str, str], ...] = ()
 
     @property
     def user_tensors(self) -> list[torch.Tensor]:
@@ -593,6 +595,7 @@ def trace_single_graph(
         fakes = [fake_mode.from_tensor(t) for t in state_tensors]
         fakes += [fake_mode.from_tensor(leaves[i]) for i in tensor_slots]
     before = dependencies.Snapshot(modules)
+    autocast = state_checks.autocast_state()
     try:
         with (
             _compat.recording_user_stacks(flat_fn.__code__) as stack_of,
@@ -638,6 +641,7 @@ def trace_single_graph(
         functions_run=_with_enclosing(ran.project_codes(), ran.scopes),
         dependencies=dependencies.record_dependencies(modules, ran, training),
         grad_access=list(dict.fromkeys(grad_access)) if grad_param_indices else [],
+        autocast=autocast,
     )
 
 

@@ -59,6 +59,25 @@ def code_fingerprint(code: Any) -> str:
     return digest.hexdigest()[:24]
 
 
+#: The device types torch's autocast knows (besides the private-use backend).
+AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "ipu", "mtia", "maia")
+
+
+def autocast_state() -> tuple[tuple[str, str], ...]:
+    """The ambient ``torch.autocast`` state: each device type autocast is enabled for,
+    with its dtype. make_fx records the casts autocast makes, so a graph holds the
+    state of its capture; a call under another state would compute in other dtypes
+    in eager."""
+    import torch
+
+    devices = (*AUTOCAST_DEVICES, torch._C._get_privateuse1_backend_name())
+    return tuple(
+        (device, str(torch.get_autocast_dtype(device)))
+        for device in dict.fromkeys(devices)
+        if torch.is_autocast_enabled(device)
+    )
+
+
 #: Hook dicts of a module whose entries change what its call computes, with the dicts
 #: that carry per-hook flags.
 MODULE_HOOK_DICTS = (
