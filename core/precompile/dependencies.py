@@ -35,6 +35,8 @@ from precompile.locations import is_project_file, is_user_file
 #: The events sys.setprofile hands a profile function.
 ProfileEvent = Literal["call", "return", "c_call", "c_return", "c_exception"]
 
+#: torch.is_grad_enabled (torch._C's builtin): a profile hook sees its calls.
+_IS_GRAD_ENABLED = torch.is_grad_enabled
 _TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
 #: torch code whose attribute reads on modules count (a LayerNorm reads ``self.eps``).
 _TORCH_MODULE_CODE = tuple(_TORCH_DIR + d + os.sep for d in ("nn", os.path.join("ao", "nn")))
@@ -53,6 +55,9 @@ class CallLog:
 
     codes: set[types.CodeType] = dataclasses.field(default_factory=set)
     scopes: dict[types.CodeType, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: Process state user code read that no graph input carries: kind ->
+    #: "what at FILE:LINE" (the first read).
+    reads: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def project_codes(self) -> list[types.CodeType]:
         return sorted(
@@ -67,7 +72,7 @@ def recording_calls() -> Iterator[CallLog]:
     to any profiler already installed), with the module globals of the user ones."""
     log = CallLog()
     previous = sys.getprofile()
-    codes, scopes = log.codes, log.scopes
+    codes, scopes, reads = log.codes, log.scopes, log.reads
     importing: list[types.FrameType] = []  # the import machinery's outermost frame
 
     def hook(frame: types.FrameType, event: ProfileEvent, arg: object) -> object:
@@ -83,6 +88,11 @@ def recording_calls() -> Iterator[CallLog]:
         elif event == "call" and code not in codes:
             codes.add(code)
             scopes[code] = frame.f_globals
+        elif event == "c_call" and arg is _IS_GRAD_ENABLED and "grad_mode" not in reads:
+            if is_user_file(code.co_filename):
+                reads["grad_mode"] = (
+                    f"torch.is_grad_enabled() at {code.co_filename}:{frame.f_lineno}"
+                )
         if previous is not None:
             return previous(frame, event, arg)
         return None

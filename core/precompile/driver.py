@@ -68,6 +68,7 @@ if TYPE_CHECKING:
     DEFAULT_DTYPE: str = ""
     FUNCTION_SOURCES: list[dict[str, Any]] = []
     AUTOCAST: list[tuple[str, str]] = []
+    STATE_READS: dict[str, str] = {}
     _GLOBAL_MODULE_HOOKS: tuple[dict[Any, Any], ...] = ()
 
     def function_source(module_text: str, qualname: str, line: int = 0) -> str | None: ...
@@ -204,7 +205,7 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
                 f"(.to({device!r})) or capture again",
                 2,
             )
-    if BACKEND == "inductor":
+    if _checks_layout():
         labels = [f"parameter {n!r}" for n in PARAM_NAMES] + [f"buffer {n!r}" for n in BUFFER_NAMES]
         _check_strides(labels, tensors, GRAPH_INPUT_STRIDES)
     for name, t, wanted in zip(names, tensors, PARAM_REQUIRES_GRAD):
@@ -246,16 +247,33 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
     return tensors, names, subs
 
 
+def _checks_layout() -> bool:
+    """Whether the graph depends on its inputs' strides: Inductor bakes them, and a
+    trace whose user code read a layout (``x.is_contiguous()``) took the branch of the
+    capture's layout."""
+    return BACKEND == "inductor" or "layout" in STATE_READS
+
+
 def _check_strides(labels: list[str], tensors: list[Any], expected: list[Any]) -> None:
-    """Inductor bakes each input's strides: raise naming the first that differs."""
+    """Raise naming the first tensor whose strides differ from the capture's."""
+    if BACKEND == "inductor":
+        why = (
+            "the Inductor backend bakes each tensor's memory layout (invariants 3 and 6). "
+            "Pass it in the captured layout (.contiguous(), or the memory format it had "
+            "at capture), or use backend='eager'"
+        )
+    else:
+        why = (
+            f"fn reads memory layout ({STATE_READS.get('layout')}), so the trace took the "
+            f"branch of the captured layout (invariants 3 and 6). Pass it in the captured "
+            f"layout (.contiguous(), or the memory format it had at capture), or make fn "
+            f"independent of layout"
+        )
     for label, t, strides in zip(labels, tensors, expected):
         if strides is not None and tuple(t.stride()) != tuple(strides):
             _fail(
                 f"precompile: {label} has strides {tuple(t.stride())} ({_memory_format(t)} "
-                f"memory format) but was captured with strides {tuple(strides)}; the "
-                f"Inductor backend bakes each tensor's memory layout (invariants 3 and 6). "
-                f"Pass it in the captured layout (.contiguous(), or the memory format it "
-                f"had at capture), or use backend='eager'",
+                f"memory format) but was captured with strides {tuple(strides)}; {why}",
                 6,
             )
 
@@ -333,7 +351,7 @@ def _describe_input_mismatch(leaves: list[Any], spec_matches: bool) -> None:
                 6,
             )
     tensor_leaves = [leaf for leaf, shape in zip(leaves, USER_INPUT_SHAPES) if shape is not None]
-    if BACKEND == "inductor":
+    if _checks_layout():
         n_state = len(PARAM_NAMES) + len(BUFFER_NAMES)
         labels = [f"input {i}" for i, s in enumerate(USER_INPUT_SHAPES) if s is not None]
         _check_strides(labels, tensor_leaves, GRAPH_INPUT_STRIDES[n_state:])
@@ -356,6 +374,18 @@ def _describe_input_mismatch(leaves: list[Any], spec_matches: bool) -> None:
                 f"or capture with training=True and run the backward inside fn",
                 5,
             )
+    if not TRAINING and "requires_grad" in STATE_READS:
+        for i, leaf in enumerate(leaves):
+            wanted = USER_INPUT_REQUIRES_GRAD[i]
+            if wanted is not None and bool(leaf.requires_grad) != wanted:
+                _fail(
+                    f"precompile: input {i} has requires_grad={leaf.requires_grad} but was "
+                    f"captured with requires_grad={wanted}, and fn reads requires_grad "
+                    f"({STATE_READS['requires_grad']}): the trace took the branch of the "
+                    f"captured value. Pass it with requires_grad={wanted} (x.detach() or "
+                    f"x.requires_grad_()), or capture again",
+                    5,
+                )
     if TRAINING:
         for i, leaf in enumerate(leaves):
             if USER_INPUT_REQUIRES_GRAD[i] and not leaf.requires_grad:
@@ -695,6 +725,15 @@ def _build_single_graph_forward() -> Any:
         USER_INPUT_SHAPE_IDS
     )
     input_meta = attrgetter("shape", "dtype", "device", "requires_grad")
+    reads_requires_grad = "requires_grad" in STATE_READS
+    # An inference artifact expecting an input that requires grad serves it only with
+    # grad mode off.
+    inference_grad_inputs = not TRAINING and any(
+        USER_INPUT_REQUIRES_GRAD[i] for i in tensor_slots if reads_requires_grad
+    )
+    # fn branched on torch.is_grad_enabled(): the trace saw grad mode == TRAINING.
+    grad_mode_read = STATE_READS.get("grad_mode")
+    is_grad_enabled = _torch.is_grad_enabled
     # Only without dynamic dims: then each tensor slot's shape (tensor_slots holds the
     # slots with one) is all ints, and the emitter writes a dtype and a device exactly
     # where it writes a shape.
@@ -703,9 +742,11 @@ def _build_single_graph_forward() -> Any:
             _torch.Size(cast("tuple[int, ...]", USER_INPUT_SHAPES[i])),
             getattr(_torch, cast(str, USER_INPUT_DTYPES[i]).split(".")[-1]),
             _torch.device(cast(str, USER_INPUT_DEVICES[i])),
-            # Inference: an input that requires grad always takes the slow path, which
-            # refuses it under grad mode (eager's outputs would carry its gradient).
-            bool(TRAINING and USER_INPUT_REQUIRES_GRAD[i]),
+            # Inference: an input that requires grad takes the slow path, which refuses
+            # it under grad mode (eager's outputs would carry its gradient) -- unless fn
+            # reads requires_grad: then the captured value is expected, and grad mode is
+            # checked on its own below.
+            bool((TRAINING or reads_requires_grad) and USER_INPUT_REQUIRES_GRAD[i]),
         )
         for i in tensor_slots
         if not has_dynamic
@@ -713,9 +754,9 @@ def _build_single_graph_forward() -> Any:
     # Inductor bakes every graph input's strides (and may return a view of an input
     # built from them), whether or not its own asserts stayed on at capture: compare
     # them per call. The eager graph runs ATen ops, which take any layout.
-    stride_of = _torch.Tensor.stride if BACKEND == "inductor" else type
+    stride_of = _torch.Tensor.stride if _checks_layout() else type
     n_state = len(PARAM_NAMES) + len(BUFFER_NAMES)
-    expected_input_strides = tuple(GRAPH_INPUT_STRIDES[n_state:]) if BACKEND == "inductor" else ()
+    expected_input_strides = tuple(GRAPH_INPUT_STRIDES[n_state:]) if _checks_layout() else ()
     check_input_strides = bool(expected_input_strides) and None not in expected_input_strides
     # One getter for parameters and buffers alike: a buffer's requires_grad is compared
     # against the snapshot too, which only ever makes the fast path more careful.
@@ -857,6 +898,7 @@ def _build_single_graph_forward() -> Any:
                     not constant_slots
                     or all(type(leaves[i]) is type(v) and leaves[i] == v for i, v in constant_slots)
                 )
+                and not (inference_grad_inputs and is_grad_enabled())
             )
         except (AttributeError, IndexError, RuntimeError):
             ok = False
@@ -864,6 +906,18 @@ def _build_single_graph_forward() -> Any:
             _describe_input_mismatch(list(leaves), True)
             tensors_in = pick_tensors(leaves)
         state = _model_tensors(mods)
+        if grad_mode_read is not None and is_grad_enabled() != TRAINING:
+            mode = "on" if TRAINING else "off"
+            _fail(
+                f"precompile: fn reads the grad mode ({grad_mode_read}), which was {mode} "
+                f"in the trace ({'a training' if TRAINING else 'an inference'} capture "
+                f"traces with grad {'enabled' if TRAINING else 'disabled'}), but this "
+                f"call runs with grad mode {'off' if TRAINING else 'on'}: eager would take "
+                f"the other branch. Call it under "
+                f"{'torch.enable_grad()' if TRAINING else 'torch.no_grad()'}, or pass the "
+                f"choice to fn as an argument instead of reading torch.is_grad_enabled()",
+                5,
+            )
         if _any_autocast_enabled() or captured_autocast:
             live_autocast = autocast_state()
             if live_autocast != captured_autocast:
@@ -1141,6 +1195,8 @@ SINGLE_GRAPH_DRIVER = (
     _fail,
     _lift_module_state,
     _checked_module_state,
+    _checks_layout,
+    _memory_format,
     _check_strides,
     _describe_input_mismatch,
     _autocast_mismatch,

@@ -206,6 +206,9 @@ def single_graph_metadata(
         "OUTPUT_DETACH": output_detach,
         "DEFAULT_DTYPE": str(torch.get_default_dtype()),
         "AUTOCAST": [list(state) for state in graph.autocast],
+        "STATE_READS": {
+            kind: _grad_site(site, artifact_path) for kind, site in sorted(graph.reads.items())
+        },
         "MODULE_STATE": deps.modules,
         "CLASS_STATE": deps.classes,
         "READ_NAMES": sorted(deps.names),
@@ -251,7 +254,7 @@ def emit_single_graph(
     imports = [_compat.ARTIFACT_PRELUDE, _compat.SINGLE_GRAPH_STATE_PRELUDE, lowered.prelude]
     if lowered.runtime:
         imports += [_driver_source(lowered.runtime), "", lowered.runtime_setup]
-    driver_functions = [*driver.SINGLE_GRAPH_DRIVER]
+    driver_functions = [f for f in driver.SINGLE_GRAPH_DRIVER if f not in lowered.runtime]
     if lowered.relabel not in driver_functions:
         driver_functions.append(lowered.relabel)
     text = "\n".join(

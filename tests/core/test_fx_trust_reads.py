@@ -1,0 +1,118 @@
+"""make_fx captures whose Python read state that no graph input carries: each change is
+served exactly or refused naming it, in a fresh process, on the first served call
+("cold") and after one ("/warm", through the per-call fast path)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import precompile
+from precompile import PrecompileError
+from tests.conftest import REPO, fresh_env
+from tests.fixtures import fx_trust_reads
+
+#: case -> {cell: words the refusal must contain, or None: served exactly}
+EXPECTED: dict[str, dict[str, tuple[str, ...] | None]] = {
+    "grad_branch": {
+        "no_grad": None,
+        "no_grad/warm": None,
+        "unchanged": ("reads the grad mode", "torch.is_grad_enabled()", "torch.no_grad()"),
+    },
+    "requires_grad_branch": {
+        "no_grad": None,
+        "requires grad under no_grad": ("requires_grad=True", "fn reads requires_grad"),
+        "requires grad under no_grad/warm": ("requires_grad=True", "fn reads requires_grad"),
+    },
+    "layout_branch": {
+        "unchanged": None,
+        "transposed input": ("input 0 has strides (1, 4)", "fn reads memory layout"),
+        "transposed input/warm": ("input 0 has strides (1, 4)", ".is_contiguous()"),
+    },
+    "plain": {
+        # Layout is read by no user code: any layout is served (the graph runs ATen ops).
+        "transposed input": None,
+        "autocast bf16": ("torch.autocast(cpu: torch.bfloat16)", "captured without"),
+        "autocast bf16/warm": ("torch.autocast(cpu: torch.bfloat16)", "captured without"),
+    },
+}
+
+
+def capture(case: str, directory: Path) -> tuple[str, str]:
+    model, x = fx_trust_reads.build(case)
+    paths = str(directory / f"{case}.py"), str(directory / f"{case}.cache")
+    with fx_trust_reads.capture_context(case):
+        with precompile.capture(
+            fx_trust_reads.CASES[case][1],
+            artifact_path=paths[0],
+            cache_path=paths[1],
+            tracer=precompile.MakeFxTracer(),
+            backend="eager",
+        ) as cap:
+            cap(model, x)
+    return paths
+
+
+def serve(directory: Path, expected: dict[str, dict[str, tuple[str, ...] | None]]) -> None:
+    job = {case: (capture(case, directory), list(cells)) for case, cells in expected.items()}
+    path = directory / "job.json"
+    path.write_text(json.dumps(job))
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.fixtures.fx_trust_reads", str(path)],
+        cwd=REPO,
+        env=fresh_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    problems = []
+    for case, cells in expected.items():
+        for cell, words in cells.items():
+            got = results[f"{case}: {cell}"]
+            if words is None:
+                if got["result"] != "exact":
+                    problems.append(f"{case}: {cell}: expected exact, got {got}")
+            elif got["result"] != "refused" or not all(w in got["message"] for w in words):
+                problems.append(f"{case}: {cell}: expected a refusal naming {words}, got {got}")
+    assert not problems, "\n".join(problems)
+
+
+def test_grad_mode_requires_grad_layout_and_autocast_reads(tmp_path: Path) -> None:
+    serve(tmp_path, EXPECTED)
+
+
+def test_an_inference_capture_that_reads_grad_mode_under_grad_is_refused(tmp_path: Path) -> None:
+    # The trace runs with grad off (inference): the capture's own call, made with grad
+    # on, would be answered from the other branch.
+    model, x = fx_trust_reads.build("grad_branch")
+    with pytest.raises(PrecompileError, match="reads the grad mode") as info:
+        with precompile.capture(
+            fx_trust_reads.call,
+            artifact_path=tmp_path / "g.py",
+            cache_path=tmp_path / "g.cache",
+            tracer=precompile.MakeFxTracer(),
+            backend="eager",
+        ) as cap:
+            cap(model, x)
+    assert info.value.invariant == 5 and "torch.no_grad()" in str(info.value)
+
+
+def test_reading_the_layout_of_an_input_with_unbacked_dims_is_refused(tmp_path: Path) -> None:
+    model, x = fx_trust_reads.build("layout_branch")
+    torch._dynamo.decorators.mark_unbacked(x, 0)
+    with pytest.raises(PrecompileError, match="reads memory layout.*mark_unbacked"):
+        with precompile.capture(
+            fx_trust_reads.call,
+            artifact_path=tmp_path / "l.py",
+            cache_path=tmp_path / "l.cache",
+            tracer=precompile.MakeFxTracer(),
+            backend="eager",
+        ) as cap:
+            cap(model, x)
