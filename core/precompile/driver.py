@@ -625,12 +625,15 @@ def _check_class_state(subs: list[Any], context: dict[str, Any]) -> None:
         old, new = dict(then), dict(live)
         for name in sorted(old.keys() | new.keys()):
             if old.get(name) != new.get(name):
-                shown = describe_value(new[name]) if name in new else "gone"
+                path, was, now = first_difference(
+                    old.get(name, ("absent",)), new.get(name, ("absent",)), name
+                )
+                shown = describe_value(now) if name in new else "gone"
                 _fail(
-                    f"precompile: {type_name(cls)}.{name} is {shown} but the trace read "
-                    f"{describe_value(old.get(name, ('absent',)))} (a class attribute or "
-                    f"method the traced code reads); the graph baked it. Restore it, or "
-                    f"capture again (re-emit the artifact)",
+                    f"precompile: {type_name(cls)}.{path} is {shown} but the trace read "
+                    f"{describe_value(was)} (a class attribute or method the traced code "
+                    f"reads); the graph baked it. Restore it, or capture again (re-emit "
+                    f"the artifact)",
                     2,
                 )
 

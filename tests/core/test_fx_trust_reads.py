@@ -34,6 +34,15 @@ EXPECTED: dict[str, dict[str, tuple[str, ...] | None]] = {
         "transposed input": ("input 0 has strides (1, 4)", "fn reads memory layout"),
         "transposed input/warm": ("input 0 has strides (1, 4)", ".is_contiguous()"),
     },
+    "defaults": {
+        "unchanged": None,
+        "forward defaults": ("DefaultsNet.forward.__defaults__[0] is 5.0", "read 2.0"),
+        "forward defaults/warm": ("DefaultsNet.forward.__defaults__[0] is 5.0", "read 2.0"),
+        "helper defaults": ("global helper.__defaults__[0]", "is 5.0", "read 2.0"),
+        "helper defaults/warm": ("global helper.__defaults__[0]", "is 5.0", "read 2.0"),
+        "helper closure": ("global scaler (closure variable 'k')", "is 5.0", "read 2.0"),
+        "helper closure/warm": ("global scaler (closure variable 'k')", "is 5.0", "read 2.0"),
+    },
     "plain": {
         # Layout is read by no user code: any layout is served (the graph runs ATen ops).
         "transposed input": None,
@@ -84,7 +93,7 @@ def serve(directory: Path, expected: dict[str, dict[str, tuple[str, ...] | None]
     assert not problems, "\n".join(problems)
 
 
-def test_grad_mode_requires_grad_layout_and_autocast_reads(tmp_path: Path) -> None:
+def test_reads_of_state_no_graph_input_carries_are_checked_per_call(tmp_path: Path) -> None:
     serve(tmp_path, EXPECTED)
 
 
