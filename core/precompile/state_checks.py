@@ -115,7 +115,7 @@ def shallow_contents(value: Any) -> tuple[Any, ...]:
     if isinstance(value, (list, set, bytearray)):
         return tuple(value)
     missing = shallow_contents
-    closure = getattr(value, "__closure__", missing)
+    closure: Any = getattr(value, "__closure__", missing)
     if closure is not missing:
         cells: list[Any] = []
         for cell in closure or ():
