@@ -145,6 +145,9 @@ class Dependencies:
     classes: list[tuple[str, Any]]
     globals: list[GlobalRead]
     global_hooks: Any
+    #: The captured function itself when it holds values the trace baked (defaults,
+    #: keyword defaults, closure cells): its module, file, qualname and fingerprint.
+    entry: dict[str, Any] | None = None
 
 
 def _module_records(modules: list[torch.nn.Module], names: Any, training: bool) -> list[list[Any]]:
@@ -213,11 +216,30 @@ def _attr_fps(module: torch.nn.Module) -> dict[str, Any]:
     return dict(record[1]) | {"<hooks>": record[2], "<type>": record[0]}
 
 
+def entry_record(fn: Any, names: Any, training: bool) -> dict[str, Any] | None:
+    """The captured function's own baked values: a call of it passes every positional
+    argument, so its defaults, keyword defaults and closure cells are read as they were
+    at capture. None for a function that holds none."""
+    func = getattr(fn, "__func__", fn)
+    if not isinstance(func, types.FunctionType):
+        return None
+    if not (func.__defaults__ or func.__kwdefaults__ or func.__closure__):
+        return None
+    context = state_checks.new_context(names, training)
+    return {
+        "module": str(func.__module__),
+        "file": func.__globals__.get("__file__"),
+        "qualname": func.__qualname__,
+        "fingerprint": state_checks.fingerprint(func, context),
+    }
+
+
 def record_dependencies(
-    modules: list[torch.nn.Module], log: CallLog, training: bool
+    modules: list[torch.nn.Module], log: CallLog, training: bool, fn: Any = None
 ) -> Dependencies:
     names = read_names(log)
     return Dependencies(
+        entry=entry_record(fn, names, training),
         names=names,
         modules=_module_records(modules, names, training),
         classes=_class_records(modules, names, training),

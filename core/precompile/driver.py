@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     FUNCTION_SOURCES: list[dict[str, Any]] = []
     AUTOCAST: list[tuple[str, str]] = []
     STATE_READS: dict[str, str] = {}
+    ENTRY: dict[str, Any] | None = None
     _GLOBAL_MODULE_HOOKS: tuple[dict[Any, Any], ...] = ()
 
     def function_source(module_text: str, qualname: str, line: int = 0) -> str | None: ...
@@ -526,6 +527,69 @@ def _global_scopes() -> list[tuple[dict[str, Any], dict[str, Any]]]:
     return scopes
 
 
+def _live_entry() -> Any:
+    """The captured function as this process defines it, found by its module and
+    qualname (a closure a factory made, by the module-level name bound to it), to check
+    the defaults and closure values the graph baked. None when it holds none."""
+    import types
+
+    if ENTRY is None:
+        return None
+    name, qualname = ENTRY["module"], ENTRY["qualname"]
+    module = _live_module(name, ENTRY["file"])
+    found: list[Any] = []
+    if module is not None:
+        holder: Any = module
+        for part in qualname.split("."):
+            holder = getattr(holder, part, None)
+        found = [holder] if holder is not None else []
+        if not found:
+            for value in vars(module).values():
+                value = getattr(value, "__func__", value)
+                if (
+                    isinstance(value, types.FunctionType)
+                    and value.__qualname__ == qualname
+                    and value not in found
+                ):
+                    found.append(value)
+    context = new_context(frozenset(READ_NAMES), TRAINING)
+    matching = [f for f in found if fingerprint(f, context) == ENTRY["fingerprint"]]
+    if len(found) == 1 or (found and len(matching) == len(found)):
+        return getattr(found[0], "__func__", found[0])
+    shown = describe_value(ENTRY["fingerprint"])
+    if not found:
+        _fail(
+            f"precompile: the captured {shown} holds values the graph baked (its "
+            f"defaults or closure variables), and module {name} binds no module-level "
+            f"name to a function {qualname} to check them against. Bind it to a "
+            f"module-level name, or pass those values to it as arguments",
+            3,
+        )
+    _fail(
+        f"precompile: module {name} binds {len(found)} functions {qualname} with other "
+        f"defaults or closure values than each other, so which one is served cannot be "
+        f"told; the graph baked those of one of them. Capture a function that takes "
+        f"those values as arguments",
+        3,
+    )
+
+
+def _check_entry(entry: Any, context: dict[str, Any]) -> None:
+    """Raise when the captured function's defaults or closure values differ from what
+    the graph baked (fingerprinting it also watches it per call)."""
+    if entry is None or ENTRY is None:
+        return
+    live = fingerprint(entry, context)
+    if live != ENTRY["fingerprint"]:
+        path, then, now = first_difference(ENTRY["fingerprint"], live, ENTRY["qualname"])
+        _fail(
+            f"precompile: the captured function {path} is {describe_value(now)} but "
+            f"the trace read {describe_value(then)}; the graph baked it. Restore it, "
+            f"pass the value as an argument, or capture again (re-emit the artifact)",
+            3,
+        )
+
+
 def _check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
     """Raise for a module-level value the traced code read that is not what it was."""
     for scope, record in scopes:
@@ -709,6 +773,7 @@ def _build_single_graph_forward() -> Any:
 
     _check_function_sources_once()
     scopes = _global_scopes()
+    entry = _live_entry()
     read_names = frozenset(READ_NAMES)
     n_args = NUM_POSITIONAL_ARGS
     module_positions = tuple(MODULE_POSITIONS)
@@ -825,6 +890,7 @@ def _build_single_graph_forward() -> Any:
         _check_module_state(list(mods), context)
         _check_class_state(sub_list, context)
         _check_globals(scopes, context)
+        _check_entry(entry, context)
         watched = [*context["dicts"], *(scope for scope, _ in scopes), *_GLOBAL_MODULE_HOOKS]
         watched = list({id(d): d for d in watched}.values())
         # An empty dict's whole state is that it is empty (most hook, buffer and child
@@ -1207,6 +1273,8 @@ SINGLE_GRAPH_DRIVER = (
     _live_module,
     _check_function_sources_once,
     _global_scopes,
+    _live_entry,
+    _check_entry,
     _check_globals,
     _check_module_state,
     _check_class_state,

@@ -221,6 +221,9 @@ def single_graph_metadata(
             for read in deps.globals
         ],
         "GLOBAL_HOOKS": deps.global_hooks,
+        "ENTRY": None
+        if deps.entry is None
+        else {**deps.entry, "file": _relative(deps.entry["file"], artifact_path)},
         "GRAD_ACCESS": [_grad_site(site, artifact_path) for site in graph.grad_access],
         "GRAPH_OPS": graph.op_count(),
         "TORCH_VERSION": str(torch.__version__),

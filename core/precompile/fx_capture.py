@@ -702,7 +702,7 @@ def trace_single_graph(
         training=training,
         dynamic_dims=dynamic_dims,
         functions_run=_with_enclosing(ran.project_codes(), ran.scopes),
-        dependencies=dependencies.record_dependencies(modules, ran, training),
+        dependencies=dependencies.record_dependencies(modules, ran, training, fn),
         grad_access=list(dict.fromkeys(grad_access)) if grad_param_indices else [],
         autocast=autocast,
         reads=reads,

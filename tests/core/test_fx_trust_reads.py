@@ -36,12 +36,19 @@ EXPECTED: dict[str, dict[str, tuple[str, ...] | None]] = {
     },
     "defaults": {
         "unchanged": None,
+        "entry defaults": ("captured function entry.__defaults__[0] is 5.0", "read 2.0"),
+        "entry defaults/warm": ("captured function entry.__defaults__[0] is 5.0", "read 2.0"),
         "forward defaults": ("DefaultsNet.forward.__defaults__[0] is 5.0", "read 2.0"),
         "forward defaults/warm": ("DefaultsNet.forward.__defaults__[0] is 5.0", "read 2.0"),
         "helper defaults": ("global helper.__defaults__[0]", "is 5.0", "read 2.0"),
         "helper defaults/warm": ("global helper.__defaults__[0]", "is 5.0", "read 2.0"),
         "helper closure": ("global scaler (closure variable 'k')", "is 5.0", "read 2.0"),
         "helper closure/warm": ("global scaler (closure variable 'k')", "is 5.0", "read 2.0"),
+    },
+    "closure_entry": {
+        "unchanged": None,
+        "entry closure": ("closure_entry (closure variable 'k') is 5.0", "read 2.0"),
+        "entry closure/warm": ("closure_entry (closure variable 'k') is 5.0", "read 2.0"),
     },
     "plain": {
         # Layout is read by no user code: any layout is served (the graph runs ATen ops).
@@ -125,3 +132,24 @@ def test_reading_the_layout_of_an_input_with_unbacked_dims_is_refused(tmp_path: 
             backend="eager",
         ) as cap:
             cap(model, x)
+
+
+def test_a_captured_function_with_baked_values_must_be_findable_when_served(
+    tmp_path: Path,
+) -> None:
+    # A closure no module-level name holds: another process could rebuild it with other
+    # values, and the artifact could not tell. The capture loads what it wrote, so it is
+    # refused there already.
+    model, x = fx_trust_reads.build("plain")
+    unbound_entry = fx_trust_reads.make_unbound_entry(2.0)
+    with pytest.raises(PrecompileError) as info:
+        with precompile.capture(
+            unbound_entry,
+            artifact_path=tmp_path / "e.py",
+            cache_path=tmp_path / "e.cache",
+            tracer=precompile.MakeFxTracer(),
+            backend="eager",
+        ) as cap:
+            cap(model, x)
+    assert "binds no module-level name to a function make_unbound_entry.<locals>" in str(info.value)
+    assert "pass those values to it as arguments" in str(info.value)
