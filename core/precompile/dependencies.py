@@ -234,6 +234,44 @@ def entry_record(fn: Any, names: Any, training: bool) -> dict[str, Any] | None:
     }
 
 
+def _unnamed_sentinels(fingerprint: Any, path: str) -> Iterator[str]:
+    """Where a recorded fingerprint holds an object with no state that no module-level
+    name is bound to (its identity is all that tells it apart)."""
+    if isinstance(fingerprint, tuple):
+        if len(fingerprint) == 3 and fingerprint[0] == "sentinel" and fingerprint[2] == ():
+            yield f"{path} (a {fingerprint[1]})"
+            return
+        for part in fingerprint:
+            yield from _unnamed_sentinels(part, path)
+
+
+def refuse_unnamed_sentinels(deps: Dependencies, where: Any) -> None:
+    """An object with no state is told from another one only by the module-level name
+    bound to it: one that no global holds cannot be checked in another process."""
+    places: list[str] = []
+    for m, records in enumerate(deps.modules):
+        for record in records:
+            places += _unnamed_sentinels(record[1], f"an attribute of module argument {m}")
+    for cls, record in deps.classes:
+        places += _unnamed_sentinels(record, f"a class attribute of {cls}")
+    for read in deps.globals:
+        for name, record in read.values.items():
+            places += _unnamed_sentinels(record, f"global {name} of module {read.module}")
+    if deps.entry is not None:
+        places += _unnamed_sentinels(deps.entry["fingerprint"], "the captured function")
+    if places:
+        raise PrecompileError(
+            f"the traced code reads an object with no attributes (a sentinel such as "
+            f"object()) through {places[0]}, and no module-level name is bound to it; "
+            f"the trace took the branch of that very object, and an artifact can tell it "
+            f"from another one only by the global it is bound to",
+            invariant=3,
+            location=where,
+            hint="bind it to a module-level name (FAST = object()), or use an enum.Enum "
+            "member or a string instead",
+        )
+
+
 def record_dependencies(
     modules: list[torch.nn.Module], log: CallLog, training: bool, fn: Any = None
 ) -> Dependencies:

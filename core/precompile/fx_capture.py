@@ -688,6 +688,8 @@ def trace_single_graph(
         )
     if dynamic_dims:
         _compat.insert_runtime_asserts(gm, fake_mode)
+    recorded = dependencies.record_dependencies(modules, ran, training, fn)
+    dependencies.refuse_unnamed_sentinels(recorded, where)
     return SingleGraph(
         graph_module=gm,
         lifted=lifted,
@@ -702,7 +704,7 @@ def trace_single_graph(
         training=training,
         dynamic_dims=dynamic_dims,
         functions_run=_with_enclosing(ran.project_codes(), ran.scopes),
-        dependencies=dependencies.record_dependencies(modules, ran, training, fn),
+        dependencies=recorded,
         grad_access=list(dict.fromkeys(grad_access)) if grad_param_indices else [],
         autocast=autocast,
         reads=reads,

@@ -258,8 +258,29 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
     return _fingerprint_object(value, kind, context, depth)
 
 
+def bound_names(value: Any) -> tuple[tuple[str, str], ...]:
+    """Every module-level name bound to ``value`` (by identity), sorted: how an object
+    that holds no state (a sentinel, ``FAST = object()``) is told from another one."""
+    import sys
+
+    found = []
+    for module_name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict):
+            found += [(module_name, k) for k, v in list(namespace.items()) if v is value]
+    return tuple(sorted(found))
+
+
 def _fingerprint_object(value: Any, kind: Any, context: dict[str, Any], depth: int) -> Any:
     names = context["names"]
+    if kind is object or (
+        getattr(value, "__dict__", None) is None
+        and "__slots__" in getattr(kind, "__dict__", {})
+        and not _slots_of(kind)
+    ):
+        # No state at all: only its identity tells it apart, named by the module
+        # globals bound to it. One that no global holds is refused at capture.
+        return ("sentinel", type_name(kind), bound_names(value))
     if _is_stdlib_class(kind):
         return ("object", type_name(kind))
     attrs: list[Any] = []
@@ -487,6 +508,9 @@ def _readable(fp: Any) -> str:
         )
     if kind in ("builtins.dict", "collections.OrderedDict"):
         return "{" + ", ".join(f"{_readable(k)}: {_readable(v)}" for k, v in fp[1]) + "}"
+    if kind == "sentinel" and len(fp) == 3:
+        held = " or ".join(f"{m}.{n}" for m, n in fp[2][:3])
+        return f"the {fp[1]} bound to {held}" if held else f"an unnamed {fp[1]}"
     if kind in ("object", "nn.Module", "enum", "deep"):
         return f"a {fp[1]}" + (f".{fp[2]}" if kind == "enum" else "")
     if kind == "partial" and len(fp) == 4:

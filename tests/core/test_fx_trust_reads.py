@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 import precompile
 from precompile import PrecompileError
@@ -49,6 +50,11 @@ EXPECTED: dict[str, dict[str, tuple[str, ...] | None]] = {
         "unchanged": None,
         "entry closure": ("closure_entry (closure variable 'k') is 5.0", "read 2.0"),
         "entry closure/warm": ("closure_entry (closure variable 'k') is 5.0", "read 2.0"),
+    },
+    "sentinel": {
+        "unchanged": None,
+        "sentinel swapped": ("mode = the builtins.object bound to", ".SLOW", ".FAST"),
+        "sentinel swapped/warm": ("mode = the builtins.object bound to", ".SLOW", ".FAST"),
     },
     "plain": {
         # Layout is read by no user code: any layout is served (the graph runs ATen ops).
@@ -153,3 +159,26 @@ def test_a_captured_function_with_baked_values_must_be_findable_when_served(
             cap(model, x)
     assert "binds no module-level name to a function make_unbound_entry.<locals>" in str(info.value)
     assert "pass those values to it as arguments" in str(info.value)
+
+
+class _Unnamed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.mode = object()  # no module-level name holds it
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * (2.0 if self.mode is not None else 3.0)
+
+
+def test_a_sentinel_no_global_holds_is_refused_at_capture(tmp_path: Path) -> None:
+    with pytest.raises(PrecompileError, match="no module-level name is bound to it") as info:
+        with precompile.capture(
+            fx_trust_reads.call,
+            artifact_path=tmp_path / "s.py",
+            cache_path=tmp_path / "s.cache",
+            tracer=precompile.MakeFxTracer(),
+            backend="eager",
+        ) as cap:
+            cap(_Unnamed().eval(), torch.randn(4, 4))
+    assert "module argument 0" in str(info.value) and "enum.Enum" in (info.value.hint or "")
