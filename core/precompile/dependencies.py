@@ -17,10 +17,12 @@ read under a computed name (``getattr(self, f"w{i}")``).
 
 from __future__ import annotations
 
+import _collections_abc
 import contextlib
 import dataclasses
 import dis
 import os
+import random
 import sys
 import types
 from collections.abc import Iterator
@@ -37,6 +39,25 @@ ProfileEvent = Literal["call", "return", "c_call", "c_return", "c_exception"]
 
 #: torch.is_grad_enabled (torch._C's builtin): a profile hook sees its calls.
 _IS_GRAD_ENABLED = torch.is_grad_enabled
+#: Reads of the process environment: what a call of each code object reads.
+_ENVIRON_CODES = {
+    os._Environ.__getitem__.__code__: "os.environ",
+    os._Environ.__iter__.__code__: "os.environ",
+    os.getenv.__code__: "os.getenv()",
+}
+#: As code objects name their files (os and _collections_abc are frozen modules).
+_RANDOM_FILE = random.Random.uniform.__code__.co_filename
+#: The random module's C-level draws (its other functions are Python code in random.py,
+#: seen as calls). Compared by identity: Dynamo, tracing torch.cond's branches, traces
+#: this hook too, and handles nothing fancier here.
+_RANDOM_RANDOM = random.random
+_RANDOM_GETRANDBITS = random.getrandbits
+#: Library frames between a user's read and the code that reads.
+_READ_WRAPPERS = (
+    os.getenv.__code__.co_filename,
+    _collections_abc.Mapping.get.__code__.co_filename,
+    _RANDOM_FILE,
+)
 _TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
 #: torch code whose attribute reads on modules count (a LayerNorm reads ``self.eps``).
 _TORCH_MODULE_CODE = tuple(_TORCH_DIR + d + os.sep for d in ("nn", os.path.join("ao", "nn")))
@@ -75,8 +96,26 @@ def recording_calls() -> Iterator[CallLog]:
     codes, scopes, reads = log.codes, log.scopes, log.reads
     importing: list[types.FrameType] = []  # the import machinery's outermost frame
 
+    def note(kind: str, what: str, frame: types.FrameType | None) -> None:
+        # Attributed to the first frame outside the library code that does the read.
+        while frame is not None and frame.f_code.co_filename in _READ_WRAPPERS:
+            frame = frame.f_back
+        # Project code only: installed libraries (sympy, under torch's shape
+        # reasoning) draw and read for their own bookkeeping.
+        if frame is not None and is_project_file(frame.f_code.co_filename):
+            reads[kind] = f"{what} at {frame.f_code.co_filename}:{frame.f_lineno}"
+
     def hook(frame: types.FrameType, event: ProfileEvent, arg: object) -> object:
         code = frame.f_code
+        if importing:
+            pass
+        elif event == "call" and code in _ENVIRON_CODES and "environ" not in reads:
+            note("environ", _ENVIRON_CODES[code], frame.f_back)
+        elif event == "call" and code.co_filename == _RANDOM_FILE and "random" not in reads:
+            note("random", f"random.{code.co_name}()", frame.f_back)
+        elif event == "c_call" and (arg is _RANDOM_RANDOM or arg is _RANDOM_GETRANDBITS):
+            if "random" not in reads:
+                note("random", f"random.{getattr(arg, '__name__', '?')}()", frame)
         if importing:
             # An import during the trace (a lazy one in torch, say) runs the import
             # system's hooks (pytest's rewriter, editable-install finders): what the

@@ -676,6 +676,24 @@ def trace_single_graph(
     names = dependencies.read_names(ran)
     dependencies.refuse_trace_side_effects(before.changed_during(modules, names), where)
     reads = {**ran.reads, **opaque.reads}
+    if "environ" in reads:
+        raise PrecompileError(
+            f"fn reads the process environment ({reads['environ']}); the value it read at "
+            f"capture is baked into the graph, and a served call would not read it again",
+            invariant=3,
+            location=where,
+            hint="read it outside fn and pass it as an argument: a number or string "
+            "argument is checked per call, a tensor is an input",
+        )
+    if "random" in reads:
+        raise PrecompileError(
+            f"fn draws from Python's random module ({reads['random']}); the number drawn "
+            f"at capture is baked into the graph, and every served call would reuse it",
+            invariant=3,
+            location=where,
+            hint="draw with torch (torch.rand, torch.randint: graph operations), or draw "
+            "outside fn and pass the value as an argument",
+        )
     if "layout" in reads and dynamic_dims:
         raise PrecompileError(
             f"fn reads memory layout ({reads['layout']}) and has inputs with dims marked "

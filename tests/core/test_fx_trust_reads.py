@@ -182,3 +182,19 @@ def test_a_sentinel_no_global_holds_is_refused_at_capture(tmp_path: Path) -> Non
         ) as cap:
             cap(_Unnamed().eval(), torch.randn(4, 4))
     assert "module argument 0" in str(info.value) and "enum.Enum" in (info.value.hint or "")
+
+
+@pytest.mark.parametrize(
+    ("case", "words"),
+    [
+        ("environ", ("fn reads the process environment (os.environ at", "fx_trust_reads.py")),
+        ("random", ("fn draws from Python's random module (random.uniform() at",)),
+    ],
+)
+def test_environment_and_python_random_reads_are_refused_at_capture(
+    case: str, words: tuple[str, ...], tmp_path: Path
+) -> None:
+    with pytest.raises(PrecompileError) as info:
+        capture(case, tmp_path)
+    assert all(w in str(info.value) for w in words), str(info.value)
+    assert "pass" in (info.value.hint or "") and "argument" in (info.value.hint or "")
