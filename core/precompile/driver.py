@@ -859,6 +859,13 @@ def _build_single_graph_forward() -> Any:
     sub_types: tuple[type, ...] = ()
     shallow: tuple[Any, ...] = ()
     shallow_snapshot: tuple[Any, ...] = ()
+    # Functions the trace read (helpers, methods, the captured function): the objects
+    # that hold what a call of each reads besides its arguments (the function's code,
+    # defaults and keyword defaults, each closure cell's contents), with the attribute
+    # names to read them by and what they held, compared by identity.
+    func_holders: tuple[Any, ...] = ()
+    func_attrs: tuple[str, ...] = ()
+    func_snapshot: tuple[Any, ...] = ()
     tensors: list[Any] = []
     meta: tuple[Any, ...] = ()
     tensor_guard: Any = None
@@ -871,12 +878,20 @@ def _build_single_graph_forward() -> Any:
         # guard when that comparison passes.
         return _TensorGuards(*values, dynamic_dims_sizes=None, dynamic_dims_strides=None)
 
+    def _held(holder: Any, attr: str) -> Any:
+        # An emptied cell reads as the cell itself: never what it held.
+        try:
+            return getattr(holder, attr)
+        except ValueError:
+            return holder
+
     def _same_items(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
         return len(a) == len(b) and all(map(_is, a, b))
 
     def _verify_model(mods: tuple[Any, ...]) -> list[Any]:
         nonlocal roots, dicts, versions, empty_dicts, unwatched, flags, subs, sub_types, shallow
-        nonlocal shallow_snapshot, tensors, meta, tensor_guard
+        nonlocal shallow_snapshot, tensors, meta, tensor_guard, func_holders, func_attrs
+        nonlocal func_snapshot
         roots = None
         for i, m in zip(module_positions, mods):
             if not isinstance(m, _torch.nn.Module):
@@ -898,8 +913,22 @@ def _build_single_graph_forward() -> Any:
         empty_dicts = tuple(d for d in watched if not d)
         dicts = tuple(d for d in watched if d)
         versions = tuple(map(_dict_version, dicts))
-        shallow = tuple({id(o): o for o in context["shallow"]}.values())
+        found = tuple({id(o): o for o in context["shallow"]}.values())
+        shallow = tuple(o for o in found if not hasattr(o, "__closure__"))
         shallow_snapshot = tuple(map(shallow_contents, shallow))
+        holders: list[Any] = []
+        attrs: list[str] = []
+        for f in found:
+            # A function without defaults or cells was called with every argument: a
+            # default added later changes no traced call, and cells cannot be added.
+            if hasattr(f, "__closure__") and (f.__defaults__ or f.__kwdefaults__ or f.__closure__):
+                holders += [f, f, f]
+                attrs += ["__code__", "__defaults__", "__kwdefaults__"]
+                for cell in f.__closure__ or ():
+                    holders.append(cell)
+                    attrs.append("cell_contents")
+        func_holders, func_attrs = tuple(holders), tuple(attrs)
+        func_snapshot = tuple(map(_held, func_holders, func_attrs))
         subs = tuple(sub_list)
         sub_types = tuple(map(type, subs))
         # A training flag that does not live in the instance dict (a property, say) is
@@ -923,6 +952,10 @@ def _build_single_graph_forward() -> Any:
             and (
                 not shallow
                 or all(map(_same_items, map(shallow_contents, shallow), shallow_snapshot))
+            )
+            and (
+                not func_holders
+                or all(map(_is, map(_held, func_holders, func_attrs), func_snapshot))
             )
         ):
             if tensor_guard.check(*tensors):

@@ -110,20 +110,11 @@ def new_context(names: Any, training: bool = True) -> dict[str, Any]:
 
 def shallow_contents(value: Any) -> tuple[Any, ...]:
     """The direct contents of a mutable object that has no version tag: compared by
-    identity per call (nested mutables are watched on their own). For a function, what
-    a call of it reads besides its arguments: its code, defaults and closure cells."""
+    identity per call (nested mutables are watched on their own). Functions, which
+    ``fingerprint`` collects too, are compared by the driver attribute by attribute."""
     if isinstance(value, (list, set, bytearray)):
         return tuple(value)
     missing = shallow_contents
-    closure: Any = getattr(value, "__closure__", missing)
-    if closure is not missing:
-        cells: list[Any] = []
-        for cell in closure or ():
-            try:
-                cells.append(cell.cell_contents)
-            except ValueError:  # an empty cell
-                cells.append(missing)
-        return (value.__code__, value.__defaults__, value.__kwdefaults__, *cells)
     return tuple(getattr(value, slot, missing) for slot in _slots_of(type(value)))
 
 
@@ -221,8 +212,8 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
             context["shallow"].append(value)
         return (type_name(kind), repr(value))
     if isinstance(value, types.FunctionType):
-        # Its code, defaults and cells are attributes no watched dict holds: compared
-        # per call by identity (shallow_contents).
+        # Its code, defaults and cells are attributes no watched dict holds: the
+        # driver compares them per call by identity.
         context["shallow"].append(value)
         cells = []
         for name, cell in zip(value.__code__.co_freevars, value.__closure__ or ()):
