@@ -545,7 +545,8 @@ def _live_entry() -> Any:
         found = [holder] if holder is not None else []
         if not found:
             for value in vars(module).values():
-                value = getattr(value, "__func__", value)
+                if isinstance(value, (types.MethodType, staticmethod, classmethod)):
+                    value = value.__func__
                 if (
                     isinstance(value, types.FunctionType)
                     and value.__qualname__ == qualname
