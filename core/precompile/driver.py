@@ -558,6 +558,15 @@ def _live_entry() -> Any:
     if len(found) == 1 or (found and len(matching) == len(found)):
         return getattr(found[0], "__func__", found[0])
     shown = describe_value(ENTRY["fingerprint"])
+    if module is None:
+        _fail(
+            f"precompile: the captured {shown} holds values the graph baked (its defaults "
+            f"or closure variables) and was defined in the script {ENTRY['file']}, which "
+            f"ran as __main__ at capture; this process runs another __main__, so they "
+            f"cannot be checked. Move the function into an importable module, or pass "
+            f"those values to it as arguments",
+            3,
+        )
     if not found:
         _fail(
             f"precompile: the captured {shown} holds values the graph baked (its "

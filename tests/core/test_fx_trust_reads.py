@@ -198,3 +198,41 @@ def test_environment_and_python_random_reads_are_refused_at_capture(
         capture(case, tmp_path)
     assert all(w in str(info.value) for w in words), str(info.value)
     assert "pass" in (info.value.hint or "") and "argument" in (info.value.hint or "")
+
+
+def test_a_script_function_with_baked_values_is_checked_only_from_that_script(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import sys, torch, precompile\n"
+        "from torch import nn\n"
+        "def step(model, x, k=2.0):\n"
+        "    return model(x) * k\n"
+        "if __name__ == '__main__':\n"
+        "    with precompile.capture(step, artifact_path=sys.argv[1], cache_path=sys.argv[2],\n"
+        "                            tracer=precompile.MakeFxTracer(), backend='eager') as cap:\n"
+        "        cap(nn.Linear(4, 4), torch.randn(2, 4))\n"
+    )
+    paths = str(tmp_path / "s.py"), str(tmp_path / "s.cache")
+    made = subprocess.run(
+        [sys.executable, str(script), *paths],
+        cwd=REPO,
+        env=fresh_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert made.returncode == 0, made.stderr
+    load = f"import precompile; precompile.load({paths[0]!r}, {paths[1]!r})"
+    other = subprocess.run(
+        [sys.executable, "-c", load],
+        cwd=REPO,
+        env=fresh_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert other.returncode != 0
+    assert "ran as __main__ at capture" in other.stderr, other.stderr
+    assert "Move the function into an importable module" in other.stderr
