@@ -17,10 +17,12 @@ read under a computed name (``getattr(self, f"w{i}")``).
 
 from __future__ import annotations
 
+import _collections_abc
 import contextlib
 import dataclasses
 import dis
 import os
+import random
 import sys
 import types
 from collections.abc import Iterator
@@ -35,6 +37,27 @@ from precompile.locations import is_project_file, is_user_file
 #: The events sys.setprofile hands a profile function.
 ProfileEvent = Literal["call", "return", "c_call", "c_return", "c_exception"]
 
+#: torch.is_grad_enabled (torch._C's builtin): a profile hook sees its calls.
+_IS_GRAD_ENABLED = torch.is_grad_enabled
+#: Reads of the process environment: what a call of each code object reads.
+_ENVIRON_CODES = {
+    os._Environ.__getitem__.__code__: "os.environ",
+    os._Environ.__iter__.__code__: "os.environ",
+    os.getenv.__code__: "os.getenv()",
+}
+#: As code objects name their files (os and _collections_abc are frozen modules).
+_RANDOM_FILE = random.Random.uniform.__code__.co_filename
+#: The random module's C-level draws (its other functions are Python code in random.py,
+#: seen as calls). Compared by identity: Dynamo, tracing torch.cond's branches, traces
+#: this hook too, and handles nothing fancier here.
+_RANDOM_RANDOM = random.random
+_RANDOM_GETRANDBITS = random.getrandbits
+#: Library frames between a user's read and the code that reads.
+_READ_WRAPPERS = (
+    os.getenv.__code__.co_filename,
+    _collections_abc.Mapping.get.__code__.co_filename,
+    _RANDOM_FILE,
+)
 _TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
 #: torch code whose attribute reads on modules count (a LayerNorm reads ``self.eps``).
 _TORCH_MODULE_CODE = tuple(_TORCH_DIR + d + os.sep for d in ("nn", os.path.join("ao", "nn")))
@@ -53,6 +76,9 @@ class CallLog:
 
     codes: set[types.CodeType] = dataclasses.field(default_factory=set)
     scopes: dict[types.CodeType, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: Process state user code read that no graph input carries: kind ->
+    #: "what at FILE:LINE" (the first read).
+    reads: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def project_codes(self) -> list[types.CodeType]:
         return sorted(
@@ -67,11 +93,29 @@ def recording_calls() -> Iterator[CallLog]:
     to any profiler already installed), with the module globals of the user ones."""
     log = CallLog()
     previous = sys.getprofile()
-    codes, scopes = log.codes, log.scopes
+    codes, scopes, reads = log.codes, log.scopes, log.reads
     importing: list[types.FrameType] = []  # the import machinery's outermost frame
+
+    def note(kind: str, what: str, frame: types.FrameType | None) -> None:
+        # Attributed to the first frame outside the library code that does the read.
+        while frame is not None and frame.f_code.co_filename in _READ_WRAPPERS:
+            frame = frame.f_back
+        # Project code only: installed libraries (sympy, under torch's shape
+        # reasoning) draw and read for their own bookkeeping.
+        if frame is not None and is_project_file(frame.f_code.co_filename):
+            reads[kind] = f"{what} at {frame.f_code.co_filename}:{frame.f_lineno}"
 
     def hook(frame: types.FrameType, event: ProfileEvent, arg: object) -> object:
         code = frame.f_code
+        if importing:
+            pass
+        elif event == "call" and code in _ENVIRON_CODES and "environ" not in reads:
+            note("environ", _ENVIRON_CODES[code], frame.f_back)
+        elif event == "call" and code.co_filename == _RANDOM_FILE and "random" not in reads:
+            note("random", f"random.{code.co_name}()", frame.f_back)
+        elif event == "c_call" and (arg is _RANDOM_RANDOM or arg is _RANDOM_GETRANDBITS):
+            if "random" not in reads:
+                note("random", f"random.{getattr(arg, '__name__', '?')}()", frame)
         if importing:
             # An import during the trace (a lazy one in torch, say) runs the import
             # system's hooks (pytest's rewriter, editable-install finders): what the
@@ -83,6 +127,11 @@ def recording_calls() -> Iterator[CallLog]:
         elif event == "call" and code not in codes:
             codes.add(code)
             scopes[code] = frame.f_globals
+        elif event == "c_call" and arg is _IS_GRAD_ENABLED and "grad_mode" not in reads:
+            if is_user_file(code.co_filename):
+                reads["grad_mode"] = (
+                    f"torch.is_grad_enabled() at {code.co_filename}:{frame.f_lineno}"
+                )
         if previous is not None:
             return previous(frame, event, arg)
         return None
@@ -135,6 +184,9 @@ class Dependencies:
     classes: list[tuple[str, Any]]
     globals: list[GlobalRead]
     global_hooks: Any
+    #: The captured function itself when it holds values the trace baked (defaults,
+    #: keyword defaults, closure cells): its module, file, qualname and fingerprint.
+    entry: dict[str, Any] | None = None
 
 
 def _module_records(modules: list[torch.nn.Module], names: Any, training: bool) -> list[list[Any]]:
@@ -203,11 +255,68 @@ def _attr_fps(module: torch.nn.Module) -> dict[str, Any]:
     return dict(record[1]) | {"<hooks>": record[2], "<type>": record[0]}
 
 
+def entry_record(fn: Any, names: Any, training: bool) -> dict[str, Any] | None:
+    """The captured function's own baked values: a call of it passes every positional
+    argument, so its defaults, keyword defaults and closure cells are read as they were
+    at capture. None for a function that holds none."""
+    func = getattr(fn, "__func__", fn)
+    if not isinstance(func, types.FunctionType):
+        return None
+    if not (func.__defaults__ or func.__kwdefaults__ or func.__closure__):
+        return None
+    context = state_checks.new_context(names, training)
+    return {
+        "module": str(func.__module__),
+        "file": func.__globals__.get("__file__"),
+        "qualname": func.__qualname__,
+        "fingerprint": state_checks.fingerprint(func, context),
+    }
+
+
+def _unnamed_sentinels(fingerprint: Any, path: str) -> Iterator[str]:
+    """Where a recorded fingerprint holds an object with no state that no module-level
+    name is bound to (its identity is all that tells it apart)."""
+    if isinstance(fingerprint, tuple):
+        if len(fingerprint) == 3 and fingerprint[0] == "sentinel" and fingerprint[2] == ():
+            yield f"{path} (a {fingerprint[1]})"
+            return
+        for part in fingerprint:
+            yield from _unnamed_sentinels(part, path)
+
+
+def refuse_unnamed_sentinels(deps: Dependencies, where: Any) -> None:
+    """An object with no state is told from another one only by the module-level name
+    bound to it: one that no global holds cannot be checked in another process."""
+    places: list[str] = []
+    for m, records in enumerate(deps.modules):
+        for record in records:
+            places += _unnamed_sentinels(record[1], f"an attribute of module argument {m}")
+    for cls, record in deps.classes:
+        places += _unnamed_sentinels(record, f"a class attribute of {cls}")
+    for read in deps.globals:
+        for name, record in read.values.items():
+            places += _unnamed_sentinels(record, f"global {name} of module {read.module}")
+    if deps.entry is not None:
+        places += _unnamed_sentinels(deps.entry["fingerprint"], "the captured function")
+    if places:
+        raise PrecompileError(
+            f"the traced code reads an object with no attributes (a sentinel such as "
+            f"object()) through {places[0]}, and no module-level name is bound to it; "
+            f"the trace took the branch of that very object, and an artifact can tell it "
+            f"from another one only by the global it is bound to",
+            invariant=3,
+            location=where,
+            hint="bind it to a module-level name (FAST = object()), or use an enum.Enum "
+            "member or a string instead",
+        )
+
+
 def record_dependencies(
-    modules: list[torch.nn.Module], log: CallLog, training: bool
+    modules: list[torch.nn.Module], log: CallLog, training: bool, fn: Any = None
 ) -> Dependencies:
     names = read_names(log)
     return Dependencies(
+        entry=entry_record(fn, names, training),
         names=names,
         modules=_module_records(modules, names, training),
         classes=_class_records(modules, names, training),

@@ -67,6 +67,9 @@ if TYPE_CHECKING:
     OUTPUT_DETACH: list[int] = []
     DEFAULT_DTYPE: str = ""
     FUNCTION_SOURCES: list[dict[str, Any]] = []
+    AUTOCAST: list[tuple[str, str]] = []
+    STATE_READS: dict[str, str] = {}
+    ENTRY: dict[str, Any] | None = None
     _GLOBAL_MODULE_HOOKS: tuple[dict[Any, Any], ...] = ()
 
     def function_source(module_text: str, qualname: str, line: int = 0) -> str | None: ...
@@ -82,6 +85,8 @@ if TYPE_CHECKING:
     ) -> tuple[Any, ...]: ...
 
     def global_hooks_fingerprint(hooks: tuple[dict[Any, Any], ...]) -> Any: ...
+
+    def autocast_state() -> tuple[tuple[str, str], ...]: ...
 
     def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]: ...
 
@@ -201,7 +206,7 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
                 f"(.to({device!r})) or capture again",
                 2,
             )
-    if BACKEND == "inductor":
+    if _checks_layout():
         labels = [f"parameter {n!r}" for n in PARAM_NAMES] + [f"buffer {n!r}" for n in BUFFER_NAMES]
         _check_strides(labels, tensors, GRAPH_INPUT_STRIDES)
     for name, t, wanted in zip(names, tensors, PARAM_REQUIRES_GRAD):
@@ -243,16 +248,33 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
     return tensors, names, subs
 
 
+def _checks_layout() -> bool:
+    """Whether the graph depends on its inputs' strides: Inductor bakes them, and a
+    trace whose user code read a layout (``x.is_contiguous()``) took the branch of the
+    capture's layout."""
+    return BACKEND == "inductor" or "layout" in STATE_READS
+
+
 def _check_strides(labels: list[str], tensors: list[Any], expected: list[Any]) -> None:
-    """Inductor bakes each input's strides: raise naming the first that differs."""
+    """Raise naming the first tensor whose strides differ from the capture's."""
+    if BACKEND == "inductor":
+        why = (
+            "the Inductor backend bakes each tensor's memory layout (invariants 3 and 6). "
+            "Pass it in the captured layout (.contiguous(), or the memory format it had "
+            "at capture), or use backend='eager'"
+        )
+    else:
+        why = (
+            f"fn reads memory layout ({STATE_READS.get('layout')}), so the trace took the "
+            f"branch of the captured layout (invariants 3 and 6). Pass it in the captured "
+            f"layout (.contiguous(), or the memory format it had at capture), or make fn "
+            f"independent of layout"
+        )
     for label, t, strides in zip(labels, tensors, expected):
         if strides is not None and tuple(t.stride()) != tuple(strides):
             _fail(
                 f"precompile: {label} has strides {tuple(t.stride())} ({_memory_format(t)} "
-                f"memory format) but was captured with strides {tuple(strides)}; the "
-                f"Inductor backend bakes each tensor's memory layout (invariants 3 and 6). "
-                f"Pass it in the captured layout (.contiguous(), or the memory format it "
-                f"had at capture), or use backend='eager'",
+                f"memory format) but was captured with strides {tuple(strides)}; {why}",
                 6,
             )
 
@@ -330,7 +352,7 @@ def _describe_input_mismatch(leaves: list[Any], spec_matches: bool) -> None:
                 6,
             )
     tensor_leaves = [leaf for leaf, shape in zip(leaves, USER_INPUT_SHAPES) if shape is not None]
-    if BACKEND == "inductor":
+    if _checks_layout():
         n_state = len(PARAM_NAMES) + len(BUFFER_NAMES)
         labels = [f"input {i}" for i, s in enumerate(USER_INPUT_SHAPES) if s is not None]
         _check_strides(labels, tensor_leaves, GRAPH_INPUT_STRIDES[n_state:])
@@ -353,6 +375,18 @@ def _describe_input_mismatch(leaves: list[Any], spec_matches: bool) -> None:
                 f"or capture with training=True and run the backward inside fn",
                 5,
             )
+    if not TRAINING and "requires_grad" in STATE_READS:
+        for i, leaf in enumerate(leaves):
+            wanted = USER_INPUT_REQUIRES_GRAD[i]
+            if wanted is not None and bool(leaf.requires_grad) != wanted:
+                _fail(
+                    f"precompile: input {i} has requires_grad={leaf.requires_grad} but was "
+                    f"captured with requires_grad={wanted}, and fn reads requires_grad "
+                    f"({STATE_READS['requires_grad']}): the trace took the branch of the "
+                    f"captured value. Pass it with requires_grad={wanted} (x.detach() or "
+                    f"x.requires_grad_()), or capture again",
+                    5,
+                )
     if TRAINING:
         for i, leaf in enumerate(leaves):
             if USER_INPUT_REQUIRES_GRAD[i] and not leaf.requires_grad:
@@ -375,6 +409,24 @@ def _describe_input_mismatch(leaves: list[Any], spec_matches: bool) -> None:
                     3,
                 )
             sizes.setdefault(shape_id, (size, i, dim))
+
+
+def _autocast_mismatch(live: tuple[tuple[str, str], ...]) -> NoReturn:
+    """Raise for a call whose ambient ``torch.autocast`` differs from the capture's."""
+
+    def shown(state: Any) -> str:
+        if not state:
+            return "without torch.autocast"
+        return "under torch.autocast(" + ", ".join(f"{d}: {t}" for d, t in state) + ")"
+
+    captured = tuple(map(tuple, AUTOCAST))
+    _fail(
+        f"precompile: this call runs {shown(live)} but the artifact was captured "
+        f"{shown(captured)}; the graph holds the casts autocast made at capture, so eager "
+        f"would compute in other dtypes here. Call it {shown(captured)}, or capture again "
+        f"under the autocast state you serve with",
+        6,
+    )
 
 
 def _recorded_path(path: str | None) -> str | None:
@@ -473,6 +525,79 @@ def _global_scopes() -> list[tuple[dict[str, Any], dict[str, Any]]]:
             )
         scopes.append((vars(module), record))
     return scopes
+
+
+def _live_entry() -> Any:
+    """The captured function as this process defines it, found by its module and
+    qualname (a closure a factory made, by the module-level name bound to it), to check
+    the defaults and closure values the graph baked. None when it holds none."""
+    import types
+
+    if ENTRY is None:
+        return None
+    name, qualname = ENTRY["module"], ENTRY["qualname"]
+    module = _live_module(name, ENTRY["file"])
+    found: list[Any] = []
+    if module is not None:
+        holder: Any = module
+        for part in qualname.split("."):
+            holder = getattr(holder, part, None)
+        found = [holder] if holder is not None else []
+        if not found:
+            for value in vars(module).values():
+                if isinstance(value, (types.MethodType, staticmethod, classmethod)):
+                    value = value.__func__
+                if (
+                    isinstance(value, types.FunctionType)
+                    and value.__qualname__ == qualname
+                    and value not in found
+                ):
+                    found.append(value)
+    context = new_context(frozenset(READ_NAMES), TRAINING)
+    matching = [f for f in found if fingerprint(f, context) == ENTRY["fingerprint"]]
+    if len(found) == 1 or (found and len(matching) == len(found)):
+        return getattr(found[0], "__func__", found[0])
+    shown = describe_value(ENTRY["fingerprint"])
+    if module is None:
+        _fail(
+            f"precompile: the captured {shown} holds values the graph baked (its defaults "
+            f"or closure variables) and was defined in the script {ENTRY['file']}, which "
+            f"ran as __main__ at capture; this process runs another __main__, so they "
+            f"cannot be checked. Move the function into an importable module, or pass "
+            f"those values to it as arguments",
+            3,
+        )
+    if not found:
+        _fail(
+            f"precompile: the captured {shown} holds values the graph baked (its "
+            f"defaults or closure variables), and module {name} binds no module-level "
+            f"name to a function {qualname} to check them against. Bind it to a "
+            f"module-level name, or pass those values to it as arguments",
+            3,
+        )
+    _fail(
+        f"precompile: module {name} binds {len(found)} functions {qualname} with other "
+        f"defaults or closure values than each other, so which one is served cannot be "
+        f"told; the graph baked those of one of them. Capture a function that takes "
+        f"those values as arguments",
+        3,
+    )
+
+
+def _check_entry(entry: Any, context: dict[str, Any]) -> None:
+    """Raise when the captured function's defaults or closure values differ from what
+    the graph baked (fingerprinting it also watches it per call)."""
+    if entry is None or ENTRY is None:
+        return
+    live = fingerprint(entry, context)
+    if live != ENTRY["fingerprint"]:
+        path, then, now = first_difference(ENTRY["fingerprint"], live, ENTRY["qualname"])
+        _fail(
+            f"precompile: the captured function {path} is {describe_value(now)} but "
+            f"the trace read {describe_value(then)}; the graph baked it. Restore it, "
+            f"pass the value as an argument, or capture again (re-emit the artifact)",
+            3,
+        )
 
 
 def _check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
@@ -574,12 +699,15 @@ def _check_class_state(subs: list[Any], context: dict[str, Any]) -> None:
         old, new = dict(then), dict(live)
         for name in sorted(old.keys() | new.keys()):
             if old.get(name) != new.get(name):
-                shown = describe_value(new[name]) if name in new else "gone"
+                path, was, now = first_difference(
+                    old.get(name, ("absent",)), new.get(name, ("absent",)), name
+                )
+                shown = describe_value(now) if name in new else "gone"
                 _fail(
-                    f"precompile: {type_name(cls)}.{name} is {shown} but the trace read "
-                    f"{describe_value(old.get(name, ('absent',)))} (a class attribute or "
-                    f"method the traced code reads); the graph baked it. Restore it, or "
-                    f"capture again (re-emit the artifact)",
+                    f"precompile: {type_name(cls)}.{path} is {shown} but the trace read "
+                    f"{describe_value(was)} (a class attribute or method the traced code "
+                    f"reads); the graph baked it. Restore it, or capture again (re-emit "
+                    f"the artifact)",
                     2,
                 )
 
@@ -655,6 +783,7 @@ def _build_single_graph_forward() -> Any:
 
     _check_function_sources_once()
     scopes = _global_scopes()
+    entry = _live_entry()
     read_names = frozenset(READ_NAMES)
     n_args = NUM_POSITIONAL_ARGS
     module_positions = tuple(MODULE_POSITIONS)
@@ -674,6 +803,15 @@ def _build_single_graph_forward() -> Any:
         USER_INPUT_SHAPE_IDS
     )
     input_meta = attrgetter("shape", "dtype", "device", "requires_grad")
+    reads_requires_grad = "requires_grad" in STATE_READS
+    # An inference artifact expecting an input that requires grad serves it only with
+    # grad mode off.
+    inference_grad_inputs = not TRAINING and any(
+        USER_INPUT_REQUIRES_GRAD[i] for i in tensor_slots if reads_requires_grad
+    )
+    # fn branched on torch.is_grad_enabled(): the trace saw grad mode == TRAINING.
+    grad_mode_read = STATE_READS.get("grad_mode")
+    is_grad_enabled = _torch.is_grad_enabled
     # Only without dynamic dims: then each tensor slot's shape (tensor_slots holds the
     # slots with one) is all ints, and the emitter writes a dtype and a device exactly
     # where it writes a shape.
@@ -682,9 +820,11 @@ def _build_single_graph_forward() -> Any:
             _torch.Size(cast("tuple[int, ...]", USER_INPUT_SHAPES[i])),
             getattr(_torch, cast(str, USER_INPUT_DTYPES[i]).split(".")[-1]),
             _torch.device(cast(str, USER_INPUT_DEVICES[i])),
-            # Inference: an input that requires grad always takes the slow path, which
-            # refuses it under grad mode (eager's outputs would carry its gradient).
-            bool(TRAINING and USER_INPUT_REQUIRES_GRAD[i]),
+            # Inference: an input that requires grad takes the slow path, which refuses
+            # it under grad mode (eager's outputs would carry its gradient) -- unless fn
+            # reads requires_grad: then the captured value is expected, and grad mode is
+            # checked on its own below.
+            bool((TRAINING or reads_requires_grad) and USER_INPUT_REQUIRES_GRAD[i]),
         )
         for i in tensor_slots
         if not has_dynamic
@@ -692,9 +832,9 @@ def _build_single_graph_forward() -> Any:
     # Inductor bakes every graph input's strides (and may return a view of an input
     # built from them), whether or not its own asserts stayed on at capture: compare
     # them per call. The eager graph runs ATen ops, which take any layout.
-    stride_of = _torch.Tensor.stride if BACKEND == "inductor" else type
+    stride_of = _torch.Tensor.stride if _checks_layout() else type
     n_state = len(PARAM_NAMES) + len(BUFFER_NAMES)
-    expected_input_strides = tuple(GRAPH_INPUT_STRIDES[n_state:]) if BACKEND == "inductor" else ()
+    expected_input_strides = tuple(GRAPH_INPUT_STRIDES[n_state:]) if _checks_layout() else ()
     check_input_strides = bool(expected_input_strides) and None not in expected_input_strides
     # One getter for parameters and buffers alike: a buffer's requires_grad is compared
     # against the snapshot too, which only ever makes the fast path more careful.
@@ -707,6 +847,9 @@ def _build_single_graph_forward() -> Any:
     # graph carries that dtype where eager would take today's.
     default_dtype = getattr(_torch, DEFAULT_DTYPE.split(".")[-1])
     get_default_dtype = _torch.get_default_dtype
+    # The graph holds the casts of the capture's autocast state: a call under another
+    # one (autocast entered or left since) would get other dtypes from eager.
+    captured_autocast = tuple(map(tuple, AUTOCAST))
     # The last verified model and state: the module roots, the dicts that hold what the
     # trace read (each submodule's attribute, parameter, buffer, child and hook dicts,
     # the dicts of objects its attributes hold, the globals of the user modules the
@@ -726,6 +869,13 @@ def _build_single_graph_forward() -> Any:
     sub_types: tuple[type, ...] = ()
     shallow: tuple[Any, ...] = ()
     shallow_snapshot: tuple[Any, ...] = ()
+    # Functions the trace read (helpers, methods, the captured function): the objects
+    # that hold what a call of each reads besides its arguments (the function's code,
+    # defaults and keyword defaults, each closure cell's contents), with the attribute
+    # names to read them by and what they held, compared by identity.
+    func_holders: tuple[Any, ...] = ()
+    func_attrs: tuple[str, ...] = ()
+    func_snapshot: tuple[Any, ...] = ()
     tensors: list[Any] = []
     meta: tuple[Any, ...] = ()
     tensor_guard: Any = None
@@ -738,12 +888,20 @@ def _build_single_graph_forward() -> Any:
         # guard when that comparison passes.
         return _TensorGuards(*values, dynamic_dims_sizes=None, dynamic_dims_strides=None)
 
+    def _held(holder: Any, attr: str) -> Any:
+        # An emptied cell reads as the cell itself: never what it held.
+        try:
+            return getattr(holder, attr)
+        except ValueError:
+            return holder
+
     def _same_items(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
         return len(a) == len(b) and all(map(_is, a, b))
 
     def _verify_model(mods: tuple[Any, ...]) -> list[Any]:
         nonlocal roots, dicts, versions, empty_dicts, unwatched, flags, subs, sub_types, shallow
-        nonlocal shallow_snapshot, tensors, meta, tensor_guard
+        nonlocal shallow_snapshot, tensors, meta, tensor_guard, func_holders, func_attrs
+        nonlocal func_snapshot
         roots = None
         for i, m in zip(module_positions, mods):
             if not isinstance(m, _torch.nn.Module):
@@ -757,6 +915,7 @@ def _build_single_graph_forward() -> Any:
         _check_module_state(list(mods), context)
         _check_class_state(sub_list, context)
         _check_globals(scopes, context)
+        _check_entry(entry, context)
         watched = [*context["dicts"], *(scope for scope, _ in scopes), *_GLOBAL_MODULE_HOOKS]
         watched = list({id(d): d for d in watched}.values())
         # An empty dict's whole state is that it is empty (most hook, buffer and child
@@ -764,8 +923,22 @@ def _build_single_graph_forward() -> Any:
         empty_dicts = tuple(d for d in watched if not d)
         dicts = tuple(d for d in watched if d)
         versions = tuple(map(_dict_version, dicts))
-        shallow = tuple({id(o): o for o in context["shallow"]}.values())
+        found = tuple({id(o): o for o in context["shallow"]}.values())
+        shallow = tuple(o for o in found if not hasattr(o, "__closure__"))
         shallow_snapshot = tuple(map(shallow_contents, shallow))
+        holders: list[Any] = []
+        attrs: list[str] = []
+        for f in found:
+            # A function without defaults or cells was called with every argument: a
+            # default added later changes no traced call, and cells cannot be added.
+            if hasattr(f, "__closure__") and (f.__defaults__ or f.__kwdefaults__ or f.__closure__):
+                holders += [f, f, f]
+                attrs += ["__code__", "__defaults__", "__kwdefaults__"]
+                for cell in f.__closure__ or ():
+                    holders.append(cell)
+                    attrs.append("cell_contents")
+        func_holders, func_attrs = tuple(holders), tuple(attrs)
+        func_snapshot = tuple(map(_held, func_holders, func_attrs))
         subs = tuple(sub_list)
         sub_types = tuple(map(type, subs))
         # A training flag that does not live in the instance dict (a property, say) is
@@ -789,6 +962,10 @@ def _build_single_graph_forward() -> Any:
             and (
                 not shallow
                 or all(map(_same_items, map(shallow_contents, shallow), shallow_snapshot))
+            )
+            and (
+                not func_holders
+                or all(map(_is, map(_held, func_holders, func_attrs), func_snapshot))
             )
         ):
             if tensor_guard.check(*tensors):
@@ -833,6 +1010,7 @@ def _build_single_graph_forward() -> Any:
                     not constant_slots
                     or all(type(leaves[i]) is type(v) and leaves[i] == v for i, v in constant_slots)
                 )
+                and not (inference_grad_inputs and is_grad_enabled())
             )
         except (AttributeError, IndexError, RuntimeError):
             ok = False
@@ -840,6 +1018,22 @@ def _build_single_graph_forward() -> Any:
             _describe_input_mismatch(list(leaves), True)
             tensors_in = pick_tensors(leaves)
         state = _model_tensors(mods)
+        if grad_mode_read is not None and is_grad_enabled() != TRAINING:
+            mode = "on" if TRAINING else "off"
+            _fail(
+                f"precompile: fn reads the grad mode ({grad_mode_read}), which was {mode} "
+                f"in the trace ({'a training' if TRAINING else 'an inference'} capture "
+                f"traces with grad {'enabled' if TRAINING else 'disabled'}), but this "
+                f"call runs with grad mode {'off' if TRAINING else 'on'}: eager would take "
+                f"the other branch. Call it under "
+                f"{'torch.enable_grad()' if TRAINING else 'torch.no_grad()'}, or pass the "
+                f"choice to fn as an argument instead of reading torch.is_grad_enabled()",
+                5,
+            )
+        if _any_autocast_enabled() or captured_autocast:
+            live_autocast = autocast_state()
+            if live_autocast != captured_autocast:
+                _autocast_mismatch(live_autocast)
         if get_default_dtype() is not default_dtype:
             _fail(
                 f"precompile: the default dtype is {get_default_dtype()} but this artifact "
@@ -1113,12 +1307,17 @@ SINGLE_GRAPH_DRIVER = (
     _fail,
     _lift_module_state,
     _checked_module_state,
+    _checks_layout,
+    _memory_format,
     _check_strides,
     _describe_input_mismatch,
+    _autocast_mismatch,
     _recorded_path,
     _live_module,
     _check_function_sources_once,
     _global_scopes,
+    _live_entry,
+    _check_entry,
     _check_globals,
     _check_module_state,
     _check_class_state,

@@ -205,6 +205,10 @@ def single_graph_metadata(
         "GRAPH_INPUT_STRIDES": graph.graph_input_strides(),
         "OUTPUT_DETACH": output_detach,
         "DEFAULT_DTYPE": str(torch.get_default_dtype()),
+        "AUTOCAST": [list(state) for state in graph.autocast],
+        "STATE_READS": {
+            kind: _grad_site(site, artifact_path) for kind, site in sorted(graph.reads.items())
+        },
         "MODULE_STATE": deps.modules,
         "CLASS_STATE": deps.classes,
         "READ_NAMES": sorted(deps.names),
@@ -217,6 +221,9 @@ def single_graph_metadata(
             for read in deps.globals
         ],
         "GLOBAL_HOOKS": deps.global_hooks,
+        "ENTRY": None
+        if deps.entry is None
+        else {**deps.entry, "file": _relative(deps.entry["file"], artifact_path)},
         "GRAD_ACCESS": [_grad_site(site, artifact_path) for site in graph.grad_access],
         "GRAPH_OPS": graph.op_count(),
         "TORCH_VERSION": str(torch.__version__),
@@ -250,7 +257,7 @@ def emit_single_graph(
     imports = [_compat.ARTIFACT_PRELUDE, _compat.SINGLE_GRAPH_STATE_PRELUDE, lowered.prelude]
     if lowered.runtime:
         imports += [_driver_source(lowered.runtime), "", lowered.runtime_setup]
-    driver_functions = [*driver.SINGLE_GRAPH_DRIVER]
+    driver_functions = [f for f in driver.SINGLE_GRAPH_DRIVER if f not in lowered.runtime]
     if lowered.relabel not in driver_functions:
         driver_functions.append(lowered.relabel)
     text = "\n".join(

@@ -11,6 +11,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import os
 import sys
 import types
 from collections.abc import Callable, Sequence
@@ -19,12 +20,18 @@ from typing import Any, ClassVar
 import torch
 from torch.overrides import TorchFunctionMode
 
-from precompile import _compat, dependencies
+from precompile import _compat, dependencies, state_checks
 from precompile._compat import pytree
 from precompile.dependencies import Dependencies, param_free
 from precompile.errors import Location, PrecompileError
 from precompile.lifting import LiftedState, lift_module_state, module_training_flags
-from precompile.locations import StackFrame, definition_location, innermost, traceback_user_stack
+from precompile.locations import (
+    StackFrame,
+    definition_location,
+    innermost,
+    is_user_file,
+    traceback_user_stack,
+)
 
 #: Non-tensor example values the artifact can bake and re-check on every call.
 LITERAL_TYPES = (type(None), bool, int, float, complex, str)
@@ -57,6 +64,11 @@ class SingleGraph:
     dependencies: Dependencies | None = None
     #: Where fn read or wrote a parameter's ``.grad`` (it saw none at capture).
     grad_access: list[str] = dataclasses.field(default_factory=list)
+    #: State user code read that the graph does not take as an input, by kind
+    #: ("grad_mode", "requires_grad", "layout"): "what at FILE:LINE".
+    reads: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: The ambient torch.autocast state of the capture (its casts are in the graph).
+    autocast: tuple[tuple[str, str], ...] = ()
 
     @property
     def user_tensors(self) -> list[torch.Tensor]:
@@ -88,6 +100,17 @@ class _Refusal(Exception):
         self.hint = hint
 
 
+#: torch's Python wrappers between a user's call and a torch-function mode (make_fx's
+#: own mode forwards every call to the next one).
+_TORCH_WRAPPER_FILES = (
+    os.path.join("torch", "overrides.py"),
+    os.path.join("torch", "_tensor.py"),
+    os.path.join("torch", "fx", "experimental", "proxy_tensor.py"),
+    os.path.join("torch", "utils", "_python_dispatch.py"),
+)
+_REQUIRES_GRAD = torch._C.TensorBase.__dict__["requires_grad"]
+
+
 class _RefuseOpaqueAccess(TorchFunctionMode):
     """Fake tensors have no storage: reading a pointer or a NumPy view of one would be
     silently meaningless (data_ptr only warns), so refuse those accesses outright."""
@@ -108,7 +131,37 @@ class _RefuseOpaqueAccess(TorchFunctionMode):
         torch.Tensor.__complex__: "complex()",
     }
 
+    #: Tensor methods that read an input's memory layout: Python branching on one bakes
+    #: the layout of the capture (the eager graph itself runs on any layout).
+    _LAYOUT_READS: ClassVar[dict[Any, str]] = {
+        torch.Tensor.is_contiguous: ".is_contiguous()",
+        torch.Tensor.stride: ".stride()",
+        torch.Tensor.storage_offset: ".storage_offset()",
+        torch.Tensor.dim_order: ".dim_order()",
+    }
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: What user code read that the graph cannot see: kind -> "what at FILE:LINE".
+        self.reads: dict[str, str] = {}
+
+    def _note_read(self, kind: str, what: str) -> None:
+        """Record ``kind`` when user code itself made the read (torch's own code reads
+        layouts and requires_grad all the time, for the same result in every call)."""
+        if kind in self.reads:
+            return
+        frame = sys._getframe(2)
+        while frame is not None and frame.f_code.co_filename.endswith(_TORCH_WRAPPER_FILES):
+            frame = frame.f_back  # type: ignore[assignment]  # None ends the walk
+        if frame is not None and is_user_file(frame.f_code.co_filename):
+            self.reads[kind] = f"{what} at {frame.f_code.co_filename}:{frame.f_lineno}"
+
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        layout = self._LAYOUT_READS.get(func)
+        if layout is not None:
+            self._note_read("layout", layout)
+        elif getattr(func, "__self__", None) is _REQUIRES_GRAD:
+            self._note_read("requires_grad", ".requires_grad")
         read = self._VALUE_READS.get(func)
         if (
             read is not None
@@ -593,6 +646,8 @@ def trace_single_graph(
         fakes = [fake_mode.from_tensor(t) for t in state_tensors]
         fakes += [fake_mode.from_tensor(leaves[i]) for i in tensor_slots]
     before = dependencies.Snapshot(modules)
+    autocast = state_checks.autocast_state()
+    opaque = _RefuseOpaqueAccess()
     try:
         with (
             _compat.recording_user_stacks(flat_fn.__code__) as stack_of,
@@ -601,7 +656,7 @@ def trace_single_graph(
             ) as grad_access,
             dependencies.recording_calls() as ran,
         ):
-            with fake_mode, _RefuseOpaqueAccess(), torch.set_grad_enabled(training):
+            with fake_mode, opaque, torch.set_grad_enabled(training):
                 gm = _compat.make_fx(
                     flat_fn,
                     decomposition_table=decompositions,
@@ -620,8 +675,39 @@ def trace_single_graph(
     check_spec_serializable(out_spec_box[-1], "fn's outputs", where)
     names = dependencies.read_names(ran)
     dependencies.refuse_trace_side_effects(before.changed_during(modules, names), where)
+    reads = {**ran.reads, **opaque.reads}
+    if "environ" in reads:
+        raise PrecompileError(
+            f"fn reads the process environment ({reads['environ']}); the value it read at "
+            f"capture is baked into the graph, and a served call would not read it again",
+            invariant=3,
+            location=where,
+            hint="read it outside fn and pass it as an argument: a number or string "
+            "argument is checked per call, a tensor is an input",
+        )
+    if "random" in reads:
+        raise PrecompileError(
+            f"fn draws from Python's random module ({reads['random']}); the number drawn "
+            f"at capture is baked into the graph, and every served call would reuse it",
+            invariant=3,
+            location=where,
+            hint="draw with torch (torch.rand, torch.randint: graph operations), or draw "
+            "outside fn and pass the value as an argument",
+        )
+    if "layout" in reads and dynamic_dims:
+        raise PrecompileError(
+            f"fn reads memory layout ({reads['layout']}) and has inputs with dims marked "
+            f"with mark_unbacked, whose strides the artifact cannot compare with the "
+            f"capture's; the trace took the branch of the captured layout",
+            invariant=3,
+            location=where,
+            hint="make fn independent of layout (call .contiguous() instead of testing "
+            "it), or do not mark the dims",
+        )
     if dynamic_dims:
         _compat.insert_runtime_asserts(gm, fake_mode)
+    recorded = dependencies.record_dependencies(modules, ran, training, fn)
+    dependencies.refuse_unnamed_sentinels(recorded, where)
     return SingleGraph(
         graph_module=gm,
         lifted=lifted,
@@ -636,8 +722,10 @@ def trace_single_graph(
         training=training,
         dynamic_dims=dynamic_dims,
         functions_run=_with_enclosing(ran.project_codes(), ran.scopes),
-        dependencies=dependencies.record_dependencies(modules, ran, training),
+        dependencies=recorded,
         grad_access=list(dict.fromkeys(grad_access)) if grad_param_indices else [],
+        autocast=autocast,
+        reads=reads,
     )
 
 

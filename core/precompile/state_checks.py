@@ -59,6 +59,25 @@ def code_fingerprint(code: Any) -> str:
     return digest.hexdigest()[:24]
 
 
+#: The device types torch's autocast knows (besides the private-use backend).
+AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "ipu", "mtia", "maia")
+
+
+def autocast_state() -> tuple[tuple[str, str], ...]:
+    """The ambient ``torch.autocast`` state: each device type autocast is enabled for,
+    with its dtype. make_fx records the casts autocast makes, so a graph holds the
+    state of its capture; a call under another state would compute in other dtypes
+    in eager."""
+    import torch
+
+    devices = (*AUTOCAST_DEVICES, torch._C._get_privateuse1_backend_name())
+    return tuple(
+        (device, str(torch.get_autocast_dtype(device)))
+        for device in dict.fromkeys(devices)
+        if torch.is_autocast_enabled(device)
+    )
+
+
 #: Hook dicts of a module whose entries change what its call computes, with the dicts
 #: that carry per-hook flags.
 MODULE_HOOK_DICTS = (
@@ -91,7 +110,8 @@ def new_context(names: Any, training: bool = True) -> dict[str, Any]:
 
 def shallow_contents(value: Any) -> tuple[Any, ...]:
     """The direct contents of a mutable object that has no version tag: compared by
-    identity per call (nested mutables are watched on their own)."""
+    identity per call (nested mutables are watched on their own). Functions, which
+    ``fingerprint`` collects too, are compared by the driver attribute by attribute."""
     if isinstance(value, (list, set, bytearray)):
         return tuple(value)
     missing = shallow_contents
@@ -192,12 +212,15 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
             context["shallow"].append(value)
         return (type_name(kind), repr(value))
     if isinstance(value, types.FunctionType):
+        # Its code, defaults and cells are attributes no watched dict holds: the
+        # driver compares them per call by identity.
+        context["shallow"].append(value)
         cells = []
-        for cell in value.__closure__ or ():
+        for name, cell in zip(value.__code__.co_freevars, value.__closure__ or ()):
             try:
-                cells.append(fp(cell.cell_contents))
+                cells.append((name, fp(cell.cell_contents)))
             except ValueError:
-                cells.append(("empty cell",))
+                cells.append((name, ("empty cell",)))
         return (
             "function",
             str(value.__module__),
@@ -226,8 +249,29 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
     return _fingerprint_object(value, kind, context, depth)
 
 
+def bound_names(value: Any) -> tuple[tuple[str, str], ...]:
+    """Every module-level name bound to ``value`` (by identity), sorted: how an object
+    that holds no state (a sentinel, ``FAST = object()``) is told from another one."""
+    import sys
+
+    found = []
+    for module_name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict):
+            found += [(module_name, k) for k, v in list(namespace.items()) if v is value]
+    return tuple(sorted(found))
+
+
 def _fingerprint_object(value: Any, kind: Any, context: dict[str, Any], depth: int) -> Any:
     names = context["names"]
+    if kind is object or (
+        getattr(value, "__dict__", None) is None
+        and "__slots__" in getattr(kind, "__dict__", {})
+        and not _slots_of(kind)
+    ):
+        # No state at all: only its identity tells it apart, named by the module
+        # globals bound to it. One that no global holds is refused at capture.
+        return ("sentinel", type_name(kind), bound_names(value))
     if _is_stdlib_class(kind):
         return ("object", type_name(kind))
     attrs: list[Any] = []
@@ -365,34 +409,59 @@ def global_hooks_fingerprint(hooks: tuple[dict[Any, Any], ...]) -> Any:
 
 
 def first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any]:
-    """Where two fingerprints first differ: the attribute path or index below the
-    value (``.pool``, ``[0]``) and the two fingerprints there."""
-    if (
-        isinstance(old, tuple)
-        and isinstance(new, tuple)
-        and len(old) == len(new) == 3
-        and old[0] == new[0] == "object"
-        and old[1] == new[1]
-    ):
+    """Where two fingerprints first differ: the path below the value (an attribute
+    ``.pool``, an index ``[0]``, a dict key ``['k']``, a function's ``.__defaults__``
+    or closure variable, a partial's ``.keywords``) and the two fingerprints there."""
+    if not (isinstance(old, tuple) and isinstance(new, tuple) and old and new):
+        return path, old, new
+    kind = old[0]
+    if kind != new[0] or len(old) != len(new):
+        return path, old, new
+    if kind == "object" and len(old) == 3 and old[1] == new[1]:
         before, after = dict(old[2]), dict(new[2])
         for key in sorted(before.keys() | after.keys()):
             if before.get(key) != after.get(key):
                 if key in before and key in after:
                     return first_difference(before[key], after[key], f"{path}.{key}")
                 return f"{path}.{key}", before.get(key, ("absent",)), after.get(key, ("absent",))
-    if (
-        isinstance(old, tuple)
-        and isinstance(new, tuple)
-        and len(old) == len(new) == 2
-        and old[0] == new[0]
-        and str(old[0]).startswith("builtins.")
-        and isinstance(old[1], tuple)
-        and isinstance(new[1], tuple)
-        and len(old[1]) == len(new[1])
-    ):
-        for i, (a, b) in enumerate(zip(old[1], new[1])):
+    if kind == "function" and old[1:3] == new[1:3]:
+        if old[3] != new[3]:
+            return f"{path} (its code)", old, new
+        for i, part in ((4, "__defaults__"), (5, "__kwdefaults__")):
+            if old[i] != new[i]:
+                return first_difference(old[i], new[i], f"{path}.{part}")
+        before, after = dict(old[6]), dict(new[6])
+        for name in before.keys() | after.keys():
+            if before.get(name) != after.get(name):
+                return first_difference(
+                    before.get(name, ("absent",)),
+                    after.get(name, ("absent",)),
+                    f"{path} (closure variable {name!r})",
+                )
+    if kind in ("partial", "method"):
+        parts = ("func", "args", "keywords") if kind == "partial" else ("__func__", "__self__")
+        for part, a, b in zip(parts, old[1:], new[1:]):
             if a != b:
-                return first_difference(a, b, f"{path}[{i}]")
+                return first_difference(a, b, f"{path}.{part}")
+    body_old, body_new = old[-1], new[-1]
+    if (
+        len(old) == 2
+        and str(kind).startswith(("builtins.", "collections."))
+        and isinstance(body_old, tuple)
+        and isinstance(body_new, tuple)
+    ):
+        if kind in ("builtins.dict", "collections.OrderedDict"):
+            before, after = dict(body_old), dict(body_new)
+            if list(before) == list(after):
+                for key in before:
+                    if before[key] != after[key]:
+                        return first_difference(
+                            before[key], after[key], f"{path}[{_readable(key)}]"
+                        )
+        elif len(body_old) == len(body_new) and kind != "builtins.set":
+            for i, (a, b) in enumerate(zip(body_old, body_new)):
+                if a != b:
+                    return first_difference(a, b, f"{path}[{i}]")
     return path, old, new
 
 
@@ -430,6 +499,19 @@ def _readable(fp: Any) -> str:
         )
     if kind in ("builtins.dict", "collections.OrderedDict"):
         return "{" + ", ".join(f"{_readable(k)}: {_readable(v)}" for k, v in fp[1]) + "}"
-    if kind in ("object", "nn.Module", "enum"):
+    if kind == "sentinel" and len(fp) == 3:
+        held = " or ".join(f"{m}.{n}" for m, n in fp[2][:3])
+        return f"the {fp[1]} bound to {held}" if held else f"an unnamed {fp[1]}"
+    if kind in ("object", "nn.Module", "enum", "deep"):
         return f"a {fp[1]}" + (f".{fp[2]}" if kind == "enum" else "")
-    return repr(fp)
+    if kind == "partial" and len(fp) == 4:
+        return f"functools.partial({_readable(fp[1])}, ...)"
+    if kind == "method" and len(fp) == 3:
+        return f"method {_readable(fp[1]).removeprefix('function ')} of {_readable(fp[2])}"
+    if kind == "absent":
+        return "absent"
+    if kind == "empty cell":
+        return "an empty cell"
+    if isinstance(kind, str) and "." in kind and len(fp) == 2:
+        return f"a {kind}"  # another container or a number type: named, never raw
+    return "a value"

@@ -212,7 +212,8 @@ def test_fast_path_notices_changes_to_a_verified_model(runnable: Any) -> None:
 
 def test_fast_path_serves_across_ambient_dispatch_states(runnable: Any) -> None:
     # Inference mode and autocast change the dispatch keys the C-level tensor guard
-    # compares: such calls are still checked and served, in any alternation.
+    # compares: such calls are still checked (served, or refused under autocast, which
+    # the capture did not run under), in any alternation.
     model, b = Net().eval(), batch()
     expected = scaled(model, b)
     for _ in range(2):
@@ -221,19 +222,49 @@ def test_fast_path_serves_across_ambient_dispatch_states(runnable: Any) -> None:
             torch.testing.assert_close(runnable(model, b), expected)
         torch.testing.assert_close(runnable(model, b), expected)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            torch.testing.assert_close(runnable(model, b), expected)
+            refused(runnable, model, b, invariant=6, words=("torch.autocast(cpu: torch.bfloat16)",))
     with torch.inference_mode():
         model.lin.weight.data = model.lin.weight.data.double()
         refused(runnable, model, b, invariant=2, words=("dtype torch.float64",))
 
 
-def test_ambient_autocast_is_neutralised(runnable: Any) -> None:
+def test_ambient_autocast_other_than_the_captures_is_refused(runnable: Any) -> None:
+    # Eager under autocast computes in bfloat16; the graph, captured without autocast,
+    # in float32: the call is refused rather than answered in the wrong dtype.
     model, b = Net().eval(), batch()
-    expected = scaled(model, b)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = runnable(model, b)
-    assert out.dtype == torch.float32
-    torch.testing.assert_close(out, expected)
+        assert scaled(model, b).dtype == torch.bfloat16
+        refused(
+            runnable,
+            model,
+            b,
+            invariant=6,
+            words=("under torch.autocast(cpu: torch.bfloat16)", "captured without torch.autocast"),
+        )
+        assert runnable.covers(model, b)["served_by"] is None  # decided by the same checks
+    torch.testing.assert_close(runnable(model, b), scaled(model, b))
+
+
+def test_a_capture_under_autocast_serves_only_under_that_autocast(tmp_path: Path) -> None:
+    paths = tmp_path / "ac.py", tmp_path / "ac.cache"
+    model, b = Net().eval(), batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with precompile.capture(
+            scaled,
+            artifact_path=paths[0],
+            cache_path=paths[1],
+            tracer=precompile.MakeFxTracer(),
+            backend="eager",
+        ) as cap:
+            cap(model, b)
+    run = precompile.load(*paths)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, expected = run(model, b), scaled(model, b)
+        assert out.dtype == expected.dtype == torch.bfloat16
+        torch.testing.assert_close(out, expected)
+    refused(run, model, b, invariant=6, words=("without torch.autocast", "captured under"))
+    with torch.autocast("cpu", dtype=torch.float16):
+        refused(run, model, b, invariant=6, words=("cpu: torch.float16",))
 
 
 def test_default_dtype_is_checked(runnable: Any) -> None:

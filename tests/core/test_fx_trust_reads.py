@@ -1,0 +1,238 @@
+"""make_fx captures whose Python read state that no graph input carries: each change is
+served exactly or refused naming it, in a fresh process, on the first served call
+("cold") and after one ("/warm", through the per-call fast path)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import precompile
+from precompile import PrecompileError
+from tests.conftest import REPO, fresh_env
+from tests.fixtures import fx_trust_reads
+
+#: case -> {cell: words the refusal must contain, or None: served exactly}
+EXPECTED: dict[str, dict[str, tuple[str, ...] | None]] = {
+    "grad_branch": {
+        "no_grad": None,
+        "no_grad/warm": None,
+        "unchanged": ("reads the grad mode", "torch.is_grad_enabled()", "torch.no_grad()"),
+    },
+    "requires_grad_branch": {
+        "no_grad": None,
+        "requires grad under no_grad": ("requires_grad=True", "fn reads requires_grad"),
+        "requires grad under no_grad/warm": ("requires_grad=True", "fn reads requires_grad"),
+    },
+    "layout_branch": {
+        "unchanged": None,
+        "transposed input": ("input 0 has strides (1, 4)", "fn reads memory layout"),
+        "transposed input/warm": ("input 0 has strides (1, 4)", ".is_contiguous()"),
+    },
+    "defaults": {
+        "unchanged": None,
+        "entry defaults": ("captured function entry.__defaults__[0] is 5.0", "read 2.0"),
+        "entry defaults/warm": ("captured function entry.__defaults__[0] is 5.0", "read 2.0"),
+        "forward defaults": ("DefaultsNet.forward.__defaults__[0] is 5.0", "read 2.0"),
+        "forward defaults/warm": ("DefaultsNet.forward.__defaults__[0] is 5.0", "read 2.0"),
+        "helper defaults": ("global helper.__defaults__[0]", "is 5.0", "read 2.0"),
+        "helper defaults/warm": ("global helper.__defaults__[0]", "is 5.0", "read 2.0"),
+        "helper closure": ("global scaler (closure variable 'k')", "is 5.0", "read 2.0"),
+        "helper closure/warm": ("global scaler (closure variable 'k')", "is 5.0", "read 2.0"),
+    },
+    "closure_entry": {
+        "unchanged": None,
+        "entry closure": ("closure_entry (closure variable 'k') is 5.0", "read 2.0"),
+        "entry closure/warm": ("closure_entry (closure variable 'k') is 5.0", "read 2.0"),
+    },
+    "sentinel": {
+        "unchanged": None,
+        "sentinel swapped": ("mode = the builtins.object bound to", ".SLOW", ".FAST"),
+        "sentinel swapped/warm": ("mode = the builtins.object bound to", ".SLOW", ".FAST"),
+    },
+    "plain": {
+        # Layout is read by no user code: any layout is served (the graph runs ATen ops).
+        "transposed input": None,
+        "autocast bf16": ("torch.autocast(cpu: torch.bfloat16)", "captured without"),
+        "autocast bf16/warm": ("torch.autocast(cpu: torch.bfloat16)", "captured without"),
+    },
+}
+
+
+def capture(case: str, directory: Path) -> tuple[str, str]:
+    model, x = fx_trust_reads.build(case)
+    paths = str(directory / f"{case}.py"), str(directory / f"{case}.cache")
+    with fx_trust_reads.capture_context(case):
+        with precompile.capture(
+            fx_trust_reads.CASES[case][1],
+            artifact_path=paths[0],
+            cache_path=paths[1],
+            tracer=precompile.MakeFxTracer(),
+            backend="eager",
+        ) as cap:
+            cap(model, x)
+    return paths
+
+
+def serve(directory: Path, expected: dict[str, dict[str, tuple[str, ...] | None]]) -> None:
+    job = {case: (capture(case, directory), list(cells)) for case, cells in expected.items()}
+    path = directory / "job.json"
+    path.write_text(json.dumps(job))
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.fixtures.fx_trust_reads", str(path)],
+        cwd=REPO,
+        env=fresh_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    problems = []
+    for case, cells in expected.items():
+        for cell, words in cells.items():
+            got = results[f"{case}: {cell}"]
+            if words is None:
+                if got["result"] != "exact":
+                    problems.append(f"{case}: {cell}: expected exact, got {got}")
+            elif got["result"] != "refused" or not all(w in got["message"] for w in words):
+                problems.append(f"{case}: {cell}: expected a refusal naming {words}, got {got}")
+    assert not problems, "\n".join(problems)
+
+
+def test_reads_of_state_no_graph_input_carries_are_checked_per_call(tmp_path: Path) -> None:
+    serve(tmp_path, EXPECTED)
+
+
+def test_an_inference_capture_that_reads_grad_mode_under_grad_is_refused(tmp_path: Path) -> None:
+    # The trace runs with grad off (inference): the capture's own call, made with grad
+    # on, would be answered from the other branch.
+    model, x = fx_trust_reads.build("grad_branch")
+    with pytest.raises(PrecompileError, match="reads the grad mode") as info:
+        with precompile.capture(
+            fx_trust_reads.call,
+            artifact_path=tmp_path / "g.py",
+            cache_path=tmp_path / "g.cache",
+            tracer=precompile.MakeFxTracer(),
+            backend="eager",
+        ) as cap:
+            cap(model, x)
+    assert info.value.invariant == 5 and "torch.no_grad()" in str(info.value)
+
+
+def test_reading_the_layout_of_an_input_with_unbacked_dims_is_refused(tmp_path: Path) -> None:
+    model, x = fx_trust_reads.build("layout_branch")
+    torch._dynamo.decorators.mark_unbacked(x, 0)
+    with pytest.raises(PrecompileError, match="reads memory layout.*mark_unbacked"):
+        with precompile.capture(
+            fx_trust_reads.call,
+            artifact_path=tmp_path / "l.py",
+            cache_path=tmp_path / "l.cache",
+            tracer=precompile.MakeFxTracer(),
+            backend="eager",
+        ) as cap:
+            cap(model, x)
+
+
+def test_a_captured_function_with_baked_values_must_be_findable_when_served(
+    tmp_path: Path,
+) -> None:
+    # A closure no module-level name holds: another process could rebuild it with other
+    # values, and the artifact could not tell. The capture loads what it wrote, so it is
+    # refused there already.
+    model, x = fx_trust_reads.build("plain")
+    unbound_entry = fx_trust_reads.make_unbound_entry(2.0)
+    with pytest.raises(PrecompileError) as info:
+        with precompile.capture(
+            unbound_entry,
+            artifact_path=tmp_path / "e.py",
+            cache_path=tmp_path / "e.cache",
+            tracer=precompile.MakeFxTracer(),
+            backend="eager",
+        ) as cap:
+            cap(model, x)
+    assert "binds no module-level name to a function make_unbound_entry.<locals>" in str(info.value)
+    assert "pass those values to it as arguments" in str(info.value)
+
+
+class _Unnamed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.mode = object()  # no module-level name holds it
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * (2.0 if self.mode is not None else 3.0)
+
+
+def test_a_sentinel_no_global_holds_is_refused_at_capture(tmp_path: Path) -> None:
+    with pytest.raises(PrecompileError, match="no module-level name is bound to it") as info:
+        with precompile.capture(
+            fx_trust_reads.call,
+            artifact_path=tmp_path / "s.py",
+            cache_path=tmp_path / "s.cache",
+            tracer=precompile.MakeFxTracer(),
+            backend="eager",
+        ) as cap:
+            cap(_Unnamed().eval(), torch.randn(4, 4))
+    assert "module argument 0" in str(info.value) and "enum.Enum" in (info.value.hint or "")
+
+
+@pytest.mark.parametrize(
+    ("case", "words"),
+    [
+        ("environ", ("fn reads the process environment (os.environ at", "fx_trust_reads.py")),
+        ("random", ("fn draws from Python's random module (random.uniform() at",)),
+    ],
+)
+def test_environment_and_python_random_reads_are_refused_at_capture(
+    case: str, words: tuple[str, ...], tmp_path: Path
+) -> None:
+    with pytest.raises(PrecompileError) as info:
+        capture(case, tmp_path)
+    assert all(w in str(info.value) for w in words), str(info.value)
+    assert "pass" in (info.value.hint or "") and "argument" in (info.value.hint or "")
+
+
+def test_a_script_function_with_baked_values_is_checked_only_from_that_script(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import sys, torch, precompile\n"
+        "from torch import nn\n"
+        "def step(model, x, k=2.0):\n"
+        "    return model(x) * k\n"
+        "if __name__ == '__main__':\n"
+        "    with precompile.capture(step, artifact_path=sys.argv[1], cache_path=sys.argv[2],\n"
+        "                            tracer=precompile.MakeFxTracer(), backend='eager') as cap:\n"
+        "        cap(nn.Linear(4, 4), torch.randn(2, 4))\n"
+    )
+    paths = str(tmp_path / "s.py"), str(tmp_path / "s.cache")
+    made = subprocess.run(
+        [sys.executable, str(script), *paths],
+        cwd=REPO,
+        env=fresh_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert made.returncode == 0, made.stderr
+    load = f"import precompile; precompile.load({paths[0]!r}, {paths[1]!r})"
+    other = subprocess.run(
+        [sys.executable, "-c", load],
+        cwd=REPO,
+        env=fresh_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert other.returncode != 0
+    assert "ran as __main__ at capture" in other.stderr, other.stderr
+    assert "Move the function into an importable module" in other.stderr
