@@ -100,6 +100,17 @@ def global_hook_snapshot() -> dict[str, list[str]]:
     return found
 
 
+def code_identity(code: Any) -> str:
+    """What tells two functions of one qualname apart (two lambdas of one scope, two
+    ``def act`` in the branches of a factory): where the code starts and a digest of its
+    bytecode and plain constants. Computed alike at capture and when serving."""
+    import hashlib
+
+    consts = [c for c in code.co_consts if not hasattr(c, "co_code")]
+    digest = hashlib.sha256(code.co_code + repr(consts).encode()).hexdigest()[:16]
+    return f"{code.co_firstlineno}:{digest}"
+
+
 def _hook_change(
     captured: dict[str, list[str]],
     now: dict[str, list[str]],
@@ -359,10 +370,11 @@ def _build_identity_check(signature: Any) -> Any:
         """Whether ``value`` is what the capture traced at ``row``, by name."""
         if row["kind"] == "code":
             code = getattr(value, "__code__", None)
-            return (getattr(value, "__module__", None), getattr(code, "co_qualname", None)) == (
-                row["module"],
-                row["qualname"],
-            )
+            return (
+                getattr(value, "__module__", None),
+                getattr(code, "co_qualname", None),
+                code is not None and code_identity(code),
+            ) == (row["module"], row["qualname"], row["code"])
         target = resolve(row)
         return target is not missing and value is target
 
@@ -471,6 +483,7 @@ DEPENDENCY_DRIVER = (
     hook_locations,
     hook_snapshot,
     global_hook_snapshot,
+    code_identity,
     _hook_change,
     _build_identity_check,
     _build_dependency_check,

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from precompile import _compat
-from precompile.dependency_driver import global_hook_snapshot, hook_snapshot
+from precompile.dependency_driver import code_identity, global_hook_snapshot, hook_snapshot
 from precompile.errors import PrecompileError
 from precompile.guard_text import frame_label, user_path
 
@@ -291,6 +291,7 @@ class DependencyRecorder:
                 "kind": "code",
                 "module": value.__module__,
                 "qualname": value.__code__.co_qualname,
+                "code": code_identity(value.__code__),
             }
         named = _import_name(value)
         if named is not None:
@@ -318,6 +319,7 @@ class DependencyRecorder:
                 "kind": "code",
                 "module": value.__module__,
                 "qualname": value.__code__.co_qualname,
+                "code": code_identity(value.__code__),
             }
         return None
 
