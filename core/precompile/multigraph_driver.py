@@ -271,8 +271,14 @@ def _entry_defaults_check(binding: dict[str, Any]) -> Any:
             return len(a) == len(b) and all(map(same, a, b))
         if isinstance(a, dict):
             return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-        if isinstance(a, torch.Tensor):
-            return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+        if isinstance(a, torch.Tensor):  # another device must refuse, not raise
+            if (a.shape, a.dtype, a.device) != (b.shape, b.dtype, b.device):
+                return False
+            return bool(torch.equal(a, b)) or (
+                a.is_floating_point() and bool(torch.allclose(a, b, 0, 0, equal_nan=True))
+            )
+        if isinstance(a, float) and a != a:
+            return b != b  # NaN: the same default, though it equals nothing
         try:
             return bool(a == b)
         except Exception:
