@@ -431,3 +431,37 @@ def test_a_partial_keyword_gone_is_named_as_a_missing_key(tmp_path: Path) -> Non
         run(model, x)
     assert "`model.act.keywords` has no key 'min'" in str(info.value)
     run.unload()
+
+
+def test_entry_defaults_are_compared_by_value_and_another_device_is_refused(
+    tmp_path: Path,
+) -> None:
+    """An equal new defaults tuple serves; a default tensor on another device is refused
+    with a PrecompileError (comparing it must not raise torch's own error)."""
+    from tests.fixtures import dynamo_identity_models as ids
+
+    paths = str(tmp_path / "d.py"), str(tmp_path / "d.cache")
+    torch._dynamo.reset()
+    with precompile.capture(
+        ids.tensor_default_step, artifact_path=paths[0], cache_path=paths[1], backend="eager"
+    ) as cap:
+        cap(torch.nn.Linear(4, 4), torch.ones(2, 4))
+    code = f"""
+import torch, warnings, precompile
+from tests.conftest import assert_same
+from tests.fixtures import dynamo_identity_models as ids
+warnings.simplefilter("ignore")
+run = precompile.load(*{paths!r})
+model, x = torch.nn.Linear(4, 4), torch.ones(2, 4)
+assert_same(run(model, x), ids.tensor_default_step(model, x))
+ids.tensor_default_step.__defaults__ = (torch.zeros(4),)  # a new, equal tuple
+assert_same(run(model, x), ids.tensor_default_step(model, x))
+ids.tensor_default_step.__defaults__ = (torch.zeros(4, device="meta"),)
+try:
+    run(model, x)
+except precompile.PrecompileError as error:
+    print("REFUSED", error)
+"""
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert "REFUSED" in proc.stdout and "__defaults__" in proc.stdout, proc.stdout
