@@ -895,6 +895,14 @@ def _build_single_graph_forward() -> Any:
         except ValueError:
             return holder
 
+    def _functions_unchanged() -> bool:
+        # One C-level pass over every holder; an emptied cell raises, and is never what
+        # it held, so it takes the slow path like any change.
+        try:
+            return all(map(_is, map(getattr, func_holders, func_attrs), func_snapshot))
+        except ValueError:
+            return False
+
     def _same_items(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
         return len(a) == len(b) and all(map(_is, a, b))
 
@@ -963,10 +971,7 @@ def _build_single_graph_forward() -> Any:
                 not shallow
                 or all(map(_same_items, map(shallow_contents, shallow), shallow_snapshot))
             )
-            and (
-                not func_holders
-                or all(map(_is, map(_held, func_holders, func_attrs), func_snapshot))
-            )
+            and (not func_holders or _functions_unchanged())
         ):
             if tensor_guard.check(*tensors):
                 return tensors
