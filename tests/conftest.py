@@ -101,6 +101,48 @@ def run_python(
     )
 
 
+def capture_pair(
+    fn: Any,
+    *args: Any,
+    directory: Path,
+    name: str = "a",
+    tracer: Any = None,
+    training: bool = False,
+    backend: str = "eager",
+) -> tuple[str, str]:
+    """Capture ``fn`` called once with ``args`` into ``directory/name.{py,cache}``
+    (make_fx unless another tracer is given); the pair's paths."""
+    import precompile
+
+    paths = str(directory / f"{name}.py"), str(directory / f"{name}.cache")
+    with precompile.capture(
+        fn,
+        artifact_path=paths[0],
+        cache_path=paths[1],
+        tracer=tracer or precompile.MakeFxTracer(),
+        backend=backend,
+        training=training,
+    ) as cap:
+        cap(*args)
+    return paths
+
+
+def run_job(module: str, job: dict[str, Any], path: Path, timeout: float = 300) -> Any:
+    """Run ``python -m module path`` in a fresh interpreter on ``job`` (written to
+    ``path`` as JSON); what it printed as its last line, parsed as JSON."""
+    path.write_text(json.dumps(job))
+    proc = subprocess.run(
+        [sys.executable, "-m", module, str(path)],
+        cwd=REPO,
+        env=fresh_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def serve_fresh(
     entries: list[dict[str, Any]], tmp_path: Path, *, without_precompile: bool = False
 ) -> dict[str, Any]:

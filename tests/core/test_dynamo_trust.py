@@ -28,7 +28,7 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import REPO, assert_same, fresh_env, run_python, together
+from tests.conftest import REPO, assert_same, capture_pair, fresh_env, run_python, together
 from tests.fixtures import dynamo_trust_models
 
 MODULE = "precompile_trust_models"
@@ -124,17 +124,15 @@ def matrix(copied: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
     directory = tmp_path_factory.mktemp("trust")
     captured = {}
     for name, (entry, training, _linear, _eps) in module.MODELS.items():
-        paths = str(directory / f"{name}.py"), str(directory / f"{name}.cache")
         args = module.build(name, seed=0)
-        with precompile.capture(
+        paths = capture_pair(
             entry,
-            artifact_path=paths[0],
-            cache_path=paths[1],
+            *args,
+            directory=directory,
+            name=name,
             tracer=precompile.DynamoTracer(),
-            backend="eager",
             training=training,
-        ) as cap:
-            cap(*args)
+        )
         cells = CELLS + (["remove_hook"] if name == "block" else [])
         captured[name] = (paths, cells)
     served = together(
@@ -321,17 +319,14 @@ def test_each_module_argument_is_checked_against_its_own_hooks(tmp_path: Path) -
 def _identity_capture(tmp_path: Path, entry: str, model: str, training: bool = False) -> Any:
     from tests.fixtures import dynamo_identity_models as ids
 
-    paths = str(tmp_path / f"{entry}.py"), str(tmp_path / f"{entry}.cache")
-    with precompile.capture(
+    return capture_pair(
         getattr(ids, entry),
-        artifact_path=paths[0],
-        cache_path=paths[1],
+        *ids.build(model, seed=0),
+        directory=tmp_path,
+        name=entry,
         tracer=precompile.DynamoTracer(),
-        backend="eager",
         training=training,
-    ) as cap:
-        cap(*ids.build(model, seed=0))
-    return paths
+    )
 
 
 def _serve_identity(paths: tuple[str, str], entry: str, model: str) -> dict[str, Any]:

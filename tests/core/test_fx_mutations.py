@@ -10,9 +10,7 @@ never ``wrong``. Changes that only touch tensor values must be served exactly.
 from __future__ import annotations
 
 import importlib.util
-import json
 import shutil
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -21,8 +19,7 @@ from typing import Any
 
 import pytest
 
-import precompile
-from tests.conftest import REPO, fresh_env
+from tests.conftest import REPO, capture_pair, run_job
 
 FIXTURE = REPO / "tests" / "fixtures" / "fx_trust_models.py"
 
@@ -69,20 +66,10 @@ def capture_model(
     module: ModuleType, model: str, directory: Path, hooked: bool = False
 ) -> tuple[str, str]:
     _, fn, _, training, _ = module.MODELS[model]
-    paths = str(directory / f"{model}.py"), str(directory / f"{model}.cache")
     built, args = module.build(model)
     if hooked:
         next(iter(built.children())).register_forward_hook(module.double_output)
-    with precompile.capture(
-        fn,
-        artifact_path=paths[0],
-        cache_path=paths[1],
-        tracer=precompile.MakeFxTracer(),
-        backend="eager",
-        training=training,
-    ) as cap:
-        cap(built, *args)
-    return paths
+    return capture_pair(fn, built, *args, directory=directory, name=model, training=training)
 
 
 def run_cells(
@@ -93,30 +80,19 @@ def run_cells(
     cells: list[str],
     **extra: Any,
 ) -> dict[str, dict[str, str]]:
-    job = directory / f"job-{model}.json"
-    job.write_text(
-        json.dumps(
-            {
-                "artifact": paths[0],
-                "cache": paths[1],
-                "path": str(directory),
-                "module": module_name,
-                "model": model,
-                "cells": cells,
-                **extra,
-            }
-        )
+    job = {
+        "artifact": paths[0],
+        "cache": paths[1],
+        "path": str(directory),
+        "module": module_name,
+        "model": model,
+        "cells": cells,
+        **extra,
+    }
+    results: dict[str, dict[str, str]] = run_job(
+        "tests.fixtures.fx_trust_cells", job, directory / f"job-{model}.json"
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.fixtures.fx_trust_cells", str(job)],
-        cwd=REPO,
-        env=fresh_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return results
 
 
 def check(results: dict[str, dict[str, str]], expected: dict[str, tuple[str, ...] | None]) -> None:

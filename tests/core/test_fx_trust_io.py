@@ -16,24 +16,10 @@ from torch import nn
 
 import precompile
 from precompile import PrecompileError
-from tests.conftest import run_python
+from tests.conftest import capture_pair, run_python
 from tests.fixtures import fx_trust_models
 
-
-def capture(
-    fn: Any, *args: Any, directory: Path, training: bool = False, name: str = "a"
-) -> tuple[str, str]:
-    paths = str(directory / f"{name}.py"), str(directory / f"{name}.cache")
-    with precompile.capture(
-        fn,
-        artifact_path=paths[0],
-        cache_path=paths[1],
-        tracer=precompile.MakeFxTracer(),
-        backend="eager",
-        training=training,
-    ) as cap:
-        cap(*args)
-    return paths
+capture = capture_pair
 
 
 def refused(fn: Any, *args: Any, directory: Path, training: bool = False) -> PrecompileError:

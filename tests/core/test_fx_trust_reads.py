@@ -4,7 +4,6 @@ served exactly or refused naming it, in a fresh process, on the first served cal
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from torch import nn
 
 import precompile
 from precompile import PrecompileError
-from tests.conftest import REPO, fresh_env
+from tests.conftest import REPO, capture_pair, fresh_env, run_job
 from tests.fixtures import fx_trust_reads
 
 #: case -> {cell: words the refusal must contain, or None: served exactly}
@@ -67,33 +66,13 @@ EXPECTED: dict[str, dict[str, tuple[str, ...] | None]] = {
 
 def capture(case: str, directory: Path) -> tuple[str, str]:
     model, x = fx_trust_reads.build(case)
-    paths = str(directory / f"{case}.py"), str(directory / f"{case}.cache")
     with fx_trust_reads.capture_context(case):
-        with precompile.capture(
-            fx_trust_reads.CASES[case][1],
-            artifact_path=paths[0],
-            cache_path=paths[1],
-            tracer=precompile.MakeFxTracer(),
-            backend="eager",
-        ) as cap:
-            cap(model, x)
-    return paths
+        return capture_pair(fx_trust_reads.CASES[case][1], model, x, directory=directory, name=case)
 
 
 def serve(directory: Path, expected: dict[str, dict[str, tuple[str, ...] | None]]) -> None:
     job = {case: (capture(case, directory), list(cells)) for case, cells in expected.items()}
-    path = directory / "job.json"
-    path.write_text(json.dumps(job))
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.fixtures.fx_trust_reads", str(path)],
-        cwd=REPO,
-        env=fresh_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = run_job("tests.fixtures.fx_trust_reads", job, directory / "job.json")
     problems = []
     for case, cells in expected.items():
         for cell, words in cells.items():
