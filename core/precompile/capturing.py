@@ -258,13 +258,14 @@ class Capture:
         self._artifact = artifact
 
     def _envelope(self, artifact: Artifact, bundle: dict[str, Any]) -> bytes:
+        from precompile.artifact_bytecode import BUNDLE_KEY, bytecode_entry
         from precompile.envelope import build_envelope
 
         return build_envelope(
             backend=self.backend,
             tracer=self.tracer.name,
             python_code=artifact.python_code,
-            bundle=bundle,
+            bundle={**bundle, BUNDLE_KEY: bytecode_entry(artifact.python_code)},
         )
 
     def _ensure_artifact(self) -> None:

@@ -53,6 +53,8 @@ def _describe(name: str) -> str:
         return f"the compiled kernel {rest!r}"
     if kind == "inductor_cache_files":
         return f"the Inductor cache file {rest!r}"
+    if kind == "python_bytecode":
+        return "the artifact's cached bytecode"
     return f"the blob {name!r}"
 
 

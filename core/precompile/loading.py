@@ -8,6 +8,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from precompile.artifact_bytecode import artifact_code
 from precompile.artifact_io import read_bytes, validate_pair
 from precompile.envelope import code_hash, read_envelope, warn_cache_fallback
 from precompile.errors import ArtifactTrustWarning, PrecompileError
@@ -95,8 +96,7 @@ def exec_artifact(
         "_PRECOMPILE_ALLOW_SERVE_TIME_COMPILES": allow_serve_time_compiles,
     }
     try:
-        code = compile(python_code, origin, "exec", dont_inherit=True)
-        exec(code, namespace)
+        exec(artifact_code(python_code, origin, bundle), namespace)
     except PrecompileError:
         raise
     except Exception as error:

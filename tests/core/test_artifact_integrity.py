@@ -223,3 +223,77 @@ def test_import_precompile_is_light() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+_SPY_COMPILE = """
+import ast, builtins, json, warnings
+import torch
+from torch import nn
+import precompile
+warnings.simplefilter("ignore")
+compiled = []
+real_compile = builtins.compile
+def spy(source, filename, mode, flags=0, *args, **kwargs):
+    if not flags & ast.PyCF_ONLY_AST:  # reading the metadata parses, never compiles
+        compiled.append(str(filename))
+    return real_compile(source, filename, mode, flags, *args, **kwargs)
+builtins.compile = spy
+torch.manual_seed(1)
+model, x = nn.Linear(3, 2), torch.randn(4, 3)
+run = precompile.load({artifact!r}, {cache!r})
+out = run(model, x)
+print(json.dumps({{
+    "artifact_compiles": compiled.count({artifact!r}),
+    "code_file": run._forward.__code__.co_filename,
+    "exact": torch.equal(out, model(x) * 2),
+}}))
+"""
+
+
+def _spy_load(artifact: Path, cache: Path | None) -> dict[str, Any]:
+    proc = run_python(
+        _SPY_COMPILE.format(artifact=str(artifact), cache=None if cache is None else str(cache))
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_load_executes_the_cached_bytecode_instead_of_compiling(
+    pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    # Moved elsewhere: the bytecode runs under the name of the file that was loaded.
+    artifact, cache = _copy(pair, tmp_path)
+    with_cache = _spy_load(artifact, cache)
+    assert with_cache == {"artifact_compiles": 0, "code_file": str(artifact), "exact": True}
+    # Without the cache the same spy sees the source compiled: the spy works.
+    assert _spy_load(artifact, None) == {**with_cache, "artifact_compiles": 1}
+
+
+def test_bytecode_of_another_interpreter_is_not_executed(
+    pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    artifact, cache = _copy(pair, tmp_path)
+    envelope = _envelope(cache)
+    envelope["bundle"]["python_bytecode"]["tag"] = "0d0d0d0a"
+    _save_envelope(envelope, cache)
+    assert _spy_load(artifact, cache) == {
+        "artifact_compiles": 1,
+        "code_file": str(artifact),
+        "exact": True,
+    }
+
+
+def test_altered_bytecode_is_never_executed(
+    pair: tuple[Path, Path], other_pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    # The other capture's bytecode (it multiplies by 3) swapped in: the digest the
+    # envelope records no longer matches, so the cache is ignored with a warning.
+    artifact, cache = _copy(pair, tmp_path)
+    envelope = _envelope(cache)
+    envelope["bundle"]["python_bytecode"] = _envelope(other_pair[1])["bundle"]["python_bytecode"]
+    _save_envelope(envelope, cache)
+    model, x = nn.Linear(3, 2), torch.randn(4, 3)
+    with pytest.warns(CacheFallbackWarning, match="the artifact's cached bytecode failed"):
+        run = precompile.load(artifact, cache)
+    torch.testing.assert_close(run(model, x), double(model, x))
+    assert _spy_load(artifact, cache)["artifact_compiles"] == 1

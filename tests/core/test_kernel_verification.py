@@ -161,7 +161,10 @@ def test_the_envelope_records_a_digest_of_every_kernel(inductor_pair: tuple[Path
     envelope = torch.load(inductor_pair[1], weights_only=True)
     assert envelope["version"] == 2
     assert envelope["digests"] == blob_digests(envelope["bundle"])
-    assert set(envelope["digests"]) == {f"kernels/{k}" for k in envelope["bundle"]["kernels"]}
+    assert set(envelope["digests"]) == {
+        *(f"kernels/{k}" for k in envelope["bundle"]["kernels"]),
+        "python_bytecode/code",
+    }
 
 
 def test_a_flipped_byte_in_a_kernel_falls_back_to_source(

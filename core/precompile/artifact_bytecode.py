@@ -1,0 +1,62 @@
+"""The artifact's compiled bytecode, kept in its cache so that a load skips ``compile()``.
+
+Compiling an artifact's source is most of what loading one costs (tens of milliseconds
+for the runtime driver it carries). The capture compiles it once and stores the marshalled
+code object in the cache bundle, tagged with the interpreter's bytecode magic number. The
+bundle is bound to the source by the envelope's ``code_hash`` and every blob in it to its
+digest (and, when signed, both files to the signature), so the bytecode is exactly as
+trusted as the kernels beside it: both files are code. Another interpreter, a cache
+without bytecode, or no cache at all compiles the source as before, with identical
+behaviour.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import marshal
+import types
+from typing import Any
+
+#: The bundle key holding ``{"tag": ..., "code": bytes}``.
+BUNDLE_KEY = "python_bytecode"
+#: The filename compiled into the cached bytecode: a pair emitted into two folders has
+#: identical bytes; a load names the file it loaded (``_renamed``).
+PLACEHOLDER = "<torch-precompile artifact>"
+
+
+def _tag() -> str:
+    """Bytecode from one interpreter is meaningless to another: the magic number changes
+    with every bytecode format."""
+    return importlib.util.MAGIC_NUMBER.hex()
+
+
+def compile_source(python_code: bytes, origin: str) -> types.CodeType:
+    return compile(python_code, origin, "exec", dont_inherit=True)
+
+
+def bytecode_entry(python_code: bytes) -> dict[str, Any]:
+    """What the capture stores under ``BUNDLE_KEY``."""
+    return {"tag": _tag(), "code": marshal.dumps(compile_source(python_code, PLACEHOLDER))}
+
+
+def artifact_code(python_code: bytes, origin: str, bundle: dict[str, Any] | None) -> types.CodeType:
+    """The code object to execute: the cached bytecode when it was made by this
+    interpreter, else ``python_code`` compiled now; either way named ``origin``."""
+    entry = (bundle or {}).get(BUNDLE_KEY)
+    if isinstance(entry, dict) and entry.get("tag") == _tag():
+        try:
+            code = marshal.loads(entry["code"])
+        except (EOFError, ValueError, TypeError, KeyError):
+            code = None
+        if isinstance(code, types.CodeType):
+            return _renamed(code, origin)
+    return compile_source(python_code, origin)
+
+
+def _renamed(code: types.CodeType, origin: str) -> types.CodeType:
+    """``code`` with every nested code object's filename set to ``origin``: tracebacks
+    and source checks name the file that was loaded, wherever the pair was moved."""
+    consts = tuple(
+        _renamed(c, origin) if isinstance(c, types.CodeType) else c for c in code.co_consts
+    )
+    return code.replace(co_filename=origin, co_consts=consts)
