@@ -43,6 +43,9 @@ class Child:
 
 def _spawn(child: Child, run: int) -> tuple[float, float]:
     child_env = {**os.environ, **(child.env or {})}
+    # Python caches every module's bytecode on a user's machine; a sandbox that turns
+    # that off would time compiling this project's modules from source in every child.
+    child_env.pop("PYTHONDONTWRITEBYTECODE", None)
     child_env.update(child.env_per_run(run) if child.env_per_run else {})
     t0 = time.time()
     child_env["BENCH_T0"] = repr(t0)
