@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from precompile.artifact_bytecode import BUNDLE_KEY, artifact_code, bytecode_entry
 from precompile.artifact_io import atomic_write_files, validate_pair
 from precompile.backends import check_backend
 from precompile.emit import Artifact
@@ -236,7 +237,9 @@ class Capture:
             # This process holds the live compiles the artifact installs onto (its load
             # refuses exactly that), so it is not executed here; covers() reads the
             # entry frame's serialized guards instead.
-            self._cache = self._envelope(artifact, collect_bundle({}))
+            self._cache = self._envelope(
+                artifact, collect_bundle({}), bytecode_entry(artifact.python_code)
+            )
             self._artifact = artifact
             self._runnable = None
         else:
@@ -250,22 +253,28 @@ class Capture:
         from precompile.loading import exec_artifact
 
         started = time.perf_counter()
+        bytecode = bytecode_entry(artifact.python_code)  # compiled once: run here, and cached
         self._runnable = exec_artifact(
-            artifact.python_code, artifact.metadata, None, origin=self.artifact_path
+            artifact.python_code,
+            artifact.metadata,
+            None,
+            origin=self.artifact_path,
+            code=artifact_code(artifact.python_code, self.artifact_path, {BUNDLE_KEY: bytecode}),
         )
-        self._cache = self._envelope(artifact, collect_bundle(self._runnable._namespace))
+        self._cache = self._envelope(artifact, collect_bundle(self._runnable._namespace), bytecode)
         self._report.timings["load_s"] = time.perf_counter() - started
         self._artifact = artifact
 
-    def _envelope(self, artifact: Artifact, bundle: dict[str, Any]) -> bytes:
-        from precompile.artifact_bytecode import BUNDLE_KEY, bytecode_entry
+    def _envelope(
+        self, artifact: Artifact, bundle: dict[str, Any], bytecode: dict[str, Any]
+    ) -> bytes:
         from precompile.envelope import build_envelope
 
         return build_envelope(
             backend=self.backend,
             tracer=self.tracer.name,
             python_code=artifact.python_code,
-            bundle={**bundle, BUNDLE_KEY: bytecode_entry(artifact.python_code)},
+            bundle={**bundle, BUNDLE_KEY: bytecode},
         )
 
     def _ensure_artifact(self) -> None:

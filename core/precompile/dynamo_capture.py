@@ -500,6 +500,7 @@ class DynamoSession:
                 _compat.recording_graph_breaks() as events,
                 _compat.recording_bypasses(self.bypass_reasons),
                 _compat.recording_installed_globals(self.installed_globals),
+                _compat.without_guard_latency_profiling(),
                 torch.set_grad_enabled(self.training),
                 _compat.inductor_capture_config(self.inductor_cache)
                 if self.inductor_cache

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
-import inspect
 import pickle
 import re
 import sys
@@ -30,7 +29,7 @@ from precompile import (
     source_digest,
 )
 from precompile.dynamo_capture import FrameRecord, global_recipe
-from precompile.emit import Artifact, _header, source_records
+from precompile.emit import Artifact, _header, runtime_source, source_records
 from precompile.errors import PrecompileError
 from precompile.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
 
@@ -330,10 +329,10 @@ def inductor_graph_section(
         parts += [
             "# ---- captured graphs: inference subgraphs as Inductor output modules",
             _compat.INDUCTOR_PRELUDE,
-            inspect.getsource(driver._inductor_runtime).strip(),
+            runtime_source([driver._inductor_runtime]),
             "",
             "",
-            inspect.getsource(driver._bind_inductor_module).strip(),
+            runtime_source([driver._bind_inductor_module]),
             "",
             "",
             "_INDUCTOR_MODULES = {",
@@ -356,7 +355,7 @@ def inductor_graph_section(
         parts += [
             "",
             "# ---- captured graphs: other subgraphs as Inductor's bundled artifact (pickled)",
-            inspect.getsource(_compat._inductor_backend_loader).strip(),
+            runtime_source([_compat._inductor_backend_loader]),
             "",
             "",
             "_INDUCTOR_ARTIFACTS = {",
@@ -437,9 +436,8 @@ def emit_dynamo(
     else:
         metadata["_FRAMES"] = _encode(payload)
         metadata["_ENTRY_BINDING"] = encoded_binding
-    driver_source = "\n\n".join(
-        inspect.getsource(f).strip()
-        for f in (
+    driver_source = runtime_source(
+        (
             driver.PrecompileError,
             driver._fail,
             source_digest.function_source,

@@ -8,6 +8,7 @@ committed artifact changes only when the program does.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import inspect
 import os
@@ -102,14 +103,17 @@ def source_records(files: Iterable[str], artifact_path: str) -> list[dict[str, s
     return records
 
 
-def _driver_source(functions: Iterable[Any]) -> str:
-    return "\n\n".join(inspect.getsource(f).strip() for f in functions)
+def runtime_source(functions: Iterable[Any]) -> str:
+    """The runtime ``functions`` as written in this package, for an artifact to carry."""
+    return "\n\n".join(_source_of(f) for f in functions)
 
 
-def _module_source(module: Any) -> str:
-    """A module emitted whole (its functions and constants), minus the future import
-    the artifact's header already makes."""
-    lines = inspect.getsource(module).splitlines()
+@functools.cache
+def _source_of(runtime: Any) -> str:
+    """One runtime function's or module's source, read once per process: every emit
+    carries the same runtime, and reading it back (``inspect.getsource``, which scans the
+    file for the block) cost a warm worker's check job a third of its time."""
+    lines = inspect.getsource(runtime).splitlines()
     return "\n".join(x for x in lines if x != "from __future__ import annotations").strip()
 
 
@@ -256,7 +260,7 @@ def emit_single_graph(
     )
     imports = [_compat.ARTIFACT_PRELUDE, _compat.SINGLE_GRAPH_STATE_PRELUDE, lowered.prelude]
     if lowered.runtime:
-        imports += [_driver_source(lowered.runtime), "", lowered.runtime_setup]
+        imports += [runtime_source(lowered.runtime), "", lowered.runtime_setup]
     driver_functions = [f for f in driver.SINGLE_GRAPH_DRIVER if f not in lowered.runtime]
     if lowered.relabel not in driver_functions:
         driver_functions.append(lowered.relabel)
@@ -271,11 +275,11 @@ def emit_single_graph(
             lowered.source,
             "# ---- runtime driver (emitted verbatim from precompile/source_digest.py,",
             "# precompile/state_checks.py and precompile/driver.py)",
-            _driver_source([source_digest.function_source, source_digest.source_digest]),
+            runtime_source([source_digest.function_source, source_digest.source_digest]),
             "",
-            _module_source(state_checks),
+            _source_of(state_checks),
             "",
-            _driver_source(driver_functions),
+            runtime_source(driver_functions),
             "",
             f"_relabel_layout_error = {lowered.relabel.__name__}",
             "forward = _build_single_graph_forward()",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -83,8 +84,9 @@ def exec_artifact(
     origin: str,
     cache_path: str | None = None,
     allow_serve_time_compiles: bool = False,
+    code: types.CodeType | None = None,
 ) -> PrecompiledRunnable:
-    """Execute python_code in a fresh namespace. What load decided (the cache bundle,
+    """Execute python_code (or ``code``, compiled from it) in a fresh namespace. What load decided (the cache bundle,
     the serve-time-compile flag) reaches the driver through namespace entries, never by
     changing the hashed bytes."""
     digest = code_hash(python_code)
@@ -96,7 +98,7 @@ def exec_artifact(
         "_PRECOMPILE_ALLOW_SERVE_TIME_COMPILES": allow_serve_time_compiles,
     }
     try:
-        exec(artifact_code(python_code, origin, bundle), namespace)
+        exec(code or artifact_code(python_code, origin, bundle), namespace)
     except PrecompileError:
         raise
     except Exception as error:

@@ -15,6 +15,7 @@ The tracer and backend come from the decorator when it names them, else from the
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -22,6 +23,7 @@ import os
 import sys
 import tempfile
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -126,23 +128,55 @@ def _dependencies(root: str) -> tuple[dict[str, str], dict[str, str]]:
     files: dict[str, str] = {}
     packages: dict[str, str] = {}
     root_prefix = os.path.realpath(root) + os.sep
-    distributions = importlib.metadata.packages_distributions()
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
         if not path:
             continue
-        real = os.path.realpath(path)
+        real = _realpath(path)
         if real.startswith(root_prefix) and "site-packages" not in real:
             digest = _sha256(real)
             if digest:
                 files[real] = digest
         elif "site-packages" in real and "." not in name:
-            for dist in distributions.get(name, []):
+            for dist in _DISTRIBUTIONS.of(name):
                 try:
                     packages[dist] = importlib.metadata.version(dist)
                 except importlib.metadata.PackageNotFoundError:
                     pass
     return files, packages
+
+
+#: Resolving the path of every imported module (thousands, with torch) and mapping
+#: modules to distributions (reading every installed package's metadata) were more than
+#: half of a warm check job. The warm worker fills both before forking (``warm_up``), so
+#: a job resolves only what it imported itself. A resolved path changes only if a
+#: symlink is re-pointed while the worker runs.
+_realpath = functools.cache(os.path.realpath)
+
+
+class _Distributions:
+    """Top-level module name -> the distributions that provide it, read again when a
+    job imports a module it does not know (a package installed since)."""
+
+    def __init__(self) -> None:
+        self._by_module: Mapping[str, list[str]] = {}
+        self._unprovided: set[str] = set()
+
+    def of(self, name: str) -> list[str]:
+        if name not in self._by_module and name not in self._unprovided:
+            self._by_module = importlib.metadata.packages_distributions()
+            if name not in self._by_module:
+                self._unprovided.add(name)
+        return self._by_module.get(name, [])
+
+
+_DISTRIBUTIONS = _Distributions()
+
+
+def warm_up() -> None:
+    """In the warm worker, before it forks: what every job would otherwise work out
+    again about the modules already imported."""
+    _dependencies(os.sep)
 
 
 def _capture(

@@ -381,6 +381,9 @@ def serve(channel: IO[str]) -> None:
 
     for name in WARM_IMPORTS:
         importlib.import_module(name)
+    from precompile_lsp.worker.jobs import warm_up
+
+    warm_up()
     _stop_on_sigterm()
     global _CHANNEL_FD
     _CHANNEL_FD = channel.fileno()
