@@ -247,7 +247,7 @@ def _renamed_dependencies(
             {**read, "path": rename(read["path"])} for read in dependencies["GLOBAL_READS"]
         ],
         "ARG_IDENTITIES": dependencies.get("ARG_IDENTITIES", []),
-        "GRAD_MODE_READ": dependencies.get("GRAD_MODE_READ", False),
+        "GRAD_MODE_READ": dependencies.get("GRAD_MODE_READ", ""),
     }
 
 
