@@ -28,6 +28,7 @@ from precompile import (
     installed_driver,
     multigraph_driver,
     source_digest,
+    state_checks,
 )
 from precompile.dynamo_capture import FrameRecord, global_recipe
 from precompile.emit import Artifact, _header, source_records
@@ -437,9 +438,11 @@ def emit_dynamo(
     else:
         metadata["_FRAMES"] = _encode(payload)
         metadata["_ENTRY_BINDING"] = encoded_binding
-    driver_source = "\n\n".join(
+    # An ambient autocast is named by state_checks' one list of its devices.
+    driver_source = f"AUTOCAST_DEVICES = {state_checks.AUTOCAST_DEVICES!r}\n\n" + "\n\n".join(
         inspect.getsource(f).strip()
         for f in (
+            state_checks.autocast_state,
             driver.PrecompileError,
             driver._fail,
             source_digest.function_source,

@@ -57,6 +57,8 @@ if TYPE_CHECKING:
 
     def _build_dependency_check() -> Any: ...
 
+    def autocast_state() -> tuple[tuple[str, str], ...]: ...
+
 
 def _check_versions() -> None:
     """Refuse a foreign Python or torch before anything is unpickled: the artifact holds
@@ -190,11 +192,7 @@ def _serve_as_captured(entry: Any, check: Any) -> Any:
     import torch
 
     def refuse_autocast() -> None:
-        active = [
-            f"{device} ({torch.get_autocast_dtype(device)})"
-            for device in ("cpu", "cuda", "xpu", "mps", "hpu")
-            if _autocast_enabled_on(device)
-        ]
+        active = [f"{device} ({dtype})" for device, dtype in autocast_state()]
         _fail(
             f"precompile: this call runs under torch.autocast ({', '.join(active) or 'on'}), "
             f"and the capture ran without it: eager would compute in the autocast dtype, the "
@@ -202,12 +200,6 @@ def _serve_as_captured(entry: Any, check: Any) -> Any:
             f"torch.autocast inside fn and capture again (re-emit the artifact)",
             6,
         )
-
-    def _autocast_enabled_on(device: str) -> bool:
-        try:
-            return bool(torch.is_autocast_enabled(device))
-        except Exception:
-            return False
 
     def refuse_grad_mode(grad: bool) -> None:
         _fail(
