@@ -565,6 +565,52 @@ def recording_graph_breaks() -> Iterator[list[dict[str, Any]]]:
             InstructionTranslatorBase.log_graph_break = original  # type: ignore[method-assign]  # torch's own, back
 
 
+def resumed_code(code: types.CodeType) -> types.CodeType:
+    """The user code a Dynamo continuation (resume function) resumes, followed through
+    continuations of continuations; ``code`` itself for any other code."""
+    from torch._dynamo.resume_execution import ContinueExecutionCache
+
+    seen: set[int] = set()
+    while id(code) not in seen:
+        seen.add(id(code))
+        meta = ContinueExecutionCache.generated_code_metadata.get(code)
+        if meta is None:
+            break
+        code = meta.code
+    return code
+
+
+#: Tensor attributes whose value for a tensor the trace computed (one with no source)
+#: depends on the grad mode the trace ran in: Dynamo bakes them as constants, guarded
+#: by nothing.
+GRAD_DEPENDENT_TENSOR_ATTRS = frozenset({"requires_grad", "grad_fn", "is_leaf"})
+
+
+@contextlib.contextmanager
+def recording_grad_dependent_reads(reads: list[str]) -> Iterator[None]:
+    """Record (as ``.attr at file:line``) each read of a GRAD_DEPENDENT_TENSOR_ATTRS
+    attribute of a tensor the trace computed. An input's are checked by its guards; an
+    intermediate's were baked from the capture's grad mode."""
+    from torch._dynamo.variables.tensor import TensorVariable
+
+    original = TensorVariable.var_getattr
+
+    def var_getattr(self: Any, tx: Any, name: str) -> Any:
+        if name in GRAD_DEPENDENT_TENSOR_ATTRS and getattr(self, "source", None) is None:
+            code = getattr(tx, "f_code", None)
+            line = getattr(tx, "lineno", None)
+            where = f"{code.co_filename.rsplit('/', 1)[-1]}:{line}" if code is not None else "?"
+            reads.append(f"`.{name}` of a tensor fn computes, at {where}")
+        return original(self, tx, name)
+
+    with _stack_patch_lock:
+        TensorVariable.var_getattr = var_getattr  # type: ignore[method-assign]  # a patch for the block
+        try:
+            yield
+        finally:
+            TensorVariable.var_getattr = original  # type: ignore[method-assign]  # torch's own, back
+
+
 @contextlib.contextmanager
 def recording_bypasses(reasons: dict[str, str]) -> Iterator[None]:
     """Record why Dynamo left a frame out of the package (frame name -> reason)."""

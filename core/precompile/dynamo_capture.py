@@ -501,11 +501,13 @@ class DynamoSession:
                 _compat.recording_bypasses(self.bypass_reasons),
                 _compat.recording_installed_globals(self.installed_globals),
                 _compat.without_guard_latency_profiling(),
+                _compat.recording_grad_dependent_reads(self.dependencies.grad_reads),
                 torch.set_grad_enabled(self.training),
                 _compat.inductor_capture_config(self.inductor_cache)
                 if self.inductor_cache
                 else contextlib.nullcontext(),
             ):
+                self.dependencies.calling(args, kwargs)
                 try:
                     result = self.compiled(*args, **kwargs)
                 finally:

@@ -21,10 +21,16 @@ a process) or skipped altogether (``skip_nnmodule_hook_guards``):
   can resolve -- a function, class or builtin by module and qualified name, an enum member
   by class and member name, a closure by its code, anything else by the module global it
   is bound to -- and every call compares the live object by identity
-  (``ARG_IDENTITIES``). An object with no such name is refused at capture.
-- **Grad mode read by the trace** (``torch.is_grad_enabled()``, in user or library code):
-  the driver serves under the captured grad mode, so a call made in another grad mode is
-  refused instead of being answered as the captured mode would (``GRAD_MODE_READ``).
+  (``ARG_IDENTITIES``). An object with no such name is refused at capture. One read in a
+  later frame (a continuation after a graph break, a child module's frame) is checked by
+  its path from fn's arguments: a continuation's parameter of fn that it never rebinds,
+  or a frame's ``self`` that is the one module of its classes reachable from them. One
+  with no such path is refused at capture: an equal object read elsewhere checks nothing.
+- **Grad mode read by the trace** (``torch.is_grad_enabled()``, in user or library code,
+  or ``.requires_grad`` / ``.grad_fn`` / ``.is_leaf`` of a tensor the trace computed, which
+  Dynamo bakes from the capture's grad mode): the driver serves under the captured grad
+  mode, so a call made in another grad mode is refused instead of being answered as the
+  captured mode would (``GRAD_MODE_READ`` says what was read).
 
 The checks themselves are ``precompile.dependency_driver``, emitted into artifacts.
 
@@ -33,6 +39,7 @@ Messages name things in the user's words (``precompile.guard_text``).
 
 from __future__ import annotations
 
+import dis
 import enum
 import inspect
 import os
@@ -148,16 +155,31 @@ class DependencyRecorder:
         self.conflicts: list[str] = []
         #: The code of every function read that way (its source is checked at load).
         self.read_codes: dict[types.CodeType, None] = {}
-        #: The objects those global reads found (a continuation may carry one as a local).
-        self.read_values: list[Any] = []
         #: Access path from an argument -> identity row (``ARG_IDENTITIES``), and the
         #: object the capture saw there (checked against the arguments after each call).
         self.identities: dict[str, dict[str, Any]] = {}
         self.identity_values: dict[str, Any] = {}
         #: Why the capture cannot be served: objects compared by identity and unnameable.
         self.refusals: list[tuple[str, str]] = []
-        #: Whether a trace read the grad mode (``torch.is_grad_enabled()``).
-        self.grad_mode_read = False
+        #: What a trace read that depends on the grad mode ('' for nothing): the
+        #: ``torch.is_grad_enabled()`` guard, or grad-dependent tensor attributes.
+        self.grad_mode_read = ""
+        #: The grad-dependent attribute reads, appended while tracing
+        #: (``_compat.recording_grad_dependent_reads``).
+        self.grad_reads: list[str] = []
+        #: fn's arguments in the captured call being traced (later frames' identity
+        #: reads are mapped to paths from them).
+        self.arguments: dict[str, Any] = {}
+
+    def calling(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Before each captured call: remember its arguments by parameter name."""
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError:
+            self.arguments = {}
+            return
+        bound.apply_defaults()
+        self.arguments = dict(bound.arguments)
 
     def observe(self, code: types.CodeType | None, module_name: str, entries: list[Any]) -> None:
         is_entry = code is self.fn.__code__
@@ -193,15 +215,14 @@ class DependencyRecorder:
             if qualified is None or not e.name.startswith("G["):
                 continue
             self.reads.setdefault((module_name, e.name), (*qualified, _location(e.value)))
-            self.read_values.append(e.value)
             read_code = getattr(getattr(e.value, "__func__", e.value), "__code__", None)
             if isinstance(read_code, types.CodeType):
                 self.read_codes.setdefault(read_code, None)
         for e in entries:
             if not getattr(e, "has_value", False):
                 continue
-            if e.value is torch.is_grad_enabled:
-                self.grad_mode_read = True
+            if e.value is torch.is_grad_enabled and not self.grad_mode_read:
+                self.grad_mode_read = "torch.is_grad_enabled()"
             numpy = re.fullmatch(r"___from_numpy\((.+)\)", e.name)
             if numpy is not None:
                 # Dynamo guards a numpy scalar or array as a tensor it made from it, and
@@ -239,42 +260,129 @@ class DependencyRecorder:
         root = match.group("local")
         if e.name[len(root) : len(root) + 1] == "(":
             return  # a call (``dict(C.__dict__)``), not a local
-        path = user_path(e.name)
         if code is not self.fn.__code__:
             if code is not None and not (
                 root.startswith("___stack") or root in (*code.co_varnames, *code.co_cellvars)
             ):
                 return
-            if any(value is seen for seen in (*self.read_values, *self.identity_values.values())):
-                # A global read, or an object fn's frame reached from its arguments,
-                # carried across a graph break: checked where fn's frame read it.
+            resumes = code is not None and _compat.resumed_code(code) is not code
+            if resumes and e.name == root and not _eager_result(code, root):
+                # A local carried into a continuation, computed by the traced code
+                # before the break: its own identity reads are checked (or refused)
+                # where that code read them.
                 return
-            self.refusals.append(
-                (
-                    f"`{path}` (a local of {frame_label(code.co_name if code else '?')}) "
-                    f"holds {_shown(value)}, "
-                    f"which the trace compared by identity; an artifact checks such objects "
-                    f"only when fn's own frame reaches them from its arguments",
-                    "read it in fn itself (before any graph break), or pass it as a plain " "value",
+            mapped, why, hint = self._path_from_arguments(code, root, entries)
+            if mapped is None:
+                self.refusals.append(
+                    (
+                        f"`{user_path(e.name)}` (a local of "
+                        f"{frame_label(code.co_name if code else '?')}) holds {_shown(value)}, "
+                        f"which the trace compared by identity; an artifact checks such an "
+                        f"object per call by its path from fn's arguments, and {why}",
+                        hint,
+                    )
                 )
-            )
+                return
+            self._record_identity(mapped + e.name[len(root) :], value, module_name, entries)
             return
-        if match.group("local") not in self.signature.parameters:
+        if root not in self.signature.parameters:
             return
+        self._record_identity(e.name, value, module_name, entries)
+
+    def _record_identity(self, path: str, value: Any, module_name: str, entries: list[Any]) -> None:
+        """An identity row for ``path`` (an expression over fn's parameters), or a
+        refusal when no other process can name ``value``."""
+        shown = user_path(path)
         row = self._identity_row(value, module_name, entries)
         if row is None:
             self.refusals.append(
                 (
-                    f"`{path}` holds {_shown(value)}, which the trace compared by identity "
+                    f"`{shown}` holds {_shown(value)}, which the trace compared by identity "
                     f"(`is`, or a call of it), and no other process can name that object",
                     "bind it to a module-level name (MODE = object() at module level), use "
                     "an Enum member, or store a module-level function or class",
                 )
             )
             return
-        row |= {"param": match.group("local"), "path": e.name, "shown": path}
-        self.identities.setdefault(e.name, row)
-        self.identity_values.setdefault(e.name, value)
+        param = _ROOT.match(path)
+        row |= {"param": param.group("local") if param else "", "path": path, "shown": shown}
+        self.identities.setdefault(path, row)
+        self.identity_values.setdefault(path, value)
+
+    def _path_from_arguments(
+        self, code: types.CodeType | None, root: str, entries: list[Any]
+    ) -> tuple[str | None, str, str]:
+        """The expression over fn's parameters that evaluates, on every call, to what the
+        local ``root`` of a later frame holds -- or None with why not and a hint.
+
+        A continuation of fn's own frame: a parameter fn never rebinds, holding the
+        argument. Any other frame (a child module's ``forward``, its continuations):
+        a module that is the only one of its classes reachable from fn's module
+        arguments, at one path (a frame runs for every instance of its class, and one
+        captured variant serves them all)."""
+        held = next(
+            (
+                getattr(e, "value", None)
+                for e in entries
+                if e.name == root and getattr(e, "has_value", False)
+            ),
+            _MISSING,
+        )
+        if code is not None and _compat.resumed_code(code) is self.fn.__code__:
+            if root not in self.signature.parameters:
+                return (
+                    None,
+                    f"`{user_path(root)}` is not one of fn's parameters",
+                    "read it from fn's arguments after the graph break, or pass it as a "
+                    "plain value",
+                )
+            if _rebinds(self.fn.__code__, root):
+                return (
+                    None,
+                    f"fn rebinds its parameter `{root}`, so after the graph break it need "
+                    f"not be the argument",
+                    f"give the new value another name than `{root}`",
+                )
+            if held is _MISSING or held is not self.arguments.get(root, _MISSING):
+                return (
+                    None,
+                    f"`{root}` no longer held fn's argument after the graph break",
+                    f"give the new value another name than `{root}`",
+                )
+            return root, "", ""
+        hint = (
+            "read it in fn itself, from its arguments, before any graph break; or keep one "
+            "module of each class whose forward breaks the graph; or pass it as a plain value"
+        )
+        if root.startswith("___stack") or not isinstance(held, torch.nn.Module):
+            return None, "that local is not a module reachable from fn's arguments", hint
+        classes = tuple(c for c in type(held).__mro__ if c not in torch.nn.Module.__mro__)
+        found: list[str] = []
+        others: list[str] = []
+        for name, argument in self.arguments.items():
+            if not isinstance(argument, torch.nn.Module):
+                continue
+            for dotted, module in argument.named_modules(remove_duplicate=False):
+                path = name + "".join(f"._modules[{part!r}]" for part in dotted.split(".") if part)
+                if module is held:
+                    found.append(path)
+                elif classes and isinstance(module, classes):
+                    others.append(path)
+        if len(found) != 1:
+            why = (
+                "that module is not reachable from fn's arguments"
+                if not found
+                else f"that module is reachable at {len(found)} paths from fn's arguments"
+            )
+            return None, why, hint
+        if others:
+            return (
+                None,
+                f"`{user_path(found[0])}` and `{user_path(others[0])}` are modules of one "
+                f"class, which run one captured frame",
+                hint,
+            )
+        return found[0], "", ""
 
     def _identity_row(
         self, value: Any, module_name: str, entries: list[Any]
@@ -390,9 +498,34 @@ class DependencyRecorder:
             "MODULE_HOOKS": {"roots": roots, "global": self.global_hooks or {}},
             "GLOBAL_READS": reads,
             "ARG_IDENTITIES": identities,
-            "GRAD_MODE_READ": self.grad_mode_read,
+            "GRAD_MODE_READ": self.grad_mode_read
+            or (self.grad_reads[0] if self.grad_reads else ""),
         }
 
 
 #: What a path that cannot be evaluated evaluates to.
 _MISSING = object()
+
+#: Instructions that rebind (or unbind) a local or a cell.
+_REBINDING = frozenset({"STORE_FAST", "DELETE_FAST", "STORE_DEREF", "DELETE_DEREF"})
+
+
+def _rebinds(code: types.CodeType, name: str) -> bool:
+    """Whether ``code`` (or a function nested in it, through a shared cell) rebinds the
+    local ``name``."""
+    if any(i.opname in _REBINDING and i.argval == name for i in dis.get_instructions(code)):
+        return True
+    return name in code.co_cellvars and any(
+        isinstance(const, types.CodeType) and name in const.co_freevars and _rebinds(const, name)
+        for const in code.co_consts
+    )
+
+
+def _eager_result(code: types.CodeType | None, root: str) -> bool:
+    """Whether a continuation's local ``root`` is the value the instruction that broke
+    the graph produced, which ran as plain Python (the top of the carried stack): not
+    computed by traced code, so nothing read before the break vouches for it."""
+    if code is None or not root.startswith("___stack"):
+        return False
+    stack = [n for n in code.co_varnames[: code.co_argcount] if n.startswith("___stack")]
+    return bool(stack) and root == stack[-1]

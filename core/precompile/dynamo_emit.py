@@ -27,6 +27,7 @@ from precompile import (
     installed_driver,
     multigraph_driver,
     source_digest,
+    state_checks,
 )
 from precompile.dynamo_capture import FrameRecord, global_recipe
 from precompile.emit import Artifact, _header, runtime_source, source_records
@@ -246,7 +247,7 @@ def _renamed_dependencies(
             {**read, "path": rename(read["path"])} for read in dependencies["GLOBAL_READS"]
         ],
         "ARG_IDENTITIES": dependencies.get("ARG_IDENTITIES", []),
-        "GRAD_MODE_READ": dependencies.get("GRAD_MODE_READ", False),
+        "GRAD_MODE_READ": dependencies.get("GRAD_MODE_READ", ""),
     }
 
 
@@ -436,8 +437,10 @@ def emit_dynamo(
     else:
         metadata["_FRAMES"] = _encode(payload)
         metadata["_ENTRY_BINDING"] = encoded_binding
-    driver_source = runtime_source(
+    # An ambient autocast is named by state_checks' one list of its devices.
+    driver_source = f"AUTOCAST_DEVICES = {state_checks.AUTOCAST_DEVICES!r}\n\n" + runtime_source(
         (
+            state_checks.autocast_state,
             driver.PrecompileError,
             driver._fail,
             source_digest.function_source,

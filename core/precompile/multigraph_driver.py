@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     TORCH_VERSION: str = ""
     PYTHON_VERSION: list[int] = []
     GRAD_MODE: bool = False
-    GRAD_MODE_READ: bool = False
+    GRAD_MODE_READ: str = ""
     GLOBAL_STATE: dict[str, Any] = {}
     FUNCTION_SOURCES: list[dict[str, Any]] = []
     DYNAMO_GLOBALS: list[list[str]] = []
@@ -56,6 +56,8 @@ if TYPE_CHECKING:
     def source_digest(text: str) -> str: ...
 
     def _build_dependency_check() -> Any: ...
+
+    def autocast_state() -> tuple[tuple[str, str], ...]: ...
 
 
 def _check_versions() -> None:
@@ -183,17 +185,14 @@ def _serve_as_captured(entry: Any, check: Any) -> Any:
     must not depend on). A call under an ambient autocast is refused (the capture ran
     without one: eager would compute in another dtype), and so is a call in another grad
     mode than the captured one when the trace read the grad mode
-    (``torch.is_grad_enabled()``: eager would take the other branch). Each call first runs
+    (``GRAD_MODE_READ``: ``torch.is_grad_enabled()``, or ``.requires_grad`` of a tensor
+    it computed; eager would take the other branch). Each call first runs
     ``check(args, kwargs)``: what the trace depended on beyond its guards (hooks,
     module-level functions, objects compared by identity; see _build_dependency_check)."""
     import torch
 
     def refuse_autocast() -> None:
-        active = [
-            f"{device} ({torch.get_autocast_dtype(device)})"
-            for device in ("cpu", "cuda", "xpu", "mps", "hpu")
-            if _autocast_enabled_on(device)
-        ]
+        active = [f"{device} ({dtype})" for device, dtype in autocast_state()]
         _fail(
             f"precompile: this call runs under torch.autocast ({', '.join(active) or 'on'}), "
             f"and the capture ran without it: eager would compute in the autocast dtype, the "
@@ -202,17 +201,11 @@ def _serve_as_captured(entry: Any, check: Any) -> Any:
             6,
         )
 
-    def _autocast_enabled_on(device: str) -> bool:
-        try:
-            return bool(torch.is_autocast_enabled(device))
-        except Exception:
-            return False
-
     def refuse_grad_mode(grad: bool) -> None:
         _fail(
             f"precompile: this call runs with grad mode {'on' if grad else 'off'}, and the "
             f"capture traced fn with it {'on' if GRAD_MODE else 'off'}, reading it "
-            f"(torch.is_grad_enabled()): eager would take the branch for the other mode. Call "
+            f"({GRAD_MODE_READ}): eager would take the branch for the other mode. Call "
             f"it under torch.set_grad_enabled({GRAD_MODE}), or capture with "
             f"training={grad} (re-emit the artifact)",
             6,

@@ -397,7 +397,10 @@ def test_identity_grad_mode_autocast_and_defaults_are_served_exactly_or_refused(
 @pytest.mark.parametrize(
     ("entry", "model", "words"),
     [
-        ("child_reads_step", "holder", ["`self.act`", "torch.relu", "identity"]),
+        # Two instances of one class run one frame: no single path from fn's arguments.
+        ("child_step", "two_children", ["`self.a`", "torch.relu", "identity"]),
+        # fn rebinds its parameter: after the break it need not be the argument.
+        ("rebinding_break_step", "two_acts", ["`model.b`", "torch.relu", "rebinds"]),
         ("child_reads_step", "scaled", ["`self.k`", "numpy", "float("]),
         ("decorated_step", "net", ["decorator", "@torch.no_grad()", "with torch.no_grad():"]),
     ],
@@ -460,3 +463,84 @@ except precompile.PrecompileError as error:
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert "REFUSED" in proc.stdout and "__defaults__" in proc.stdout, proc.stdout
+
+
+def _serve_changes(
+    paths: tuple[str, str], entry: str, model: str, cells: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, str]]:
+    script = f"""
+import json, warnings, precompile
+from tests.fixtures import dynamo_identity_models as ids
+warnings.simplefilter("ignore", precompile.ArtifactTrustWarning)
+print(json.dumps(ids.serve_changes({paths[0]!r}, {paths[1]!r}, {entry!r}, {model!r}, {cells!r})))
+"""
+    proc = run_python(script)
+    assert proc.returncode == 0, proc.stderr
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+#: entry -> (model, {cell: change}, {cell: what a refusal names}). Every swap stores
+#: torch.tanh where the capture traced torch.relu, read after a graph break.
+AFTER_BREAK = {
+    # fn's continuation reads `model.b`; fn's own frame read the same object as `model.a`.
+    "break_step": ("two_acts", ["a", "b"]),
+    # A break inside a child's forward: its frames are rooted at `self`, the one
+    # SharedChild reachable from fn's arguments; fn's frame read the same object.
+    "child_step": ("one_child", ["b", "child.a", "child.b"]),
+    "child_reads_step": ("holder", ["child.act"]),
+}
+
+
+@pytest.mark.parametrize("entry", list(AFTER_BREAK))
+def test_an_identity_read_after_a_graph_break_is_checked_per_call(
+    tmp_path: Path, entry: str
+) -> None:
+    """Captured in one process, served in a fresh one: an object compared by identity in
+    a continuation or a child frame is checked by its path from fn's arguments, even when
+    an equal object was read elsewhere; each swap is refused naming that path."""
+    model, swaps = AFTER_BREAK[entry]
+    paths = _identity_capture(tmp_path, entry, model)
+    cells: dict[str, dict[str, Any]] = {"baseline": {}}
+    cells |= {path: {"swap": {path: "tanh"}} for path in swaps}
+    cells["baseline_again"] = {}
+    results = _serve_changes(paths, entry, model, cells)
+    table = {cell: r["result"] for cell, r in results.items()}
+    expected = {cell: "refused" if cell in swaps else "exact" for cell in cells}
+    assert table == expected, results
+    for path in swaps:
+        message = results[path]["message"]
+        assert f"`model.{path}`" in message and "torch.relu" in message, message
+        for raw in ("L['", "G['", "___", "_modules[", "0x"):
+            assert raw not in message, message
+
+
+def test_an_inference_capture_that_reads_requires_grad_refuses_another_grad_mode(
+    tmp_path: Path,
+) -> None:
+    """``h.requires_grad`` of an intermediate is False in an inference capture and True in
+    eager under grad mode: a grad-on call is refused naming the read, a no-grad call
+    serves; ``torch.is_inference_mode_enabled()`` under inference_mode is exact or
+    refused."""
+    paths = _identity_capture(tmp_path, "grad_probe_step", "grad_probe")
+    results = _serve_changes(
+        paths,
+        "grad_probe_step",
+        "grad_probe",
+        {"no_grad": {}, "grad_on": {"grad": True}, "no_grad_again": {}},
+    )
+    table = {cell: r["result"] for cell, r in results.items()}
+    assert table == {"no_grad": "exact", "grad_on": "refused", "no_grad_again": "exact"}, results
+    message = results["grad_on"]["message"]
+    assert "grad mode on" in message and "requires_grad" in message, message
+    assert "training=True" in message, message
+
+    paths = _identity_capture(tmp_path, "inference_probe_step", "grad_probe")
+    results = _serve_changes(
+        paths,
+        "inference_probe_step",
+        "grad_probe",
+        {"plain": {}, "inference": {"inference": True}, "grad_on": {"grad": True}},
+    )
+    assert results["plain"]["result"] == "exact", results
+    assert results["grad_on"]["result"] == "exact", results
+    assert results["inference"]["result"] in ("exact", "refused"), results
