@@ -170,6 +170,12 @@ class DependencyRecorder:
         #: fn's arguments in the captured call being traced (later frames' identity
         #: reads are mapped to paths from them).
         self.arguments: dict[str, Any] = {}
+        #: Modules the trace read from module globals, by how fn names them.
+        self.global_modules: dict[str, torch.nn.Module] = {}
+        #: A later frame's ``self`` mapped to its path from the arguments: (path, the
+        #: module, its classes). Sound only if no module fn reads from a global is
+        #: another instance of those classes (checked once every frame is observed).
+        self.frame_owners: list[tuple[str, torch.nn.Module, tuple[type, ...]]] = []
 
     def calling(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Before each captured call: remember its arguments by parameter name."""
@@ -196,6 +202,8 @@ class DependencyRecorder:
                 continue  # a continuation's locals: reached from the entry's arguments
             kind = "local" if match.group("local") else "global"
             key = (kind, match.group("local") if kind == "local" else module_name, name)
+            if kind == "global":
+                self.global_modules[user_path(name)] = module
             snapshot = hook_snapshot(module)
             if self.roots.setdefault(key, snapshot) != snapshot:
                 self.conflicts.append(
@@ -382,7 +390,24 @@ class DependencyRecorder:
                 f"class, which run one captured frame",
                 hint,
             )
+        self.frame_owners.append((found[0], held, classes))
         return found[0], "", ""
+
+    def _shared_frames(self) -> tuple[str, str] | None:
+        """A mapped frame owner with a twin fn reads from a module global: the captured
+        frame serves both, and only the owner's path is checked per call."""
+        for path, owner, classes in self.frame_owners:
+            for name, root in self.global_modules.items():
+                for dotted, module in root.named_modules(remove_duplicate=False):
+                    if module is not owner and classes and isinstance(module, classes):
+                        twin = ".".join(part for part in (name, dotted) if part)
+                        return (
+                            f"`{user_path(path)}` and the module-level `{twin}` are modules "
+                            f"of one class, which run one captured frame",
+                            "read such attributes in fn itself, from its arguments, before "
+                            "any graph break; or pass the module-level module as an argument",
+                        )
+        return None
 
     def _identity_row(
         self, value: Any, module_name: str, entries: list[Any]
@@ -458,8 +483,9 @@ class DependencyRecorder:
     def metadata(self) -> dict[str, Any]:
         """``MODULE_HOOKS``, ``GLOBAL_READS``, ``ARG_IDENTITIES`` and ``GRAD_MODE_READ``,
         as artifact literals."""
-        if self.refusals:
-            message, hint = self.refusals[0]
+        shared = self._shared_frames()
+        if self.refusals or shared:
+            message, hint = self.refusals[0] if self.refusals else shared  # type: ignore[misc]  # one of them is set
             raise PrecompileError(message, hint=hint, invariant=1)
         if self.conflicts:
             raise PrecompileError(

@@ -399,6 +399,8 @@ def test_identity_grad_mode_autocast_and_defaults_are_served_exactly_or_refused(
     [
         # Two instances of one class run one frame: no single path from fn's arguments.
         ("child_step", "two_children", ["`self.a`", "torch.relu", "identity"]),
+        # ... and so do an argument's child and a module-level module of its class.
+        ("global_twin_step", "one_child", ["`model.child`", "GLOBAL_TWIN", "one class"]),
         # fn rebinds its parameter: after the break it need not be the argument.
         ("rebinding_break_step", "two_acts", ["`model.b`", "torch.relu", "rebinds"]),
         ("child_reads_step", "scaled", ["`self.k`", "numpy", "float("]),
