@@ -189,8 +189,26 @@ class Dependencies:
     entry: dict[str, Any] | None = None
 
 
-def _module_records(modules: list[torch.nn.Module], names: Any, training: bool) -> list[list[Any]]:
+def _context(names: Any, training: bool, near: tuple[str, ...]) -> dict[str, Any]:
+    """A fingerprinting context that looks for the names of identity-only objects in
+    the traced code's modules first (``near``)."""
     context = state_checks.new_context(names, training)
+    context["near"] = near
+    return context
+
+
+def _near_modules(log: CallLog) -> tuple[str, ...]:
+    """The modules of the project code the trace ran, by name: where a sentinel the
+    code compares against is most likely bound."""
+    return tuple(
+        sorted({str(log.scopes[c].get("__name__")) for c in log.project_codes() if c in log.scopes})
+    )
+
+
+def _module_records(
+    modules: list[torch.nn.Module], names: Any, training: bool, near: tuple[str, ...]
+) -> list[list[Any]]:
+    context = _context(names, training, near)
     return [
         [
             state_checks.module_fingerprint(sub, context, children=False)
@@ -201,9 +219,9 @@ def _module_records(modules: list[torch.nn.Module], names: Any, training: bool) 
 
 
 def _class_records(
-    modules: list[torch.nn.Module], names: Any, training: bool
+    modules: list[torch.nn.Module], names: Any, training: bool, near: tuple[str, ...]
 ) -> list[tuple[str, Any]]:
-    context = state_checks.new_context(names, training)
+    context = _context(names, training, near)
     classes = dict.fromkeys(type(sub) for m in modules for sub in m.modules())
     return [
         (state_checks.type_name(c), state_checks.class_fingerprint(c, context)) for c in classes
@@ -214,7 +232,7 @@ def _global_values(log: CallLog, names: Any, training: bool) -> list[GlobalRead]
     """Per user module, the values its traced functions loaded as globals (names bound
     to builtins are not module state; imported modules are named, not values)."""
     by_module: dict[str, GlobalRead] = {}
-    context = state_checks.new_context(names, training)
+    context = _context(names, training, _near_modules(log))
     for code in log.project_codes():
         scope = log.scopes.get(code)
         if scope is None:
@@ -255,7 +273,9 @@ def _attr_fps(module: torch.nn.Module) -> dict[str, Any]:
     return dict(record[1]) | {"<hooks>": record[2], "<type>": record[0]}
 
 
-def entry_record(fn: Any, names: Any, training: bool) -> dict[str, Any] | None:
+def entry_record(
+    fn: Any, names: Any, training: bool, near: tuple[str, ...] = ()
+) -> dict[str, Any] | None:
     """The captured function's own baked values: a call of it passes every positional
     argument, so its defaults, keyword defaults and closure cells are read as they were
     at capture. None for a function that holds none."""
@@ -264,7 +284,7 @@ def entry_record(fn: Any, names: Any, training: bool) -> dict[str, Any] | None:
         return None
     if not (func.__defaults__ or func.__kwdefaults__ or func.__closure__):
         return None
-    context = state_checks.new_context(names, training)
+    context = _context(names, training, near)
     return {
         "module": str(func.__module__),
         "file": func.__globals__.get("__file__"),
@@ -315,11 +335,12 @@ def record_dependencies(
     modules: list[torch.nn.Module], log: CallLog, training: bool, fn: Any = None
 ) -> Dependencies:
     names = read_names(log)
+    near = _near_modules(log)
     return Dependencies(
-        entry=entry_record(fn, names, training),
+        entry=entry_record(fn, names, training, near),
         names=names,
-        modules=_module_records(modules, names, training),
-        classes=_class_records(modules, names, training),
+        modules=_module_records(modules, names, training, near),
+        classes=_class_records(modules, names, training, near),
         globals=_global_values(log, names, training),
         global_hooks=state_checks.global_hooks_fingerprint(_compat.global_module_hooks()),
     )

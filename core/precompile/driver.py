@@ -527,7 +527,50 @@ def _global_scopes() -> list[tuple[dict[str, Any], dict[str, Any]]]:
     return scopes
 
 
-def _live_entry() -> Any:
+def _known_identities() -> dict[str, Any]:
+    """What serving contexts know of the objects the capture told apart by identity
+    only (sentinels): each recorded module-level name resolved here, as ``known``
+    (id -> (name, object)), and whether this ``__main__`` is the capture's (``main``).
+    A name that resolves to nothing here is absent, and a live object then matches
+    no recorded one."""
+    found: set[tuple[str, str]] = set()
+
+    def walk(fp: Any) -> None:
+        if isinstance(fp, (tuple, list)):
+            if len(fp) == 3 and fp[0] == "sentinel" and isinstance(fp[2], (tuple, list)):
+                found.update((str(m), str(n)) for m, n in fp[2])
+                return
+            for part in fp:
+                walk(part)
+        elif isinstance(fp, dict):
+            for part in fp.values():
+                walk(part)
+
+    walk([MODULE_STATE, CLASS_STATE, GLOBAL_READS, ENTRY, GLOBAL_HOOKS])
+    main_paths = [r["path"] for r in GLOBAL_READS if r["module"] == "__main__"]
+    if ENTRY is not None and ENTRY["module"] == "__main__":
+        main_paths.append(ENTRY["file"])
+    main = any(_live_module("__main__", path) is not None for path in main_paths)
+    known: dict[int, Any] = {}
+    for module_name, name in sorted(found):
+        if module_name == "__main__" and not main:
+            continue
+        module = _live_module(module_name, main_paths[0] if main_paths else None)
+        namespace = getattr(module, "__dict__", None) or {}
+        if name in namespace:
+            known[id(namespace[name])] = ((module_name, name), namespace[name])
+    return {"known": known, "main": main}
+
+
+def _context(identities: dict[str, Any]) -> dict[str, Any]:
+    """A fingerprinting context as serving uses it: the capture's read names, with
+    the recorded names of identity-only objects resolved here."""
+    context = new_context(frozenset(READ_NAMES), TRAINING)
+    context.update(identities)
+    return context
+
+
+def _live_entry(identities: dict[str, Any]) -> Any:
     """The captured function as this process defines it, found by its module and
     qualname (a closure a factory made, by the module-level name bound to it), to check
     the defaults and closure values the graph baked. None when it holds none."""
@@ -553,7 +596,7 @@ def _live_entry() -> Any:
                     and value not in found
                 ):
                     found.append(value)
-    context = new_context(frozenset(READ_NAMES), TRAINING)
+    context = _context(identities)
     matching = [f for f in found if fingerprint(f, context) == ENTRY["fingerprint"]]
     if len(found) == 1 or (found and len(matching) == len(found)):
         return getattr(found[0], "__func__", found[0])
@@ -783,8 +826,8 @@ def _build_single_graph_forward() -> Any:
 
     _check_function_sources_once()
     scopes = _global_scopes()
-    entry = _live_entry()
-    read_names = frozenset(READ_NAMES)
+    identities = _known_identities()
+    entry = _live_entry(identities)
     n_args = NUM_POSITIONAL_ARGS
     module_positions = tuple(MODULE_POSITIONS)
     user_positions = tuple(i for i in range(n_args) if i not in set(module_positions))
@@ -919,7 +962,7 @@ def _build_single_graph_forward() -> Any:
                     2,
                 )
         tensors, _names, sub_list = _checked_module_state(list(mods))
-        context = new_context(read_names, TRAINING)
+        context = _context(identities)
         _check_module_state(list(mods), context)
         _check_class_state(sub_list, context)
         _check_globals(scopes, context)
@@ -1321,6 +1364,8 @@ SINGLE_GRAPH_DRIVER = (
     _live_module,
     _check_function_sources_once,
     _global_scopes,
+    _known_identities,
+    _context,
     _live_entry,
     _check_entry,
     _check_globals,
