@@ -37,8 +37,10 @@ from precompile.locations import is_project_file, is_user_file
 #: The events sys.setprofile hands a profile function.
 ProfileEvent = Literal["call", "return", "c_call", "c_return", "c_exception"]
 
-#: torch.is_grad_enabled (torch._C's builtin): a profile hook sees its calls.
+#: torch.is_grad_enabled and torch.is_inference_mode_enabled (torch._C's builtins): a
+#: profile hook sees their calls.
 _IS_GRAD_ENABLED = torch.is_grad_enabled
+_IS_INFERENCE_MODE_ENABLED = torch.is_inference_mode_enabled
 #: Reads of the process environment: what a call of each code object reads.
 _ENVIRON_CODES = {
     os._Environ.__getitem__.__code__: "os.environ",
@@ -131,6 +133,11 @@ def recording_calls() -> Iterator[CallLog]:
             if is_user_file(code.co_filename):
                 reads["grad_mode"] = (
                     f"torch.is_grad_enabled() at {code.co_filename}:{frame.f_lineno}"
+                )
+        elif event == "c_call" and arg is _IS_INFERENCE_MODE_ENABLED:
+            if "inference_mode" not in reads and is_user_file(code.co_filename):
+                reads["inference_mode"] = (
+                    f"torch.is_inference_mode_enabled() at {code.co_filename}:{frame.f_lineno}"
                 )
         if previous is not None:
             return previous(frame, event, arg)

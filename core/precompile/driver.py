@@ -855,6 +855,10 @@ def _build_single_graph_forward() -> Any:
     # fn branched on torch.is_grad_enabled(): the trace saw grad mode == TRAINING.
     grad_mode_read = STATE_READS.get("grad_mode")
     is_grad_enabled = _torch.is_grad_enabled
+    # fn branched on torch.is_inference_mode_enabled(): the trace ran outside it (a
+    # capture under inference mode that reads it is refused).
+    inference_mode_read = STATE_READS.get("inference_mode")
+    is_inference_mode_enabled = _torch.is_inference_mode_enabled
     # Only without dynamic dims: then each tensor slot's shape (tensor_slots holds the
     # slots with one) is all ints, and the emitter writes a dtype and a device exactly
     # where it writes a shape.
@@ -1075,7 +1079,16 @@ def _build_single_graph_forward() -> Any:
                 f"call runs with grad mode {'off' if TRAINING else 'on'}: eager would take "
                 f"the other branch. Call it under "
                 f"{'torch.enable_grad()' if TRAINING else 'torch.no_grad()'}, or pass the "
-                f"choice to fn as an argument instead of reading torch.is_grad_enabled()",
+                f"choice to fn as an argument instead of reading the grad mode",
+                5,
+            )
+        if inference_mode_read is not None and is_inference_mode_enabled():
+            _fail(
+                f"precompile: fn reads the inference mode ({inference_mode_read}), which "
+                f"was off in the trace, but this call runs under torch.inference_mode(): "
+                f"eager would take the other branch. Call it outside "
+                f"torch.inference_mode(), or pass the choice to fn as an argument instead "
+                f"of reading torch.is_inference_mode_enabled()",
                 5,
             )
         if _any_autocast_enabled() or captured_autocast:
