@@ -281,11 +281,16 @@ def _attr_fps(module: torch.nn.Module) -> dict[str, Any]:
 
 
 def entry_record(
-    fn: Any, names: Any, training: bool, near: tuple[str, ...] = ()
+    fn: Any, names: Any, training: bool, near: tuple[str, ...] = (), where: Any = None
 ) -> dict[str, Any] | None:
     """The captured function's own baked values: a call of it passes every positional
     argument, so its defaults, keyword defaults and closure cells are read as they were
-    at capture. None for a function that holds none."""
+    at capture -- and a ``functools.partial``'s arguments and keywords. None for a
+    function that holds none."""
+    import functools
+
+    if isinstance(fn, functools.partial):
+        return _partial_entry_record(fn, names, training, near, where)
     func = getattr(fn, "__func__", fn)
     if not isinstance(func, types.FunctionType):
         return None
@@ -297,6 +302,35 @@ def entry_record(
         "file": func.__globals__.get("__file__"),
         "qualname": func.__qualname__,
         "fingerprint": state_checks.fingerprint(func, context),
+    }
+
+
+def _partial_entry_record(
+    fn: Any, names: Any, training: bool, near: tuple[str, ...], where: Any
+) -> dict[str, Any]:
+    """A partial has no name of its own: it is found again by the module-level name
+    bound to it (the module of the function it wraps first), and checked whole."""
+    inner = getattr(fn.func, "__func__", fn.func)
+    home = str(getattr(inner, "__module__", None) or "")
+    context = _context(names, training, (home, *near))
+    named = state_checks.identity_name(fn, context)
+    if not named:
+        raise PrecompileError(
+            f"the captured function is a functools.partial of {getattr(inner, '__qualname__', inner)!r} "
+            f"that no module-level name holds; the graph baked its arguments and "
+            f"keywords, and another process could build it with other ones unnoticed",
+            invariant=3,
+            location=where,
+            hint="bind the partial to a module-level name, or capture the function "
+            "itself and pass those values as arguments",
+        )
+    ((module_name, name),) = named
+    module = sys.modules.get(module_name)
+    return {
+        "module": module_name,
+        "file": getattr(module, "__file__", None),
+        "qualname": name,
+        "fingerprint": state_checks.fingerprint(fn, context),
     }
 
 
@@ -339,12 +373,16 @@ def refuse_unnamed_sentinels(deps: Dependencies, where: Any) -> None:
 
 
 def record_dependencies(
-    modules: list[torch.nn.Module], log: CallLog, training: bool, fn: Any = None
+    modules: list[torch.nn.Module],
+    log: CallLog,
+    training: bool,
+    fn: Any = None,
+    where: Any = None,
 ) -> Dependencies:
     names = read_names(log)
     near = _near_modules(log)
     return Dependencies(
-        entry=entry_record(fn, names, training, near),
+        entry=entry_record(fn, names, training, near, where),
         names=names,
         modules=_module_records(modules, names, training, near),
         classes=_class_records(modules, names, training, near),

@@ -725,7 +725,7 @@ def trace_single_graph(
         )
     if dynamic_dims:
         _compat.insert_runtime_asserts(gm, fake_mode)
-    recorded = dependencies.record_dependencies(modules, ran, training, fn)
+    recorded = dependencies.record_dependencies(modules, ran, training, fn, where)
     dependencies.refuse_unnamed_sentinels(recorded, where)
     return SingleGraph(
         graph_module=gm,
