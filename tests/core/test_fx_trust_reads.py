@@ -184,9 +184,7 @@ def test_a_partial_no_module_level_name_holds_is_refused_at_capture(tmp_path: Pa
     unbound = functools.partial(fx_trust_reads.scaled_call, k=2.0)
     with pytest.raises(PrecompileError) as info:
         capture_pair(unbound, model, x, directory=tmp_path)
-    assert "functools.partial of 'scaled_call' that no module-level name holds" in str(
-        info.value
-    )
+    assert "functools.partial of 'scaled_call' that no module-level name holds" in str(info.value)
     assert "bind the partial to a module-level name" in (info.value.hint or "")
 
 
