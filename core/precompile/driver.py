@@ -88,6 +88,8 @@ if TYPE_CHECKING:
 
     def autocast_state() -> tuple[tuple[str, str], ...]: ...
 
+    def autocast_keys() -> dict[str, Any] | None: ...
+
     def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]: ...
 
     def type_name(cls: Any) -> str: ...
@@ -897,6 +899,25 @@ def _build_single_graph_forward() -> Any:
     # The graph holds the casts of the capture's autocast state: a call under another
     # one (autocast entered or left since) would get other dtypes from eager.
     captured_autocast = tuple(map(tuple, AUTOCAST))
+    # Captured under autocast: each call compares the autocast keys of torch's
+    # thread-local excluded set (every device's on/off in one C call) and the captured
+    # devices' dtypes; only a difference reads the full state, for the exact answer.
+    keys = autocast_keys() if captured_autocast else None
+    autocast_mask: Any = None
+    autocast_expected: Any = None
+    if keys and all(device in keys for device, _ in captured_autocast):
+        all_keys = list(keys.values())
+        autocast_mask = all_keys[0]
+        for key in all_keys[1:]:
+            autocast_mask = autocast_mask | key
+        # Excluded: every device's key but those of the devices captured under it.
+        autocast_expected = autocast_mask
+        for device, _ in captured_autocast:
+            autocast_expected = autocast_expected - keys[device]
+    autocast_excluded = _torch._C._dispatch_tls_local_exclude_set
+    get_autocast_dtype = _torch.get_autocast_dtype
+    autocast_devices = tuple(device for device, _ in captured_autocast)
+    autocast_dtypes = tuple(getattr(_torch, dtype.split(".")[-1]) for _, dtype in captured_autocast)
     # The last verified model and state: the module roots, the dicts that hold what the
     # trace read (each submodule's attribute, parameter, buffer, child and hook dicts,
     # the dicts of objects its attributes hold, the globals of the user modules the
@@ -1091,10 +1112,16 @@ def _build_single_graph_forward() -> Any:
                 f"of reading torch.is_inference_mode_enabled()",
                 5,
             )
-        if _any_autocast_enabled() or captured_autocast:
-            live_autocast = autocast_state()
-            if live_autocast != captured_autocast:
-                _autocast_mismatch(live_autocast)
+        if (
+            (_any_autocast_enabled() or captured_autocast)
+            and not (
+                autocast_mask is not None
+                and autocast_excluded() & autocast_mask == autocast_expected
+                and tuple(map(get_autocast_dtype, autocast_devices)) == autocast_dtypes
+            )
+            and autocast_state() != captured_autocast
+        ):
+            _autocast_mismatch(autocast_state())
         if get_default_dtype() is not default_dtype:
             _fail(
                 f"precompile: the default dtype is {get_default_dtype()} but this artifact "

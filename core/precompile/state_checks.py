@@ -78,6 +78,33 @@ def autocast_state() -> tuple[tuple[str, str], ...]:
     )
 
 
+def autocast_keys() -> dict[str, Any] | None:
+    """Each autocast device's dispatch key in torch's thread-local excluded set, found
+    by toggling that device's autocast once (and restoring it): a device's autocast is
+    on exactly when its key is not excluded, so one read of that set then tells every
+    device's state. None when some device's key cannot be told (callers then read each
+    device with ``autocast_state``)."""
+    import torch
+
+    excluded = torch._C._dispatch_tls_local_exclude_set
+    devices = (*AUTOCAST_DEVICES, torch._C._get_privateuse1_backend_name())
+    keys: dict[str, Any] = {}
+    for device in dict.fromkeys(devices):
+        try:
+            was = torch.is_autocast_enabled(device)
+            before = excluded()
+            torch.set_autocast_enabled(device, not was)
+            after = excluded()
+            torch.set_autocast_enabled(device, was)
+        except Exception:
+            return None
+        key = (before - after) | (after - before)
+        if key == before - before or excluded() != before:
+            return None
+        keys[device] = key
+    return keys
+
+
 #: Hook dicts of a module whose entries change what its call computes, with the dicts
 #: that carry per-hook flags.
 MODULE_HOOK_DICTS = (
