@@ -532,9 +532,10 @@ def _global_scopes() -> list[tuple[dict[str, Any], dict[str, Any]]]:
 def _known_identities() -> dict[str, Any]:
     """What serving contexts know of the objects the capture told apart by identity
     only (sentinels): each recorded module-level name resolved here, as ``known``
-    (id -> (name, object)), and whether this ``__main__`` is the capture's (``main``).
-    A name that resolves to nothing here is absent, and a live object then matches
-    no recorded one."""
+    (id -> (name, object)), whether this ``__main__`` is the capture's (``main``), and
+    the recorded names' modules, where another such object's name is looked for (for
+    the message; it matches no recorded one). A name that resolves to nothing here is
+    absent, and a live object then matches no recorded one."""
     found: set[tuple[str, str]] = set()
 
     def walk(fp: Any) -> None:
@@ -561,7 +562,8 @@ def _known_identities() -> dict[str, Any]:
         namespace = getattr(module, "__dict__", None) or {}
         if name in namespace:
             known[id(namespace[name])] = ((module_name, name), namespace[name])
-    return {"known": known, "main": main}
+    near = tuple(sorted({module_name for module_name, _ in found} - {"__main__"}))
+    return {"known": known, "main": main, "near": near, "everywhere": False}
 
 
 def _context(identities: dict[str, Any]) -> dict[str, Any]:

@@ -141,6 +141,9 @@ def new_context(names: Any, training: bool = True) -> dict[str, Any]:
         "named": {},
         # Whether this process's __main__ is the capture's, where such a name may be.
         "main": True,
+        # Whether to look in every module (capture). Serving looks only where the
+        # recorded names are: an object found nowhere there matches none of them.
+        "everywhere": True,
     }
 
 
@@ -294,9 +297,10 @@ def identity_name(value: Any, context: dict[str, Any]) -> tuple[tuple[str, str],
     (``context["known"]``): the check is that the recorded name still holds this very
     object. Otherwise -- at capture, or for an object that is not the one recorded --
     the name is searched for, in an order that does not depend on the process: the
-    module that defines its class, the modules of the traced code, every other module
-    by name, and ``__main__`` last (a script importing ``FAST`` binds it there too, and
-    another process runs another ``__main__``)."""
+    module that defines its class, the modules of the traced code (serving: of the
+    recorded names), every other module by name (capture only), and ``__main__`` last
+    (a script importing ``FAST`` binds it there too, and another process runs another
+    ``__main__``)."""
     import sys
 
     hit = context["known"].get(id(value))
@@ -308,12 +312,14 @@ def identity_name(value: Any, context: dict[str, Any]) -> tuple[tuple[str, str],
         return found[0]
     modules = sys.modules
     first = [str(getattr(type(value), "__module__", "")), *context["near"]]
-    rest = sorted(name for name in list(modules) if name not in first)
+    rest = sorted(n for n in list(modules) if n not in first) if context["everywhere"] else []
     result: tuple[tuple[str, str], ...] = ()
+    main = modules.get("__main__")
     for module_name in [*first, *rest]:
-        if module_name == "__main__":
+        module = modules.get(module_name)
+        if module_name == "__main__" or module is main:  # __mp_main__ is __main__
             continue
-        namespace = getattr(modules.get(module_name), "__dict__", None)
+        namespace = getattr(module, "__dict__", None)
         if isinstance(namespace, dict):
             keys = sorted(k for k, v in list(namespace.items()) if v is value)
             if keys:
