@@ -37,8 +37,10 @@ from precompile.locations import is_project_file, is_user_file
 #: The events sys.setprofile hands a profile function.
 ProfileEvent = Literal["call", "return", "c_call", "c_return", "c_exception"]
 
-#: torch.is_grad_enabled (torch._C's builtin): a profile hook sees its calls.
+#: torch.is_grad_enabled and torch.is_inference_mode_enabled (torch._C's builtins): a
+#: profile hook sees their calls.
 _IS_GRAD_ENABLED = torch.is_grad_enabled
+_IS_INFERENCE_MODE_ENABLED = torch.is_inference_mode_enabled
 #: Reads of the process environment: what a call of each code object reads.
 _ENVIRON_CODES = {
     os._Environ.__getitem__.__code__: "os.environ",
@@ -132,6 +134,11 @@ def recording_calls() -> Iterator[CallLog]:
                 reads["grad_mode"] = (
                     f"torch.is_grad_enabled() at {code.co_filename}:{frame.f_lineno}"
                 )
+        elif event == "c_call" and arg is _IS_INFERENCE_MODE_ENABLED:
+            if "inference_mode" not in reads and is_user_file(code.co_filename):
+                reads["inference_mode"] = (
+                    f"torch.is_inference_mode_enabled() at {code.co_filename}:{frame.f_lineno}"
+                )
         if previous is not None:
             return previous(frame, event, arg)
         return None
@@ -189,8 +196,26 @@ class Dependencies:
     entry: dict[str, Any] | None = None
 
 
-def _module_records(modules: list[torch.nn.Module], names: Any, training: bool) -> list[list[Any]]:
+def _context(names: Any, training: bool, near: tuple[str, ...]) -> dict[str, Any]:
+    """A fingerprinting context that looks for the names of identity-only objects in
+    the traced code's modules first (``near``)."""
     context = state_checks.new_context(names, training)
+    context["near"] = near
+    return context
+
+
+def _near_modules(log: CallLog) -> tuple[str, ...]:
+    """The modules of the project code the trace ran, by name: where a sentinel the
+    code compares against is most likely bound."""
+    return tuple(
+        sorted({str(log.scopes[c].get("__name__")) for c in log.project_codes() if c in log.scopes})
+    )
+
+
+def _module_records(
+    modules: list[torch.nn.Module], names: Any, training: bool, near: tuple[str, ...]
+) -> list[list[Any]]:
+    context = _context(names, training, near)
     return [
         [
             state_checks.module_fingerprint(sub, context, children=False)
@@ -201,9 +226,9 @@ def _module_records(modules: list[torch.nn.Module], names: Any, training: bool) 
 
 
 def _class_records(
-    modules: list[torch.nn.Module], names: Any, training: bool
+    modules: list[torch.nn.Module], names: Any, training: bool, near: tuple[str, ...]
 ) -> list[tuple[str, Any]]:
-    context = state_checks.new_context(names, training)
+    context = _context(names, training, near)
     classes = dict.fromkeys(type(sub) for m in modules for sub in m.modules())
     return [
         (state_checks.type_name(c), state_checks.class_fingerprint(c, context)) for c in classes
@@ -214,7 +239,7 @@ def _global_values(log: CallLog, names: Any, training: bool) -> list[GlobalRead]
     """Per user module, the values its traced functions loaded as globals (names bound
     to builtins are not module state; imported modules are named, not values)."""
     by_module: dict[str, GlobalRead] = {}
-    context = state_checks.new_context(names, training)
+    context = _context(names, training, _near_modules(log))
     for code in log.project_codes():
         scope = log.scopes.get(code)
         if scope is None:
@@ -255,21 +280,57 @@ def _attr_fps(module: torch.nn.Module) -> dict[str, Any]:
     return dict(record[1]) | {"<hooks>": record[2], "<type>": record[0]}
 
 
-def entry_record(fn: Any, names: Any, training: bool) -> dict[str, Any] | None:
+def entry_record(
+    fn: Any, names: Any, training: bool, near: tuple[str, ...] = (), where: Any = None
+) -> dict[str, Any] | None:
     """The captured function's own baked values: a call of it passes every positional
     argument, so its defaults, keyword defaults and closure cells are read as they were
-    at capture. None for a function that holds none."""
+    at capture -- and a ``functools.partial``'s arguments and keywords. None for a
+    function that holds none."""
+    import functools
+
+    if isinstance(fn, functools.partial):
+        return _partial_entry_record(fn, names, training, near, where)
     func = getattr(fn, "__func__", fn)
     if not isinstance(func, types.FunctionType):
         return None
     if not (func.__defaults__ or func.__kwdefaults__ or func.__closure__):
         return None
-    context = state_checks.new_context(names, training)
+    context = _context(names, training, near)
     return {
         "module": str(func.__module__),
         "file": func.__globals__.get("__file__"),
         "qualname": func.__qualname__,
         "fingerprint": state_checks.fingerprint(func, context),
+    }
+
+
+def _partial_entry_record(
+    fn: Any, names: Any, training: bool, near: tuple[str, ...], where: Any
+) -> dict[str, Any]:
+    """A partial has no name of its own: it is found again by the module-level name
+    bound to it (the module of the function it wraps first), and checked whole."""
+    inner = getattr(fn.func, "__func__", fn.func)
+    home = str(getattr(inner, "__module__", None) or "")
+    context = _context(names, training, (home, *near))
+    named = state_checks.identity_name(fn, context)
+    if not named:
+        raise PrecompileError(
+            f"the captured function is a functools.partial of {getattr(inner, '__qualname__', inner)!r} "
+            f"that no module-level name holds; the graph baked its arguments and "
+            f"keywords, and another process could build it with other ones unnoticed",
+            invariant=3,
+            location=where,
+            hint="bind the partial to a module-level name, or capture the function "
+            "itself and pass those values as arguments",
+        )
+    ((module_name, name),) = named
+    module = sys.modules.get(module_name)
+    return {
+        "module": module_name,
+        "file": getattr(module, "__file__", None),
+        "qualname": name,
+        "fingerprint": state_checks.fingerprint(fn, context),
     }
 
 
@@ -312,14 +373,19 @@ def refuse_unnamed_sentinels(deps: Dependencies, where: Any) -> None:
 
 
 def record_dependencies(
-    modules: list[torch.nn.Module], log: CallLog, training: bool, fn: Any = None
+    modules: list[torch.nn.Module],
+    log: CallLog,
+    training: bool,
+    fn: Any = None,
+    where: Any = None,
 ) -> Dependencies:
     names = read_names(log)
+    near = _near_modules(log)
     return Dependencies(
-        entry=entry_record(fn, names, training),
+        entry=entry_record(fn, names, training, near, where),
         names=names,
-        modules=_module_records(modules, names, training),
-        classes=_class_records(modules, names, training),
+        modules=_module_records(modules, names, training, near),
+        classes=_class_records(modules, names, training, near),
         globals=_global_values(log, names, training),
         global_hooks=state_checks.global_hooks_fingerprint(_compat.global_module_hooks()),
     )

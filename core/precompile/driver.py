@@ -88,6 +88,8 @@ if TYPE_CHECKING:
 
     def autocast_state() -> tuple[tuple[str, str], ...]: ...
 
+    def autocast_keys() -> dict[str, Any] | None: ...
+
     def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]: ...
 
     def type_name(cls: Any) -> str: ...
@@ -527,7 +529,52 @@ def _global_scopes() -> list[tuple[dict[str, Any], dict[str, Any]]]:
     return scopes
 
 
-def _live_entry() -> Any:
+def _known_identities() -> dict[str, Any]:
+    """What serving contexts know of the objects the capture told apart by identity
+    only (sentinels): each recorded module-level name resolved here, as ``known``
+    (id -> (name, object)), whether this ``__main__`` is the capture's (``main``), and
+    the recorded names' modules, where another such object's name is looked for (for
+    the message; it matches no recorded one). A name that resolves to nothing here is
+    absent, and a live object then matches no recorded one."""
+    found: set[tuple[str, str]] = set()
+
+    def walk(fp: Any) -> None:
+        if isinstance(fp, (tuple, list)):
+            if len(fp) == 3 and fp[0] == "sentinel" and isinstance(fp[2], (tuple, list)):
+                found.update((str(m), str(n)) for m, n in fp[2])
+                return
+            for part in fp:
+                walk(part)
+        elif isinstance(fp, dict):
+            for part in fp.values():
+                walk(part)
+
+    walk([MODULE_STATE, CLASS_STATE, GLOBAL_READS, ENTRY, GLOBAL_HOOKS])
+    main_paths = [r["path"] for r in GLOBAL_READS if r["module"] == "__main__"]
+    if ENTRY is not None and ENTRY["module"] == "__main__":
+        main_paths.append(ENTRY["file"])
+    main = any(_live_module("__main__", path) is not None for path in main_paths)
+    known: dict[int, Any] = {}
+    for module_name, name in sorted(found):
+        if module_name == "__main__" and not main:
+            continue
+        module = _live_module(module_name, main_paths[0] if main_paths else None)
+        namespace = getattr(module, "__dict__", None) or {}
+        if name in namespace:
+            known[id(namespace[name])] = ((module_name, name), namespace[name])
+    near = tuple(sorted({module_name for module_name, _ in found} - {"__main__"}))
+    return {"known": known, "main": main, "near": near, "everywhere": False}
+
+
+def _context(identities: dict[str, Any]) -> dict[str, Any]:
+    """A fingerprinting context as serving uses it: the capture's read names, with
+    the recorded names of identity-only objects resolved here."""
+    context = new_context(frozenset(READ_NAMES), TRAINING)
+    context.update(identities)
+    return context
+
+
+def _live_entry(identities: dict[str, Any]) -> Any:
     """The captured function as this process defines it, found by its module and
     qualname (a closure a factory made, by the module-level name bound to it), to check
     the defaults and closure values the graph baked. None when it holds none."""
@@ -553,7 +600,7 @@ def _live_entry() -> Any:
                     and value not in found
                 ):
                     found.append(value)
-    context = new_context(frozenset(READ_NAMES), TRAINING)
+    context = _context(identities)
     matching = [f for f in found if fingerprint(f, context) == ENTRY["fingerprint"]]
     if len(found) == 1 or (found and len(matching) == len(found)):
         return getattr(found[0], "__func__", found[0])
@@ -783,8 +830,8 @@ def _build_single_graph_forward() -> Any:
 
     _check_function_sources_once()
     scopes = _global_scopes()
-    entry = _live_entry()
-    read_names = frozenset(READ_NAMES)
+    identities = _known_identities()
+    entry = _live_entry(identities)
     n_args = NUM_POSITIONAL_ARGS
     module_positions = tuple(MODULE_POSITIONS)
     user_positions = tuple(i for i in range(n_args) if i not in set(module_positions))
@@ -812,6 +859,10 @@ def _build_single_graph_forward() -> Any:
     # fn branched on torch.is_grad_enabled(): the trace saw grad mode == TRAINING.
     grad_mode_read = STATE_READS.get("grad_mode")
     is_grad_enabled = _torch.is_grad_enabled
+    # fn branched on torch.is_inference_mode_enabled(): the trace ran outside it (a
+    # capture under inference mode that reads it is refused).
+    inference_mode_read = STATE_READS.get("inference_mode")
+    is_inference_mode_enabled = _torch.is_inference_mode_enabled
     # Only without dynamic dims: then each tensor slot's shape (tensor_slots holds the
     # slots with one) is all ints, and the emitter writes a dtype and a device exactly
     # where it writes a shape.
@@ -850,6 +901,25 @@ def _build_single_graph_forward() -> Any:
     # The graph holds the casts of the capture's autocast state: a call under another
     # one (autocast entered or left since) would get other dtypes from eager.
     captured_autocast = tuple(map(tuple, AUTOCAST))
+    # Captured under autocast: each call compares the autocast keys of torch's
+    # thread-local excluded set (every device's on/off in one C call) and the captured
+    # devices' dtypes; only a difference reads the full state, for the exact answer.
+    keys = autocast_keys() if captured_autocast else None
+    autocast_mask: Any = None
+    autocast_expected: Any = None
+    if keys and all(device in keys for device, _ in captured_autocast):
+        all_keys = list(keys.values())
+        autocast_mask = all_keys[0]
+        for key in all_keys[1:]:
+            autocast_mask = autocast_mask | key
+        # Excluded: every device's key but those of the devices captured under it.
+        autocast_expected = autocast_mask
+        for device, _ in captured_autocast:
+            autocast_expected = autocast_expected - keys[device]
+    autocast_excluded = _torch._C._dispatch_tls_local_exclude_set
+    get_autocast_dtype = _torch.get_autocast_dtype
+    autocast_devices = tuple(device for device, _ in captured_autocast)
+    autocast_dtypes = tuple(getattr(_torch, dtype.split(".")[-1]) for _, dtype in captured_autocast)
     # The last verified model and state: the module roots, the dicts that hold what the
     # trace read (each submodule's attribute, parameter, buffer, child and hook dicts,
     # the dicts of objects its attributes hold, the globals of the user modules the
@@ -919,7 +989,7 @@ def _build_single_graph_forward() -> Any:
                     2,
                 )
         tensors, _names, sub_list = _checked_module_state(list(mods))
-        context = new_context(read_names, TRAINING)
+        context = _context(identities)
         _check_module_state(list(mods), context)
         _check_class_state(sub_list, context)
         _check_globals(scopes, context)
@@ -1032,13 +1102,28 @@ def _build_single_graph_forward() -> Any:
                 f"call runs with grad mode {'off' if TRAINING else 'on'}: eager would take "
                 f"the other branch. Call it under "
                 f"{'torch.enable_grad()' if TRAINING else 'torch.no_grad()'}, or pass the "
-                f"choice to fn as an argument instead of reading torch.is_grad_enabled()",
+                f"choice to fn as an argument instead of reading the grad mode",
                 5,
             )
-        if _any_autocast_enabled() or captured_autocast:
-            live_autocast = autocast_state()
-            if live_autocast != captured_autocast:
-                _autocast_mismatch(live_autocast)
+        if inference_mode_read is not None and is_inference_mode_enabled():
+            _fail(
+                f"precompile: fn reads the inference mode ({inference_mode_read}), which "
+                f"was off in the trace, but this call runs under torch.inference_mode(): "
+                f"eager would take the other branch. Call it outside "
+                f"torch.inference_mode(), or pass the choice to fn as an argument instead "
+                f"of reading torch.is_inference_mode_enabled()",
+                5,
+            )
+        if (
+            (_any_autocast_enabled() or captured_autocast)
+            and not (
+                autocast_mask is not None
+                and autocast_excluded() & autocast_mask == autocast_expected
+                and tuple(map(get_autocast_dtype, autocast_devices)) == autocast_dtypes
+            )
+            and autocast_state() != captured_autocast
+        ):
+            _autocast_mismatch(autocast_state())
         if get_default_dtype() is not default_dtype:
             _fail(
                 f"precompile: the default dtype is {get_default_dtype()} but this artifact "
@@ -1321,6 +1406,8 @@ SINGLE_GRAPH_DRIVER = (
     _live_module,
     _check_function_sources_once,
     _global_scopes,
+    _known_identities,
+    _context,
     _live_entry,
     _check_entry,
     _check_globals,

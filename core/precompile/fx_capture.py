@@ -144,6 +144,9 @@ class _RefuseOpaqueAccess(TorchFunctionMode):
         super().__init__()
         #: What user code read that the graph cannot see: kind -> "what at FILE:LINE".
         self.reads: dict[str, str] = {}
+        #: ids of the traced function's tensor inputs (parameters, buffers, user
+        #: tensors): the requires_grad of any other tensor follows the grad mode.
+        self.inputs: set[int] = set()
 
     def _note_read(self, kind: str, what: str) -> None:
         """Record ``kind`` when user code itself made the read (torch's own code reads
@@ -161,7 +164,12 @@ class _RefuseOpaqueAccess(TorchFunctionMode):
         if layout is not None:
             self._note_read("layout", layout)
         elif getattr(func, "__self__", None) is _REQUIRES_GRAD:
-            self._note_read("requires_grad", ".requires_grad")
+            if args and id(args[0]) in self.inputs:
+                self._note_read("requires_grad", ".requires_grad")
+            else:
+                # A tensor fn computed requires grad exactly when grad mode is on and
+                # an input of it does: a read of it is a read of the grad mode.
+                self._note_read("grad_mode", ".requires_grad of a tensor fn computed")
         read = self._VALUE_READS.get(func)
         if (
             read is not None
@@ -571,9 +579,11 @@ def trace_single_graph(
     n_state = len(lifted.tensors)
     grad_param_indices: list[int] = []
     out_spec_box: list[Any] = []
+    opaque = _RefuseOpaqueAccess()
 
     def flat_fn(*flat: torch.Tensor) -> list[Any]:
         state, user_tensors = flat[:n_state], flat[n_state:]
+        opaque.inputs = set(map(id, flat))
         call_leaves = list(leaves)
         for slot, t in zip(tensor_slots, user_tensors):
             call_leaves[slot] = t
@@ -647,7 +657,6 @@ def trace_single_graph(
         fakes += [fake_mode.from_tensor(leaves[i]) for i in tensor_slots]
     before = dependencies.Snapshot(modules)
     autocast = state_checks.autocast_state()
-    opaque = _RefuseOpaqueAccess()
     try:
         with (
             _compat.recording_user_stacks(flat_fn.__code__) as stack_of,
@@ -694,6 +703,16 @@ def trace_single_graph(
             hint="draw with torch (torch.rand, torch.randint: graph operations), or draw "
             "outside fn and pass the value as an argument",
         )
+    if "inference_mode" in reads and torch.is_inference_mode_enabled():
+        raise PrecompileError(
+            f"fn reads the inference mode ({reads['inference_mode']}) and is captured "
+            f"under torch.inference_mode(); the trace took that branch, and an artifact "
+            f"checks calls against a capture made outside inference mode",
+            invariant=5,
+            location=where,
+            hint="capture outside torch.inference_mode() (calls under it are then "
+            "refused), or pass the choice to fn as an argument",
+        )
     if "layout" in reads and dynamic_dims:
         raise PrecompileError(
             f"fn reads memory layout ({reads['layout']}) and has inputs with dims marked "
@@ -706,7 +725,7 @@ def trace_single_graph(
         )
     if dynamic_dims:
         _compat.insert_runtime_asserts(gm, fake_mode)
-    recorded = dependencies.record_dependencies(modules, ran, training, fn)
+    recorded = dependencies.record_dependencies(modules, ran, training, fn, where)
     dependencies.refuse_unnamed_sentinels(recorded, where)
     return SingleGraph(
         graph_module=gm,

@@ -78,6 +78,33 @@ def autocast_state() -> tuple[tuple[str, str], ...]:
     )
 
 
+def autocast_keys() -> dict[str, Any] | None:
+    """Each autocast device's dispatch key in torch's thread-local excluded set, found
+    by toggling that device's autocast once (and restoring it): a device's autocast is
+    on exactly when its key is not excluded, so one read of that set then tells every
+    device's state. None when some device's key cannot be told (callers then read each
+    device with ``autocast_state``)."""
+    import torch
+
+    excluded = torch._C._dispatch_tls_local_exclude_set
+    devices = (*AUTOCAST_DEVICES, torch._C._get_privateuse1_backend_name())
+    keys: dict[str, Any] = {}
+    for device in dict.fromkeys(devices):
+        try:
+            was = torch.is_autocast_enabled(device)
+            before = excluded()
+            torch.set_autocast_enabled(device, not was)
+            after = excluded()
+            torch.set_autocast_enabled(device, was)
+        except Exception:
+            return None
+        key = (before - after) | (after - before)
+        if key == before - before or excluded() != before:
+            return None
+        keys[device] = key
+    return keys
+
+
 #: Hook dicts of a module whose entries change what its call computes, with the dicts
 #: that carry per-hook flags.
 MODULE_HOOK_DICTS = (
@@ -105,6 +132,18 @@ def new_context(names: Any, training: bool = True) -> dict[str, Any]:
         "dicts": [],
         "shallow": [],
         "path": set(),
+        # Objects told apart by identity only: id -> (their module-level name, the
+        # object). Serving fills it with the names the capture recorded, resolved.
+        "known": {},
+        # Modules to look in first for such an object's name (capture: those of the
+        # traced code), and the names found so far.
+        "near": (),
+        "named": {},
+        # Whether this process's __main__ is the capture's, where such a name may be.
+        "main": True,
+        # Whether to look in every module (capture). Serving looks only where the
+        # recorded names are: an object found nowhere there matches none of them.
+        "everywhere": True,
     }
 
 
@@ -249,17 +288,50 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
     return _fingerprint_object(value, kind, context, depth)
 
 
-def bound_names(value: Any) -> tuple[tuple[str, str], ...]:
-    """Every module-level name bound to ``value`` (by identity), sorted: how an object
-    that holds no state (a sentinel, ``FAST = object()``) is told from another one."""
+def identity_name(value: Any, context: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The one module-level name (module, name) by which another process finds an object
+    that only its identity tells apart (a sentinel such as ``FAST = object()``,
+    ``dataclasses.MISSING``), or ``()`` when no module binds it.
+
+    Serving looks it up among the names the capture recorded, resolved in this process
+    (``context["known"]``): the check is that the recorded name still holds this very
+    object. Otherwise -- at capture, or for an object that is not the one recorded --
+    the name is searched for, in an order that does not depend on the process: the
+    module that defines its class, the modules of the traced code (serving: of the
+    recorded names), every other module by name (capture only), and ``__main__`` last
+    (a script importing ``FAST`` binds it there too, and another process runs another
+    ``__main__``)."""
     import sys
 
-    found = []
-    for module_name, module in list(sys.modules.items()):
+    hit = context["known"].get(id(value))
+    if hit is not None and hit[1] is value:
+        return (hit[0],)
+    named = context["named"]
+    found = named.get(id(value))
+    if found is not None and found[1] is value:
+        return found[0]
+    modules = sys.modules
+    first = [str(getattr(type(value), "__module__", "")), *context["near"]]
+    rest = sorted(n for n in list(modules) if n not in first) if context["everywhere"] else []
+    result: tuple[tuple[str, str], ...] = ()
+    main = modules.get("__main__")
+    for module_name in [*first, *rest]:
+        module = modules.get(module_name)
+        if module_name == "__main__" or module is main:  # __mp_main__ is __main__
+            continue
         namespace = getattr(module, "__dict__", None)
         if isinstance(namespace, dict):
-            found += [(module_name, k) for k, v in list(namespace.items()) if v is value]
-    return tuple(sorted(found))
+            keys = sorted(k for k, v in list(namespace.items()) if v is value)
+            if keys:
+                result = ((module_name, keys[0]),)
+                break
+    if not result and context["main"]:
+        # Serving looks in __main__ only when it is the script captured from.
+        namespace = getattr(modules.get("__main__"), "__dict__", None) or {}
+        keys = sorted(k for k, v in list(namespace.items()) if v is value)
+        result = (("__main__", keys[0]),) if keys else ()
+    named[id(value)] = (result, value)
+    return result
 
 
 def _fingerprint_object(value: Any, kind: Any, context: dict[str, Any], depth: int) -> Any:
@@ -270,10 +342,13 @@ def _fingerprint_object(value: Any, kind: Any, context: dict[str, Any], depth: i
         and not _slots_of(kind)
     ):
         # No state at all: only its identity tells it apart, named by the module
-        # globals bound to it. One that no global holds is refused at capture.
-        return ("sentinel", type_name(kind), bound_names(value))
+        # global bound to it. One that no global holds is refused at capture.
+        return ("sentinel", type_name(kind), identity_name(value, context))
     if _is_stdlib_class(kind):
-        return ("object", type_name(kind))
+        # Its state is not compared (see _is_stdlib_class): one a module-level name
+        # holds (dataclasses.MISSING) is told apart by that name.
+        named = identity_name(value, context)
+        return ("sentinel", type_name(kind), named) if named else ("object", type_name(kind))
     attrs: list[Any] = []
     state = getattr(value, "__dict__", None)
     if isinstance(state, dict):
@@ -285,6 +360,14 @@ def _fingerprint_object(value: Any, kind: Any, context: dict[str, Any], depth: i
         for slot in slots:
             if hasattr(value, slot):
                 attrs.append((slot, fingerprint(getattr(value, slot), context, depth)))
+    if not attrs:
+        # The trace read none of its state, so it can only have compared it by
+        # identity (``self.mode is FAST`` with ``class Marker: pass``): one a
+        # module-level name holds is told apart by that name. One no name holds is
+        # never the object a global names, at capture or when served.
+        named = identity_name(value, context)
+        if named:
+            return ("sentinel", type_name(kind), named)
     return ("object", type_name(kind), tuple(sorted(attrs)))
 
 
@@ -502,6 +585,8 @@ def _readable(fp: Any) -> str:
     if kind == "sentinel" and len(fp) == 3:
         held = " or ".join(f"{m}.{n}" for m, n in fp[2][:3])
         return f"the {fp[1]} bound to {held}" if held else f"an unnamed {fp[1]}"
+    if kind == "object" and len(fp) == 3 and fp[2] == ():
+        return f"a {fp[1]} that no module-level name holds"
     if kind in ("object", "nn.Module", "enum", "deep"):
         return f"a {fp[1]}" + (f".{fp[2]}" if kind == "enum" else "")
     if kind == "partial" and len(fp) == 4:

@@ -265,6 +265,15 @@ def test_a_capture_under_autocast_serves_only_under_that_autocast(tmp_path: Path
     refused(run, model, b, invariant=6, words=("without torch.autocast", "captured under"))
     with torch.autocast("cpu", dtype=torch.float16):
         refused(run, model, b, invariant=6, words=("cpu: torch.float16",))
+    # Another device's autocast turned on as well (the per-call check reads every
+    # device's state at once from torch's dispatch keys).
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.set_autocast_enabled("mtia", True)
+        try:
+            refused(run, model, b, invariant=6, words=("cpu: torch.bfloat16, mtia:",))
+        finally:
+            torch.set_autocast_enabled("mtia", False)
+        torch.testing.assert_close(run(model, b), scaled(model, b))
 
 
 def test_default_dtype_is_checked(runnable: Any) -> None:

@@ -4,6 +4,9 @@ served exactly or refused naming it, in a fresh process, on the first served cal
 
 from __future__ import annotations
 
+import functools
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +67,37 @@ EXPECTED: dict[str, dict[str, tuple[str, ...] | None]] = {
 }
 
 
+#: Values told apart only by identity, and reads that follow the grad or inference mode.
+IDENTITY_EXPECTED: dict[str, dict[str, tuple[str, ...] | None]] = {
+    "marker": {
+        "unchanged": None,
+        "marker swapped": ("mode = the ", "Marker bound to", ".MARK_SLOW", ".MARK_FAST"),
+        "marker swapped/warm": ("mode = the ", "Marker bound to", ".MARK_SLOW", ".MARK_FAST"),
+    },
+    "missing": {
+        "unchanged": None,
+        "missing swapped": ("default = ", "dataclasses.MISSING"),
+        "missing swapped/warm": ("default = ", "dataclasses.MISSING"),
+    },
+    "intermediate_requires_grad": {
+        "no_grad": None,
+        "no_grad/warm": None,
+        "unchanged": ("reads the grad mode", ".requires_grad of a tensor fn computed"),
+        "unchanged/warm": ("reads the grad mode", ".requires_grad of a tensor fn computed"),
+    },
+    "inference_mode_branch": {
+        "unchanged": None,
+        "inference_mode": ("reads the inference mode", "torch.is_inference_mode_enabled()"),
+        "inference_mode/warm": ("reads the inference mode",),
+    },
+    "partial_entry": {
+        "unchanged": None,
+        "partial keywords": ("partial_entry", ".keywords['k']", "is 5.0", "read 2.0"),
+        "partial keywords/warm": ("partial_entry", ".keywords['k']", "is 5.0", "read 2.0"),
+    },
+}
+
+
 def capture(case: str, directory: Path) -> tuple[str, str]:
     model, x = fx_trust_reads.build(case)
     with fx_trust_reads.capture_context(case):
@@ -87,6 +121,10 @@ def serve(directory: Path, expected: dict[str, dict[str, tuple[str, ...] | None]
 
 def test_reads_of_state_no_graph_input_carries_are_checked_per_call(tmp_path: Path) -> None:
     serve(tmp_path, EXPECTED)
+
+
+def test_identity_partial_and_mode_reads_are_checked_per_call(tmp_path: Path) -> None:
+    serve(tmp_path, IDENTITY_EXPECTED)
 
 
 def test_an_inference_capture_that_reads_grad_mode_under_grad_is_refused(tmp_path: Path) -> None:
@@ -138,6 +176,16 @@ def test_a_captured_function_with_baked_values_must_be_findable_when_served(
             cap(model, x)
     assert "binds no module-level name to a function make_unbound_entry.<locals>" in str(info.value)
     assert "pass those values to it as arguments" in str(info.value)
+
+
+def test_a_partial_no_module_level_name_holds_is_refused_at_capture(tmp_path: Path) -> None:
+    # Its keywords are baked, and nothing another process can look up holds it.
+    model, x = fx_trust_reads.build("plain")
+    unbound = functools.partial(fx_trust_reads.scaled_call, k=2.0)
+    with pytest.raises(PrecompileError) as info:
+        capture_pair(unbound, model, x, directory=tmp_path)
+    assert "functools.partial of 'scaled_call' that no module-level name holds" in str(info.value)
+    assert "bind the partial to a module-level name" in (info.value.hint or "")
 
 
 class _Unnamed(nn.Module):
@@ -215,3 +263,88 @@ def test_a_script_function_with_baked_values_is_checked_only_from_that_script(
     assert other.returncode != 0
     assert "ran as __main__ at capture" in other.stderr, other.stderr
     assert "Move the function into an importable module" in other.stderr
+
+
+_SENTINEL_MODULE = """
+import torch
+from torch import nn
+
+
+class Marker:
+    pass
+
+
+FAST = {kind}()
+SLOW = {kind}()
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.mode = FAST
+
+    def forward(self, x):
+        return self.fc(x) * (2.0 if self.mode is FAST else 3.0)
+
+
+def call(model, x):
+    return model(x)
+"""
+
+
+@pytest.mark.parametrize("kind", ["object", "Marker"])
+def test_a_sentinel_a_capture_script_imports_is_named_by_its_module(
+    kind: str, tmp_path: Path
+) -> None:
+    # The capture script binds FAST in its __main__ too; a serving process runs another
+    # __main__, and must still find FAST (by sentinel_mod.FAST) and serve.
+    (tmp_path / "sentinel_mod.py").write_text(_SENTINEL_MODULE.replace("{kind}", kind))
+    paths = str(tmp_path / "s.py"), str(tmp_path / "s.cache")
+    (tmp_path / "capture_script.py").write_text(
+        "import sys, torch, precompile\n"
+        "from sentinel_mod import FAST, SLOW, Net, call\n"
+        "torch.manual_seed(0)\n"
+        "with precompile.capture(call, artifact_path=sys.argv[1], cache_path=sys.argv[2],\n"
+        "                        tracer=precompile.MakeFxTracer(), backend='eager') as cap:\n"
+        "    cap(Net().eval(), torch.randn(2, 4))\n"
+    )
+    env = fresh_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    made = subprocess.run(
+        [sys.executable, str(tmp_path / "capture_script.py"), *paths],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert made.returncode == 0, made.stderr
+    serve = (
+        "import json, torch, precompile, sentinel_mod as m\n"
+        f"run = precompile.load({paths[0]!r}, {paths[1]!r})\n"
+        "torch.manual_seed(0)\n"
+        "net, x = m.Net().eval(), torch.randn(2, 4)\n"
+        "out = {'unchanged': bool(torch.allclose(run(net, x), net(x)))}\n"
+        "net.mode = m.SLOW\n"
+        "try:\n"
+        "    run(net, x)\n"
+        "    out['swapped'] = 'served'\n"
+        "except precompile.PrecompileError as e:\n"
+        "    out['swapped'] = str(e)\n"
+        "print(json.dumps(out))\n"
+    )
+    served = subprocess.run(
+        [sys.executable, "-c", serve],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert served.returncode == 0, served.stderr
+    result = json.loads(served.stdout.strip().splitlines()[-1])
+    assert result["unchanged"] is True
+    shown = "builtins.object" if kind == "object" else "sentinel_mod.Marker"
+    assert f"mode = the {shown} bound to sentinel_mod.SLOW" in result["swapped"]
+    assert "sentinel_mod.FAST" in result["swapped"]
