@@ -76,6 +76,8 @@ if TYPE_CHECKING:
 
     def source_digest(text: str) -> str: ...
 
+    def changed_functions(records: Any, module_text: Any) -> Any: ...
+
     def new_context(names: Any, training: bool = True) -> dict[str, Any]: ...
 
     def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any: ...
@@ -476,39 +478,33 @@ def _live_module(name: str, path: str | None) -> Any:
 
 def _check_function_sources_once() -> None:
     """Refuse to load when a function the trace ran through changed since capture: the
-    graph holds what the old code computed. Each function is compared on its own source
-    (``function_source``), so an edit elsewhere in its file changes nothing. A function
-    of a script that ran as ``__main__`` at capture, and is not this process's
-    ``__main__``, is compared with that script's file."""
+    graph holds what the old code computed."""
+    for record, gone in changed_functions(FUNCTION_SOURCES, _module_text):
+        _fail(
+            f"precompile: {record['function']} ({record['path']}:{record['line']}, module "
+            f"{record['module']}) {'is gone or renamed' if gone else 'changed'} since this "
+            f"artifact was captured; the graph was traced through the old code. Capture it "
+            f"again (re-emit the artifact)",
+            3,
+        )
+
+
+def _module_text(name: str, path: str) -> str | None:
+    """A module's live source; for a script that ran as ``__main__`` at capture and is
+    not this process's ``__main__``, that script's file."""
     import inspect
 
-    texts: dict[tuple[str, str], str | None] = {}
-    for record in FUNCTION_SOURCES:
-        key = (record["module"], record["path"])
-        if key not in texts:
-            text = None
-            try:
-                module = _live_module(*key)
-                if module is not None:
-                    text = inspect.getsource(module)
-                else:
-                    recorded = _recorded_path(record["path"])
-                    if recorded:
-                        with open(recorded, encoding="utf-8") as f:
-                            text = f.read()
-            except (OSError, TypeError, UnicodeDecodeError):
-                text = None
-            texts[key] = text
-        text = texts[key]
-        source = None if text is None else function_source(text, record["function"], record["line"])
-        if source is None or source_digest(source) != record["sha256"]:
-            what = "is gone or renamed" if source is None else "changed"
-            _fail(
-                f"precompile: {record['function']} ({record['path']}:{record['line']}, module "
-                f"{record['module']}) {what} since this artifact was captured; the graph was "
-                f"traced through the old code. Capture it again (re-emit the artifact)",
-                3,
-            )
+    try:
+        module = _live_module(name, path)
+        if module is not None:
+            return inspect.getsource(module)
+        recorded = _recorded_path(path)
+        if recorded:
+            with open(recorded, encoding="utf-8") as f:
+                return f.read()
+    except (OSError, TypeError, UnicodeDecodeError):
+        pass
+    return None
 
 
 def _global_scopes() -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -1405,6 +1401,7 @@ SINGLE_GRAPH_DRIVER = (
     _recorded_path,
     _live_module,
     _check_function_sources_once,
+    _module_text,
     _global_scopes,
     _known_identities,
     _context,

@@ -445,6 +445,7 @@ def emit_dynamo(
             driver._fail,
             source_digest.function_source,
             source_digest.source_digest,
+            source_digest.changed_functions,
             guard_text.user_path,
             guard_text.guard_failure_text,
             guard_text.frame_label,
