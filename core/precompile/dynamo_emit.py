@@ -369,7 +369,7 @@ def inductor_graph_section(
         parts += [
             "",
             "# subgraphs AOTAutograd partitioned: (runtime spec, forward module, backward module)",
-            inspect.getsource(driver._bind_aot_graph).strip(),
+            runtime_source([driver._bind_aot_graph]),
             "",
             "",
             "_INDUCTOR_AOT_GRAPHS = {",
