@@ -72,7 +72,16 @@ _any_autocast_enabled = _torch._C._is_any_autocast_enabled
 _set_grad_enabled = _torch._C._set_grad_enabled
 _dict_version = _torch._C._dynamo.guards.dict_version
 _TensorGuards = _torch._C._dynamo.guards.TensorGuards
+dispatch_tls_local_exclude_set = _torch._C._dispatch_tls_local_exclude_set
+privateuse1_backend_name = _torch._C._get_privateuse1_backend_name
 """
+
+#: The prelude's public names for the modules emitted whole (state_checks), which the
+#: capture imports from here: one binding each, in the artifact and in this process.
+dispatch_tls_local_exclude_set = torch._C._dispatch_tls_local_exclude_set
+privateuse1_backend_name = torch._C._get_privateuse1_backend_name
+#: ``Tensor.requires_grad``'s descriptor: how a trace's reads of it are recognised.
+requires_grad_descriptor = torch._C.TensorBase.__dict__["requires_grad"]
 
 #: What an Inductor artifact's runtime needs besides ARTIFACT_PRELUDE: how a prebuilt
 #: kernel (a Python extension module) finds torch's tensor-data accessor, and the

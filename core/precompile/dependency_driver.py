@@ -28,9 +28,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
-    import torch as _torch
-
-    _dict_version = _torch._C._dynamo.guards.dict_version
+    # Bound by the artifact prelude (precompile._compat).
+    _dict_version: Callable[[dict[str, Any]], int] = len
     FN_NAME: str = ""
     FN_MODULE: str = ""
     MODULE_HOOKS: dict[str, Any] = {}

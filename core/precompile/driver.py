@@ -23,16 +23,19 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     import torch as _torch
-    import torch.utils._pytree as _pytree
 
-    _DisableAutocast = _torch._C._DisableAutocast
-    _any_autocast_enabled = _torch._C._is_any_autocast_enabled
-    _set_grad_enabled = _torch._C._set_grad_enabled
-    _dict_version = _torch._C._dynamo.guards.dict_version
-    _TensorGuards = _torch._C._dynamo.guards.TensorGuards
-    _view_replay_enabled = _torch._C._is_view_replay_enabled
-    _set_view_replay_enabled = _torch._C._set_view_replay_enabled
-    _set_code_exec_strategy = _torch._C._dynamo.eval_frame.set_code_exec_strategy
+    # Bound by the artifact prelude (precompile._compat, the one module naming private
+    # torch): ARTIFACT_PRELUDE and INDUCTOR_PRELUDE.
+    _pytree: Any = None
+    _DisableAutocast: Any = None
+    _any_autocast_enabled: Callable[[], bool] = bool
+    _set_grad_enabled: Callable[[bool], None] = print
+    _dict_version: Callable[[dict[str, Any]], int] = len
+    _TensorGuards: Any = None
+    _view_replay_enabled: Callable[[], bool] = bool
+    _set_view_replay_enabled: Callable[[bool], None] = print
+    _set_code_exec_strategy: Any = None
+    dispatch_tls_local_exclude_set: Any = None
     _SKIP_FRAMES: Any = None
 
     BACKEND: str = ""
@@ -916,7 +919,7 @@ def _build_single_graph_forward() -> Any:
         autocast_expected = autocast_mask
         for device, _ in captured_autocast:
             autocast_expected = autocast_expected - keys[device]
-    autocast_excluded = _torch._C._dispatch_tls_local_exclude_set
+    autocast_excluded = dispatch_tls_local_exclude_set
     get_autocast_dtype = _torch.get_autocast_dtype
     autocast_devices = tuple(device for device, _ in captured_autocast)
     autocast_dtypes = tuple(getattr(_torch, dtype.split(".")[-1]) for _, dtype in captured_autocast)

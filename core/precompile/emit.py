@@ -113,8 +113,18 @@ def _source_of(runtime: Any) -> str:
     """One runtime function's or module's source, read once per process: every emit
     carries the same runtime, and reading it back (``inspect.getsource``, which scans the
     file for the block) cost a warm worker's check job a third of its time."""
-    lines = inspect.getsource(runtime).splitlines()
-    return "\n".join(x for x in lines if x != "from __future__ import annotations").strip()
+    kept: list[str] = []
+    emitted = True
+    for line in inspect.getsource(runtime).splitlines():
+        # Lines artifacts do without: the header makes the future import, and the
+        # prelude binds what a "not emitted" block imports.
+        if line.startswith("# >>> not emitted"):
+            emitted = False
+        elif line.startswith("# <<< not emitted"):
+            emitted = True
+        elif emitted and line != "from __future__ import annotations":
+            kept.append(line)
+    return "\n".join(kept).strip()
 
 
 def _relative(path: str | None, artifact_path: str) -> str | None:

@@ -108,7 +108,6 @@ _TORCH_WRAPPER_FILES = (
     os.path.join("torch", "fx", "experimental", "proxy_tensor.py"),
     os.path.join("torch", "utils", "_python_dispatch.py"),
 )
-_REQUIRES_GRAD = torch._C.TensorBase.__dict__["requires_grad"]
 
 
 class _RefuseOpaqueAccess(TorchFunctionMode):
@@ -163,7 +162,7 @@ class _RefuseOpaqueAccess(TorchFunctionMode):
         layout = self._LAYOUT_READS.get(func)
         if layout is not None:
             self._note_read("layout", layout)
-        elif getattr(func, "__self__", None) is _REQUIRES_GRAD:
+        elif getattr(func, "__self__", None) is _compat.requires_grad_descriptor:
             if args and id(args[0]) in self.inputs:
                 self._note_read("requires_grad", ".requires_grad")
             else:

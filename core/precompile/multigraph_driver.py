@@ -22,13 +22,13 @@ eagerly here too, with a warning once per frame.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
-    import torch as _torch
-
-    _any_autocast_enabled = _torch._C._is_any_autocast_enabled
-    _set_grad_enabled = _torch._C._set_grad_enabled
+    # Bound by the artifact prelude (precompile._compat).
+    _any_autocast_enabled: Callable[[], bool] = bool
+    _set_grad_enabled: Callable[[bool], None] = print
     FN_NAME: str = ""
     FN_MODULE: str = ""
     TORCH_VERSION: str = ""

@@ -22,6 +22,11 @@ from __future__ import annotations
 
 from typing import Any
 
+# >>> not emitted: artifacts carry this module whole, and their prelude binds these names
+from precompile._compat import dispatch_tls_local_exclude_set, privateuse1_backend_name
+
+# <<< not emitted
+
 
 def type_name(cls: Any) -> str:
     """A class as another process names it: ``module.qualname``."""
@@ -70,7 +75,7 @@ def autocast_state() -> tuple[tuple[str, str], ...]:
     in eager."""
     import torch
 
-    devices = (*AUTOCAST_DEVICES, torch._C._get_privateuse1_backend_name())
+    devices = (*AUTOCAST_DEVICES, privateuse1_backend_name())
     return tuple(
         (device, str(torch.get_autocast_dtype(device)))
         for device in dict.fromkeys(devices)
@@ -86,8 +91,8 @@ def autocast_keys() -> dict[str, Any] | None:
     device with ``autocast_state``)."""
     import torch
 
-    excluded = torch._C._dispatch_tls_local_exclude_set
-    devices = (*AUTOCAST_DEVICES, torch._C._get_privateuse1_backend_name())
+    excluded = dispatch_tls_local_exclude_set
+    devices = (*AUTOCAST_DEVICES, privateuse1_backend_name())
     keys: dict[str, Any] = {}
     for device in dict.fromkeys(devices):
         try:

@@ -82,3 +82,47 @@ def test_a_forbidden_import_breaks_its_contract(
     assert proc.returncode != 0
     broken = proc.stdout.split("Broken contracts", 1)[-1]
     assert contract in broken.replace("\n", " "), proc.stdout
+
+
+PRIVATE_TORCH = REPO / "tools" / "private_torch_names.py"
+
+
+def private_torch_names(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(PRIVATE_TORCH), str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_only_the_compat_module_names_private_torch(sources: Path) -> None:
+    proc = private_torch_names(sources)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "module, line, shown",
+    [
+        (
+            "core/precompile/driver.py",
+            "_x = _torch._C._set_grad_enabled",
+            "_torch._C._set_grad_enabled",
+        ),
+        ("core/precompile/fx_capture.py", "import torch._dynamo", "torch._dynamo"),
+        (
+            "core/precompile/state_checks.py",
+            "from torch.utils._pytree import tree_flatten",
+            "from torch.utils._pytree import tree_flatten",
+        ),
+        ("server/precompile_lsp/engine.py", "from torch import _C", "from torch import _C"),
+    ],
+)
+def test_a_private_torch_name_elsewhere_fails_the_check(
+    sources: Path, module: str, line: str, shown: str
+) -> None:
+    path = sources / module
+    path.write_text(path.read_text() + f"\n\nimport torch as _torch\n{line}\n")
+    proc = private_torch_names(sources)
+    assert proc.returncode == 1
+    assert f"{module}:" in proc.stderr and shown in proc.stderr, proc.stderr
