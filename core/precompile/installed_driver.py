@@ -85,7 +85,7 @@ def _build_installed_forward() -> Any:
     taken = [code.co_name for code in targets if rt.precompile_entries(code)]
     if taken:
         _fail(
-            f"precompile: {', '.join(taken)} already serve another installed artifact in this "
+            f"precompile: {', '.join(taken)} already serve(s) another installed artifact in this "
             f"process; two installed artifacts cannot share a function. Unload the other "
             f"(runnable.unload()) or load this one in a fresh process"
         )
