@@ -1198,3 +1198,13 @@ def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
     from torch._inductor.decomposition import select_decomp_table
 
     return dict(select_decomp_table())
+
+
+def inductor_autograd_config() -> Any:
+    """``inductor_layout_config`` for a forward and backward lowered separately: with
+    Inductor's layout optimization off, the forward hands the backward its saved tensors
+    in the layout the backward graph was traced (and lowered) for. torch.compile instead
+    retraces the backward with the forward's actual output strides."""
+    from torch._inductor import config
+
+    return config.patch(size_asserts=True, layout_optimization=False)

@@ -109,7 +109,7 @@ def _lower_autograd(graph: SingleGraph) -> LoweredGraph:
     decompositions = {**_compat.inductor_decompositions(), **(graph.joint_inputs[2] or {})}
     joint = capture_joint(graph, decompositions)
     try:
-        with _compat.inductor_layout_config():
+        with _compat.inductor_autograd_config():
             forward = _compat.compile_inductor(joint.forward, joint.placeholder_values("forward"))
             backward = _compat.compile_inductor_backward(
                 joint.backward, joint.placeholder_values("backward")
