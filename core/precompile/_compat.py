@@ -1172,13 +1172,18 @@ def trace_joint(
         "intermediate_bases": meta.num_intermediate_bases,
         "effects": bool(meta.tokens) or bool(meta.num_backward_tokens),
         "forward_outputs": [_descriptor(x) for x in forward_outputs.meta.get("desc", [])],
-        "forward_output_count": len(forward_outputs.args[0]),
+        "forward_output_count": _output_count(forward_outputs),
         "backward_inputs": [
             _descriptor(n.meta.get("desc")) for n in backward.graph.nodes if n.op == "placeholder"
         ],
         "backward_outputs": [_descriptor(x) for x in backward_outputs.meta.get("desc", [])],
-        "backward_output_count": len(backward_outputs.args[0]),
+        "backward_output_count": _output_count(backward_outputs),
     }
+
+
+def _output_count(output: torch.fx.Node) -> int:
+    values = output.args[0]
+    return len(values) if isinstance(values, (tuple, list)) else 1
 
 
 def compile_inductor_backward(gm: torch.fx.GraphModule, fakes: list[Any]) -> str:
