@@ -33,16 +33,20 @@ def together(*calls: Callable[[], T]) -> list[T]:
 #: A fresh process that records every process it starts, loads an artifact, serves it
 #: (the ``serve`` code sets ``error``) and prints what the load did, as JSON.
 _WATCHED_LOAD = """
-import glob, json, os, subprocess, sys, warnings
-spawned = []
+import glob, json, os, subprocess, sys, traceback, warnings
+spawned, first_stack = [], []
+def _first(what):
+    spawned.append(what)
+    if not first_stack:
+        first_stack.append("".join(traceback.format_stack()[-14:-2]))
 _popen = subprocess.Popen.__init__
 def _record(self, *args, **kwargs):
-    spawned.append(str(args[0] if args else kwargs.get("args")))
+    _first(str(args[0] if args else kwargs.get("args")))
     return _popen(self, *args, **kwargs)
 subprocess.Popen.__init__ = _record
 for _name in ("fork", "posix_spawn", "posix_spawnp"):
     def _wrap(*a, _orig=getattr(os, _name), _n=_name, **k):
-        spawned.append(_n)
+        _first(_n)
         return _orig(*a, **k)
     setattr(os, _name, _wrap)
 import torch, precompile
@@ -56,6 +60,7 @@ caches += glob.glob(os.path.join(os.environ["TMPDIR"], "torchinductor_*"))
 print(json.dumps({{
     "error": error,
     "spawned": spawned,
+    "first_stack": first_stack[0] if first_stack else None,
     "modules": modules,
     "cache_files": [os.path.join(d, f) for c in caches for d, _, fs in os.walk(c) for f in fs],
 }}))
@@ -67,7 +72,8 @@ def watched_load(artifact: str, cache: str, serve: str, inductor_cache: Path) ->
     empty ``inductor_cache`` and whose TMPDIR is empty too -- Inductor keeps precompiled
     headers in a folder of its own there, whatever TORCHINDUCTOR_CACHE_DIR says, and a
     machine that never compiled has none. Returns its serving error, the processes it
-    started, the modules it imported and the files it wrote into either Inductor folder."""
+    started (and the stack that started the first), the modules it imported and the files
+    it wrote into either Inductor folder."""
     inductor_cache.mkdir()
     temp = inductor_cache.with_name(f"{inductor_cache.name}-tmp")
     temp.mkdir()

@@ -81,6 +81,12 @@ INDUCTOR_PRELUDE = """\
 _KERNEL_DATA_PTR_ENV = "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"
 _kernel_data_ptr = _torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr
 _INDUCTOR_ALIGN_BYTES = 64
+_view_replay_enabled = _torch._C._is_view_replay_enabled
+_set_view_replay_enabled = _torch._C._set_view_replay_enabled
+_set_code_exec_strategy = _torch._C._dynamo.eval_frame.set_code_exec_strategy
+_SKIP_FRAMES = _torch._C._dynamo.eval_frame._FrameExecStrategy(
+    _torch._C._dynamo.eval_frame._FrameAction.SKIP, _torch._C._dynamo.eval_frame._FrameAction.SKIP
+)
 """
 
 #: Globals that FX-generated graph code references without defining them.
@@ -798,6 +804,188 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
     from torch._inductor.compile_fx import compile_fx as _compile_fx
 
     return _compile_fx(gm, example_inputs)
+
+
+def compile_fx_recorded(
+    gm: torch.fx.GraphModule, example_inputs: list[Any]
+) -> tuple[Any, dict[str, Any]]:
+    """``compile_fx`` as torch.compile runs it, recording what an artifact needs to run the
+    result without AOTAutograd: the Inductor output module of each graph it lowered
+    (forward, and backward for a joint graph) and AOTAutograd's runtime decisions (its
+    forward metadata, which inputs it detaches, the autograd function's spec)."""
+    from torch._functorch._aot_autograd import runtime_wrappers
+    from torch._inductor import compile_fx as inductor
+
+    record: dict[str, Any] = {"graphs": [], "runtime": None, "autograd": None}
+
+    def inner(gm_: torch.fx.GraphModule, inputs: list[Any], **kwargs: Any) -> Any:
+        compiled = inductor.compile_fx_inner(gm_, inputs, **kwargs)
+        kind = "backward" if kwargs.get("is_backward") else "forward"
+        record["graphs"].append((kind, getattr(compiled, "source_code", None)))
+        return compiled
+
+    create = runtime_wrappers._create_runtime_wrapper
+    build = runtime_wrappers._AOTDispatchAutogradFunctionFactory.build
+
+    def recording_create(compiled_fn: Any, **kwargs: Any) -> Any:
+        record["runtime"] = kwargs
+        return create(compiled_fn, **kwargs)
+
+    def recording_build(self: Any) -> Any:
+        record["autograd"] = self.spec
+        return build(self)
+
+    # Patched for this compile only (restored below): both are looked up at call time.
+    runtime_wrappers._create_runtime_wrapper = recording_create
+    runtime_wrappers._AOTDispatchAutogradFunctionFactory.build = recording_build  # type: ignore[method-assign]
+    try:
+        compiled = inductor.compile_fx(gm, example_inputs, inner_compile=inner)
+    finally:
+        runtime_wrappers._create_runtime_wrapper = create
+        runtime_wrappers._AOTDispatchAutogradFunctionFactory.build = build  # type: ignore[method-assign]
+    return compiled, record
+
+
+def _slice_literal(value: slice) -> tuple[int | None, int | None]:
+    if value.step not in (None, 1):
+        raise ValueError(f"a strided slice {value}")
+    return (value.start, value.stop)
+
+
+def _tangent_format(meta: Any) -> tuple[Any, ...] | None:
+    """How AOTAutograd coerces a runtime tangent before its backward: to a memory format,
+    or (static shapes) restrided to the traced output's size and stride."""
+    fmt = getattr(meta, "memory_format", None)
+    if fmt is None:
+        return None
+    if fmt.memory_format is not None:
+        return ("format", str(fmt.memory_format).removeprefix("torch."))
+    if has_symbols(fmt.size) or has_symbols(fmt.stride):
+        raise ValueError("a tangent layout with symbolic sizes")
+    return ("strided", tuple(int(s) for s in fmt.size), tuple(int(s) for s in fmt.stride))
+
+
+def aot_runtime_spec(record: dict[str, Any], num_inputs: int) -> dict[str, Any]:
+    """The literal spec of what AOTAutograd's runtime wrappers do around one compiled
+    subgraph, for the artifact's own runtime (``driver._bind_aot_graph``) to do the same.
+    Raises ValueError, naming the feature, for anything that runtime does not reproduce
+    (input aliasing, output aliases, tensor subclasses, effect tokens, functionalized RNG,
+    metadata mutations): such a subgraph keeps Inductor's pickled artifact."""
+    from torch._functorch._aot_autograd.schemas import MutationType, OutputType
+
+    runtime = record["runtime"]
+    if runtime is None:
+        raise ValueError("AOTAutograd's runtime wrapper was not built (a cache hit?)")
+    meta = runtime["runtime_metadata"]
+    joint = bool(runtime["trace_joint"])
+    kinds = [kind for kind, _ in record["graphs"]]
+    if kinds != (["forward", "backward"] if joint else ["forward"]):
+        raise ValueError(f"Inductor lowered graphs {kinds}")
+    if any(source is None for _, source in record["graphs"]):
+        raise ValueError("an Inductor graph without its output module")
+    if runtime["disable_amp"]:
+        raise ValueError("autocast disabled around the graph")
+    if len(meta.input_info) != num_inputs:
+        raise ValueError("deduplicated or aliased inputs")
+    if meta.tokens or meta.is_rng_op_functionalized or meta.num_graphsafe_rng_states:
+        raise ValueError("effect tokens or functionalized RNG")
+    if any(type(m).__name__ == "SubclassCreationMeta" for m in meta.subclass_inp_meta):
+        raise ValueError("tensor subclass inputs")
+    if meta.num_intermediate_bases or meta.num_outputs_aliased or meta.num_unsafe_view_outputs:
+        raise ValueError("outputs that alias inputs or intermediates")
+    if any(o.output_type != OutputType.non_alias for o in meta.output_info):
+        raise ValueError("outputs that alias inputs or intermediates")
+    mutations = []
+    for index in meta.mutated_inp_runtime_indices:
+        info = meta.input_info[index]
+        if info.mutates_metadata or info.mutates_storage_metadata or not info.mutates_data:
+            raise ValueError("an input whose metadata (size, stride, storage) is mutated")
+        mutations.append(index)
+    if getattr(meta, "mutated_inp_stream_indices", None) and any(
+        s is not None for s in meta.mutated_inp_stream_indices
+    ):
+        raise ValueError("input mutations on user streams")
+    spec: dict[str, Any] = {
+        "joint": joint,
+        "detach": list(runtime["indices_of_inps_to_detach"]),
+        "mutations": mutations,
+        "leaf_mutations": [
+            i for i in mutations if meta.input_info[i].is_leaf
+        ],  # copied into a detached leaf when it requires grad, as AOTAutograd does
+        "bump_versions": list(meta.mutated_graph_handled_indices_seen_by_autograd)
+        if runtime["keep_input_mutations"]
+        else [],
+        "outputs": meta.num_outputs,
+        "grad_enabled_mutation": meta.grad_enabled_mutation,
+    }
+    if not joint:
+        return spec
+    autograd = record["autograd"]
+    inner_meta = autograd.fw_metadata
+    if autograd.maybe_subclass_meta is not None or autograd.backward_state_indices:
+        raise ValueError("tensor subclasses or compiled-autograd backward state")
+    if autograd.disable_amp:
+        raise ValueError("autocast disabled around the graph")
+    if (
+        inner_meta.num_backward_tokens
+        or inner_meta.num_opaque_objects_saved_for_bw
+        or inner_meta.indices_of_inputs_that_requires_grad_with_mutations_in_bw
+        or inner_meta.num_graphsafe_rng_states
+        or inner_meta.is_rng_op_functionalized
+    ):
+        raise ValueError("backward tokens, opaque objects, RNG state or mutations in backward")
+    mutated_runtime = inner_meta.num_mutated_inp_runtime_indices
+    surviving = [
+        i
+        for i, index in enumerate(inner_meta.mutated_inp_runtime_indices)
+        if inner_meta.input_info[index].mutates_data and inner_meta.input_info[index].requires_grad
+    ]
+    surviving += [
+        mutated_runtime + i
+        for i, info in enumerate(inner_meta.output_info)
+        if info.output_type == OutputType.non_alias
+        and issubclass(info.raw_type, torch.Tensor)
+        and info.requires_grad_for_backward
+    ]
+    returns_meta = [
+        x for x in inner_meta.input_info if x.mutation_type == MutationType.MUTATED_OUT_GRAPH
+    ] + list(inner_meta.output_info)
+    tangent_metas = list(inner_meta.subclass_tangent_meta)
+    if len(tangent_metas) != len(surviving):
+        raise ValueError("tangents that do not match the differentiable outputs")
+    spec.update(
+        forward_returns=inner_meta.num_forward_returns,
+        saved=_slice_literal(inner_meta.tensors_saved_for_backwards_with_vc_check_slice),
+        saved_no_check=_slice_literal(inner_meta.tensors_saved_for_backwards_no_vc_check_slice),
+        symints=_slice_literal(inner_meta.symints_saved_for_backwards_slice),
+        non_differentiable=[
+            i
+            for i, m in enumerate(returns_meta)
+            if i < mutated_runtime + inner_meta.num_outputs and not m.requires_grad
+        ],
+        grad_outs=inner_meta.num_outputs + mutated_runtime + inner_meta.num_intermediate_bases,
+        tangents=[[position, _tangent_format(m)] for position, m in zip(surviving, tangent_metas)],
+    )
+    return spec
+
+
+def outputs_need_no_grad(record: dict[str, Any]) -> int | None:
+    """For a subgraph ``compile_fx_recorded`` compiled: its number of outputs when none
+    of them requires grad and no input it mutates does (run under no_grad it computes
+    the same), else None."""
+    runtime = record["runtime"]
+    if runtime is None:
+        return None
+    meta = runtime["runtime_metadata"]
+    if meta.grad_enabled_mutation is not None or any(o.requires_grad for o in meta.output_info):
+        return None
+    if any(
+        meta.input_info[i].requires_grad
+        for i, info in enumerate(meta.input_info)
+        if info.mutates_data or info.mutates_metadata
+    ):
+        return None
+    return int(meta.num_outputs)
 
 
 def inductor_backend_artifact(backend_id: str) -> bytes | None:

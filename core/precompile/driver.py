@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     _set_grad_enabled = _torch._C._set_grad_enabled
     _dict_version = _torch._C._dynamo.guards.dict_version
     _TensorGuards = _torch._C._dynamo.guards.TensorGuards
+    _view_replay_enabled = _torch._C._is_view_replay_enabled
+    _set_view_replay_enabled = _torch._C._set_view_replay_enabled
+    _set_code_exec_strategy = _torch._C._dynamo.eval_frame.set_code_exec_strategy
+    _SKIP_FRAMES: Any = None
 
     BACKEND: str = ""
     FN_NAME: str = ""
@@ -76,6 +80,8 @@ if TYPE_CHECKING:
     def function_source(module_text: str, qualname: str, line: int = 0) -> str | None: ...
 
     def source_digest(text: str) -> str: ...
+
+    def changed_functions(records: Any, module_text: Any) -> Any: ...
 
     def new_context(names: Any, training: bool = True) -> dict[str, Any]: ...
 
@@ -488,39 +494,33 @@ def _live_module(name: str, path: str | None) -> Any:
 
 def _check_function_sources_once() -> None:
     """Refuse to load when a function the trace ran through changed since capture: the
-    graph holds what the old code computed. Each function is compared on its own source
-    (``function_source``), so an edit elsewhere in its file changes nothing. A function
-    of a script that ran as ``__main__`` at capture, and is not this process's
-    ``__main__``, is compared with that script's file."""
+    graph holds what the old code computed."""
+    for record, gone in changed_functions(FUNCTION_SOURCES, _module_text):
+        _fail(
+            f"precompile: {record['function']} ({record['path']}:{record['line']}, module "
+            f"{record['module']}) {'is gone or renamed' if gone else 'changed'} since this "
+            f"artifact was captured; the graph was traced through the old code. Capture it "
+            f"again (re-emit the artifact)",
+            3,
+        )
+
+
+def _module_text(name: str, path: str) -> str | None:
+    """A module's live source; for a script that ran as ``__main__`` at capture and is
+    not this process's ``__main__``, that script's file."""
     import inspect
 
-    texts: dict[tuple[str, str], str | None] = {}
-    for record in FUNCTION_SOURCES:
-        key = (record["module"], record["path"])
-        if key not in texts:
-            text = None
-            try:
-                module = _live_module(*key)
-                if module is not None:
-                    text = inspect.getsource(module)
-                else:
-                    recorded = _recorded_path(record["path"])
-                    if recorded:
-                        with open(recorded, encoding="utf-8") as f:
-                            text = f.read()
-            except (OSError, TypeError, UnicodeDecodeError):
-                text = None
-            texts[key] = text
-        text = texts[key]
-        source = None if text is None else function_source(text, record["function"], record["line"])
-        if source is None or source_digest(source) != record["sha256"]:
-            what = "is gone or renamed" if source is None else "changed"
-            _fail(
-                f"precompile: {record['function']} ({record['path']}:{record['line']}, module "
-                f"{record['module']}) {what} since this artifact was captured; the graph was "
-                f"traced through the old code. Capture it again (re-emit the artifact)",
-                3,
-            )
+    try:
+        module = _live_module(name, path)
+        if module is not None:
+            return inspect.getsource(module)
+        recorded = _recorded_path(path)
+        if recorded:
+            with open(recorded, encoding="utf-8") as f:
+                return f.read()
+    except (OSError, TypeError, UnicodeDecodeError):
+        pass
+    return None
 
 
 def _global_scopes() -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -1356,6 +1356,7 @@ def _inductor_runtime(bundle: dict[str, Any] | None) -> Any:
     own output module does; ``compiled`` remembers them so a capture can cache them.
     """
     import contextlib
+    import functools
     import hashlib
     import importlib
     import importlib.util
@@ -1364,6 +1365,7 @@ def _inductor_runtime(bundle: dict[str, Any] | None) -> Any:
     import sys
     import tempfile
     import types
+    import warnings
 
     prebuilt: dict[str, Any] = {}
     compiled: dict[str, Any] = {}
@@ -1392,13 +1394,17 @@ def _inductor_runtime(bundle: dict[str, Any] | None) -> Any:
     def real(module: str, name: str) -> Any:
         return getattr(importlib.import_module(module), name)
 
+    warned: set[str] = set()
+
     class AsyncCompile:
         """Stands in for Inductor's: a prebuilt kernel when the cache has it, else the
-        real compiler (imported only then)."""
+        real compiler (imported only then; with a cache, after a warning naming the
+        graph, once per graph)."""
 
-        def __init__(self) -> None:
+        def __init__(self, graph: str | None = None) -> None:
             self._real: Any = None
             self._pending: list[tuple[str, Any]] = []
+            self._graph = graph
 
         def _compiler(self) -> Any:
             if self._real is None:
@@ -1410,6 +1416,23 @@ def _inductor_runtime(bundle: dict[str, Any] | None) -> Any:
             kernel = prebuilt.get(digest)
             if kernel is not None:
                 return kernel
+            graph = self._graph or "the captured graph"
+            if prebuilt and graph not in warned:
+                warned.add(graph)
+                category: type[Warning]
+                try:
+                    from precompile.errors import CacheFallbackWarning
+
+                    category = CacheFallbackWarning
+                except ImportError:
+                    category = UserWarning
+                warnings.warn(
+                    f"precompile: the cache has no compiled kernel {digest[:16]} of graph "
+                    f"{graph}; compiling it from the artifact's inlined source, which makes "
+                    f"this load slow",
+                    category,
+                    stacklevel=2,
+                )
             result = self._compiler().cpp_pybinding(argtypes, source_code)
             self._pending.append((digest, result))
             return result
@@ -1460,9 +1483,9 @@ def _inductor_runtime(bundle: dict[str, Any] | None) -> Any:
         ("torch._inductor.select_algorithm", "extern_kernels"): ExternKernels(),
     }
 
-    def resolve(module: str, name: str) -> Any:
+    def resolve(module: str, name: str, graph: str | None = None) -> Any:
         if (module, name) == ("torch._inductor.async_compile", "AsyncCompile"):
-            return AsyncCompile
+            return functools.partial(AsyncCompile, graph)
         if slim and (module, name) in light:
             return light[(module, name)]
         return real(module, name)
@@ -1474,7 +1497,10 @@ def _bind_inductor_module(name: str, source: str, resolve: Any) -> Any:
     """Execute one inlined Inductor output module in a namespace of its own (several live
     in one multi-graph artifact, each defining ``call`` and its kernels) and return the
     positional-argument function Dynamo's transformed bytecode calls."""
-    scope: dict[str, Any] = {"__name__": f"precompile_graph_{name}", "_inductor_import": resolve}
+    scope: dict[str, Any] = {
+        "__name__": f"precompile_graph_{name}",
+        "_inductor_import": lambda module, attribute: resolve(module, attribute, name),
+    }
     exec(compile(source, f"<precompile graph {name}>", "exec"), scope)
     call = scope["call"]
 
@@ -1482,6 +1508,164 @@ def _bind_inductor_module(name: str, source: str, resolve: Any) -> Any:
         return call(list(args))
 
     return run
+
+
+def _bind_aot_graph(
+    name: str, spec: dict[str, Any], forward: str, backward: Any, resolve: Any
+) -> Any:
+    """Run a subgraph AOTAutograd partitioned (a training graph, or one that switches grad
+    mode) from its inlined Inductor output modules, doing what AOTAutograd's runtime
+    wrappers do around them -- for the cases the capture accepted (``spec``, from
+    ``_compat.aot_runtime_spec``): detach inputs whose gradient is known to be None, run
+    the forward in an autograd function that saves what the backward needs (tensors and
+    sizes), mark outputs that need no gradient, coerce incoming gradients to the layout
+    the backward was compiled for, copy mutated inputs back, restore grad mode."""
+    forward_call = _bind_inductor_module(f"{name}_forward", forward, resolve)
+    backward_call: Any = (
+        _bind_inductor_module(f"{name}_backward", backward, resolve) if backward else None
+    )
+    detach = tuple(spec["detach"])
+    mutations = tuple(spec["mutations"])
+    leaves = frozenset(spec["leaf_mutations"])
+    bump = tuple(spec["bump_versions"])
+    grad_mode_after = spec["grad_enabled_mutation"]
+    detach_outputs = spec.get("detach_outputs", False)
+    expected = len(mutations) + spec["outputs"]
+
+    def finish(args: list[Any], outs: Any) -> Any:
+        outs = list(outs)
+        if len(outs) != expected:
+            _fail(
+                f"precompile: graph {name} returned {len(outs)} values where it was "
+                f"captured returning {expected}; this is a precompile bug, please report it"
+            )
+        for i, index in enumerate(mutations):
+            original = args[index]
+            if index in leaves and original.requires_grad:
+                original.detach().copy_(outs[i])
+            else:
+                original.copy_(outs[i])
+        if bump:
+            _torch.autograd.graph.increment_version(tuple(args[i] for i in bump))
+        if grad_mode_after is not None:
+            _set_grad_enabled(grad_mode_after)
+        return outs[len(mutations) :]
+
+    if backward_call is None:
+
+        def run_inference(*args: Any) -> Any:
+            inputs = list(args)
+            enabled = _torch.is_grad_enabled()
+            if enabled:
+                _set_grad_enabled(False)
+            try:
+                outs = forward_call(*inputs)
+            finally:
+                if enabled:
+                    _set_grad_enabled(True)
+            if detach_outputs:
+                outs = [
+                    o.detach() if isinstance(o, _torch.Tensor) and o.requires_grad else o
+                    for o in outs
+                ]
+            return finish(inputs, outs)
+
+        return run_inference
+
+    saved = slice(*spec["saved"])
+    saved_no_check = slice(*spec["saved_no_check"])
+    symints = slice(*spec["symints"])
+    returns = spec["forward_returns"]
+    non_differentiable = tuple(spec["non_differentiable"])
+    grad_outs = spec["grad_outs"]
+    tangents = tuple(
+        (
+            position,
+            None
+            if fmt is None
+            else (
+                ("format", getattr(_torch, fmt[1]))
+                if fmt[0] == "format"
+                else ("strided", tuple(fmt[1]), tuple(fmt[2]))
+            ),
+        )
+        for position, fmt in spec["tangents"]
+    )
+
+    def tangent(grad: Any, fmt: Any) -> Any:
+        if fmt is None or not isinstance(grad, _torch.Tensor):
+            return grad
+        if fmt[0] == "format":
+            if not grad.is_contiguous(memory_format=fmt[1]):
+                grad = grad.contiguous(memory_format=fmt[1])
+            return grad
+        if tuple(grad.shape) == fmt[1] and grad.stride() == fmt[2]:
+            return grad
+        restrided = _torch.empty_strided(
+            fmt[1], fmt[2], dtype=grad.dtype, device=grad.device, layout=grad.layout
+        )
+        restrided.copy_(grad)
+        return restrided
+
+    class CompiledFunction(_torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *args: Any) -> Any:
+            outs = list(forward_call(*args))
+            ctx.save_for_backward(*[t.detach() if t._is_view() else t for t in outs[saved]])
+            ctx.unchecked = [t.detach() if t._is_view() else t for t in outs[saved_no_check]]
+            ctx.symints = outs[symints]
+            raw = outs[:returns]
+            ctx.mark_non_differentiable(
+                *[raw[i] for i in non_differentiable if isinstance(raw[i], _torch.Tensor)]
+            )
+            ctx._materialize_non_diff_grads = False
+            return tuple(raw)
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:
+            if len(grads) != grad_outs:
+                _fail(f"precompile: graph {name} got {len(grads)} gradients, expected {grad_outs}")
+            if _torch.is_grad_enabled():
+                _fail(
+                    f"precompile: graph {name} was captured for a first-order backward; "
+                    f"backward(create_graph=True) through it (a double backward) is not "
+                    f"supported -- capture the double backward inside fn instead"
+                )
+            all_args = [
+                *ctx.symints,
+                *ctx.saved_tensors,
+                *ctx.unchecked,
+                *(tangent(grads[position], fmt) for position, fmt in tangents),
+            ]
+            ctx.unchecked = None
+            return tuple(backward_call(*all_args))
+
+    def run_training(*args: Any) -> Any:
+        inputs = list(args)
+        for index in detach:
+            if isinstance(inputs[index], _torch.Tensor):
+                inputs[index] = inputs[index].detach()
+        replay = _view_replay_enabled()
+        try:
+            if not replay:
+                _set_view_replay_enabled(True)
+            with _torch.enable_grad():
+                outs = CompiledFunction.apply(*inputs)
+        finally:
+            if _view_replay_enabled() != replay:
+                _set_view_replay_enabled(replay)
+        return finish(list(args), outs)
+
+    # The autograd engine calls backward from whatever frame runs loss.backward(); where
+    # Dynamo's frame callback is active (a capture, an installed artifact) it must not
+    # try to compile this runtime, as it never compiles AOTAutograd's own.
+    for code in (
+        CompiledFunction.forward.__code__,
+        CompiledFunction.backward.__code__,
+        run_training.__code__,
+    ):
+        _set_code_exec_strategy(code, _SKIP_FRAMES)
+    return run_training
 
 
 #: The functions every single-graph artifact carries, in emission order, after
@@ -1502,6 +1686,7 @@ SINGLE_GRAPH_DRIVER = (
     _recorded_path,
     _live_module,
     _check_function_sources_once,
+    _module_text,
     _global_scopes,
     _known_identities,
     _context,

@@ -405,29 +405,43 @@ class DynamoSession:
         return gm.forward
 
     def _inductor_backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        """Inference subgraphs become inlined Inductor output modules, which a cached load
-        serves by binding their kernels directly (no compiler import, no AOTAutograd);
-        training subgraphs, and any the inlined path cannot take, are compiled the way
-        torch.compile compiles them and shipped as Inductor's bundled artifact."""
+        """Every subgraph becomes inlined Inductor output modules, which a cached load
+        serves by binding their kernels directly (no compiler import, no AOTAutograd):
+        an inference subgraph as one module; a training subgraph, or one that switches
+        grad mode, as AOTAutograd partitioned it (forward and backward modules) with
+        what AOTAutograd's runtime does around them. The capture's own calls run them
+        through that runtime too. A subgraph needing what that runtime does not
+        reproduce (aliased outputs, tensor subclasses, ...) is compiled the way
+        torch.compile compiles it and shipped as Inductor's bundled artifact."""
         from precompile import driver, inductor_backend
 
         self.inductor_graphs.append(gm)
+        if self.kernel_runtime is None:
+            self.kernel_runtime = driver._inductor_runtime(None)
         if not self.training:
-            if self.kernel_runtime is None:
-                self.kernel_runtime = driver._inductor_runtime(None)
             inlined = inductor_backend.inline_dynamo_subgraph(gm, self.kernel_runtime)
             if inlined is not None:
                 return inlined
-        return _compat.compile_fx(gm, example_inputs)
+        try:
+            compiled, record = _compat.compile_fx_recorded(gm, example_inputs)
+        except Exception:  # compiled again below the way torch.compile does, or refused there
+            return _compat.compile_fx(gm, example_inputs)
+        inlined_aot = inductor_backend.inline_aot_subgraph(
+            record, len(example_inputs), self.kernel_runtime
+        )
+        outputs = _compat.outputs_need_no_grad(record)
+        if inlined_aot is None and outputs is not None:
+            inlined_aot = inductor_backend.inline_no_grad_subgraph(gm, outputs, self.kernel_runtime)
+        return compiled if inlined_aot is None else inlined_aot
 
     def inlined_subgraphs(self) -> dict[str, Any]:
-        """Backend id -> the subgraph's inlined Inductor output module."""
-        from precompile.inductor_backend import InlinedSubgraph
+        """Backend id -> the subgraph's inlined Inductor output module(s)."""
+        from precompile.inductor_backend import InlinedAotSubgraph, InlinedSubgraph
 
         return {
             backend_id: compiled
             for backend_id, compiled in self.package.cached_backends.items()
-            if isinstance(compiled, InlinedSubgraph)
+            if isinstance(compiled, InlinedSubgraph | InlinedAotSubgraph)
         }
 
     def _filter(self, entries: list[Any]) -> list[bool]:

@@ -311,24 +311,23 @@ def _text_literal(text: str) -> str:
 def inductor_graph_section(
     frames: list[FrameRecord],
     modules: dict[str, str],
+    aot_graphs: dict[str, tuple[dict[str, Any], str, str | None]],
     artifacts: dict[str, bytes],
     names: dict[str, str],
 ) -> str:
-    """Each Dynamo subgraph through Inductor: an inference subgraph as its output module,
-    executed at load with its kernels bound from the cache (or compiled from the module's
-    kernel source without one); any other as Inductor's bundled artifact (forward,
-    backward and their generated code, pickled), rebuilt at load from the cache's files
-    or by compiling the kernel source it carries."""
+    """Each Dynamo subgraph through Inductor: an inference subgraph as its output module;
+    a training subgraph, or one that switches grad mode, as the forward and backward
+    output modules AOTAutograd partitioned it into, with the spec of what AOTAutograd's
+    runtime does around them (``_INDUCTOR_AOT_GRAPHS``). Both are executed at load with
+    their kernels bound from the cache (or compiled from the modules' kernel source
+    without one). A subgraph that runtime cannot reproduce ships as Inductor's bundled
+    artifact (pickled), rebuilt at load from the cache's files or by compiling the kernel
+    source it carries."""
     order = _backend_order(frames)
     parts = []
-    if modules:
-        rows = "\n".join(
-            f"    {names[b]!r}: (\n{_text_literal(modules[b])}\n    ),"
-            for b in order
-            if b in modules
-        )
+    if modules or aot_graphs:
         parts += [
-            "# ---- captured graphs: inference subgraphs as Inductor output modules",
+            "# ---- captured graphs: each subgraph as Inductor output modules",
             _compat.INDUCTOR_PRELUDE,
             runtime_source([driver._inductor_runtime]),
             "",
@@ -336,17 +335,51 @@ def inductor_graph_section(
             runtime_source([driver._bind_inductor_module]),
             "",
             "",
-            "_INDUCTOR_MODULES = {",
-            rows,
-            "}",
             '_INDUCTOR = _inductor_runtime(globals().get("_PRECOMPILE_BUNDLE"))',
-            "_BACKEND_FNS = {",
-            "    backend_id: _bind_inductor_module(backend_id, source, _INDUCTOR.resolve)",
-            "    for backend_id, source in _INDUCTOR_MODULES.items()",
-            "}",
+            "_BACKEND_FNS = {}",
         ]
     else:
         parts.append("_BACKEND_FNS = {}")
+    if modules:
+        rows = "\n".join(
+            f"    {names[b]!r}: (\n{_text_literal(modules[b])}\n    ),"
+            for b in order
+            if b in modules
+        )
+        parts += [
+            "",
+            "# inference subgraphs: one output module each",
+            "_INDUCTOR_MODULES = {",
+            rows,
+            "}",
+            "_BACKEND_FNS.update(",
+            "    (backend_id, _bind_inductor_module(backend_id, source, _INDUCTOR.resolve))",
+            "    for backend_id, source in _INDUCTOR_MODULES.items()",
+            ")",
+        ]
+    if aot_graphs:
+        rows = "\n".join(
+            f"    {names[b]!r}: (\n        {aot_graphs[b][0]!r},\n"
+            f"{_text_literal(aot_graphs[b][1])},\n"
+            + (f"{_text_literal(backward)}," if (backward := aot_graphs[b][2]) else "        None,")
+            + "\n    ),"
+            for b in order
+            if b in aot_graphs
+        )
+        parts += [
+            "",
+            "# subgraphs AOTAutograd partitioned: (runtime spec, forward module, backward module)",
+            runtime_source([driver._bind_aot_graph]),
+            "",
+            "",
+            "_INDUCTOR_AOT_GRAPHS = {",
+            rows,
+            "}",
+            "_BACKEND_FNS.update(",
+            "    (backend_id, _bind_aot_graph(backend_id, *graph, _INDUCTOR.resolve))",
+            "    for backend_id, graph in _INDUCTOR_AOT_GRAPHS.items()",
+            ")",
+        ]
     if artifacts:
         rows = "\n".join(
             f"    {names[b]!r}: {base64.b64encode(artifacts[b]).decode('ascii')!r},"
@@ -445,6 +478,7 @@ def emit_dynamo(
             driver._fail,
             source_digest.function_source,
             source_digest.source_digest,
+            source_digest.changed_functions,
             guard_text.user_path,
             guard_text.guard_failure_text,
             guard_text.frame_label,

@@ -21,7 +21,7 @@ from precompile.dynamo_emit import (
 )
 from precompile.emit import Artifact
 from precompile.guard_audit import audit
-from precompile.inductor_backend import collect_kernels
+from precompile.inductor_backend import InlinedAotSubgraph, InlinedSubgraph, collect_kernels
 from precompile.report import CaptureReport, PrecompileSummary
 
 
@@ -113,14 +113,19 @@ def build_dynamo_artifact(
     else:
         inlined = session.inlined_subgraphs()
         artifacts = session.inductor_artifacts([b for b in order if b not in inlined])
-        modules = {b: sub.source for b, sub in inlined.items()}
+        modules = {b: sub.source for b, sub in inlined.items() if isinstance(sub, InlinedSubgraph)}
+        aot_graphs = {
+            b: (sub.spec, sub.forward, sub.backward)
+            for b, sub in inlined.items()
+            if isinstance(sub, InlinedAotSubgraph)
+        }
         graph_sources = [gm.code for gm in session.inductor_graphs]
         ops = sum(
             1 for gm in session.inductor_graphs for n in gm.graph.nodes if n.op == "call_function"
         )
 
         def graph_section(names: dict[str, str]) -> str:
-            return inductor_graph_section(frames, modules, artifacts, names)
+            return inductor_graph_section(frames, modules, aot_graphs, artifacts, names)
 
         files = session.inductor_cache_files(artifacts) if artifacts else {}
 

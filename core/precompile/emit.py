@@ -290,7 +290,13 @@ def emit_single_graph(
             lowered.source,
             "# ---- runtime driver (emitted verbatim from precompile/source_digest.py,",
             "# precompile/state_checks.py and precompile/driver.py)",
-            runtime_source([source_digest.function_source, source_digest.source_digest]),
+            runtime_source(
+                [
+                    source_digest.function_source,
+                    source_digest.source_digest,
+                    source_digest.changed_functions,
+                ]
+            ),
             "",
             _source_of(state_checks),
             "",

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import hashlib
+import inspect
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -205,6 +207,95 @@ def inline_dynamo_subgraph(gm: torch.fx.GraphModule, runtime: Any) -> InlinedSub
     return InlinedSubgraph(
         section, slim, driver._bind_inductor_module(name, section, runtime.resolve)
     )
+
+
+@dataclasses.dataclass
+class InlinedAotSubgraph:
+    """A Dynamo subgraph AOTAutograd partitioned (training, or switching grad mode): its
+    forward (and backward) Inductor output modules, inlined, and the spec of what
+    AOTAutograd's runtime does around them; calling it runs the artifact's own runtime
+    for them (``driver._bind_aot_graph``), exactly as a load will."""
+
+    spec: dict[str, Any]
+    forward: str
+    backward: str | None
+    slim: bool
+    run: Callable[..., Any]
+
+    def __call__(self, *args: Any) -> Any:
+        return self.run(*args)
+
+
+def inline_aot_subgraph(
+    record: dict[str, Any], num_inputs: int, runtime: Any
+) -> InlinedAotSubgraph | None:
+    """The subgraph ``_compat.compile_fx_recorded`` compiled, as inlined output modules
+    run by the artifact's runtime, or None where that runtime cannot reproduce what
+    AOTAutograd does around it (the caller then ships Inductor's pickled artifact)."""
+    try:
+        spec = _compat.aot_runtime_spec(record, num_inputs)
+    except ValueError:
+        return None
+    sources = dict(record["graphs"])
+    forward, slim = rewrite_inductor_module(sources["forward"])
+    backward = None
+    if "backward" in sources:
+        backward, backward_slim = rewrite_inductor_module(sources["backward"])
+        slim = slim and backward_slim
+    name = f"subgraph_{hashlib.sha256((forward + (backward or '')).encode()).hexdigest()[:12]}"
+    run = _emitted_aot_binder()(name, spec, forward, backward, runtime.resolve)
+    return InlinedAotSubgraph(spec, forward, backward, slim, run)
+
+
+def inline_no_grad_subgraph(
+    gm: torch.fx.GraphModule, num_outputs: int, runtime: Any
+) -> InlinedAotSubgraph | None:
+    """A subgraph of a training capture whose outputs need no gradient (the graph after
+    ``loss.backward()`` returning ``loss.detach()``, say), lowered as an inference
+    subgraph and run under no_grad; an output that is an input object itself is
+    detached, as the traced ``detach()`` made it. None where the inference path cannot
+    lower it."""
+    inlined = inline_dynamo_subgraph(gm, runtime)
+    if inlined is None:
+        return None
+    spec: dict[str, Any] = {
+        "joint": False,
+        "detach": [],
+        "mutations": [],
+        "leaf_mutations": [],
+        "bump_versions": [],
+        "outputs": num_outputs,
+        "grad_enabled_mutation": None,
+        "detach_outputs": True,
+    }
+    name = f"subgraph_{hashlib.sha256(inlined.source.encode()).hexdigest()[:12]}"
+    run = _emitted_aot_binder()(name, spec, inlined.source, None, runtime.resolve)
+    return InlinedAotSubgraph(spec, inlined.source, None, inlined.slim, run)
+
+
+@functools.cache
+def _emitted_aot_binder() -> Callable[..., Any]:
+    """``driver._bind_aot_graph`` as an artifact defines it: its text executed after the
+    artifact's import preludes, so the capture runs the runtime the load will."""
+    namespace: dict[str, Any] = {"__name__": "precompile_aot_runtime"}
+    text = "\n\n".join(
+        [
+            "from __future__ import annotations",
+            _compat.ARTIFACT_PRELUDE,
+            _compat.INDUCTOR_PRELUDE,
+            *(
+                inspect.getsource(f)
+                for f in (
+                    driver.PrecompileError,
+                    driver._fail,
+                    driver._bind_inductor_module,
+                    driver._bind_aot_graph,
+                )
+            ),
+        ]
+    )
+    exec(compile(text, "<precompile aot runtime>", "exec"), namespace)
+    return cast("Callable[..., Any]", namespace["_bind_aot_graph"])
 
 
 def collect_kernels(runtime: Any, slim: bool) -> dict[str, Any]:

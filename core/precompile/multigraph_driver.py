@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 
     def source_digest(text: str) -> str: ...
 
+    def changed_functions(records: Any, module_text: Any) -> Any: ...
+
     def _build_dependency_check() -> Any: ...
 
     def autocast_state() -> tuple[tuple[str, str], ...]: ...
@@ -104,27 +106,23 @@ def _import_module(name: str) -> Any:
 
 def _check_function_sources() -> None:
     """Refuse to serve a function whose source changed since capture: its guards and
-    bytecode describe the old code. Each function is compared on its own source
-    (``function_source``), so an edit elsewhere in its file changes nothing."""
+    bytecode describe the old code."""
+    for record, gone in changed_functions(FUNCTION_SOURCES, _module_text):
+        _fail(
+            f"precompile: {record['function']} ({record['path']}:{record['line']}, module "
+            f"{record['module']}) {'is gone or renamed' if gone else 'changed'} since this "
+            f"artifact was captured; its guards and bytecode describe the old code. Capture "
+            f"it again (re-emit the artifact)"
+        )
+
+
+def _module_text(name: str, path: str) -> str | None:
     import inspect
 
-    texts: dict[str, str | None] = {}
-    for record in FUNCTION_SOURCES:
-        name = record["module"]
-        if name not in texts:
-            try:
-                texts[name] = inspect.getsource(_import_module(name))
-            except (OSError, TypeError):
-                texts[name] = None
-        text = texts[name]
-        source = None if text is None else function_source(text, record["function"], record["line"])
-        if source is None or source_digest(source) != record["sha256"]:
-            what = "is gone or renamed" if source is None else "changed"
-            _fail(
-                f"precompile: {record['function']} ({record['path']}:{record['line']}, module "
-                f"{name}) {what} since this artifact was captured; its guards and bytecode "
-                f"describe the old code. Capture it again (re-emit the artifact)"
-            )
+    try:
+        return inspect.getsource(_import_module(name))
+    except (OSError, TypeError):
+        return None
 
 
 def _rebuild_global(kind: str, data: str) -> Any:
@@ -559,6 +557,7 @@ MULTIGRAPH_DRIVER = (
     _entry_defaults_check,
     _import_module,
     _check_function_sources,
+    _module_text,
     _rebuild_global,
     _readable_guard_failure,
     _serving_variant,

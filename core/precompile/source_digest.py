@@ -13,6 +13,12 @@ carry these functions verbatim, and the language server imports them without tor
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: artifacts carry these functions without the names
+    from collections.abc import Callable, Iterable, Iterator
+    from typing import Any
+
 
 def function_source(module_text: str, qualname: str, line: int = 0) -> str | None:
     """The source of the function ``qualname`` (``Cls.method``, ``f.<locals>.g``) in
@@ -69,3 +75,25 @@ def source_digest(text: str) -> str:
     import hashlib
 
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def changed_functions(
+    records: Iterable[dict[str, Any]], module_text: Callable[[str, str], str | None]
+) -> Iterator[tuple[dict[str, Any], bool]]:
+    """Yield ``(record, gone)`` for each of ``records`` (``FUNCTION_SOURCES`` rows) whose
+    function's live source differs from the digest recorded at capture; ``gone`` when the
+    function is not found at all. ``module_text(module, path)`` reads a module's live
+    text (None when it cannot), once per module."""
+    texts: dict[tuple[str, str], str | None] = {}
+    for record in records:
+        key = (record["module"], record["path"])
+        if key not in texts:
+            texts[key] = module_text(*key)
+        text = texts[key]
+        source = (
+            None
+            if text is None
+            else function_source(text, record["function"], record.get("line", 0))
+        )
+        if source is None or source_digest(source) != record["sha256"]:
+            yield record, source is None

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from precompile.errors import PrecompileError
 from precompile.metadata import inspect_artifact
-from precompile.source_digest import function_source, source_digest
+from precompile.source_digest import changed_functions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,21 +62,13 @@ def artifact_status(artifact: Path) -> ArtifactStatus:
     stale: list[StaleSource] = []
     records = metadata.get("FUNCTION_SOURCES")
     if isinstance(records, list) and records:
-        texts: dict[Path, str | None] = {}
-        for record in records:
+
+        def module_text(module: str, path: str) -> str | None:
+            return _read(Path(os.path.normpath(base / path)))
+
+        for record, gone in changed_functions(records, module_text):
             path = Path(os.path.normpath(base / record["path"]))
-            if path not in texts:
-                texts[path] = _read(path)
-            text = texts[path]
-            source = (
-                None
-                if text is None
-                else function_source(text, record["function"], record.get("line", 0))
-            )
-            if source is None:
-                stale.append(StaleSource(path, record["function"], gone=True))
-            elif source_digest(source) != record["sha256"]:
-                stale.append(StaleSource(path, record["function"]))
+            stale.append(StaleSource(path, record["function"], gone=gone))
         return ArtifactStatus(exists=True, stale=tuple(stale))
     for record in metadata.get("SOURCES", []):
         path = Path(os.path.normpath(base / record["path"]))

@@ -21,7 +21,7 @@ import torch
 import precompile
 from precompile.envelope import blob_digests
 from tests.conftest import run_python
-from tests.fixtures.dynamo_models import CASES
+from tests.fixtures.dynamo_models import CASES, train_step_aliased
 from tests.fixtures.models import plain_fn
 
 #: A shared object whose loading is visible: its constructor runs at dlopen, before any
@@ -66,9 +66,10 @@ _SERVE_PLAIN = """
 """
 
 _SERVE_TRAIN_STEP = """
-    from tests.fixtures.dynamo_models import CASES
+    from tests.fixtures.dynamo_models import CASES, train_step_aliased
     case = CASES["train_step_break"]
-    served, expected = case.drive(run, case.build(1)), case.drive(case.fn, case.build(1))
+    served = case.drive(run, case.build(1))
+    expected = case.drive(train_step_aliased, case.build(1))
     leaves = torch.utils._pytree.tree_leaves
     pairs = list(zip(leaves(served), leaves(expected)))
     assert len(leaves(served)) == len(leaves(expected))
@@ -252,8 +253,10 @@ def test_an_incomplete_digest_record_refuses_the_kernels(
 
 @pytest.fixture(scope="module")
 def dynamo_training_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A Dynamo+Inductor training capture: its cache carries Inductor's own cache files
-    (shared objects and pickled entries), which Inductor loads itself."""
+    """A Dynamo+Inductor training capture with a subgraph the artifact's runtime leaves to
+    Inductor's pickled artifact (an output aliasing another): its cache carries
+    Inductor's own cache files (shared objects and pickled entries), which Inductor loads
+    itself."""
     torch._logging.set_logs(dynamo=logging.ERROR)
     torch._dynamo.reset()
     directory = tmp_path_factory.mktemp("dynamo-training")
@@ -261,7 +264,7 @@ def dynamo_training_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
     case = CASES["train_step_break"]
     args = case.build(0)
     with precompile.capture(
-        case.fn,
+        train_step_aliased,
         artifact_path=paths[0],
         cache_path=paths[1],
         tracer=precompile.DynamoTracer(),
@@ -269,6 +272,7 @@ def dynamo_training_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
         training=True,
     ) as cap:
         case.drive(cap, args)
+    assert "_INDUCTOR_ARTIFACTS = {" in paths[0].read_text()
     return paths
 
 
