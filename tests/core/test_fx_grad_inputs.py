@@ -19,7 +19,7 @@ import torch
 
 import precompile
 from precompile import PrecompileError
-from tests.conftest import REPO, capture_pair, fresh_env
+from tests.conftest import REPO, capture_pair, fresh_env, watched_load
 from tests.fixtures import fx_grad_inputs as cases
 
 SERVED = [("mlp", "eager"), ("conv", "eager"), ("custom", "eager"), ("two_inputs", "eager")]
@@ -84,6 +84,7 @@ def served(
             "fresh": torch.load(directory / "result.pt", weights_only=False),
             "captured": captured,
             "expected": expected,
+            "paths": out,
         }
     return results
 
@@ -149,6 +150,31 @@ def test_an_input_captured_without_grad_is_refused_when_it_requires_grad(
 ) -> None:
     refusal = served[("two_inputs", "eager")]["fresh"]["refusals"]["second_input_requires_grad"]
     assert refusal is not None and "input 1 requires grad but was captured without" in refusal
+
+
+ZERO_COMPILE_SERVE = """
+from tests.fixtures import fx_grad_inputs as cases
+model, (x,) = cases.build("conv")
+twin, (x_ref,) = cases.build("conv")
+out, ref = run(model, x), twin(x_ref)
+g = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+out.backward(g)
+ref.backward(g)
+pairs = [(out, ref), (x.grad, x_ref.grad)]
+pairs += list(zip([p.grad for p in model.parameters()], [p.grad for p in twin.parameters()]))
+error = max(float((a - b).abs().max()) for a, b in pairs)
+"""
+
+
+def test_inductor_forward_and_backward_load_from_the_cache_compiling_nothing(
+    served: dict[tuple[str, str], dict[str, Any]], tmp_path: Path
+) -> None:
+    """Both output modules' kernels come from the cache: a fresh process with empty
+    Inductor folders starts no compiler process and writes no kernel."""
+    artifact, cache = served[("conv", "inductor")]["paths"]
+    result = watched_load(artifact, cache, ZERO_COMPILE_SERVE, tmp_path / "inductor-cache")
+    assert result["error"] < 1e-4, result["error"]
+    assert result["spawned"] == [] and result["cache_files"] == []
 
 
 # ---------------------------------------------------------------- refused at capture
