@@ -1283,3 +1283,130 @@ def inductor_layout_config() -> Any:
     from torch._inductor import config
 
     return config.patch(size_asserts=True)
+
+
+# ---------------------------------------------------------------- AOTAutograd
+
+
+class _Flat(torch.nn.Module):
+    """A module with no state whose forward is ``fn``: what AOTAutograd's export takes.
+    The user's modules stay out of it (``fn`` swaps their state for its inputs)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        super().__init__()
+        self._fn = fn
+
+    def forward(self, *flat: Any) -> Any:
+        return self._fn(*flat)
+
+
+def _descriptor(desc: Any) -> tuple[str, int | None]:
+    """An AOTAutograd input/output descriptor as plain data: ("input", i),
+    ("output", i), ("saved", i), ("tangent", output i), ("grad", of input i), or
+    (its class name, None) for anything else -- which the caller refuses."""
+    from torch._functorch._aot_autograd import descriptors as d
+
+    if desc is None:
+        return ("none", None)
+    if isinstance(desc, d.PlainAOTInput):
+        return ("input", desc.idx)
+    if isinstance(desc, d.PlainAOTOutput):
+        return ("output", desc.idx)
+    if isinstance(desc, d.SavedForBackwardsAOTOutput):
+        return ("saved", desc.idx)
+    if isinstance(desc, d.TangentAOTInput) and isinstance(desc.output, d.PlainAOTOutput):
+        return ("tangent", desc.output.idx)
+    if isinstance(desc, d.GradAOTOutput) and isinstance(desc.grad_of, d.PlainAOTInput):
+        return ("grad", desc.grad_of.idx)
+    return (type(desc).__name__, None)
+
+
+def trace_joint(
+    fn: Callable[..., Any],
+    fakes: list[Any],
+    decompositions: dict[Any, Callable[..., Any]] | None,
+) -> dict[str, Any]:
+    """Trace ``fn``'s forward and backward with AOTAutograd (its joint trace and default
+    partition) on the fake ``fakes``, the way torch.compile does for a training graph.
+    Returns the two graphs and AOTAutograd's view of the call as plain data."""
+    from torch._functorch.aot_autograd import (
+        aot_compile_joint_with_descriptors,
+        aot_export_joint_with_descriptors,
+    )
+
+    graphs: dict[str, torch.fx.GraphModule] = {}
+
+    def recording(kind: str) -> Callable[..., Any]:
+        def compiler(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+            graphs[kind] = gm
+            return gm
+
+        return compiler
+
+    with contextlib.ExitStack() as stack:
+        joint = aot_export_joint_with_descriptors(
+            stack, _Flat(fn), tuple(fakes), decompositions=decompositions
+        )
+        meta = joint._aot_state.fw_metadata
+        aot_compile_joint_with_descriptors(
+            joint, fw_compiler=recording("forward"), bw_compiler=recording("backward")
+        )
+    if "backward" not in graphs:
+        raise RuntimeError("AOTAutograd traced no backward graph for this call")
+    forward, backward = graphs["forward"], graphs["backward"]
+    forward_outputs = forward.graph.output_node()
+    backward_outputs = backward.graph.output_node()
+    return {
+        "forward": forward,
+        "backward": backward,
+        "mutated_inputs": [
+            i
+            for i, info in enumerate(meta.input_info)
+            if info.mutates_data or info.mutates_metadata or info.mutates_storage_metadata
+        ],
+        "output_kinds": [info.output_type.name for info in meta.output_info],
+        "output_requires_grad": [bool(info.requires_grad) for info in meta.output_info],
+        "intermediate_bases": meta.num_intermediate_bases,
+        "effects": bool(meta.tokens) or bool(meta.num_backward_tokens),
+        "forward_outputs": [_descriptor(x) for x in forward_outputs.meta.get("desc", [])],
+        "forward_output_count": _output_count(forward_outputs),
+        "backward_inputs": [
+            _descriptor(n.meta.get("desc")) for n in backward.graph.nodes if n.op == "placeholder"
+        ],
+        "backward_outputs": [_descriptor(x) for x in backward_outputs.meta.get("desc", [])],
+        "backward_output_count": _output_count(backward_outputs),
+    }
+
+
+def _output_count(output: torch.fx.Node) -> int:
+    values = output.args[0]
+    return len(values) if isinstance(values, (tuple, list)) else 1
+
+
+def compile_inductor_backward(gm: torch.fx.GraphModule, fakes: list[Any]) -> str:
+    """Lower an AOTAutograd backward graph with Inductor; return its output module."""
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    with _fake_mode_of(fakes):
+        compiled = compile_fx_inner(gm, fakes, is_backward=True)
+    source = getattr(compiled, "source_code", None)
+    if not isinstance(source, str):
+        raise RuntimeError("Inductor produced no Python output module for this graph")
+    return source
+
+
+def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
+    """Inductor's decomposition table (what its lowering wants a graph traced with)."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    return dict(select_decomp_table())
+
+
+def inductor_autograd_config() -> Any:
+    """``inductor_layout_config`` for a forward and backward lowered separately: with
+    Inductor's layout optimization off, the forward hands the backward its saved tensors
+    in the layout the backward graph was traced (and lowered) for. torch.compile instead
+    retraces the backward with the forward's actual output strides."""
+    from torch._inductor import config
+
+    return config.patch(size_asserts=True, layout_optimization=False)

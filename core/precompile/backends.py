@@ -5,7 +5,7 @@ from __future__ import annotations
 from precompile import driver
 from precompile.emit import LoweredGraph
 from precompile.fx_capture import SingleGraph
-from precompile.graph_code import fx_graph_source
+from precompile.graph_code import fx_autograd_source, fx_graph_source
 
 BACKENDS = ("inductor", "eager")
 
@@ -17,4 +17,14 @@ def check_backend(backend: object) -> str:
 
 
 def lower_eager(graph: SingleGraph) -> LoweredGraph:
+    if graph.grad_inputs:
+        from precompile.autograd_capture import capture_joint
+
+        assert graph.joint_inputs is not None
+        joint = capture_joint(graph, graph.joint_inputs[2])
+        return LoweredGraph(
+            source=fx_autograd_source(graph, joint.forward, joint.backward),
+            relabel=driver._relabel_layout_error_eager,
+            autograd=joint.runtime,
+        )
     return LoweredGraph(source=fx_graph_source(graph), relabel=driver._relabel_layout_error_eager)

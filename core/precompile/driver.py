@@ -72,6 +72,7 @@ if TYPE_CHECKING:
     GLOBAL_HOOKS: Any = ()
     GRAD_ACCESS: list[str] = []
     OUTPUT_DETACH: list[int] = []
+    AUTOGRAD: dict[str, Any] | None = None
     DEFAULT_DTYPE: str = ""
     FUNCTION_SOURCES: list[dict[str, Any]] = []
     AUTOCAST: list[tuple[str, str]] = []
@@ -114,6 +115,8 @@ if TYPE_CHECKING:
     _INDUCTOR_ALIGN_BYTES: int = 64
 
     def call(flat_inputs: list[Any]) -> list[Any]: ...
+
+    def call_backward(flat_inputs: list[Any]) -> list[Any]: ...
 
     def _relabel_layout_error(error: AssertionError, flat: list[Any]) -> str | None: ...
 
@@ -377,13 +380,22 @@ def _describe_input_mismatch(leaves: list[Any], spec_matches: bool) -> None:
                 f"x.detach(), or capture again with an input that requires grad",
                 5,
             )
-        if not TRAINING and _torch.is_grad_enabled():
+        if AUTOGRAD is not None and not USER_INPUT_REQUIRES_GRAD[i] and _torch.is_grad_enabled():
+            _fail(
+                f"precompile: input {i} requires grad but was captured without; the "
+                f"captured backward graph computes no gradient for it, where eager would. "
+                f"Pass x.detach() or call under torch.no_grad(), or capture again with "
+                f"this input requiring grad",
+                5,
+            )
+        if not TRAINING and AUTOGRAD is None and _torch.is_grad_enabled():
             _fail(
                 f"precompile: input {i} requires grad, but this artifact was captured for "
-                f"inference (training=False): it runs without autograd, so its outputs "
-                f"would carry no gradient and a backward through them would silently "
-                f"leave this input out. Call it under torch.no_grad() or pass x.detach(), "
-                f"or capture with training=True and run the backward inside fn",
+                f"inference with inputs that did not (or under torch.no_grad()): it runs "
+                f"without autograd, so its outputs would carry no gradient and a backward "
+                f"through them would silently leave this input out. Call it under "
+                f"torch.no_grad() or pass x.detach(), or capture again with an input that "
+                f"requires grad (the artifact then carries the backward)",
                 5,
             )
     if not TRAINING and "requires_grad" in STATE_READS:
@@ -856,11 +868,15 @@ def _build_single_graph_forward() -> Any:
     reads_requires_grad = "requires_grad" in STATE_READS
     # An inference artifact expecting an input that requires grad serves it only with
     # grad mode off.
-    inference_grad_inputs = not TRAINING and any(
-        USER_INPUT_REQUIRES_GRAD[i] for i in tensor_slots if reads_requires_grad
+    inference_grad_inputs = (
+        not TRAINING
+        and AUTOGRAD is None
+        and any(USER_INPUT_REQUIRES_GRAD[i] for i in tensor_slots if reads_requires_grad)
     )
-    # fn branched on torch.is_grad_enabled(): the trace saw grad mode == TRAINING.
+    # fn branched on torch.is_grad_enabled(): the trace saw grad mode on for a training
+    # capture and for an inference capture of inputs that require grad (AUTOGRAD).
     grad_mode_read = STATE_READS.get("grad_mode")
+    traced_grad_mode = TRAINING or AUTOGRAD is not None
     is_grad_enabled = _torch.is_grad_enabled
     # fn branched on torch.is_inference_mode_enabled(): the trace ran outside it (a
     # capture under inference mode that reads it is refused).
@@ -877,8 +893,12 @@ def _build_single_graph_forward() -> Any:
             # Inference: an input that requires grad takes the slow path, which refuses
             # it under grad mode (eager's outputs would carry its gradient) -- unless fn
             # reads requires_grad: then the captured value is expected, and grad mode is
-            # checked on its own below.
-            bool((TRAINING or reads_requires_grad) and USER_INPUT_REQUIRES_GRAD[i]),
+            # checked on its own below. An AUTOGRAD capture expects the captured value
+            # (another one takes the slow path, which serves or refuses it).
+            bool(
+                (TRAINING or reads_requires_grad or AUTOGRAD is not None)
+                and USER_INPUT_REQUIRES_GRAD[i]
+            ),
         )
         for i in tensor_slots
         if not has_dynamic
@@ -897,6 +917,12 @@ def _build_single_graph_forward() -> Any:
     grad_indices = tuple(GRAD_PARAM_INDICES)
     n_grads = len(grad_indices)
     output_detach = tuple(OUTPUT_DETACH)
+    # An inference capture of inputs that require grad: under grad mode the call goes
+    # through the captured forward and backward graphs (an autograd.Function), as eager
+    # would record it; under no_grad through the forward graph alone, whose results past
+    # the outputs (what the backward would need) are dropped.
+    autograd_apply = _captured_autograd_function().apply if AUTOGRAD is not None else None
+    n_outputs = AUTOGRAD["num_outputs"] if AUTOGRAD is not None else None
     # A tensor fn built from Python numbers took the default dtype at capture; the
     # graph carries that dtype where eager would take today's.
     default_dtype = getattr(_torch, DEFAULT_DTYPE.split(".")[-1])
@@ -1096,16 +1122,19 @@ def _build_single_graph_forward() -> Any:
             _describe_input_mismatch(list(leaves), True)
             tensors_in = pick_tensors(leaves)
         state = _model_tensors(mods)
-        if grad_mode_read is not None and is_grad_enabled() != TRAINING:
-            mode = "on" if TRAINING else "off"
+        if grad_mode_read is not None and is_grad_enabled() != traced_grad_mode:
+            mode = "on" if traced_grad_mode else "off"
+            kind = "a training" if TRAINING else "an inference"
+            if AUTOGRAD is not None:
+                kind = "an inference capture of inputs that require grad; such"
             _fail(
                 f"precompile: fn reads the grad mode ({grad_mode_read}), which was {mode} "
-                f"in the trace ({'a training' if TRAINING else 'an inference'} capture "
-                f"traces with grad {'enabled' if TRAINING else 'disabled'}), but this "
-                f"call runs with grad mode {'off' if TRAINING else 'on'}: eager would take "
-                f"the other branch. Call it under "
-                f"{'torch.enable_grad()' if TRAINING else 'torch.no_grad()'}, or pass the "
-                f"choice to fn as an argument instead of reading the grad mode",
+                f"in the trace ({kind} capture traces with grad "
+                f"{'enabled' if traced_grad_mode else 'disabled'}), but this "
+                f"call runs with grad mode {'off' if traced_grad_mode else 'on'}: eager "
+                f"would take the other branch. Call it under "
+                f"{'torch.enable_grad()' if traced_grad_mode else 'torch.no_grad()'}, or "
+                f"pass the choice to fn as an argument instead of reading the grad mode",
                 5,
             )
         if inference_mode_read is not None and is_inference_mode_enabled():
@@ -1159,20 +1188,27 @@ def _build_single_graph_forward() -> Any:
             return {"served_by": None, "failures": [{"variant": 0, "guard": str(error)}]}
         return {"served_by": 0, "failures": []}
 
+    def _apply_flat(flat: list[Any]) -> Any:
+        return autograd_apply(*flat)  # type: ignore[misc]  # set whenever this runs
+
     def forward(*args: Any, **kwargs: Any) -> Any:
         flat, tensors_in = checked_inputs(args, kwargs)
         grad_was_enabled = _torch.is_grad_enabled()
-        if grad_was_enabled:
+        through_autograd = grad_was_enabled and autograd_apply is not None
+        run = _apply_flat if through_autograd else call
+        if grad_was_enabled and not through_autograd:
             _set_grad_enabled(False)
         try:
             if _any_autocast_enabled():
                 # The capture's casts are already in the graph; ambient autocast
                 # must not cast a second time.
                 with _DisableAutocast():
-                    out = call(flat)
+                    out = run(flat)
             else:
-                out = call(flat)
-            if output_detach:
+                out = run(flat)
+            if n_outputs is not None and not through_autograd:
+                out = out[:n_outputs]
+            if output_detach and not through_autograd:
                 # The graph computes a new tensor there (x.detach(), say) that Inductor
                 # returns as the input object itself: hand back a new one, as eager does.
                 out = list(out)
@@ -1186,7 +1222,7 @@ def _build_single_graph_forward() -> Any:
             _fail(message, 6)
             raise
         finally:
-            if grad_was_enabled:
+            if grad_was_enabled and not through_autograd:
                 _set_grad_enabled(True)
         if n_grads:
             # Accumulate like eager .backward(): frozen parameters keep .grad None.
@@ -1203,6 +1239,67 @@ def _build_single_graph_forward() -> Any:
 
     forward.covers = covers  # type: ignore[attr-defined]  # loaders call forward.covers()
     return forward
+
+
+def _captured_autograd_function() -> Any:
+    """The ``torch.autograd.Function`` an inference capture of inputs that require grad
+    is served through, as eager would record the call: its forward runs the captured
+    forward graph (``call``) and saves what that returns for the backward; its backward
+    runs the captured backward graph (``call_backward``), returning one gradient per
+    graph input (parameters, buffers, the user's tensors) -- autograd accumulates them
+    into ``.grad`` of those that require grad, as it does for eager's graph."""
+    assert AUTOGRAD is not None  # emitted only with its AUTOGRAD literal
+    info = AUTOGRAD
+    n_outputs = info["num_outputs"]
+    end = n_outputs + info["num_saved"]
+    non_differentiable = tuple(info["non_differentiable"])
+    detach = tuple(OUTPUT_DETACH)
+    tangents = tuple(zip(info["tangents"], map(tuple, info["tangent_strides"])))
+    is_grad_enabled = _torch.is_grad_enabled
+    tensor_type = _torch.Tensor
+    empty_strided = _torch.empty_strided
+
+    class CapturedGraph(_torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *flat: Any) -> Any:
+            out = call(list(flat))
+            outputs = list(out[:n_outputs])
+            for i in detach:
+                # A view made inside the Function (of an intermediate) could not be
+                # written in place; eager's could: hand back a plain tensor.
+                outputs[i] = outputs[i].detach()
+            ctx.save_for_backward(*[t.detach() for t in out[n_outputs:end]])
+            constant = [
+                outputs[i] for i in non_differentiable if isinstance(outputs[i], tensor_type)
+            ]
+            if constant:
+                ctx.mark_non_differentiable(*constant)
+            return tuple(outputs)
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:
+            if is_grad_enabled():
+                _fail(
+                    "precompile: a backward with create_graph=True (double backward) "
+                    "through this artifact's outputs is not supported: its captured "
+                    "backward graph records no autograd history, so higher-order "
+                    "gradients would be silently wrong. Run the backward without "
+                    "create_graph, or run this computation eagerly",
+                    5,
+                )
+            flat = list(ctx.saved_tensors)
+            for i, strides in tangents:
+                grad = grads[i]
+                if grad.stride() != strides:
+                    # The backward graph was traced (and Inductor lowered it) for the
+                    # layout of the traced gradient: give it that layout.
+                    grad = empty_strided(
+                        grad.shape, strides, dtype=grad.dtype, device=grad.device
+                    ).copy_(grad)
+                flat.append(grad)
+            return tuple(call_backward(flat))
+
+    return CapturedGraph
 
 
 def _relabel_layout_error_eager(error: AssertionError, flat: list[Any]) -> str | None:

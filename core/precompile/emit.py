@@ -58,6 +58,10 @@ class LoweredGraph:
     collect_bundle: Callable[[dict[str, Any]], dict[str, Any]] = _no_bundle
     #: Output positions where the lowered graph hands back one of its input objects.
     identity_outputs: tuple[int, ...] = ()
+    #: For an inference capture of inputs that require grad: how the driver's
+    #: autograd.Function runs ``call`` (the forward graph) and ``call_backward``
+    #: (``precompile.autograd_capture``); None for a graph served without autograd.
+    autograd: dict[str, Any] | None = None
 
 
 def _header(fn_info: dict[str, Any], tracer: str, backend: str) -> str:
@@ -142,6 +146,12 @@ def _output_detach(graph: SingleGraph, lowered: LoweredGraph) -> list[int]:
     """Outputs the lowered graph returns as an input object although the traced graph
     computed a new tensor there (``x.detach()``): the driver detaches those, so the
     caller gets a new tensor like eager, never the input or the Parameter itself."""
+    if lowered.autograd is not None:
+        # Outputs aliasing an input were refused at capture: any the lowered forward
+        # returns as an input object is a new tensor in eager.
+        n_outputs = lowered.autograd["num_outputs"]
+        found = {i for i in lowered.identity_outputs if i < n_outputs}
+        return sorted(found | set(lowered.autograd["detach"]))
     output = graph.graph_module.graph.output_node()
     nodes = _compat.pytree.tree_leaves(output.args[0])
     same = {i for i, n in enumerate(nodes) if getattr(n, "op", None) == "placeholder"}
@@ -165,6 +175,7 @@ def single_graph_metadata(
     functions: list[dict[str, Any]],
     artifact_path: str,
     output_detach: list[int],
+    autograd: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     lifted = graph.lifted
     deps = graph.dependencies
@@ -218,6 +229,7 @@ def single_graph_metadata(
         ],
         "GRAPH_INPUT_STRIDES": graph.graph_input_strides(),
         "OUTPUT_DETACH": output_detach,
+        "AUTOGRAD": autograd,
         "DEFAULT_DTYPE": str(torch.get_default_dtype()),
         "AUTOCAST": [list(state) for state in graph.autocast],
         "STATE_READS": {
@@ -267,11 +279,14 @@ def emit_single_graph(
         functions=functions,
         artifact_path=artifact_path,
         output_detach=_output_detach(graph, lowered),
+        autograd=lowered.autograd,
     )
     imports = [_compat.ARTIFACT_PRELUDE, _compat.SINGLE_GRAPH_STATE_PRELUDE, lowered.prelude]
     if lowered.runtime:
         imports += [runtime_source(lowered.runtime), "", lowered.runtime_setup]
     driver_functions = [f for f in driver.SINGLE_GRAPH_DRIVER if f not in lowered.runtime]
+    if lowered.autograd is not None:
+        driver_functions.insert(-1, driver._captured_autograd_function)
     if lowered.relabel not in driver_functions:
         driver_functions.append(lowered.relabel)
     text = "\n".join(

@@ -69,6 +69,14 @@ class SingleGraph:
     reads: dict[str, str] = dataclasses.field(default_factory=dict)
     #: The ambient torch.autocast state of the capture (its casts are in the graph).
     autocast: tuple[tuple[str, str], ...] = ()
+    #: An inference capture of inputs that require grad (grad mode on): the artifact
+    #: serves eager's autograd through a captured forward and backward graph.
+    grad_inputs: bool = False
+    #: Per output leaf, whether the trace's output required grad (as eager's would).
+    output_requires_grad: list[bool] = dataclasses.field(default_factory=list)
+    #: For ``grad_inputs``: the traced flat function, the real tensors it takes (state,
+    #: then the user's tensors) and the tracer's decompositions, for the joint trace.
+    joint_inputs: tuple[Callable[..., Any], list[torch.Tensor], Any] | None = None
 
     @property
     def user_tensors(self) -> list[torch.Tensor]:
@@ -561,23 +569,18 @@ def trace_single_graph(
     for name, tensor in zip(lifted.names, lifted.tensors):
         _check_tensor(tensor, f"parameter/buffer {name!r}", where)
     tensor_slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-    if not training and torch.is_grad_enabled():
-        for i in tensor_slots:
-            if leaves[i].requires_grad:
-                raise PrecompileError(
-                    f"input value {i} requires grad, but an inference capture "
-                    f"(training=False) gives outputs that carry no gradient: the artifact "
-                    f"runs without autograd, so a backward through its outputs would "
-                    f"silently leave this input out",
-                    invariant=5,
-                    location=where,
-                    hint="pass x.detach() or capture under torch.no_grad() (then serve "
-                    "under it too), or capture with training=True and run the backward "
-                    "inside fn",
-                )
+    # An inference capture of an input that requires grad, under grad mode: eager's
+    # outputs carry its gradient, so the artifact carries the backward too (captured by
+    # AOTAutograd at lowering, from ``joint_inputs``) and the trace runs with grad on.
+    grad_inputs = (
+        not training
+        and torch.is_grad_enabled()
+        and any(leaves[i].requires_grad for i in tensor_slots)
+    )
     n_state = len(lifted.tensors)
     grad_param_indices: list[int] = []
     out_spec_box: list[Any] = []
+    out_requires_grad: list[bool] = []
     opaque = _RefuseOpaqueAccess()
 
     def flat_fn(*flat: torch.Tensor) -> list[Any]:
@@ -629,6 +632,9 @@ def trace_single_graph(
                 )
         grads = [state[k].grad for k in range(lifted.num_params)]
         grad_param_indices[:] = [k for k, g in enumerate(grads) if g is not None]
+        out_requires_grad[:] = [
+            isinstance(leaf, torch.Tensor) and leaf.requires_grad for leaf in out_leaves
+        ]
         if (
             training
             and not grad_param_indices
@@ -664,7 +670,7 @@ def trace_single_graph(
             ) as grad_access,
             dependencies.recording_calls() as ran,
         ):
-            with fake_mode, opaque, torch.set_grad_enabled(training):
+            with fake_mode, opaque, torch.set_grad_enabled(training or grad_inputs):
                 gm = _compat.make_fx(
                     flat_fn,
                     decomposition_table=decompositions,
@@ -724,6 +730,8 @@ def trace_single_graph(
         )
     if dynamic_dims:
         _compat.insert_runtime_asserts(gm, fake_mode)
+    if grad_inputs:
+        _check_grad_inputs_capture(grad_param_indices, dynamic_dims, where)
     recorded = dependencies.record_dependencies(modules, ran, training, fn, where)
     dependencies.refuse_unnamed_sentinels(recorded, where)
     return SingleGraph(
@@ -744,7 +752,38 @@ def trace_single_graph(
         grad_access=list(dict.fromkeys(grad_access)) if grad_param_indices else [],
         autocast=autocast,
         reads=reads,
+        grad_inputs=grad_inputs,
+        output_requires_grad=list(out_requires_grad),
+        joint_inputs=(flat_fn, [*state_tensors, *(leaves[i] for i in tensor_slots)], decompositions)
+        if grad_inputs
+        else None,
     )
+
+
+def _check_grad_inputs_capture(
+    grad_param_indices: list[int],
+    dynamic_dims: dict[int, Any],
+    where: Location | None,
+) -> None:
+    """What an inference capture of inputs that require grad cannot carry yet."""
+    if grad_param_indices:
+        raise PrecompileError(
+            "fn runs a backward but was captured with training=False; with an input that "
+            "requires grad the artifact carries fn's own backward, not one run inside fn",
+            invariant=5,
+            location=where,
+            hint="pass training=True to precompile.capture to trace the backward inside fn",
+        )
+    if dynamic_dims:
+        raise PrecompileError(
+            f"input values {sorted(dynamic_dims)} have dims marked with mark_unbacked, and "
+            f"an input requires grad: the captured backward of a graph with dynamic dims "
+            f"is not supported yet",
+            invariant=5,
+            location=where,
+            hint="drop the mark_unbacked marks, or pass x.detach() / capture under "
+            "torch.no_grad() (then serve under it too)",
+        )
 
 
 def _with_enclosing(

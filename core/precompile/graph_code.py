@@ -50,6 +50,22 @@ def _input_legend(graph: SingleGraph, placeholders: list[str]) -> list[str]:
 
 def fx_graph_source(graph: SingleGraph) -> str:
     gm = graph.graph_module
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    return "\n".join(
+        [
+            _compat.FX_GRAPH_GLOBALS,
+            "# The captured ATen graph. Its inputs, in order:",
+            *_input_legend(graph, placeholders),
+            _graph_function(gm, "_graph"),
+            "",
+            "",
+            _boxed_call("call", "_graph"),
+        ]
+    )
+
+
+def _graph_function(gm: torch.fx.GraphModule, name: str) -> str:
+    """``gm``'s code as a module-level function ``name(self, *inputs)``."""
     _inline_literal_constants(gm)
     code = gm.graph.python_code(root_module="self")
     unknown = set(code.globals) - _KNOWN_GLOBALS
@@ -58,22 +74,45 @@ def fx_graph_source(graph: SingleGraph) -> str:
             f"the captured graph references {sorted(unknown)}, which an artifact cannot "
             f"import; this is a precompile limitation, please report it",
         )
-    body = code.src.strip().replace("def forward(self,", "def _graph(self,", 1)
-    body = body.replace("def forward(self)", "def _graph(self)", 1)
-    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    body = code.src.strip().replace("def forward(self,", f"def {name}(self,", 1)
+    return body.replace("def forward(self)", f"def {name}(self)", 1)
+
+
+def _boxed_call(name: str, graph_function: str) -> str:
     return "\n".join(
         [
-            _compat.FX_GRAPH_GLOBALS,
-            "# The captured ATen graph. Its inputs, in order:",
-            *_input_legend(graph, placeholders),
-            body,
-            "",
-            "",
-            "def call(flat_inputs):",
+            f"def {name}(flat_inputs):",
             '    """Boxed like Inductor\'s call: takes the list and clears it."""',
             "    inputs = tuple(flat_inputs)",
             "    flat_inputs.clear()",
-            "    return _graph(None, *inputs)",
+            f"    return {graph_function}(None, *inputs)",
             "",
+        ]
+    )
+
+
+def fx_autograd_source(
+    graph: SingleGraph, forward: torch.fx.GraphModule, backward: torch.fx.GraphModule
+) -> str:
+    """The forward and backward graphs of an autograd capture: ``call`` runs the forward
+    (outputs, then what the backward saves), ``call_backward`` the backward (the saved
+    values, then the outputs' gradients; one gradient or None per forward input)."""
+    placeholders = [n.name for n in forward.graph.nodes if n.op == "placeholder"]
+    return "\n".join(
+        [
+            _compat.FX_GRAPH_GLOBALS,
+            "# The captured forward ATen graph (AOTAutograd). Its inputs, in order:",
+            *_input_legend(graph, placeholders),
+            _graph_function(forward, "_graph"),
+            "",
+            "",
+            _boxed_call("call", "_graph"),
+            "",
+            "# The captured backward ATen graph: the forward's saved values, then the",
+            "# gradients of the outputs that require grad.",
+            _graph_function(backward, "_graph_backward"),
+            "",
+            "",
+            _boxed_call("call_backward", "_graph_backward"),
         ]
     )

@@ -58,6 +58,8 @@ def _graph_fakes(graph: SingleGraph) -> list[Any]:
 
 
 def lower_inductor(graph: SingleGraph) -> LoweredGraph:
+    if graph.grad_inputs:
+        return _lower_autograd(graph)
     fakes = _graph_fakes(graph)
     try:
         functional = _compat.functional_retrace(graph.graph_module, fakes)
@@ -66,16 +68,27 @@ def lower_inductor(graph: SingleGraph) -> LoweredGraph:
     except PrecompileError:
         raise
     except Exception as error:
-        raise PrecompileError(
-            f"Inductor could not lower this graph: {type(error).__name__}: {str(error)[:500]}",
-            invariant=4,
-            hint="capture with backend='eager', or report the failing op",
-        ) from error
+        raise _lowering_refusal(error) from error
     section, slim = rewrite_inductor_module(source)
+    return _lowered(section, slim)
+
+
+def _lowering_refusal(error: Exception) -> PrecompileError:
+    return PrecompileError(
+        f"Inductor could not lower this graph: {type(error).__name__}: {str(error)[:500]}",
+        invariant=4,
+        hint="capture with backend='eager', or report the failing op",
+    )
+
+
+def _lowered(section: str, slim: bool, autograd: dict[str, Any] | None = None) -> LoweredGraph:
+    runtime: tuple[Callable[..., Any], ...] = (driver._memory_format, driver._inductor_runtime)
+    if autograd is not None:
+        runtime += (driver._bind_inductor_module,)
     return LoweredGraph(
         source=section,
         relabel=driver._relabel_layout_error_inductor,
-        runtime=(driver._memory_format, driver._inductor_runtime),
+        runtime=runtime,
         prelude=_compat.INDUCTOR_PRELUDE,
         runtime_setup=(
             '_INDUCTOR = _inductor_runtime(globals().get("_PRECOMPILE_BUNDLE"))\n'
@@ -83,7 +96,55 @@ def lower_inductor(graph: SingleGraph) -> LoweredGraph:
         ),
         collect_bundle=lambda namespace: collect_kernels(namespace["_INDUCTOR"], slim),
         identity_outputs=identity_outputs(section),
+        autograd=autograd,
     )
+
+
+def _lower_autograd(graph: SingleGraph) -> LoweredGraph:
+    """An inference capture whose inputs require grad: AOTAutograd's forward and
+    backward graphs (traced with Inductor's decompositions), each lowered to an output
+    module. The forward is inlined as the graph section (its ``call``); the backward is
+    carried as text and executed in a namespace of its own (``call_backward``)."""
+    from precompile.autograd_capture import capture_joint
+
+    assert graph.joint_inputs is not None
+    decompositions = {**_compat.inductor_decompositions(), **(graph.joint_inputs[2] or {})}
+    joint = capture_joint(graph, decompositions)
+    try:
+        with _compat.inductor_autograd_config():
+            forward = _compat.compile_inductor(joint.forward, joint.placeholder_values("forward"))
+            backward = _compat.compile_inductor_backward(
+                joint.backward, joint.placeholder_values("backward")
+            )
+    except PrecompileError:
+        raise
+    except Exception as error:
+        raise _lowering_refusal(error) from error
+    forward_section, forward_slim = rewrite_inductor_module(forward)
+    backward_section, backward_slim = rewrite_inductor_module(backward)
+    identity_outputs(backward_section)  # a backward shaped otherwise is refused
+    literal = "\n".join(f"    {line!r}" for line in backward_section.splitlines(keepends=True))
+    section = "\n".join(
+        [
+            forward_section,
+            "",
+            "# The captured backward graph's Inductor output module, executed in a namespace",
+            "# of its own: the forward's saved values, then the outputs' gradients.",
+            "_BACKWARD_MODULE = (",
+            literal,
+            ")",
+            '_backward_graph = _bind_inductor_module("backward", _BACKWARD_MODULE, '
+            "_inductor_import)",
+            "",
+            "",
+            "def call_backward(flat_inputs):",
+            "    inputs = tuple(flat_inputs)",
+            "    flat_inputs.clear()",
+            "    return _backward_graph(*inputs)",
+            "",
+        ]
+    )
+    return _lowered(section, forward_slim and backward_slim, autograd=joint.runtime)
 
 
 def identity_outputs(source: str) -> tuple[int, ...]:

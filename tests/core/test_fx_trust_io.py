@@ -134,15 +134,30 @@ def test_containers_another_process_cannot_rebuild_are_refused_at_capture(tmp_pa
 # ---------------------------------------------------------------- gradients
 
 
-def test_an_input_that_requires_grad_is_refused_or_served_without_grad(tmp_path: Path) -> None:
+def test_an_input_that_requires_grad_serves_with_grad_or_without(tmp_path: Path) -> None:
     model, x = nn.Linear(3, 2), torch.randn(4, 3, requires_grad=True)
-    error = refused(lambda m, x: m(x), model, x, directory=tmp_path)
-    assert error.invariant == 5 and "input value 0 requires grad" in str(error)
+    # Captured under grad mode, the artifact carries the backward: its outputs carry
+    # grad like eager's (tests/core/test_fx_grad_inputs.py serves the gradients).
+    (tmp_path / "grad").mkdir()
+    paths = capture(lambda m, x: m(x), model, x, directory=tmp_path / "grad")
+    with_grad = fresh(
+        f"""
+import json, torch, precompile
+model = torch.nn.Linear(3, 2)
+x = torch.randn(4, 3, requires_grad=True)
+out = precompile.load({paths[0]!r}, {paths[1]!r})(model, x)
+out.sum().backward()
+print(json.dumps([out.requires_grad, x.grad is not None, model.weight.grad is not None]))
+"""
+    )
+    assert with_grad == [True, True, True]
+    (tmp_path / "no_grad").mkdir()
     with torch.no_grad():  # captured and served without grad: the outputs carry none
-        paths = capture(lambda m, x: m(x), model, x, directory=tmp_path)
+        paths = capture(lambda m, x: m(x), model, x, directory=tmp_path / "no_grad")
     run = precompile.load(*paths)
     with torch.no_grad():
         torch.testing.assert_close(run(model, x), model(x))
+    # That artifact has no backward: under grad mode the input is still refused.
     with pytest.raises(PrecompileError, match="input 0 requires grad.*torch.no_grad"):
         run(model, x)
     torch.testing.assert_close(run(model, x.detach()).requires_grad, False)
