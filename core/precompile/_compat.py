@@ -514,13 +514,22 @@ def forget_compiled(touched: dict[types.CodeType, bool]) -> None:
     same function compiles afresh. Code that held someone else's compiled code when the
     capture met it is left alone (Dynamo offers no way to remove one entry)."""
     from torch._C._dynamo.eval_frame import reset_code
+    from torch._dynamo import pgo
     from torch._dynamo.code_context import code_context
 
-    for code, ours in touched.items():
-        if ours:
+    for code, alone in touched.items():
+        if alone:
             reset_code(code)
             if code_context.has_context(code):
                 code_context.pop_context(code)
+    ours = {(c.co_filename, c.co_firstlineno, c.co_name) for c, alone in touched.items() if alone}
+    # Automatic dynamic: the sizes each frame was compiled for, by CodeId. Left in place,
+    # a later capture of the same function with other sizes would come out dynamic --
+    # not the artifact a fresh process captures.
+    states = pgo._CODE_STATE
+    if states:
+        for key in [k for k in states if (k.filename, k.firstlineno, k.name) in ours]:
+            del states[key]
 
 
 def dynamo_config(recompile_limit: int) -> Any:

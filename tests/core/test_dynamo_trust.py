@@ -232,6 +232,9 @@ for i, (backend, batch) in enumerate([("eager", 2), ("inductor", 2), ("eager", 3
         out = cap(model, xi)
     with torch.no_grad():
         torch.testing.assert_close(out, m.conv_step(model, xi))
+# The third capture is static, as a fresh process's would be: the earlier captures'
+# sizes were not left behind for Dynamo's automatic dynamic shapes.
+assert "SymInt" not in open({str(tmp_path)!r} + "/a2.py").read()
 before = counters["frames"]["total"]
 compiled = torch.compile(m.conv_step, backend="eager")
 with torch.no_grad():
