@@ -807,12 +807,16 @@ def _inductor_cache_dir(cache_dir: str) -> Iterator[None]:
 def inductor_capture_config(cache_dir: str) -> Iterator[None]:
     """While capturing with Dynamo and Inductor: record each subgraph's bundled
     AOTAutograd artifact (forward and backward, lowered eagerly), and compile into a
-    private Inductor cache whose files become the artifact's kernel cache."""
+    private Inductor cache whose files become the artifact's kernel cache. Random ops
+    call torch's own, drawing eager's numbers (``inductor_layout_config``)."""
+    from torch._inductor import config
+
     with (
         _inductor_cache_dir(cache_dir),
         torch._functorch.config.patch(
             bundled_autograd_cache=True, force_non_lazy_backward_lowering=True
         ),
+        config.patch(fallback_random=True),
     ):
         yield
 
@@ -1286,12 +1290,15 @@ def dim_marks(t: torch.Tensor) -> dict[str, Any]:
 
 
 def inductor_layout_config() -> Any:
-    """Inductor's size/stride asserts on while lowering a single graph, whatever
-    ``TORCHINDUCTOR_SIZE_ASSERTS`` says: the artifact's layout checks must not depend on
-    the capturing process's environment."""
+    """While lowering a single graph: Inductor's size/stride asserts on, whatever
+    ``TORCHINDUCTOR_SIZE_ASSERTS`` says (the artifact's layout checks must not depend on
+    the capturing process's environment); and random ops (``torch.rand``, dropout) as
+    calls of torch's own, which draw exactly eager's numbers from the generator --
+    Inductor's own random kernels draw others, and it cannot lower a make_fx graph's
+    random ops at all without torch.compile's seed-replacing pass."""
     from torch._inductor import config
 
-    return config.patch(size_asserts=True)
+    return config.patch(size_asserts=True, fallback_random=True)
 
 
 # ---------------------------------------------------------------- AOTAutograd
@@ -1418,4 +1425,4 @@ def inductor_autograd_config() -> Any:
     retraces the backward with the forward's actual output strides."""
     from torch._inductor import config
 
-    return config.patch(size_asserts=True, layout_optimization=False)
+    return config.patch(size_asserts=True, layout_optimization=False, fallback_random=True)

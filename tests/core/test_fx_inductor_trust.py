@@ -1,18 +1,19 @@
-"""Inductor single-graph artifacts bake layouts and may hand back an input object:
-captured with Inductor's size asserts OFF, served in a fresh process, every layout
-change is refused (or served exactly) and no output is an input or a Parameter object
-where eager returns a new tensor."""
+"""Inductor artifacts draw eager's random numbers. Single-graph ones bake layouts and
+may hand back an input object: captured with Inductor's size asserts OFF, served in a
+fresh process, every layout change is refused (or served exactly) and no output is an
+input or a Parameter object where eager returns a new tensor."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
 import precompile
-from tests.conftest import run_python
+from tests.conftest import capture_pair, run_python
 from tests.fixtures.fx_trust_models import layout_fn
 
 SERVE = """
@@ -93,3 +94,45 @@ def test_layouts_are_checked_whatever_size_asserts_said_at_capture(tmp_path: Pat
     assert results["non-contiguous weight"]["result"] == "refused"
     assert "parameter 'weight' has strides (1, 4)" in results["non-contiguous weight"]["message"]
     assert results["detached outputs"] == {"x": True, "weight": True}
+
+
+SERVE_RANDOM = """
+import json, warnings, torch, precompile
+from tests.fixtures.fx_trust_models import RandomNet, random_fn
+warnings.simplefilter("ignore")
+run = precompile.load({artifact!r}, {cache!r})
+torch.manual_seed(0)
+model, x = RandomNet().train(), torch.randn(8, 4)
+exact = []
+for seed in (123, 7):
+    torch.manual_seed(seed)
+    served, after_served = run(model, x), torch.rand(2)
+    torch.manual_seed(seed)
+    eager, after_eager = random_fn(model, x), torch.rand(2)
+    # The same numbers, and the generator left where eager leaves it.
+    exact.append(all(torch.equal(a, b) for a, b in zip(served, eager))
+                 and torch.equal(after_served, after_eager))
+print(json.dumps({{"exact": exact}}))
+"""
+
+
+@pytest.mark.parametrize("tracer", ["make_fx", "dynamo"])
+def test_random_ops_draw_eagers_numbers(tmp_path: Path, tracer: str) -> None:
+    # Inductor's own random kernels draw other numbers than eager (and cannot lower a
+    # make_fx graph's rand at all); the artifact calls torch's, from the same generator.
+    from tests.fixtures.fx_trust_models import RandomNet, random_fn
+
+    torch.manual_seed(0)
+    model, x = RandomNet().train(), torch.randn(8, 4)
+    artifact, cache = capture_pair(
+        random_fn,
+        model,
+        x,
+        directory=tmp_path,
+        backend="inductor",
+        name="random",
+        tracer=precompile.DynamoTracer() if tracer == "dynamo" else None,
+    )
+    proc = run_python(SERVE_RANDOM.format(artifact=artifact, cache=cache))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"exact": [True, True]}
