@@ -20,6 +20,7 @@ def user_path(text: str) -> str:
 
     text = re.sub(r"\b[LG]\[(['\"])(.+?)\1\]", r"\2", text)
     text = re.sub(r"\._(?:modules|parameters|buffers)\[(['\"])(.+?)\1\]", r".\2", text)
+    text = re.sub(r"\._(?:modules|parameters|buffers)\b", "", text)
     text = re.sub(r"\.__dict__\[(['\"])(.+?)\1\]", r".\2", text)
     text = re.sub(r"___stack\d+", "the value carried across the graph break", text)
     text = re.sub(r"__import_(\w+)", lambda m: m.group(1).replace("_dot_", "."), text)
@@ -65,6 +66,34 @@ def guard_failure_text(raw: str) -> str:
             name, value = match.groups()
             shown = name if " " in name else f"`{name}`"
             return f"{shown} is not {value}, the value the capture specialized on"
+        match = re.fullmatch(r"len\((.+)\) (==|!=) (\d+)", text)
+        if match:
+            name, _, count = match.groups()
+            return f"`{name}` does not hold {count} items, as it did at capture"
+        match = re.fullmatch(r"TYPE_MISMATCH\((.+)\)", text)
+        if match:
+            return f"`{match.group(1)}` is not of the type the capture saw"
+        match = re.fullmatch(r"list\(dict\.keys\((.+)\)\)\[(\d+)\] == (.+)", text)
+        if match:
+            name, index, key = match.groups()
+            return (
+                f"`{name}` does not have {key} as its key number {index}: its keys differ "
+                f"from the capture's, or are in another order"
+            )
+        match = re.fullmatch(r"not (.+)", text)
+        if match:
+            return f"`{match.group(1)}` is not empty, as it was at capture"
+        match = re.fullmatch(
+            r"expected type of '(.+?)' to be a tensor type, ' but found <class '(.+?)'>", text
+        )
+        if match:
+            name, found = match.groups()
+            return f"`{name}` is a {found}, where the capture saw a plain torch.Tensor"
+        if text == "Duplicate tensor found where not expected!":
+            return (
+                "two arguments (or an argument and a parameter or buffer of the model) are "
+                "one tensor, which they were not at capture"
+            )
         match = re.fullmatch(r"KeyError on (.+)\[(['\"].*['\"])\]", text)
         if match:
             return f"`{match.group(1)}` has no key {match.group(2)}; the capture read that key"

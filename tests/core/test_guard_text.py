@@ -1,0 +1,44 @@
+"""Dynamo's guard failures in the user's words: every form a review saw leak raw."""
+
+from __future__ import annotations
+
+import pytest
+
+from precompile.guard_text import guard_failure_text
+
+
+@pytest.mark.parametrize(
+    "raw, said",
+    [
+        (
+            "len(L['model']._modules['layers']._modules) != 3",
+            "`model.layers` does not hold 3 items",
+        ),
+        (
+            "len(L['xs']) == 2  # f(*xs)  # m.py:12 in fn",
+            "`xs` does not hold 2 items, as it did at capture (read at m.py:12 in `fn`)",
+        ),
+        (
+            "TYPE_MISMATCH(L['model']._modules['layers']._modules)",
+            "`model.layers` is not of the type the capture saw",
+        ),
+        (
+            "list(dict.keys(L['d']))[0] == 'a'",
+            "`d` does not have 'a' as its key number 0: its keys differ from the capture's, or are in another order",
+        ),
+        ("not L['log']", "`log` is not empty, as it was at capture"),
+        (
+            "expected type of 'L['x']' to be a tensor type, ' but found <class 'torch.nn.parameter.Parameter'>",
+            "`x` is a torch.nn.parameter.Parameter, where the capture saw a plain torch.Tensor",
+        ),
+        (
+            "Duplicate tensor found where not expected!",
+            "are one tensor, which they were not at capture",
+        ),
+    ],
+)
+def test_raw_guard_text_is_said_in_the_users_words(raw: str, said: str) -> None:
+    text = guard_failure_text(raw)
+    assert said in text
+    for raw_word in ("L[", "_modules", "TYPE_MISMATCH", "dict.keys", "expected type of"):
+        assert raw_word not in text
