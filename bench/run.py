@@ -17,13 +17,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import daemon, dynamo, lsp, scale, single_graph
+from bench import daemon, dynamo, lsp, real_models, scale, single_graph
 
 HERE = Path(__file__).resolve().parent
 SECTIONS: dict[str, Callable[[Path, int], str]] = {
     "single_graph_eager": single_graph.run_eager_section,
     "single_graph_inductor": single_graph.run_inductor_section,
     "dynamo": dynamo.run_dynamo_section,
+    "real_models": real_models.run_real_models_section,
     "daemon": daemon.run_daemon_section,
     "lsp": lsp.run_lsp_section,
     "scale": scale.run_scale_section,

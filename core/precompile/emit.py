@@ -108,7 +108,8 @@ def source_records(files: Iterable[str], artifact_path: str) -> list[dict[str, s
 
 
 def runtime_source(functions: Iterable[Any]) -> str:
-    """The runtime ``functions`` as written in this package, for an artifact to carry."""
+    """The runtime ``functions`` (or whole modules) as written in this package, for an
+    artifact to carry."""
     return "\n\n".join(_source_of(f) for f in functions)
 
 
@@ -300,13 +301,7 @@ def emit_single_graph(
             lowered.source,
             "# ---- runtime driver (emitted verbatim from precompile/source_digest.py,",
             "# precompile/state_checks.py and precompile/driver.py)",
-            runtime_source(
-                [
-                    source_digest.function_source,
-                    source_digest.source_digest,
-                    source_digest.changed_functions,
-                ]
-            ),
+            _source_of(source_digest),
             "",
             _source_of(state_checks),
             "",
