@@ -889,7 +889,7 @@ def _tangent_format(meta: Any) -> tuple[Any, ...] | None:
 
 def aot_runtime_spec(record: dict[str, Any], num_inputs: int) -> dict[str, Any]:
     """The literal spec of what AOTAutograd's runtime wrappers do around one compiled
-    subgraph, for the artifact's own runtime (``driver._bind_aot_graph``) to do the same.
+    subgraph, for the artifact's own runtime (``inductor_serving.bind_aot_graph``) to do the same.
     Raises ValueError, naming the feature, for anything that runtime does not reproduce
     (input aliasing, output aliases, tensor subclasses, effect tokens, functionalized RNG,
     metadata mutations): such a subgraph keeps Inductor's pickled artifact."""

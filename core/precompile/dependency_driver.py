@@ -474,16 +474,3 @@ def _build_identity_check(signature: Any) -> Any:
             recheck(args, kwargs)
 
     return check
-
-
-#: What the driver section of every multi-graph artifact holds from this module.
-DEPENDENCY_DRIVER = (
-    hook_name,
-    hook_locations,
-    hook_snapshot,
-    global_hook_snapshot,
-    code_identity,
-    _hook_change,
-    _build_identity_check,
-    _build_dependency_check,
-)

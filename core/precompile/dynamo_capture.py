@@ -413,11 +413,11 @@ class DynamoSession:
         through that runtime too. A subgraph needing what that runtime does not
         reproduce (aliased outputs, tensor subclasses, ...) is compiled the way
         torch.compile compiles it and shipped as Inductor's bundled artifact."""
-        from precompile import driver, inductor_backend
+        from precompile import inductor_backend, inductor_serving
 
         self.inductor_graphs.append(gm)
         if self.kernel_runtime is None:
-            self.kernel_runtime = driver._inductor_runtime(None)
+            self.kernel_runtime = inductor_serving.inductor_runtime(None)
         if not self.training:
             inlined = inductor_backend.inline_dynamo_subgraph(gm, self.kernel_runtime)
             if inlined is not None:

@@ -24,6 +24,7 @@ from precompile import (
     dependency_driver,
     driver,
     guard_text,
+    inductor_serving,
     installed_driver,
     multigraph_driver,
     source_digest,
@@ -329,13 +330,13 @@ def inductor_graph_section(
         parts += [
             "# ---- captured graphs: each subgraph as Inductor output modules",
             _compat.INDUCTOR_PRELUDE,
-            runtime_source([driver._inductor_runtime]),
+            runtime_source([inductor_serving.inductor_runtime]),
             "",
             "",
-            runtime_source([driver._bind_inductor_module]),
+            runtime_source([inductor_serving.bind_inductor_module]),
             "",
             "",
-            '_INDUCTOR = _inductor_runtime(globals().get("_PRECOMPILE_BUNDLE"))',
+            '_INDUCTOR = inductor_runtime(globals().get("_PRECOMPILE_BUNDLE"))',
             "_BACKEND_FNS = {}",
         ]
     else:
@@ -353,7 +354,7 @@ def inductor_graph_section(
             rows,
             "}",
             "_BACKEND_FNS.update(",
-            "    (backend_id, _bind_inductor_module(backend_id, source, _INDUCTOR.resolve))",
+            "    (backend_id, bind_inductor_module(backend_id, source, _INDUCTOR.resolve))",
             "    for backend_id, source in _INDUCTOR_MODULES.items()",
             ")",
         ]
@@ -369,14 +370,14 @@ def inductor_graph_section(
         parts += [
             "",
             "# subgraphs AOTAutograd partitioned: (runtime spec, forward module, backward module)",
-            runtime_source([driver._bind_aot_graph]),
+            runtime_source([inductor_serving.bind_aot_graph]),
             "",
             "",
             "_INDUCTOR_AOT_GRAPHS = {",
             rows,
             "}",
             "_BACKEND_FNS.update(",
-            "    (backend_id, _bind_aot_graph(backend_id, *graph, _INDUCTOR.resolve))",
+            "    (backend_id, bind_aot_graph(backend_id, *graph, _INDUCTOR.resolve))",
             "    for backend_id, graph in _INDUCTOR_AOT_GRAPHS.items()",
             ")",
         ]
@@ -479,10 +480,10 @@ def emit_dynamo(
             source_digest,
             guard_text,
             _compat._dynamo_serving_runtime,
-            *dependency_driver.DEPENDENCY_DRIVER,
-            *multigraph_driver.MULTIGRAPH_DRIVER,
+            dependency_driver,
+            multigraph_driver,
             *(
-                (_compat._dynamo_installed_runtime, installed_driver._build_installed_forward)
+                (_compat._dynamo_installed_runtime, installed_driver)
                 if serving_mode == "installed"
                 else ()
             ),

@@ -285,11 +285,6 @@ def emit_single_graph(
     imports = [_compat.ARTIFACT_PRELUDE, _compat.SINGLE_GRAPH_STATE_PRELUDE, lowered.prelude]
     if lowered.runtime:
         imports += [runtime_source(lowered.runtime), "", lowered.runtime_setup]
-    driver_functions = [f for f in driver.SINGLE_GRAPH_DRIVER if f not in lowered.runtime]
-    if lowered.autograd is not None:
-        driver_functions.insert(-1, driver._captured_autograd_function)
-    if lowered.relabel not in driver_functions:
-        driver_functions.append(lowered.relabel)
     text = "\n".join(
         [
             _header(fn_info, tracer, backend),
@@ -299,13 +294,9 @@ def emit_single_graph(
             *imports,
             "# ---- captured graph",
             lowered.source,
-            "# ---- runtime driver (emitted verbatim from precompile/source_digest.py,",
-            "# precompile/state_checks.py and precompile/driver.py)",
-            _source_of(source_digest),
-            "",
-            _source_of(state_checks),
-            "",
-            runtime_source(driver_functions),
+            "# ---- runtime driver (emitted verbatim: precompile/source_digest.py,",
+            "# precompile/state_checks.py and precompile/driver.py, each whole)",
+            runtime_source([source_digest, state_checks, driver]),
             "",
             f"_relabel_layout_error = {lowered.relabel.__name__}",
             "forward = _build_single_graph_forward()",

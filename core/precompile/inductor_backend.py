@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import torch
 
-from precompile import _compat, driver
+from precompile import _compat, driver, inductor_serving
 from precompile.emit import LoweredGraph
 from precompile.errors import PrecompileError
 from precompile.fx_capture import SingleGraph
@@ -82,16 +82,19 @@ def _lowering_refusal(error: Exception) -> PrecompileError:
 
 
 def _lowered(section: str, slim: bool, autograd: dict[str, Any] | None = None) -> LoweredGraph:
-    runtime: tuple[Callable[..., Any], ...] = (driver._memory_format, driver._inductor_runtime)
+    runtime: tuple[Callable[..., Any], ...] = (
+        inductor_serving.inductor_runtime,
+        inductor_serving.relabel_layout_error_inductor,
+    )
     if autograd is not None:
-        runtime += (driver._bind_inductor_module,)
+        runtime += (inductor_serving.bind_inductor_module,)
     return LoweredGraph(
         source=section,
-        relabel=driver._relabel_layout_error_inductor,
+        relabel=inductor_serving.relabel_layout_error_inductor,
         runtime=runtime,
         prelude=_compat.INDUCTOR_PRELUDE,
         runtime_setup=(
-            '_INDUCTOR = _inductor_runtime(globals().get("_PRECOMPILE_BUNDLE"))\n'
+            '_INDUCTOR = inductor_runtime(globals().get("_PRECOMPILE_BUNDLE"))\n'
             "_inductor_import = _INDUCTOR.resolve\n"
         ),
         collect_bundle=lambda namespace: collect_kernels(namespace["_INDUCTOR"], slim),
@@ -133,7 +136,7 @@ def _lower_autograd(graph: SingleGraph) -> LoweredGraph:
             "_BACKWARD_MODULE = (",
             literal,
             ")",
-            '_backward_graph = _bind_inductor_module("backward", _BACKWARD_MODULE, '
+            '_backward_graph = bind_inductor_module("backward", _BACKWARD_MODULE, '
             "_inductor_import)",
             "",
             "",
@@ -205,7 +208,7 @@ def inline_dynamo_subgraph(gm: torch.fx.GraphModule, runtime: Any) -> InlinedSub
     section, slim = rewrite_inductor_module(source)
     name = f"subgraph_{hashlib.sha256(section.encode()).hexdigest()[:12]}"
     return InlinedSubgraph(
-        section, slim, driver._bind_inductor_module(name, section, runtime.resolve)
+        section, slim, inductor_serving.bind_inductor_module(name, section, runtime.resolve)
     )
 
 
@@ -214,7 +217,7 @@ class InlinedAotSubgraph:
     """A Dynamo subgraph AOTAutograd partitioned (training, or switching grad mode): its
     forward (and backward) Inductor output modules, inlined, and the spec of what
     AOTAutograd's runtime does around them; calling it runs the artifact's own runtime
-    for them (``driver._bind_aot_graph``), exactly as a load will."""
+    for them (``inductor_serving.bind_aot_graph``), exactly as a load will."""
 
     spec: dict[str, Any]
     forward: str
@@ -275,7 +278,7 @@ def inline_no_grad_subgraph(
 
 @functools.cache
 def _emitted_aot_binder() -> Callable[..., Any]:
-    """``driver._bind_aot_graph`` as an artifact defines it: its text executed after the
+    """``inductor_serving.bind_aot_graph`` as an artifact defines it: its text executed after the
     artifact's import preludes, so the capture runs the runtime the load will."""
     namespace: dict[str, Any] = {"__name__": "precompile_aot_runtime"}
     text = "\n\n".join(
@@ -288,14 +291,14 @@ def _emitted_aot_binder() -> Callable[..., Any]:
                 for f in (
                     driver.PrecompileError,
                     driver._fail,
-                    driver._bind_inductor_module,
-                    driver._bind_aot_graph,
+                    inductor_serving.bind_inductor_module,
+                    inductor_serving.bind_aot_graph,
                 )
             ),
         ]
     )
     exec(compile(text, "<precompile aot runtime>", "exec"), namespace)
-    return cast("Callable[..., Any]", namespace["_bind_aot_graph"])
+    return cast("Callable[..., Any]", namespace["bind_aot_graph"])
 
 
 def collect_kernels(runtime: Any, slim: bool) -> dict[str, Any]:

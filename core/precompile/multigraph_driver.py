@@ -547,20 +547,3 @@ def _build_multigraph_forward() -> Any:
     forward.covers = covers
     forward.unload = unload
     return forward
-
-
-#: What every multi-graph artifact's driver section holds, in emission order (with
-#: ``PrecompileError`` and ``_fail`` from driver.py, and the Dynamo serving runtime).
-MULTIGRAPH_DRIVER = (
-    _check_versions,
-    _serve_as_captured,
-    _entry_defaults_check,
-    _import_module,
-    _check_function_sources,
-    _module_text,
-    _rebuild_global,
-    _readable_guard_failure,
-    _serving_variant,
-    _coverage,
-    _build_multigraph_forward,
-)
