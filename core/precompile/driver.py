@@ -290,6 +290,28 @@ def _check_strides(labels: list[str], tensors: list[Any], expected: list[Any]) -
             )
 
 
+def _input_constants() -> list[Any]:
+    """USER_INPUT_CONSTANTS as values: a float or complex that is not finite is written
+    as a tagged literal (``("float", "nan")``), since ``nan`` is no Python literal."""
+    decoded: list[Any] = []
+    for value in USER_INPUT_CONSTANTS:
+        if type(value) is tuple and len(value) == 2 and value[0] in ("float", "complex"):
+            value = (float if value[0] == "float" else complex)(value[1])
+        decoded.append(value)
+    return decoded
+
+
+def _same_constant(value: Any, expected: Any) -> bool:
+    """Whether a Python value is the one the capture baked: the same type, and for a
+    float or complex the same ``repr`` (``0.0 == -0.0`` yet ``x / 0.0`` and ``x / -0.0``
+    differ; a NaN equals no number, but it is the NaN the capture saw)."""
+    if type(value) is not type(expected):
+        return False
+    if type(value) is float or type(value) is complex:
+        return repr(value) == repr(expected)
+    return bool(value == expected)
+
+
 def _describe_input_mismatch(leaves: list[Any], spec_matches: bool) -> None:
     """Raise the precise invariant-3/6 message for user inputs that differ from the
     traced example; return quietly if they match."""
@@ -309,11 +331,8 @@ def _describe_input_mismatch(leaves: list[Any], spec_matches: bool) -> None:
     for i, leaf in enumerate(leaves):
         shape = USER_INPUT_SHAPES[i]
         if shape is None:
-            expected = USER_INPUT_CONSTANTS[i]
-            same = type(leaf) is type(expected) and (
-                leaf == expected or (leaf != leaf and expected != expected)
-            )
-            if not same:
+            expected = _input_constants()[i]
+            if not _same_constant(leaf, expected):
                 _fail(
                     f"precompile: input value {i} is {leaf!r} but the capture baked "
                     f"{expected!r}; Python values are specialized at capture. Pass "
@@ -846,8 +865,18 @@ def _build_single_graph_forward() -> Any:
     pick_modules = _picker(module_positions)
     pick_user = _picker(user_positions)
     pick_tensors = _picker(tensor_slots)
+    constants = _input_constants()
+    # Floats and complex numbers are compared by repr (the sign of a zero, NaN): only
+    # an artifact with such an argument pays for it per call.
     constant_slots = tuple(
-        (i, USER_INPUT_CONSTANTS[i]) for i, s in enumerate(USER_INPUT_SHAPES) if s is None
+        (i, constants[i])
+        for i, s in enumerate(USER_INPUT_SHAPES)
+        if s is None and type(constants[i]) not in (float, complex)
+    )
+    float_slots = tuple(
+        (i, type(constants[i]), repr(constants[i]))
+        for i, s in enumerate(USER_INPUT_SHAPES)
+        if s is None and type(constants[i]) in (float, complex)
     )
     has_dynamic = any(s is not None and None in s for s in USER_INPUT_SHAPES) or any(
         USER_INPUT_SHAPE_IDS
@@ -1087,6 +1116,10 @@ def _build_single_graph_forward() -> Any:
                 and (
                     not constant_slots
                     or all(type(leaves[i]) is type(v) and leaves[i] == v for i, v in constant_slots)
+                )
+                and (
+                    not float_slots
+                    or all(type(leaves[i]) is t and repr(leaves[i]) == r for i, t, r in float_slots)
                 )
                 and not (inference_grad_inputs and is_grad_enabled())
             )
@@ -1587,6 +1620,8 @@ SINGLE_GRAPH_DRIVER = (
     _checks_layout,
     _memory_format,
     _check_strides,
+    _input_constants,
+    _same_constant,
     _describe_input_mismatch,
     _autocast_mismatch,
     _recorded_path,
