@@ -312,9 +312,36 @@ def _same_constant(value: Any, expected: Any) -> bool:
     return bool(value == expected)
 
 
-def _describe_input_mismatch(leaves: list[Any], spec_matches: bool) -> None:
+def _key_order_difference(spec: Any, expected: Any) -> str | None:
+    """The first dict in a call's inputs whose keys are the captured ones in another
+    order, in words; None when the nesting differs otherwise."""
+    if spec.type is not expected.type or spec.num_children != expected.num_children:
+        return None
+    keys, captured = spec.context, expected.context
+    if isinstance(keys, list) and isinstance(captured, list) and keys != captured:
+        if sorted(map(repr, keys)) == sorted(map(repr, captured)):
+            return f"a dict input has its keys in the order {keys} but was captured with {captured}"
+        return None
+    for child, expected_child in zip(spec.children(), expected.children()):
+        found = _key_order_difference(child, expected_child)
+        if found:
+            return found
+    return None
+
+
+def _describe_input_mismatch(
+    leaves: list[Any], spec_matches: bool, spec: Any = None, expected_spec: Any = None
+) -> None:
     """Raise the precise invariant-3/6 message for user inputs that differ from the
     traced example; return quietly if they match."""
+    order = None if spec is None else _key_order_difference(spec, expected_spec)
+    if not spec_matches and order:
+        _fail(
+            f"precompile: {order}; the capture flattened it in key order, so its values "
+            f"would meet the graph in the wrong places. Pass its keys in the captured "
+            f"order, or capture again",
+            3,
+        )
     if not spec_matches:
         _fail(
             "precompile: the call's inputs are nested differently from the traced "
@@ -1103,7 +1130,7 @@ def _build_single_graph_forward() -> Any:
         else:
             leaves, spec = _pytree.tree_flatten(user)
             if spec != in_spec:
-                _describe_input_mismatch(leaves, False)
+                _describe_input_mismatch(leaves, False, spec, in_spec)
         try:
             tensors_in = pick_tensors(leaves)
             ok = (
@@ -1622,6 +1649,7 @@ SINGLE_GRAPH_DRIVER = (
     _check_strides,
     _input_constants,
     _same_constant,
+    _key_order_difference,
     _describe_input_mismatch,
     _autocast_mismatch,
     _recorded_path,
