@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     MODULE_HOOKS: dict[str, Any] = {}
     GLOBAL_READS: list[dict[str, str]] = []
     ARG_IDENTITIES: list[dict[str, Any]] = []
+    FLOAT_ZEROS: list[dict[str, Any]] = []
 
     def _fail(message: str, invariant: int | None = None) -> NoReturn: ...
 
@@ -318,9 +319,12 @@ def _build_dependency_check() -> Any:
         reads_args[0] = (*scopes, tuple(expected))
 
     identities_ok = _build_identity_check(signature)
+    float_zeros_ok = _build_float_zero_check(signature)
 
     def check(args: Any, kwargs: Any) -> None:
         identities_ok(args, kwargs)
+        if float_zeros_ok is not None:
+            float_zeros_ok(args, kwargs)
         if tuple(map(_dict_version, global_dicts)) != global_versions[0]:
             check_global_hooks()
         for fetch, root in fetchers:
@@ -343,6 +347,82 @@ def _build_dependency_check() -> Any:
     return check
 
 
+def _binding_source(signature: Any, missing: Any) -> tuple[list[str], dict[str, Any]]:
+    """Lines that bind fn's parameters as locals from ``__a`` (args) and ``__k``
+    (kwargs), without inspect, and the namespace they read (``__D``, ``__N``)."""
+    import inspect
+
+    params = list(signature.parameters.values())
+    positional = [
+        p
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    defaults = [missing if p.default is inspect.Parameter.empty else p.default for p in params]
+    lines = []
+    for i, p in enumerate(params):
+        if p.kind is inspect.Parameter.VAR_POSITIONAL:
+            lines.append(f"{p.name} = __a[{len(positional)}:]")
+        elif p.kind is inspect.Parameter.VAR_KEYWORD:
+            lines.append(f"{p.name} = {{k: v for k, v in __k.items() if k not in __N}}")
+        elif p in positional:
+            j = positional.index(p)
+            lines.append(
+                f"{p.name} = __a[{j}] if len(__a) > {j} else __k.get({p.name!r}, __D[{i}])"
+            )
+        else:
+            lines.append(f"{p.name} = __k.get({p.name!r}, __D[{i}])")
+    return lines, {"__D": defaults, "__N": frozenset(p.name for p in params)}
+
+
+def _build_float_zero_check(signature: Any) -> Any:
+    """``check(args, kwargs)`` for ``FLOAT_ZEROS``, or None when there are none (no
+    per-call work): a float argument (or a float reached from one) that was 0.0 or
+    -0.0 at capture must have the captured sign. Dynamo's guard is ``==``, which the
+    other zero passes, and ``x / s`` or ``copysign`` tell them apart."""
+    import math
+
+    if not FLOAT_ZEROS:
+        return None
+    missing = object()
+    lines, namespace = _binding_source(signature, missing)
+    # One generated function reads every path; a path that does not evaluate yields
+    # ``missing`` (the call's own guards refuse what is not there).
+    body = []
+    for row in FLOAT_ZEROS:
+        body += [
+            "    try:",
+            f"        __v.append({row['path']})",
+            "    except Exception:",
+            "        __v.append(__M)",
+        ]
+    source = "def __float_zeros(__a, __k):\n    __v = []\n    try:\n{}\n    except Exception:\n        return None\n{}\n    return __v\n".format(
+        "\n".join("        " + line for line in lines), "\n".join(body)
+    )
+    namespace["__M"] = missing
+    exec(compile(source, "<precompile float zeros>", "exec"), namespace)
+    values_of = namespace["__float_zeros"]
+    copysign = math.copysign
+
+    def check(args: Any, kwargs: Any) -> None:
+        values = values_of(args, kwargs)
+        if values is None:
+            return  # the call binds no arguments: it fails as eager would
+        for row, value in zip(FLOAT_ZEROS, values):
+            if type(value) is float and value == 0.0 and copysign(1.0, value) != row["sign"]:
+                captured = 0.0 * row["sign"]
+                _fail(
+                    f"precompile: `{row['shown']}` is {value!r} in this call but was "
+                    f"{captured!r} at capture; the trace computed with {captured!r} (x / "
+                    f"{captured!r} has the sign of that zero), and Dynamo's guard compares "
+                    f"floats with ==, which does not tell 0.0 from -0.0. Pass {captured!r}, "
+                    f"or capture with {value!r} (re-emit the artifact)",
+                    3,
+                )
+
+    return check
+
+
 def _build_identity_check(signature: Any) -> Any:
     """``check(args, kwargs)`` for ``ARG_IDENTITIES``: the objects at those access paths
     from the arguments must be the ones the capture traced, compared by identity. One
@@ -350,7 +430,6 @@ def _build_identity_check(signature: Any) -> Any:
     object not importable at load is adopted once a call shows it by its name) and
     raises PrecompileError naming the path, what is there now and what was traced."""
     import enum
-    import inspect
     import operator
 
     if not ARG_IDENTITIES:
@@ -407,27 +486,7 @@ def _build_identity_check(signature: Any) -> Any:
             return f"a {row['module']}.{row['qualname']} function"
         return f"{row['module']}.{row['qualname']}"
 
-    # The generated function's locals are the parameters, bound from (args, kwargs).
-    params = list(signature.parameters.values())
-    positional = [
-        p
-        for p in params
-        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    ]
-    defaults = [missing if p.default is inspect.Parameter.empty else p.default for p in params]
-    lines = []
-    for i, p in enumerate(params):
-        if p.kind is inspect.Parameter.VAR_POSITIONAL:
-            lines.append(f"{p.name} = __a[{len(positional)}:]")
-        elif p.kind is inspect.Parameter.VAR_KEYWORD:
-            lines.append(f"{p.name} = {{k: v for k, v in __k.items() if k not in __N}}")
-        elif p in positional:
-            j = positional.index(p)
-            lines.append(
-                f"{p.name} = __a[{j}] if len(__a) > {j} else __k.get({p.name!r}, __D[{i}])"
-            )
-        else:
-            lines.append(f"{p.name} = __k.get({p.name!r}, __D[{i}])")
+    lines, namespace = _binding_source(signature, missing)
     terms = [
         f"({row['path']}).__code__ is __E[{i}]"
         if row["kind"] == "code"
@@ -437,7 +496,6 @@ def _build_identity_check(signature: Any) -> Any:
     source = "def __identities_ok(__a, __k, __E):\n    try:\n{}\n        return {}\n    except Exception:\n        return False\n".format(
         "\n".join("        " + line for line in lines), " and ".join(terms)
     )
-    namespace: dict[str, Any] = {"__D": defaults, "__N": frozenset(p.name for p in params)}
     exec(compile(source, "<precompile identities>", "exec"), namespace)
     identities_ok = namespace["__identities_ok"]
     expected = [missing if row["kind"] == "code" else resolve(row) for row in ARG_IDENTITIES]

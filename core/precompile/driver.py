@@ -294,9 +294,58 @@ def _check_strides(labels: list[str], tensors: list[Any], expected: list[Any]) -
             )
 
 
-def _describe_input_mismatch(leaves: list[Any], spec_matches: bool) -> None:
+def _input_constants() -> list[Any]:
+    """USER_INPUT_CONSTANTS as values: a float or complex that is not finite is written
+    as a tagged literal (``("float", "nan")``), since ``nan`` is no Python literal."""
+    decoded: list[Any] = []
+    for value in USER_INPUT_CONSTANTS:
+        if type(value) is tuple and len(value) == 2 and value[0] in ("float", "complex"):
+            value = (float if value[0] == "float" else complex)(value[1])
+        decoded.append(value)
+    return decoded
+
+
+def _same_constant(value: Any, expected: Any) -> bool:
+    """Whether a Python value is the one the capture baked: the same type, and for a
+    float or complex the same ``repr`` (``0.0 == -0.0`` yet ``x / 0.0`` and ``x / -0.0``
+    differ; a NaN equals no number, but it is the NaN the capture saw)."""
+    if type(value) is not type(expected):
+        return False
+    if type(value) is float or type(value) is complex:
+        return repr(value) == repr(expected)
+    return bool(value == expected)
+
+
+def _key_order_difference(spec: Any, expected: Any) -> str | None:
+    """The first dict in a call's inputs whose keys are the captured ones in another
+    order, in words; None when the nesting differs otherwise."""
+    if spec.type is not expected.type or spec.num_children != expected.num_children:
+        return None
+    keys, captured = spec.context, expected.context
+    if isinstance(keys, list) and isinstance(captured, list) and keys != captured:
+        if sorted(map(repr, keys)) == sorted(map(repr, captured)):
+            return f"a dict input has its keys in the order {keys} but was captured with {captured}"
+        return None
+    for child, expected_child in zip(spec.children(), expected.children()):
+        found = _key_order_difference(child, expected_child)
+        if found:
+            return found
+    return None
+
+
+def _describe_input_mismatch(
+    leaves: list[Any], spec_matches: bool, spec: Any = None, expected_spec: Any = None
+) -> None:
     """Raise the precise invariant-3/6 message for user inputs that differ from the
     traced example; return quietly if they match."""
+    order = None if spec is None else _key_order_difference(spec, expected_spec)
+    if not spec_matches and order:
+        _fail(
+            f"precompile: {order}; the capture flattened it in key order, so its values "
+            f"would meet the graph in the wrong places. Pass its keys in the captured "
+            f"order, or capture again",
+            3,
+        )
     if not spec_matches:
         _fail(
             "precompile: the call's inputs are nested differently from the traced "
@@ -313,11 +362,8 @@ def _describe_input_mismatch(leaves: list[Any], spec_matches: bool) -> None:
     for i, leaf in enumerate(leaves):
         shape = USER_INPUT_SHAPES[i]
         if shape is None:
-            expected = USER_INPUT_CONSTANTS[i]
-            same = type(leaf) is type(expected) and (
-                leaf == expected or (leaf != leaf and expected != expected)
-            )
-            if not same:
+            expected = _input_constants()[i]
+            if not _same_constant(leaf, expected):
                 _fail(
                     f"precompile: input value {i} is {leaf!r} but the capture baked "
                     f"{expected!r}; Python values are specialized at capture. Pass "
@@ -859,8 +905,18 @@ def _build_single_graph_forward() -> Any:
     pick_modules = _picker(module_positions)
     pick_user = _picker(user_positions)
     pick_tensors = _picker(tensor_slots)
+    constants = _input_constants()
+    # Floats and complex numbers are compared by repr (the sign of a zero, NaN): only
+    # an artifact with such an argument pays for it per call.
     constant_slots = tuple(
-        (i, USER_INPUT_CONSTANTS[i]) for i, s in enumerate(USER_INPUT_SHAPES) if s is None
+        (i, constants[i])
+        for i, s in enumerate(USER_INPUT_SHAPES)
+        if s is None and type(constants[i]) not in (float, complex)
+    )
+    float_slots = tuple(
+        (i, type(constants[i]), repr(constants[i]))
+        for i, s in enumerate(USER_INPUT_SHAPES)
+        if s is None and type(constants[i]) in (float, complex)
     )
     has_dynamic = any(s is not None and None in s for s in USER_INPUT_SHAPES) or any(
         USER_INPUT_SHAPE_IDS
@@ -1101,7 +1157,7 @@ def _build_single_graph_forward() -> Any:
         else:
             leaves, spec = _pytree.tree_flatten(user)
             if spec != in_spec:
-                _describe_input_mismatch(leaves, False)
+                _describe_input_mismatch(leaves, False, spec, in_spec)
         try:
             tensors_in = pick_tensors(leaves)
             ok = (
@@ -1114,6 +1170,10 @@ def _build_single_graph_forward() -> Any:
                 and (
                     not constant_slots
                     or all(type(leaves[i]) is type(v) and leaves[i] == v for i, v in constant_slots)
+                )
+                and (
+                    not float_slots
+                    or all(type(leaves[i]) is t and repr(leaves[i]) == r for i, t, r in float_slots)
                 )
                 and not (inference_grad_inputs and is_grad_enabled())
             )

@@ -42,6 +42,7 @@ from __future__ import annotations
 import dis
 import enum
 import inspect
+import math
 import os
 import re
 import sys
@@ -159,6 +160,9 @@ class DependencyRecorder:
         #: object the capture saw there (checked against the arguments after each call).
         self.identities: dict[str, dict[str, Any]] = {}
         self.identity_values: dict[str, Any] = {}
+        #: Access path from an argument -> the zero float guarded there, with its sign
+        #: (``FLOAT_ZEROS``).
+        self.float_zeros: dict[str, dict[str, Any]] = {}
         #: Why the capture cannot be served: objects compared by identity and unnameable.
         self.refusals: list[tuple[str, str]] = []
         #: What a trace read that depends on the grad mode ('' for nothing): the
@@ -245,6 +249,32 @@ class DependencyRecorder:
                 )
         for e in entries:
             self._observe_identity(e, code, module_name, entries)
+        if is_entry:
+            for e in entries:
+                self._observe_zero_float(e)
+
+    def _observe_zero_float(self, e: Any) -> None:
+        """A float guarded equal to 0.0 at a path from fn's arguments: Dynamo's guard is
+        ``==``, which -0.0 passes too, so the sign the trace computed with is recorded
+        (``FLOAT_ZEROS``) and checked per call."""
+        if not getattr(e, "has_value", False) or type(e.value) is not float or e.value != 0.0:
+            return
+        match = _ROOT.match(e.name)
+        if match is None or match.group("local") not in self.signature.parameters:
+            return
+        sign = math.copysign(1.0, e.value)
+        row = self.float_zeros.setdefault(
+            e.name, {"path": e.name, "shown": user_path(e.name), "sign": sign}
+        )
+        if row["sign"] != sign:
+            self.refusals.append(
+                (
+                    f"`{row['shown']}` was 0.0 in one captured call and -0.0 in another; "
+                    f"Dynamo's guards compare floats with ==, which does not tell them "
+                    f"apart, so one compiled variant would serve both signs",
+                    "capture with one sign of zero per artifact",
+                )
+            )
 
     def _observe_identity(
         self, e: Any, code: types.CodeType | None, module_name: str, entries: list[Any]
@@ -524,6 +554,7 @@ class DependencyRecorder:
             "MODULE_HOOKS": {"roots": roots, "global": self.global_hooks or {}},
             "GLOBAL_READS": reads,
             "ARG_IDENTITIES": identities,
+            "FLOAT_ZEROS": list(self.float_zeros.values()),
             "GRAD_MODE_READ": self.grad_mode_read
             or (self.grad_reads[0] if self.grad_reads else ""),
         }

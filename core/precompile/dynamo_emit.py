@@ -248,6 +248,7 @@ def _renamed_dependencies(
             {**read, "path": rename(read["path"])} for read in dependencies["GLOBAL_READS"]
         ],
         "ARG_IDENTITIES": dependencies.get("ARG_IDENTITIES", []),
+        "FLOAT_ZEROS": dependencies.get("FLOAT_ZEROS", []),
         "GRAD_MODE_READ": dependencies.get("GRAD_MODE_READ", ""),
     }
 

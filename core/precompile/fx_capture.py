@@ -582,6 +582,7 @@ def trace_single_graph(
     out_spec_box: list[Any] = []
     out_requires_grad: list[bool] = []
     opaque = _RefuseOpaqueAccess()
+    argument_changes: list[str] = []
 
     def flat_fn(*flat: torch.Tensor) -> list[Any]:
         state, user_tensors = flat[:n_state], flat[n_state:]
@@ -589,10 +590,19 @@ def trace_single_graph(
         call_leaves = list(leaves)
         for slot, t in zip(tensor_slots, user_tensors):
             call_leaves[slot] = t
-        user_args = iter(pytree.tree_unflatten(call_leaves, in_spec))
+        user_values = pytree.tree_unflatten(call_leaves, in_spec)
+        user_args = iter(user_values)
         call_args = [
             args[i] if i in module_positions else next(user_args) for i in range(len(args))
         ]
+        watch = dependencies.ArgumentWatch(
+            [
+                (f"{'parameter' if k < lifted.num_params else 'buffer'} {name!r}", t)
+                for k, (name, t) in enumerate(zip(lifted.names, state))
+            ]
+            + [(f"input value {slot}", t) for slot, t in zip(tensor_slots, user_tensors)],
+            [(i, a) for i, a in enumerate(call_args) if i not in module_positions],
+        )
         with contextlib.ExitStack() as stack:
             for mi, module in enumerate(modules):
                 swap = {
@@ -603,6 +613,7 @@ def trace_single_graph(
                 }
                 stack.enter_context(_compat.reparametrized(module, swap))
             out = fn(*call_args)
+            argument_changes[:] = watch.changes()
         out_leaves, out_spec = pytree.tree_flatten(out)
         out_spec_box.append(out_spec)
         for i, leaf in enumerate(out_leaves):
@@ -688,7 +699,9 @@ def trace_single_graph(
     _check_graph(gm, node_stacks, fn, modules)
     check_spec_serializable(out_spec_box[-1], "fn's outputs", where)
     names = dependencies.read_names(ran)
-    dependencies.refuse_trace_side_effects(before.changed_during(modules, names), where)
+    dependencies.refuse_trace_side_effects(
+        before.changed_during(modules, names, ran) + argument_changes, where
+    )
     reads = {**ran.reads, **opaque.reads}
     if "environ" in reads:
         raise PrecompileError(

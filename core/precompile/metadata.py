@@ -21,7 +21,19 @@ ARTIFACT_FORMAT_VERSION = 2
 
 def render_assignment(name: str, value: Any) -> str:
     text = pprint.pformat(value, width=96, sort_dicts=False)
-    if ast.literal_eval(text) != value:
+    try:
+        parsed = ast.literal_eval(text)
+    except (ValueError, SyntaxError) as error:
+        # A value with no literal form (nan, inf, an object's repr) reached the
+        # metadata: refuse the capture rather than crash it.
+        raise PrecompileError(
+            f"the artifact's metadata {name} holds a value that has no Python literal form "
+            f"({error}); the capture recorded it to check calls against, and could not "
+            f"write it",
+            hint="pass finite numbers, strings, None or tensors there (a non-finite float "
+            "as a 0-d tensor), or capture again without that value",
+        ) from error
+    if parsed != value:
         raise AssertionError(f"metadata {name} does not round-trip as a literal")
     return f"{name} = {text}"
 

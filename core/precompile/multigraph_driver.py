@@ -433,6 +433,17 @@ def _build_multigraph_forward() -> Any:
         def dispatch_with(bound: list[Any], closure: Any, args: Any, kwargs: Any) -> Any:
             f_locals = locals_of(closure, args, kwargs)
             chosen = _serving_variant(managers, f_locals)
+            if chosen is None:
+                # A tensor still carrying mark_unbacked / mark_dynamic marks (the
+                # capture's example passed again) fails the rebuilt guards' marking
+                # check, which says nothing about what the variant computes: check it
+                # again unmarked (only on a miss, so a served call pays nothing).
+                stripped = rt.strip_dim_marks(f_locals.values())
+                if stripped:
+                    try:
+                        chosen = _serving_variant(managers, f_locals)
+                    finally:
+                        rt.restore_dim_marks(stripped)
             if chosen is not None:
                 return bound[chosen](*args, **kwargs)
             if frame["eager_fallback"]:
@@ -468,7 +479,12 @@ def _build_multigraph_forward() -> Any:
             return [function(body, closure) for _manager, body in variants]
 
         def coverage(args: Any, kwargs: Any) -> dict[str, Any]:
-            return _coverage(managers, locals_of(None, args, kwargs))
+            f_locals = locals_of(None, args, kwargs)
+            stripped = rt.strip_dim_marks(f_locals.values())  # as dispatch_with retries
+            try:
+                return _coverage(managers, f_locals)
+            finally:
+                rt.restore_dim_marks(stripped)
 
         if target.co_freevars:
 

@@ -1,0 +1,111 @@
+"""Python values and side effects an artifact must serve exactly or refuse: a float
+argument at a signed zero (``0.0 == -0.0``, yet ``x / s`` differs), NaN and infinity, a
+dict input in another key order, a tensor still carrying its mark_unbacked mark (both
+tracers as they apply); and, for make_fx, a trace that changes Python state (fn's list
+and dict arguments, a parameter's requires_grad, a module global) is refused at capture,
+since a served call runs no Python. Captured here, served in one fresh process; a
+"/warm" cell follows a served call, so it meets the per-call fast path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import precompile
+from precompile import PrecompileError
+from tests.conftest import capture_pair, run_job
+from tests.fixtures import values_side_effects as v
+
+#: (tracer, captured cell) -> {served cell: words the refusal must contain, or None: exact}
+EXPECTED: dict[tuple[str, str], dict[str, tuple[str, ...] | None]] = {
+    ("fx", "divide 0.0"): {
+        "divide -0.0": ("input value 2 is -0.0", "baked 0.0", "Pass 0.0"),
+        "divide 0.0": None,
+        "divide -0.0/warm": ("input value 2 is -0.0", "baked 0.0"),
+    },
+    ("fx", "clamp nan"): {
+        "clamp nan": None,
+        "clamp 1.0": ("input value 2 is 1.0", "baked nan"),
+        "clamp nan/warm": None,
+        "clamp 1.0/warm": ("input value 2 is 1.0", "baked nan"),
+    },
+    ("fx", "clamp inf"): {
+        "clamp -inf": ("input value 2 is -inf", "baked inf"),
+        "clamp inf": None,
+        "clamp -inf/warm": ("input value 2 is -inf", "baked inf"),
+    },
+    ("fx", "dict a,b"): {
+        "dict b,a": ("keys in the order ['b', 'a']", "captured with ['a', 'b']", "captured order"),
+        "dict a,b": None,
+        "dict b,a/warm": ("keys in the order ['b', 'a']",),
+    },
+    ("dynamo", "divide 0.0"): {
+        "divide -0.0": ("`s` is -0.0", "was 0.0 at capture", "Pass 0.0"),
+        "divide 0.0": None,
+        "divide -0.0/warm": ("`s` is -0.0", "was 0.0 at capture"),
+    },
+    ("dynamo", "marked 8"): {
+        "marked 8": None,
+        "marked 3": None,
+        "unmarked 5": None,
+    },
+}
+
+
+def _tracer(name: str) -> object:
+    return precompile.MakeFxTracer() if name == "fx" else precompile.DynamoTracer()
+
+
+def test_values_served_exactly_or_refused(tmp_path: Path) -> None:
+    job = {}
+    for (tracer, cell), cells in EXPECTED.items():
+        fn, model, args = v.CELLS[cell]
+        name = f"{tracer} {cell}"
+        paths = capture_pair(
+            fn,
+            model(),
+            *args(),
+            directory=tmp_path,
+            name=name.replace(" ", "_"),
+            tracer=_tracer(tracer),
+        )
+        job[name] = (paths, list(cells))
+    results = run_job("tests.fixtures.values_side_effects", job, tmp_path / "job.json")
+    problems = []
+    for (tracer, cell), cells in EXPECTED.items():
+        for served, words in cells.items():
+            got = results[f"{tracer} {cell}: {served}"]
+            if words is None:
+                if got["result"] != "exact":
+                    problems.append(f"{tracer} {cell} -> {served}: expected exact, got {got}")
+            elif got["result"] != "refused" or not all(w in got["message"] for w in words):
+                problems.append(f"{tracer} {cell} -> {served}: expected {words}, got {got}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("fn", "model", "args", "words"),
+    [
+        (
+            v.appends,
+            None,
+            lambda: (torch.ones(2), [], {}),
+            ("the list passed as fn's argument 2", "the dict passed as fn's argument 3"),
+        ),
+        (v.linear, v.Freezes, lambda: (torch.ones(2, 4),), ("parameter 'fc.bias'.requires_grad",)),
+        (v.counts, None, lambda: (torch.ones(2),), ("global CALLS of module",)),
+    ],
+    ids=["container arguments", "requires_grad", "global counter"],
+)
+def test_fx_trace_side_effects_refused_at_capture(
+    tmp_path: Path, fn: object, model: object, args: object, words: tuple[str, ...]
+) -> None:
+    with pytest.raises(PrecompileError) as caught:
+        capture_pair(fn, model() if model else None, *args(), directory=tmp_path)  # type: ignore[operator]
+    message = str(caught.value)
+    assert caught.value.invariant == 4, message
+    assert "fn changed state in Python while it was traced" in message
+    assert all(w in message for w in words), message
+    assert "return the value from fn" in message
