@@ -19,12 +19,7 @@ MODELS = f"""
 import torch, logging
 from torch import nn
 torch._logging.set_logs(dynamo=logging.ERROR)
-from bench.models import ResNet18, infer
-
-def train_step(model, x, target):
-    loss = nn.functional.cross_entropy(model(x), target)
-    loss.backward()
-    return loss.detach()
+from bench.models import ResNet18, infer, train_step
 
 def build(kind, batch):
     torch.manual_seed(0)
