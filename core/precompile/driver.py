@@ -101,6 +101,8 @@ if TYPE_CHECKING:
 
     def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]: ...
 
+    def reached_classes(start: Any, context: dict[str, Any]) -> list[tuple[Any, Any]]: ...
+
     def type_name(cls: Any) -> str: ...
 
     def shallow_contents(value: Any) -> tuple[Any, ...]: ...
@@ -738,11 +740,13 @@ def _check_module_state(mods: list[Any], context: dict[str, Any]) -> None:
 
 
 def _check_class_state(subs: list[Any], context: dict[str, Any]) -> None:
-    """Raise for a module class whose methods or class attributes that the traced code
-    reads differ from what the trace saw (a method monkeypatched, ``Net.scale = 2.0``)."""
+    """Raise for a class whose methods, class attributes or special methods that the
+    traced code reads differ from what the trace saw (a method monkeypatched,
+    ``Net.scale = 2.0``, ``Net.__call__`` replaced, a property swapped): each submodule
+    class, and each user class the other checks reached (a global ``Settings``, the
+    class of a config object), so this runs after them."""
     recorded = dict(CLASS_STATE)
-    for cls in dict.fromkeys(map(type, subs)):
-        live = class_fingerprint(cls, context)
+    for cls, live in reached_classes(dict.fromkeys(map(type, subs)), context):
         then = recorded.get(type_name(cls))
         if then is None or live == then:
             continue  # a type not captured was refused already
@@ -752,12 +756,19 @@ def _check_class_state(subs: list[Any], context: dict[str, Any]) -> None:
                 path, was, now = first_difference(
                     old.get(name, ("absent",)), new.get(name, ("absent",)), name
                 )
-                shown = describe_value(now) if name in new else "gone"
+                if name not in new:
+                    state = f"is gone but the trace read {describe_value(was)}"
+                elif name not in old:
+                    state = (
+                        f"is {describe_value(now)}, which no class along its MRO "
+                        f"defined when the trace ran"
+                    )
+                else:
+                    state = f"is {describe_value(now)} but the trace read {describe_value(was)}"
                 _fail(
-                    f"precompile: {type_name(cls)}.{path} is {shown} but the trace read "
-                    f"{describe_value(was)} (a class attribute or method the traced code "
-                    f"reads); the graph baked it. Restore it, or capture again (re-emit "
-                    f"the artifact)",
+                    f"precompile: {type_name(cls)}.{path} {state} (a class attribute, "
+                    f"method or special method the traced code reads); the graph baked "
+                    f"it. Restore it, or capture again (re-emit the artifact)",
                     2,
                 )
 
@@ -994,9 +1005,9 @@ def _build_single_graph_forward() -> Any:
         tensors, _names, sub_list = _checked_module_state(list(mods))
         context = _context(identities)
         _check_module_state(list(mods), context)
-        _check_class_state(sub_list, context)
         _check_globals(scopes, context)
         _check_entry(entry, context)
+        _check_class_state(sub_list, context)
         watched = [*context["dicts"], *(scope for scope, _ in scopes), *_GLOBAL_MODULE_HOOKS]
         watched = list({id(d): d for d in watched}.values())
         # An empty dict's whole state is that it is empty (most hook, buffer and child
