@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import torch
 
-from precompile import _compat, state_checks
+from precompile import _compat, process_state, state_checks
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file, is_user_file
 
@@ -81,6 +81,11 @@ class CallLog:
     #: Process state user code read that no graph input carries: kind ->
     #: "what at FILE:LINE" (the first read).
     reads: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: torch settings user code read (``process_state``) -> "FILE:LINE" of the first.
+    state: dict[process_state.StateRead, str] = dataclasses.field(default_factory=dict)
+    #: Reads capture refuses: a probe that was true in the trace, a torch.backends
+    #: query an artifact cannot repeat -> "FILE:LINE".
+    refused: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def project_codes(self) -> list[types.CodeType]:
         return sorted(
@@ -96,6 +101,10 @@ def recording_calls() -> Iterator[CallLog]:
     log = CallLog()
     previous = sys.getprofile()
     codes, scopes, reads = log.codes, log.scopes, log.reads
+    state, refused = log.state, log.refused
+    tables = process_state.tables()
+    getter_codes, probe_codes = tables.getter_codes, tables.probe_codes
+    getter_builtins, backends_dir = tables.getter_builtins, tables.backends_dir
     importing: list[types.FrameType] = []  # the import machinery's outermost frame
 
     def note(kind: str, what: str, frame: types.FrameType | None) -> None:
@@ -139,6 +148,28 @@ def recording_calls() -> Iterator[CallLog]:
                 reads["inference_mode"] = (
                     f"torch.is_inference_mode_enabled() at {code.co_filename}:{frame.f_lineno}"
                 )
+        if importing:
+            pass
+        elif event == "call" and code in getter_codes:
+            site = process_state.read_site(frame.f_back)
+            if site:
+                state.setdefault(getter_codes[code], site)
+        elif event == "call" and code.co_filename.startswith(backends_dir):
+            site = process_state.read_site(frame.f_back)
+            read = process_state.backends_read(frame) if site else None
+            if isinstance(read, process_state.StateRead):
+                state.setdefault(read, str(site))
+            elif read:
+                refused.setdefault(read, str(site))
+        elif event == "c_call" and id(arg) in getter_builtins:
+            getter, read = getter_builtins[id(arg)]
+            site = process_state.read_site(frame) if arg is getter else None
+            if site:
+                state.setdefault(read, site)
+        elif event == "return" and code in probe_codes and arg is True:
+            site = process_state.read_site(frame.f_back)
+            if site:
+                refused.setdefault(probe_codes[code], site)
         if previous is not None:
             return previous(frame, event, arg)
         return None
@@ -194,6 +225,9 @@ class Dependencies:
     #: The captured function itself when it holds values the trace baked (defaults,
     #: keyword defaults, closure cells): its module, file, qualname and fingerprint.
     entry: dict[str, Any] | None = None
+    #: The torch settings user code read: [module, path, called, "what at FILE:LINE",
+    #: fingerprint of the value], by expression.
+    process_state: list[list[Any]] = dataclasses.field(default_factory=list)
 
 
 def _context(
@@ -430,6 +464,7 @@ def record_dependencies(
     fn: Any = None,
     where: Any = None,
 ) -> Dependencies:
+    refuse_trace_only_reads(log, where)
     names = read_names(log)
     near = _near_modules(log)
     # The user classes every record reaches, whose class-level values are recorded last.
@@ -444,7 +479,48 @@ def record_dependencies(
         classes=_class_records(modules, names, training, near, classes),
         globals=global_records,
         global_hooks=state_checks.global_hooks_fingerprint(_compat.global_module_hooks()),
+        process_state=_process_state_records(log),
     )
+
+
+def _process_state_records(log: CallLog) -> list[list[Any]]:
+    """Each torch setting user code read, with its value as the artifact's per-call
+    check reads it again (``state_checks.state_getter``)."""
+    context = state_checks.new_context(frozenset())
+    records = []
+    for read, site in sorted(log.state.items(), key=lambda item: item[0].expression):
+        value = state_checks.state_getter(read.module, read.path, read.call)()
+        records.append(
+            [
+                read.module,
+                read.path,
+                read.call,
+                f"{read.expression} at {site}",
+                state_checks.fingerprint(value, context),
+            ]
+        )
+    return records
+
+
+def refuse_trace_only_reads(log: CallLog, where: Any) -> None:
+    """Refuse reads whose answer in the trace is not what a served call would get."""
+    for what, site in log.refused.items():
+        if what in process_state.tables().probe_codes.values():
+            raise PrecompileError(
+                f"fn branches on {what} at {site}, which is true while make_fx traces fn "
+                f"but false when fn runs eagerly; the graph holds the branch eager never "
+                f"takes, and every served call would run it",
+                invariant=3,
+                location=where,
+                hint="remove the branch, or make both branches compute the same thing",
+            )
+        raise PrecompileError(
+            f"fn reads torch backend state ({what} at {site}) that an artifact cannot ask "
+            f"again on each call; the graph baked the answer the trace got",
+            invariant=3,
+            location=where,
+            hint="read it outside fn and pass the result as an argument (checked per call)",
+        )
 
 
 def refuse_trace_side_effects(changes: list[str], where: Any) -> None:

@@ -76,6 +76,7 @@ if TYPE_CHECKING:
     FUNCTION_SOURCES: list[dict[str, Any]] = []
     AUTOCAST: list[tuple[str, str]] = []
     STATE_READS: dict[str, str] = {}
+    PROCESS_STATE: list[list[Any]] = []
     ENTRY: dict[str, Any] | None = None
     _GLOBAL_MODULE_HOOKS: tuple[dict[Any, Any], ...] = ()
 
@@ -102,6 +103,8 @@ if TYPE_CHECKING:
     def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]: ...
 
     def reached_classes(start: Any, context: dict[str, Any]) -> list[tuple[Any, Any]]: ...
+
+    def state_getter(module: str, path: str, call: bool) -> Any: ...
 
     def type_name(cls: Any) -> str: ...
 
@@ -773,6 +776,24 @@ def _check_class_state(subs: list[Any], context: dict[str, Any]) -> None:
                 )
 
 
+def _check_process_state(values: list[Any]) -> None:
+    """Raise for a torch setting fn read (``PROCESS_STATE``) whose value now differs
+    from the trace's: the graph holds the branch of the captured value."""
+    context = new_context(frozenset())
+    for (_, _, _, site, then), value in zip(PROCESS_STATE, values):
+        now = fingerprint(value, context)
+        if now != then:
+            what, _, where = site.partition(" at ")
+            _fail(
+                f"precompile: fn reads {what} ({where}), which was {describe_value(then)} "
+                f"when the trace ran but is {describe_value(now)} now; the graph baked the "
+                f"branch of the captured value. Restore the setting around the call, read "
+                f"it outside fn and pass it as an argument (checked per call), or capture "
+                f"again under this setting",
+                3,
+            )
+
+
 def _load_spec(text: str) -> Any:
     """A pytree spec from its JSON, importing the modules that register its container
     types (a model's output class, say) when this process has not imported them yet."""
@@ -877,6 +898,10 @@ def _build_single_graph_forward() -> Any:
     # capture under inference mode that reads it is refused).
     inference_mode_read = STATE_READS.get("inference_mode")
     is_inference_mode_enabled = _torch.is_inference_mode_enabled
+    # fn read torch settings (deterministic algorithms, a torch.backends flag): each is
+    # read again per call and compared with the last values that verified.
+    state_getters = tuple(state_getter(m, p, c) for m, p, c, _, _ in PROCESS_STATE)
+    state_seen: list[Any] = [None]
     # Only without dynamic dims: then each tensor slot's shape (tensor_slots holds the
     # slots with one) is all ints, and the emitter writes a dtype and a device exactly
     # where it writes a shape.
@@ -1107,6 +1132,11 @@ def _build_single_graph_forward() -> Any:
             _describe_input_mismatch(list(leaves), True)
             tensors_in = pick_tensors(leaves)
         state = _model_tensors(mods)
+        if state_getters:
+            values = [get() for get in state_getters]
+            if values != state_seen[0]:
+                _check_process_state(values)
+                state_seen[0] = values
         if grad_mode_read is not None and is_grad_enabled() != TRAINING:
             mode = "on" if TRAINING else "off"
             _fail(
@@ -1612,6 +1642,7 @@ SINGLE_GRAPH_DRIVER = (
     _check_globals,
     _check_module_state,
     _check_class_state,
+    _check_process_state,
     _load_spec,
     _picker,
     _build_single_graph_forward,

@@ -110,6 +110,21 @@ def autocast_keys() -> dict[str, Any] | None:
     return keys
 
 
+def state_getter(module: str, path: str, call: bool) -> Any:
+    """A zero-argument function that reads one torch setting the way the traced code
+    did: attribute ``path`` of ``module`` (``torch.backends.mkldnn``, ``enabled``),
+    called when ``call`` (``torch``, ``get_num_threads``)."""
+    import functools
+    import importlib
+    import operator
+    import sys
+
+    owner = sys.modules.get(module) or importlib.import_module(module)
+    if call:
+        return operator.attrgetter(path)(owner)
+    return functools.partial(operator.attrgetter(path), owner)
+
+
 #: Hook dicts of a module whose entries change what its call computes, with the dicts
 #: that carry per-hook flags.
 MODULE_HOOK_DICTS = (
