@@ -769,9 +769,10 @@ def _check_class_state(subs: list[Any], context: dict[str, Any]) -> None:
                 else:
                     state = f"is {describe_value(now)} but the trace read {describe_value(was)}"
                 _fail(
-                    f"precompile: {type_name(cls)}.{path} {state} (a class attribute, "
-                    f"method or special method the traced code reads); the graph baked "
-                    f"it. Restore it, or capture again (re-emit the artifact)",
+                    f"precompile: {type_name(cls)}.{path} {state} (a class attribute or "
+                    f"method the traced code reads, or a special method Python calls on "
+                    f"it); the graph baked it. Restore it, or capture again (re-emit the "
+                    f"artifact)",
                     2,
                 )
 
