@@ -141,6 +141,7 @@ def backends_read(frame: types.FrameType) -> StateRead | str | None:
     if not name.startswith(("is_", "get_", "version")):
         return None  # setters and the rest: not a query
     shown = f"{module}.{name}()"
+    target: types.ModuleType | None
     if isinstance(owner, types.ModuleType) and code.co_argcount == 1:
         target, path = owner, name  # a method of torch.backends.mkldnn's module class
     elif code.co_argcount == 0:
