@@ -1268,6 +1268,31 @@ def global_module_hooks() -> tuple[dict[Any, Any], ...]:
     )
 
 
+def tracing_probes() -> dict[str, Callable[[], bool]]:
+    """The functions that answer "is a trace or compile running?" by the expression a
+    user writes: true in a trace where eager says false, so a branch on one bakes the
+    branch eager never takes."""
+    import torch.compiler
+    import torch.fx._symbolic_trace as symbolic_trace
+    import torch.jit
+
+    probes: dict[str, Any] = {
+        "torch.compiler.is_compiling()": torch.compiler.is_compiling,
+        "torch.compiler.is_dynamo_compiling()": torch.compiler.is_dynamo_compiling,
+        "torch.compiler.is_exporting()": torch.compiler.is_exporting,
+        "torch.fx._symbolic_trace.is_fx_tracing()": symbolic_trace.is_fx_tracing,
+        "torch.fx._symbolic_trace.is_fx_symbolic_tracing()": getattr(
+            symbolic_trace, "is_fx_symbolic_tracing", None
+        ),
+        "torch.jit.is_tracing()": torch.jit.is_tracing,
+        "torch._utils.is_compiling()": getattr(torch._utils, "is_compiling", None),
+    }
+    external = sys.modules.get("torch._dynamo.external_utils")
+    if external is not None:
+        probes["torch._dynamo.is_compiling()"] = getattr(external, "is_compiling", None)
+    return {name: f for name, f in probes.items() if isinstance(f, types.FunctionType)}
+
+
 def fake_mode(**kwargs: Any) -> Any:
     """A fake-tensor mode that refuses operators without a fake kernel. By default
     FakeTensorMode runs such an operator's real kernel on zero-filled inputs for a few

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import torch
 
-from precompile import _compat, state_checks
+from precompile import _compat, process_state, state_checks
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file, is_user_file
 
@@ -81,6 +81,11 @@ class CallLog:
     #: Process state user code read that no graph input carries: kind ->
     #: "what at FILE:LINE" (the first read).
     reads: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: torch settings user code read (``process_state``) -> "FILE:LINE" of the first.
+    state: dict[process_state.StateRead, str] = dataclasses.field(default_factory=dict)
+    #: Reads capture refuses: a probe that was true in the trace, a torch.backends
+    #: query an artifact cannot repeat -> "FILE:LINE".
+    refused: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def project_codes(self) -> list[types.CodeType]:
         return sorted(
@@ -96,6 +101,10 @@ def recording_calls() -> Iterator[CallLog]:
     log = CallLog()
     previous = sys.getprofile()
     codes, scopes, reads = log.codes, log.scopes, log.reads
+    state, refused = log.state, log.refused
+    tables = process_state.tables()
+    getter_codes, probe_codes = tables.getter_codes, tables.probe_codes
+    getter_builtins, backends_dir = tables.getter_builtins, tables.backends_dir
     importing: list[types.FrameType] = []  # the import machinery's outermost frame
 
     def note(kind: str, what: str, frame: types.FrameType | None) -> None:
@@ -139,6 +148,28 @@ def recording_calls() -> Iterator[CallLog]:
                 reads["inference_mode"] = (
                     f"torch.is_inference_mode_enabled() at {code.co_filename}:{frame.f_lineno}"
                 )
+        if importing:
+            pass
+        elif event == "call" and code in getter_codes:
+            site = process_state.read_site(frame.f_back)
+            if site:
+                state.setdefault(getter_codes[code], site)
+        elif event == "call" and code.co_filename.startswith(backends_dir):
+            site = process_state.read_site(frame.f_back)
+            read = process_state.backends_read(frame) if site else None
+            if isinstance(read, process_state.StateRead):
+                state.setdefault(read, str(site))
+            elif read:
+                refused.setdefault(read, str(site))
+        elif event == "c_call" and id(arg) in getter_builtins:
+            getter, read = getter_builtins[id(arg)]
+            site = process_state.read_site(frame) if arg is getter else None
+            if site:
+                state.setdefault(read, site)
+        elif event == "return" and code in probe_codes and arg is True:
+            site = process_state.read_site(frame.f_back)
+            if site:
+                refused.setdefault(probe_codes[code], site)
         if previous is not None:
             return previous(frame, event, arg)
         return None
@@ -194,13 +225,21 @@ class Dependencies:
     #: The captured function itself when it holds values the trace baked (defaults,
     #: keyword defaults, closure cells): its module, file, qualname and fingerprint.
     entry: dict[str, Any] | None = None
+    #: The torch settings user code read: [module, path, called, "what at FILE:LINE",
+    #: fingerprint of the value], by expression.
+    process_state: list[list[Any]] = dataclasses.field(default_factory=list)
 
 
-def _context(names: Any, training: bool, near: tuple[str, ...]) -> dict[str, Any]:
+def _context(
+    names: Any, training: bool, near: tuple[str, ...], classes: dict[Any, None] | None = None
+) -> dict[str, Any]:
     """A fingerprinting context that looks for the names of identity-only objects in
-    the traced code's modules first (``near``)."""
+    the traced code's modules first (``near``), collecting the user classes it reaches
+    into ``classes`` (shared by the contexts of one capture)."""
     context = state_checks.new_context(names, training)
     context["near"] = near
+    if classes is not None:
+        context["classes"] = classes
     return context
 
 
@@ -213,9 +252,13 @@ def _near_modules(log: CallLog) -> tuple[str, ...]:
 
 
 def _module_records(
-    modules: list[torch.nn.Module], names: Any, training: bool, near: tuple[str, ...]
+    modules: list[torch.nn.Module],
+    names: Any,
+    training: bool,
+    near: tuple[str, ...],
+    classes: dict[Any, None],
 ) -> list[list[Any]]:
-    context = _context(names, training, near)
+    context = _context(names, training, near, classes)
     return [
         [
             state_checks.module_fingerprint(sub, context, children=False)
@@ -226,20 +269,32 @@ def _module_records(
 
 
 def _class_records(
-    modules: list[torch.nn.Module], names: Any, training: bool, near: tuple[str, ...]
+    modules: list[torch.nn.Module],
+    names: Any,
+    training: bool,
+    near: tuple[str, ...],
+    classes: dict[Any, None],
 ) -> list[tuple[str, Any]]:
-    context = _context(names, training, near)
-    classes = dict.fromkeys(type(sub) for m in modules for sub in m.modules())
+    """Per submodule class, and per user class the other records reached (a global
+    class, the class of a config object), its class-level values."""
+    context = _context(names, training, near, classes)
+    subs = dict.fromkeys(type(sub) for m in modules for sub in m.modules())
     return [
-        (state_checks.type_name(c), state_checks.class_fingerprint(c, context)) for c in classes
+        (state_checks.type_name(c), record)
+        for c, record in state_checks.reached_classes(subs, context)
     ]
 
 
-def _global_values(log: CallLog, names: Any, training: bool) -> list[GlobalRead]:
+def _global_values(
+    log: CallLog, names: Any, training: bool, classes: dict[Any, None] | None = None
+) -> list[GlobalRead]:
     """Per user module, the values its traced functions loaded as globals (names bound
-    to builtins are not module state; imported modules are named, not values)."""
+    to builtins are not module state). An imported project module (``import cfgmod``
+    then ``cfgmod.SCALE``) is read like the code's own globals: its values under the
+    names the traced code reads, and its dict is watched the same way."""
     by_module: dict[str, GlobalRead] = {}
-    context = _context(names, training, _near_modules(log))
+    context = _context(names, training, _near_modules(log), classes)
+    pending: list[types.ModuleType] = []
     for code in log.project_codes():
         scope = log.scopes.get(code)
         if scope is None:
@@ -247,8 +302,28 @@ def _global_values(log: CallLog, names: Any, training: bool) -> list[GlobalRead]
         module = str(scope.get("__name__"))
         read = by_module.setdefault(module, GlobalRead(module, scope.get("__file__"), {}))
         for name in _global_loads(code):
-            if name in scope and not isinstance(scope[name], types.ModuleType):
+            if name not in scope:
+                continue
+            if isinstance(scope[name], types.ModuleType):
+                pending.append(scope[name])
+            else:
                 read.values[name] = state_checks.fingerprint(scope[name], context)
+    seen: set[str] = set()
+    while pending:
+        module_value = pending.pop()
+        module = module_value.__name__
+        file = getattr(module_value, "__file__", None)
+        if module in seen or module == "__main__" or not (file and is_project_file(file)):
+            continue
+        seen.add(module)
+        read = by_module.setdefault(module, GlobalRead(module, file, {}))
+        for name, value in list(vars(module_value).items()):
+            if name not in names or name.startswith("__"):
+                continue
+            if isinstance(value, types.ModuleType):
+                pending.append(value)  # ``pkg.cfgmod.SCALE``
+            elif name not in read.values:
+                read.values[name] = state_checks.fingerprint(value, context)
     return [r for _, r in sorted(by_module.items()) if r.values]
 
 
@@ -409,7 +484,12 @@ def _attr_fps(module: torch.nn.Module) -> dict[str, Any]:
 
 
 def entry_record(
-    fn: Any, names: Any, training: bool, near: tuple[str, ...] = (), where: Any = None
+    fn: Any,
+    names: Any,
+    training: bool,
+    near: tuple[str, ...] = (),
+    where: Any = None,
+    classes: dict[Any, None] | None = None,
 ) -> dict[str, Any] | None:
     """The captured function's own baked values: a call of it passes every positional
     argument, so its defaults, keyword defaults and closure cells are read as they were
@@ -418,13 +498,13 @@ def entry_record(
     import functools
 
     if isinstance(fn, functools.partial):
-        return _partial_entry_record(fn, names, training, near, where)
+        return _partial_entry_record(fn, names, training, near, where, classes)
     func = getattr(fn, "__func__", fn)
     if not isinstance(func, types.FunctionType):
         return None
     if not (func.__defaults__ or func.__kwdefaults__ or func.__closure__):
         return None
-    context = _context(names, training, near)
+    context = _context(names, training, near, classes)
     return {
         "module": str(func.__module__),
         "file": func.__globals__.get("__file__"),
@@ -434,13 +514,18 @@ def entry_record(
 
 
 def _partial_entry_record(
-    fn: Any, names: Any, training: bool, near: tuple[str, ...], where: Any
+    fn: Any,
+    names: Any,
+    training: bool,
+    near: tuple[str, ...],
+    where: Any,
+    classes: dict[Any, None] | None,
 ) -> dict[str, Any]:
     """A partial has no name of its own: it is found again by the module-level name
     bound to it (the module of the function it wraps first), and checked whole."""
     inner = getattr(fn.func, "__func__", fn.func)
     home = str(getattr(inner, "__module__", None) or "")
-    context = _context(names, training, (home, *near))
+    context = _context(names, training, (home, *near), classes)
     named = state_checks.identity_name(fn, context)
     if not named:
         raise PrecompileError(
@@ -507,16 +592,63 @@ def record_dependencies(
     fn: Any = None,
     where: Any = None,
 ) -> Dependencies:
+    refuse_trace_only_reads(log, where)
     names = read_names(log)
     near = _near_modules(log)
+    # The user classes every record reaches, whose class-level values are recorded last.
+    classes: dict[Any, None] = {}
+    entry = entry_record(fn, names, training, near, where, classes)
+    module_records = _module_records(modules, names, training, near, classes)
+    global_records = _global_values(log, names, training, classes)
     return Dependencies(
-        entry=entry_record(fn, names, training, near, where),
+        entry=entry,
         names=names,
-        modules=_module_records(modules, names, training, near),
-        classes=_class_records(modules, names, training, near),
-        globals=_global_values(log, names, training),
+        modules=module_records,
+        classes=_class_records(modules, names, training, near, classes),
+        globals=global_records,
         global_hooks=state_checks.global_hooks_fingerprint(_compat.global_module_hooks()),
+        process_state=_process_state_records(log),
     )
+
+
+def _process_state_records(log: CallLog) -> list[list[Any]]:
+    """Each torch setting user code read, with its value as the artifact's per-call
+    check reads it again (``state_checks.state_getter``)."""
+    context = state_checks.new_context(frozenset())
+    records = []
+    for read, site in sorted(log.state.items(), key=lambda item: item[0].expression):
+        value = state_checks.state_getter(read.module, read.path, read.call)()
+        records.append(
+            [
+                read.module,
+                read.path,
+                read.call,
+                f"{read.expression} at {site}",
+                state_checks.fingerprint(value, context),
+            ]
+        )
+    return records
+
+
+def refuse_trace_only_reads(log: CallLog, where: Any) -> None:
+    """Refuse reads whose answer in the trace is not what a served call would get."""
+    for what, site in log.refused.items():
+        if what in process_state.tables().probe_codes.values():
+            raise PrecompileError(
+                f"fn branches on {what} at {site}, which is true while make_fx traces fn "
+                f"but false when fn runs eagerly; the graph holds the branch eager never "
+                f"takes, and every served call would run it",
+                invariant=3,
+                location=where,
+                hint="remove the branch, or make both branches compute the same thing",
+            )
+        raise PrecompileError(
+            f"fn reads torch backend state ({what} at {site}) that an artifact cannot ask "
+            f"again on each call; the graph baked the answer the trace got",
+            invariant=3,
+            location=where,
+            hint="read it outside fn and pass the result as an argument (checked per call)",
+        )
 
 
 def refuse_trace_side_effects(changes: list[str], where: Any) -> None:

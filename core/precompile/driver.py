@@ -78,6 +78,7 @@ if TYPE_CHECKING:
     FUNCTION_SOURCES: list[dict[str, Any]] = []
     AUTOCAST: list[tuple[str, str]] = []
     STATE_READS: dict[str, str] = {}
+    PROCESS_STATE: list[list[Any]] = []
     ENTRY: dict[str, Any] | None = None
     _GLOBAL_MODULE_HOOKS: tuple[dict[Any, Any], ...] = ()
 
@@ -102,6 +103,10 @@ if TYPE_CHECKING:
     def autocast_keys() -> dict[str, Any] | None: ...
 
     def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]: ...
+
+    def reached_classes(start: Any, context: dict[str, Any]) -> list[tuple[Any, Any]]: ...
+
+    def state_getter(module: str, path: str, call: bool) -> Any: ...
 
     def type_name(cls: Any) -> str: ...
 
@@ -797,11 +802,13 @@ def _check_module_state(mods: list[Any], context: dict[str, Any]) -> None:
 
 
 def _check_class_state(subs: list[Any], context: dict[str, Any]) -> None:
-    """Raise for a module class whose methods or class attributes that the traced code
-    reads differ from what the trace saw (a method monkeypatched, ``Net.scale = 2.0``)."""
+    """Raise for a class whose methods, class attributes or special methods that the
+    traced code reads differ from what the trace saw (a method monkeypatched,
+    ``Net.scale = 2.0``, ``Net.__call__`` replaced, a property swapped): each submodule
+    class, and each user class the other checks reached (a global ``Settings``, the
+    class of a config object), so this runs after them."""
     recorded = dict(CLASS_STATE)
-    for cls in dict.fromkeys(map(type, subs)):
-        live = class_fingerprint(cls, context)
+    for cls, live in reached_classes(dict.fromkeys(map(type, subs)), context):
         then = recorded.get(type_name(cls))
         if then is None or live == then:
             continue  # a type not captured was refused already
@@ -811,14 +818,40 @@ def _check_class_state(subs: list[Any], context: dict[str, Any]) -> None:
                 path, was, now = first_difference(
                     old.get(name, ("absent",)), new.get(name, ("absent",)), name
                 )
-                shown = describe_value(now) if name in new else "gone"
+                if name not in new:
+                    state = f"is gone but the trace read {describe_value(was)}"
+                elif name not in old:
+                    state = (
+                        f"is {describe_value(now)}, which no class along its MRO "
+                        f"defined when the trace ran"
+                    )
+                else:
+                    state = f"is {describe_value(now)} but the trace read {describe_value(was)}"
                 _fail(
-                    f"precompile: {type_name(cls)}.{path} is {shown} but the trace read "
-                    f"{describe_value(was)} (a class attribute or method the traced code "
-                    f"reads); the graph baked it. Restore it, or capture again (re-emit "
-                    f"the artifact)",
+                    f"precompile: {type_name(cls)}.{path} {state} (a class attribute or "
+                    f"method the traced code reads, or a special method Python calls on "
+                    f"it); the graph baked it. Restore it, or capture again (re-emit the "
+                    f"artifact)",
                     2,
                 )
+
+
+def _check_process_state(values: list[Any]) -> None:
+    """Raise for a torch setting fn read (``PROCESS_STATE``) whose value now differs
+    from the trace's: the graph holds the branch of the captured value."""
+    context = new_context(frozenset())
+    for (_, _, _, site, then), value in zip(PROCESS_STATE, values):
+        now = fingerprint(value, context)
+        if now != then:
+            what, _, where = site.partition(" at ")
+            _fail(
+                f"precompile: fn reads {what} ({where}), which was {describe_value(then)} "
+                f"when the trace ran but is {describe_value(now)} now; the graph baked the "
+                f"branch of the captured value. Restore the setting around the call, read "
+                f"it outside fn and pass it as an argument (checked per call), or capture "
+                f"again under this setting",
+                3,
+            )
 
 
 def _load_spec(text: str) -> Any:
@@ -939,6 +972,10 @@ def _build_single_graph_forward() -> Any:
     # capture under inference mode that reads it is refused).
     inference_mode_read = STATE_READS.get("inference_mode")
     is_inference_mode_enabled = _torch.is_inference_mode_enabled
+    # fn read torch settings (deterministic algorithms, a torch.backends flag): each is
+    # read again per call and compared with the last values that verified.
+    state_getters = tuple(state_getter(m, p, c) for m, p, c, _, _ in PROCESS_STATE)
+    state_seen: list[Any] = [None]
     # Only without dynamic dims: then each tensor slot's shape (tensor_slots holds the
     # slots with one) is all ints, and the emitter writes a dtype and a device exactly
     # where it writes a shape.
@@ -1077,9 +1114,9 @@ def _build_single_graph_forward() -> Any:
         tensors, _names, sub_list = _checked_module_state(list(mods))
         context = _context(identities)
         _check_module_state(list(mods), context)
-        _check_class_state(sub_list, context)
         _check_globals(scopes, context)
         _check_entry(entry, context)
+        _check_class_state(sub_list, context)
         watched = [*context["dicts"], *(scope for scope, _ in scopes), *_GLOBAL_MODULE_HOOKS]
         watched = list({id(d): d for d in watched}.values())
         # An empty dict's whole state is that it is empty (most hook, buffer and child
@@ -1183,6 +1220,11 @@ def _build_single_graph_forward() -> Any:
             _describe_input_mismatch(list(leaves), True)
             tensors_in = pick_tensors(leaves)
         state = _model_tensors(mods)
+        if state_getters:
+            values = [get() for get in state_getters]
+            if values != state_seen[0]:
+                _check_process_state(values)
+                state_seen[0] = values
         if grad_mode_read is not None and is_grad_enabled() != traced_grad_mode:
             mode = "on" if traced_grad_mode else "off"
             kind = "a training" if TRAINING else "an inference"

@@ -263,6 +263,10 @@ def single_graph_metadata(
             for read in deps.globals
         ],
         "GLOBAL_HOOKS": deps.global_hooks,
+        "PROCESS_STATE": [
+            [module, path, call, _grad_site(site, artifact_path), value]
+            for module, path, call, site, value in deps.process_state
+        ],
         "ENTRY": None
         if deps.entry is None
         else {**deps.entry, "file": _relative(deps.entry["file"], artifact_path)},

@@ -110,6 +110,21 @@ def autocast_keys() -> dict[str, Any] | None:
     return keys
 
 
+def state_getter(module: str, path: str, call: bool) -> Any:
+    """A zero-argument function that reads one torch setting the way the traced code
+    did: attribute ``path`` of ``module`` (``torch.backends.mkldnn``, ``enabled``),
+    called when ``call`` (``torch``, ``get_num_threads``)."""
+    import functools
+    import importlib
+    import operator
+    import sys
+
+    owner = sys.modules.get(module) or importlib.import_module(module)
+    if call:
+        return operator.attrgetter(path)(owner)
+    return functools.partial(operator.attrgetter(path), owner)
+
+
 #: Hook dicts of a module whose entries change what its call computes, with the dicts
 #: that carry per-hook flags.
 MODULE_HOOK_DICTS = (
@@ -149,6 +164,10 @@ def new_context(names: Any, training: bool = True) -> dict[str, Any]:
         # Whether to look in every module (capture). Serving looks only where the
         # recorded names are: an object found nowhere there matches none of them.
         "everywhere": True,
+        # User classes the fingerprints reached (a global class, the class of an object
+        # an attribute holds): their class-level values are checked too
+        # (``class_fingerprint``), a class attribute being as baked as an instance one.
+        "classes": {},
     }
 
 
@@ -170,6 +189,21 @@ def _slots_of(cls: Any) -> tuple[str, ...]:
             declared = (declared,)
         slots += [s for s in declared if s not in ("__dict__", "__weakref__")]
     return tuple(dict.fromkeys(slots))
+
+
+def _is_library_class(cls: Any) -> bool:
+    """A class of the standard library or of torch: pinned by their versions, and their
+    large class dicts are not watched (a user's classes are)."""
+    import sys
+
+    top = str(getattr(cls, "__module__", "")).split(".")[0]
+    return top == "torch" or top in sys.stdlib_module_names
+
+
+def _note_class(cls: Any, context: dict[str, Any]) -> None:
+    """Record a user class whose class-level values the traced code may read."""
+    if not _is_library_class(cls):
+        context["classes"].setdefault(cls, None)
 
 
 def _is_stdlib_class(cls: Any) -> bool:
@@ -216,6 +250,9 @@ def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any:
             bool(value.requires_grad),
         )
     if isinstance(value, type):
+        # By name here; the values the trace may read through it (``Settings.k``) are
+        # checked with its class record.
+        _note_class(value, context)
         return ("class", type_name(value))
     if isinstance(value, types.ModuleType):
         return ("module", value.__name__)
@@ -276,6 +313,14 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
         )
     if isinstance(value, types.MethodType):
         return ("method", fp(value.__func__), fp(value.__self__))
+    if isinstance(value, property):
+        # A property's behaviour is its functions: one replaced by another property
+        # of the same type must not look the same.
+        return ("property", fp(value.fget), fp(value.fset), fp(value.fdel))
+    if isinstance(value, (staticmethod, classmethod)):
+        return (type(value).__name__, fp(value.__func__))
+    if isinstance(value, functools.cached_property):
+        return ("cached_property", fp(value.func))
     if isinstance(value, functools.partial):
         return ("partial", fp(value.func), fp(value.args), fp(value.keywords))
     if type_name(kind) in ("torch._ops.OpOverload", "torch._ops.OpOverloadPacket"):
@@ -289,6 +334,7 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
     if isinstance(value, numbers.Number):
         return ("number", type_name(kind), repr(value))
     if isinstance(value, torch.nn.Module):
+        _note_class(kind, context)
         return ("nn.Module", *module_fingerprint(value, context, depth))
     return _fingerprint_object(value, kind, context, depth)
 
@@ -354,6 +400,8 @@ def _fingerprint_object(value: Any, kind: Any, context: dict[str, Any], depth: i
         # holds (dataclasses.MISSING) is told apart by that name.
         named = identity_name(value, context)
         return ("sentinel", type_name(kind), named) if named else ("object", type_name(kind))
+    # Its class-level values (a config's ``scale = 2.0``, a method) are read through it.
+    _note_class(kind, context)
     attrs: list[Any] = []
     state = getattr(value, "__dict__", None)
     if isinstance(state, dict):
@@ -465,11 +513,33 @@ def module_fingerprint(
     return (type_name(type(module)), attrs, hooks, kids, tensors)
 
 
+#: Special methods Python calls implicitly (no traced code names them): how an instance
+#: is called, how its attributes resolve, its truth and container protocol.
+PROTOCOL_DUNDERS = frozenset(
+    {
+        "__call__",
+        "__getattr__",
+        "__getattribute__",
+        "__setattr__",
+        "__delattr__",
+        "__get__",
+        "__bool__",
+        "__len__",
+        "__getitem__",
+        "__contains__",
+        "__iter__",
+        "__eq__",
+        "__hash__",
+    }
+)
+
+
 def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]:
     """The class-level values the traced code may read through an instance of ``cls``
-    (a method, a class attribute ``scale = 2.0``), first match along the MRO, by the
-    names in ``context``. Each class's own dict is watched: a method monkeypatched or a
-    class attribute set at run time changes its version."""
+    or through ``cls`` itself (a method, a class attribute ``scale = 2.0``, a property,
+    ``__call__``), first match along the MRO, by the names in ``context`` and the
+    special methods Python calls implicitly. Each class's own dict is watched: a method
+    monkeypatched or a class attribute set at run time changes its version."""
     import gc
 
     names = context["names"]
@@ -478,9 +548,26 @@ def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]:
         namespace = vars(klass)
         context["dicts"] += [r for r in gc.get_referents(namespace) if isinstance(r, dict)]
         for key, value in namespace.items():
-            if key in names and key not in found and not key.startswith("__"):
+            if key in found:
+                continue
+            if key in PROTOCOL_DUNDERS or (key in names and not key.startswith("__")):
                 found[key] = value
     return tuple((key, fingerprint(value, context)) for key, value in sorted(found.items()))
+
+
+def reached_classes(start: Any, context: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """Each class of ``start`` (the submodules' classes) and each user class the
+    fingerprints in ``context`` reached -- a class attribute holding an object reaches
+    its class too -- with its ``class_fingerprint``, in the order first reached."""
+    order = list(dict.fromkeys([*start, *context["classes"]]))
+    records = []
+    i = 0
+    while i < len(order):
+        cls = order[i]
+        i += 1
+        records.append((cls, class_fingerprint(cls, context)))
+        order += [c for c in context["classes"] if c not in order]
+    return records
 
 
 def global_hooks_fingerprint(hooks: tuple[dict[Any, Any], ...]) -> Any:
@@ -526,8 +613,12 @@ def first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any]
                     after.get(name, ("absent",)),
                     f"{path} (closure variable {name!r})",
                 )
-    if kind in ("partial", "method"):
-        parts = ("func", "args", "keywords") if kind == "partial" else ("__func__", "__self__")
+    if kind in ("partial", "method", "property", "staticmethod", "classmethod"):
+        parts = {
+            "partial": ("func", "args", "keywords"),
+            "method": ("__func__", "__self__"),
+            "property": ("fget", "fset", "fdel"),
+        }.get(kind, ("__func__",))
         for part, a, b in zip(parts, old[1:], new[1:]):
             if a != b:
                 return first_difference(a, b, f"{path}.{part}")
@@ -596,6 +687,10 @@ def _readable(fp: Any) -> str:
         return f"a {fp[1]}" + (f".{fp[2]}" if kind == "enum" else "")
     if kind == "partial" and len(fp) == 4:
         return f"functools.partial({_readable(fp[1])}, ...)"
+    if kind == "property" and len(fp) == 4:
+        return f"a property getting with {_readable(fp[1])}"
+    if kind in ("staticmethod", "classmethod", "cached_property") and len(fp) == 2:
+        return f"a {kind} of {_readable(fp[1])}"
     if kind == "method" and len(fp) == 3:
         return f"method {_readable(fp[1]).removeprefix('function ')} of {_readable(fp[2])}"
     if kind == "absent":

@@ -98,6 +98,61 @@ IDENTITY_EXPECTED: dict[str, dict[str, tuple[str, ...] | None]] = {
 }
 
 
+#: torch settings fn reads, and values it reads through classes and project modules.
+SETTINGS_EXPECTED: dict[str, dict[str, tuple[str, ...] | None]] = {
+    "state_branch": {
+        "unchanged": None,
+        "deterministic": ("torch.are_deterministic_algorithms_enabled()", "False", "True now"),
+        "deterministic/warm": ("torch.are_deterministic_algorithms_enabled()", "True now"),
+        "matmul precision": ("torch.get_float32_matmul_precision()", "'medium' now"),
+        "matmul precision/warm": ("torch.get_float32_matmul_precision()", "'medium' now"),
+        "one thread": ("torch.get_num_threads()", "1 now"),
+        "one thread/warm": ("torch.get_num_threads()", "1 now"),
+        "mkldnn off": ("torch.backends.mkldnn.enabled", "was True", "False now"),
+        "mkldnn off/warm": ("torch.backends.mkldnn.enabled", "False now"),
+    },
+    # fn reads none of them: none is a reason to refuse.
+    "plain": {
+        "deterministic": None,
+        "matmul precision/warm": None,
+        "one thread": None,
+        "mkldnn off/warm": None,
+    },
+    # False in the trace as in eager.
+    "compiling_branch": {"unchanged": None, "unchanged/warm": None},
+    "config_class_attr": {
+        "unchanged": None,
+        "config class attr": ("Config.scale is 5.0", "read 2.0"),
+        "config class attr/warm": ("Config.scale is 5.0", "read 2.0"),
+    },
+    "global_class_attr": {
+        "unchanged": None,
+        "global class attr": ("Settings.k is 5.0", "read 2.0"),
+        "global class attr/warm": ("Settings.k is 5.0", "read 2.0"),
+    },
+    "module_attr": {
+        "unchanged": None,
+        "module attr": ("global SCALE of module tests.fixtures.fx_trust_reads_config", "5.0"),
+        "module attr/warm": ("global SCALE of module tests.fixtures.fx_trust_reads_config",),
+    },
+    "call_override": {
+        "unchanged": None,
+        "call override": ("CallNet.__call__ is function", "_scaled_call", "_wrapped_call_impl"),
+        "call override/warm": ("CallNet.__call__ is function", "_scaled_call"),
+    },
+    "property_swap": {
+        "unchanged": None,
+        "property swap": ("PropertyNet.scale.fget is function", "<lambda>", "PropertyNet.scale"),
+        "property swap/warm": ("PropertyNet.scale.fget is function", "<lambda>"),
+    },
+    "staticmethod_swap": {
+        "unchanged": None,
+        "staticmethod swap": ("StaticNet.scale.__func__ is function", "<lambda>"),
+        "staticmethod swap/warm": ("StaticNet.scale.__func__ is function", "<lambda>"),
+    },
+}
+
+
 def capture(case: str, directory: Path) -> tuple[str, str]:
     model, x = fx_trust_reads.build(case)
     with fx_trust_reads.capture_context(case):
@@ -125,6 +180,38 @@ def test_reads_of_state_no_graph_input_carries_are_checked_per_call(tmp_path: Pa
 
 def test_identity_partial_and_mode_reads_are_checked_per_call(tmp_path: Path) -> None:
     serve(tmp_path, IDENTITY_EXPECTED)
+
+
+def test_torch_settings_class_and_module_values_are_checked_per_call(tmp_path: Path) -> None:
+    serve(tmp_path, SETTINGS_EXPECTED)
+
+
+@pytest.mark.parametrize(
+    ("case", "words", "hint"),
+    [
+        (
+            "fx_tracing_branch",
+            (
+                "fn branches on torch.fx._symbolic_trace.is_fx_tracing() at",
+                "fx_trust_reads.py:",
+                "true while make_fx traces fn",
+            ),
+            "remove the branch",
+        ),
+        (
+            "backend_query_branch",
+            ("torch.backends.cudnn.is_acceptable() with arguments at", "fx_trust_reads.py:"),
+            "pass the result as an argument",
+        ),
+    ],
+)
+def test_reads_whose_trace_answer_a_served_call_would_not_get_are_refused_at_capture(
+    case: str, words: tuple[str, ...], hint: str, tmp_path: Path
+) -> None:
+    with pytest.raises(PrecompileError) as info:
+        capture(case, tmp_path)
+    assert all(w in str(info.value) for w in words), str(info.value)
+    assert hint in (info.value.hint or "") and info.value.invariant == 3
 
 
 def test_an_inference_capture_that_reads_grad_mode_under_grad_is_refused(tmp_path: Path) -> None:

@@ -1,0 +1,167 @@
+"""Process-wide torch settings a make_fx trace read, told from the profile events of the read.
+
+make_fx runs fn's Python once: a branch on a torch setting -- deterministic algorithms,
+the float32 matmul precision, the thread count, a ``torch.backends`` flag -- bakes the
+branch of the value the capture saw. ``dependencies.recording_calls`` hands this module
+each profile event of the trace; it keeps the reads user code made, each named as a public
+expression another process evaluates again (``state_checks.state_getter``), so an
+artifact compares the live value per call, only for what fn read.
+
+Two kinds of read are refused at capture instead: a read that is true only while a
+trace runs (``is_fx_tracing()``: eager never takes that branch), and a ``torch.backends``
+query that takes arguments (it cannot be re-asked without them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import os
+import sys
+import types
+from typing import Any
+
+import torch
+
+from precompile import _compat
+from precompile.locations import is_user_file
+
+
+@dataclasses.dataclass(frozen=True)
+class StateRead:
+    """A read as another process repeats it: ``module``'s attribute ``path``, called
+    when ``call``."""
+
+    module: str
+    path: str
+    call: bool
+
+    @property
+    def expression(self) -> str:
+        return f"{self.module}.{self.path}" + ("()" if self.call else "")
+
+
+#: Public zero-argument getters of process state outside torch.backends (grad mode,
+#: inference mode, autocast and the default dtype have their own checks).
+_TORCH_GETTERS = {
+    "torch": (
+        "are_deterministic_algorithms_enabled",
+        "is_deterministic_algorithms_warn_only_enabled",
+        "get_deterministic_debug_mode",
+        "get_float32_matmul_precision",
+        "get_num_threads",
+        "get_num_interop_threads",
+        "is_warn_always_enabled",
+        "is_anomaly_enabled",
+        "is_anomaly_check_nan_enabled",
+        "get_default_device",
+    ),
+    "torch.cuda": ("is_available", "device_count"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tables:
+    """What the profile hook looks events up in: Python getters by code object (a
+    "call" event), C ones by id (a "c_call"; the getter is kept alive, so the id is its), the code of
+    the probes true only in a trace (a "return" event), torch.backends' directory."""
+
+    getter_codes: dict[types.CodeType, StateRead]
+    getter_builtins: dict[int, tuple[Any, StateRead]]
+    probe_codes: dict[types.CodeType, str]
+    backends_dir: str
+
+
+@functools.cache
+def tables() -> Tables:
+    codes: dict[types.CodeType, StateRead] = {}
+    builtins: dict[int, tuple[Any, StateRead]] = {}
+    for module_name, names in _TORCH_GETTERS.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            getter = getattr(module, name, None)
+            read = StateRead(module_name, name, True)
+            if isinstance(getter, types.FunctionType):
+                codes[getter.__code__] = read
+            elif isinstance(getter, types.BuiltinFunctionType):
+                builtins[id(getter)] = (getter, read)
+    return Tables(
+        getter_codes=codes,
+        getter_builtins=builtins,
+        probe_codes={f.__code__: name for name, f in _compat.tracing_probes().items()},
+        backends_dir=os.path.join(os.path.dirname(torch.backends.__file__), ""),
+    )
+
+
+def _holder(obj: object) -> tuple[str, str] | None:
+    """The torch.backends module and attribute that hold ``obj`` (the object behind
+    ``torch.backends.cuda.matmul``, ``torch.backends.mkldnn.matmul``)."""
+    for name in sorted(n for n in list(sys.modules) if n.startswith("torch.backends")):
+        module = sys.modules[name]
+        for namespace in (vars(module), *(vars(k) for k in type(module).__mro__)):
+            for attr, value in list(namespace.items()):
+                if value is obj and not attr.startswith("_"):
+                    return name, attr
+    return None
+
+
+def _descriptor_name(owner: object, descriptor: object) -> str | None:
+    for klass in type(owner).__mro__:
+        for attr, value in vars(klass).items():
+            if value is descriptor:
+                return attr
+    return None
+
+
+def backends_read(frame: types.FrameType) -> StateRead | str | None:
+    """What a call of torch.backends code (``frame``, called from user code) reads: a
+    ``StateRead``; a description of a read an artifact cannot repeat (a query taking
+    arguments), to refuse; or None (a setter, a module's plain attribute)."""
+    code = frame.f_code
+    local = frame.f_locals
+    name = code.co_name
+    first = code.co_varnames[0] if code.co_argcount else None
+    owner = local.get(first) if first else None
+    module = str(frame.f_globals.get("__name__"))
+    if name == "__get__":  # a flag such as torch.backends.mkldnn.enabled
+        obj = local.get("obj")
+        attr = _descriptor_name(obj, owner) if obj is not None else None
+        if isinstance(obj, types.ModuleType) and attr:
+            return StateRead(obj.__name__, attr, False)
+        return None if obj is None else f"a {module} setting read through {type(obj).__name__}"
+    if name == "__getattr__":  # torch.backends.cuda.matmul.allow_tf32 and the like
+        if isinstance(owner, types.ModuleType):
+            return None  # a module's plain attribute (a constant, a function)
+        held = _holder(owner)
+        attr = local.get("name", local.get("attr"))
+        if held and isinstance(attr, str):
+            return StateRead(held[0], f"{held[1]}.{attr}", False)
+        return f"a {module} setting {attr!r}"
+    if not name.startswith(("is_", "get_", "version")):
+        return None  # setters and the rest: not a query
+    shown = f"{module}.{name}()"
+    target: types.ModuleType | None
+    if isinstance(owner, types.ModuleType) and code.co_argcount == 1:
+        target, path = owner, name  # a method of torch.backends.mkldnn's module class
+    elif code.co_argcount == 0:
+        target, path = sys.modules.get(module), name
+    elif owner is not None and code.co_argcount == 1 and first == "self":
+        # A method of an object a torch.backends module holds.
+        held = _holder(owner)
+        if held is None or getattr(getattr(owner, name, None), "__code__", None) is not code:
+            return f"{shown} of a {type(owner).__name__}"
+        return StateRead(held[0], f"{held[1]}.{name}", True)
+    else:
+        return f"{shown} with arguments"
+    found = getattr(getattr(target, path, None), "__code__", None)
+    if found is code and isinstance(target, types.ModuleType):
+        return StateRead(target.__name__, path, True)
+    return shown
+
+
+def read_site(frame: types.FrameType | None) -> str | None:
+    """``FILE:LINE`` of the user frame that made a read; None for library code."""
+    if frame is None or not is_user_file(frame.f_code.co_filename):
+        return None
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
