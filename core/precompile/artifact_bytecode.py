@@ -31,7 +31,9 @@ def _tag() -> str:
 
 
 def compile_source(python_code: bytes, origin: str) -> types.CodeType:
-    return compile(python_code, origin, "exec", dont_inherit=True)
+    """Compiled at optimization level 0 whatever ``-O`` the process runs with: the cached
+    bytecode and a fresh compile behave alike."""
+    return compile(python_code, origin, "exec", dont_inherit=True, optimize=0)
 
 
 def bytecode_entry(python_code: bytes) -> dict[str, Any]:

@@ -1390,6 +1390,14 @@ def _captured_autograd_function() -> Any:
                     "create_graph, or run this computation eagerly",
                     5,
                 )
+            if _any_autocast_enabled():
+                _fail(
+                    "precompile: this backward runs under torch.autocast, but the captured "
+                    "backward graph holds the dtypes of a backward without it: eager would "
+                    "recast some of its ops. Run the backward outside the autocast block "
+                    "(as PyTorch recommends), or run this computation eagerly",
+                    5,
+                )
             flat = list(ctx.saved_tensors)
             for i, strides in tangents:
                 grad = grads[i]

@@ -80,7 +80,7 @@ def guard_failure_text(raw: str) -> str:
                 f"`{name}` does not have {key} as its key number {index}: its keys differ "
                 f"from the capture's, or are in another order"
             )
-        match = re.fullmatch(r"not (.+)", text)
+        match = re.fullmatch(r"not ([\w.]+(?:\[[^\]]+\])*)", text)
         if match:
             return f"`{match.group(1)}` is not empty, as it was at capture"
         match = re.fullmatch(

@@ -3,9 +3,9 @@ run without Inductor (kernels bound from the verified cache, stand-ins for Induc
 runtime names), forward/backward pairs served through one autograd.Function, and the
 layout errors of its size asserts said in the user's words.
 
-Emitted whole into every Inductor artifact (single-graph and Dynamo), after
-``driver``'s functions and the Inductor prelude (``_compat.INDUCTOR_PRELUDE``), whose
-names the stubs below stand for. The capture side calls the same functions (binding
+Its functions are emitted into the Inductor artifacts that use them (single-graph and
+Dynamo), with the Inductor prelude (``_compat.INDUCTOR_PRELUDE``), whose names the stubs
+below stand for. The capture side calls the same functions (binding
 what it lowered, as a load will), by these public names.
 """
 
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     _set_code_exec_strategy: Any = None
     _SKIP_FRAMES: Any = None
     _set_grad_enabled: Callable[[bool], None] = print
+    _any_autocast_enabled: Callable[[], bool] = bool
     USER_INPUT_SHAPE_IDS: list[Any] = []
     PARAM_NAMES: list[str] = []
     BUFFER_NAMES: list[str] = []
@@ -353,6 +354,13 @@ def bind_aot_graph(
                     f"precompile: graph {name} was captured for a first-order backward; "
                     f"backward(create_graph=True) through it (a double backward) is not "
                     f"supported -- capture the double backward inside fn instead"
+                )
+            if _any_autocast_enabled():
+                _fail(
+                    f"precompile: graph {name}'s backward runs under torch.autocast, but "
+                    f"its captured backward holds the dtypes of a backward without it: "
+                    f"eager would recast some of its ops. Run the backward outside the "
+                    f"autocast block (as PyTorch recommends), or run this computation eagerly"
                 )
             all_args = [
                 *ctx.symints,

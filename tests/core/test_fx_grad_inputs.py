@@ -145,6 +145,15 @@ def test_double_backward_is_refused_when_it_runs(
     assert refusal is not None and "create_graph=True" in refusal
 
 
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_a_backward_under_autocast_is_refused_when_it_runs(
+    served: dict[tuple[str, str], dict[str, Any]], backend: str
+) -> None:
+    # The captured backward holds the dtypes of a backward without autocast.
+    refusal = served[("mlp", backend)]["fresh"]["refusals"]["backward_under_autocast"]
+    assert refusal is not None and "torch.autocast" in refusal
+
+
 def test_an_input_captured_without_grad_is_refused_when_it_requires_grad(
     served: dict[tuple[str, str], dict[str, Any]],
 ) -> None:

@@ -7,6 +7,11 @@ import pytest
 from precompile.guard_text import guard_failure_text
 
 
+def test_only_a_plain_value_negated_is_said_to_be_empty() -> None:
+    # `not ___check_obj_id(...)` is not an emptiness test.
+    assert "empty" not in guard_failure_text("not ___check_obj_id(L['x'], 1234)")
+
+
 @pytest.mark.parametrize(
     "raw, said",
     [
