@@ -598,8 +598,9 @@ def _build_class_check() -> Any:
     the version tags of every class dict along the classes' MROs (any assignment to a
     class attribute gives its dict a new tag) and the MROs themselves are compared with
     those at load: two C-level ``map``s. Only when one changed are the methods and
-    descriptors compared by identity with those at load; an unchanged set (a plain
-    class-level value assigned, a method rebound back to the loaded object) is adopted."""
+    descriptors compared by identity with those at load (of a library class, those
+    that held code the trace ran); an unchanged set (a plain class-level value
+    assigned, a method rebound back to the loaded object) is adopted."""
     import gc
     import operator
 
@@ -646,8 +647,18 @@ def _build_class_check() -> Any:
         dict.fromkeys(c for leaf in leaves for c in leaf.__mro__ if c.__module__ != "builtins")
     )
 
+    # A project class: every method and descriptor. A library class: the attributes
+    # that held code the trace ran, on any class (a ``__call__`` set on ``Linear``
+    # shadows ``Module.__call__``).
+    project = {cls for cls, row in zip(leaves, CLASS_ATTRS) if row.get("attrs") is not None}
+    traced = frozenset(name for row in CLASS_ATTRS for name in row.get("traced") or ())
+
     def own(cls: Any) -> dict[str, Any]:
-        return {n: v for n, v in list(vars(cls).items()) if is_class_behaviour(v)}
+        return {
+            n: v
+            for n, v in list(vars(cls).items())
+            if is_class_behaviour(v) and (cls in project or n in traced)
+        }
 
     # A type's __dict__ is a read-only proxy of the dict the class keeps its attributes
     # in; the proxy refers to that dict, whose version tag any assignment changes.

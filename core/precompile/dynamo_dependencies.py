@@ -526,10 +526,15 @@ class DependencyRecorder:
         """``CLASS_ATTRS``: the classes the trace went through -- of every module it
         reached, and those defining a method or property it inlined (``traced``, by
         qualified name) -- with their bases. A project class carries its methods and
-        descriptors (``class_attrs``), compared at load; a library class (torch, an
-        installed package) is checked from load on. A class defined inside a function
-        has no name another process resolves, and is left out."""
+        descriptors (``class_attrs``), compared at load and checked per call, all of
+        them. A library class (torch, an installed package) changes by version: only
+        the attributes bound to code the trace ran (``traced``: ``Module.__call__``,
+        ``Linear.forward``) are checked, from load on -- torch itself rebinds others
+        (Dynamo patches ``Module.__init__`` when its frame evaluator first runs). A class
+        defined inside a function has no name another process resolves, and is left
+        out."""
         classes = dict(self.classes)
+        ran = set(traced)
         for code in traced:
             owner = _code_class(code)
             if owner is not None:
@@ -546,6 +551,9 @@ class DependencyRecorder:
                     "module": named[0],
                     "qualname": named[1],
                     "attrs": class_attrs(base) if project else None,
+                    "traced": sorted(
+                        name for name, value in vars(base).items() if _code_of(value) in ran
+                    ),
                 }
         return list(rows.values())
 
@@ -599,6 +607,14 @@ class DependencyRecorder:
             "GRAD_MODE_READ": self.grad_mode_read
             or (self.grad_reads[0] if self.grad_reads else ""),
         }
+
+
+def _code_of(value: Any) -> types.CodeType | None:
+    """The code a class attribute runs: a function's, a static or class method's, a
+    property getter's."""
+    target = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
+    code = getattr(target, "__code__", None)
+    return code if isinstance(code, types.CodeType) else None
 
 
 def _code_class(code: types.CodeType) -> type | None:
