@@ -26,6 +26,13 @@ a process) or skipped altogether (``skip_nnmodule_hook_guards``):
   its path from fn's arguments: a continuation's parameter of fn that it never rebinds,
   or a frame's ``self`` that is the one module of its classes reachable from them. One
   with no such path is refused at capture: an equal object read elsewhere checks nothing.
+- **The classes the trace went through**: of every module it reached and of every
+  method or property it inlined, with their bases. Dynamo resolves ``Net.__call__``,
+  ``Net.forward``, ``Net.encode`` and a property's getter on the class and guards none
+  of it, so a rebinding on the class would be served as traced. ``CLASS_ATTRS`` records
+  each class by module and qualified name, with a project class's methods and
+  descriptors (and, of a library class, the attributes bound to code the trace ran);
+  serving checks them at load and per call.
 - **Grad mode read by the trace** (``torch.is_grad_enabled()``, in user or library code,
   or ``.requires_grad`` / ``.grad_fn`` / ``.is_leaf`` of a tensor the trace computed, which
   Dynamo bakes from the capture's grad mode): the driver serves under the captured grad
