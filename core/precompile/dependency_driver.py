@@ -627,15 +627,15 @@ def _build_class_check() -> Any:
                 if captured.get(name) == now.get(name):
                     continue
                 if name not in captured:
-                    traced = (
+                    at_capture = (
                         f"class {where} did not define it at capture: the trace ran the one "
                         f"it inherits"
                     )
                 else:
-                    traced = f"the capture traced {captured[name]} there"
+                    at_capture = f"the capture traced {captured[name]} there"
                 _fail(
                     f"precompile: `{cls.__qualname__}.{name}` is "
-                    f"{now.get(name, 'not defined')} in this process; {traced} (Dynamo "
+                    f"{now.get(name, 'not defined')} in this process; {at_capture} (Dynamo "
                     f"resolved it on the class while tracing), and this artifact serves only "
                     f"that. Restore it, or capture again with the new one (re-emit the "
                     f"artifact)",
@@ -695,12 +695,12 @@ def _build_class_check() -> Any:
                 before, after = at_load.get(name, missing), now.get(name, missing)
                 if after is before:
                     continue
-                traced = shown(before) if before is not missing else inherited(cls, name)
+                ran = shown(before) if before is not missing else inherited(cls, name)
                 _fail(
                     f"precompile: `{cls.__qualname__}.{name}` was "
                     f"{'set' if before is missing else 'rebound'} on class "
                     f"{cls.__module__}.{cls.__qualname__} after this artifact was loaded: it "
-                    f"is {shown(after)} now, and the trace ran {traced} (Dynamo resolved it "
+                    f"is {shown(after)} now, and the trace ran {ran} (Dynamo resolved it "
                     f"on the class at capture; the artifact does not look it up again). "
                     f"Restore it, or capture again with the new one (re-emit the artifact)",
                     2,
