@@ -17,6 +17,14 @@ functions and classes the frames read (``GLOBAL_READS``). Here, every call check
   resolves each by its name (module and qualified name, enum class and member, module
   global); every call evaluates the access paths from the arguments and compares by
   identity, in one generated function (a closure is compared by its code).
+- The classes the trace went through (``CLASS_ATTRS``: the classes of the modules it
+  reached and of the methods, properties and ``__call__`` it inlined, with their bases):
+  Dynamo resolved ``Net.__call__``, ``Net.forward``, a property's getter on the class at
+  capture and guards none of it. A load compares each project class's methods and
+  descriptors with the capture's by name (``Net.encode`` rebound before load); every
+  call compares the version tags of the class dicts (any attribute assignment on a class
+  changes its tag) and the MROs, and only when one changed compares the methods and
+  descriptors by identity with those at load.
 
 A mismatch raises PrecompileError naming what changed, where, and the fix. Nothing
 here imports precompile: the hook helpers are also what the capture records with.
@@ -36,6 +44,7 @@ if TYPE_CHECKING:
     GLOBAL_READS: list[dict[str, str]] = []
     ARG_IDENTITIES: list[dict[str, Any]] = []
     FLOAT_ZEROS: list[dict[str, Any]] = []
+    CLASS_ATTRS: list[dict[str, Any]] = []
 
     def _fail(message: str, invariant: int | None = None) -> NoReturn: ...
 
@@ -109,6 +118,49 @@ def code_identity(code: Any) -> str:
     consts = [c for c in code.co_consts if not hasattr(c, "co_code")]
     digest = hashlib.sha256(code.co_code + repr(consts).encode()).hexdigest()[:16]
     return f"{code.co_firstlineno}:{digest}"
+
+
+def is_class_behaviour(value: Any) -> bool:
+    """Whether a class attribute is code a call may run (a method, a descriptor such as a
+    property, a nested class, any callable), not a plain class-level value."""
+    return callable(value) or hasattr(type(value), "__get__")
+
+
+def class_attrs(cls: Any) -> dict[str, str]:
+    """The methods and descriptors in ``cls``'s own ``__dict__`` (functions, properties,
+    static and class methods, nested classes, anything with ``__get__`` or callable),
+    each described by what names it in every process: its module and qualified name (a
+    property by its accessors). Plain class-level values are left out: Dynamo guards the
+    values it read, and they may change between calls. Computed alike at capture and at
+    load, so the two compare."""
+
+    def named(value: Any) -> str:
+        target = getattr(value, "__func__", value)
+        module = getattr(target, "__module__", None)
+        qualname = getattr(target, "__qualname__", None)
+        if isinstance(module, str) and isinstance(qualname, str):
+            return f"{module}.{qualname}"
+        return f"a {type(value).__module__}.{type(value).__qualname__}"
+
+    found = {}
+    for name, value in list(vars(cls).items()):
+        kind = type(value)
+        if not is_class_behaviour(value):
+            continue
+        if isinstance(value, property):
+            accessors = (value.fget, value.fset, value.fdel)
+            found[name] = "property({})".format(
+                ", ".join("-" if f is None else named(f) for f in accessors)
+            )
+        elif isinstance(value, (staticmethod, classmethod)):
+            found[name] = f"{kind.__name__}({named(value.__func__)})"
+        elif isinstance(value, type):
+            found[name] = f"class {named(value)}"
+        elif hasattr(value, "__code__"):
+            found[name] = f"function {named(value)}"
+        else:
+            found[name] = f"a {kind.__module__}.{kind.__qualname__}"
+    return found
 
 
 def _hook_change(
@@ -320,8 +372,11 @@ def _build_dependency_check() -> Any:
 
     identities_ok = _build_identity_check(signature)
     float_zeros_ok = _build_float_zero_check(signature)
+    classes_ok = _build_class_check()
 
     def check(args: Any, kwargs: Any) -> None:
+        if classes_ok is not None:
+            classes_ok()
         identities_ok(args, kwargs)
         if float_zeros_ok is not None:
             float_zeros_ok(args, kwargs)
@@ -530,5 +585,139 @@ def _build_identity_check(signature: Any) -> Any:
     def check(args: Any, kwargs: Any) -> None:
         if not identities_ok(args, kwargs, state[0]):
             recheck(args, kwargs)
+
+    return check
+
+
+def _build_class_check() -> Any:
+    """``check()`` for ``CLASS_ATTRS``, or None when there are none: the classes the
+    trace went through must hold the methods and descriptors it ran.
+
+    At load, each project class recorded with its attributes is compared with the
+    capture by name (``class_attrs``): one rebound before load is refused here. Per call,
+    the version tags of every class dict along the classes' MROs (any assignment to a
+    class attribute gives its dict a new tag) and the MROs themselves are compared with
+    those at load: two C-level ``map``s. Only when one changed are the methods and
+    descriptors compared by identity with those at load (of a library class, those
+    that held code the trace ran); an unchanged set (a plain class-level value
+    assigned, a method rebound back to the loaded object) is adopted."""
+    import gc
+    import operator
+
+    if not CLASS_ATTRS:
+        return None
+    leaves = []
+    for row in CLASS_ATTRS:
+        where = f"{row['module']}.{row['qualname']}"
+        try:
+            cls = operator.attrgetter(row["qualname"])(_import_module(row["module"]))
+        except AttributeError:
+            cls = None
+        if not isinstance(cls, type):
+            _fail(
+                f"precompile: the class {where}, which the trace ran the methods of, is not "
+                f"defined in this process. Restore it, or capture again (re-emit the "
+                f"artifact)",
+                2,
+            )
+        captured = row.get("attrs")
+        if captured is not None:
+            now = class_attrs(cls)
+            for name in sorted(set(captured) | set(now)):
+                if captured.get(name) == now.get(name):
+                    continue
+                if name not in captured:
+                    at_capture = (
+                        f"class {where} did not define it at capture: the trace ran the one "
+                        f"it inherits"
+                    )
+                else:
+                    at_capture = f"the capture traced {captured[name]} there"
+                _fail(
+                    f"precompile: `{cls.__qualname__}.{name}` is "
+                    f"{now.get(name, 'not defined')} in this process; {at_capture} (Dynamo "
+                    f"resolved it on the class while tracing), and this artifact serves only "
+                    f"that. Restore it, or capture again with the new one (re-emit the "
+                    f"artifact)",
+                    2,
+                )
+        leaves.append(cls)
+    # Every class along the MROs, once; ``object`` and other builtins cannot change.
+    checked = list(
+        dict.fromkeys(c for leaf in leaves for c in leaf.__mro__ if c.__module__ != "builtins")
+    )
+
+    # A project class: every method and descriptor. A library class: the attributes
+    # that held code the trace ran, on any class (a ``__call__`` set on ``Linear``
+    # shadows ``Module.__call__``).
+    project = {cls for cls, row in zip(leaves, CLASS_ATTRS) if row.get("attrs") is not None}
+    traced = frozenset(name for row in CLASS_ATTRS for name in row.get("traced") or ())
+
+    def own(cls: Any) -> dict[str, Any]:
+        return {
+            n: v
+            for n, v in list(vars(cls).items())
+            if is_class_behaviour(v) and (cls in project or n in traced)
+        }
+
+    # A type's __dict__ is a read-only proxy of the dict the class keeps its attributes
+    # in; the proxy refers to that dict, whose version tag any assignment changes.
+    dicts = []
+    for cls in checked:
+        held = [d for d in gc.get_referents(vars(cls)) if isinstance(d, dict)]
+        dicts.append(held[0] if len(held) == 1 else {})
+    loaded = [own(cls) for cls in checked]
+    mro_of = operator.attrgetter("__mro__")
+    mros = tuple(map(mro_of, leaves))
+    versions = [tuple(map(_dict_version, dicts))]
+    missing = object()
+
+    def shown(value: Any) -> str:
+        if value is missing:
+            return "not defined (deleted)"
+        target = getattr(value, "fget", None) or getattr(value, "__func__", value)
+        code = getattr(target, "__code__", None)
+        kind = "a property" if isinstance(value, property) else type(value).__name__
+        name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"
+        where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+        return f"{kind} {name}{where}"
+
+    def inherited(cls: Any, name: str) -> str:
+        for base in cls.__mro__[1:]:
+            if name in vars(base):
+                return f"the one it inherits, {shown(vars(base)[name])}"
+        return "nothing (it was not defined)"
+
+    def recheck() -> None:
+        for cls, at_load in zip(checked, loaded):
+            now = own(cls)
+            for name in sorted(set(at_load) | set(now)):
+                before, after = at_load.get(name, missing), now.get(name, missing)
+                if after is before:
+                    continue
+                ran = shown(before) if before is not missing else inherited(cls, name)
+                _fail(
+                    f"precompile: `{cls.__qualname__}.{name}` was "
+                    f"{'set' if before is missing else 'rebound'} on class "
+                    f"{cls.__module__}.{cls.__qualname__} after this artifact was loaded: it "
+                    f"is {shown(after)} now, and the trace ran {ran} (Dynamo resolved it "
+                    f"on the class at capture; the artifact does not look it up again). "
+                    f"Restore it, or capture again with the new one (re-emit the artifact)",
+                    2,
+                )
+        for cls, mro in zip(leaves, mros):
+            if cls.__mro__ != mro:
+                _fail(
+                    f"precompile: the bases of class {cls.__module__}.{cls.__qualname__} "
+                    f"changed after this artifact was loaded ({cls.__mro__} now); the trace "
+                    f"ran the methods its bases had. Restore them, or capture again (re-emit "
+                    f"the artifact)",
+                    2,
+                )
+        versions[0] = tuple(map(_dict_version, dicts))
+
+    def check() -> None:
+        if tuple(map(_dict_version, dicts)) != versions[0] or tuple(map(mro_of, leaves)) != mros:
+            recheck()
 
     return check

@@ -26,6 +26,13 @@ a process) or skipped altogether (``skip_nnmodule_hook_guards``):
   its path from fn's arguments: a continuation's parameter of fn that it never rebinds,
   or a frame's ``self`` that is the one module of its classes reachable from them. One
   with no such path is refused at capture: an equal object read elsewhere checks nothing.
+- **The classes the trace went through**: of every module it reached and of every
+  method or property it inlined, with their bases. Dynamo resolves ``Net.__call__``,
+  ``Net.forward``, ``Net.encode`` and a property's getter on the class and guards none
+  of it, so a rebinding on the class would be served as traced. ``CLASS_ATTRS`` records
+  each class by module and qualified name, with a project class's methods and
+  descriptors (and, of a library class, the attributes bound to code the trace ran);
+  serving checks them at load and per call.
 - **Grad mode read by the trace** (``torch.is_grad_enabled()``, in user or library code,
   or ``.requires_grad`` / ``.grad_fn`` / ``.is_leaf`` of a tensor the trace computed, which
   Dynamo bakes from the capture's grad mode): the driver serves under the captured grad
@@ -52,9 +59,15 @@ from typing import Any
 import torch
 
 from precompile import _compat
-from precompile.dependency_driver import code_identity, global_hook_snapshot, hook_snapshot
+from precompile.dependency_driver import (
+    class_attrs,
+    code_identity,
+    global_hook_snapshot,
+    hook_snapshot,
+)
 from precompile.errors import PrecompileError
 from precompile.guard_text import frame_label, user_path
+from precompile.locations import is_project_file
 
 #: Dynamo names a guard's access path from its root: a frame local by its name
 #: (``model._modules['fc']``), a global as ``G['name']``.
@@ -180,6 +193,9 @@ class DependencyRecorder:
         #: module, its classes). Sound only if no module fn reads from a global is
         #: another instance of those classes (checked once every frame is observed).
         self.frame_owners: list[tuple[str, torch.nn.Module, tuple[type, ...]]] = []
+        #: The classes of every module the trace reached (their methods, properties and
+        #: ``__call__`` were resolved on the class while tracing; ``CLASS_ATTRS``).
+        self.classes: dict[type, None] = {}
 
     def calling(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Before each captured call: remember its arguments by parameter name."""
@@ -198,6 +214,9 @@ class DependencyRecorder:
             for e in entries
             if getattr(e, "has_value", False) and isinstance(e.value, torch.nn.Module)
         }
+        for module in modules.values():
+            for sub in module.modules():
+                self.classes.setdefault(type(sub), None)
         for name, module in modules.items():
             if any(name.startswith((other + ".", other + "[")) for other in modules):
                 continue  # reached from a module already recorded
@@ -510,9 +529,45 @@ class DependencyRecorder:
                     )
                 )
 
-    def metadata(self) -> dict[str, Any]:
-        """``MODULE_HOOKS``, ``GLOBAL_READS``, ``ARG_IDENTITIES`` and ``GRAD_MODE_READ``,
-        as artifact literals."""
+    def class_rows(self, traced: list[types.CodeType]) -> list[dict[str, Any]]:
+        """``CLASS_ATTRS``: the classes the trace went through -- of every module it
+        reached, and those defining a method or property it inlined (``traced``, by
+        qualified name) -- with their bases. A project class carries its methods and
+        descriptors (``class_attrs``), compared at load and checked per call, all of
+        them. A library class (torch, an installed package) changes by version: only
+        the attributes bound to code the trace ran (``traced``: ``Module.__call__``,
+        ``Linear.forward``) are checked, from load on -- torch itself rebinds others
+        (Dynamo patches ``Module.__init__`` when its frame evaluator first runs). A class
+        defined inside a function has no name another process resolves, and is left
+        out."""
+        classes = dict(self.classes)
+        ran = set(traced)
+        for code in traced:
+            owner = _code_class(code)
+            if owner is not None:
+                classes.setdefault(owner, None)
+        rows: dict[tuple[str, str], dict[str, Any]] = {}
+        for cls in classes:
+            for base in cls.__mro__:
+                named = _import_name(base)
+                if base.__module__ == "builtins" or named is None or named in rows:
+                    continue
+                source = getattr(sys.modules.get(base.__module__), "__file__", None) or ""
+                project = is_project_file(source)
+                rows[named] = {
+                    "module": named[0],
+                    "qualname": named[1],
+                    "attrs": class_attrs(base) if project else None,
+                    "traced": sorted(
+                        name for name, value in vars(base).items() if _code_of(value) in ran
+                    ),
+                }
+        return list(rows.values())
+
+    def metadata(self, traced: list[types.CodeType] | None = None) -> dict[str, Any]:
+        """``MODULE_HOOKS``, ``GLOBAL_READS``, ``ARG_IDENTITIES``, ``GRAD_MODE_READ`` and
+        ``CLASS_ATTRS`` (``traced``: the code of every function the trace ran), as
+        artifact literals."""
         shared = self._shared_frames()
         if self.refusals or shared:
             message, hint = self.refusals[0] if self.refusals else shared  # type: ignore[misc]  # one of them is set
@@ -555,9 +610,32 @@ class DependencyRecorder:
             "GLOBAL_READS": reads,
             "ARG_IDENTITIES": identities,
             "FLOAT_ZEROS": list(self.float_zeros.values()),
+            "CLASS_ATTRS": self.class_rows(list(traced or ())),
             "GRAD_MODE_READ": self.grad_mode_read
             or (self.grad_reads[0] if self.grad_reads else ""),
         }
+
+
+def _code_of(value: Any) -> types.CodeType | None:
+    """The code a class attribute runs: a function's, a static or class method's, a
+    property getter's."""
+    target = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
+    code = getattr(target, "__code__", None)
+    return code if isinstance(code, types.CodeType) else None
+
+
+def _code_class(code: types.CodeType) -> type | None:
+    """The class a method's (or a property accessor's) code was defined in, by its
+    qualified name (``Net.encode`` -> ``Net``); None for a function outside a class."""
+    qualname = getattr(code, "co_qualname", code.co_name)
+    owner_name, _, _ = qualname.rpartition(".")
+    if not owner_name or "<locals>" in owner_name:
+        return None
+    module = inspect.getmodule(code)
+    owner: Any = module
+    for part in owner_name.split("."):
+        owner = getattr(owner, part, None)
+    return owner if isinstance(owner, type) else None
 
 
 #: What a path that cannot be evaluated evaluates to.

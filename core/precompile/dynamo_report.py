@@ -157,7 +157,9 @@ def build_dynamo_artifact(
         guards_summary=report.guards,
         serving_mode=mode,
         package=session.package,
-        dependencies=session.dependencies.metadata(),
+        dependencies=session.dependencies.metadata(
+            [*session.traced_codes, *session.dependencies.read_codes]
+        ),
     )
     report.sources = artifact.metadata["SOURCES"]
     return artifact, report, collect_bundle

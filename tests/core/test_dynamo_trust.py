@@ -549,3 +549,79 @@ def test_an_inference_capture_that_reads_requires_grad_refuses_another_grad_mode
     assert results["plain"]["result"] == "exact", results
     assert results["grad_on"]["result"] == "exact", results
     assert results["inference"]["result"] in ("exact", "refused"), results
+
+
+# ---------------------------------------------------------------- class attributes
+
+
+def _class_capture(tmp_path: Path, entry: str) -> tuple[str, str]:
+    from tests.fixtures import dynamo_class_models as classes
+
+    return capture_pair(
+        getattr(classes, entry),
+        *classes.build(entry, seed=0),
+        directory=tmp_path,
+        name=entry,
+        tracer=precompile.DynamoTracer(),
+    )
+
+
+def _class_cells(function: str, paths: tuple[str, str], entry: str, *more: Any) -> Any:
+    script = f"""
+import json, warnings, precompile
+from tests.fixtures import dynamo_class_models as classes
+warnings.simplefilter("ignore")
+print(json.dumps(classes.{function}({paths[0]!r}, {paths[1]!r}, {entry!r}, *{more!r})))
+"""
+    proc = run_python(script)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+#: Cell -> the class attribute its refusal must name.
+CLASS_NAMES = {
+    "call": "`Encoder.__call__`",
+    "property": "`Encoder.scale`",
+    "encode": "`Encoder.encode`",
+    "forward": "`Encoder.forward`",
+    "base_helper": "`Base.helper`",
+    "post": "`Breaky.post`",
+    "wrapper_forward": "`Wrapper.forward`",
+}
+
+
+@pytest.mark.parametrize("entry", ["call_step", "encode_step", "installed_step"])
+def test_a_class_attribute_rebound_after_load_is_refused_naming_it(
+    tmp_path: Path, entry: str
+) -> None:
+    """``__call__``, a property, ``forward``, a method the entry or forward calls, a base
+    class's method reached through ``super()``: Dynamo resolved each on the class while
+    tracing and guards none of it. Rebound after load, each call is refused naming it;
+    rebound back to the original object, served exactly. A plain class-level value the
+    trace did not read is served."""
+    from tests.fixtures.dynamo_class_models import CELLS
+
+    results = _class_cells("serve_cells", _class_capture(tmp_path, entry), entry)
+    assert results.pop("installed") is (entry == "installed_step")
+    assert results.pop("baseline")["result"] == "exact"
+    for cell in CELLS[entry]:
+        result, restored = results[cell], results[cell + "_restored"]
+        assert restored["result"] == "exact", (cell, restored)
+        if cell == "note":
+            assert result["result"] == "exact", result
+            continue
+        assert result["eager_changed"], cell  # the rebinding changes eager's answer
+        assert result["result"] == "refused", (cell, result)
+        assert CLASS_NAMES[cell] in result["message"], (cell, result["message"])
+        assert "after this artifact was loaded" in result["message"], result["message"]
+        assert "(invariant 2)" in result["message"]
+
+
+def test_a_class_attribute_rebound_before_load_is_refused_at_load(tmp_path: Path) -> None:
+    paths = _class_capture(tmp_path, "call_step")
+    cells = ["call", "property", "encode", "base_helper"]
+    results = _class_cells("load_cells", paths, "call_step", cells)
+    assert results.pop("restored")["result"] == "exact"
+    for cell in cells:
+        assert results[cell]["result"] == "refused", (cell, results[cell])
+        assert CLASS_NAMES[cell] in results[cell]["message"], (cell, results[cell]["message"])
