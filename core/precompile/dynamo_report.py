@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 from precompile import _compat
@@ -20,8 +21,10 @@ from precompile.dynamo_emit import (
     inductor_graph_section,
 )
 from precompile.emit import Artifact
+from precompile.errors import PrecompileError
 from precompile.guard_audit import audit
 from precompile.inductor_backend import InlinedAotSubgraph, InlinedSubgraph, collect_kernels
+from precompile.locations import is_project_file
 from precompile.report import CaptureReport, PrecompileSummary
 
 
@@ -74,11 +77,35 @@ def guards_summary(frames: list[FrameRecord]) -> list[dict[str, Any]]:
     return rows
 
 
+#: The names of torch's "is a trace or compile running?" probes. Dynamo answers True for
+#: the compiling ones while it traces (as torch.compile does), eager answers False.
+_PROBE_NAMES = frozenset({"is_compiling", "is_dynamo_compiling", "is_exporting"})
+
+
+def refuse_tracing_probes(codes: list[types.CodeType]) -> None:
+    """A branch on ``torch.compiler.is_compiling()`` in project code is traced as True,
+    so an artifact would serve the branch eager never takes: refused at capture. Told by
+    the name the code loads (an over-approximation: any use of the name counts)."""
+    for code in codes:
+        if not is_project_file(code.co_filename):
+            continue
+        probe = next((n for n in code.co_names if n in _PROBE_NAMES), None)
+        if probe is not None:
+            raise PrecompileError(
+                f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno}) calls "
+                f"{probe}(), which answers True while Dynamo captures and False in eager: "
+                f"the artifact would serve the branch eager never takes",
+                invariant=3,
+                hint="remove the branch, or make both branches compute the same thing",
+            )
+
+
 def build_dynamo_artifact(
     session: DynamoSession, *, fn_info: dict[str, Any], artifact_path: str
 ) -> tuple[Artifact, CaptureReport, Any]:
     frames = session.frames()
     breaks = session.graph_breaks()
+    refuse_tracing_probes([*session.traced_codes, *session.dependencies.read_codes])
     mode, _why = serving_mode(frames)
     order = _backend_order(frames)
     report = CaptureReport(target=fn_info, tracer="dynamo", backend=session.backend)

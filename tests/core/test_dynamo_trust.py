@@ -408,6 +408,8 @@ def test_identity_grad_mode_autocast_and_defaults_are_served_exactly_or_refused(
         ("rebinding_break_step", "two_acts", ["`model.b`", "torch.relu", "rebinds"]),
         ("child_reads_step", "scaled", ["`self.k`", "numpy", "float("]),
         ("decorated_step", "net", ["decorator", "@torch.no_grad()", "with torch.no_grad():"]),
+        # Dynamo answers True while capturing: the artifact would serve eager's other branch.
+        ("compiling_step", "net", ["is_compiling()", "False in eager", "remove the branch"]),
     ],
 )
 def test_what_no_artifact_could_check_or_load_is_refused_at_capture(
