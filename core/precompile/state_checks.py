@@ -255,7 +255,18 @@ def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any:
         _note_class(value, context)
         return ("class", type_name(value))
     if isinstance(value, types.ModuleType):
-        return ("module", value.__name__)
+        if not _is_project_module(value):
+            return ("module", value.__name__)
+        # A project module held as a value (``self.cfg = cfgmod``): the attributes the
+        # trace may read through it are its state, as a global module's would be.
+        state = vars(value)
+        context["dicts"].append(state)
+        read = sorted(k for k in state if k in context["names"] and not k.startswith("__"))
+        return (
+            "module",
+            value.__name__,
+            tuple((k, fingerprint(state[k], context, depth + 1)) for k in read),
+        )
     if isinstance(value, enum.Enum):
         return ("enum", type_name(kind), value.name)
     if depth > 8 or id(value) in context["path"]:
@@ -337,6 +348,18 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
         _note_class(kind, context)
         return ("nn.Module", *module_fingerprint(value, context, depth))
     return _fingerprint_object(value, kind, context, depth)
+
+
+def _is_project_module(module: Any) -> bool:
+    """A module of the user's project: not torch's, not the standard library's or an
+    installed package's (which change by version, not by edit)."""
+    import sys
+
+    path = getattr(module, "__file__", None)
+    if not path or module.__name__.split(".")[0] == "torch":
+        return False
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    return "site-packages" not in path and not any(path.startswith(r) for r in roots if r)
 
 
 def identity_name(value: Any, context: dict[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -592,7 +615,7 @@ def first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any]
     kind = old[0]
     if kind != new[0] or len(old) != len(new):
         return path, old, new
-    if kind == "object" and len(old) == 3 and old[1] == new[1]:
+    if kind in ("object", "module") and len(old) == 3 and old[1] == new[1]:
         before, after = dict(old[2]), dict(new[2])
         for key in sorted(before.keys() | after.keys()):
             if before.get(key) != after.get(key):

@@ -17,7 +17,7 @@ from torch import nn
 
 import precompile
 from precompile import PrecompileError
-from tests.conftest import REPO, capture_pair, fresh_env, run_job
+from tests.conftest import REPO, capture_pair, fresh_env, run_job, run_python
 from tests.fixtures import fx_trust_reads
 
 #: case -> {cell: words the refusal must contain, or None: served exactly}
@@ -435,3 +435,38 @@ def test_a_sentinel_a_capture_script_imports_is_named_by_its_module(
     shown = "builtins.object" if kind == "object" else "sentinel_mod.Marker"
     assert f"mode = the {shown} bound to sentinel_mod.SLOW" in result["swapped"]
     assert "sentinel_mod.FAST" in result["swapped"]
+
+
+SERVE_MODULE_HELD = """
+import json, warnings, torch, precompile
+from tests.fixtures import fx_trust_reads_config as cfg
+from tests.fixtures.fx_trust_reads import ModuleHeld, module_held_step
+warnings.simplefilter("ignore")
+run = precompile.load({artifact!r}, {cache!r})
+torch.manual_seed(0)
+model, x = ModuleHeld(), torch.randn(2, 4)
+cells = {{}}
+for label in ("unchanged", "changed", "restored"):
+    cfg.SCALE = {{"unchanged": 2.0, "changed": 5.0, "restored": 2.0}}[label]
+    try:
+        exact = torch.equal(run(model, x), module_held_step(model, x).detach())
+        cells[label] = "exact" if exact else "WRONG"
+    except precompile.PrecompileError as error:
+        cells[label] = "refused: " + str(error)
+print(json.dumps(cells))
+"""
+
+
+def test_a_project_module_held_as_an_attribute_is_checked_per_call(tmp_path: Path) -> None:
+    # self.cfg = cfgmod; forward reads self.cfg.SCALE: the value read through it is state.
+    from tests.fixtures.fx_trust_reads import ModuleHeld, module_held_step
+
+    torch.manual_seed(0)
+    artifact, cache = capture_pair(
+        module_held_step, ModuleHeld(), torch.randn(2, 4), directory=tmp_path, name="held"
+    )
+    proc = run_python(SERVE_MODULE_HELD.format(artifact=artifact, cache=cache))
+    assert proc.returncode == 0, proc.stderr
+    cells = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert cells["unchanged"] == "exact" and cells["restored"] == "exact", cells
+    assert cells["changed"].startswith("refused") and "SCALE" in cells["changed"], cells
