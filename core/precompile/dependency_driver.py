@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 
     def _import_module(name: str) -> Any: ...
 
+    def _import_module(name: str) -> Any: ...
+
     def user_path(text: str) -> str: ...
 
 
@@ -444,10 +446,15 @@ def _build_float_zero_check(signature: Any) -> Any:
     # One generated function reads every path; a path that does not evaluate yields
     # ``missing`` (the call's own guards refuse what is not there).
     body = []
-    for row in FLOAT_ZEROS:
+    for i, row in enumerate(FLOAT_ZEROS):
+        # A global's path (``G['EPS']``) reads that module's live globals, bound at load.
+        path = row["path"]
+        if row.get("module"):
+            namespace[f"__G{i}"] = vars(_import_module(row["module"]))
+            path = f"__G{i}" + path[1:]
         body += [
             "    try:",
-            f"        __v.append({row['path']})",
+            f"        __v.append({path})",
             "    except Exception:",
             "        __v.append(__M)",
         ]

@@ -268,22 +268,30 @@ class DependencyRecorder:
                 )
         for e in entries:
             self._observe_identity(e, code, module_name, entries)
-        if is_entry:
-            for e in entries:
-                self._observe_zero_float(e)
+        for e in entries:
+            self._observe_zero_float(e, module_name if not is_entry else None)
 
-    def _observe_zero_float(self, e: Any) -> None:
-        """A float guarded equal to 0.0 at a path from fn's arguments: Dynamo's guard is
-        ``==``, which -0.0 passes too, so the sign the trace computed with is recorded
-        (``FLOAT_ZEROS``) and checked per call."""
+    def _observe_zero_float(self, e: Any, later_frame_module: str | None) -> None:
+        """A float guarded equal to 0.0 at a path from fn's arguments, or from a module
+        global (in any frame): Dynamo's guard is ``==``, which -0.0 passes too, so the
+        sign the trace computed with is recorded (``FLOAT_ZEROS``) and checked per
+        call. (A later frame's locals are not: they are reached from fn's arguments.)"""
         if not getattr(e, "has_value", False) or type(e.value) is not float or e.value != 0.0:
             return
         match = _ROOT.match(e.name)
-        if match is None or match.group("local") not in self.signature.parameters:
+        if match is None:
+            return
+        module = None
+        if match.group("global"):
+            module = later_frame_module or self.fn.__module__
+        elif (
+            later_frame_module is not None or match.group("local") not in self.signature.parameters
+        ):
             return
         sign = math.copysign(1.0, e.value)
+        key = e.name if module is None else f"{module}:{e.name}"
         row = self.float_zeros.setdefault(
-            e.name, {"path": e.name, "shown": user_path(e.name), "sign": sign}
+            key, {"path": e.name, "shown": user_path(e.name), "sign": sign, "module": module}
         )
         if row["sign"] != sign:
             self.refusals.append(

@@ -46,6 +46,11 @@ EXPECTED: dict[tuple[str, str], dict[str, tuple[str, ...] | None]] = {
         "divide 0.0": None,
         "divide -0.0/warm": ("`s` is -0.0", "was 0.0 at capture"),
     },
+    ("dynamo", "global 0.0"): {
+        "global -0.0": ("`EPS` is -0.0", "was 0.0 at capture"),
+        "global 0.0": None,
+        "global -0.0/warm": ("`EPS` is -0.0", "was 0.0 at capture"),
+    },
     ("dynamo", "marked 8"): {
         "marked 8": None,
         "marked 3": None,
