@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from precompile import driver
+from precompile import _compat, autograd_serving, driver
 from precompile.emit import LoweredGraph
 from precompile.fx_capture import SingleGraph
 from precompile.graph_code import fx_autograd_source, fx_graph_source
@@ -25,6 +25,8 @@ def lower_eager(graph: SingleGraph) -> LoweredGraph:
         return LoweredGraph(
             source=fx_autograd_source(graph, joint.forward, joint.backward),
             relabel=driver._relabel_layout_error_eager,
+            runtime=(autograd_serving.bind_autograd,),
+            prelude=_compat.AUTOGRAD_PRELUDE,
             autograd=joint.runtime,
         )
     return LoweredGraph(source=fx_graph_source(graph), relabel=driver._relabel_layout_error_eager)

@@ -126,6 +126,10 @@ if TYPE_CHECKING:
 
     def _relabel_layout_error(error: AssertionError, flat: list[Any]) -> str | None: ...
 
+    def bind_autograd(
+        name: str, spec: dict[str, Any], forward_call: Any, backward_call: Any
+    ) -> Callable[..., list[Any]]: ...
+
 
 class PrecompileError(RuntimeError):
     """Raised by an artifact running where the precompile package is not importable.
@@ -1015,8 +1019,17 @@ def _build_single_graph_forward() -> Any:
     # through the captured forward and backward graphs (an autograd.Function), as eager
     # would record it; under no_grad through the forward graph alone, whose results past
     # the outputs (what the backward would need) are dropped.
-    autograd_apply = _captured_autograd_function().apply if AUTOGRAD is not None else None
-    n_outputs = AUTOGRAD["num_outputs"] if AUTOGRAD is not None else None
+    autograd_run = (
+        bind_autograd(
+            FN_NAME,
+            AUTOGRAD,
+            lambda *flat: call(list(flat)),
+            lambda *flat: call_backward(list(flat)),
+        )
+        if AUTOGRAD is not None
+        else None
+    )
+    n_outputs = AUTOGRAD["outputs"] if AUTOGRAD is not None else None
     # A tensor fn built from Python numbers took the default dtype at capture; the
     # graph carries that dtype where eager would take today's.
     default_dtype = getattr(_torch, DEFAULT_DTYPE.split(".")[-1])
@@ -1292,12 +1305,12 @@ def _build_single_graph_forward() -> Any:
         return {"served_by": 0, "failures": []}
 
     def _apply_flat(flat: list[Any]) -> Any:
-        return autograd_apply(*flat)  # type: ignore[misc]  # set whenever this runs
+        return autograd_run(*flat)  # type: ignore[misc]  # set whenever this runs
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         flat, tensors_in = checked_inputs(args, kwargs)
         grad_was_enabled = _torch.is_grad_enabled()
-        through_autograd = grad_was_enabled and autograd_apply is not None
+        through_autograd = grad_was_enabled and autograd_run is not None
         run = _apply_flat if through_autograd else call
         if grad_was_enabled and not through_autograd:
             _set_grad_enabled(False)
@@ -1342,75 +1355,6 @@ def _build_single_graph_forward() -> Any:
 
     forward.covers = covers  # type: ignore[attr-defined]  # loaders call forward.covers()
     return forward
-
-
-def _captured_autograd_function() -> Any:
-    """The ``torch.autograd.Function`` an inference capture of inputs that require grad
-    is served through, as eager would record the call: its forward runs the captured
-    forward graph (``call``) and saves what that returns for the backward; its backward
-    runs the captured backward graph (``call_backward``), returning one gradient per
-    graph input (parameters, buffers, the user's tensors) -- autograd accumulates them
-    into ``.grad`` of those that require grad, as it does for eager's graph."""
-    assert AUTOGRAD is not None  # emitted only with its AUTOGRAD literal
-    info = AUTOGRAD
-    n_outputs = info["num_outputs"]
-    end = n_outputs + info["num_saved"]
-    non_differentiable = tuple(info["non_differentiable"])
-    detach = tuple(OUTPUT_DETACH)
-    tangents = tuple(zip(info["tangents"], map(tuple, info["tangent_strides"])))
-    is_grad_enabled = _torch.is_grad_enabled
-    tensor_type = _torch.Tensor
-    empty_strided = _torch.empty_strided
-
-    class CapturedGraph(_torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, *flat: Any) -> Any:
-            out = call(list(flat))
-            outputs = list(out[:n_outputs])
-            for i in detach:
-                # A view made inside the Function (of an intermediate) could not be
-                # written in place; eager's could: hand back a plain tensor.
-                outputs[i] = outputs[i].detach()
-            ctx.save_for_backward(*[t.detach() for t in out[n_outputs:end]])
-            constant = [
-                outputs[i] for i in non_differentiable if isinstance(outputs[i], tensor_type)
-            ]
-            if constant:
-                ctx.mark_non_differentiable(*constant)
-            return tuple(outputs)
-
-        @staticmethod
-        def backward(ctx: Any, *grads: Any) -> Any:
-            if is_grad_enabled():
-                _fail(
-                    "precompile: a backward with create_graph=True (double backward) "
-                    "through this artifact's outputs is not supported: its captured "
-                    "backward graph records no autograd history, so higher-order "
-                    "gradients would be silently wrong. Run the backward without "
-                    "create_graph, or run this computation eagerly",
-                    5,
-                )
-            if _any_autocast_enabled():
-                _fail(
-                    "precompile: this backward runs under torch.autocast, but the captured "
-                    "backward graph holds the dtypes of a backward without it: eager would "
-                    "recast some of its ops. Run the backward outside the autocast block "
-                    "(as PyTorch recommends), or run this computation eagerly",
-                    5,
-                )
-            flat = list(ctx.saved_tensors)
-            for i, strides in tangents:
-                grad = grads[i]
-                if grad.stride() != strides:
-                    # The backward graph was traced (and Inductor lowered it) for the
-                    # layout of the traced gradient: give it that layout.
-                    grad = empty_strided(
-                        grad.shape, strides, dtype=grad.dtype, device=grad.device
-                    ).copy_(grad)
-                flat.append(grad)
-            return tuple(call_backward(flat))
-
-    return CapturedGraph
 
 
 def _relabel_layout_error_eager(error: AssertionError, flat: list[Any]) -> str | None:

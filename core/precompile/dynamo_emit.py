@@ -21,6 +21,7 @@ import torch
 
 from precompile import (
     _compat,
+    autograd_serving,
     dependency_driver,
     driver,
     guard_text,
@@ -372,7 +373,7 @@ def inductor_graph_section(
         parts += [
             "",
             "# subgraphs AOTAutograd partitioned: (runtime spec, forward module, backward module)",
-            runtime_source([inductor_serving.bind_aot_graph]),
+            runtime_source([autograd_serving.bind_autograd, inductor_serving.bind_aot_graph]),
             "",
             "",
             "_INDUCTOR_AOT_GRAPHS = {",

@@ -60,9 +60,10 @@ class LoweredGraph:
     collect_bundle: Callable[[dict[str, Any]], dict[str, Any]] = _no_bundle
     #: Output positions where the lowered graph hands back one of its input objects.
     identity_outputs: tuple[int, ...] = ()
-    #: For an inference capture of inputs that require grad: how the driver's
-    #: autograd.Function runs ``call`` (the forward graph) and ``call_backward``
-    #: (``precompile.autograd_capture``); None for a graph served without autograd.
+    #: For an inference capture of inputs that require grad: the spec by which
+    #: ``autograd_serving.bind_autograd`` runs ``call`` (the forward graph) and
+    #: ``call_backward`` (``precompile.autograd_capture``); None for a graph served
+    #: without autograd.
     autograd: dict[str, Any] | None = None
 
 
@@ -152,9 +153,9 @@ def _output_detach(graph: SingleGraph, lowered: LoweredGraph) -> list[int]:
     if lowered.autograd is not None:
         # Outputs aliasing an input were refused at capture: any the lowered forward
         # returns as an input object is a new tensor in eager.
-        n_outputs = lowered.autograd["num_outputs"]
+        n_outputs = lowered.autograd["outputs"]
         found = {i for i in lowered.identity_outputs if i < n_outputs}
-        return sorted(found | set(lowered.autograd["detach"]))
+        return sorted(found | set(lowered.autograd["plain_outputs"]))
     output = graph.graph_module.graph.output_node()
     nodes = _compat.pytree.tree_leaves(output.args[0])
     same = {i for i, n in enumerate(nodes) if getattr(n, "op", None) == "placeholder"}
@@ -290,6 +291,12 @@ def emit_single_graph(
 ) -> Artifact:
     sources = source_records([*graph.source_files(), fn_info["file"] or ""], artifact_path)
     functions = function_records(graph.functions_run, artifact_path)
+    output_detach = _output_detach(graph, lowered)
+    autograd = lowered.autograd
+    if autograd is not None:
+        # Inside the autograd.Function too, the outputs the driver detaches are handed
+        # back as plain tensors.
+        autograd = {**autograd, "plain_outputs": output_detach}
     metadata = single_graph_metadata(
         graph,
         fn_info=fn_info,
@@ -298,8 +305,8 @@ def emit_single_graph(
         sources=sources,
         functions=functions,
         artifact_path=artifact_path,
-        output_detach=_output_detach(graph, lowered),
-        autograd=lowered.autograd,
+        output_detach=output_detach,
+        autograd=autograd,
     )
     imports = [_compat.ARTIFACT_PRELUDE, _compat.SINGLE_GRAPH_STATE_PRELUDE, lowered.prelude]
     if lowered.runtime:
