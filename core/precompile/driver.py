@@ -92,6 +92,8 @@ if TYPE_CHECKING:
 
     def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any: ...
 
+    def literal_fingerprint(value: Any) -> tuple[str, Any]: ...
+
     def module_fingerprint(
         module: Any, context: dict[str, Any], depth: int = 0, children: bool = True
     ) -> tuple[Any, ...]: ...
@@ -303,28 +305,6 @@ def _check_strides(labels: list[str], tensors: list[Any], expected: list[Any]) -
             )
 
 
-def _input_constants() -> list[Any]:
-    """USER_INPUT_CONSTANTS as values: a float or complex that is not finite is written
-    as a tagged literal (``("float", "nan")``), since ``nan`` is no Python literal."""
-    decoded: list[Any] = []
-    for value in USER_INPUT_CONSTANTS:
-        if type(value) is tuple and len(value) == 2 and value[0] in ("float", "complex"):
-            value = (float if value[0] == "float" else complex)(value[1])
-        decoded.append(value)
-    return decoded
-
-
-def _same_constant(value: Any, expected: Any) -> bool:
-    """Whether a Python value is the one the capture baked: the same type, and for a
-    float or complex the same ``repr`` (``0.0 == -0.0`` yet ``x / 0.0`` and ``x / -0.0``
-    differ; a NaN equals no number, but it is the NaN the capture saw)."""
-    if type(value) is not type(expected):
-        return False
-    if type(value) is float or type(value) is complex:
-        return repr(value) == repr(expected)
-    return bool(value == expected)
-
-
 def _key_order_difference(spec: Any, expected: Any) -> str | None:
     """The first dict in a call's inputs whose keys are the captured ones in another
     order, in words; None when the nesting differs otherwise."""
@@ -371,12 +351,13 @@ def _describe_input_mismatch(
     for i, leaf in enumerate(leaves):
         shape = USER_INPUT_SHAPES[i]
         if shape is None:
-            expected = _input_constants()[i]
-            if not _same_constant(leaf, expected):
+            expected = USER_INPUT_CONSTANTS[i]
+            if literal_fingerprint(leaf) != expected:
+                baked = describe_value(expected)
                 _fail(
                     f"precompile: input value {i} is {leaf!r} but the capture baked "
-                    f"{expected!r}; Python values are specialized at capture. Pass "
-                    f"{expected!r}, or capture again for this value",
+                    f"{baked}; Python values are specialized at capture. Pass {baked}, or "
+                    f"capture again for this value",
                     3,
                 )
             continue
@@ -942,19 +923,11 @@ def _build_single_graph_forward() -> Any:
     pick_modules = _picker(module_positions)
     pick_user = _picker(user_positions)
     pick_tensors = _picker(tensor_slots)
-    constants = _input_constants()
-    # Floats and complex numbers are compared by repr (the sign of a zero, NaN): only
-    # an artifact with such an argument pays for it per call.
-    constant_slots = tuple(
-        (i, constants[i])
-        for i, s in enumerate(USER_INPUT_SHAPES)
-        if s is None and type(constants[i]) not in (float, complex)
-    )
-    float_slots = tuple(
-        (i, type(constants[i]), repr(constants[i]))
-        for i, s in enumerate(USER_INPUT_SHAPES)
-        if s is None and type(constants[i]) in (float, complex)
-    )
+    # Each Python value as its literal fingerprint (floats by repr: the sign of a zero,
+    # NaN), compared with the capture's in one tuple.
+    constant_slots = tuple(i for i, s in enumerate(USER_INPUT_SHAPES) if s is None)
+    pick_constants = _picker(constant_slots)
+    expected_constants = tuple(USER_INPUT_CONSTANTS[i] for i in constant_slots)
     has_dynamic = any(s is not None and None in s for s in USER_INPUT_SHAPES) or any(
         USER_INPUT_SHAPE_IDS
     )
@@ -1219,11 +1192,7 @@ def _build_single_graph_forward() -> Any:
                 )
                 and (
                     not constant_slots
-                    or all(type(leaves[i]) is type(v) and leaves[i] == v for i, v in constant_slots)
-                )
-                and (
-                    not float_slots
-                    or all(type(leaves[i]) is t and repr(leaves[i]) == r for i, t, r in float_slots)
+                    or tuple(map(literal_fingerprint, pick_constants(leaves))) == expected_constants
                 )
                 and not (inference_grad_inputs and is_grad_enabled())
             )

@@ -7,12 +7,10 @@ committed artifact changes only when the program does.
 
 from __future__ import annotations
 
-import cmath
 import dataclasses
 import functools
 import hashlib
 import inspect
-import math
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -169,17 +167,6 @@ def _grad_site(site: str, artifact_path: str) -> str:
     return f"{what} at {_relative(file, artifact_path)}:{line}"
 
 
-def _constant_literal(value: Any) -> Any:
-    """A Python input value as a metadata literal: a float or complex that is not
-    finite (``nan`` is no literal) as the tagged tuple the driver decodes
-    (``driver._input_constants``); a tuple is never a leaf, so the tag is unambiguous."""
-    if type(value) is float and not math.isfinite(value):
-        return ("float", repr(value))
-    if type(value) is complex and not cmath.isfinite(value):
-        return ("complex", repr(value))
-    return value
-
-
 def single_graph_metadata(
     graph: SingleGraph,
     *,
@@ -239,7 +226,7 @@ def single_graph_metadata(
         "USER_INPUT_BOUNDS": bounds,
         "USER_INPUT_SHAPE_IDS": shape_ids,
         "USER_INPUT_CONSTANTS": [
-            None if t else _constant_literal(leaf) for leaf, t in zip(leaves, tensor)
+            None if t else state_checks.literal_fingerprint(leaf) for leaf, t in zip(leaves, tensor)
         ],
         "USER_INPUT_REQUIRES_GRAD": [
             bool(leaf.requires_grad) if t else None for leaf, t in zip(leaves, tensor)
