@@ -16,8 +16,8 @@ functions and classes the frames read (``GLOBAL_READS``). Here, every call check
 - Objects compared by identity, reached from the arguments (``ARG_IDENTITIES``): a load
   resolves each by its name (module and qualified name, enum class and member, module
   global); every call evaluates the access paths from the arguments and compares by
-  identity (a closure is compared by its code). Zero floats whose sign the trace used
-  (``FLOAT_ZEROS``) are checked in the same generated function, which binds fn's
+  identity (a closure is compared by its code). Signed zeros the trace computed with
+  (``FLOAT_ZEROS``: floats, complex parts) are checked in the same generated function, which binds fn's
   parameters once per call; only a miss runs the row-by-row pass that names it.
 - The classes the trace went through (``CLASS_ATTRS``: the classes of the modules it
   reached and of the methods, properties and ``__call__`` it inlined, with their bases):
@@ -469,41 +469,44 @@ def _build_argument_check(signature: Any) -> Any:
 
 def _float_zero_rows(namespace: dict[str, Any]) -> tuple[list[str], Any]:
     """The terms of ``FLOAT_ZEROS`` for the generated check (binding what they read into
-    ``namespace``), and the row-by-row pass over a call's bound arguments: a float
-    argument (or a float reached from one, or a module global) that was 0.0 or -0.0 at
-    capture must have the captured sign. Dynamo's guard is ``==``, which the other zero
-    passes, and ``x / s`` or ``copysign`` tell them apart."""
-    import math
-
-    namespace["__c"] = math.copysign
+    ``namespace``), and the row-by-row pass over a call's bound arguments: a number
+    reached from an argument (or a module global) that was a signed zero at capture (a
+    float equal to 0.0, a complex with a zero part) must be that very zero, compared by
+    its literal fingerprint (``repr``). Dynamo's guard is ``==``, which the other sign
+    passes, and ``x / s`` or ``copysign`` tell them apart. A value that differs
+    otherwise is left to the guards."""
+    kinds = {"float": float, "complex": complex}
+    rows = []
     terms = []
-    paths = []
     for i, row in enumerate(FLOAT_ZEROS):
         # A global's path (``G['EPS']``) reads that module's live globals, bound at load.
         path = row["path"]
         if row.get("module"):
             namespace[f"__G{i}"] = vars(_import_module(row["module"]))
             path = f"__G{i}" + path[1:]
-        paths.append(compile(path, "<precompile float zero>", "eval"))
+        kind = kinds[row["value"][0]]
+        value = kind(row["value"][1])
+        rows.append((row, compile(path, "<precompile signed zero>", "eval"), kind, value))
         terms.append(
-            f"(type(__z := ({path})) is not float or __z != 0.0 or __c(1.0, __z) == "
-            f"{row['sign']!r})"
+            f"(type(__z := ({path})) is not __Z[{i}][0] or __z != __Z[{i}][1] "
+            f"or repr(__z) == {row['value'][1]!r})"
         )
+    namespace["__Z"] = tuple((kind, value) for _, _, kind, value in rows)
 
     def recheck(scope: dict[str, Any]) -> None:
-        for row, path in zip(FLOAT_ZEROS, paths):
+        for row, path, kind, captured in rows:
             try:
                 value = eval(path, namespace, scope)
             except Exception:
                 continue  # the call's own guards refuse what is not there
-            if type(value) is float and value == 0.0 and math.copysign(1.0, value) != row["sign"]:
-                captured = 0.0 * row["sign"]
+            if type(value) is kind and value == captured and repr(value) != row["value"][1]:
                 _fail(
                     f"precompile: `{row['shown']}` is {value!r} in this call but was "
-                    f"{captured!r} at capture; the trace computed with {captured!r} (x / "
-                    f"{captured!r} has the sign of that zero), and Dynamo's guard compares "
-                    f"floats with ==, which does not tell 0.0 from -0.0. Pass {captured!r}, "
-                    f"or capture with {value!r} (re-emit the artifact)",
+                    f"{captured!r} at capture; the trace computed with {captured!r} (the "
+                    f"sign of a zero reaches results: 1 / 0.0 is inf, 1 / -0.0 is -inf), "
+                    f"and Dynamo's guard compares numbers with ==, which does not tell 0.0 "
+                    f"from -0.0. Pass {captured!r}, or capture with {value!r} (re-emit the "
+                    f"artifact)",
                     3,
                 )
 
