@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:
     import torch as _torch
 
-    # Bound by the artifact prelude (precompile._compat, the one module naming private
+    # Bound by the artifact prelude (precompile._compat.prelude; only _compat names private
     # torch): ARTIFACT_PRELUDE and INDUCTOR_PRELUDE.
     _pytree: Any = None
     _DisableAutocast: Any = None

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from precompile import (
-    _compat,
     dependency_driver,
     driver,
     guard_text,
@@ -30,6 +29,8 @@ from precompile import (
     source_digest,
     state_checks,
 )
+from precompile._compat import dynamo, runtime
+from precompile._compat.prelude import ARTIFACT_PRELUDE, FX_GRAPH_GLOBALS, INDUCTOR_PRELUDE
 from precompile.dynamo_capture import FrameRecord, global_recipe
 from precompile.emit import Artifact, _header, runtime_source, source_records
 from precompile.errors import PrecompileError
@@ -125,7 +126,7 @@ def _name_map(frames: list[FrameRecord], tag: str) -> dict[str, str]:
     names: dict[str, str] = {}
     for frame in frames:
         for guards_state, _code in frame.variants:
-            key = _compat.builtins_key_of(guards_state)
+            key = dynamo.builtins_key_of(guards_state)
             if key:
                 names[key] = _builtins_key(key, tag)
     for index, (_frame, name, _value) in enumerate(helper_globals(frames)):
@@ -166,7 +167,7 @@ def _frame_payload(frames: list[FrameRecord], tag: str) -> list[dict[str, Any]]:
                 "python_module": frame.python_module,
                 "import_sources": dict(sorted(frame.import_sources.items())),
                 "is_entry": frame.is_entry,
-                "code": _compat.serialize_code(frame.code),
+                "code": dynamo.serialize_code(frame.code),
                 "resume_names": [names[n] for n in frame.resume_names],
                 "variants": variants,
                 "bypassed": frame.bypassed,
@@ -295,7 +296,7 @@ def eager_graph_section(
     return "\n".join(
         [
             "# ---- captured graphs: each Dynamo subgraph as FX source, by backend id",
-            _compat.FX_GRAPH_GLOBALS,
+            FX_GRAPH_GLOBALS,
             "\n\n\n".join(sources),
             "",
             "",
@@ -331,7 +332,7 @@ def inductor_graph_section(
     if modules or aot_graphs:
         parts += [
             "# ---- captured graphs: each subgraph as Inductor output modules",
-            _compat.INDUCTOR_PRELUDE,
+            INDUCTOR_PRELUDE,
             runtime_source([inductor_serving.inductor_runtime]),
             "",
             "",
@@ -392,13 +393,13 @@ def inductor_graph_section(
         parts += [
             "",
             "# ---- captured graphs: other subgraphs as Inductor's bundled artifact (pickled)",
-            runtime_source([_compat._inductor_backend_loader]),
+            runtime_source([runtime.inductor_backend_loader]),
             "",
             "",
             "_INDUCTOR_ARTIFACTS = {",
             rows,
             "}",
-            '_load_backend = _inductor_backend_loader(globals().get("_PRECOMPILE_BUNDLE"))',
+            '_load_backend = inductor_backend_loader(globals().get("_PRECOMPILE_BUNDLE"))',
             "_BACKEND_FNS.update(",
             "    (backend_id, _load_backend(base64.b64decode(blob)))",
             "    for backend_id, blob in _INDUCTOR_ARTIFACTS.items()",
@@ -481,11 +482,11 @@ def emit_dynamo(
             driver._fail,
             source_digest,
             guard_text,
-            _compat._dynamo_serving_runtime,
+            runtime.dynamo_serving_runtime,
             dependency_driver,
             multigraph_driver,
             *(
-                (_compat._dynamo_installed_runtime, installed_driver)
+                (runtime.dynamo_installed_runtime, installed_driver)
                 if serving_mode == "installed"
                 else ()
             ),
@@ -500,7 +501,7 @@ def emit_dynamo(
             "# ---- metadata: literals only; precompile.inspect_artifact reads them unexecuted",
             render_metadata(metadata),
             "# ---- imports",
-            _compat.ARTIFACT_PRELUDE,
+            ARTIFACT_PRELUDE,
             "import base64",
             "import functools",
             "",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from precompile import _compat
+from precompile._compat.kernel_platform import kernel_platform
 from precompile.dynamo_capture import (
     DynamoSession,
     FrameRecord,
@@ -157,7 +157,7 @@ def build_dynamo_artifact(
         files = session.inductor_cache_files(artifacts) if artifacts else {}
 
         def collect_bundle(namespace: dict[str, Any]) -> dict[str, Any]:
-            bundle: dict[str, Any] = {"requires": _compat.kernel_platform()}
+            bundle: dict[str, Any] = {"requires": kernel_platform()}
             if files:
                 bundle["inductor_cache_files"] = files
             if inlined:

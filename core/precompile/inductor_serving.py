@@ -4,7 +4,7 @@ runtime names), forward/backward pairs served through one autograd.Function, and
 layout errors of its size asserts said in the user's words.
 
 Its functions are emitted into the Inductor artifacts that use them (single-graph and
-Dynamo), with the Inductor prelude (``_compat.INDUCTOR_PRELUDE``), whose names the stubs
+Dynamo), with the Inductor prelude (``_compat.prelude.INDUCTOR_PRELUDE``), whose names the stubs
 below stand for. The capture side calls the same functions (binding
 what it lowered, as a load will), by these public names.
 """
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:
     import torch as _torch
 
-    # Bound by the artifact prelude (precompile._compat), its metadata and driver's
+    # Bound by the artifact prelude (precompile._compat.prelude), its metadata and driver's
     # functions.
     _KERNEL_DATA_PTR_ENV: str = ""
     _kernel_data_ptr: Any = None
@@ -240,7 +240,7 @@ def bind_aot_graph(
     """Run a subgraph AOTAutograd partitioned (a training graph, or one that switches grad
     mode) from its inlined Inductor output modules, doing what AOTAutograd's runtime
     wrappers do around them -- for the cases the capture accepted (``spec``, from
-    ``_compat.aot_runtime_spec``): detach inputs whose gradient is known to be None, run
+    ``_compat.inductor.aot_runtime_spec``): detach inputs whose gradient is known to be None, run
     the forward in an autograd function that saves what the backward needs (tensors and
     sizes), mark outputs that need no gradient, coerce incoming gradients to the layout
     the backward was compiled for, copy mutated inputs back, restore grad mode."""
