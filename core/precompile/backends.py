@@ -24,7 +24,7 @@ def lower_eager(graph: SingleGraph) -> LoweredGraph:
         joint = capture_joint(graph, graph.joint_inputs[2])
         return LoweredGraph(
             source=fx_autograd_source(graph, joint.forward, joint.backward),
-            relabel=driver._relabel_layout_error_eager,
+            relabel=driver.relabel_layout_error_eager,
             autograd=joint.runtime,
         )
-    return LoweredGraph(source=fx_graph_source(graph), relabel=driver._relabel_layout_error_eager)
+    return LoweredGraph(source=fx_graph_source(graph), relabel=driver.relabel_layout_error_eager)

@@ -1413,7 +1413,7 @@ def _captured_autograd_function() -> Any:
     return CapturedGraph
 
 
-def _relabel_layout_error_eager(error: AssertionError, flat: list[Any]) -> str | None:
+def relabel_layout_error_eager(error: AssertionError, flat: list[Any]) -> str | None:
     """The eager backend has no layout asserts of its own: every AssertionError is the
     user's and passes through unchanged."""
     return None

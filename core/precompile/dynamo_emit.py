@@ -32,7 +32,7 @@ from precompile import (
 from precompile._compat import dynamo, runtime
 from precompile._compat.prelude import ARTIFACT_PRELUDE, FX_GRAPH_GLOBALS, INDUCTOR_PRELUDE
 from precompile.dynamo_capture import FrameRecord, global_recipe
-from precompile.emit import Artifact, _header, runtime_source, source_records
+from precompile.emit import Artifact, artifact_header, runtime_source, source_records
 from precompile.errors import PrecompileError
 from precompile.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
 
@@ -259,7 +259,7 @@ def _encode(value: Any) -> str:
     return base64.b64encode(pickle.dumps(value, protocol=4)).decode("ascii")
 
 
-def _graph_source(index: int, gm: torch.fx.GraphModule) -> str:
+def graph_source(index: int, gm: torch.fx.GraphModule) -> str:
     for node in gm.graph.nodes:
         if node.op in ("get_attr", "call_module"):
             raise PrecompileError(
@@ -282,13 +282,13 @@ def eager_graph_section(
     frames: list[FrameRecord], graphs: dict[str, torch.fx.GraphModule], names: dict[str, str]
 ) -> str:
     """Each Dynamo subgraph as FX source, and the table binding it to its backend id."""
-    order = _backend_order(frames)
+    order = backend_order(frames)
     missing = [b for b in order if b not in graphs]
     if missing:
         raise PrecompileError(
             f"Dynamo compiled subgraphs {missing} that the capture did not record"
         )
-    sources = [_graph_source(i, graphs[b]) for i, b in enumerate(order)]
+    sources = [graph_source(i, graphs[b]) for i, b in enumerate(order)]
     table = "\n".join(
         f"    {names[b]!r}: functools.partial(_dynamo_graph_{i}, None),"
         for i, b in enumerate(order)
@@ -327,7 +327,7 @@ def inductor_graph_section(
     without one). A subgraph that runtime cannot reproduce ships as Inductor's bundled
     artifact (pickled), rebuilt at load from the cache's files or by compiling the kernel
     source it carries."""
-    order = _backend_order(frames)
+    order = backend_order(frames)
     parts = []
     if modules or aot_graphs:
         parts += [
@@ -497,7 +497,7 @@ def emit_dynamo(
     )
     text = "\n".join(
         [
-            _header(fn_info, "dynamo", backend),
+            artifact_header(fn_info, "dynamo", backend),
             "# ---- metadata: literals only; precompile.inspect_artifact reads them unexecuted",
             render_metadata(metadata),
             "# ---- imports",
@@ -519,7 +519,7 @@ def emit_dynamo(
     return Artifact(python_code=text.encode("utf-8"), metadata=metadata)
 
 
-def _backend_order(frames: list[FrameRecord]) -> list[str]:
+def backend_order(frames: list[FrameRecord]) -> list[str]:
     order: list[str] = []
     for frame in frames:
         for backend_id in frame.backend_ids:

@@ -68,7 +68,7 @@ class LoweredGraph:
     autograd: dict[str, Any] | None = None
 
 
-def _header(fn_info: dict[str, Any], tracer: str, backend: str) -> str:
+def artifact_header(fn_info: dict[str, Any], tracer: str, backend: str) -> str:
     return "\n".join(
         [
             f"# torch-precompile artifact: {fn_info['module']}.{fn_info['name']}, "
@@ -308,7 +308,7 @@ def emit_single_graph(
         imports += [runtime_source(lowered.runtime), "", lowered.runtime_setup]
     text = "\n".join(
         [
-            _header(fn_info, tracer, backend),
+            artifact_header(fn_info, tracer, backend),
             "# ---- metadata: literals only; precompile.inspect_artifact reads them unexecuted",
             render_metadata(metadata),
             "# ---- imports and the backend's runtime",
