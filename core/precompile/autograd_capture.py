@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from precompile import _compat
+from precompile._compat import tracing
 from precompile.autograd_serving import base_spec
 from precompile.errors import PrecompileError
 from precompile.fx_capture import SingleGraph
@@ -70,14 +70,14 @@ def capture_joint(graph: SingleGraph, decompositions: dict[Any, Any] | None) -> 
     autograd.Function serves it exactly as eager would."""
     assert graph.joint_inputs is not None
     flat_fn, tensors, _ = graph.joint_inputs
-    fake_mode = _compat.fake_mode()
+    fake_mode = tracing.fake_mode()
     fakes = [fake_mode.from_tensor(t) for t in tensors]
     try:
         with torch.enable_grad(), warnings.catch_warnings():
             # fn's own checks read .grad of its inputs, which AOTAutograd's functional
             # wrappers make non-leaf: torch warns, and the value (None) is right.
             warnings.filterwarnings("ignore", "The .grad attribute of a Tensor that is not")
-            joint = _compat.trace_joint(flat_fn, fakes, decompositions)
+            joint = tracing.trace_joint(flat_fn, fakes, decompositions)
     except PrecompileError:
         raise
     except Exception as error:
@@ -166,7 +166,7 @@ def _runtime(graph: SingleGraph, joint: dict[str, Any]) -> dict[str, Any]:
     tangent_nodes = list(joint["backward"].graph.find_nodes(op="placeholder"))[n_saved:]
     end = n_outputs + n_saved
     # The spec ``autograd_serving.bind_autograd`` serves by, in the shape of
-    # ``_compat.aot_runtime_spec``: no input mutations, no saved sizes, every tangent
+    # ``_compat.inductor.aot_runtime_spec``: no input mutations, no saved sizes, every tangent
     # restrided to the traced gradient's layout.
     return {
         **base_spec(n_outputs),

@@ -4,13 +4,13 @@ Every artifact whose graph eager would record for a backward carries ``bind_auto
 make_fx captures of inputs that require grad (their ``AUTOGRAD`` literal, eager and
 Inductor backends) and Dynamo+Inductor subgraphs AOTAutograd partitioned
 (``inductor_serving.bind_aot_graph``). Both describe their graphs by one spec, in the
-shape of ``_compat.aot_runtime_spec``; a make_fx capture writes it in
+shape of ``_compat.inductor.aot_runtime_spec``; a make_fx capture writes it in
 ``autograd_capture``. One binder means one refusal of a double backward, one of a
 backward under autocast, one coercion of incoming gradients to the traced layout and one
 way of saving tensors for the backward.
 
 ``bind_autograd`` is emitted into the artifacts that need it, after the artifact prelude
-(``_compat.ARTIFACT_PRELUDE`` and ``_compat.AUTOGRAD_PRELUDE``), whose names the stubs
+(``_compat.prelude.ARTIFACT_PRELUDE`` and ``AUTOGRAD_PRELUDE``), whose names the stubs
 below stand for. The capture side calls it through the same emitted text.
 """
 
@@ -36,7 +36,7 @@ def base_spec(outputs: int) -> dict[str, Any]:
     """The spec of a graph with ``outputs`` outputs around which nothing is done: no
     input detached or mutated, grad mode left as it is. Capture side only; the specs
     ``bind_autograd`` reads extend it (a backward's keys) or come from
-    ``_compat.aot_runtime_spec``, which writes the same keys."""
+    ``_compat.inductor.aot_runtime_spec``, which writes the same keys."""
     return {
         "joint": False,
         "detach": [],

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
-    # Bound by the artifact prelude (precompile._compat).
+    # Bound by the artifact prelude (precompile._compat.prelude).
     _dict_version: Callable[[dict[str, Any]], int] = len
     FN_NAME: str = ""
     FN_MODULE: str = ""

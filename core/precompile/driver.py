@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:
     import torch as _torch
 
-    # Bound by the artifact prelude (precompile._compat, the one module naming private
+    # Bound by the artifact prelude (precompile._compat.prelude; only _compat names private
     # torch): ARTIFACT_PRELUDE and INDUCTOR_PRELUDE.
     _pytree: Any = None
     _DisableAutocast: Any = None
@@ -1326,7 +1326,7 @@ def _build_single_graph_forward() -> Any:
     return forward
 
 
-def _relabel_layout_error_eager(error: AssertionError, flat: list[Any]) -> str | None:
+def relabel_layout_error_eager(error: AssertionError, flat: list[Any]) -> str | None:
     """The eager backend has no layout asserts of its own: every AssertionError is the
     user's and passes through unchanged."""
     return None

@@ -57,7 +57,7 @@ from typing import Any
 
 import torch
 
-from precompile import _compat
+from precompile._compat import dynamo
 from precompile.dependency_driver import (
     class_attrs,
     code_identity,
@@ -194,7 +194,7 @@ class DependencyRecorder:
         #: ``torch.is_grad_enabled()`` guard, or grad-dependent tensor attributes.
         self.grad_mode_read = ""
         #: The grad-dependent attribute reads, appended while tracing
-        #: (``_compat.recording_grad_dependent_reads``).
+        #: (``_compat.dynamo.recording_grad_dependent_reads``).
         self.grad_reads: list[str] = []
         #: fn's arguments in the captured call being traced (later frames' identity
         #: reads are mapped to paths from them).
@@ -273,7 +273,7 @@ class DependencyRecorder:
         for e in entries:
             if not (getattr(e, "is_global", False) and getattr(e, "has_value", False)):
                 continue
-            if not _compat.compares_identity(e) or "__builtins_dict__" in e.name:
+            if not dynamo.compares_identity(e) or "__builtins_dict__" in e.name:
                 continue
             qualified = _qualified(e.value)
             if qualified is None or not e.name.startswith("G["):
@@ -353,7 +353,7 @@ class DependencyRecorder:
             return
         value = e.value
         sentinel = e.guard_type == "TYPE_MATCH" and type(value) is object
-        if not (sentinel or _compat.compares_identity(e)):
+        if not (sentinel or dynamo.compares_identity(e)):
             return
         if value is None or isinstance(
             value, (bool, torch.nn.Module, torch.Tensor, types.ModuleType)
@@ -367,7 +367,7 @@ class DependencyRecorder:
                 root.startswith("___stack") or root in (*code.co_varnames, *code.co_cellvars)
             ):
                 return
-            resumes = code is not None and _compat.resumed_code(code) is not code
+            resumes = code is not None and dynamo.resumed_code(code) is not code
             if resumes and e.name == root and not _eager_result(code, root):
                 # A local carried into a continuation, computed by the traced code
                 # before the break: its own identity reads are checked (or refused)
@@ -430,7 +430,7 @@ class DependencyRecorder:
             ),
             _MISSING,
         )
-        if code is not None and _compat.resumed_code(code) is self.fn.__code__:
+        if code is not None and dynamo.resumed_code(code) is self.fn.__code__:
             if root not in self.signature.parameters:
                 return (
                     None,

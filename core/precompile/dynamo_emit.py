@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from precompile import (
-    _compat,
     autograd_serving,
     dependency_driver,
     driver,
@@ -31,8 +30,10 @@ from precompile import (
     source_digest,
     state_checks,
 )
+from precompile._compat import dynamo, runtime
+from precompile._compat.prelude import ARTIFACT_PRELUDE, FX_GRAPH_GLOBALS, INDUCTOR_PRELUDE
 from precompile.dynamo_capture import FrameRecord, global_recipe
-from precompile.emit import Artifact, _header, runtime_source, source_records
+from precompile.emit import Artifact, artifact_header, runtime_source, source_records
 from precompile.errors import PrecompileError
 from precompile.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
 
@@ -126,7 +127,7 @@ def _name_map(frames: list[FrameRecord], tag: str) -> dict[str, str]:
     names: dict[str, str] = {}
     for frame in frames:
         for guards_state, _code in frame.variants:
-            key = _compat.builtins_key_of(guards_state)
+            key = dynamo.builtins_key_of(guards_state)
             if key:
                 names[key] = _builtins_key(key, tag)
     for index, (_frame, name, _value) in enumerate(helper_globals(frames)):
@@ -167,7 +168,7 @@ def _frame_payload(frames: list[FrameRecord], tag: str) -> list[dict[str, Any]]:
                 "python_module": frame.python_module,
                 "import_sources": dict(sorted(frame.import_sources.items())),
                 "is_entry": frame.is_entry,
-                "code": _compat.serialize_code(frame.code),
+                "code": dynamo.serialize_code(frame.code),
                 "resume_names": [names[n] for n in frame.resume_names],
                 "variants": variants,
                 "bypassed": frame.bypassed,
@@ -259,7 +260,7 @@ def _encode(value: Any) -> str:
     return base64.b64encode(pickle.dumps(value, protocol=4)).decode("ascii")
 
 
-def _graph_source(index: int, gm: torch.fx.GraphModule) -> str:
+def graph_source(index: int, gm: torch.fx.GraphModule) -> str:
     for node in gm.graph.nodes:
         if node.op in ("get_attr", "call_module"):
             raise PrecompileError(
@@ -282,13 +283,13 @@ def eager_graph_section(
     frames: list[FrameRecord], graphs: dict[str, torch.fx.GraphModule], names: dict[str, str]
 ) -> str:
     """Each Dynamo subgraph as FX source, and the table binding it to its backend id."""
-    order = _backend_order(frames)
+    order = backend_order(frames)
     missing = [b for b in order if b not in graphs]
     if missing:
         raise PrecompileError(
             f"Dynamo compiled subgraphs {missing} that the capture did not record"
         )
-    sources = [_graph_source(i, graphs[b]) for i, b in enumerate(order)]
+    sources = [graph_source(i, graphs[b]) for i, b in enumerate(order)]
     table = "\n".join(
         f"    {names[b]!r}: functools.partial(_dynamo_graph_{i}, None),"
         for i, b in enumerate(order)
@@ -296,7 +297,7 @@ def eager_graph_section(
     return "\n".join(
         [
             "# ---- captured graphs: each Dynamo subgraph as FX source, by backend id",
-            _compat.FX_GRAPH_GLOBALS,
+            FX_GRAPH_GLOBALS,
             "\n\n\n".join(sources),
             "",
             "",
@@ -327,12 +328,12 @@ def inductor_graph_section(
     without one). A subgraph that runtime cannot reproduce ships as Inductor's bundled
     artifact (pickled), rebuilt at load from the cache's files or by compiling the kernel
     source it carries."""
-    order = _backend_order(frames)
+    order = backend_order(frames)
     parts = []
     if modules or aot_graphs:
         parts += [
             "# ---- captured graphs: each subgraph as Inductor output modules",
-            _compat.INDUCTOR_PRELUDE,
+            INDUCTOR_PRELUDE,
             runtime_source([inductor_serving.inductor_runtime]),
             "",
             "",
@@ -393,13 +394,13 @@ def inductor_graph_section(
         parts += [
             "",
             "# ---- captured graphs: other subgraphs as Inductor's bundled artifact (pickled)",
-            runtime_source([_compat._inductor_backend_loader]),
+            runtime_source([runtime.inductor_backend_loader]),
             "",
             "",
             "_INDUCTOR_ARTIFACTS = {",
             rows,
             "}",
-            '_load_backend = _inductor_backend_loader(globals().get("_PRECOMPILE_BUNDLE"))',
+            '_load_backend = inductor_backend_loader(globals().get("_PRECOMPILE_BUNDLE"))',
             "_BACKEND_FNS.update(",
             "    (backend_id, _load_backend(base64.b64decode(blob)))",
             "    for backend_id, blob in _INDUCTOR_ARTIFACTS.items()",
@@ -482,11 +483,11 @@ def emit_dynamo(
             driver._fail,
             source_digest,
             guard_text,
-            _compat._dynamo_serving_runtime,
+            runtime.dynamo_serving_runtime,
             dependency_driver,
             multigraph_driver,
             *(
-                (_compat._dynamo_installed_runtime, installed_driver)
+                (runtime.dynamo_installed_runtime, installed_driver)
                 if serving_mode == "installed"
                 else ()
             ),
@@ -497,11 +498,11 @@ def emit_dynamo(
     )
     text = "\n".join(
         [
-            _header(fn_info, "dynamo", backend),
+            artifact_header(fn_info, "dynamo", backend),
             "# ---- metadata: literals only; precompile.inspect_artifact reads them unexecuted",
             render_metadata(metadata),
             "# ---- imports",
-            _compat.ARTIFACT_PRELUDE,
+            ARTIFACT_PRELUDE,
             "import base64",
             "import functools",
             "",
@@ -519,7 +520,7 @@ def emit_dynamo(
     return Artifact(python_code=text.encode("utf-8"), metadata=metadata)
 
 
-def _backend_order(frames: list[FrameRecord]) -> list[str]:
+def backend_order(frames: list[FrameRecord]) -> list[str]:
     order: list[str] = []
     for frame in frames:
         for backend_id in frame.backend_ids:

@@ -18,7 +18,9 @@ from typing import Any
 
 import torch
 
-from precompile import _compat, driver, source_digest, state_checks
+from precompile import driver, source_digest, state_checks
+from precompile._compat import tracing
+from precompile._compat.prelude import ARTIFACT_PRELUDE, SINGLE_GRAPH_STATE_PRELUDE
 from precompile.function_records import function_records
 from precompile.fx_capture import SingleGraph
 from precompile.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
@@ -65,7 +67,7 @@ class LoweredGraph:
     autograd: dict[str, Any] | None = None
 
 
-def _header(fn_info: dict[str, Any], tracer: str, backend: str) -> str:
+def artifact_header(fn_info: dict[str, Any], tracer: str, backend: str) -> str:
     return "\n".join(
         [
             f"# torch-precompile artifact: {fn_info['module']}.{fn_info['name']}, "
@@ -155,7 +157,7 @@ def _output_detach(graph: SingleGraph, lowered: LoweredGraph) -> list[int]:
         found = {i for i in lowered.identity_outputs if i < n_outputs}
         return sorted(found | set(lowered.autograd["plain_outputs"]))
     output = graph.graph_module.graph.output_node()
-    nodes = _compat.pytree.tree_leaves(output.args[0])
+    nodes = tracing.pytree.tree_leaves(output.args[0])
     same = {i for i, n in enumerate(nodes) if getattr(n, "op", None) == "placeholder"}
     return [i for i in lowered.identity_outputs if i not in same]
 
@@ -218,8 +220,8 @@ def single_graph_metadata(
         "MODULE_TRAINING": graph.module_training,
         "TRAINING": graph.training,
         "GRAD_PARAM_INDICES": graph.grad_param_indices,
-        "IN_SPEC": _compat.pytree.treespec_dumps(graph.in_spec),
-        "OUT_SPEC": _compat.pytree.treespec_dumps(graph.out_spec),
+        "IN_SPEC": tracing.pytree.treespec_dumps(graph.in_spec),
+        "OUT_SPEC": tracing.pytree.treespec_dumps(graph.out_spec),
         "USER_INPUT_SHAPES": shapes,
         "USER_INPUT_DTYPES": [str(leaf.dtype) if t else None for leaf, t in zip(leaves, tensor)],
         "USER_INPUT_DEVICES": [str(leaf.device) if t else None for leaf, t in zip(leaves, tensor)],
@@ -295,12 +297,12 @@ def emit_single_graph(
         output_detach=output_detach,
         autograd=autograd,
     )
-    imports = [_compat.ARTIFACT_PRELUDE, _compat.SINGLE_GRAPH_STATE_PRELUDE, lowered.prelude]
+    imports = [ARTIFACT_PRELUDE, SINGLE_GRAPH_STATE_PRELUDE, lowered.prelude]
     if lowered.runtime:
         imports += [runtime_source(lowered.runtime), "", lowered.runtime_setup]
     text = "\n".join(
         [
-            _header(fn_info, tracer, backend),
+            artifact_header(fn_info, tracer, backend),
             "# ---- metadata: literals only; precompile.inspect_artifact reads them unexecuted",
             render_metadata(metadata),
             "# ---- imports and the backend's runtime",

@@ -21,7 +21,10 @@ from typing import Any, cast
 
 import torch
 
-from precompile import _compat, autograd_serving, driver, inductor_serving
+from precompile import autograd_serving, driver, inductor_serving
+from precompile._compat import inductor
+from precompile._compat.kernel_platform import kernel_platform
+from precompile._compat.prelude import ARTIFACT_PRELUDE, INDUCTOR_PRELUDE
 from precompile.emit import LoweredGraph, runtime_source
 from precompile.errors import PrecompileError
 from precompile.fx_capture import SingleGraph
@@ -61,9 +64,9 @@ def lower_inductor(graph: SingleGraph) -> LoweredGraph:
         return _lower_autograd(graph)
     fakes = _graph_fakes(graph)
     try:
-        functional = _compat.functional_retrace(graph.graph_module, fakes)
-        with _compat.inductor_layout_config():
-            source = _compat.compile_inductor(functional, fakes)
+        functional = inductor.functional_retrace(graph.graph_module, fakes)
+        with inductor.inductor_layout_config():
+            source = inductor.compile_inductor(functional, fakes)
     except PrecompileError:
         raise
     except Exception as error:
@@ -91,7 +94,7 @@ def _lowered(section: str, slim: bool, autograd: dict[str, Any] | None = None) -
         source=section,
         relabel=inductor_serving.relabel_layout_error_inductor,
         runtime=runtime,
-        prelude=_compat.INDUCTOR_PRELUDE,
+        prelude=INDUCTOR_PRELUDE,
         runtime_setup=(
             '_INDUCTOR = inductor_runtime(globals().get("_PRECOMPILE_BUNDLE"))\n'
             "_inductor_import = _INDUCTOR.resolve\n"
@@ -110,12 +113,12 @@ def _lower_autograd(graph: SingleGraph) -> LoweredGraph:
     from precompile.autograd_capture import capture_joint
 
     assert graph.joint_inputs is not None
-    decompositions = {**_compat.inductor_decompositions(), **(graph.joint_inputs[2] or {})}
+    decompositions = {**inductor.inductor_decompositions(), **(graph.joint_inputs[2] or {})}
     joint = capture_joint(graph, decompositions)
     try:
-        with _compat.inductor_autograd_config():
-            forward = _compat.compile_inductor(joint.forward, joint.placeholder_values("forward"))
-            backward = _compat.compile_inductor_backward(
+        with inductor.inductor_autograd_config():
+            forward = inductor.compile_inductor(joint.forward, joint.placeholder_values("forward"))
+            backward = inductor.compile_inductor_backward(
                 joint.backward, joint.placeholder_values("backward")
             )
     except PrecompileError:
@@ -198,10 +201,10 @@ def inline_dynamo_subgraph(gm: torch.fx.GraphModule, runtime: Any) -> InlinedSub
     compiles (and remembers for the cache), or None when it needs AOTAutograd's runtime:
     a graph that switches grad mode, or one the functional retrace cannot lower. The
     caller then compiles it the way torch.compile does."""
-    if _compat.sets_grad_mode(gm):
+    if inductor.sets_grad_mode(gm):
         return None
     try:
-        source = _compat.lower_dynamo_subgraph(gm)
+        source = inductor.lower_dynamo_subgraph(gm)
     except Exception:  # the full Inductor path compiles it, or says why it cannot
         return None
     section, slim = rewrite_inductor_module(source)
@@ -231,11 +234,11 @@ class InlinedAotSubgraph:
 def inline_aot_subgraph(
     record: dict[str, Any], num_inputs: int, runtime: Any
 ) -> InlinedAotSubgraph | None:
-    """The subgraph ``_compat.compile_fx_recorded`` compiled, as inlined output modules
+    """The subgraph ``_compat.inductor.compile_fx_recorded`` compiled, as inlined output modules
     run by the artifact's runtime, or None where that runtime cannot reproduce what
     AOTAutograd does around it (the caller then ships Inductor's pickled artifact)."""
     try:
-        spec = _compat.aot_runtime_spec(record, num_inputs)
+        spec = inductor.aot_runtime_spec(record, num_inputs)
     except ValueError:
         return None
     sources = dict(record["graphs"])
@@ -275,8 +278,8 @@ def _emitted_aot_binder() -> Callable[..., Any]:
     text = "\n\n".join(
         [
             "from __future__ import annotations",
-            _compat.ARTIFACT_PRELUDE,
-            _compat.INDUCTOR_PRELUDE,
+            ARTIFACT_PRELUDE,
+            INDUCTOR_PRELUDE,
             runtime_source(
                 [
                     driver.PrecompileError,
@@ -302,4 +305,4 @@ def collect_kernels(runtime: Any, slim: bool) -> dict[str, Any]:
             return {}  # a kernel we cannot locate: ship no cache rather than a partial one
         with open(path, "rb") as f:
             kernels[digest] = f.read()
-    return {"kernels": kernels, "slim": slim, "requires": _compat.kernel_platform()}
+    return {"kernels": kernels, "slim": slim, "requires": kernel_platform()}

@@ -5,7 +5,7 @@ runtime names), the forward/backward pairs AOTAutograd partitioned (bound to
 the user's words.
 
 Its functions are emitted into the Inductor artifacts that use them (single-graph and
-Dynamo), with the Inductor prelude (``_compat.INDUCTOR_PRELUDE``), whose names the stubs
+Dynamo), with the Inductor prelude (``_compat.prelude.INDUCTOR_PRELUDE``), whose names the stubs
 below stand for. The capture side calls the same functions (binding
 what it lowered, as a load will), by these public names.
 """
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:
     import torch as _torch
 
-    # Bound by the artifact prelude (precompile._compat), its metadata and driver's
+    # Bound by the artifact prelude (precompile._compat.prelude), its metadata and driver's
     # functions.
     _KERNEL_DATA_PTR_ENV: str = ""
     _kernel_data_ptr: Any = None
@@ -239,7 +239,7 @@ def bind_aot_graph(
     """Run a subgraph AOTAutograd partitioned (a training graph, or one that switches grad
     mode) from its inlined Inductor output modules, doing what AOTAutograd's runtime
     wrappers do around them for the cases the capture accepted (``spec``, from
-    ``_compat.aot_runtime_spec``): ``autograd_serving.bind_autograd``, the one runtime of
+    ``_compat.inductor.aot_runtime_spec``): ``autograd_serving.bind_autograd``, the one runtime of
     every captured forward/backward pair."""
     forward_call = bind_inductor_module(f"{name}_forward", forward, resolve)
     backward_call: Any = (

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
-    # Bound by the artifact prelude (precompile._compat).
+    # Bound by the artifact prelude (precompile._compat.prelude).
     _any_autocast_enabled: Callable[[], bool] = bool
     _set_grad_enabled: Callable[[bool], None] = print
     FN_NAME: str = ""
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     def _fail(message: str, invariant: int | None = None) -> NoReturn: ...
 
-    def _dynamo_serving_runtime() -> Any: ...
+    def dynamo_serving_runtime() -> Any: ...
 
     def function_source(module_text: str, qualname: str, line: int = 0) -> str | None: ...
 
@@ -309,7 +309,7 @@ def _build_multigraph_forward() -> Any:
 
     _check_versions()
     _check_function_sources()
-    rt = _dynamo_serving_runtime()
+    rt = dynamo_serving_runtime()
     frames = pickle.loads(base64.b64decode(_FRAMES))
     binding = pickle.loads(base64.b64decode(_ENTRY_BINDING))
     compiled = {backend_id: rt.disable(fn) for backend_id, fn in _BACKEND_FNS.items()}

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 # >>> not emitted: artifacts carry this module whole, and their prelude binds these names
-from precompile._compat import dispatch_tls_local_exclude_set, privateuse1_backend_name
+from precompile._compat.prelude import dispatch_tls_local_exclude_set, privateuse1_backend_name
 
 # <<< not emitted
 
