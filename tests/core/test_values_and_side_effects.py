@@ -64,9 +64,9 @@ EXPECTED: dict[tuple[str, str], dict[str, tuple[str, ...] | None]] = {
     },
     ("dynamo", "divide nan"): {
         "divide nan": None,
-        "divide 1.0": ("no captured variant of `divide` serves this call",),
+        "divide 1.0": ("`s` is not nan, the value the capture specialized on",),
         "divide nan/warm": None,
-        "divide 1.0/warm": ("no captured variant of `divide` serves this call",),
+        "divide 1.0/warm": ("`s` is not nan",),
     },
     ("dynamo", "divide 1.0"): {
         "divide nan": ("`s` is not 1.0",),
@@ -105,7 +105,7 @@ EXPECTED: dict[tuple[str, str], dict[str, tuple[str, ...] | None]] = {
     },
     ("dynamo", "helper nan"): {
         "helper nan": None,
-        "helper 1.0": ("no captured variant serves this call",),
+        "helper 1.0": ("no captured variant serves this call", "`s` is not nan"),
     },
     ("dynamo", "helper inf"): {
         "helper -inf": ("`s` is not inf",),
