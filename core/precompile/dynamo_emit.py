@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from precompile import (
+    autograd_serving,
     dependency_driver,
     driver,
     guard_text,
@@ -373,7 +374,7 @@ def inductor_graph_section(
         parts += [
             "",
             "# subgraphs AOTAutograd partitioned: (runtime spec, forward module, backward module)",
-            runtime_source([inductor_serving.bind_aot_graph]),
+            runtime_source([autograd_serving.bind_autograd, inductor_serving.bind_aot_graph]),
             "",
             "",
             "_INDUCTOR_AOT_GRAPHS = {",

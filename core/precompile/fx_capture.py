@@ -329,6 +329,16 @@ def _split_args(
         if isinstance(leaf, torch.Tensor):
             _check_tensor(leaf, f"input value {i}", where)
             _check_dim_marks(leaf, i, where)
+        elif isinstance(leaf, LITERAL_TYPES) and type(leaf) not in LITERAL_TYPES:
+            base = next(t for t in LITERAL_TYPES if isinstance(leaf, t))
+            raise PrecompileError(
+                f"input value {i} is a {type(leaf).__name__}, a subclass of "
+                f"{base.__name__}; the artifact bakes each Python value and re-checks its "
+                f"exact type and value on every call, so it would refuse this one",
+                invariant=3,
+                location=where,
+                hint=f"pass {base.__name__}(value) instead, or read the value inside fn",
+            )
         elif not isinstance(leaf, LITERAL_TYPES):
             raise PrecompileError(
                 f"input value {i} is a {type(leaf).__name__}; besides tensors and modules "

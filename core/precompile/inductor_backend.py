@@ -15,18 +15,17 @@ import ast
 import dataclasses
 import functools
 import hashlib
-import inspect
 import re
 from collections.abc import Callable
 from typing import Any, cast
 
 import torch
 
-from precompile import driver, inductor_serving
+from precompile import autograd_serving, driver, inductor_serving
 from precompile._compat import inductor
 from precompile._compat.kernel_platform import kernel_platform
 from precompile._compat.prelude import ARTIFACT_PRELUDE, INDUCTOR_PRELUDE
-from precompile.emit import LoweredGraph
+from precompile.emit import LoweredGraph, runtime_source
 from precompile.errors import PrecompileError
 from precompile.fx_capture import SingleGraph
 
@@ -90,7 +89,7 @@ def _lowered(section: str, slim: bool, autograd: dict[str, Any] | None = None) -
         inductor_serving.relabel_layout_error_inductor,
     )
     if autograd is not None:
-        runtime += (inductor_serving.bind_inductor_module,)
+        runtime += (inductor_serving.bind_inductor_module, autograd_serving.bind_autograd)
     return LoweredGraph(
         source=section,
         relabel=inductor_serving.relabel_layout_error_inductor,
@@ -264,16 +263,7 @@ def inline_no_grad_subgraph(
     inlined = inline_dynamo_subgraph(gm, runtime)
     if inlined is None:
         return None
-    spec: dict[str, Any] = {
-        "joint": False,
-        "detach": [],
-        "mutations": [],
-        "leaf_mutations": [],
-        "bump_versions": [],
-        "outputs": num_outputs,
-        "grad_enabled_mutation": None,
-        "detach_outputs": True,
-    }
+    spec = {**autograd_serving.base_spec(num_outputs), "detach_outputs": True}
     name = f"subgraph_{hashlib.sha256(inlined.source.encode()).hexdigest()[:12]}"
     run = _emitted_aot_binder()(name, spec, inlined.source, None, runtime.resolve)
     return InlinedAotSubgraph(spec, inlined.source, None, inlined.slim, run)
@@ -281,22 +271,23 @@ def inline_no_grad_subgraph(
 
 @functools.cache
 def _emitted_aot_binder() -> Callable[..., Any]:
-    """``inductor_serving.bind_aot_graph`` as an artifact defines it: its text executed after the
-    artifact's import preludes, so the capture runs the runtime the load will."""
+    """``inductor_serving.bind_aot_graph`` as an artifact defines it: the text an artifact
+    carries (``emit.runtime_source``), executed after the artifact's import preludes, so
+    the capture runs the runtime the load will."""
     namespace: dict[str, Any] = {"__name__": "precompile_aot_runtime"}
     text = "\n\n".join(
         [
             "from __future__ import annotations",
             ARTIFACT_PRELUDE,
             INDUCTOR_PRELUDE,
-            *(
-                inspect.getsource(f)
-                for f in (
+            runtime_source(
+                [
                     driver.PrecompileError,
                     driver._fail,
+                    autograd_serving.bind_autograd,
                     inductor_serving.bind_inductor_module,
                     inductor_serving.bind_aot_graph,
-                )
+                ]
             ),
         ]
     )

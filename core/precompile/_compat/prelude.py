@@ -33,13 +33,10 @@ dispatch_tls_local_exclude_set = torch._C._dispatch_tls_local_exclude_set
 privateuse1_backend_name = torch._C._get_privateuse1_backend_name
 
 
-#: What an Inductor artifact's runtime needs besides ARTIFACT_PRELUDE: how a prebuilt
-#: kernel (a Python extension module) finds torch's tensor-data accessor, and the
-#: allocation alignment of torch 2.13's generated code.
-INDUCTOR_PRELUDE = """\
-_KERNEL_DATA_PTR_ENV = "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"
-_kernel_data_ptr = _torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr
-_INDUCTOR_ALIGN_BYTES = 64
+#: What ``autograd_serving.bind_autograd`` needs besides ARTIFACT_PRELUDE: view replay
+#: (AOTAutograd turns it on around its forward) and the frame strategy that keeps
+#: Dynamo from compiling the runtime's own frames.
+AUTOGRAD_PRELUDE = """\
 _view_replay_enabled = _torch._C._is_view_replay_enabled
 _set_view_replay_enabled = _torch._C._set_view_replay_enabled
 _set_code_exec_strategy = _torch._C._dynamo.eval_frame.set_code_exec_strategy
@@ -47,6 +44,20 @@ _SKIP_FRAMES = _torch._C._dynamo.eval_frame._FrameExecStrategy(
     _torch._C._dynamo.eval_frame._FrameAction.SKIP, _torch._C._dynamo.eval_frame._FrameAction.SKIP
 )
 """
+
+
+#: What an Inductor artifact's runtime needs besides ARTIFACT_PRELUDE: how a prebuilt
+#: kernel (a Python extension module) finds torch's tensor-data accessor, the
+#: allocation alignment of torch 2.13's generated code, and AUTOGRAD_PRELUDE (training
+#: subgraphs and grad inputs are served through ``bind_autograd``).
+INDUCTOR_PRELUDE = (
+    """\
+_KERNEL_DATA_PTR_ENV = "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"
+_kernel_data_ptr = _torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr
+_INDUCTOR_ALIGN_BYTES = 64
+"""
+    + AUTOGRAD_PRELUDE
+)
 
 
 #: Globals that FX-generated graph code references without defining them.
