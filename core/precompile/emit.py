@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from precompile import driver, source_digest, state_checks
+from precompile import driver, single_graph_checks, source_digest, state_checks
 from precompile._compat import tracing
 from precompile._compat.prelude import ARTIFACT_PRELUDE, SINGLE_GRAPH_STATE_PRELUDE
 from precompile.function_records import function_records
@@ -311,7 +311,7 @@ def emit_single_graph(
             lowered.source,
             "# ---- runtime driver (emitted verbatim: precompile/source_digest.py,",
             "# precompile/state_checks.py and precompile/driver.py, each whole)",
-            runtime_source([source_digest, state_checks, driver]),
+            runtime_source([source_digest, state_checks, single_graph_checks, driver]),
             "",
             f"_relabel_layout_error = {lowered.relabel.__name__}",
             "forward = _build_single_graph_forward()",

@@ -12,7 +12,7 @@ from torch import nn
 
 import precompile
 from precompile import PrecompileError
-from precompile.driver import _lift_module_state
+from precompile.driver import lift_live_module_state
 from precompile.lifting import lift_module_state
 
 
@@ -299,7 +299,7 @@ def test_driver_and_capture_lift_state_identically() -> None:
     b[1].weight = a[0].weight  # tied across two module arguments
     a.add_module("again", shared)  # one submodule reachable from both
     for mods in ([a], [a, b], [b, a]):
-        tensors, names, _ = _lift_module_state(mods)
+        tensors, names, _ = lift_live_module_state(mods)
         lifted = lift_module_state(mods)
         assert names == lifted.names
         assert all(x is y for x, y in zip(tensors, lifted.tensors))
