@@ -159,8 +159,8 @@ def bind_autograd(
             raw = outs[:returns]
             for i in plain_outputs:
                 # A view made inside the Function (of an intermediate, or an input object
-                # Inductor hands back for x.detach()) could not be written in place;
-                # eager's could: hand back a plain tensor.
+                # a make_fx lowered forward hands back for x.detach()) could not be
+                # written in place; eager's could: hand back a plain tensor.
                 raw[i] = raw[i].detach()
             ctx.mark_non_differentiable(
                 *[raw[i] for i in non_differentiable if isinstance(raw[i], _torch.Tensor)]

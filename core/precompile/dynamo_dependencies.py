@@ -302,15 +302,19 @@ class DependencyRecorder:
         for e in entries:
             self._observe_identity(e, code, module_name, entries)
         for e in entries:
-            self._observe_zero_float(e, module_name if not is_entry else None)
+            self._observe_zero_float(e, module_name if not is_entry else None, code)
 
-    def _observe_zero_float(self, e: Any, later_frame_module: str | None) -> None:
+    def _observe_zero_float(
+        self, e: Any, later_frame_module: str | None, code: types.CodeType | None
+    ) -> None:
         """A number guarded equal to a signed zero -- a float equal to 0.0, a complex
         with a zero part -- at a path from fn's arguments, or from a module global (in
         any frame): Dynamo's guard is ``==``, which the other sign passes too, so the
         value the trace computed with is recorded as its literal fingerprint
-        (``FLOAT_ZEROS``) and checked per call. (A later frame's locals are not: they
-        are reached from fn's arguments.)"""
+        (``FLOAT_ZEROS``) and checked per call. A later frame's local (a continuation
+        after a graph break, a helper frame) is refused unless it is the very object at
+        a path from fn's arguments that is checked so (passed down unchanged): it may
+        hold a value computed at run time (``t.item()``), which no check sees."""
         if not getattr(e, "has_value", False):
             return
         value = e.value
@@ -328,9 +332,24 @@ class DependencyRecorder:
         module = None
         if match.group("global"):
             module = later_frame_module or self.fn.__module__
-        elif (
-            later_frame_module is not None or match.group("local") not in self.signature.parameters
-        ):
+        elif later_frame_module is not None:
+            if self._checked_argument(value):
+                return
+            frame = frame_label(code.co_name if code else "?")
+            self.refusals.append(
+                (
+                    f"`{user_path(e.name)}` in {frame} (a frame after a graph break, or a "
+                    f"helper frame) was {literal_fingerprint(value)[1]} when captured; "
+                    f"Dynamo's guard compares it with ==, which does not tell a zero from "
+                    f"the other sign's, and the artifact can check the sign only of fn's "
+                    f"arguments and module globals, so a call whose value there has the "
+                    f"other sign would be answered with the captured one",
+                    "keep the value a tensor (no .item() / .tolist() before the break), or "
+                    "keep the code that uses it in fn's own graph (no graph break before it)",
+                )
+            )
+            return
+        elif match.group("local") not in self.signature.parameters:
             return
         captured = literal_fingerprint(value)
         key = e.name if module is None else f"{module}:{e.name}"
@@ -339,6 +358,18 @@ class DependencyRecorder:
         )
         if row["value"] != captured:
             self.refusals.append(_both_zeros(row, captured))
+
+    def _checked_argument(self, value: Any) -> bool:
+        """Whether ``value`` is, in the call being captured, the very object at a path
+        from fn's arguments whose sign ``FLOAT_ZEROS`` checks per call."""
+        for row in self.float_zeros.values():
+            if row["module"] is None:
+                try:
+                    if eval(row["path"], {}, self.arguments) is value:
+                        return True
+                except Exception:
+                    continue
+        return False
 
     def _observe_identity(
         self, e: Any, code: types.CodeType | None, module_name: str, entries: list[Any]

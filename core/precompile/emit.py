@@ -310,7 +310,7 @@ def emit_single_graph(
             "# ---- captured graph",
             lowered.source,
             "# ---- runtime driver (emitted verbatim: precompile/source_digest.py,",
-            "# precompile/state_checks.py and precompile/driver.py, each whole)",
+            "# state_checks.py, single_graph_checks.py and driver.py, each whole)",
             runtime_source([source_digest, state_checks, single_graph_checks, driver]),
             "",
             f"_relabel_layout_error = {lowered.relabel.__name__}",

@@ -79,6 +79,9 @@ def test_a_second_thread_waits_until_the_first_restores() -> None:
     for t in threads:
         t.start()
     entered.wait(5)
+    # The second thread has had time to patch if nothing stopped it: it must not have.
+    threads[1].join(0.2)
+    assert threads[1].is_alive() and seen == [] and Child().own() == "first"
     release.set()
     for t in threads:
         t.join(10)

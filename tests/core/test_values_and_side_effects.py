@@ -199,3 +199,28 @@ def test_dynamo_capture_of_both_signs_of_a_zero_is_refused(
     message = str(caught.value)
     assert f"`s` was {first!r} in one captured call and {second!r} in another" in message
     assert "one sign of zero per artifact" in (caught.value.hint or "")
+
+
+@pytest.mark.parametrize("fn", [v.divide_by_item, v.divide_in_helper_by_item])
+@pytest.mark.parametrize("zero", [0.0, -0.0])
+def test_dynamo_zero_computed_in_a_later_frame_is_refused_at_capture(
+    tmp_path: Path, fn: object, zero: float
+) -> None:
+    """A float computed at run time (``t.item()``, ``t.tolist()``) that a continuation or
+    helper frame guards at a zero: its guard is ==, and no per-call check of fn's
+    arguments sees it, so a call with the other sign would be answered with the
+    captured one (it was, before this refusal: inf for eager's -inf)."""
+    with pytest.raises(PrecompileError) as caught:
+        with precompile.capture(
+            fn,  # type: ignore[arg-type]
+            artifact_path=tmp_path / "a.py",
+            cache_path=tmp_path / "a.cache",
+            tracer=precompile.DynamoTracer(),
+            backend="eager",
+        ) as cap:
+            cap(None, torch.tensor([1.0, -2.0, 0.0]), torch.tensor(zero))
+    message = str(caught.value)
+    assert "(a frame after a graph break, or a helper frame)" in message, message
+    assert f"was {zero!r} when captured" in message, message
+    assert "does not tell a zero from the other sign's" in message
+    assert "keep the value a tensor" in (caught.value.hint or "")
