@@ -21,12 +21,14 @@ import torch
 
 from precompile import (
     _compat,
+    _compat_guards,
     dependency_driver,
     driver,
     guard_text,
     inductor_serving,
     installed_driver,
     multigraph_driver,
+    plain_guards,
     source_digest,
     state_checks,
 )
@@ -176,6 +178,75 @@ def _frame_payload(frames: list[FrameRecord], tag: str) -> list[dict[str, Any]]:
             }
         )
     return payload
+
+
+def _plain_payload(
+    frames: list[FrameRecord], payload: list[dict[str, Any]], names: dict[str, str]
+) -> list[dict[str, Any]]:
+    """``payload`` with every variant's guards as a Dynamo-free program and every code
+    object as plain fields, so that loading it never imports ``torch._dynamo``; or
+    ``UnsupportedGuards`` naming the first guard outside the whitelist. Each program is
+    made from Dynamo's own builder in a copy of the frame's module globals holding what
+    Dynamo bound there, then renamed like the guard state (same-length names, in place)."""
+    import importlib
+
+    plain = []
+    for frame, record in zip(frames, payload):
+        scope = {**vars(importlib.import_module(frame.python_module)), **frame.installed_globals}
+        for alias, module_name in frame.import_sources.items():
+            scope.setdefault(alias, importlib.import_module(module_name))
+        codes = [frame.code] + [_compat_guards.code_of(c) for _state, c in frame.variants]
+        sources = {
+            alias: _compat_guards.import_source(alias, module_name, codes)
+            for alias, module_name in record["import_sources"].items()
+        }
+        variants = []
+        for (guards_state, _code), variant in zip(frame.variants, record["variants"]):
+            key = _compat.builtins_key_of(guards_state)
+            if key and key not in scope:
+                scope[key] = _compat_guards.builtins_of(scope)
+            try:
+                program = _compat_guards.plain_guard_program(guards_state, frame.code, scope)
+            except _compat_guards.UnsupportedGuards as error:
+                raise _compat_guards.UnsupportedGuards(f"{frame.name}: {error}") from error
+            except Exception as error:
+                raise _compat_guards.UnsupportedGuards(
+                    f"{frame.name}: its guards could not be rebuilt at capture "
+                    f"({type(error).__name__}: {error})"
+                ) from error
+            renamed = pickle.loads(_rekey_guards_state(pickle.dumps(program, protocol=4), names))
+            variants.append(
+                {
+                    "guards": renamed,
+                    "builtins_key": names.get(key, key) if key else None,
+                    "dynamo_code": _compat_guards.plain_code(variant["dynamo_code"]),
+                }
+            )
+        plain.append(
+            record
+            | {
+                "code": _compat_guards.plain_code(record["code"]),
+                "variants": variants,
+                "import_sources": sources,
+            }
+        )
+    return plain
+
+
+def guard_runtime(
+    frames: list[FrameRecord], payload: list[dict[str, Any]], tag: str, serving_mode: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Which guards an artifact serves with -- ``plain`` (``plain_guards``, no Dynamo at
+    load) when every guard of every variant translates, else ``dynamo`` with the reason --
+    and the frame payload for that path."""
+    if serving_mode == "installed":
+        reason = "installed serving runs Dynamo's frame evaluation"
+        return {"path": "dynamo", "reason": reason}, payload
+    try:
+        plain = _plain_payload(frames, payload, _name_map(frames, tag))
+    except _compat_guards.UnsupportedGuards as error:
+        return {"path": "dynamo", "reason": str(error)}, payload
+    return {"path": "plain", "reason": None}, plain
 
 
 def content_tag(
@@ -437,7 +508,8 @@ def emit_dynamo(
             hint="use defaults that are plain Python values",
         ) from error
     tag = content_tag(frames, graph_sources, fn_info)
-    payload = _frame_payload(frames, tag)
+    runtime, payload = guard_runtime(frames, _frame_payload(frames, tag), tag, serving_mode)
+    plain = runtime["path"] == "plain"
     names = _name_map(frames, tag)
     helpers = [
         [frame.python_module, names[name], *global_recipe(name, value, frame.name)]
@@ -458,6 +530,7 @@ def emit_dynamo(
             f.summary() | {"resume_names": p["resume_names"]} for f, p in zip(frames, payload)
         ],
         "GUARDS": guards_summary,
+        "GUARD_RUNTIME": runtime,
         "DYNAMO_GLOBALS": helpers,
         **_renamed_dependencies(dependencies, names),
         "FUNCTION_SOURCES": function_sources,
@@ -481,7 +554,11 @@ def emit_dynamo(
             driver._fail,
             source_digest,
             guard_text,
-            _compat._dynamo_serving_runtime,
+            *(
+                (plain_guards, _compat_guards._plain_serving_runtime)
+                if plain
+                else (_compat._dynamo_serving_runtime,)
+            ),
             dependency_driver,
             multigraph_driver,
             *(
@@ -501,6 +578,7 @@ def emit_dynamo(
             render_metadata(metadata),
             "# ---- imports",
             _compat.ARTIFACT_PRELUDE,
+            *((_compat_guards.PLAIN_GUARDS_PRELUDE,) if plain else ()),
             "import base64",
             "import functools",
             "",
