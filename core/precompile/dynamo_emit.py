@@ -181,14 +181,18 @@ def _frame_payload(frames: list[FrameRecord], tag: str) -> list[dict[str, Any]]:
 
 
 def _plain_payload(
-    frames: list[FrameRecord], payload: list[dict[str, Any]], names: dict[str, str]
+    frames: list[FrameRecord], payload: list[dict[str, Any]], names: dict[str, str], tag: str
 ) -> list[dict[str, Any]]:
     """``payload`` with every variant's guards as a Dynamo-free program and every code
     object as plain fields, so that loading it never imports ``torch._dynamo``; or
     ``UnsupportedGuards`` naming the first guard outside the whitelist. Each program is
     made from Dynamo's own builder in a copy of the frame's module globals holding what
-    Dynamo bound there, then renamed like the guard state (same-length names, in place)."""
+    Dynamo bound there, then renamed like the guard state (same-length names, in place).
+    The bytecode's alias of ``torch._dynamo.utils`` is renamed to a tagged one bound to
+    the stand-in: a live compile in the module binds the real alias to the real module."""
     import importlib
+
+    stand_in_alias = f"__precompile_dynamo_utils_{tag}"
 
     plain = []
     for frame, record in zip(frames, payload):
@@ -196,10 +200,13 @@ def _plain_payload(
         for alias, module_name in frame.import_sources.items():
             scope.setdefault(alias, importlib.import_module(module_name))
         codes = [frame.code] + [_compat_guards.code_of(c) for _state, c in frame.variants]
-        sources = {
-            alias: _compat_guards.import_source(alias, module_name, codes)
-            for alias, module_name in record["import_sources"].items()
-        }
+        sources: dict[str, str] = {}
+        aliases: dict[str, str] = {}
+        for alias, module_name in record["import_sources"].items():
+            source = _compat_guards.import_source(alias, module_name, codes)
+            if source == _compat_guards.DYNAMO_UTILS_STAND_IN:
+                aliases[alias] = stand_in_alias
+            sources[aliases.get(alias, alias)] = source
         variants = []
         for (guards_state, _code), variant in zip(frame.variants, record["variants"]):
             key = _compat.builtins_key_of(guards_state)
@@ -214,12 +221,18 @@ def _plain_payload(
                     f"{frame.name}: its guards could not be rebuilt at capture "
                     f"({type(error).__name__}: {error})"
                 ) from error
-            renamed = pickle.loads(_rekey_guards_state(pickle.dumps(program, protocol=4), names))
+            blob = pickle.dumps(program, protocol=4)
+            if any(alias.encode() in blob for alias in aliases):
+                raise _compat_guards.UnsupportedGuards(
+                    f"{frame.name}: a guard reads {_compat_guards.DYNAMO_UTILS}"
+                )
             variants.append(
                 {
-                    "guards": renamed,
+                    "guards": pickle.loads(_rekey_guards_state(blob, names)),
                     "builtins_key": names.get(key, key) if key else None,
-                    "dynamo_code": _compat_guards.plain_code(variant["dynamo_code"]),
+                    "dynamo_code": _compat_guards.plain_code(
+                        _rename_code(variant["dynamo_code"], aliases)
+                    ),
                 }
             )
         plain.append(
@@ -243,7 +256,7 @@ def guard_runtime(
         reason = "installed serving runs Dynamo's frame evaluation"
         return {"path": "dynamo", "reason": reason}, payload
     try:
-        plain = _plain_payload(frames, payload, _name_map(frames, tag))
+        plain = _plain_payload(frames, payload, _name_map(frames, tag), tag)
     except _compat_guards.UnsupportedGuards as error:
         return {"path": "dynamo", "reason": str(error)}, payload
     return {"path": "plain", "reason": None}, plain

@@ -84,10 +84,27 @@ def _tensor_reason(spec: dict[str, Any], value: Any) -> str:
     name = spec["name"]
     if not isinstance(value, torch.Tensor) or type(value) is not _named(*spec["pytype"]):
         return f"expected type of '{name}' to be a tensor type, ' but found {type(value)}"
-    if str(value.dtype).removeprefix("torch.") != spec["dtype"]:
-        return f"tensor '{name}' dtype mismatch. expected {spec['dtype']}, actual " + str(
-            value.dtype
-        ).removeprefix("torch.")
+    actual = str(value.dtype).removeprefix("torch.")
+    if actual != spec["dtype"]:
+        # c10's ScalarType names, which Dynamo's message prints
+        names = {
+            "float32": "Float",
+            "float64": "Double",
+            "float16": "Half",
+            "bfloat16": "BFloat16",
+            "int64": "Long",
+            "int32": "Int",
+            "int16": "Short",
+            "int8": "Char",
+            "uint8": "Byte",
+            "bool": "Bool",
+            "complex64": "ComplexFloat",
+            "complex128": "ComplexDouble",
+        }
+        expected = names.get(spec["dtype"], spec["dtype"])
+        return f"tensor '{name}' dtype mismatch. expected {expected}, actual " + names.get(
+            actual, actual
+        )
     if value.device.index is not None:
         return (
             f"tensor '{name}' Tensor device index mismatch. expected None, actual "

@@ -124,7 +124,7 @@ def test_served_without_importing_dynamo(tmp_path: Path) -> None:
     assert results["exact"] is True
     refused = results["refused"]
     assert all(refused.values()), refused
-    assert "`x` has dtype float64; the capture saw float32" in refused["dtype"]
+    assert "`x` has dtype Double; the capture saw Float" in refused["dtype"]
     assert "2 <= " in refused["batch 1"] or "size" in refused["batch 1"], refused["batch 1"]
     assert "L['" not in refused["width"], refused["width"]
     assert "autocast" in refused["autocast"]
