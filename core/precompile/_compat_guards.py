@@ -173,6 +173,11 @@ class _Recorder:
         self._alive: list[Any] = []
         self._saved: list[tuple[Any, str, Any]] = []
 
+    @property
+    def ids(self) -> dict[int, int]:
+        """Recorder node id by ``id()`` of each manager it saw."""
+        return self._ids
+
     def node(self, manager: Any) -> int:
         if id(manager) not in self._ids:
             self._ids[id(manager)] = len(self._ids)
@@ -308,12 +313,28 @@ def _lambda_form(verbose: Any, shape_expressions: list[str]) -> list[str]:
     """What a Python lambda guard is, when it is one of the forms with a known plain
     equivalent: the saved-tensors-hooks check, or a shape guard Dynamo compiled from the
     shape environment's python code parts."""
+    if not (isinstance(verbose, list) and len(verbose) == 1):
+        raise UnsupportedGuards(f"a lambda guard of {len(verbose)} parts")
     text = _guard_text(verbose)
     if text == _SAVED_TENSORS_HOOKS:
         return ["saved_tensors_hooks_none"]
     if text in shape_expressions:
         return ["expression", _plain_expression(text)]
     raise UnsupportedGuards(f"lambda guard {text!r}")
+
+
+def _epilogue_expression(verbose: Any, shape_expressions: list[str]) -> str:
+    """An epilogue guard as one plain expression. Dynamo builds its function from code
+    parts it also shows (``verbose``, each with a ``  # source`` comment appended) and
+    requires all of them: here either every part is an aliasing check ``a is b``, or
+    the parts are exactly the shape environment's python code parts."""
+    if not isinstance(verbose, list) or not verbose:
+        raise UnsupportedGuards("an epilogue guard without code")
+    texts = [str(part).split("  #")[0].strip() for part in verbose]
+    aliasing = all(t.count(" is ") == 1 and " is not " not in t for t in texts)
+    if not aliasing and texts != shape_expressions:
+        raise UnsupportedGuards(f"epilogue guard {texts!r:.300}")
+    return " and ".join(f"({_plain_expression(t)})" for t in texts)
 
 
 def _plain_value(value: Any) -> bool:
@@ -349,6 +370,7 @@ def _translate(
     }
     epilogue: list[list[Any]] = []
     relations: list[dict[str, Any]] = []
+    generic_dicts: list[dict[str, Any]] = []  # the values whose __dict__ a guard reads
     classes = _classes_near(log)
     for owner, name, args, kwargs, child, made in log:
         if owner is None:
@@ -388,6 +410,7 @@ def _translate(
                 access = [step, index]
             else:
                 access = [step]
+                generic_dicts.append(parent)
             node: dict[str, Any] = {
                 "id": child,
                 "access": access,
@@ -417,16 +440,13 @@ def _translate(
                 raise UnsupportedGuards(f"{name} on a dict manager")
             parent["leaves"].append(_leaf(name, list(args), classes, shape_expressions))
         elif name == "add_epilogue_lambda_guard":
-            text = _guard_text(args[1])
-            if text not in shape_expressions and not (
-                " is " in text and text.count(" is ") == 1 and " is not " not in text
-            ):
-                raise UnsupportedGuards(f"epilogue guard {text!r}")
-            epilogue.append([_plain_expression(text), list(args[1])])
+            epilogue.append([_epilogue_expression(args[1], shape_expressions), list(args[1])])
         elif name.startswith("mark_"):
             continue  # tag safety lets Dynamo skip rechecks; the program always checks
         else:
             raise UnsupportedGuards(name)
+    for parent in generic_dicts:
+        _check_generic_dict(parent)
     return {"root": nodes[root], "epilogue": epilogue, "relations": relations}
 
 
@@ -448,6 +468,27 @@ def _relation(name: str, args: tuple[Any, ...], nodes: dict[int, Any]) -> dict[s
             raise UnsupportedGuards(f"{name} over a value outside the guard tree")
         ids.append(marker[1])
     return {"kind": kind, "nodes": ids, "verbose": list(verbose)}
+
+
+def _check_generic_dict(parent: dict[str, Any]) -> None:
+    """``x.__dict__`` through PyObject_GenericGetDict is what
+    ``object.__getattribute__(x, "__dict__")`` returns when ``x``'s class (fixed by a
+    TYPE_MATCH on ``x``, checked first) keeps the ``__dict__`` descriptor type() made."""
+    matched = [leaf for leaf in parent["leaves"] if leaf[0] == "type"]
+    if not matched:
+        raise UnsupportedGuards("an instance __dict__ read off a value of unchecked type")
+    module, qualname = matched[0][1]
+    cls: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        cls = getattr(cls, part)
+    owner = next((c for c in cls.__mro__ if "__dict__" in vars(c)), None)
+    descriptor = vars(owner).get("__dict__") if owner is not None else None
+    if not (
+        type(descriptor).__name__ == "getset_descriptor"
+        and getattr(descriptor, "__objclass__", None) is owner
+        and owner is not object
+    ):
+        raise UnsupportedGuards(f"{qualname} defines its own __dict__")
 
 
 def _leaf(
@@ -502,7 +543,71 @@ def plain_guard_program(
     with recorder.active():
         wrapper = load_guard_manager(state, code, scope)
     root = recorder.node(wrapper.root)
-    return _translate(recorder.log, root, scope, shape_expressions)
+    program = _translate(recorder.log, root, scope, shape_expressions)
+    _check_complete(wrapper.root, program, recorder)
+    return program
+
+
+def _leaf_class(leaf: list[Any]) -> str:
+    return {"type": "TYPE_MATCH", "tensor": "TENSOR_MATCH", "lambda": "LAMBDA_GUARD"}.get(
+        leaf[0], leaf[1] if leaf[0] == "leaf" else "?"
+    )
+
+
+def _check_complete(root: Any, program: dict[str, Any], recorder: _Recorder) -> None:
+    """Make the program exactly the tree Dynamo built, or refuse it: every manager must be
+    a program node with the same leaf guards by kind (a relational guard is a leaf of
+    each manager it spans) and as many children, and the root as many epilogue guards. A
+    kind recorded more often than the tree holds it was skipped by the C++ side (it keeps
+    the first guard of a kind a manager gets), so only the first ones stay; a guard added
+    through a call the recorder did not see would be missing, so that refuses."""
+    classes = torch._C._dynamo.guards
+    by_id: dict[int, dict[str, Any]] = {}
+
+    def index(node: dict[str, Any]) -> None:
+        by_id[node["id"]] = node
+        for child in node["children"]:
+            index(child)
+
+    index(program["root"])
+    spans: dict[int, dict[str, int]] = {}
+    for relation in program["relations"]:
+        kind = "NO_TENSOR_ALIASING" if relation["kind"] == "distinct" else "OBJECT_ALIASING"
+        for node_id in relation["nodes"]:
+            counts = spans.setdefault(node_id, {})
+            counts[kind] = counts.get(kind, 0) + 1
+
+    def walk(manager: Any) -> None:
+        node = by_id.get(recorder.ids.get(id(manager), -1))
+        where = manager.get_source() or "the frame"
+        if node is None:
+            raise UnsupportedGuards(f"a guard manager at {where!r} was not recorded")
+        real: dict[str, int] = {}
+        for leaf in manager.get_leaf_guards():
+            real[type(leaf).__name__] = real.get(type(leaf).__name__, 0) + 1
+        kept, seen = [], dict(spans.get(node["id"], {}))
+        for leaf in node["leaves"]:
+            kind = _leaf_class(leaf)
+            if seen.get(kind, 0) < real.get(kind, 0):
+                kept.append(leaf)
+                seen[kind] = seen.get(kind, 0) + 1
+        if seen != real:
+            raise UnsupportedGuards(f"guards at {where!r}: {real} in the tree, {seen} recorded")
+        node["leaves"] = kept
+        children = list(manager.get_child_managers())
+        if isinstance(manager, classes.DictGuardManager):
+            for pair in manager.get_key_value_managers().values():
+                children += [m for m in pair if m is not None]
+        if len(children) != len(node["children"]):
+            raise UnsupportedGuards(
+                f"{len(children)} values guarded under {where!r}, {len(node['children'])} recorded"
+            )
+        for child in children:
+            walk(child)
+
+    walk(root)
+    if len(root.get_epilogue_lambda_guards()) != len(program["epilogue"]):
+        raise UnsupportedGuards("epilogue guards the recorder did not see")
 
 
 def _attribute_reads(code: types.CodeType, alias: str) -> set[str]:
