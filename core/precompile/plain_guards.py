@@ -158,9 +158,15 @@ def _leaf(leaf: list[Any], root: Any) -> tuple[Any, list[str], Any]:
     if kind == "tensor":
         spec, verbose = leaf[1], leaf[2]
         # TENSOR_MATCH reads dtype, device index and requires_grad off this tensor (a
-        # meta tensor's index is a CPU tensor's: none), and takes the sizes, strides,
-        # class and dispatch keys as given, as it does from Dynamo's fake tensor.
-        template = torch.empty(0, dtype=getattr(torch, spec["dtype"]), device="meta")
+        # meta tensor's index is a CPU tensor's: none) and takes the sizes, strides,
+        # class and dispatch keys as given -- but an empty size list (a 0-dim tensor)
+        # means "this tensor's own": so it has the guarded shape (None dims as 1).
+        template = torch.empty_strided(
+            [1 if n is None else n for n in spec["sizes"]],
+            [1 if n is None else n for n in spec["strides"]],
+            dtype=getattr(torch, spec["dtype"]),
+            device="meta",
+        )
         if spec["requires_grad"]:
             template.requires_grad_(True)
         keys = _dispatch_key_set.from_raw_repr(spec["keys"])
