@@ -55,6 +55,12 @@ def validate_pair(artifact_path: object, cache_path: object | None) -> tuple[str
     return artifact, cache
 
 
+def default_cache_path(artifact_path: str) -> str:
+    """The cache beside an artifact when none is named: ``model.py`` -> ``model.cache``."""
+    root, _ = os.path.splitext(artifact_path)
+    return root + ".cache"
+
+
 def read_bytes(path: PathLike, what: str) -> bytes:
     try:
         with open(path, "rb") as f:

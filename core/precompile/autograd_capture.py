@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from precompile import _compat
+from precompile._compat import tracing
+from precompile.autograd_serving import base_spec
 from precompile.errors import PrecompileError
 from precompile.fx_capture import SingleGraph
 
@@ -69,14 +70,14 @@ def capture_joint(graph: SingleGraph, decompositions: dict[Any, Any] | None) -> 
     autograd.Function serves it exactly as eager would."""
     assert graph.joint_inputs is not None
     flat_fn, tensors, _ = graph.joint_inputs
-    fake_mode = _compat.fake_mode()
+    fake_mode = tracing.fake_mode()
     fakes = [fake_mode.from_tensor(t) for t in tensors]
     try:
         with torch.enable_grad(), warnings.catch_warnings():
             # fn's own checks read .grad of its inputs, which AOTAutograd's functional
             # wrappers make non-leaf: torch warns, and the value (None) is right.
             warnings.filterwarnings("ignore", "The .grad attribute of a Tensor that is not")
-            joint = _compat.trace_joint(flat_fn, fakes, decompositions)
+            joint = tracing.trace_joint(flat_fn, fakes, decompositions)
     except PrecompileError:
         raise
     except Exception as error:
@@ -163,18 +164,29 @@ def _runtime(graph: SingleGraph, joint: dict[str, Any]) -> dict[str, Any]:
             _LIMIT_HINT,
         )
     tangent_nodes = list(joint["backward"].graph.find_nodes(op="placeholder"))[n_saved:]
+    end = n_outputs + n_saved
+    # The spec ``autograd_serving.bind_autograd`` serves by, in the shape of
+    # ``_compat.inductor.aot_runtime_spec``: no input mutations, no saved sizes, every tangent
+    # restrided to the traced gradient's layout.
     return {
-        "num_inputs": n_inputs,
-        "num_outputs": n_outputs,
-        "num_saved": n_saved,
+        **base_spec(n_outputs),
+        "joint": True,
+        "forward_returns": n_outputs,
+        "saved": [n_outputs, end],
+        "saved_no_check": [end, end],
+        "symints": [end, end],
         "non_differentiable": [
             i for i, wanted in enumerate(joint["output_requires_grad"]) if not wanted
         ],
         # An output that is a view of an intermediate is handed back as a plain tensor
-        # (a view made inside an autograd.Function could not be written in place).
-        "detach": [
+        # (a view made inside an autograd.Function could not be written in place); the
+        # emitter adds the outputs the lowered forward returns as input objects.
+        "plain_outputs": [
             i for i, kind in enumerate(joint["output_kinds"]) if kind == "unsafe_view_alias"
         ],
-        "tangents": tangents,
-        "tangent_strides": [tuple(n.meta["val"].stride()) for n in tangent_nodes],
+        "grad_outs": n_outputs,
+        "tangents": [
+            [i, ("strided", tuple(n.meta["val"].shape), tuple(n.meta["val"].stride()))]
+            for i, n in zip(tangents, tangent_nodes)
+        ],
     }

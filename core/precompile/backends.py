@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from precompile import driver
+from precompile import autograd_serving, driver
+from precompile._compat.prelude import AUTOGRAD_PRELUDE
 from precompile.emit import LoweredGraph
 from precompile.fx_capture import SingleGraph
 from precompile.graph_code import fx_autograd_source, fx_graph_source
@@ -24,7 +25,9 @@ def lower_eager(graph: SingleGraph) -> LoweredGraph:
         joint = capture_joint(graph, graph.joint_inputs[2])
         return LoweredGraph(
             source=fx_autograd_source(graph, joint.forward, joint.backward),
-            relabel=driver._relabel_layout_error_eager,
+            relabel=driver.relabel_layout_error_eager,
+            runtime=(autograd_serving.bind_autograd,),
+            prelude=AUTOGRAD_PRELUDE,
             autograd=joint.runtime,
         )
-    return LoweredGraph(source=fx_graph_source(graph), relabel=driver._relabel_layout_error_eager)
+    return LoweredGraph(source=fx_graph_source(graph), relabel=driver.relabel_layout_error_eager)

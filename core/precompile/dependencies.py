@@ -30,7 +30,9 @@ from typing import Any, Literal
 
 import torch
 
-from precompile import _compat, process_state, state_checks
+from precompile import process_state, state_checks
+from precompile._compat import tracing
+from precompile._compat.prelude import global_module_hooks
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file, is_user_file
 
@@ -458,7 +460,7 @@ class ArgumentWatch:
         self.tensors = tensors
         self.flags = [bool(t.requires_grad) for _, t in tensors]
         self.arguments = arguments
-        self.before = [_compat.pytree.tree_flatten(value) for _, value in arguments]
+        self.before = [tracing.pytree.tree_flatten(value) for _, value in arguments]
 
     def changes(self) -> list[str]:
         found = [
@@ -467,7 +469,7 @@ class ArgumentWatch:
             if bool(t.requires_grad) != flag
         ]
         for (position, value), (leaves, spec) in zip(self.arguments, self.before):
-            now, now_spec = _compat.pytree.tree_flatten(value)
+            now, now_spec = tracing.pytree.tree_flatten(value)
             if now_spec != spec or len(now) != len(leaves) or any(map(_is_not, now, leaves)):
                 found.append(f"the {type(value).__name__} passed as fn's argument {position}")
         return found
@@ -606,7 +608,7 @@ def record_dependencies(
         modules=module_records,
         classes=_class_records(modules, names, training, near, classes),
         globals=global_records,
-        global_hooks=state_checks.global_hooks_fingerprint(_compat.global_module_hooks()),
+        global_hooks=state_checks.global_hooks_fingerprint(global_module_hooks()),
         process_state=_process_state_records(log),
     )
 

@@ -16,7 +16,9 @@ functions and classes the frames read (``GLOBAL_READS``). Here, every call check
 - Objects compared by identity, reached from the arguments (``ARG_IDENTITIES``): a load
   resolves each by its name (module and qualified name, enum class and member, module
   global); every call evaluates the access paths from the arguments and compares by
-  identity, in one generated function (a closure is compared by its code).
+  identity (a closure is compared by its code). Signed zeros the trace computed with
+  (``FLOAT_ZEROS``: floats, complex parts) are checked in the same generated function, which binds fn's
+  parameters once per call; only a miss runs the row-by-row pass that names it.
 - The classes the trace went through (``CLASS_ATTRS``: the classes of the modules it
   reached and of the methods, properties and ``__call__`` it inlined, with their bases):
   Dynamo resolved ``Net.__call__``, ``Net.forward``, a property's getter on the class at
@@ -36,7 +38,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
-    # Bound by the artifact prelude (precompile._compat).
+    # Bound by the artifact prelude (precompile._compat.prelude).
     _dict_version: Callable[[dict[str, Any]], int] = len
     FN_NAME: str = ""
     FN_MODULE: str = ""
@@ -372,16 +374,14 @@ def _build_dependency_check() -> Any:
             )
         reads_args[0] = (*scopes, tuple(expected))
 
-    identities_ok = _build_identity_check(signature)
-    float_zeros_ok = _build_float_zero_check(signature)
+    arguments_ok = _build_argument_check(signature)
     classes_ok = _build_class_check()
 
     def check(args: Any, kwargs: Any) -> None:
         if classes_ok is not None:
             classes_ok()
-        identities_ok(args, kwargs)
-        if float_zeros_ok is not None:
-            float_zeros_ok(args, kwargs)
+        if arguments_ok is not None:
+            arguments_ok(args, kwargs)
         if tuple(map(_dict_version, global_dicts)) != global_versions[0]:
             check_global_hooks()
         for fetch, root in fetchers:
@@ -432,71 +432,95 @@ def _binding_source(signature: Any, missing: Any) -> tuple[list[str], dict[str, 
     return lines, {"__D": defaults, "__N": frozenset(p.name for p in params)}
 
 
-def _build_float_zero_check(signature: Any) -> Any:
-    """``check(args, kwargs)`` for ``FLOAT_ZEROS``, or None when there are none (no
-    per-call work): a float argument (or a float reached from one) that was 0.0 or
-    -0.0 at capture must have the captured sign. Dynamo's guard is ``==``, which the
-    other zero passes, and ``x / s`` or ``copysign`` tell them apart."""
-    import math
-
-    if not FLOAT_ZEROS:
+def _build_argument_check(signature: Any) -> Any:
+    """``check(args, kwargs)`` for what a call's arguments must hold beyond Dynamo's
+    guards, or None when nothing (no per-call work): ``ARG_IDENTITIES`` and
+    ``FLOAT_ZEROS``. One generated function binds fn's parameters once and evaluates
+    every row's access path; only when it fails does the row-by-row pass run, which
+    adopts what resolves now and raises PrecompileError naming the path, what is there
+    and what was traced."""
+    if not ARG_IDENTITIES and not FLOAT_ZEROS:
         return None
     missing = object()
     lines, namespace = _binding_source(signature, missing)
-    # One generated function reads every path; a path that does not evaluate yields
-    # ``missing`` (the call's own guards refuse what is not there).
-    body = []
+    identity_terms, identities_state, recheck_identities = _identity_rows(missing)
+    zero_terms, recheck_zeros = _float_zero_rows(namespace)
+    source = "def __arguments_ok(__a, __k, __E):\n    try:\n{}\n        return {}\n    except Exception:\n        return False\n".format(
+        "\n".join("        " + line for line in lines),
+        " and ".join([*identity_terms, *zero_terms]),
+    )
+    exec(compile(source, "<precompile argument checks>", "exec"), namespace)
+    arguments_ok = namespace["__arguments_ok"]
+
+    def check(args: Any, kwargs: Any) -> None:
+        if arguments_ok(args, kwargs, identities_state[0]):
+            return
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return  # the call itself fails as eager would
+        bound.apply_defaults()
+        scope = dict(bound.arguments)
+        recheck_identities(scope)
+        recheck_zeros(scope)
+
+    return check
+
+
+def _float_zero_rows(namespace: dict[str, Any]) -> tuple[list[str], Any]:
+    """The terms of ``FLOAT_ZEROS`` for the generated check (binding what they read into
+    ``namespace``), and the row-by-row pass over a call's bound arguments: a number
+    reached from an argument (or a module global) that was a signed zero at capture (a
+    float equal to 0.0, a complex with a zero part) must be that very zero, compared by
+    its literal fingerprint (``repr``). Dynamo's guard is ``==``, which the other sign
+    passes, and ``x / s`` or ``copysign`` tell them apart. A value that differs
+    otherwise is left to the guards."""
+    kinds = {"float": float, "complex": complex}
+    rows = []
+    terms = []
     for i, row in enumerate(FLOAT_ZEROS):
         # A global's path (``G['EPS']``) reads that module's live globals, bound at load.
         path = row["path"]
         if row.get("module"):
             namespace[f"__G{i}"] = vars(_import_module(row["module"]))
             path = f"__G{i}" + path[1:]
-        body += [
-            "    try:",
-            f"        __v.append({path})",
-            "    except Exception:",
-            "        __v.append(__M)",
-        ]
-    source = "def __float_zeros(__a, __k):\n    __v = []\n    try:\n{}\n    except Exception:\n        return None\n{}\n    return __v\n".format(
-        "\n".join("        " + line for line in lines), "\n".join(body)
-    )
-    namespace["__M"] = missing
-    exec(compile(source, "<precompile float zeros>", "exec"), namespace)
-    values_of = namespace["__float_zeros"]
-    copysign = math.copysign
+        kind = kinds[row["value"][0]]
+        value = kind(row["value"][1])
+        rows.append((row, compile(path, "<precompile signed zero>", "eval"), kind, value))
+        terms.append(
+            f"(type(__z := ({path})) is not __Z[{i}][0] or __z != __Z[{i}][1] "
+            f"or repr(__z) == {row['value'][1]!r})"
+        )
+    namespace["__Z"] = tuple((kind, value) for _, _, kind, value in rows)
 
-    def check(args: Any, kwargs: Any) -> None:
-        values = values_of(args, kwargs)
-        if values is None:
-            return  # the call binds no arguments: it fails as eager would
-        for row, value in zip(FLOAT_ZEROS, values):
-            if type(value) is float and value == 0.0 and copysign(1.0, value) != row["sign"]:
-                captured = 0.0 * row["sign"]
+    def recheck(scope: dict[str, Any]) -> None:
+        for row, path, kind, captured in rows:
+            try:
+                value = eval(path, namespace, scope)
+            except Exception:
+                continue  # the call's own guards refuse what is not there
+            if type(value) is kind and value == captured and repr(value) != row["value"][1]:
                 _fail(
                     f"precompile: `{row['shown']}` is {value!r} in this call but was "
-                    f"{captured!r} at capture; the trace computed with {captured!r} (x / "
-                    f"{captured!r} has the sign of that zero), and Dynamo's guard compares "
-                    f"floats with ==, which does not tell 0.0 from -0.0. Pass {captured!r}, "
-                    f"or capture with {value!r} (re-emit the artifact)",
+                    f"{captured!r} at capture; the trace computed with {captured!r} (the "
+                    f"sign of a zero reaches results: 1 / 0.0 is inf, 1 / -0.0 is -inf), "
+                    f"and Dynamo's guard compares numbers with ==, which does not tell 0.0 "
+                    f"from -0.0. Pass {captured!r}, or capture with {value!r} (re-emit the "
+                    f"artifact)",
                     3,
                 )
 
-    return check
+    return terms, recheck
 
 
-def _build_identity_check(signature: Any) -> Any:
-    """``check(args, kwargs)`` for ``ARG_IDENTITIES``: the objects at those access paths
-    from the arguments must be the ones the capture traced, compared by identity. One
-    generated function evaluates every path; only a miss resolves names again (an
-    object not importable at load is adopted once a call shows it by its name) and
-    raises PrecompileError naming the path, what is there now and what was traced."""
+def _identity_rows(missing: Any) -> tuple[list[str], list[Any], Any]:
+    """The terms of ``ARG_IDENTITIES`` for the generated check (each compared with
+    ``__E[i]``), the one-element list holding that tuple, and the row-by-row pass over a
+    call's bound arguments: the objects at those access paths must be the ones the
+    capture traced, compared by identity. The pass resolves names again (an object not
+    importable at load is adopted once a call shows it by its name)."""
     import enum
     import operator
-
-    if not ARG_IDENTITIES:
-        return lambda args, kwargs: None
-    missing = object()
 
     def resolve(row: dict[str, Any]) -> Any:
         try:
@@ -548,28 +572,16 @@ def _build_identity_check(signature: Any) -> Any:
             return f"a {row['module']}.{row['qualname']} function"
         return f"{row['module']}.{row['qualname']}"
 
-    lines, namespace = _binding_source(signature, missing)
     terms = [
         f"({row['path']}).__code__ is __E[{i}]"
         if row["kind"] == "code"
         else f"({row['path']}) is __E[{i}]"
         for i, row in enumerate(ARG_IDENTITIES)
     ]
-    source = "def __identities_ok(__a, __k, __E):\n    try:\n{}\n        return {}\n    except Exception:\n        return False\n".format(
-        "\n".join("        " + line for line in lines), " and ".join(terms)
-    )
-    exec(compile(source, "<precompile identities>", "exec"), namespace)
-    identities_ok = namespace["__identities_ok"]
     expected = [missing if row["kind"] == "code" else resolve(row) for row in ARG_IDENTITIES]
     state = [tuple(expected)]
 
-    def recheck(args: Any, kwargs: Any) -> None:
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError:
-            return  # the call itself fails as eager would
-        bound.apply_defaults()
-        scope = dict(bound.arguments)
+    def recheck(scope: dict[str, Any]) -> None:
         for i, row in enumerate(ARG_IDENTITIES):
             try:
                 value = eval(row["path"], {}, scope)
@@ -589,11 +601,7 @@ def _build_identity_check(signature: Any) -> Any:
             )
         state[0] = tuple(expected)
 
-    def check(args: Any, kwargs: Any) -> None:
-        if not identities_ok(args, kwargs, state[0]):
-            recheck(args, kwargs)
-
-    return check
+    return terms, state, recheck
 
 
 def _build_class_check() -> Any:

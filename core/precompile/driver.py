@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:
     import torch as _torch
 
-    # Bound by the artifact prelude (precompile._compat, the one module naming private
+    # Bound by the artifact prelude (precompile._compat.prelude; only _compat names private
     # torch): ARTIFACT_PRELUDE and INDUCTOR_PRELUDE.
     _pytree: Any = None
     _DisableAutocast: Any = None
@@ -92,6 +92,8 @@ if TYPE_CHECKING:
 
     def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any: ...
 
+    def literal_fingerprint(value: Any) -> tuple[str, Any]: ...
+
     def module_fingerprint(
         module: Any, context: dict[str, Any], depth: int = 0, children: bool = True
     ) -> tuple[Any, ...]: ...
@@ -125,6 +127,10 @@ if TYPE_CHECKING:
     def call_backward(flat_inputs: list[Any]) -> list[Any]: ...
 
     def _relabel_layout_error(error: AssertionError, flat: list[Any]) -> str | None: ...
+
+    def bind_autograd(
+        name: str, spec: dict[str, Any], forward_call: Any, backward_call: Any
+    ) -> Callable[..., list[Any]]: ...
 
 
 class PrecompileError(RuntimeError):
@@ -299,28 +305,6 @@ def _check_strides(labels: list[str], tensors: list[Any], expected: list[Any]) -
             )
 
 
-def _input_constants() -> list[Any]:
-    """USER_INPUT_CONSTANTS as values: a float or complex that is not finite is written
-    as a tagged literal (``("float", "nan")``), since ``nan`` is no Python literal."""
-    decoded: list[Any] = []
-    for value in USER_INPUT_CONSTANTS:
-        if type(value) is tuple and len(value) == 2 and value[0] in ("float", "complex"):
-            value = (float if value[0] == "float" else complex)(value[1])
-        decoded.append(value)
-    return decoded
-
-
-def _same_constant(value: Any, expected: Any) -> bool:
-    """Whether a Python value is the one the capture baked: the same type, and for a
-    float or complex the same ``repr`` (``0.0 == -0.0`` yet ``x / 0.0`` and ``x / -0.0``
-    differ; a NaN equals no number, but it is the NaN the capture saw)."""
-    if type(value) is not type(expected):
-        return False
-    if type(value) is float or type(value) is complex:
-        return repr(value) == repr(expected)
-    return bool(value == expected)
-
-
 def _key_order_difference(spec: Any, expected: Any) -> str | None:
     """The first dict in a call's inputs whose keys are the captured ones in another
     order, in words; None when the nesting differs otherwise."""
@@ -367,12 +351,13 @@ def _describe_input_mismatch(
     for i, leaf in enumerate(leaves):
         shape = USER_INPUT_SHAPES[i]
         if shape is None:
-            expected = _input_constants()[i]
-            if not _same_constant(leaf, expected):
+            expected = USER_INPUT_CONSTANTS[i]
+            if literal_fingerprint(leaf) != expected:
+                baked = describe_value(expected)
                 _fail(
                     f"precompile: input value {i} is {leaf!r} but the capture baked "
-                    f"{expected!r}; Python values are specialized at capture. Pass "
-                    f"{expected!r}, or capture again for this value",
+                    f"{baked}; Python values are specialized at capture. Pass {baked}, or "
+                    f"capture again for this value",
                     3,
                 )
             continue
@@ -938,19 +923,11 @@ def _build_single_graph_forward() -> Any:
     pick_modules = _picker(module_positions)
     pick_user = _picker(user_positions)
     pick_tensors = _picker(tensor_slots)
-    constants = _input_constants()
-    # Floats and complex numbers are compared by repr (the sign of a zero, NaN): only
-    # an artifact with such an argument pays for it per call.
-    constant_slots = tuple(
-        (i, constants[i])
-        for i, s in enumerate(USER_INPUT_SHAPES)
-        if s is None and type(constants[i]) not in (float, complex)
-    )
-    float_slots = tuple(
-        (i, type(constants[i]), repr(constants[i]))
-        for i, s in enumerate(USER_INPUT_SHAPES)
-        if s is None and type(constants[i]) in (float, complex)
-    )
+    # Each Python value as its literal fingerprint (floats by repr: the sign of a zero,
+    # NaN), compared with the capture's in one tuple.
+    constant_slots = tuple(i for i, s in enumerate(USER_INPUT_SHAPES) if s is None)
+    pick_constants = _picker(constant_slots)
+    expected_constants = tuple(USER_INPUT_CONSTANTS[i] for i in constant_slots)
     has_dynamic = any(s is not None and None in s for s in USER_INPUT_SHAPES) or any(
         USER_INPUT_SHAPE_IDS
     )
@@ -1015,8 +992,17 @@ def _build_single_graph_forward() -> Any:
     # through the captured forward and backward graphs (an autograd.Function), as eager
     # would record it; under no_grad through the forward graph alone, whose results past
     # the outputs (what the backward would need) are dropped.
-    autograd_apply = _captured_autograd_function().apply if AUTOGRAD is not None else None
-    n_outputs = AUTOGRAD["num_outputs"] if AUTOGRAD is not None else None
+    autograd_run = (
+        bind_autograd(
+            FN_NAME,
+            AUTOGRAD,
+            lambda *flat: call(list(flat)),
+            lambda *flat: call_backward(list(flat)),
+        )
+        if AUTOGRAD is not None
+        else None
+    )
+    n_outputs = AUTOGRAD["outputs"] if AUTOGRAD is not None else None
     # A tensor fn built from Python numbers took the default dtype at capture; the
     # graph carries that dtype where eager would take today's.
     default_dtype = getattr(_torch, DEFAULT_DTYPE.split(".")[-1])
@@ -1206,11 +1192,7 @@ def _build_single_graph_forward() -> Any:
                 )
                 and (
                     not constant_slots
-                    or all(type(leaves[i]) is type(v) and leaves[i] == v for i, v in constant_slots)
-                )
-                and (
-                    not float_slots
-                    or all(type(leaves[i]) is t and repr(leaves[i]) == r for i, t, r in float_slots)
+                    or tuple(map(literal_fingerprint, pick_constants(leaves))) == expected_constants
                 )
                 and not (inference_grad_inputs and is_grad_enabled())
             )
@@ -1292,12 +1274,12 @@ def _build_single_graph_forward() -> Any:
         return {"served_by": 0, "failures": []}
 
     def _apply_flat(flat: list[Any]) -> Any:
-        return autograd_apply(*flat)  # type: ignore[misc]  # set whenever this runs
+        return autograd_run(*flat)  # type: ignore[misc]  # set whenever this runs
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         flat, tensors_in = checked_inputs(args, kwargs)
         grad_was_enabled = _torch.is_grad_enabled()
-        through_autograd = grad_was_enabled and autograd_apply is not None
+        through_autograd = grad_was_enabled and autograd_run is not None
         run = _apply_flat if through_autograd else call
         if grad_was_enabled and not through_autograd:
             _set_grad_enabled(False)
@@ -1344,76 +1326,7 @@ def _build_single_graph_forward() -> Any:
     return forward
 
 
-def _captured_autograd_function() -> Any:
-    """The ``torch.autograd.Function`` an inference capture of inputs that require grad
-    is served through, as eager would record the call: its forward runs the captured
-    forward graph (``call``) and saves what that returns for the backward; its backward
-    runs the captured backward graph (``call_backward``), returning one gradient per
-    graph input (parameters, buffers, the user's tensors) -- autograd accumulates them
-    into ``.grad`` of those that require grad, as it does for eager's graph."""
-    assert AUTOGRAD is not None  # emitted only with its AUTOGRAD literal
-    info = AUTOGRAD
-    n_outputs = info["num_outputs"]
-    end = n_outputs + info["num_saved"]
-    non_differentiable = tuple(info["non_differentiable"])
-    detach = tuple(OUTPUT_DETACH)
-    tangents = tuple(zip(info["tangents"], map(tuple, info["tangent_strides"])))
-    is_grad_enabled = _torch.is_grad_enabled
-    tensor_type = _torch.Tensor
-    empty_strided = _torch.empty_strided
-
-    class CapturedGraph(_torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, *flat: Any) -> Any:
-            out = call(list(flat))
-            outputs = list(out[:n_outputs])
-            for i in detach:
-                # A view made inside the Function (of an intermediate) could not be
-                # written in place; eager's could: hand back a plain tensor.
-                outputs[i] = outputs[i].detach()
-            ctx.save_for_backward(*[t.detach() for t in out[n_outputs:end]])
-            constant = [
-                outputs[i] for i in non_differentiable if isinstance(outputs[i], tensor_type)
-            ]
-            if constant:
-                ctx.mark_non_differentiable(*constant)
-            return tuple(outputs)
-
-        @staticmethod
-        def backward(ctx: Any, *grads: Any) -> Any:
-            if is_grad_enabled():
-                _fail(
-                    "precompile: a backward with create_graph=True (double backward) "
-                    "through this artifact's outputs is not supported: its captured "
-                    "backward graph records no autograd history, so higher-order "
-                    "gradients would be silently wrong. Run the backward without "
-                    "create_graph, or run this computation eagerly",
-                    5,
-                )
-            if _any_autocast_enabled():
-                _fail(
-                    "precompile: this backward runs under torch.autocast, but the captured "
-                    "backward graph holds the dtypes of a backward without it: eager would "
-                    "recast some of its ops. Run the backward outside the autocast block "
-                    "(as PyTorch recommends), or run this computation eagerly",
-                    5,
-                )
-            flat = list(ctx.saved_tensors)
-            for i, strides in tangents:
-                grad = grads[i]
-                if grad.stride() != strides:
-                    # The backward graph was traced (and Inductor lowered it) for the
-                    # layout of the traced gradient: give it that layout.
-                    grad = empty_strided(
-                        grad.shape, strides, dtype=grad.dtype, device=grad.device
-                    ).copy_(grad)
-                flat.append(grad)
-            return tuple(call_backward(flat))
-
-    return CapturedGraph
-
-
-def _relabel_layout_error_eager(error: AssertionError, flat: list[Any]) -> str | None:
+def relabel_layout_error_eager(error: AssertionError, flat: list[Any]) -> str | None:
     """The eager backend has no layout asserts of its own: every AssertionError is the
     user's and passes through unchanged."""
     return None

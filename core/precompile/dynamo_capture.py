@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from precompile import _compat
+from precompile._compat import dynamo, inductor
 from precompile.dynamo_dependencies import DependencyRecorder
 from precompile.errors import Location, PrecompileError
 from precompile.function_records import function_records
@@ -235,7 +235,7 @@ def _dedupe_breaks(events: list[dict[str, Any]]) -> list[GraphBreak]:
         if key in breaks:
             breaks[key].count += 1
             continue
-        gb_id, link = _compat.graph_break_link(gb_type)
+        gb_id, link = dynamo.graph_break_link(gb_type)
         explanation, hints = _explanation_and_hints(event["message"])
         breaks[key] = GraphBreak(
             gb_type=gb_type,
@@ -321,7 +321,7 @@ def check_dynamo_fn(fn: Callable[..., Any]) -> types.FunctionType:
             location=where,
             hint="finish the first capture's with-block before starting the next",
         )
-    compiled, installed = _compat.live_compiles(code)
+    compiled, installed = dynamo.live_compiles(code)
     if installed:
         raise PrecompileError(
             f"{fn.__qualname__} serves an installed precompile artifact in this process; "
@@ -357,10 +357,10 @@ class DynamoSession:
         self.tracer = tracer
         self.backend = backend
         self.training = training
-        self.package = _compat.new_package(fn)
+        self.package = dynamo.new_package(fn)
         #: Every code object traced into a graph (frames and what they inlined).
         self.traced_codes: dict[types.CodeType, None] = {}
-        _compat.recording_traced_code(self.package, self.traced_codes)
+        dynamo.recording_traced_code(self.package, self.traced_codes)
         self.inductor_graphs: list[torch.fx.GraphModule] = []
         self.kernel_runtime: Any = None  # compiles and remembers inlined modules' kernels
         self.guard_log: dict[types.CodeType, list[list[GuardDecision]]] = {}
@@ -369,7 +369,7 @@ class DynamoSession:
         self._guard_failures: dict[str, list[str]] = {}
         self.break_events: list[dict[str, Any]] = []
         self.calls = 0
-        self.global_state = _compat.global_state()
+        self.global_state = dynamo.global_state()
         self._touched: dict[types.CodeType, bool] = {}
         self.dependencies = DependencyRecorder(self.fn)
         self.installed_globals: dict[types.CodeType, dict[str, Any]] = {}
@@ -382,7 +382,7 @@ class DynamoSession:
             # kernels in memory by source, and a later capture in this process that
             # compiles the same kernel is handed the module loaded from this directory.
             atexit.register(shutil.rmtree, self.inductor_cache, True)
-        self.compiled = _compat.optimize(
+        self.compiled = dynamo.optimize(
             fn,
             self._eager_backend if backend == "eager" else self._inductor_backend,
             package=self.package,
@@ -398,7 +398,7 @@ class DynamoSession:
         it recorded stays, for emitting). Idempotent."""
         if self.fn.__code__ in _OPEN_CAPTURES:
             _OPEN_CAPTURES.discard(self.fn.__code__)
-            _compat.forget_compiled(self._touched)
+            dynamo.forget_compiled(self._touched)
             self._touched.clear()
 
     def _eager_backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -423,13 +423,13 @@ class DynamoSession:
             if inlined is not None:
                 return inlined
         try:
-            compiled, record = _compat.compile_fx_recorded(gm, example_inputs)
+            compiled, record = inductor.compile_fx_recorded(gm, example_inputs)
         except Exception:  # compiled again below the way torch.compile does, or refused there
-            return _compat.compile_fx(gm, example_inputs)
+            return inductor.compile_fx(gm, example_inputs)
         inlined_aot = inductor_backend.inline_aot_subgraph(
             record, len(example_inputs), self.kernel_runtime
         )
-        outputs = _compat.outputs_need_no_grad(record)
+        outputs = inductor.outputs_need_no_grad(record)
         if inlined_aot is None and outputs is not None:
             inlined_aot = inductor_backend.inline_no_grad_subgraph(gm, outputs, self.kernel_runtime)
         return compiled if inlined_aot is None else inlined_aot
@@ -455,9 +455,9 @@ class DynamoSession:
         decisions, keep = [], []
         for entry, user_says in zip(entries, user_keep):
             dropped_by = None
-            if _compat.compares_identity(entry):
+            if dynamo.compares_identity(entry):
                 dropped_by = "default"
-            elif entry.guard_type in _compat.DRIVER_ENFORCED_GUARD_TYPES:
+            elif entry.guard_type in dynamo.DRIVER_ENFORCED_GUARD_TYPES:
                 dropped_by = "driver"
             elif not user_says:
                 dropped_by = "user"
@@ -474,8 +474,8 @@ class DynamoSession:
                     unpicklable=dropped_by is None and has_value and not _picklable(entry.value),
                 )
             )
-        code = _compat.current_package_code(self.package)
-        self.dependencies.observe(code, _compat.current_package_module(self.package), entries)
+        code = dynamo.current_package_code(self.package)
+        self.dependencies.observe(code, dynamo.current_package_module(self.package), entries)
         if code is not None:
             variants = self.guard_log.setdefault(code, [])
             variants.append(decisions)
@@ -494,7 +494,7 @@ class DynamoSession:
         self._guard_failures.setdefault(getattr(code, "co_name", "?"), []).append(reason)
 
     def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if _compat.autocast_enabled():
+        if dynamo.autocast_enabled():
             raise PrecompileError(
                 "capture was called under torch.autocast; an artifact serves with autocast "
                 "disabled, so casts must be part of the captured program",
@@ -502,22 +502,22 @@ class DynamoSession:
                 location=definition_location(self.fn.__code__),
                 hint="enter torch.autocast inside fn instead of around the capture",
             )
-        if _compat.global_state() != self.global_state:
+        if dynamo.global_state() != self.global_state:
             raise PrecompileError(
                 f"the default dtype or deterministic mode changed between captured calls "
-                f"({self.global_state} -> {_compat.global_state()}); an artifact serves one",
+                f"({self.global_state} -> {dynamo.global_state()}); an artifact serves one",
                 invariant=6,
             )
         try:
             with (
-                _compat.dynamo_config(self.tracer.recompile_limit),
-                _compat.recording_graph_breaks() as events,
-                _compat.recording_bypasses(self.bypass_reasons),
-                _compat.recording_installed_globals(self.installed_globals),
-                _compat.without_guard_latency_profiling(),
-                _compat.recording_grad_dependent_reads(self.dependencies.grad_reads),
+                dynamo.dynamo_config(self.tracer.recompile_limit),
+                dynamo.recording_graph_breaks() as events,
+                dynamo.recording_bypasses(self.bypass_reasons),
+                dynamo.recording_installed_globals(self.installed_globals),
+                dynamo.without_guard_latency_profiling(),
+                dynamo.recording_grad_dependent_reads(self.dependencies.grad_reads),
                 torch.set_grad_enabled(self.training),
-                _compat.inductor_capture_config(self.inductor_cache)
+                inductor.inductor_capture_config(self.inductor_cache)
                 if self.inductor_cache
                 else contextlib.nullcontext(),
             ):
@@ -657,7 +657,7 @@ class DynamoSession:
         entry = self.frames()[0]
         bound = inspect.signature(self.fn).bind(*args, **kwargs)
         bound.apply_defaults()
-        return _compat.check_variants(
+        return dynamo.check_variants(
             entry.variants,
             self.fn.__code__,
             vars(sys.modules[self.fn.__module__]),
@@ -667,7 +667,7 @@ class DynamoSession:
     def inductor_artifacts(self, backend_ids: list[str]) -> dict[str, bytes]:
         artifacts = {}
         for backend_id in backend_ids:
-            blob = _compat.inductor_backend_artifact(backend_id)
+            blob = inductor.inductor_backend_artifact(backend_id)
             if blob is None:
                 raise PrecompileError(
                     f"Inductor recorded no serializable artifact for subgraph {backend_id}",
@@ -678,7 +678,7 @@ class DynamoSession:
 
     def inductor_cache_files(self, artifacts: dict[str, bytes]) -> dict[str, bytes]:
         """The private Inductor cache, as the artifacts' loader will need it."""
-        _compat.complete_inductor_cache(list(artifacts.values()), self.inductor_cache or "")
+        inductor.complete_inductor_cache(list(artifacts.values()), self.inductor_cache or "")
         files = {}
         for directory, _, names in os.walk(self.inductor_cache or ""):
             for name in names:

@@ -49,7 +49,6 @@ from __future__ import annotations
 import dis
 import enum
 import inspect
-import math
 import os
 import re
 import sys
@@ -58,7 +57,7 @@ from typing import Any
 
 import torch
 
-from precompile import _compat
+from precompile._compat import dynamo
 from precompile.dependency_driver import (
     class_attrs,
     code_identity,
@@ -68,10 +67,23 @@ from precompile.dependency_driver import (
 from precompile.errors import PrecompileError
 from precompile.guard_text import frame_label, user_path
 from precompile.locations import is_project_file
+from precompile.state_checks import literal_fingerprint
 
 #: Dynamo names a guard's access path from its root: a frame local by its name
 #: (``model._modules['fc']``), a global as ``G['name']``.
 _ROOT = re.compile(r"^(?:G\[(['\"])(?P<global>.+?)\1\]|(?P<local>[A-Za-z_]\w*))")
+
+
+def _both_zeros(row: dict[str, Any], other: tuple[str, str]) -> tuple[str, str]:
+    """The refusal of a capture whose calls gave a ``FLOAT_ZEROS`` path both signs of a
+    zero (as its message and hint)."""
+    return (
+        f"`{row['shown']}` was {row['value'][1]} in one captured call and {other[1]} in "
+        f"another; Dynamo's guards compare numbers with ==, which does not tell a zero "
+        f"from the other sign's, so one compiled variant would serve both (and answer "
+        f"the second with the first's sign)",
+        "capture with one sign of zero per artifact",
+    )
 
 
 def _qualified(value: Any) -> tuple[str, str] | None:
@@ -173,8 +185,8 @@ class DependencyRecorder:
         #: object the capture saw there (checked against the arguments after each call).
         self.identities: dict[str, dict[str, Any]] = {}
         self.identity_values: dict[str, Any] = {}
-        #: Access path from an argument -> the zero float guarded there, with its sign
-        #: (``FLOAT_ZEROS``).
+        #: Access path from an argument -> the signed zero (a float, or a complex with a
+        #: zero part) guarded there, as its literal fingerprint (``FLOAT_ZEROS``).
         self.float_zeros: dict[str, dict[str, Any]] = {}
         #: Why the capture cannot be served: objects compared by identity and unnameable.
         self.refusals: list[tuple[str, str]] = []
@@ -182,7 +194,7 @@ class DependencyRecorder:
         #: ``torch.is_grad_enabled()`` guard, or grad-dependent tensor attributes.
         self.grad_mode_read = ""
         #: The grad-dependent attribute reads, appended while tracing
-        #: (``_compat.recording_grad_dependent_reads``).
+        #: (``_compat.dynamo.recording_grad_dependent_reads``).
         self.grad_reads: list[str] = []
         #: fn's arguments in the captured call being traced (later frames' identity
         #: reads are mapped to paths from them).
@@ -206,6 +218,27 @@ class DependencyRecorder:
             return
         bound.apply_defaults()
         self.arguments = dict(bound.arguments)
+        for row in self.float_zeros.values():
+            # The variant compiled for one sign of a zero passes the other (its guard is
+            # ==) and would answer this call with the captured sign: refuse before it runs.
+            path = row["path"]
+            try:
+                if row["module"] is None:
+                    value = eval(path, {}, self.arguments)
+                else:
+                    value = eval("__G" + path[1:], {"__G": vars(sys.modules[row["module"]])})
+            except Exception:
+                continue
+            kind = type(value)
+            if (
+                kind in (float, complex)
+                and kind.__name__ == row["value"][0]
+                and value == kind(row["value"][1])
+            ):
+                found = literal_fingerprint(value)
+                if found != row["value"]:
+                    message, hint = _both_zeros(row, found)
+                    raise PrecompileError(message, invariant=3, hint=hint)
 
     def observe(self, code: types.CodeType | None, module_name: str, entries: list[Any]) -> None:
         is_entry = code is self.fn.__code__
@@ -240,7 +273,7 @@ class DependencyRecorder:
         for e in entries:
             if not (getattr(e, "is_global", False) and getattr(e, "has_value", False)):
                 continue
-            if not _compat.compares_identity(e) or "__builtins_dict__" in e.name:
+            if not dynamo.compares_identity(e) or "__builtins_dict__" in e.name:
                 continue
             qualified = _qualified(e.value)
             if qualified is None or not e.name.startswith("G["):
@@ -272,11 +305,22 @@ class DependencyRecorder:
             self._observe_zero_float(e, module_name if not is_entry else None)
 
     def _observe_zero_float(self, e: Any, later_frame_module: str | None) -> None:
-        """A float guarded equal to 0.0 at a path from fn's arguments, or from a module
-        global (in any frame): Dynamo's guard is ``==``, which -0.0 passes too, so the
-        sign the trace computed with is recorded (``FLOAT_ZEROS``) and checked per
-        call. (A later frame's locals are not: they are reached from fn's arguments.)"""
-        if not getattr(e, "has_value", False) or type(e.value) is not float or e.value != 0.0:
+        """A number guarded equal to a signed zero -- a float equal to 0.0, a complex
+        with a zero part -- at a path from fn's arguments, or from a module global (in
+        any frame): Dynamo's guard is ``==``, which the other sign passes too, so the
+        value the trace computed with is recorded as its literal fingerprint
+        (``FLOAT_ZEROS``) and checked per call. (A later frame's locals are not: they
+        are reached from fn's arguments.)"""
+        if not getattr(e, "has_value", False):
+            return
+        value = e.value
+        if type(value) is float:
+            if value != 0.0:
+                return
+        elif type(value) is complex:
+            if value.real != 0.0 and value.imag != 0.0:
+                return
+        else:
             return
         match = _ROOT.match(e.name)
         if match is None:
@@ -288,20 +332,13 @@ class DependencyRecorder:
             later_frame_module is not None or match.group("local") not in self.signature.parameters
         ):
             return
-        sign = math.copysign(1.0, e.value)
+        captured = literal_fingerprint(value)
         key = e.name if module is None else f"{module}:{e.name}"
         row = self.float_zeros.setdefault(
-            key, {"path": e.name, "shown": user_path(e.name), "sign": sign, "module": module}
+            key, {"path": e.name, "shown": user_path(e.name), "value": captured, "module": module}
         )
-        if row["sign"] != sign:
-            self.refusals.append(
-                (
-                    f"`{row['shown']}` was 0.0 in one captured call and -0.0 in another; "
-                    f"Dynamo's guards compare floats with ==, which does not tell them "
-                    f"apart, so one compiled variant would serve both signs",
-                    "capture with one sign of zero per artifact",
-                )
-            )
+        if row["value"] != captured:
+            self.refusals.append(_both_zeros(row, captured))
 
     def _observe_identity(
         self, e: Any, code: types.CodeType | None, module_name: str, entries: list[Any]
@@ -316,7 +353,7 @@ class DependencyRecorder:
             return
         value = e.value
         sentinel = e.guard_type == "TYPE_MATCH" and type(value) is object
-        if not (sentinel or _compat.compares_identity(e)):
+        if not (sentinel or dynamo.compares_identity(e)):
             return
         if value is None or isinstance(
             value, (bool, torch.nn.Module, torch.Tensor, types.ModuleType)
@@ -330,7 +367,7 @@ class DependencyRecorder:
                 root.startswith("___stack") or root in (*code.co_varnames, *code.co_cellvars)
             ):
                 return
-            resumes = code is not None and _compat.resumed_code(code) is not code
+            resumes = code is not None and dynamo.resumed_code(code) is not code
             if resumes and e.name == root and not _eager_result(code, root):
                 # A local carried into a continuation, computed by the traced code
                 # before the break: its own identity reads are checked (or refused)
@@ -393,7 +430,7 @@ class DependencyRecorder:
             ),
             _MISSING,
         )
-        if code is not None and _compat.resumed_code(code) is self.fn.__code__:
+        if code is not None and dynamo.resumed_code(code) is self.fn.__code__:
             if root not in self.signature.parameters:
                 return (
                     None,

@@ -20,8 +20,7 @@ from typing import Any
 import torch
 
 from precompile import (
-    _compat,
-    _compat_guards,
+    autograd_serving,
     dependency_driver,
     driver,
     guard_text,
@@ -32,8 +31,10 @@ from precompile import (
     source_digest,
     state_checks,
 )
+from precompile._compat import dynamo, guard_translation, runtime
+from precompile._compat.prelude import ARTIFACT_PRELUDE, FX_GRAPH_GLOBALS, INDUCTOR_PRELUDE
 from precompile.dynamo_capture import FrameRecord, global_recipe
-from precompile.emit import Artifact, _header, runtime_source, source_records
+from precompile.emit import Artifact, artifact_header, runtime_source, source_records
 from precompile.errors import PrecompileError
 from precompile.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
 
@@ -127,7 +128,7 @@ def _name_map(frames: list[FrameRecord], tag: str) -> dict[str, str]:
     names: dict[str, str] = {}
     for frame in frames:
         for guards_state, _code in frame.variants:
-            key = _compat.builtins_key_of(guards_state)
+            key = dynamo.builtins_key_of(guards_state)
             if key:
                 names[key] = _builtins_key(key, tag)
     for index, (_frame, name, _value) in enumerate(helper_globals(frames)):
@@ -168,7 +169,7 @@ def _frame_payload(frames: list[FrameRecord], tag: str) -> list[dict[str, Any]]:
                 "python_module": frame.python_module,
                 "import_sources": dict(sorted(frame.import_sources.items())),
                 "is_entry": frame.is_entry,
-                "code": _compat.serialize_code(frame.code),
+                "code": dynamo.serialize_code(frame.code),
                 "resume_names": [names[n] for n in frame.resume_names],
                 "variants": variants,
                 "bypassed": frame.bypassed,
@@ -199,38 +200,38 @@ def _plain_payload(
         scope = {**vars(importlib.import_module(frame.python_module)), **frame.installed_globals}
         for alias, module_name in frame.import_sources.items():
             scope.setdefault(alias, importlib.import_module(module_name))
-        codes = [frame.code] + [_compat_guards.code_of(c) for _state, c in frame.variants]
+        codes = [frame.code] + [guard_translation.code_of(c) for _state, c in frame.variants]
         sources: dict[str, str] = {}
         aliases: dict[str, str] = {}
         for alias, module_name in record["import_sources"].items():
-            source = _compat_guards.import_source(alias, module_name, codes)
-            if source == _compat_guards.DYNAMO_UTILS_STAND_IN:
+            source = guard_translation.import_source(alias, module_name, codes)
+            if source == guard_translation.DYNAMO_UTILS_STAND_IN:
                 aliases[alias] = stand_in_alias
             sources[aliases.get(alias, alias)] = source
         variants = []
         for (guards_state, _code), variant in zip(frame.variants, record["variants"]):
-            key = _compat.builtins_key_of(guards_state)
+            key = dynamo.builtins_key_of(guards_state)
             if key and key not in scope:
-                scope[key] = _compat_guards.builtins_of(scope)
+                scope[key] = guard_translation.builtins_of(scope)
             try:
-                program = _compat_guards.plain_guard_program(guards_state, frame.code, scope)
-            except _compat_guards.UnsupportedGuards as error:
-                raise _compat_guards.UnsupportedGuards(f"{frame.name}: {error}") from error
+                program = guard_translation.plain_guard_program(guards_state, frame.code, scope)
+            except guard_translation.UnsupportedGuards as error:
+                raise guard_translation.UnsupportedGuards(f"{frame.name}: {error}") from error
             except Exception as error:
-                raise _compat_guards.UnsupportedGuards(
+                raise guard_translation.UnsupportedGuards(
                     f"{frame.name}: its guards could not be rebuilt at capture "
                     f"({type(error).__name__}: {error})"
                 ) from error
             blob = pickle.dumps(program, protocol=4)
             if any(alias.encode() in blob for alias in aliases):
-                raise _compat_guards.UnsupportedGuards(
-                    f"{frame.name}: a guard reads {_compat_guards.DYNAMO_UTILS}"
+                raise guard_translation.UnsupportedGuards(
+                    f"{frame.name}: a guard reads {guard_translation.DYNAMO_UTILS}"
                 )
             variants.append(
                 {
                     "guards": pickle.loads(_rekey_guards_state(blob, names)),
                     "builtins_key": names.get(key, key) if key else None,
-                    "dynamo_code": _compat_guards.plain_code(
+                    "dynamo_code": guard_translation.plain_code(
                         _rename_code(variant["dynamo_code"], aliases)
                     ),
                 }
@@ -238,7 +239,7 @@ def _plain_payload(
         plain.append(
             record
             | {
-                "code": _compat_guards.plain_code(record["code"]),
+                "code": guard_translation.plain_code(record["code"]),
                 "variants": variants,
                 "import_sources": sources,
             }
@@ -257,7 +258,7 @@ def guard_runtime(
         return {"path": "dynamo", "reason": reason}, payload
     try:
         plain = _plain_payload(frames, payload, _name_map(frames, tag), tag)
-    except _compat_guards.UnsupportedGuards as error:
+    except guard_translation.UnsupportedGuards as error:
         return {"path": "dynamo", "reason": str(error)}, payload
     return {"path": "plain", "reason": None}, plain
 
@@ -342,7 +343,7 @@ def _encode(value: Any) -> str:
     return base64.b64encode(pickle.dumps(value, protocol=4)).decode("ascii")
 
 
-def _graph_source(index: int, gm: torch.fx.GraphModule) -> str:
+def graph_source(index: int, gm: torch.fx.GraphModule) -> str:
     for node in gm.graph.nodes:
         if node.op in ("get_attr", "call_module"):
             raise PrecompileError(
@@ -365,13 +366,13 @@ def eager_graph_section(
     frames: list[FrameRecord], graphs: dict[str, torch.fx.GraphModule], names: dict[str, str]
 ) -> str:
     """Each Dynamo subgraph as FX source, and the table binding it to its backend id."""
-    order = _backend_order(frames)
+    order = backend_order(frames)
     missing = [b for b in order if b not in graphs]
     if missing:
         raise PrecompileError(
             f"Dynamo compiled subgraphs {missing} that the capture did not record"
         )
-    sources = [_graph_source(i, graphs[b]) for i, b in enumerate(order)]
+    sources = [graph_source(i, graphs[b]) for i, b in enumerate(order)]
     table = "\n".join(
         f"    {names[b]!r}: functools.partial(_dynamo_graph_{i}, None),"
         for i, b in enumerate(order)
@@ -379,7 +380,7 @@ def eager_graph_section(
     return "\n".join(
         [
             "# ---- captured graphs: each Dynamo subgraph as FX source, by backend id",
-            _compat.FX_GRAPH_GLOBALS,
+            FX_GRAPH_GLOBALS,
             "\n\n\n".join(sources),
             "",
             "",
@@ -410,12 +411,12 @@ def inductor_graph_section(
     without one). A subgraph that runtime cannot reproduce ships as Inductor's bundled
     artifact (pickled), rebuilt at load from the cache's files or by compiling the kernel
     source it carries."""
-    order = _backend_order(frames)
+    order = backend_order(frames)
     parts = []
     if modules or aot_graphs:
         parts += [
             "# ---- captured graphs: each subgraph as Inductor output modules",
-            _compat.INDUCTOR_PRELUDE,
+            INDUCTOR_PRELUDE,
             runtime_source([inductor_serving.inductor_runtime]),
             "",
             "",
@@ -456,7 +457,7 @@ def inductor_graph_section(
         parts += [
             "",
             "# subgraphs AOTAutograd partitioned: (runtime spec, forward module, backward module)",
-            runtime_source([inductor_serving.bind_aot_graph]),
+            runtime_source([autograd_serving.bind_autograd, inductor_serving.bind_aot_graph]),
             "",
             "",
             "_INDUCTOR_AOT_GRAPHS = {",
@@ -476,13 +477,13 @@ def inductor_graph_section(
         parts += [
             "",
             "# ---- captured graphs: other subgraphs as Inductor's bundled artifact (pickled)",
-            runtime_source([_compat._inductor_backend_loader]),
+            runtime_source([runtime.inductor_backend_loader]),
             "",
             "",
             "_INDUCTOR_ARTIFACTS = {",
             rows,
             "}",
-            '_load_backend = _inductor_backend_loader(globals().get("_PRECOMPILE_BUNDLE"))',
+            '_load_backend = inductor_backend_loader(globals().get("_PRECOMPILE_BUNDLE"))',
             "_BACKEND_FNS.update(",
             "    (backend_id, _load_backend(base64.b64decode(blob)))",
             "    for backend_id, blob in _INDUCTOR_ARTIFACTS.items()",
@@ -521,8 +522,8 @@ def emit_dynamo(
             hint="use defaults that are plain Python values",
         ) from error
     tag = content_tag(frames, graph_sources, fn_info)
-    runtime, payload = guard_runtime(frames, _frame_payload(frames, tag), tag, serving_mode)
-    plain = runtime["path"] == "plain"
+    guard_path, payload = guard_runtime(frames, _frame_payload(frames, tag), tag, serving_mode)
+    plain = guard_path["path"] == "plain"
     names = _name_map(frames, tag)
     helpers = [
         [frame.python_module, names[name], *global_recipe(name, value, frame.name)]
@@ -543,7 +544,7 @@ def emit_dynamo(
             f.summary() | {"resume_names": p["resume_names"]} for f, p in zip(frames, payload)
         ],
         "GUARDS": guards_summary,
-        "GUARD_RUNTIME": runtime,
+        "GUARD_RUNTIME": guard_path,
         "DYNAMO_GLOBALS": helpers,
         **_renamed_dependencies(dependencies, names),
         "FUNCTION_SOURCES": function_sources,
@@ -568,14 +569,14 @@ def emit_dynamo(
             source_digest,
             guard_text,
             *(
-                (plain_guards, _compat_guards._plain_serving_runtime)
+                (plain_guards, guard_translation.plain_serving_runtime)
                 if plain
-                else (_compat._dynamo_serving_runtime,)
+                else (runtime.dynamo_serving_runtime,)
             ),
             dependency_driver,
             multigraph_driver,
             *(
-                (_compat._dynamo_installed_runtime, installed_driver)
+                (runtime.dynamo_installed_runtime, installed_driver)
                 if serving_mode == "installed"
                 else ()
             ),
@@ -586,12 +587,12 @@ def emit_dynamo(
     )
     text = "\n".join(
         [
-            _header(fn_info, "dynamo", backend),
+            artifact_header(fn_info, "dynamo", backend),
             "# ---- metadata: literals only; precompile.inspect_artifact reads them unexecuted",
             render_metadata(metadata),
             "# ---- imports",
-            _compat.ARTIFACT_PRELUDE,
-            *((_compat_guards.PLAIN_GUARDS_PRELUDE,) if plain else ()),
+            ARTIFACT_PRELUDE,
+            *((guard_translation.PLAIN_GUARDS_PRELUDE,) if plain else ()),
             "import base64",
             "import functools",
             "",
@@ -609,7 +610,7 @@ def emit_dynamo(
     return Artifact(python_code=text.encode("utf-8"), metadata=metadata)
 
 
-def _backend_order(frames: list[FrameRecord]) -> list[str]:
+def backend_order(frames: list[FrameRecord]) -> list[str]:
     order: list[str] = []
     for frame in frames:
         for backend_id in frame.backend_ids:

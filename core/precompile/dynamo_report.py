@@ -5,7 +5,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from precompile import _compat
+from precompile._compat.kernel_platform import kernel_platform
 from precompile.dynamo_capture import (
     DynamoSession,
     FrameRecord,
@@ -14,10 +14,10 @@ from precompile.dynamo_capture import (
     serving_mode,
 )
 from precompile.dynamo_emit import (
-    _backend_order,
-    _graph_source,
+    backend_order,
     eager_graph_section,
     emit_dynamo,
+    graph_source,
     inductor_graph_section,
 )
 from precompile.emit import Artifact
@@ -107,7 +107,7 @@ def build_dynamo_artifact(
     breaks = session.graph_breaks()
     refuse_tracing_probes([*session.traced_codes, *session.dependencies.read_codes])
     mode, _why = serving_mode(frames)
-    order = _backend_order(frames)
+    order = backend_order(frames)
     report = CaptureReport(target=fn_info, tracer="dynamo", backend=session.backend)
     report.serving_mode = mode
     report.frames = [f.summary() for f in frames]
@@ -124,7 +124,7 @@ def build_dynamo_artifact(
     report.audit = audit(frames)
     if session.backend == "eager":
         graphs = session.backend_graphs()
-        graph_sources = [_graph_source(i, graphs[b]) for i, b in enumerate(order) if b in graphs]
+        graph_sources = [graph_source(i, graphs[b]) for i, b in enumerate(order) if b in graphs]
         ops = sum(
             1
             for b in order
@@ -157,7 +157,7 @@ def build_dynamo_artifact(
         files = session.inductor_cache_files(artifacts) if artifacts else {}
 
         def collect_bundle(namespace: dict[str, Any]) -> dict[str, Any]:
-            bundle: dict[str, Any] = {"requires": _compat.kernel_platform()}
+            bundle: dict[str, Any] = {"requires": kernel_platform()}
             if files:
                 bundle["inductor_cache_files"] = files
             if inlined:

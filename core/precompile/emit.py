@@ -7,12 +7,10 @@ committed artifact changes only when the program does.
 
 from __future__ import annotations
 
-import cmath
 import dataclasses
 import functools
 import hashlib
 import inspect
-import math
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -20,7 +18,9 @@ from typing import Any
 
 import torch
 
-from precompile import _compat, driver, source_digest, state_checks
+from precompile import driver, source_digest, state_checks
+from precompile._compat import tracing
+from precompile._compat.prelude import ARTIFACT_PRELUDE, SINGLE_GRAPH_STATE_PRELUDE
 from precompile.function_records import function_records
 from precompile.fx_capture import SingleGraph
 from precompile.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
@@ -60,13 +60,14 @@ class LoweredGraph:
     collect_bundle: Callable[[dict[str, Any]], dict[str, Any]] = _no_bundle
     #: Output positions where the lowered graph hands back one of its input objects.
     identity_outputs: tuple[int, ...] = ()
-    #: For an inference capture of inputs that require grad: how the driver's
-    #: autograd.Function runs ``call`` (the forward graph) and ``call_backward``
-    #: (``precompile.autograd_capture``); None for a graph served without autograd.
+    #: For an inference capture of inputs that require grad: the spec by which
+    #: ``autograd_serving.bind_autograd`` runs ``call`` (the forward graph) and
+    #: ``call_backward`` (``precompile.autograd_capture``); None for a graph served
+    #: without autograd.
     autograd: dict[str, Any] | None = None
 
 
-def _header(fn_info: dict[str, Any], tracer: str, backend: str) -> str:
+def artifact_header(fn_info: dict[str, Any], tracer: str, backend: str) -> str:
     return "\n".join(
         [
             f"# torch-precompile artifact: {fn_info['module']}.{fn_info['name']}, "
@@ -152,11 +153,11 @@ def _output_detach(graph: SingleGraph, lowered: LoweredGraph) -> list[int]:
     if lowered.autograd is not None:
         # Outputs aliasing an input were refused at capture: any the lowered forward
         # returns as an input object is a new tensor in eager.
-        n_outputs = lowered.autograd["num_outputs"]
+        n_outputs = lowered.autograd["outputs"]
         found = {i for i in lowered.identity_outputs if i < n_outputs}
-        return sorted(found | set(lowered.autograd["detach"]))
+        return sorted(found | set(lowered.autograd["plain_outputs"]))
     output = graph.graph_module.graph.output_node()
-    nodes = _compat.pytree.tree_leaves(output.args[0])
+    nodes = tracing.pytree.tree_leaves(output.args[0])
     same = {i for i, n in enumerate(nodes) if getattr(n, "op", None) == "placeholder"}
     return [i for i in lowered.identity_outputs if i not in same]
 
@@ -166,17 +167,6 @@ def _grad_site(site: str, artifact_path: str) -> str:
     what, _, place = site.partition(" at ")
     file, _, line = place.rpartition(":")
     return f"{what} at {_relative(file, artifact_path)}:{line}"
-
-
-def _constant_literal(value: Any) -> Any:
-    """A Python input value as a metadata literal: a float or complex that is not
-    finite (``nan`` is no literal) as the tagged tuple the driver decodes
-    (``driver._input_constants``); a tuple is never a leaf, so the tag is unambiguous."""
-    if type(value) is float and not math.isfinite(value):
-        return ("float", repr(value))
-    if type(value) is complex and not cmath.isfinite(value):
-        return ("complex", repr(value))
-    return value
 
 
 def single_graph_metadata(
@@ -230,15 +220,15 @@ def single_graph_metadata(
         "MODULE_TRAINING": graph.module_training,
         "TRAINING": graph.training,
         "GRAD_PARAM_INDICES": graph.grad_param_indices,
-        "IN_SPEC": _compat.pytree.treespec_dumps(graph.in_spec),
-        "OUT_SPEC": _compat.pytree.treespec_dumps(graph.out_spec),
+        "IN_SPEC": tracing.pytree.treespec_dumps(graph.in_spec),
+        "OUT_SPEC": tracing.pytree.treespec_dumps(graph.out_spec),
         "USER_INPUT_SHAPES": shapes,
         "USER_INPUT_DTYPES": [str(leaf.dtype) if t else None for leaf, t in zip(leaves, tensor)],
         "USER_INPUT_DEVICES": [str(leaf.device) if t else None for leaf, t in zip(leaves, tensor)],
         "USER_INPUT_BOUNDS": bounds,
         "USER_INPUT_SHAPE_IDS": shape_ids,
         "USER_INPUT_CONSTANTS": [
-            None if t else _constant_literal(leaf) for leaf, t in zip(leaves, tensor)
+            None if t else state_checks.literal_fingerprint(leaf) for leaf, t in zip(leaves, tensor)
         ],
         "USER_INPUT_REQUIRES_GRAD": [
             bool(leaf.requires_grad) if t else None for leaf, t in zip(leaves, tensor)
@@ -290,6 +280,12 @@ def emit_single_graph(
 ) -> Artifact:
     sources = source_records([*graph.source_files(), fn_info["file"] or ""], artifact_path)
     functions = function_records(graph.functions_run, artifact_path)
+    output_detach = _output_detach(graph, lowered)
+    autograd = lowered.autograd
+    if autograd is not None:
+        # Inside the autograd.Function too, the outputs the driver detaches are handed
+        # back as plain tensors.
+        autograd = {**autograd, "plain_outputs": output_detach}
     metadata = single_graph_metadata(
         graph,
         fn_info=fn_info,
@@ -298,15 +294,15 @@ def emit_single_graph(
         sources=sources,
         functions=functions,
         artifact_path=artifact_path,
-        output_detach=_output_detach(graph, lowered),
-        autograd=lowered.autograd,
+        output_detach=output_detach,
+        autograd=autograd,
     )
-    imports = [_compat.ARTIFACT_PRELUDE, _compat.SINGLE_GRAPH_STATE_PRELUDE, lowered.prelude]
+    imports = [ARTIFACT_PRELUDE, SINGLE_GRAPH_STATE_PRELUDE, lowered.prelude]
     if lowered.runtime:
         imports += [runtime_source(lowered.runtime), "", lowered.runtime_setup]
     text = "\n".join(
         [
-            _header(fn_info, tracer, backend),
+            artifact_header(fn_info, tracer, backend),
             "# ---- metadata: literals only; precompile.inspect_artifact reads them unexecuted",
             render_metadata(metadata),
             "# ---- imports and the backend's runtime",

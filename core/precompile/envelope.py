@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -165,8 +164,3 @@ def read_envelope(
         )
         return None
     return bundle
-
-
-def default_cache_path(artifact_path: str) -> str:
-    root, _ = os.path.splitext(artifact_path)
-    return root + ".cache"

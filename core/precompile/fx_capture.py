@@ -20,8 +20,9 @@ from typing import Any, ClassVar
 import torch
 from torch.overrides import TorchFunctionMode
 
-from precompile import _compat, dependencies, state_checks
-from precompile._compat import pytree
+from precompile import dependencies, state_checks
+from precompile._compat import tracing
+from precompile._compat.tracing import pytree
 from precompile.dependencies import Dependencies, param_free
 from precompile.errors import Location, PrecompileError
 from precompile.lifting import LiftedState, lift_module_state, module_training_flags
@@ -88,7 +89,7 @@ class SingleGraph:
         for node in self.graph_module.graph.nodes:
             if node.op == "placeholder":
                 stride = tuple(node.meta["val"].stride())
-                strides.append(None if _compat.has_symbols(stride) else stride)
+                strides.append(None if tracing.has_symbols(stride) else stride)
         return strides
 
     def source_files(self) -> list[str]:
@@ -170,7 +171,7 @@ class _RefuseOpaqueAccess(TorchFunctionMode):
         layout = self._LAYOUT_READS.get(func)
         if layout is not None:
             self._note_read("layout", layout)
-        elif getattr(func, "__self__", None) is _compat.requires_grad_descriptor:
+        elif getattr(func, "__self__", None) is tracing.requires_grad_descriptor:
             if args and id(args[0]) in self.inputs:
                 self._note_read("requires_grad", ".requires_grad")
             else:
@@ -182,7 +183,7 @@ class _RefuseOpaqueAccess(TorchFunctionMode):
             read is not None
             and args
             and isinstance(args[0], torch.Tensor)
-            and not isinstance(args[0], _compat.FakeTensor)
+            and not isinstance(args[0], tracing.FakeTensor)
         ):
             t = args[0]
             raise _Refusal(
@@ -272,8 +273,8 @@ def check_fn_holds_no_state(fn: Callable[..., Any]) -> None:
 
 def _check_tensor(t: torch.Tensor, what: str, where: Location | None) -> None:
     """Refuse tensor kinds the artifact cannot check or reproduce yet (invariant 4)."""
-    inner = _compat.active_trace()
-    if isinstance(t, _compat.FakeTensor) or inner:
+    inner = tracing.active_trace()
+    if isinstance(t, tracing.FakeTensor) or inner:
         raise PrecompileError(
             f"capture was called inside another trace ({inner or 'fake tensor inputs'}); "
             f"{what} is not a real tensor",
@@ -328,6 +329,16 @@ def _split_args(
         if isinstance(leaf, torch.Tensor):
             _check_tensor(leaf, f"input value {i}", where)
             _check_dim_marks(leaf, i, where)
+        elif isinstance(leaf, LITERAL_TYPES) and type(leaf) not in LITERAL_TYPES:
+            base = next(t for t in LITERAL_TYPES if isinstance(leaf, t))
+            raise PrecompileError(
+                f"input value {i} is a {type(leaf).__name__}, a subclass of "
+                f"{base.__name__}; the artifact bakes each Python value and re-checks its "
+                f"exact type and value on every call, so it would refuse this one",
+                invariant=3,
+                location=where,
+                hint=f"pass {base.__name__}(value) instead, or read the value inside fn",
+            )
         elif not isinstance(leaf, LITERAL_TYPES):
             raise PrecompileError(
                 f"input value {i} is a {type(leaf).__name__}; besides tensors and modules "
@@ -411,7 +422,7 @@ def check_spec_serializable(spec: Any, what: str, where: Location | None) -> Non
 def _check_dim_marks(t: torch.Tensor, i: int, where: Location | None) -> None:
     """Dynamo's dim marks mean something under make_fx only as mark_unbacked dims; any
     other mark would be dropped silently, so it is refused."""
-    marks = _compat.dim_marks(t)
+    marks = tracing.dim_marks(t)
     if marks["dynamic"]:
         raise PrecompileError(
             f"input value {i} has dims {marks['dynamic']} marked with "
@@ -503,7 +514,7 @@ def _refuse_from_exception(error: BaseException, training: bool) -> PrecompileEr
         return PrecompileError(
             str(error), invariant=error.invariant, location=where, hint=error.hint
         )
-    if isinstance(error, _compat.GuardOnDataDependentSymNode):
+    if isinstance(error, tracing.GuardOnDataDependentSymNode):
         return PrecompileError(
             f"fn must decide on a size or value the capture treats as unknown "
             f"({str(error).splitlines()[0]}): a dim marked with mark_unbacked is served at any "
@@ -513,7 +524,7 @@ def _refuse_from_exception(error: BaseException, training: bool) -> PrecompileEr
             hint="remove the branch on that dim, or do not mark it; inputs whose dims must "
             "match can share one mark_unbacked shape_id",
         )
-    if isinstance(error, _compat.DATA_DEPENDENT_ERRORS):
+    if isinstance(error, tracing.DATA_DEPENDENT_ERRORS):
         op = getattr(error, "func", None)
         return PrecompileError(
             f"fn depends on tensor values ({op}: .item(), .tolist(), a tensor in an "
@@ -524,7 +535,7 @@ def _refuse_from_exception(error: BaseException, training: bool) -> PrecompileEr
             hint="keep the decision in tensor ops (torch.where, masking), or use "
             "precompile.DynamoTracer(), which splits the graph there",
         )
-    if isinstance(error, _compat.UnsupportedOperatorException):
+    if isinstance(error, tracing.UnsupportedOperatorException):
         return PrecompileError(
             f"operator {error.func} has no fake (meta) kernel, so the capture cannot tell "
             f"the shape of its result without running it on real data",
@@ -557,7 +568,7 @@ def trace_single_graph(
 ) -> SingleGraph:
     where = _fn_location(fn)
     check_fn_holds_no_state(fn)
-    inner = _compat.active_trace()
+    inner = tracing.active_trace()
     if inner:
         raise PrecompileError(
             f"capture was called inside {inner}",
@@ -611,7 +622,7 @@ def trace_single_graph(
                     for m, name in names
                     if m == mi
                 }
-                stack.enter_context(_compat.reparametrized(module, swap))
+                stack.enter_context(tracing.reparametrized(module, swap))
             out = fn(*call_args)
             argument_changes[:] = watch.changes()
         out_leaves, out_spec = pytree.tree_flatten(out)
@@ -660,29 +671,29 @@ def trace_single_graph(
             )
         return [*out_leaves, *(g for g in grads if g is not None)]
 
-    dynamic_dims = {i: _compat.unbacked_marks(leaves[i]) for i in tensor_slots}
+    dynamic_dims = {i: tracing.unbacked_marks(leaves[i]) for i in tensor_slots}
     dynamic_dims = {i: marks for i, marks in dynamic_dims.items() if marks}
     # The trace starts with no gradients on the parameters (an existing .grad would
     # become a constant of the graph): served calls accumulate onto .grad like eager.
     state_tensors = [_without_grad(t) for t in lifted.tensors]
     if dynamic_dims:
-        fake_mode, fakes = _compat.dynamic_fakes(state_tensors, [leaves[i] for i in tensor_slots])
+        fake_mode, fakes = tracing.dynamic_fakes(state_tensors, [leaves[i] for i in tensor_slots])
     else:
-        fake_mode = _compat.fake_mode()
+        fake_mode = tracing.fake_mode()
         fakes = [fake_mode.from_tensor(t) for t in state_tensors]
         fakes += [fake_mode.from_tensor(leaves[i]) for i in tensor_slots]
     before = dependencies.Snapshot(modules)
     autocast = state_checks.autocast_state()
     try:
         with (
-            _compat.recording_user_stacks(flat_fn.__code__) as stack_of,
-            _compat.recording_grad_access(
+            tracing.recording_user_stacks(flat_fn.__code__) as stack_of,
+            tracing.recording_grad_access(
                 lambda frame: frame.f_code.co_filename != __file__
             ) as grad_access,
             dependencies.recording_calls() as ran,
         ):
             with fake_mode, opaque, torch.set_grad_enabled(training or grad_inputs):
-                gm = _compat.make_fx(
+                gm = tracing.make_fx(
                     flat_fn,
                     decomposition_table=decompositions,
                     record_stack_traces=True,
@@ -742,7 +753,7 @@ def trace_single_graph(
             "it), or do not mark the dims",
         )
     if dynamic_dims:
-        _compat.insert_runtime_asserts(gm, fake_mode)
+        tracing.insert_runtime_asserts(gm, fake_mode)
     if grad_inputs:
         _check_grad_inputs_capture(grad_param_indices, dynamic_dims, where)
     recorded = dependencies.record_dependencies(modules, ran, training, fn, where)
@@ -861,7 +872,7 @@ def _check_graph(
                 hint="pass it as an argument of fn, or register it on a module "
                 "argument with register_buffer / nn.Parameter",
             )
-        if node.op == "call_function" and isinstance(node.target, _compat.HigherOrderOperator):
+        if node.op == "call_function" and isinstance(node.target, tracing.HigherOrderOperator):
             where = innermost(frames) or _fn_location(fn)
             raise _control_flow_refusal(node.target.name(), where)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from precompile import _compat
+from precompile._compat.prelude import FX_GRAPH_GLOBALS
 from precompile.errors import PrecompileError
 from precompile.fx_capture import SingleGraph, is_literal_constant
 
@@ -53,7 +53,7 @@ def fx_graph_source(graph: SingleGraph) -> str:
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     return "\n".join(
         [
-            _compat.FX_GRAPH_GLOBALS,
+            FX_GRAPH_GLOBALS,
             "# The captured ATen graph. Its inputs, in order:",
             *_input_legend(graph, placeholders),
             _graph_function(gm, "_graph"),
@@ -100,7 +100,7 @@ def fx_autograd_source(
     placeholders = [n.name for n in forward.graph.nodes if n.op == "placeholder"]
     return "\n".join(
         [
-            _compat.FX_GRAPH_GLOBALS,
+            FX_GRAPH_GLOBALS,
             "# The captured forward ATen graph (AOTAutograd). Its inputs, in order:",
             *_input_legend(graph, placeholders),
             _graph_function(forward, "_graph"),

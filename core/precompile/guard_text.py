@@ -61,6 +61,10 @@ def guard_failure_text(raw: str) -> str:
         if match:
             name, expected, actual = match.groups()
             return f"`{name}` has {actual} dims; the capture saw {expected}"
+        match = re.fullmatch(r"\(?type\((.+?)\) is \w+ and __math_isnan\(\1\)\)?", text)
+        if match:
+            # A NaN equals nothing: Dynamo guards one it specialized on with isnan.
+            return f"`{match.group(1)}` is not nan, the value the capture specialized on"
         match = re.fullmatch(r"([\w.\[\]'\" ]+?) == (.+)", text)
         if match:
             name, value = match.groups()

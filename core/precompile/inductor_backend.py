@@ -15,15 +15,17 @@ import ast
 import dataclasses
 import functools
 import hashlib
-import inspect
 import re
 from collections.abc import Callable
 from typing import Any, cast
 
 import torch
 
-from precompile import _compat, driver, inductor_serving
-from precompile.emit import LoweredGraph
+from precompile import autograd_serving, driver, inductor_serving
+from precompile._compat import inductor
+from precompile._compat.kernel_platform import kernel_platform
+from precompile._compat.prelude import ARTIFACT_PRELUDE, INDUCTOR_PRELUDE
+from precompile.emit import LoweredGraph, runtime_source
 from precompile.errors import PrecompileError
 from precompile.fx_capture import SingleGraph
 
@@ -62,9 +64,9 @@ def lower_inductor(graph: SingleGraph) -> LoweredGraph:
         return _lower_autograd(graph)
     fakes = _graph_fakes(graph)
     try:
-        functional = _compat.functional_retrace(graph.graph_module, fakes)
-        with _compat.inductor_layout_config():
-            source = _compat.compile_inductor(functional, fakes)
+        functional = inductor.functional_retrace(graph.graph_module, fakes)
+        with inductor.inductor_layout_config():
+            source = inductor.compile_inductor(functional, fakes)
     except PrecompileError:
         raise
     except Exception as error:
@@ -87,12 +89,12 @@ def _lowered(section: str, slim: bool, autograd: dict[str, Any] | None = None) -
         inductor_serving.relabel_layout_error_inductor,
     )
     if autograd is not None:
-        runtime += (inductor_serving.bind_inductor_module,)
+        runtime += (inductor_serving.bind_inductor_module, autograd_serving.bind_autograd)
     return LoweredGraph(
         source=section,
         relabel=inductor_serving.relabel_layout_error_inductor,
         runtime=runtime,
-        prelude=_compat.INDUCTOR_PRELUDE,
+        prelude=INDUCTOR_PRELUDE,
         runtime_setup=(
             '_INDUCTOR = inductor_runtime(globals().get("_PRECOMPILE_BUNDLE"))\n'
             "_inductor_import = _INDUCTOR.resolve\n"
@@ -111,12 +113,12 @@ def _lower_autograd(graph: SingleGraph) -> LoweredGraph:
     from precompile.autograd_capture import capture_joint
 
     assert graph.joint_inputs is not None
-    decompositions = {**_compat.inductor_decompositions(), **(graph.joint_inputs[2] or {})}
+    decompositions = {**inductor.inductor_decompositions(), **(graph.joint_inputs[2] or {})}
     joint = capture_joint(graph, decompositions)
     try:
-        with _compat.inductor_autograd_config():
-            forward = _compat.compile_inductor(joint.forward, joint.placeholder_values("forward"))
-            backward = _compat.compile_inductor_backward(
+        with inductor.inductor_autograd_config():
+            forward = inductor.compile_inductor(joint.forward, joint.placeholder_values("forward"))
+            backward = inductor.compile_inductor_backward(
                 joint.backward, joint.placeholder_values("backward")
             )
     except PrecompileError:
@@ -199,10 +201,10 @@ def inline_dynamo_subgraph(gm: torch.fx.GraphModule, runtime: Any) -> InlinedSub
     compiles (and remembers for the cache), or None when it needs AOTAutograd's runtime:
     a graph that switches grad mode, or one the functional retrace cannot lower. The
     caller then compiles it the way torch.compile does."""
-    if _compat.sets_grad_mode(gm):
+    if inductor.sets_grad_mode(gm):
         return None
     try:
-        source = _compat.lower_dynamo_subgraph(gm)
+        source = inductor.lower_dynamo_subgraph(gm)
     except Exception:  # the full Inductor path compiles it, or says why it cannot
         return None
     section, slim = rewrite_inductor_module(source)
@@ -232,11 +234,11 @@ class InlinedAotSubgraph:
 def inline_aot_subgraph(
     record: dict[str, Any], num_inputs: int, runtime: Any
 ) -> InlinedAotSubgraph | None:
-    """The subgraph ``_compat.compile_fx_recorded`` compiled, as inlined output modules
+    """The subgraph ``_compat.inductor.compile_fx_recorded`` compiled, as inlined output modules
     run by the artifact's runtime, or None where that runtime cannot reproduce what
     AOTAutograd does around it (the caller then ships Inductor's pickled artifact)."""
     try:
-        spec = _compat.aot_runtime_spec(record, num_inputs)
+        spec = inductor.aot_runtime_spec(record, num_inputs)
     except ValueError:
         return None
     sources = dict(record["graphs"])
@@ -261,16 +263,7 @@ def inline_no_grad_subgraph(
     inlined = inline_dynamo_subgraph(gm, runtime)
     if inlined is None:
         return None
-    spec: dict[str, Any] = {
-        "joint": False,
-        "detach": [],
-        "mutations": [],
-        "leaf_mutations": [],
-        "bump_versions": [],
-        "outputs": num_outputs,
-        "grad_enabled_mutation": None,
-        "detach_outputs": True,
-    }
+    spec = {**autograd_serving.base_spec(num_outputs), "detach_outputs": True}
     name = f"subgraph_{hashlib.sha256(inlined.source.encode()).hexdigest()[:12]}"
     run = _emitted_aot_binder()(name, spec, inlined.source, None, runtime.resolve)
     return InlinedAotSubgraph(spec, inlined.source, None, inlined.slim, run)
@@ -278,22 +271,23 @@ def inline_no_grad_subgraph(
 
 @functools.cache
 def _emitted_aot_binder() -> Callable[..., Any]:
-    """``inductor_serving.bind_aot_graph`` as an artifact defines it: its text executed after the
-    artifact's import preludes, so the capture runs the runtime the load will."""
+    """``inductor_serving.bind_aot_graph`` as an artifact defines it: the text an artifact
+    carries (``emit.runtime_source``), executed after the artifact's import preludes, so
+    the capture runs the runtime the load will."""
     namespace: dict[str, Any] = {"__name__": "precompile_aot_runtime"}
     text = "\n\n".join(
         [
             "from __future__ import annotations",
-            _compat.ARTIFACT_PRELUDE,
-            _compat.INDUCTOR_PRELUDE,
-            *(
-                inspect.getsource(f)
-                for f in (
+            ARTIFACT_PRELUDE,
+            INDUCTOR_PRELUDE,
+            runtime_source(
+                [
                     driver.PrecompileError,
                     driver._fail,
+                    autograd_serving.bind_autograd,
                     inductor_serving.bind_inductor_module,
                     inductor_serving.bind_aot_graph,
-                )
+                ]
             ),
         ]
     )
@@ -311,4 +305,4 @@ def collect_kernels(runtime: Any, slim: bool) -> dict[str, Any]:
             return {}  # a kernel we cannot locate: ship no cache rather than a partial one
         with open(path, "rb") as f:
             kernels[digest] = f.read()
-    return {"kernels": kernels, "slim": slim, "requires": _compat.kernel_platform()}
+    return {"kernels": kernels, "slim": slim, "requires": kernel_platform()}

@@ -1,10 +1,11 @@
 """The runtime an Inductor artifact carries besides the driver: how its output modules
 run without Inductor (kernels bound from the verified cache, stand-ins for Inductor's
-runtime names), forward/backward pairs served through one autograd.Function, and the
-layout errors of its size asserts said in the user's words.
+runtime names), the forward/backward pairs AOTAutograd partitioned (bound to
+``autograd_serving.bind_autograd``), and the layout errors of its size asserts said in
+the user's words.
 
 Its functions are emitted into the Inductor artifacts that use them (single-graph and
-Dynamo), with the Inductor prelude (``_compat.INDUCTOR_PRELUDE``), whose names the stubs
+Dynamo), with the Inductor prelude (``_compat.prelude.INDUCTOR_PRELUDE``), whose names the stubs
 below stand for. The capture side calls the same functions (binding
 what it lowered, as a load will), by these public names.
 """
@@ -17,17 +18,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:
     import torch as _torch
 
-    # Bound by the artifact prelude (precompile._compat), its metadata and driver's
+    # Bound by the artifact prelude (precompile._compat.prelude), its metadata and driver's
     # functions.
     _KERNEL_DATA_PTR_ENV: str = ""
     _kernel_data_ptr: Any = None
     _INDUCTOR_ALIGN_BYTES: int = 64
-    _view_replay_enabled: Callable[[], bool] = bool
-    _set_view_replay_enabled: Callable[[bool], None] = print
-    _set_code_exec_strategy: Any = None
-    _SKIP_FRAMES: Any = None
-    _set_grad_enabled: Callable[[bool], None] = print
-    _any_autocast_enabled: Callable[[], bool] = bool
     USER_INPUT_SHAPE_IDS: list[Any] = []
     PARAM_NAMES: list[str] = []
     BUFFER_NAMES: list[str] = []
@@ -37,6 +32,10 @@ if TYPE_CHECKING:
     def _fail(message: str, invariant: int | None = None) -> NoReturn: ...
 
     def _memory_format(t: Any) -> str: ...
+
+    def bind_autograd(
+        name: str, spec: dict[str, Any], forward_call: Any, backward_call: Any
+    ) -> Callable[..., list[Any]]: ...
 
 
 def relabel_layout_error_inductor(error: AssertionError, flat: list[Any]) -> str | None:
@@ -239,161 +238,11 @@ def bind_aot_graph(
 ) -> Any:
     """Run a subgraph AOTAutograd partitioned (a training graph, or one that switches grad
     mode) from its inlined Inductor output modules, doing what AOTAutograd's runtime
-    wrappers do around them -- for the cases the capture accepted (``spec``, from
-    ``_compat.aot_runtime_spec``): detach inputs whose gradient is known to be None, run
-    the forward in an autograd function that saves what the backward needs (tensors and
-    sizes), mark outputs that need no gradient, coerce incoming gradients to the layout
-    the backward was compiled for, copy mutated inputs back, restore grad mode."""
+    wrappers do around them for the cases the capture accepted (``spec``, from
+    ``_compat.inductor.aot_runtime_spec``): ``autograd_serving.bind_autograd``, the one runtime of
+    every captured forward/backward pair."""
     forward_call = bind_inductor_module(f"{name}_forward", forward, resolve)
     backward_call: Any = (
         bind_inductor_module(f"{name}_backward", backward, resolve) if backward else None
     )
-    detach = tuple(spec["detach"])
-    mutations = tuple(spec["mutations"])
-    leaves = frozenset(spec["leaf_mutations"])
-    bump = tuple(spec["bump_versions"])
-    grad_mode_after = spec["grad_enabled_mutation"]
-    detach_outputs = spec.get("detach_outputs", False)
-    expected = len(mutations) + spec["outputs"]
-
-    def finish(args: list[Any], outs: Any) -> Any:
-        outs = list(outs)
-        if len(outs) != expected:
-            _fail(
-                f"precompile: graph {name} returned {len(outs)} values where it was "
-                f"captured returning {expected}; this is a precompile bug, please report it"
-            )
-        for i, index in enumerate(mutations):
-            original = args[index]
-            if index in leaves and original.requires_grad:
-                original.detach().copy_(outs[i])
-            else:
-                original.copy_(outs[i])
-        if bump:
-            _torch.autograd.graph.increment_version(tuple(args[i] for i in bump))
-        if grad_mode_after is not None:
-            _set_grad_enabled(grad_mode_after)
-        return outs[len(mutations) :]
-
-    if backward_call is None:
-
-        def run_inference(*args: Any) -> Any:
-            inputs = list(args)
-            enabled = _torch.is_grad_enabled()
-            if enabled:
-                _set_grad_enabled(False)
-            try:
-                outs = forward_call(*inputs)
-            finally:
-                if enabled:
-                    _set_grad_enabled(True)
-            if detach_outputs:
-                outs = [
-                    o.detach() if isinstance(o, _torch.Tensor) and o.requires_grad else o
-                    for o in outs
-                ]
-            return finish(inputs, outs)
-
-        return run_inference
-
-    saved = slice(*spec["saved"])
-    saved_no_check = slice(*spec["saved_no_check"])
-    symints = slice(*spec["symints"])
-    returns = spec["forward_returns"]
-    non_differentiable = tuple(spec["non_differentiable"])
-    grad_outs = spec["grad_outs"]
-    tangents = tuple(
-        (
-            position,
-            None
-            if fmt is None
-            else (
-                ("format", getattr(_torch, fmt[1]))
-                if fmt[0] == "format"
-                else ("strided", tuple(fmt[1]), tuple(fmt[2]))
-            ),
-        )
-        for position, fmt in spec["tangents"]
-    )
-
-    def tangent(grad: Any, fmt: Any) -> Any:
-        if fmt is None or not isinstance(grad, _torch.Tensor):
-            return grad
-        if fmt[0] == "format":
-            if not grad.is_contiguous(memory_format=fmt[1]):
-                grad = grad.contiguous(memory_format=fmt[1])
-            return grad
-        if tuple(grad.shape) == fmt[1] and grad.stride() == fmt[2]:
-            return grad
-        restrided = _torch.empty_strided(
-            fmt[1], fmt[2], dtype=grad.dtype, device=grad.device, layout=grad.layout
-        )
-        restrided.copy_(grad)
-        return restrided
-
-    class CompiledFunction(_torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, *args: Any) -> Any:
-            outs = list(forward_call(*args))
-            ctx.save_for_backward(*[t.detach() if t._is_view() else t for t in outs[saved]])
-            ctx.unchecked = [t.detach() if t._is_view() else t for t in outs[saved_no_check]]
-            ctx.symints = outs[symints]
-            raw = outs[:returns]
-            ctx.mark_non_differentiable(
-                *[raw[i] for i in non_differentiable if isinstance(raw[i], _torch.Tensor)]
-            )
-            ctx._materialize_non_diff_grads = False
-            return tuple(raw)
-
-        @staticmethod
-        def backward(ctx: Any, *grads: Any) -> Any:
-            if len(grads) != grad_outs:
-                _fail(f"precompile: graph {name} got {len(grads)} gradients, expected {grad_outs}")
-            if _torch.is_grad_enabled():
-                _fail(
-                    f"precompile: graph {name} was captured for a first-order backward; "
-                    f"backward(create_graph=True) through it (a double backward) is not "
-                    f"supported -- capture the double backward inside fn instead"
-                )
-            if _any_autocast_enabled():
-                _fail(
-                    f"precompile: graph {name}'s backward runs under torch.autocast, but "
-                    f"its captured backward holds the dtypes of a backward without it: "
-                    f"eager would recast some of its ops. Run the backward outside the "
-                    f"autocast block (as PyTorch recommends), or run this computation eagerly"
-                )
-            all_args = [
-                *ctx.symints,
-                *ctx.saved_tensors,
-                *ctx.unchecked,
-                *(tangent(grads[position], fmt) for position, fmt in tangents),
-            ]
-            ctx.unchecked = None
-            return tuple(backward_call(*all_args))
-
-    def run_training(*args: Any) -> Any:
-        inputs = list(args)
-        for index in detach:
-            if isinstance(inputs[index], _torch.Tensor):
-                inputs[index] = inputs[index].detach()
-        replay = _view_replay_enabled()
-        try:
-            if not replay:
-                _set_view_replay_enabled(True)
-            with _torch.enable_grad():
-                outs = CompiledFunction.apply(*inputs)
-        finally:
-            if _view_replay_enabled() != replay:
-                _set_view_replay_enabled(replay)
-        return finish(list(args), outs)
-
-    # The autograd engine calls backward from whatever frame runs loss.backward(); where
-    # Dynamo's frame callback is active (a capture, an installed artifact) it must not
-    # try to compile this runtime, as it never compiles AOTAutograd's own.
-    for code in (
-        CompiledFunction.forward.__code__,
-        CompiledFunction.backward.__code__,
-        run_training.__code__,
-    ):
-        _set_code_exec_strategy(code, _SKIP_FRAMES)
-    return run_training
+    return bind_autograd(name, spec, forward_call, backward_call)

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     def _import_module(name: str) -> Any: ...
 
-    def _dynamo_installed_runtime() -> Any: ...
+    def dynamo_installed_runtime() -> Any: ...
 
     def _serve_as_captured(entry: Any, check: Any) -> Any: ...
 
@@ -53,7 +53,7 @@ def _build_installed_forward() -> Any:
 
     _check_versions()
     _check_function_sources()
-    rt = _dynamo_installed_runtime()
+    rt = dynamo_installed_runtime()
     module = _import_module(FN_MODULE)
     try:
         fn = operator.attrgetter(FN_NAME)(module)

@@ -189,7 +189,7 @@ def _usable_kernels(bundle: dict[str, Any] | None, cache_path: str) -> dict[str,
     this is checked from CPU-feature queries before anything is loaded."""
     if not bundle or not bundle.get("requires"):
         return bundle
-    from precompile._compat import kernel_platform_problem
+    from precompile._compat.kernel_platform import kernel_platform_problem
 
     problem = kernel_platform_problem(bundle.get("requires", {}))
     if problem is None:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
-    # Bound by the artifact prelude (precompile._compat).
+    # Bound by the artifact prelude (precompile._compat.prelude).
     _any_autocast_enabled: Callable[[], bool] = bool
     _set_grad_enabled: Callable[[bool], None] = print
     FN_NAME: str = ""
@@ -45,9 +45,9 @@ if TYPE_CHECKING:
 
     def _fail(message: str, invariant: int | None = None) -> NoReturn: ...
 
-    def _dynamo_serving_runtime() -> Any: ...
+    def dynamo_serving_runtime() -> Any: ...
 
-    def _plain_serving_runtime() -> Any: ...
+    def plain_serving_runtime() -> Any: ...
 
     GUARD_RUNTIME: dict[str, Any] = {}
 
@@ -317,7 +317,7 @@ def _build_multigraph_forward() -> Any:
     # never imports torch._dynamo; "dynamo": Dynamo's guard manager, for guards outside
     # plain_guards' whitelist (GUARD_RUNTIME says which, and why).
     dynamo_free = GUARD_RUNTIME.get("path") == "plain"
-    rt = _plain_serving_runtime() if dynamo_free else _dynamo_serving_runtime()
+    rt = plain_serving_runtime() if dynamo_free else dynamo_serving_runtime()
     frames = pickle.loads(base64.b64decode(_FRAMES))
     binding = pickle.loads(base64.b64decode(_ENTRY_BINDING))
     compiled = {backend_id: rt.disable(fn) for backend_id, fn in _BACKEND_FNS.items()}

@@ -1,4 +1,4 @@
-"""Dynamo-free guards at load: a variant's guard program (``_compat_guards``) rebuilt as
+"""Dynamo-free guards at load: a variant's guard program (``_compat.guard_translation``) rebuilt as
 Python accessors over the C++ leaf guards of ``torch._C._dynamo.guards``.
 
 Emitted whole into Dynamo artifacts whose guards all translated; never imported by them.
@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    # Bound by the artifact prelude (precompile._compat_guards.PLAIN_GUARDS_PRELUDE).
+    # Bound by the artifact prelude (precompile.guard_translation.PLAIN_GUARDS_PRELUDE).
     _guard_classes: Any = None
     _dispatch_key_set: Any = None
     _dispatch_keys: Any = None
@@ -38,7 +38,7 @@ _MISSING = object()
 
 
 def code_object(fields: dict[str, Any]) -> Any:
-    """A code object from ``_compat_guards.plain_code``'s fields (nested code likewise)."""
+    """A code object from ``_compat.guard_translation.plain_code``'s fields (nested code likewise)."""
     consts = tuple(
         code_object(c["__code__"]) if isinstance(c, dict) and "__code__" in c else c
         for c in fields["co_consts"]
@@ -137,7 +137,7 @@ def _hooks_check(_value: Any) -> bool:
 
 def _expression(text: str) -> Any:
     """A shape guard over the frame locals ``L``, as plain Python (see
-    ``_compat_guards._plain_expression`` for what it may contain)."""
+    ``_compat.guard_translation._plain_expression`` for what it may contain)."""
     code = compile(text, "<guard>", "eval")
 
     def check(f_locals: Any) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from precompile import _compat
+from precompile._compat import tracing
 from precompile.locations import is_user_file
 
 
@@ -89,7 +89,7 @@ def tables() -> Tables:
     return Tables(
         getter_codes=codes,
         getter_builtins=builtins,
-        probe_codes={f.__code__: name for name, f in _compat.tracing_probes().items()},
+        probe_codes={f.__code__: name for name, f in tracing.tracing_probes().items()},
         backends_dir=os.path.join(os.path.dirname(torch.backends.__file__), ""),
     )
 

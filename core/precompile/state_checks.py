@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 # >>> not emitted: artifacts carry this module whole, and their prelude binds these names
-from precompile._compat import dispatch_tls_local_exclude_set, privateuse1_backend_name
+from precompile._compat.prelude import dispatch_tls_local_exclude_set, privateuse1_backend_name
 
 # <<< not emitted
 
@@ -218,6 +218,25 @@ def _is_stdlib_class(cls: Any) -> bool:
     return str(getattr(cls, "__module__", "")).split(".")[0] in sys.stdlib_module_names
 
 
+_LITERAL_KINDS = (type(None), bool, int, str, bytes, float, complex)
+
+
+def literal_fingerprint(value: Any) -> tuple[str, Any]:
+    """A Python literal's fingerprint: its exact type's name and its value, a float or
+    complex by ``repr``, which tells apart what ``==`` does not (``0.0 == -0.0`` yet
+    ``x / 0.0`` and ``x / -0.0`` differ; a NaN equals nothing, yet it is the NaN the
+    capture saw) and has a literal form where the value has none (``nan``, ``inf``).
+    Two fingerprints are equal exactly when the values are, and only for the same type.
+    For a value of another type (a subclass of a literal type among them), a tag no
+    literal's fingerprint equals."""
+    kind = type(value)
+    if kind is float or kind is complex:
+        return (kind.__name__, repr(value))
+    if kind in _LITERAL_KINDS:
+        return (kind.__name__, value)
+    return ("not a literal", type_name(kind))
+
+
 def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any:
     """A literal that changes whenever ``value`` would make the traced code behave
     differently, as far as a Python value can: literals by type and exact value
@@ -231,10 +250,8 @@ def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any:
     import torch
 
     kind = type(value)
-    if value is None or kind in (bool, int, str, bytes):
-        return (kind.__name__, value)
-    if kind in (float, complex):
-        return (kind.__name__, repr(value))
+    if kind in _LITERAL_KINDS:
+        return literal_fingerprint(value)
     if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
         return ("torch", kind.__name__, str(value))
     if isinstance(value, torch.Tensor):

@@ -265,10 +265,11 @@ def _verify(args: argparse.Namespace) -> int:
     """With ``--trusted-key``, the pair's signature is checked first (in this process,
     without torch); a refused signature is a finding, and nothing is loaded."""
     if args.trusted_key:
+        from precompile.artifact_io import default_cache_path
         from precompile.errors import PrecompileError, SignatureError
         from precompile.signing import verify_signature
 
-        cache = str(Path(args.artifact).with_suffix(".cache"))
+        cache = default_cache_path(args.artifact)
         try:
             signer = verify_signature(
                 args.artifact,
@@ -305,10 +306,11 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 def _sign(args: argparse.Namespace) -> int:
+    from precompile.artifact_io import default_cache_path
     from precompile.errors import PrecompileError
     from precompile.signing import sign
 
-    cache = args.cache or str(Path(args.artifact).with_suffix(".cache"))
+    cache = args.cache or default_cache_path(args.artifact)
     try:
         signature = sign(args.artifact, cache, args.key, signature_path=args.signature)
     except PrecompileError as error:

@@ -149,9 +149,6 @@ class Config:
     def default_artifact(self, module: str, function: str) -> Path:
         return self.artifact_dir / f"{module}.{function}.py"
 
-    def severity_of(self, code: str, default: str) -> str:
-        return self.severity.get(code, default)
-
 
 def find_pyproject(start: Path) -> Path | None:
     for directory in [start, *start.parents]:

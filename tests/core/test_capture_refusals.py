@@ -3,6 +3,7 @@ line (found here by a marker comment on that line)."""
 
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -385,6 +386,24 @@ def test_non_literal_input_is_refused(tmp_path: Path) -> None:
         words=("input value 1 is a object",),
         tmp=tmp_path,
     )
+
+
+class Mode(enum.IntEnum):
+    FAST = 1
+
+
+def test_literal_subclass_input_is_refused(tmp_path: Path) -> None:
+    # Baked values are re-checked by exact type and value: the call would never match.
+    error = refuse(
+        lambda x, mode: x * mode,
+        torch.randn(4),
+        Mode.FAST,
+        invariant=3,
+        marker=None,
+        words=("input value 1 is a Mode, a subclass of int",),
+        tmp=tmp_path,
+    )
+    assert "int(value)" in (error.hint or "")
 
 
 # ---------------------------------------------------------------- invariant 5: training

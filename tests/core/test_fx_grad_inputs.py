@@ -112,7 +112,7 @@ def test_outputs_carry_grad_and_backward_fills_grads_like_eager(
 ) -> None:
     result = served[(case, backend)]
     fresh = result["fresh"]
-    for step in ("first", "second", "no_grad", "detached"):
+    for step in ("first", "second", "no_grad", "detached", "summed"):
         _assert_same(fresh["served"][step], fresh["eager"][step], f"{case}/{backend}/{step}")
     first = fresh["served"]["first"]
     # Not vacuous: with grad on the outputs carry grad (a backward node of their own),

@@ -33,6 +33,10 @@ def test_only_a_plain_value_negated_is_said_to_be_empty() -> None:
         ),
         ("not L['log']", "`log` is not empty, as it was at capture"),
         (
+            "(type(L['s']) is float and __math_isnan(L['s']))  # x / s  # m.py:3 in fn",
+            "`s` is not nan, the value the capture specialized on (read at m.py:3 in `fn`)",
+        ),
+        (
             "expected type of 'L['x']' to be a tensor type, ' but found <class 'torch.nn.parameter.Parameter'>",
             "`x` is a torch.nn.parameter.Parameter, where the capture saw a plain torch.Tensor",
         ),
@@ -45,5 +49,5 @@ def test_only_a_plain_value_negated_is_said_to_be_empty() -> None:
 def test_raw_guard_text_is_said_in_the_users_words(raw: str, said: str) -> None:
     text = guard_failure_text(raw)
     assert said in text
-    for raw_word in ("L[", "_modules", "TYPE_MISMATCH", "dict.keys", "expected type of"):
+    for raw_word in ("L[", "_modules", "TYPE_MISMATCH", "dict.keys", "expected type of", "isnan"):
         assert raw_word not in text

@@ -1,7 +1,8 @@
 """Python values and side effects an artifact must serve exactly or refuse: a float
 argument at a signed zero (``0.0 == -0.0``, yet ``x / s`` differs), NaN and infinity, a
-dict input in another key order, a tensor still carrying its mark_unbacked mark (both
-tracers as they apply); and, for make_fx, a trace that changes Python state (fn's list
+complex one (``0j == -0j``, yet ``x / s.imag`` differs), for Dynamo also in a frame
+served by installing, a dict input in another key order, a tensor still carrying its
+mark_unbacked mark (both tracers as they apply); and, for make_fx, a trace that changes Python state (fn's list
 and dict arguments, a parameter's requires_grad, a module global) is refused at capture,
 since a served call runs no Python. Captured here, served in one fresh process; a
 "/warm" cell follows a served call, so it meets the per-call fast path."""
@@ -36,6 +37,16 @@ EXPECTED: dict[tuple[str, str], dict[str, tuple[str, ...] | None]] = {
         "clamp inf": None,
         "clamp -inf/warm": ("input value 2 is -inf", "baked inf"),
     },
+    ("fx", "imag 0j"): {
+        "imag -0j": ("input value 2 is -0j", "baked 0j", "Pass 0j"),
+        "imag 0j": None,
+        "imag -0j/warm": ("input value 2 is -0j", "baked 0j"),
+    },
+    ("fx", "scale 1+2j"): {
+        "scale 1-2j": ("input value 2 is (1-2j)", "baked (1+2j)"),
+        "scale 1+2j": None,
+        "scale 1-2j/warm": ("input value 2 is (1-2j)", "baked (1+2j)"),
+    },
     ("fx", "dict a,b"): {
         "dict b,a": ("keys in the order ['b', 'a']", "captured with ['a', 'b']", "captured order"),
         "dict a,b": None,
@@ -50,6 +61,55 @@ EXPECTED: dict[tuple[str, str], dict[str, tuple[str, ...] | None]] = {
         "global -0.0": ("`EPS` is -0.0", "was 0.0 at capture"),
         "global 0.0": None,
         "global -0.0/warm": ("`EPS` is -0.0", "was 0.0 at capture"),
+    },
+    ("dynamo", "divide nan"): {
+        "divide nan": None,
+        "divide 1.0": ("`s` is not nan, the value the capture specialized on",),
+        "divide nan/warm": None,
+        "divide 1.0/warm": ("`s` is not nan",),
+    },
+    ("dynamo", "divide 1.0"): {
+        "divide nan": ("`s` is not 1.0",),
+        "divide 1.0": None,
+        "divide inf": ("`s` is not 1.0",),
+    },
+    ("dynamo", "divide inf"): {
+        "divide -inf": ("`s` is not inf",),
+        "divide inf": None,
+        "divide -inf/warm": ("`s` is not inf",),
+    },
+    ("dynamo", "divide -inf"): {
+        "divide inf": ("`s` is not -inf",),
+        "divide -inf": None,
+    },
+    # 0j == -0j: Dynamo's guard passes the other sign of a complex zero part.
+    ("dynamo", "imag 0j"): {
+        "imag -0j": ("`s` is -0j", "was 0j at capture", "Pass 0j"),
+        "imag 0j": None,
+        "imag -0j/warm": ("`s` is -0j", "was 0j at capture"),
+    },
+    ("dynamo", "imag -0j"): {
+        "imag 0j": ("`s` is 0j", "was -0j at capture"),
+        "imag -0j": None,
+    },
+    ("dynamo", "scale 1+2j"): {
+        "scale 1-2j": ("`s` is not (1+2j)",),
+        "scale 1+2j": None,
+        "scale 1-2j/warm": ("`s` is not (1+2j)",),
+    },
+    # Installed: the division runs in a frame of its own, reached by an ordinary call.
+    ("dynamo", "helper 0.0"): {
+        "helper -0.0": ("`s` is -0.0", "was 0.0 at capture"),
+        "helper 0.0": None,
+        "helper -0.0/warm": ("`s` is -0.0", "was 0.0 at capture"),
+    },
+    ("dynamo", "helper nan"): {
+        "helper nan": None,
+        "helper 1.0": ("no captured variant serves this call", "`s` is not nan"),
+    },
+    ("dynamo", "helper inf"): {
+        "helper -inf": ("`s` is not inf",),
+        "helper inf": None,
     },
     ("dynamo", "marked 8"): {
         "marked 8": None,
@@ -76,6 +136,9 @@ def test_values_served_exactly_or_refused(tmp_path: Path) -> None:
             name=name.replace(" ", "_"),
             tracer=_tracer(tracer),
         )
+        if cell.startswith("helper"):
+            # Not vacuous: the guard on `s` is the helper frame's own.
+            assert precompile.inspect_artifact(paths[0])["SERVING_MODE"] == "installed"
         job[name] = (paths, list(cells))
     results = run_job("tests.fixtures.values_side_effects", job, tmp_path / "job.json")
     problems = []
@@ -114,3 +177,25 @@ def test_fx_trace_side_effects_refused_at_capture(
     assert "fn changed state in Python while it was traced" in message
     assert all(w in message for w in words), message
     assert "return the value from fn" in message
+
+
+@pytest.mark.parametrize(("first", "second"), [(0.0, -0.0), (0j, complex(0.0, -0.0))])
+def test_dynamo_capture_of_both_signs_of_a_zero_is_refused(
+    tmp_path: Path, first: object, second: object
+) -> None:
+    """Dynamo's guard compares with ==: one compiled variant would serve both signs."""
+    fn = v.divide if isinstance(first, float) else v.divide_by_imag
+    x = torch.tensor([1.0, -2.0, 0.0])
+    with pytest.raises(PrecompileError) as caught:
+        with precompile.capture(
+            fn,
+            artifact_path=tmp_path / "a.py",
+            cache_path=tmp_path / "a.cache",
+            tracer=precompile.DynamoTracer(),
+            backend="eager",
+        ) as cap:
+            cap(None, x, first)
+            cap(None, x, second)
+    message = str(caught.value)
+    assert f"`s` was {first!r} in one captured call and {second!r} in another" in message
+    assert "one sign of zero per artifact" in (caught.value.hint or "")

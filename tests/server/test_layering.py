@@ -68,7 +68,7 @@ def test_the_contracts_hold(sources: Path) -> None:
         ),
         (
             "core/precompile/envelope.py",
-            "from precompile import _compat",
+            "from precompile._compat import prelude",
             "the base layer (errors, metadata, envelope, files) imports no",
         ),
     ],

@@ -30,6 +30,7 @@ import attrs
 import torch
 
 import precompile
+from precompile.artifact_io import default_cache_path
 from precompile.errors import PrecompileError
 from precompile.targets import as_example
 from precompile_lsp import protocol
@@ -267,7 +268,7 @@ def run_job(job: JobRequest) -> JobResult:
         report_stage("importing")
         fn, options = _import_target(job)
         artifact = job.artifact
-        cache = os.path.splitext(artifact)[0] + ".cache"
+        cache = default_cache_path(artifact)
         if job.kind is JobKind.VERIFY:
             failures = verify(fn, options, artifact, cache, job.trusted_keys)
             result = attrs.evolve(result, verify_failures=failures)

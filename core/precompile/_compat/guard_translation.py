@@ -19,8 +19,7 @@ so each leaf decides exactly as Dynamo's does.
 
 Only a whitelist translates (``_ACCESSORS``, ``_LEAVES``, the lambda and epilogue forms
 in ``_lambda_form``); anything else raises ``UnsupportedGuards`` with what it was, and the
-artifact keeps loading through Dynamo. This module names private torch, like
-``_compat``: it is that layer's guard part.
+artifact keeps loading through Dynamo.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    # What the emitted _plain_serving_runtime finds in the artifact: the prelude's
+    # What the emitted plain_serving_runtime finds in the artifact: the prelude's
     # names, and plain_guards (emitted alongside).
     from precompile.plain_guards import PlainGuards, code_object
 
@@ -697,10 +696,10 @@ def plain_code(serialized: Any) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- emitted verbatim
 # The function below is emitted into Dynamo-free artifacts (the prelude above binds its
-# names), in place of _compat._dynamo_serving_runtime.
+# names), in place of runtime.dynamo_serving_runtime.
 
 
-def _plain_serving_runtime() -> Any:
+def plain_serving_runtime() -> Any:
     """What the multi-graph driver needs to rebuild its frames, without ``torch._dynamo``."""
     import inspect
     import sys
@@ -710,7 +709,7 @@ def _plain_serving_runtime() -> Any:
 
     def disown(scope: dict[str, Any], name: str) -> None:
         # Only a live compile (Dynamo already imported) can hold a cleanup hook on a
-        # name this artifact binds; see _dynamo_serving_runtime.
+        # name this artifact binds; see runtime.dynamo_serving_runtime.
         utils = sys.modules.get("torch._dynamo.utils")
         instance = getattr(getattr(utils, "CleanupManager", None), "instance", None)
         for hooks in list(getattr(instance, "values", {}).values()):

@@ -1,0 +1,354 @@
+"""Dynamo's compile, package and guards, as the multi-graph capture uses them: what it
+compiles, what it records while compiling (graph breaks, bypassed frames, traced code,
+installed globals) and what it checks its variants with."""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from precompile._compat.patching import patched
+from precompile.guard_text import guard_failure_text
+
+#: Guard types whose checks compare object identities: they cannot survive a process.
+UNSERIALIZABLE_GUARD_TYPES = frozenset(
+    {
+        "ID_MATCH",
+        "CLOSURE_MATCH",
+        "MODULE_MATCH",
+        "FUNCTION_MATCH",
+        "BUILTIN_MATCH",
+        "DICT_VERSION",
+        "NN_MODULE",
+        "CLASS_MATCH",
+        "WEAKREF_ALIVE",
+    }
+)
+
+
+def compares_identity(entry: Any) -> bool:
+    """Whether a guard entry checks an object identity, directly or through what Dynamo
+    derives from it (a CONSTANT_MATCH on a function's ``__code__`` is an ID_MATCH), so it
+    cannot be serialized."""
+    derived = getattr(entry, "derived_guard_types", None) or ()
+    return entry.guard_type in UNSERIALIZABLE_GUARD_TYPES or any(
+        kind in UNSERIALIZABLE_GUARD_TYPES for kind in derived
+    )
+
+
+#: Guard types the artifact's driver enforces itself: GLOBAL_STATE bundles grad mode
+#: (the driver sets the captured one), autocast (disabled while serving), default dtype
+#: and deterministic mode (checked per call) with the thread count, which an artifact
+#: must not depend on.
+DRIVER_ENFORCED_GUARD_TYPES = frozenset({"GLOBAL_STATE"})
+
+
+def new_package(fn: Callable[..., Any]) -> Any:
+    from torch._dynamo.package import CompilePackage
+
+    return CompilePackage(fn)
+
+
+def recording_traced_code(package: Any, codes: dict[types.CodeType, None]) -> None:
+    """Record in ``codes`` every code object Dynamo traced into a graph of ``package``'s
+    frames: the frame's own code and every function it inlined (a module's ``forward``,
+    helpers, hooks) -- what Dynamo hands the package as the frame's inlined sources."""
+    original = package.add_inlined_source
+
+    def add_inlined_source(sources: list[types.CodeType]) -> None:
+        for code in sources:
+            codes.setdefault(code, None)
+        return original(sources)
+
+    package.add_inlined_source = add_inlined_source
+
+
+def current_package_code(package: Any) -> types.CodeType | None:
+    """The code object the package is compiling right now (inside a guard filter)."""
+    entry = getattr(package, "_current_entry", None)
+    if entry is None:
+        return None
+    for code, candidate in package._codes.items():
+        if candidate is entry:
+            return code
+    return None
+
+
+def current_package_module(package: Any) -> str:
+    """The module whose globals the frame being compiled runs in (inside a guard filter)."""
+    entry = getattr(package, "_current_entry", None)
+    return str(getattr(entry, "python_module", "") or "")
+
+
+def optimize(
+    fn: Callable[..., Any],
+    backend: Any,
+    *,
+    package: Any,
+    guard_filter_fn: Callable[[list[Any]], list[bool]],
+    guard_fail_fn: Callable[[Any], None],
+    dynamic: bool | None,
+    touched: dict[types.CodeType, bool],
+) -> Callable[..., Any]:
+    """``fn`` under Dynamo with our package. Every code object the frame evaluator hands
+    this capture is recorded in ``touched`` (True when it held no compiled code before:
+    what is on it then is the capture's alone), so the capture can remove what it
+    compiled when it ends (``forget_compiled``)."""
+    from torch._dynamo.eval_frame import OptimizeContext
+
+    context = torch._dynamo.optimize(
+        backend,
+        package=package,
+        guard_filter_fn=guard_filter_fn,
+        guard_fail_fn=guard_fail_fn,
+        dynamic=dynamic,
+    )
+    if not isinstance(context, OptimizeContext) or not callable(context.callback):
+        # optimize() hands back a do-nothing decorator when Dynamo is switched off.
+        raise RuntimeError(
+            "precompile: Dynamo is disabled in this process (TORCHDYNAMO_DISABLE=1 or the "
+            "enable_dynamo killswitch); a Dynamo capture needs it: unset it, or capture "
+            "with tracer=precompile.MakeFxTracer()"
+        )
+    inner = context.callback
+
+    def callback(frame: Any, cache_entry: Any, *args: Any, **kwargs: Any) -> Any:
+        code = frame.f_code
+        if code not in touched:
+            touched[code] = cache_entry is None and not _precompile_entries(code)
+        return inner(frame, cache_entry, *args, **kwargs)
+
+    # Dynamo keys cache entries by the innermost backend: keep it ours.
+    callback._torchdynamo_orig_backend = getattr(inner, "_torchdynamo_orig_backend", inner)  # type: ignore[attr-defined]  # Dynamo reads it off the callback function
+    context.callback = callback
+    return context(fn)
+
+
+def _precompile_entries(code: types.CodeType) -> list[Any]:
+    from torch._C._dynamo.eval_frame import _debug_get_precompile_entries
+
+    return list(_debug_get_precompile_entries(code))
+
+
+def forget_compiled(touched: dict[types.CodeType, bool]) -> None:
+    """Remove what a capture compiled from the code objects it alone compiled (cache
+    entries, skip marks, frame state, Dynamo's per-code context), so the process's
+    Dynamo state is as the capture found it: a later capture or torch.compile of the
+    same function compiles afresh. Code that held someone else's compiled code when the
+    capture met it is left alone (Dynamo offers no way to remove one entry)."""
+    from torch._C._dynamo.eval_frame import reset_code
+    from torch._dynamo import pgo
+    from torch._dynamo.code_context import code_context
+
+    for code, alone in touched.items():
+        if alone:
+            reset_code(code)
+            if code_context.has_context(code):
+                code_context.pop_context(code)
+    ours = {(c.co_filename, c.co_firstlineno, c.co_name) for c, alone in touched.items() if alone}
+    # Automatic dynamic: the sizes each frame was compiled for, by CodeId. Left in place,
+    # a later capture of the same function with other sizes would come out dynamic --
+    # not the artifact a fresh process captures.
+    states = pgo._CODE_STATE
+    if states:
+        for key in [k for k in states if (k.filename, k.firstlineno, k.name) in ours]:
+            del states[key]
+
+
+def dynamo_config(recompile_limit: int) -> Any:
+    """Capture-time Dynamo settings: our recompile limit, and the default
+    (non-nested) graph breaks, whose continuations the standalone driver understands."""
+    return torch._dynamo.config.patch(
+        recompile_limit=recompile_limit,
+        accumulated_recompile_limit=max(recompile_limit * 4, 256),
+        nested_graph_breaks=False,
+        caching_precompile=False,
+    )
+
+
+def live_compiles(code: types.CodeType) -> tuple[int, int]:
+    """What ``code`` holds in this process: (Dynamo cache entries, as torch.compile
+    leaves them; entries an installed artifact put there)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return len(_debug_get_cache_entry_list(code)), len(_precompile_entries(code))
+
+
+def graph_break_link(gb_type: str) -> tuple[str | None, str | None]:
+    """Dynamo's graph-break id (e.g. ``GB0124``) and documentation link for a break type."""
+    from torch._dynamo.exc import _load_gb_type_to_gb_id_map, get_gbid_documentation_link
+
+    gb_id = _load_gb_type_to_gb_id_map().get(gb_type)
+    return gb_id, get_gbid_documentation_link(gb_type)
+
+
+@contextlib.contextmanager
+def recording_graph_breaks() -> Iterator[list[dict[str, Any]]]:
+    """Record every graph break Dynamo logs while active: its type, full message, the
+    code being translated, and the user stack (FrameSummaries with 3.11 columns)."""
+    from torch._dynamo.symbolic_convert import InstructionTranslatorBase
+
+    events: list[dict[str, Any]] = []
+    original = InstructionTranslatorBase.log_graph_break
+
+    def log_graph_break(self: Any, code_options: Any, reason: str, exc: Any) -> None:
+        if not getattr(exc, "logged", False):
+            events.append(
+                {
+                    "gb_type": getattr(exc, "gb_type", None),
+                    "message": str(exc),
+                    "reason": reason,
+                    "code": self.f_code,
+                    "stack": list(getattr(exc, "real_stack", None) or []),
+                }
+            )
+        return original(self, code_options, reason, exc)
+
+    with patched(InstructionTranslatorBase, "log_graph_break", log_graph_break):
+        yield events
+
+
+def resumed_code(code: types.CodeType) -> types.CodeType:
+    """The user code a Dynamo continuation (resume function) resumes, followed through
+    continuations of continuations; ``code`` itself for any other code."""
+    from torch._dynamo.resume_execution import ContinueExecutionCache
+
+    seen: set[int] = set()
+    while id(code) not in seen:
+        seen.add(id(code))
+        meta = ContinueExecutionCache.generated_code_metadata.get(code)
+        if meta is None:
+            break
+        code = meta.code
+    return code
+
+
+#: Tensor attributes whose value for a tensor the trace computed (one with no source)
+#: depends on the grad mode the trace ran in: Dynamo bakes them as constants, guarded
+#: by nothing.
+GRAD_DEPENDENT_TENSOR_ATTRS = frozenset({"requires_grad", "grad_fn", "is_leaf"})
+
+
+@contextlib.contextmanager
+def recording_grad_dependent_reads(reads: list[str]) -> Iterator[None]:
+    """Record (as ``.attr at file:line``) each read of a GRAD_DEPENDENT_TENSOR_ATTRS
+    attribute of a tensor the trace computed. An input's are checked by its guards; an
+    intermediate's were baked from the capture's grad mode."""
+    from torch._dynamo.variables.tensor import TensorVariable
+
+    original = TensorVariable.var_getattr
+
+    def var_getattr(self: Any, tx: Any, name: str) -> Any:
+        if name in GRAD_DEPENDENT_TENSOR_ATTRS and getattr(self, "source", None) is None:
+            code = getattr(tx, "f_code", None)
+            line = getattr(tx, "lineno", None)
+            where = f"{code.co_filename.rsplit('/', 1)[-1]}:{line}" if code is not None else "?"
+            reads.append(f"`.{name}` of a tensor fn computes, at {where}")
+        return original(self, tx, name)
+
+    with patched(TensorVariable, "var_getattr", var_getattr):
+        yield
+
+
+@contextlib.contextmanager
+def recording_bypasses(reasons: dict[str, str]) -> Iterator[None]:
+    """Record why Dynamo left a frame out of the package (frame name -> reason)."""
+    from torch._dynamo.output_graph import OutputGraph
+
+    original = OutputGraph.bypass_package
+
+    def bypass_package(self: Any, reason: str = "", **kwargs: Any) -> None:
+        code = getattr(getattr(self, "root_tx", None), "f_code", None)
+        if code is not None and self.package is not None:
+            reasons[code.co_name] = reason
+        return original(self, reason, **kwargs)
+
+    with patched(OutputGraph, "bypass_package", bypass_package):
+        yield
+
+
+@contextlib.contextmanager
+def without_guard_latency_profiling() -> Iterator[None]:
+    """While capturing: Dynamo times every new guard set once, for a log line and a
+    compile metric, after flushing the CPU caches -- about 50 ms per compiled frame
+    variant, a third of a warm editor re-check of a small target. Nothing a capture
+    reads or emits depends on it."""
+    import torch._dynamo.guards as guards
+
+    with patched(guards, "profile_guard_manager", lambda *args, **kwargs: 0.0):
+        yield
+
+
+@contextlib.contextmanager
+def recording_installed_globals(
+    installed: dict[types.CodeType, dict[str, Any]],
+) -> Iterator[None]:
+    """Record every global Dynamo binds into a compiled frame's module while active
+    (frame code -> {name: value}): besides compiled subgraphs, resume functions and
+    import aliases, which the package records, Dynamo binds helpers its bytecode and
+    guards read -- a module it imports under ``___module_<name>_<id>_c<n>`` (e.g. to
+    build an ``OrderedDict``), the globals dict of a function it inlined that has no
+    module (a namedtuple's ``__new__``) -- and the package records none of them."""
+    from torch._dynamo.output_graph import OutputGraph
+
+    original = OutputGraph.install_global_unsafe
+
+    def install_global_unsafe(self: Any, name: str, value: Any) -> None:
+        code = getattr(getattr(self, "root_tx", None), "f_code", None)
+        if code is not None:
+            installed.setdefault(code, {})[name] = value
+        return original(self, name, value)
+
+    with patched(OutputGraph, "install_global_unsafe", install_global_unsafe):
+        yield
+
+
+def serialize_code(code: types.CodeType) -> Any:
+    from torch._dynamo.package import SerializedCode
+
+    return SerializedCode.from_code_object(code)
+
+
+def builtins_key_of(guards_state: bytes) -> str | None:
+    """The globals key Dynamo minted (from a counter) for the builtins dict a variant's
+    guards and bytecode read through."""
+    from torch._dynamo.package import load_guards_state
+
+    return load_guards_state(guards_state).output_graph.name_of_builtins_dict_key_in_fglobals
+
+
+def check_variants(
+    variants: list[tuple[bytes, Any]],
+    code: types.CodeType,
+    scope: dict[str, Any],
+    f_locals: dict[str, Any],
+) -> dict[str, Any]:
+    """Evaluate each variant's serialized guards against ``f_locals``: which would serve,
+    and the first failing guard of each that would not."""
+    from torch._dynamo.package import load_guard_manager, load_guards_state
+
+    failures: list[dict[str, Any]] = []
+    for i, (guards_state, _code) in enumerate(variants):
+        manager = load_guard_manager(load_guards_state(guards_state), code, scope)
+        if manager.check(f_locals) or manager.check(f_locals):
+            return {"served_by": i, "failures": failures}
+        parts = list(getattr(manager.check_verbose(f_locals), "verbose_code_parts", None) or [])
+        shown = guard_failure_text(str(parts[0])) if parts else "a guard failed"
+        failures.append({"variant": i, "guard": shown})
+    return {"served_by": None, "failures": failures}
+
+
+def global_state() -> dict[str, Any]:
+    """The global state a Dynamo artifact depends on besides grad mode and autocast."""
+    return {
+        "default_dtype": str(torch.get_default_dtype()),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+    }
+
+
+def autocast_enabled() -> bool:
+    return bool(torch._C._is_any_autocast_enabled())

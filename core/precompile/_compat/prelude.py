@@ -1,0 +1,104 @@
+"""The import prelude every emitted artifact carries, as text: the private names its
+runtime reads, bound from torch under short aliases (artifacts run without this
+package). Where the capture process runs the same runtime modules (``state_checks``), it
+imports their bindings from here: one binding each, in the artifact and in this process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+#: The import prelude of every emitted artifact: the names the driver reads, bound from
+#: torch under short aliases. Private names appear here as text only.
+ARTIFACT_PRELUDE = """\
+import torch as _torch
+import torch.utils._pytree as _pytree
+
+_DisableAutocast = _torch._C._DisableAutocast
+_any_autocast_enabled = _torch._C._is_any_autocast_enabled
+_set_grad_enabled = _torch._C._set_grad_enabled
+_dict_version = _torch._C._dynamo.guards.dict_version
+_TensorGuards = _torch._C._dynamo.guards.TensorGuards
+dispatch_tls_local_exclude_set = _torch._C._dispatch_tls_local_exclude_set
+privateuse1_backend_name = _torch._C._get_privateuse1_backend_name
+"""
+
+
+#: The prelude's public names for the modules emitted whole (state_checks), which the
+#: capture imports from here: one binding each, in the artifact and in this process.
+dispatch_tls_local_exclude_set = torch._C._dispatch_tls_local_exclude_set
+
+
+privateuse1_backend_name = torch._C._get_privateuse1_backend_name
+
+
+#: What ``autograd_serving.bind_autograd`` needs besides ARTIFACT_PRELUDE: view replay
+#: (AOTAutograd turns it on around its forward) and the frame strategy that keeps
+#: Dynamo from compiling the runtime's own frames.
+AUTOGRAD_PRELUDE = """\
+_view_replay_enabled = _torch._C._is_view_replay_enabled
+_set_view_replay_enabled = _torch._C._set_view_replay_enabled
+_set_code_exec_strategy = _torch._C._dynamo.eval_frame.set_code_exec_strategy
+_SKIP_FRAMES = _torch._C._dynamo.eval_frame._FrameExecStrategy(
+    _torch._C._dynamo.eval_frame._FrameAction.SKIP, _torch._C._dynamo.eval_frame._FrameAction.SKIP
+)
+"""
+
+
+#: What an Inductor artifact's runtime needs besides ARTIFACT_PRELUDE: how a prebuilt
+#: kernel (a Python extension module) finds torch's tensor-data accessor, the
+#: allocation alignment of torch 2.13's generated code, and AUTOGRAD_PRELUDE (training
+#: subgraphs and grad inputs are served through ``bind_autograd``).
+INDUCTOR_PRELUDE = (
+    """\
+_KERNEL_DATA_PTR_ENV = "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"
+_kernel_data_ptr = _torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr
+_INDUCTOR_ALIGN_BYTES = 64
+"""
+    + AUTOGRAD_PRELUDE
+)
+
+
+#: Globals that FX-generated graph code references without defining them.
+FX_GRAPH_GLOBALS = """\
+import torch
+import torch.fx._pytree as fx_pytree
+import torch.utils._pytree as pytree
+from torch import device
+
+inf = float("inf")
+nan = float("nan")
+NoneType = type(None)
+"""
+
+
+#: Bound in single-graph artifacts: torch's global module hook dicts, in the order
+#: ``precompile.state_checks.global_hooks_fingerprint`` reads them.
+SINGLE_GRAPH_STATE_PRELUDE = """\
+import torch.nn.modules.module as _torch_nn_module
+
+_GLOBAL_MODULE_HOOKS = (
+    _torch_nn_module._global_forward_pre_hooks,
+    _torch_nn_module._global_forward_hooks,
+    _torch_nn_module._global_backward_pre_hooks,
+    _torch_nn_module._global_backward_hooks,
+    _torch_nn_module._global_forward_hooks_with_kwargs,
+    _torch_nn_module._global_forward_hooks_always_called,
+)
+"""
+
+
+def global_module_hooks() -> tuple[dict[Any, Any], ...]:
+    """The dicts behind ``torch.nn.modules.module.register_module_forward_hook`` and
+    friends, as SINGLE_GRAPH_STATE_PRELUDE binds them."""
+    import torch.nn.modules.module as m
+
+    return (
+        m._global_forward_pre_hooks,
+        m._global_forward_hooks,
+        m._global_backward_pre_hooks,
+        m._global_backward_hooks,
+        m._global_forward_hooks_with_kwargs,
+        m._global_forward_hooks_always_called,
+    )

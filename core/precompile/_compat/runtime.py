@@ -1,0 +1,238 @@
+"""The Dynamo and Inductor internals an artifact's runtime reaches, as functions emitted
+verbatim into multi-graph artifacts (``emit.runtime_source``): each imports what it needs
+itself, so the artifact's driver reaches torch's internals only through them. The
+capture side never calls them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from precompile.guard_text import frame_label, guard_failure_text
+
+
+def dynamo_serving_runtime() -> Any:
+    """The few Dynamo internals a standalone artifact needs to rebuild its frames."""
+    import types as _types
+
+    import torch
+    import torch._dynamo
+    from torch._dynamo.aot_compile import bind_locals
+    from torch._dynamo.output_graph import get_builtins_dict
+    from torch._dynamo.package import SerializedCode, load_guard_manager, load_guards_state
+    from torch._dynamo.utils import CleanupManager
+
+    def disown(scope: dict[str, Any], name: str) -> None:
+        # A live compile may have bound ``name`` with a hook that deletes it once that
+        # compile's code object dies; point such hooks at a scratch scope instead, so
+        # they cannot delete the binding this artifact is about to make.
+        instance = getattr(CleanupManager, "instance", None)
+        for hooks in list(getattr(instance, "values", {}).values()):
+            for hook in hooks if isinstance(hooks, list) else ():
+                if getattr(hook, "scope", None) is scope and getattr(hook, "name", None) == name:
+                    hook.scope = {name: None}
+
+    # What mark_dynamic / mark_unbacked / mark_static leave on a tensor. A serialized
+    # guard is rebuilt without the capture's tensors, so its dimension-marking guard
+    # expects none of them, and a marked tensor (the capture's own example, passed
+    # again) would miss every variant though its sizes pass the shape guards.
+    dim_marks = (
+        "_has_dynamo_dim_marking",
+        "_dynamo_dynamic_indices",
+        "_dynamo_weak_dynamic_indices",
+        "_dynamo_unbacked_indices",
+        "_dynamo_strict_unbacked_indices",
+        "_dynamo_static_indices",
+        "_dynamo_shape_ids",
+        "_dynamo_unbacked_bounds",
+    )
+
+    def strip_dim_marks(values: Any) -> list[tuple[Any, dict[str, Any]]]:
+        """Take the dim marks off the tensors among ``values`` (and in the lists, tuples
+        and dicts among them); what ``restore_dim_marks`` puts back."""
+        stripped = []
+        for value in values:
+            if isinstance(value, dict):
+                items = list(value.values())
+            elif isinstance(value, (list, tuple)):
+                items = list(value)
+            else:
+                items = [value]
+            for t in items:
+                attrs = getattr(t, "__dict__", None)
+                if isinstance(t, torch.Tensor) and attrs and "_has_dynamo_dim_marking" in attrs:
+                    stripped.append((t, {a: attrs.pop(a) for a in dim_marks if a in attrs}))
+        return stripped
+
+    def restore_dim_marks(stripped: list[tuple[Any, dict[str, Any]]]) -> None:
+        for t, attrs in stripped:
+            t.__dict__.update(attrs)
+
+    return _types.SimpleNamespace(
+        strip_dim_marks=strip_dim_marks,
+        restore_dim_marks=restore_dim_marks,
+        to_code=SerializedCode.to_code_object,
+        load_guards_state=load_guards_state,
+        load_guard_manager=load_guard_manager,
+        builtins_dict=get_builtins_dict,
+        bind_locals=bind_locals,
+        disown=disown,
+        disable=torch._dynamo.disable,
+    )
+
+
+def inductor_backend_loader(bundle: dict[str, Any] | None) -> Any:
+    """Emitted verbatim into Dynamo+Inductor artifacts: turn each pickled backend artifact
+    back into a compiled function. With a cache bundle (every file of which the loader
+    checked against the envelope's digests: Inductor loads its shared objects and
+    unpickles its entries), Inductor reads from a private directory unpacked from it (so
+    nothing compiles that the capture compiled, and the user's Inductor cache is never
+    written); without one, kernels compile from the
+    source inside the artifacts, into the user's Inductor cache."""
+    import atexit
+    import os
+    import pickle
+    import shutil
+    import tempfile
+
+    files = (bundle or {}).get("inductor_cache_files") or {}
+    directory = None
+    if files:
+        directory = tempfile.mkdtemp(prefix="precompile-inductor-")
+        atexit.register(shutil.rmtree, directory, True)
+        for relative, data in files.items():
+            path = os.path.join(directory, relative)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+
+    # Finding a cached kernel asks Inductor which vector ISA to build for, and Inductor
+    # answers by compiling and loading a test program per ISA (seconds). The bundle
+    # records the ISA the kernels were built for, and the load only got this bundle
+    # because this CPU has its features: answer with it while the kernels load.
+    recorded = None
+    if directory is not None:
+        from torch._inductor import codecache, cpu_vec_isa
+
+        isa = ((bundle or {}).get("requires") or {}).get("isa")
+        matches = [v for v in cpu_vec_isa.supported_vec_isa_list if str(v) == isa]
+        if matches or isa == "none":
+            recorded = matches
+
+        # Before it looks a kernel up, Inductor precompiles the kernels' common header into
+        # the machine's own directory (not TORCHINDUCTOR_CACHE_DIR, so never into the bundle):
+        # on a machine, or in a fresh venv, that never compiled it, that is a g++ run of
+        # seconds. Every kernel is in the bundle, so no header is needed: answer with a plain
+        # one (a kernel compiled despite that would still build, only without the speed-up).
+        def plain_header(header: str, *args: Any, **kwargs: Any) -> str:
+            path = os.path.join(directory, "headers", header.replace("/", "_"))
+            if not os.path.exists(path):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w") as f:
+                    f.write(f"#include <{header}>\n")
+            return path
+
+    def load(blob: bytes) -> Any:
+        previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        probe = precompile_header = None
+        if directory is not None:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
+            precompile_header = codecache._precompile_header
+            # Patched for this load only, restored below.
+            codecache._precompile_header = plain_header  # type: ignore[assignment]  # a plain function for torch's lru_cache'd one
+            if recorded is not None:
+                probe = cpu_vec_isa.valid_vec_isa_list
+                cpu_vec_isa.valid_vec_isa_list = lambda: recorded  # type: ignore[assignment]  # a plain function for torch's lru_cache'd one
+        try:
+            return pickle.loads(blob).after_deserialization()
+        finally:
+            if probe is not None:
+                cpu_vec_isa.valid_vec_isa_list = probe
+            if precompile_header is not None:
+                codecache._precompile_header = precompile_header
+            if directory is not None:
+                if previous is None:
+                    os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+                else:
+                    os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+
+    return load
+
+
+def dynamo_installed_runtime() -> Any:
+    """Emitted verbatim into installed artifacts: what installing a package onto the live
+    code objects needs, and a compile-refusing callback bound to one callable (torch 2.13
+    has none: a process-global stance would also stop other code from compiling)."""
+    import types as _types
+
+    import torch._dynamo
+    from torch._C._dynamo.eval_frame import (
+        _debug_get_cache_entry_list,
+        _debug_get_precompile_entries,
+        _reset_precompile_entries,
+    )
+    from torch._dynamo import convert_frame, trace_rules
+    from torch._dynamo.eval_frame import OptimizeContext
+    from torch._dynamo.package import CompilePackage, _lookup_code
+    from torch._dynamo.types import ConvertFrameReturn
+
+    class CompileRefused(RuntimeError):
+        """A frame of an installed artifact missed every captured variant."""
+
+    def refusing_callback(inner: Any, eager_codes: set[Any]) -> Any:
+        def callback(frame: Any, *args: Any, **kwargs: Any) -> Any:
+            code = frame.f_code
+            if (
+                code in eager_codes
+                or trace_rules.check(code)
+                or not convert_frame.has_tensor_in_frame(frame)
+            ):
+                return ConvertFrameReturn()  # run this frame eagerly, as the capture did
+            failures = []
+            for i, entry in enumerate(_debug_get_precompile_entries(code)):
+                info = entry.guard_manager.check_verbose(frame.f_locals)
+                parts = list(getattr(info, "verbose_code_parts", None) or [])
+                shown = guard_failure_text(str(parts[0])) if parts else "a guard failed"
+                failures.append(f"variant {i}: {shown}")
+            raise CompileRefused(
+                f"{frame_label(code.co_name)} ({code.co_filename}:{frame.f_lineno}) would need "
+                f"a new compile; {'; '.join(failures) or 'no captured variant'}"
+            )
+
+        callback._torchdynamo_orig_backend = getattr(inner, "_torchdynamo_orig_backend", inner)  # type: ignore[attr-defined]  # Dynamo reads it off the callback function
+        return callback
+
+    class Backend:
+        """What ``CompilePackage.install`` wants per backend id."""
+
+        def __init__(self, fn: Any) -> None:
+            self.fn = fn
+
+        def after_deserialization(self) -> Any:
+            return self.fn
+
+    def target_codes(package: Any) -> list[Any]:
+        return [_lookup_code(e) if e.code_source else c for c, e in package._codes.items()]
+
+    def uninstall(package: Any, targets: list[Any]) -> None:
+        # CompilePackage.uninstall pops each global once per code that installed it, and
+        # fails on an import alias two frames share; remove each once, idempotently.
+        for module, names in package._installed_globals.items():
+            for name in set(names):
+                module.__dict__.pop(name, None)
+        package._installed_globals.clear()
+        for code in targets:
+            _reset_precompile_entries(code)
+
+    return _types.SimpleNamespace(
+        CompilePackage=CompilePackage,
+        OptimizeContext=OptimizeContext,
+        optimize=torch._dynamo.optimize,
+        config=torch._dynamo.config,
+        CompileRefused=CompileRefused,
+        refusing_callback=refusing_callback,
+        Backend=Backend,
+        target_codes=target_codes,
+        uninstall=uninstall,
+        live_entries=_debug_get_cache_entry_list,
+        precompile_entries=_debug_get_precompile_entries,
+    )
