@@ -156,9 +156,12 @@ def _rebuild_global(kind: str, data: str) -> Any:
 def _serving_variant(managers: list[Any], f_locals: dict[str, Any]) -> int | None:
     """The variant whose guards pass for these locals: the one choice standalone
     serving and every covers() make. A root's fast path can refuse without running its
-    tree once, so each variant is checked twice before the next."""
+    tree once, so each variant is checked twice before the next (plain_guards' checks
+    have no such fast path: ``checks_once``)."""
     for i, manager in enumerate(managers):
-        if manager.check(f_locals) or manager.check(f_locals):
+        if manager.check(f_locals) or (
+            not getattr(manager, "checks_once", False) and manager.check(f_locals)
+        ):
             return i
     return None
 

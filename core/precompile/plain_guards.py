@@ -197,6 +197,7 @@ class _Node:
     def __init__(self, spec: dict[str, Any], scope: dict[str, Any], root: Any) -> None:
         self.id = spec.get("id")
         access = spec.get("access") or [""]
+        self.step = list(access)
         self.is_positional = access[0] in ("dict_key", "dict_value")
         self.position: int = access[1] if self.is_positional else -1
         self.is_key = access[0] == "dict_key"
@@ -265,9 +266,101 @@ class _Verdict:
         self.verbose_code_parts = [] if failure is None else [failure]
 
 
+def _fast_source(
+    node: _Node, var: str, emit: Any, const: Any, fresh: Any, watched: set[int]
+) -> None:
+    """Straight-line code that checks what ``node.first_failure`` checks, in its order,
+    returning False at the first failure (any exception fails, as in the C++ accessors).
+    ``node.first_failure`` stays the reference, and words a refusal."""
+    if node.id in watched:
+        emit(f"reached[{node.id!r}] = {var}")
+    if node.kind == "dict":
+        emit(f"if type({var}) is not {const(node.type)}: return False")
+        emit(f"if _dict_len({var}) != {node.size!r}: return False")
+        if node.size == 0:
+            return
+    for leaf, _verbose, _explain in node.leaves:
+        emit(f"if not {const(leaf)}({var}): return False")
+    for child in node.children:
+        value = fresh()
+        step, *arg = child.step
+        if step in ("local", "dict_item"):
+            emit(f"{value} = _dict_get({var}, {const(arg[0])}, _MISSING)")
+            emit(f"if {value} is _MISSING: return False")
+        elif step == "globals":
+            emit(f"{value} = _scope")
+        elif step == "attr":
+            emit(f"{value} = getattr({var}, {const(arg[0])})")
+        elif step == "generic_dict":
+            emit(f'{value} = _object_getattribute({var}, "__dict__")')
+        elif step == "tuple_item":
+            emit(f"{value} = _tuple_getitem({var}, {arg[0]!r})")
+        else:
+            emit(f"{value} = {const(child.access)}({var})")
+            emit(f"if {value} is _MISSING: return False")
+        _fast_source(child, value, emit, const, fresh, watched)
+    if node.positional:
+        keys = fresh()
+        emit(f"{keys} = list({var}.keys()) if {node.keys_call!r} else list(_dict_keys({var}))")
+        for child in node.positional:
+            emit(f"if len({keys}) <= {child.position!r}: return False")
+            value = fresh()
+            if child.is_key:
+                emit(f"{value} = {keys}[{child.position!r}]")
+            else:
+                emit(f"{value} = _dict_get({var}, {keys}[{child.position!r}], _MISSING)")
+            _fast_source(child, value, emit, const, fresh, watched)
+
+
+def _fast_check(tree: _Node, watched: set[int], scope: dict[str, Any]) -> Any:
+    """``tree``'s checks compiled into one function ``(f_locals, reached) -> bool``."""
+    lines: list[str] = []
+    consts: dict[str, Any] = {
+        "_MISSING": _MISSING,
+        "_dict_len": dict.__len__,
+        "_dict_keys": dict.keys,
+        "_dict_get": dict.get,
+        "_scope": scope,
+        "_object_getattribute": object.__getattribute__,
+        "_tuple_getitem": tuple.__getitem__,
+        "getattr": getattr,
+    }
+    counter = [0]
+
+    def emit(line: str) -> None:
+        lines.append("        " + line)
+
+    def const(value: Any) -> str:
+        name = f"_c{len(consts)}"
+        consts[name] = value
+        return name
+
+    def fresh() -> str:
+        counter[0] += 1
+        return f"_v{counter[0]}"
+
+    _fast_source(tree, "f_locals", emit, const, fresh, watched)
+    source = "\n".join(
+        [
+            "def fast(f_locals, reached):",
+            "    try:",
+            *lines,
+            "    except Exception:",
+            "        return False",
+            "    return True",
+        ]
+    )
+    namespace = dict(consts)
+    exec(compile(source, "<precompile guards>", "exec"), namespace)
+    return namespace["fast"]
+
+
 class PlainGuards:
     """One variant's guards: ``check(f_locals)`` and ``check_verbose(f_locals)``, as on
     Dynamo's guard manager."""
+
+    #: A refusal is final: there is no cached fast path to retry past.
+    checks_once = True
 
     def __init__(self, program: dict[str, Any], scope: dict[str, Any]) -> None:
         import threading
@@ -282,6 +375,7 @@ class PlainGuards:
         ]
         self._relations = program.get("relations", [])
         self._watched = {i for relation in self._relations for i in relation["nodes"]}
+        self._fast = _fast_check(self._tree, self._watched, scope)
         self._lock = threading.Lock()
 
     def _first_failure(self, f_locals: dict[str, Any]) -> str | None:
@@ -289,27 +383,37 @@ class PlainGuards:
             self._root.check(f_locals)
             reached: dict[int, Any] = dict.fromkeys(self._watched, _MISSING)
             failed = self._tree.first_failure(f_locals, reached)
-            if failed:
-                return failed
-            for relation in self._relations:
-                values = [reached[i] for i in relation["nodes"]]
-                ids = {id(v) for v in values}
-                held = len(ids) == len(values) if relation["kind"] == "distinct" else len(ids) == 1
-                if _MISSING in values or not held:
-                    if relation["kind"] == "distinct":
-                        return "Duplicate tensor found where not expected!"
-                    return str(relation["verbose"][0]) if relation["verbose"] else "aliasing"
-            for code, verbose in self._epilogue:
-                try:
-                    held = bool(eval(code, {"__builtins__": {}}, {"L": f_locals, "G": self._scope}))
-                except Exception:
-                    held = False
-                if not held:
-                    return str(verbose[0]) if verbose else "a guard failed"
-            return None
+            return failed or self._tail_failure(f_locals, reached)
+
+    def _tail_failure(self, f_locals: dict[str, Any], reached: dict[int, Any]) -> str | None:
+        """What runs after the tree holds: the relational guards over the values it
+        reached, then the epilogue (as Dynamo's root runs its epilogue guards last)."""
+        for relation in self._relations:
+            values = [reached[i] for i in relation["nodes"]]
+            ids = {id(v) for v in values}
+            held = len(ids) == len(values) if relation["kind"] == "distinct" else len(ids) == 1
+            if any(v is _MISSING for v in values) or not held:
+                if relation["kind"] == "distinct":
+                    return "Duplicate tensor found where not expected!"
+                return str(relation["verbose"][0]) if relation["verbose"] else "aliasing"
+        for code, verbose in self._epilogue:
+            try:
+                held = bool(eval(code, {"__builtins__": {}}, {"L": f_locals, "G": self._scope}))
+            except Exception:
+                held = False
+            if not held:
+                return str(verbose[0]) if verbose else "a guard failed"
+        return None
 
     def check(self, f_locals: dict[str, Any]) -> bool:
-        return self._first_failure(f_locals) is None
+        """The compiled tree, then what follows it in ``_first_failure``; a refusal is
+        explained by ``check_verbose``, which walks the tree itself."""
+        with self._lock:
+            self._root.check(f_locals)
+            reached: dict[int, Any] = dict.fromkeys(self._watched, _MISSING)
+            return bool(self._fast(f_locals, reached)) and (
+                self._tail_failure(f_locals, reached) is None
+            )
 
     def check_verbose(self, f_locals: dict[str, Any]) -> _Verdict:
         return _Verdict(self._first_failure(f_locals))

@@ -42,6 +42,7 @@ def test_plain_guards_decide_as_dynamo_does(tmp_path: Path) -> None:
     for name, case in report.items():
         assert case["path"] == {"path": "plain", "reason": None}, (name, case["path"])
         assert case["untranslated"] == [] and case["frames_skipped"] == [], (name, case)
+        assert case["inconsistent"] == [], (name, case["inconsistent"])
         assert case["looser"] == [], f"{name}: Dynamo-free guards accept what Dynamo refuses"
         assert case["stricter"] == [], f"{name}: Dynamo-free guards refuse what Dynamo serves"
         assert case["accepted"] >= 10 and case["refused"] >= 10, (name, case)

@@ -93,13 +93,14 @@ class _DynamoUtilsStandIn:
         return x.storage_offset()
 
 
-def _saved_tensors_hooks_inlineable():
-    from torch._functorch._aot_autograd.utils import (
-        saved_tensors_hooks_are_inlineable,
-        top_saved_tensors_hooks,
-    )
+from torch._functorch._aot_autograd.utils import (
+    saved_tensors_hooks_are_inlineable as _hooks_inlineable,
+    top_saved_tensors_hooks as _top_saved_tensors_hooks,
+)
 
-    return saved_tensors_hooks_are_inlineable(top_saved_tensors_hooks())
+
+def _saved_tensors_hooks_inlineable():
+    return _hooks_inlineable(_top_saved_tensors_hooks())
 """
 
 
