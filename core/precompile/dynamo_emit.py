@@ -27,10 +27,11 @@ from precompile import (
     inductor_serving,
     installed_driver,
     multigraph_driver,
+    plain_guards,
     source_digest,
     state_checks,
 )
-from precompile._compat import dynamo, runtime
+from precompile._compat import dynamo, guard_translation, runtime
 from precompile._compat.prelude import ARTIFACT_PRELUDE, FX_GRAPH_GLOBALS, INDUCTOR_PRELUDE
 from precompile.dynamo_capture import FrameRecord, global_recipe
 from precompile.emit import Artifact, artifact_header, runtime_source, source_records
@@ -178,6 +179,88 @@ def _frame_payload(frames: list[FrameRecord], tag: str) -> list[dict[str, Any]]:
             }
         )
     return payload
+
+
+def _plain_payload(
+    frames: list[FrameRecord], payload: list[dict[str, Any]], names: dict[str, str], tag: str
+) -> list[dict[str, Any]]:
+    """``payload`` with every variant's guards as a Dynamo-free program and every code
+    object as plain fields, so that loading it never imports ``torch._dynamo``; or
+    ``UnsupportedGuards`` naming the first guard outside the whitelist. Each program is
+    made from Dynamo's own builder in a copy of the frame's module globals holding what
+    Dynamo bound there, then renamed like the guard state (same-length names, in place).
+    The bytecode's alias of ``torch._dynamo.utils`` is renamed to a tagged one bound to
+    the stand-in: a live compile in the module binds the real alias to the real module."""
+    import importlib
+
+    stand_in_alias = f"__precompile_dynamo_utils_{tag}"
+
+    plain = []
+    for frame, record in zip(frames, payload):
+        scope = {**vars(importlib.import_module(frame.python_module)), **frame.installed_globals}
+        for alias, module_name in frame.import_sources.items():
+            scope.setdefault(alias, importlib.import_module(module_name))
+        codes = [frame.code] + [guard_translation.code_of(c) for _state, c in frame.variants]
+        sources: dict[str, str] = {}
+        aliases: dict[str, str] = {}
+        for alias, module_name in record["import_sources"].items():
+            source = guard_translation.import_source(alias, module_name, codes)
+            if source == guard_translation.DYNAMO_UTILS_STAND_IN:
+                aliases[alias] = stand_in_alias
+            sources[aliases.get(alias, alias)] = source
+        variants = []
+        for (guards_state, _code), variant in zip(frame.variants, record["variants"]):
+            key = dynamo.builtins_key_of(guards_state)
+            if key and key not in scope:
+                scope[key] = guard_translation.builtins_of(scope)
+            try:
+                program = guard_translation.plain_guard_program(guards_state, frame.code, scope)
+            except guard_translation.UnsupportedGuards as error:
+                raise guard_translation.UnsupportedGuards(f"{frame.name}: {error}") from error
+            except Exception as error:
+                raise guard_translation.UnsupportedGuards(
+                    f"{frame.name}: its guards could not be rebuilt at capture "
+                    f"({type(error).__name__}: {error})"
+                ) from error
+            blob = pickle.dumps(program, protocol=4)
+            if any(alias.encode() in blob for alias in aliases):
+                raise guard_translation.UnsupportedGuards(
+                    f"{frame.name}: a guard reads {guard_translation.DYNAMO_UTILS}"
+                )
+            variants.append(
+                {
+                    "guards": pickle.loads(_rekey_guards_state(blob, names)),
+                    "builtins_key": names.get(key, key) if key else None,
+                    "dynamo_code": guard_translation.plain_code(
+                        _rename_code(variant["dynamo_code"], aliases)
+                    ),
+                }
+            )
+        plain.append(
+            record
+            | {
+                "code": guard_translation.plain_code(record["code"]),
+                "variants": variants,
+                "import_sources": sources,
+            }
+        )
+    return plain
+
+
+def guard_runtime(
+    frames: list[FrameRecord], payload: list[dict[str, Any]], tag: str, serving_mode: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Which guards an artifact serves with -- ``plain`` (``plain_guards``, no Dynamo at
+    load) when every guard of every variant translates, else ``dynamo`` with the reason --
+    and the frame payload for that path."""
+    if serving_mode == "installed":
+        reason = "installed serving runs Dynamo's frame evaluation"
+        return {"path": "dynamo", "reason": reason}, payload
+    try:
+        plain = _plain_payload(frames, payload, _name_map(frames, tag), tag)
+    except guard_translation.UnsupportedGuards as error:
+        return {"path": "dynamo", "reason": str(error)}, payload
+    return {"path": "plain", "reason": None}, plain
 
 
 def content_tag(
@@ -439,7 +522,8 @@ def emit_dynamo(
             hint="use defaults that are plain Python values",
         ) from error
     tag = content_tag(frames, graph_sources, fn_info)
-    payload = _frame_payload(frames, tag)
+    guard_path, payload = guard_runtime(frames, _frame_payload(frames, tag), tag, serving_mode)
+    plain = guard_path["path"] == "plain"
     names = _name_map(frames, tag)
     helpers = [
         [frame.python_module, names[name], *global_recipe(name, value, frame.name)]
@@ -460,6 +544,7 @@ def emit_dynamo(
             f.summary() | {"resume_names": p["resume_names"]} for f, p in zip(frames, payload)
         ],
         "GUARDS": guards_summary,
+        "GUARD_RUNTIME": guard_path,
         "DYNAMO_GLOBALS": helpers,
         **_renamed_dependencies(dependencies, names),
         "FUNCTION_SOURCES": function_sources,
@@ -483,7 +568,11 @@ def emit_dynamo(
             driver._fail,
             source_digest,
             guard_text,
-            runtime.dynamo_serving_runtime,
+            *(
+                (plain_guards, guard_translation.plain_serving_runtime)
+                if plain
+                else (runtime.dynamo_serving_runtime,)
+            ),
             dependency_driver,
             multigraph_driver,
             *(
@@ -503,6 +592,7 @@ def emit_dynamo(
             render_metadata(metadata),
             "# ---- imports",
             ARTIFACT_PRELUDE,
+            *((guard_translation.PLAIN_GUARDS_PRELUDE,) if plain else ()),
             "import base64",
             "import functools",
             "",

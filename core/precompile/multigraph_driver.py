@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 
     def dynamo_serving_runtime() -> Any: ...
 
+    def plain_serving_runtime() -> Any: ...
+
+    GUARD_RUNTIME: dict[str, Any] = {}
+
     def function_source(module_text: str, qualname: str, line: int = 0) -> str | None: ...
 
     def guard_failure_text(raw: str) -> str: ...
@@ -152,9 +156,12 @@ def _rebuild_global(kind: str, data: str) -> Any:
 def _serving_variant(managers: list[Any], f_locals: dict[str, Any]) -> int | None:
     """The variant whose guards pass for these locals: the one choice standalone
     serving and every covers() make. A root's fast path can refuse without running its
-    tree once, so each variant is checked twice before the next."""
+    tree once, so each variant is checked twice before the next (plain_guards' checks
+    have no such fast path: ``checks_once``)."""
     for i, manager in enumerate(managers):
-        if manager.check(f_locals) or manager.check(f_locals):
+        if manager.check(f_locals) or (
+            not getattr(manager, "checks_once", False) and manager.check(f_locals)
+        ):
             return i
     return None
 
@@ -309,7 +316,11 @@ def _build_multigraph_forward() -> Any:
 
     _check_versions()
     _check_function_sources()
-    rt = dynamo_serving_runtime()
+    # "plain": guards and code objects carried Dynamo-free (plain_guards), so serving
+    # never imports torch._dynamo; "dynamo": Dynamo's guard manager, for guards outside
+    # plain_guards' whitelist (GUARD_RUNTIME says which, and why).
+    dynamo_free = GUARD_RUNTIME.get("path") == "plain"
+    rt = plain_serving_runtime() if dynamo_free else dynamo_serving_runtime()
     frames = pickle.loads(base64.b64decode(_FRAMES))
     binding = pickle.loads(base64.b64decode(_ENTRY_BINDING))
     compiled = {backend_id: rt.disable(fn) for backend_id, fn in _BACKEND_FNS.items()}
@@ -333,8 +344,9 @@ def _build_multigraph_forward() -> Any:
             for module_name, helper, kind, data in DYNAMO_GLOBALS:
                 if module_name == name:
                     seed(scope, helper, _rebuild_global(kind, data))
+        stand_ins = getattr(rt, "stand_ins", {})
         for alias, module_name in frame["import_sources"].items():
-            seed(scope, alias, _import_module(module_name))
+            seed(scope, alias, stand_ins.get(module_name) or _import_module(module_name))
         return scope
 
     def make_dispatcher(frame: dict[str, Any]) -> Any:
@@ -377,8 +389,11 @@ def _build_multigraph_forward() -> Any:
 
         variants = []
         for number, variant in enumerate(frame["variants"]):
-            guards_state = rt.load_guards_state(variant["guards_state"])
-            key = guards_state.output_graph.name_of_builtins_dict_key_in_fglobals
+            if dynamo_free:
+                key = variant["builtins_key"]
+            else:
+                guards_state = rt.load_guards_state(variant["guards_state"])
+                key = guards_state.output_graph.name_of_builtins_dict_key_in_fglobals
             if key:
                 builtins = rt.builtins_dict(scope)
                 if scope.get(key, builtins) is not builtins:
@@ -389,7 +404,10 @@ def _build_multigraph_forward() -> Any:
                     )
                 seed(scope, key, builtins)
             try:
-                manager = rt.load_guard_manager(guards_state, target, scope)
+                if dynamo_free:
+                    manager = rt.guard_manager(variant["guards"], scope)
+                else:
+                    manager = rt.load_guard_manager(guards_state, target, scope)
             except Exception as error:
                 # Building a guard manager reads the live objects its guards name (a
                 # dict's keys by position, an attribute of a global): state a process may

@@ -12,6 +12,9 @@ per role:
   this package), and the same bindings for the capture process.
 - ``runtime``: the Dynamo and Inductor internals an artifact's runtime reaches, as
   functions emitted verbatim into artifacts.
+- ``guard_translation``: Dynamo's guards as a Dynamo-free program (capture side) and
+  what an artifact serving it binds instead of Dynamo (prelude text and a runtime
+  function emitted verbatim), so it loads without importing ``torch._dynamo``.
 - ``kernel_platform``: what a compiled kernel needs of the machine, and whether this
   one has it (cheap probes, no compiler).
 - ``patching``: how a capture swaps a torch function for the length of a block.
