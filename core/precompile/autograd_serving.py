@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     _set_grad_enabled: Callable[[bool], None] = print
     _any_autocast_enabled: Callable[[], bool] = bool
 
-    def _fail(message: str, invariant: int | None = None) -> NoReturn: ...
+    def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
 
 def base_spec(outputs: int) -> dict[str, Any]:
@@ -71,7 +71,7 @@ def bind_autograd(
     def finish(args: list[Any], outs: Any) -> list[Any]:
         outs = list(outs)
         if len(outs) != expected:
-            _fail(
+            refuse(
                 f"precompile: graph {name} returned {len(outs)} values where it was "
                 f"captured returning {expected}; this is a precompile bug, please report it"
             )
@@ -171,12 +171,12 @@ def bind_autograd(
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:
             if len(grads) != grad_outs:
-                _fail(
+                refuse(
                     f"precompile: graph {name} got {len(grads)} gradients, expected "
                     f"{grad_outs}; this is a precompile bug, please report it"
                 )
             if _torch.is_grad_enabled():
-                _fail(
+                refuse(
                     f"precompile: a backward with create_graph=True (a double backward) "
                     f"through the outputs of graph {name} is not supported: its captured "
                     f"backward graph records no autograd history, so higher-order "
@@ -185,7 +185,7 @@ def bind_autograd(
                     5,
                 )
             if _any_autocast_enabled():
-                _fail(
+                refuse(
                     f"precompile: the backward of graph {name} runs under torch.autocast, "
                     f"but its captured backward graph holds the dtypes of a backward "
                     f"without it: eager would recast some of its ops. Run the backward "

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     FLOAT_ZEROS: list[dict[str, Any]] = []
     CLASS_ATTRS: list[dict[str, Any]] = []
 
-    def _fail(message: str, invariant: int | None = None) -> NoReturn: ...
+    def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
     def _import_module(name: str) -> Any: ...
 
@@ -242,7 +242,7 @@ def _build_dependency_check() -> Any:
                     "every module (a global hook, torch.nn.modules.module.register_module_*)",
                     hook_locations([nn_module], global_attrs),
                 )
-                _fail(f"precompile: {change}")
+                refuse(f"precompile: {change}")
         global_versions[0] = tuple(map(_dict_version, global_dicts))
 
     entry_fn = operator.attrgetter(FN_NAME)(_import_module(FN_MODULE))
@@ -294,7 +294,7 @@ def _build_dependency_check() -> Any:
                 hook_locations([m for _p, m in module.named_modules()], attrs),
             )
             if change:
-                _fail(f"precompile: {change}")
+                refuse(f"precompile: {change}")
         dicts: list[Any] = []
         for _path, sub_module in module.named_modules():
             dicts.append(sub_module._modules)
@@ -366,7 +366,7 @@ def _build_dependency_check() -> Any:
                 now = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(bound).__qualname__)}"
                 if code is not None:
                     now += f" ({code.co_filename}:{code.co_firstlineno})"
-            _fail(
+            refuse(
                 f"precompile: `{user_path(read['path'])}` (read by module {read['scope']}) is "
                 f"bound to {now} in this process; the capture traced {captured}, and this "
                 f"artifact serves only that. Restore it, or capture again with the new one "
@@ -500,7 +500,7 @@ def _float_zero_rows(namespace: dict[str, Any]) -> tuple[list[str], Any]:
             except Exception:
                 continue  # the call's own guards refuse what is not there
             if type(value) is kind and value == captured and repr(value) != row["value"][1]:
-                _fail(
+                refuse(
                     f"precompile: `{row['shown']}` is {value!r} in this call but was "
                     f"{captured!r} at capture; the trace computed with {captured!r} (the "
                     f"sign of a zero reaches results: 1 / 0.0 is inf, 1 / -0.0 is -inf), "
@@ -593,7 +593,7 @@ def _identity_rows(missing: Any) -> tuple[list[str], list[Any], Any]:
             if value is not missing and matches(row, value):
                 expected[i] = now
                 continue
-            _fail(
+            refuse(
                 f"precompile: `{row['shown']}` is {shown(value)} in this call; the capture "
                 f"traced {captured(row)} there (the trace compared it by identity), and this "
                 f"artifact serves only that. Pass what the capture traced, or capture again "
@@ -629,7 +629,7 @@ def _build_class_check() -> Any:
         except AttributeError:
             cls = None
         if not isinstance(cls, type):
-            _fail(
+            refuse(
                 f"precompile: the class {where}, which the trace ran the methods of, is not "
                 f"defined in this process. Restore it, or capture again (re-emit the "
                 f"artifact)",
@@ -648,7 +648,7 @@ def _build_class_check() -> Any:
                     )
                 else:
                     at_capture = f"the capture traced {captured[name]} there"
-                _fail(
+                refuse(
                     f"precompile: `{cls.__qualname__}.{name}` is "
                     f"{now.get(name, 'not defined')} in this process; {at_capture} (Dynamo "
                     f"resolved it on the class while tracing), and this artifact serves only "
@@ -711,7 +711,7 @@ def _build_class_check() -> Any:
                 if after is before:
                     continue
                 ran = shown(before) if before is not missing else inherited(cls, name)
-                _fail(
+                refuse(
                     f"precompile: `{cls.__qualname__}.{name}` was "
                     f"{'set' if before is missing else 'rebound'} on class "
                     f"{cls.__module__}.{cls.__qualname__} after this artifact was loaded: it "
@@ -722,7 +722,7 @@ def _build_class_check() -> Any:
                 )
         for cls, mro in zip(leaves, mros):
             if cls.__mro__ != mro:
-                _fail(
+                refuse(
                     f"precompile: the bases of class {cls.__module__}.{cls.__qualname__} "
                     f"changed after this artifact was loaded ({cls.__mro__} now); the trace "
                     f"ran the methods its bases had. Restore them, or capture again (re-emit "

@@ -140,7 +140,7 @@ class PrecompileError(RuntimeError):
         super().__init__(message + suffix)
 
 
-def _fail(message: str, invariant: int | None = None) -> NoReturn:
+def refuse(message: str, invariant: int | None = None) -> NoReturn:
     # Imported at the moment of failure only, so a normal call never touches the
     # package and an artifact runs where it is not installed.
     error_type: Callable[..., Exception]
@@ -185,7 +185,7 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
             if missing or extra
             else f"same names in another order: {names}"
         )
-        _fail(
+        refuse(
             f"precompile: the runtime model's parameters/buffers differ from the traced "
             f"model's ({detail}); pass a model with the same structure as the one "
             f"captured, or capture again",
@@ -196,21 +196,21 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
     devices = list(PARAM_DEVICES) + list(BUFFER_DEVICES)
     for name, t, shape, dtype, device in zip(names, tensors, shapes, dtypes, devices):
         if tuple(t.shape) != tuple(shape):
-            _fail(
+            refuse(
                 f"precompile: the runtime parameter/buffer {name!r} has shape "
                 f"{tuple(t.shape)} but the traced model's was {tuple(shape)}; the graph "
                 f"is specialized to the traced shapes",
                 2,
             )
         if str(t.dtype) != dtype:
-            _fail(
+            refuse(
                 f"precompile: the runtime parameter/buffer {name!r} has dtype {t.dtype} "
                 f"but the traced model's was {dtype}; cast the model back (e.g. "
                 f".to({dtype})) or capture again",
                 2,
             )
         if str(t.device) != device:
-            _fail(
+            refuse(
                 f"precompile: the runtime parameter/buffer {name!r} is on device "
                 f"{t.device} but the traced model's was on {device}; move the model "
                 f"(.to({device!r})) or capture again",
@@ -221,7 +221,7 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
         _check_strides(labels, tensors, GRAPH_INPUT_STRIDES)
     for name, t, wanted in zip(names, tensors, PARAM_REQUIRES_GRAD):
         if bool(t.requires_grad) != wanted:
-            _fail(
+            refuse(
                 f"precompile: parameter {name!r} has requires_grad={t.requires_grad} but "
                 f"was captured with requires_grad={wanted}; the capture baked which "
                 f"gradients the graph computes. Restore it with "
@@ -232,7 +232,7 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
         actual = [(n, bool(sub.training)) for n, sub in m.named_modules()]
         for (name, flag), (aname, aflag) in zip(flags, actual):
             if name != aname:
-                _fail(
+                refuse(
                     f"precompile: the runtime model's submodule {aname!r} stands where "
                     f"the traced model had {name!r}; pass a structurally identical model",
                     2,
@@ -240,7 +240,7 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
             if flag != aflag:
                 where = f"submodule {name!r}" if name else "the model"
                 mode = "train()" if flag else "eval()"
-                _fail(
+                refuse(
                     f"precompile: {where} of module argument {MODULE_POSITIONS[mi]} is in "
                     f"{'training' if aflag else 'eval'} mode but was captured in "
                     f"{'training' if flag else 'eval'} mode; the capture baked that mode "
@@ -249,7 +249,7 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
                     2,
                 )
         if len(actual) != len(flags):
-            _fail(
+            refuse(
                 f"precompile: module argument {MODULE_POSITIONS[mi]} has {len(actual)} "
                 f"submodules but the traced model had {len(flags)}; pass a structurally "
                 f"identical model",
@@ -282,7 +282,7 @@ def _check_strides(labels: list[str], tensors: list[Any], expected: list[Any]) -
         )
     for label, t, strides in zip(labels, tensors, expected):
         if strides is not None and tuple(t.stride()) != tuple(strides):
-            _fail(
+            refuse(
                 f"precompile: {label} has strides {tuple(t.stride())} ({_memory_format(t)} "
                 f"memory format) but was captured with strides {tuple(strides)}; {why}",
                 6,
@@ -313,21 +313,21 @@ def _describe_input_mismatch(
     traced example; return quietly if they match."""
     order = None if spec is None else _key_order_difference(spec, expected_spec)
     if not spec_matches and order:
-        _fail(
+        refuse(
             f"precompile: {order}; the capture flattened it in key order, so its values "
             f"would meet the graph in the wrong places. Pass its keys in the captured "
             f"order, or capture again",
             3,
         )
     if not spec_matches:
-        _fail(
+        refuse(
             "precompile: the call's inputs are nested differently from the traced "
             "example (lists, tuples, dicts and their lengths are part of the capture); "
             "pass them in the captured structure",
             3,
         )
     if len(leaves) != len(USER_INPUT_SHAPES):
-        _fail(
+        refuse(
             f"precompile: the call's inputs flatten to {len(leaves)} values but the "
             f"traced example had {len(USER_INPUT_SHAPES)}",
             3,
@@ -338,7 +338,7 @@ def _describe_input_mismatch(
             expected = USER_INPUT_CONSTANTS[i]
             if literal_fingerprint(leaf) != expected:
                 baked = describe_value(expected)
-                _fail(
+                refuse(
                     f"precompile: input value {i} is {leaf!r} but the capture baked "
                     f"{baked}; Python values are specialized at capture. Pass {baked}, or "
                     f"capture again for this value",
@@ -346,7 +346,7 @@ def _describe_input_mismatch(
                 )
             continue
         if not isinstance(leaf, _torch.Tensor):
-            _fail(
+            refuse(
                 f"precompile: input {i} is a {type(leaf).__name__} but a tensor was "
                 f"traced there",
                 3,
@@ -357,7 +357,7 @@ def _describe_input_mismatch(
             e is not None and a != e for a, e in zip(actual, shape)
         ):
             shown = tuple("*" if e is None else e for e in shape)
-            _fail(
+            refuse(
                 f"precompile: input {i} has shape {actual} but the artifact was traced "
                 f"with shape {shown} ('*' = dynamic); static dims are specialized. "
                 f"Capture with this shape, or mark the dim dynamic with "
@@ -367,20 +367,20 @@ def _describe_input_mismatch(
         for dim, (lo, hi) in bounds.items():
             size = actual[dim]
             if (lo is not None and size < lo) or (hi is not None and size > hi):
-                _fail(
+                refuse(
                     f"precompile: input {i} dim {dim} has size {size}, outside the range "
                     f"[{lo}, {hi}] declared with mark_unbacked at capture",
                     3,
                 )
         if str(leaf.dtype) != USER_INPUT_DTYPES[i]:
-            _fail(
+            refuse(
                 f"precompile: input {i} has dtype {leaf.dtype} but the artifact was "
                 f"traced with {USER_INPUT_DTYPES[i]}; cast the input (.to("
                 f"{USER_INPUT_DTYPES[i]})) or capture again",
                 6,
             )
         if str(leaf.device) != USER_INPUT_DEVICES[i]:
-            _fail(
+            refuse(
                 f"precompile: input {i} is on device {leaf.device} but the artifact was "
                 f"traced on {USER_INPUT_DEVICES[i]}; move the input "
                 f"(.to({USER_INPUT_DEVICES[i]!r})) or capture again",
@@ -395,14 +395,14 @@ def _describe_input_mismatch(
         if USER_INPUT_SHAPES[i] is None or not leaf.requires_grad:
             continue
         if TRAINING and not USER_INPUT_REQUIRES_GRAD[i]:
-            _fail(
+            refuse(
                 f"precompile: input {i} requires grad but was captured without; the "
                 f"captured backward computes no gradient for it, where eager would. Pass "
                 f"x.detach(), or capture again with an input that requires grad",
                 5,
             )
         if AUTOGRAD is not None and not USER_INPUT_REQUIRES_GRAD[i] and _torch.is_grad_enabled():
-            _fail(
+            refuse(
                 f"precompile: input {i} requires grad but was captured without; the "
                 f"captured backward graph computes no gradient for it, where eager would. "
                 f"Pass x.detach() or call under torch.no_grad(), or capture again with "
@@ -410,7 +410,7 @@ def _describe_input_mismatch(
                 5,
             )
         if not TRAINING and AUTOGRAD is None and _torch.is_grad_enabled():
-            _fail(
+            refuse(
                 f"precompile: input {i} requires grad, but this artifact was captured for "
                 f"inference with inputs that did not (or under torch.no_grad()): it runs "
                 f"without autograd, so its outputs would carry no gradient and a backward "
@@ -423,7 +423,7 @@ def _describe_input_mismatch(
         for i, leaf in enumerate(leaves):
             wanted = USER_INPUT_REQUIRES_GRAD[i]
             if wanted is not None and bool(leaf.requires_grad) != wanted:
-                _fail(
+                refuse(
                     f"precompile: input {i} has requires_grad={leaf.requires_grad} but was "
                     f"captured with requires_grad={wanted}, and fn reads requires_grad "
                     f"({STATE_READS['requires_grad']}): the trace took the branch of the "
@@ -434,7 +434,7 @@ def _describe_input_mismatch(
     if TRAINING:
         for i, leaf in enumerate(leaves):
             if USER_INPUT_REQUIRES_GRAD[i] and not leaf.requires_grad:
-                _fail(
+                refuse(
                     f"precompile: input {i} does not require grad but was captured "
                     f"requiring it; the captured graph computes with its gradient. Pass "
                     f"it with requires_grad=True, or capture again",
@@ -446,7 +446,7 @@ def _describe_input_mismatch(
             size = leaves[i].shape[dim]
             if shape_id in sizes and sizes[shape_id][0] != size:
                 j, jdim = sizes[shape_id][1:]
-                _fail(
+                refuse(
                     f"precompile: input {i} dim {dim} has size {size} but input {j} dim "
                     f"{jdim} has size {sizes[shape_id][0]}; both were marked with "
                     f"shape_id {shape_id!r}, so they must be equal",
@@ -464,7 +464,7 @@ def _autocast_mismatch(live: tuple[tuple[str, str], ...]) -> NoReturn:
         return "under torch.autocast(" + ", ".join(f"{d}: {t}" for d, t in state) + ")"
 
     captured = tuple(map(tuple, AUTOCAST))
-    _fail(
+    refuse(
         f"precompile: this call runs {shown(live)} but the artifact was captured "
         f"{shown(captured)}; the graph holds the casts autocast made at capture, so eager "
         f"would compute in other dtypes here. Call it {shown(captured)}, or capture again "
@@ -501,7 +501,7 @@ def _load_spec(text: str) -> Any:
     try:
         return _pytree.treespec_loads(text)
     except Exception:
-        _fail(
+        refuse(
             f"precompile: the artifact's inputs or outputs use container types "
             f"({', '.join(names)}) that are not registered with torch.utils._pytree in "
             f"this process ({type(first).__name__}: {first}). Import the module that "
@@ -726,7 +726,7 @@ def _build_single_graph_forward() -> Any:
         roots = None
         for i, m in zip(module_positions, mods):
             if not isinstance(m, _torch.nn.Module):
-                _fail(
+                refuse(
                     f"precompile: argument {i} must be the nn.Module the captured function "
                     f"took there, got {type(m).__name__}",
                     2,
@@ -797,12 +797,12 @@ def _build_single_graph_forward() -> Any:
         """Every check of a call; the graph's flat inputs and the user's tensors."""
         if kwargs or len(args) != n_args:
             if kwargs:
-                _fail(
+                refuse(
                     f"precompile: {FN_NAME} was captured with positional arguments only "
                     f"and got keyword arguments {sorted(kwargs)}; pass them positionally",
                     2,
                 )
-            _fail(
+            refuse(
                 f"precompile: {FN_NAME} takes {n_args} positional arguments (as captured) "
                 f"but got {len(args)}",
                 2,
@@ -846,7 +846,7 @@ def _build_single_graph_forward() -> Any:
             kind = "a training" if TRAINING else "an inference"
             if AUTOGRAD is not None:
                 kind = "an inference capture of inputs that require grad; such"
-            _fail(
+            refuse(
                 f"precompile: fn reads the grad mode ({grad_mode_read}), which was {mode} "
                 f"in the trace ({kind} capture traces with grad "
                 f"{'enabled' if traced_grad_mode else 'disabled'}), but this "
@@ -857,7 +857,7 @@ def _build_single_graph_forward() -> Any:
                 5,
             )
         if inference_mode_read is not None and is_inference_mode_enabled():
-            _fail(
+            refuse(
                 f"precompile: fn reads the inference mode ({inference_mode_read}), which "
                 f"was off in the trace, but this call runs under torch.inference_mode(): "
                 f"eager would take the other branch. Call it outside "
@@ -876,7 +876,7 @@ def _build_single_graph_forward() -> Any:
         ):
             _autocast_mismatch(autocast_state())
         if get_default_dtype() is not default_dtype:
-            _fail(
+            refuse(
                 f"precompile: the default dtype is {get_default_dtype()} but this artifact "
                 f"was captured under {default_dtype}, which tensors fn builds from Python "
                 f"numbers took. Restore it (torch.set_default_dtype) around the call, or "
@@ -886,7 +886,7 @@ def _build_single_graph_forward() -> Any:
         if GRAD_ACCESS:
             for idx in grad_indices:
                 if state[idx].grad is not None:
-                    _fail(
+                    refuse(
                         f"precompile: parameter {PARAM_NAMES[idx]!r} already has a .grad, "
                         f"and fn reads or writes .grad ({GRAD_ACCESS[0]}: gradient "
                         f"clipping, an optimizer step, zero_grad); the trace saw no "
@@ -938,7 +938,7 @@ def _build_single_graph_forward() -> Any:
             message = _relabel_layout_error(error, [*tensors, *tensors_in])
             if message is None:
                 raise
-            _fail(message, 6)
+            refuse(message, 6)
             raise
         finally:
             if grad_was_enabled and not through_autograd:

@@ -565,7 +565,7 @@ def emit_dynamo(
         (
             state_checks.autocast_state,
             driver.PrecompileError,
-            driver._fail,
+            driver.refuse,
             source_digest,
             guard_text,
             *(

@@ -283,7 +283,7 @@ def _emitted_aot_binder() -> Callable[..., Any]:
             runtime_source(
                 [
                     driver.PrecompileError,
-                    driver._fail,
+                    driver.refuse,
                     autograd_serving.bind_autograd,
                     inductor_serving.bind_inductor_module,
                     inductor_serving.bind_aot_graph,

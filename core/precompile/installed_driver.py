@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     DYNAMO_GLOBALS: list[list[str]] = []
     _BACKEND_FNS: dict[str, Any] = {}
 
-    def _fail(message: str, invariant: int | None = None) -> NoReturn: ...
+    def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
     def _check_versions() -> None: ...
 
@@ -58,9 +58,9 @@ def _build_installed_forward() -> Any:
     try:
         fn = operator.attrgetter(FN_NAME)(module)
     except AttributeError:
-        _fail(f"precompile: {FN_MODULE} has no {FN_NAME} to install this artifact onto")
+        refuse(f"precompile: {FN_MODULE} has no {FN_NAME} to install this artifact onto")
     if rt.config.compiled_autograd:
-        _fail(
+        refuse(
             "precompile: an installed artifact cannot load with "
             "torch._dynamo.config.compiled_autograd enabled: backward graphs would compile "
             "outside the artifact. Disable it before load()"
@@ -69,7 +69,7 @@ def _build_installed_forward() -> Any:
     try:
         package = rt.CompilePackage(fn, state)
     except Exception as error:
-        _fail(
+        refuse(
             f"precompile: this artifact could not be installed onto {FN_MODULE}.{FN_NAME} "
             f"({type(error).__name__}: {error}). If that source changed since capture, "
             f"capture it again"
@@ -77,14 +77,14 @@ def _build_installed_forward() -> Any:
     targets = rt.target_codes(package)
     live = [code.co_name for code in targets if rt.live_entries(code)]
     if live:
-        _fail(
+        refuse(
             f"precompile: {', '.join(live)} already hold live Dynamo compiles in this process "
             f"(a torch.compile of them, or a capture of them still open), which "
             f"would serve calls the artifact does not: load it in a fresh process"
         )
     taken = [code.co_name for code in targets if rt.precompile_entries(code)]
     if taken:
-        _fail(
+        refuse(
             f"precompile: {', '.join(taken)} already serve(s) another installed artifact in this "
             f"process; two installed artifacts cannot share a function. Unload the other "
             f"(runnable.unload()) or load this one in a fresh process"
@@ -98,7 +98,7 @@ def _build_installed_forward() -> Any:
     with rt.config.patch(caching_precompile=False):
         context = rt.optimize(BACKEND, package=None if allow else package)
         if not isinstance(context, rt.OptimizeContext):
-            _fail(
+            refuse(
                 "precompile: an installed artifact serves through Dynamo, which is disabled in "
                 "this process (TORCHDYNAMO_DISABLE=1 or the enable_dynamo killswitch)"
             )
@@ -117,7 +117,7 @@ def _build_installed_forward() -> Any:
         try:
             return compiled(*args, **kwargs)
         except rt.CompileRefused as error:
-            _fail(
+            refuse(
                 f"precompile: no captured variant serves this call: {error}. The artifact serves "
                 f"only what capture exercised: add a call like this one to the capture, or "
                 f"load with allow_serve_time_compiles=True",

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     _ENTRY_BINDING: str = ""
     _BACKEND_FNS: dict[str, Any] = {}
 
-    def _fail(message: str, invariant: int | None = None) -> NoReturn: ...
+    def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
     def dynamo_serving_runtime() -> Any: ...
 
@@ -74,14 +74,14 @@ def _check_versions() -> None:
     import torch
 
     if tuple(PYTHON_VERSION) != tuple(sys.version_info[:2]):
-        _fail(
+        refuse(
             f"precompile: this artifact was captured on Python {PYTHON_VERSION[0]}."
             f"{PYTHON_VERSION[1]} and cannot load on {sys.version_info[0]}."
             f"{sys.version_info[1]}: it carries serialized code objects, whose bytecode is "
             f"specific to one Python version. Capture it again under this Python"
         )
     if TORCH_VERSION != str(torch.__version__):
-        _fail(
+        refuse(
             f"precompile: this artifact was captured with torch {TORCH_VERSION} and cannot "
             f"load on torch {torch.__version__}: it carries pickled Dynamo guard state, "
             f"which only the torch build that wrote it can read. Capture it again with "
@@ -93,7 +93,7 @@ def _import_module(name: str) -> Any:
     import importlib
 
     if name == "__main__":
-        _fail(
+        refuse(
             "precompile: this artifact was captured from a function defined in a script's "
             "__main__ module, which no other process can import. Capture a function defined "
             "in an importable module"
@@ -101,7 +101,7 @@ def _import_module(name: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError as error:
-        _fail(
+        refuse(
             f"precompile: this artifact serves code from module {name!r}, which is not "
             f"importable here ({error}). Make it importable (sys.path, installed packages) "
             f"or capture again in this environment"
@@ -112,7 +112,7 @@ def _check_function_sources() -> None:
     """Refuse to serve a function whose source changed since capture: its guards and
     bytecode describe the old code."""
     for record, gone in changed_functions(FUNCTION_SOURCES, _module_text):
-        _fail(
+        refuse(
             f"precompile: {record['function']} ({record['path']}:{record['line']}, module "
             f"{record['module']}) {'is gone or renamed' if gone else 'changed'} since this "
             f"artifact was captured; its guards and bytecode describe the old code. Capture "
@@ -146,7 +146,7 @@ def _rebuild_global(kind: str, data: str) -> Any:
         try:
             return operator.attrgetter(qualname)(_import_module(module_name))
         except AttributeError:
-            _fail(
+            refuse(
                 f"precompile: this artifact's compiled code reads {module_name}.{qualname}, "
                 f"which this process does not define; capture it again"
             )
@@ -198,7 +198,7 @@ def _serve_as_captured(entry: Any, check: Any) -> Any:
 
     def refuse_autocast() -> None:
         active = [f"{device} ({dtype})" for device, dtype in autocast_state()]
-        _fail(
+        refuse(
             f"precompile: this call runs under torch.autocast ({', '.join(active) or 'on'}), "
             f"and the capture ran without it: eager would compute in the autocast dtype, the "
             f"artifact in the captured one. Call it outside torch.autocast, or enter "
@@ -207,7 +207,7 @@ def _serve_as_captured(entry: Any, check: Any) -> Any:
         )
 
     def refuse_grad_mode(grad: bool) -> None:
-        _fail(
+        refuse(
             f"precompile: this call runs with grad mode {'on' if grad else 'off'}, and the "
             f"capture traced fn with it {'on' if GRAD_MODE else 'off'}, reading it "
             f"({GRAD_MODE_READ}): eager would take the branch for the other mode. Call "
@@ -224,7 +224,7 @@ def _serve_as_captured(entry: Any, check: Any) -> Any:
         if torch.get_default_dtype() is not dtype or (
             torch.are_deterministic_algorithms_enabled() != deterministic
         ):
-            _fail(
+            refuse(
                 f"precompile: this artifact was captured with default dtype {dtype} and "
                 f"deterministic algorithms {'on' if deterministic else 'off'}; this process has "
                 f"{torch.get_default_dtype()} and "
@@ -293,7 +293,7 @@ def _entry_defaults_check(binding: dict[str, Any]) -> Any:
             ("__kwdefaults__", kwdefaults, binding.get("kwdefaults")),
         ):
             if not same(now, captured):
-                _fail(
+                refuse(
                     f"precompile: {FN_MODULE}.{FN_NAME}.{what} is {now!r:.200} in this "
                     f"process; the capture traced it with {captured!r:.200}, which this "
                     f"artifact binds. Restore the defaults, or capture again with the new "
@@ -370,12 +370,12 @@ def _build_multigraph_forward() -> Any:
                 f"variant of it to serve; fix what the capture report says and capture again"
             )
             if frame["is_entry"]:
-                _fail(message)
+                refuse(message)
 
-            def refuse(*_args: Any, **_kwargs: Any) -> Any:
-                _fail(message)
+            def refusing(*_args: Any, **_kwargs: Any) -> Any:
+                refuse(message)
 
-            return refuse
+            return refusing
         scope = scope_of(frame)
         is_entry = frame["is_entry"]
         defaults = binding.get("defaults") if is_entry else None
@@ -397,7 +397,7 @@ def _build_multigraph_forward() -> Any:
             if key:
                 builtins = rt.builtins_dict(scope)
                 if scope.get(key, builtins) is not builtins:
-                    _fail(
+                    refuse(
                         f"precompile: {key!r} in module {frame['python_module']!r} is bound to "
                         f"something other than the module's builtins, which this artifact's "
                         f"guards read through; unbind it and load again"
@@ -412,7 +412,7 @@ def _build_multigraph_forward() -> Any:
                 # Building a guard manager reads the live objects its guards name (a
                 # dict's keys by position, an attribute of a global): state a process may
                 # not have yet.
-                _fail(
+                refuse(
                     f"precompile: the guards of {target.co_name} (variant {number}) could not "
                     f"be rebuilt in this process: {type(error).__name__}: {error}. They read "
                     f"state reachable from module {frame['python_module']!r} as it was at "
@@ -485,7 +485,7 @@ def _build_multigraph_forward() -> Any:
                 f"variant {i}: {_readable_guard_failure(m, f_locals)}"
                 for i, m in enumerate(managers)
             )
-            _fail(
+            refuse(
                 f"precompile: no captured variant of {frame_label(target.co_name)} serves this call "
                 f"({len(bound)} captured: {failures}). The artifact serves only what capture "
                 f"exercised: add a call like this one to the capture, or restore the global "
@@ -533,7 +533,7 @@ def _build_multigraph_forward() -> Any:
             existing = module.get(name)
             owner = getattr(existing, "__precompile_artifact__", None)
             if existing is not None and owner != ARTIFACT_TAG:
-                _fail(
+                refuse(
                     f"precompile: {name!r} in module {frame['python_module']!r} is held by "
                     + (
                         f"another artifact ({owner}); two artifacts of one function cannot "
@@ -554,7 +554,7 @@ def _build_multigraph_forward() -> Any:
             for name in frame["resume_names"]:
                 seed(scope, name, dispatcher)
     if entry is None:
-        _fail("precompile: this artifact has no entry frame; capture it again")
+        refuse("precompile: this artifact has no entry frame; capture it again")
 
     def unload() -> None:
         while seeded:

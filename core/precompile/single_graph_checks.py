@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     ENTRY: dict[str, Any] | None = None
     _GLOBAL_MODULE_HOOKS: tuple[dict[Any, Any], ...] = ()
 
-    def _fail(message: str, invariant: int | None = None) -> NoReturn: ...
+    def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
     def changed_functions(records: Any, module_text: Any) -> Any: ...
 
@@ -84,7 +84,7 @@ def live_module(name: str, path: str | None) -> Any:
     try:
         return importlib.import_module(name)
     except Exception as error:
-        _fail(
+        refuse(
             f"precompile: this artifact was traced through module {name!r}, which is not "
             f"importable here ({type(error).__name__}: {error}), so its code and globals "
             f"cannot be checked. Make it importable, or capture again in this environment",
@@ -96,7 +96,7 @@ def check_function_sources_once() -> None:
     """Refuse to load when a function the trace ran through changed since capture: the
     graph holds what the old code computed."""
     for record, gone in changed_functions(FUNCTION_SOURCES, module_text):
-        _fail(
+        refuse(
             f"precompile: {record['function']} ({record['path']}:{record['line']}, module "
             f"{record['module']}) {'is gone or renamed' if gone else 'changed'} since this "
             f"artifact was captured; the graph was traced through the old code. Capture it "
@@ -130,7 +130,7 @@ def global_scopes() -> list[tuple[dict[str, Any], dict[str, Any]]]:
         module = live_module(record["module"], record["path"])
         if module is None:
             names = ", ".join(name for name, _ in record["values"])
-            _fail(
+            refuse(
                 f"precompile: the traced code read globals ({names}) of the script "
                 f"{record['path']}, which ran as __main__ at capture; this process runs "
                 f"another __main__, so they cannot be checked. Move that code into an "
@@ -218,7 +218,7 @@ def live_entry(identities: dict[str, Any]) -> Any:
         return getattr(found[0], "__func__", found[0])
     shown = describe_value(ENTRY["fingerprint"])
     if module is None:
-        _fail(
+        refuse(
             f"precompile: the captured {shown} holds values the graph baked (its defaults "
             f"or closure variables) and was defined in the script {ENTRY['file']}, which "
             f"ran as __main__ at capture; this process runs another __main__, so they "
@@ -227,14 +227,14 @@ def live_entry(identities: dict[str, Any]) -> Any:
             3,
         )
     if not found:
-        _fail(
+        refuse(
             f"precompile: the captured {shown} holds values the graph baked (its "
             f"defaults or closure variables), and module {name} binds no module-level "
             f"name to a function {qualname} to check them against. Bind it to a "
             f"module-level name, or pass those values to it as arguments",
             3,
         )
-    _fail(
+    refuse(
         f"precompile: module {name} binds {len(found)} functions {qualname} with other "
         f"defaults or closure values than each other, so which one is served cannot be "
         f"told; the graph baked those of one of them. Capture a function that takes "
@@ -251,7 +251,7 @@ def check_entry(entry: Any, context: dict[str, Any]) -> None:
     live = fingerprint(entry, context)
     if live != ENTRY["fingerprint"]:
         path, then, now = first_difference(ENTRY["fingerprint"], live, ENTRY["qualname"])
-        _fail(
+        refuse(
             f"precompile: the captured function {path} is {describe_value(now)} but "
             f"the trace read {describe_value(then)}; the graph baked it. Restore it, "
             f"pass the value as an argument, or capture again (re-emit the artifact)",
@@ -267,7 +267,7 @@ def check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
             if live != recorded:
                 path, then, now = first_difference(recorded, live, name)
                 shown = "no longer defined" if name not in scope else f"{describe_value(now)}"
-                _fail(
+                refuse(
                     f"precompile: global {path} of module {record['module']} "
                     f"({record['path']}) is {shown}, but the traced code read "
                     f"{describe_value(then)} and the graph baked it. Restore it, or "
@@ -275,7 +275,7 @@ def check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
                     3,
                 )
     if global_hooks_fingerprint(_GLOBAL_MODULE_HOOKS) != GLOBAL_HOOKS:
-        _fail(
+        refuse(
             "precompile: torch's global module hooks (register_module_forward_hook and "
             "friends) differ from those registered at capture; the trace baked the hooks "
             "present then. Register the same hooks, or capture again with these "
@@ -296,7 +296,7 @@ def check_module_state(mods: list[Any], context: dict[str, Any]) -> None:
             where = f"submodule {name!r}" if name else "the model"
             where += f" of module argument {MODULE_POSITIONS[mi]}"
             if live[0] != record[0]:
-                _fail(
+                refuse(
                     f"precompile: {where} is a {live[0]} but was captured as a {record[0]}; "
                     f"the trace baked the captured type's code. Pass a model of the "
                     f"captured structure, or capture again (re-emit the artifact)",
@@ -315,7 +315,7 @@ def check_module_state(mods: list[Any], context: dict[str, Any]) -> None:
                     path, then, now = first_difference(old[attr], new[attr], attr)
                     state = f"has {path} = {describe_value(now)}"
                     state += f" but the trace read {describe_value(then)}"
-                _fail(
+                refuse(
                     f"precompile: {where} {state}; the traced code reads it, and the graph "
                     f"baked what it read. Restore it, or capture again (re-emit the "
                     f"artifact)",
@@ -338,7 +338,7 @@ def check_module_state(mods: list[Any], context: dict[str, Any]) -> None:
                         f"was captured with {len(then)} "
                         f"({', '.join(describe_value(h[0]) for h in then) or 'none'})"
                     )
-                _fail(
+                refuse(
                     f"precompile: {where} {state}; the trace baked the hooks present at "
                     f"capture. Register the same hooks, or capture again with these "
                     f"(re-emit the artifact)",
@@ -372,7 +372,7 @@ def check_class_state(subs: list[Any], context: dict[str, Any]) -> None:
                     )
                 else:
                     state = f"is {describe_value(now)} but the trace read {describe_value(was)}"
-                _fail(
+                refuse(
                     f"precompile: {type_name(cls)}.{path} {state} (a class attribute or "
                     f"method the traced code reads, or a special method Python calls on "
                     f"it); the graph baked it. Restore it, or capture again (re-emit the "
@@ -389,7 +389,7 @@ def check_process_state(values: list[Any]) -> None:
         now = fingerprint(value, context)
         if now != then:
             what, _, where = site.partition(" at ")
-            _fail(
+            refuse(
                 f"precompile: fn reads {what} ({where}), which was {describe_value(then)} "
                 f"when the trace ran but is {describe_value(now)} now; the graph baked the "
                 f"branch of the captured value. Restore the setting around the call, read "
