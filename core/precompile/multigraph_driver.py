@@ -61,6 +61,8 @@ if TYPE_CHECKING:
 
     def changed_functions(records: Any, module_text: Any) -> Any: ...
 
+    def changed_function_message(record: dict[str, Any], gone: bool, consequence: str) -> str: ...
+
     def _build_dependency_check() -> Any: ...
 
     def autocast_state() -> tuple[tuple[str, str], ...]: ...
@@ -113,10 +115,7 @@ def _check_function_sources() -> None:
     bytecode describe the old code."""
     for record, gone in changed_functions(FUNCTION_SOURCES, _module_text):
         refuse(
-            f"precompile: {record['function']} ({record['path']}:{record['line']}, module "
-            f"{record['module']}) {'is gone or renamed' if gone else 'changed'} since this "
-            f"artifact was captured; its guards and bytecode describe the old code. Capture "
-            f"it again (re-emit the artifact)"
+            changed_function_message(record, gone, "its guards and bytecode describe the old code")
         )
 
 

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
     def changed_functions(records: Any, module_text: Any) -> Any: ...
 
+    def changed_function_message(record: dict[str, Any], gone: bool, consequence: str) -> str: ...
+
     def new_context(names: Any, training: bool = True) -> dict[str, Any]: ...
 
     def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any: ...
@@ -97,10 +99,7 @@ def check_function_sources_once() -> None:
     graph holds what the old code computed."""
     for record, gone in changed_functions(FUNCTION_SOURCES, module_text):
         refuse(
-            f"precompile: {record['function']} ({record['path']}:{record['line']}, module "
-            f"{record['module']}) {'is gone or renamed' if gone else 'changed'} since this "
-            f"artifact was captured; the graph was traced through the old code. Capture it "
-            f"again (re-emit the artifact)",
+            changed_function_message(record, gone, "the graph was traced through the old code"),
             3,
         )
 

@@ -97,3 +97,14 @@ def changed_functions(
         )
         if source is None or source_digest(source) != record["sha256"]:
             yield record, source is None
+
+
+def changed_function_message(record: dict[str, Any], gone: bool, consequence: str) -> str:
+    """The refusal of an artifact one of whose ``changed_functions`` changed: where the
+    function is, what happened to it, what that means for this artifact
+    (``consequence``), and the fix."""
+    return (
+        f"precompile: {record['function']} ({record['path']}:{record['line']}, module "
+        f"{record['module']}) {'is gone or renamed' if gone else 'changed'} since this "
+        f"artifact was captured; {consequence}. Capture it again (re-emit the artifact)"
+    )

@@ -169,3 +169,46 @@ def test_installed_mode_keeps_dynamo(tmp_path: Path) -> None:
         "path": "dynamo",
         "reason": "installed serving runs Dynamo's frame evaluation",
     }
+
+
+SERVE_CONV = """
+import json, sys
+import torch
+import precompile
+from tests.fixtures import dynamo_free_models as models
+
+model = models.build_conv()
+run = precompile.load({artifact!r}, {cache!r})
+results = {{}}
+for batch in (1, 2, 5, 15, 16):
+    x = torch.randn(batch, 3, 8, 8)
+    try:
+        results[batch] = bool(torch.equal(run(model, x), models.conv_print(model, x)))
+    except precompile.PrecompileError as error:
+        results[batch] = str(error)
+results["dynamo"] = "torch._dynamo" in sys.modules
+print(json.dumps(results))
+"""
+
+
+def test_a_chained_shape_guard_is_served_without_dynamo(tmp_path: Path) -> None:
+    """The dynamic variant of a convolution captured at batch 1 and 2 is guarded by
+    ``2 <= batch <= 15``: served without Dynamo, exactly, inside the range, and refused
+    outside it, as Dynamo's guard would (ResNet's shape)."""
+    model = models.build_conv()
+    artifact, cache = _capture(
+        models.conv_print,
+        [(model, torch.randn(1, 3, 8, 8)), (model, torch.randn(2, 3, 8, 8))],
+        tmp_path,
+    )
+    assert precompile.inspect_artifact(artifact)["GUARD_RUNTIME"] == {
+        "path": "plain",
+        "reason": None,
+    }
+    proc = run_python(SERVE_CONV.format(artifact=artifact, cache=cache))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert results["dynamo"] is False
+    assert [results[str(b)] for b in (1, 2, 5, 15)] == [True] * 4, results
+    assert "no captured variant of `conv_print` serves this call" in results["16"], results
+    assert "2 <= x.size()[0] <= 15" in results["16"], results["16"]

@@ -332,9 +332,38 @@ def _epilogue_expression(verbose: Any, shape_expressions: list[str]) -> str:
         raise UnsupportedGuards("an epilogue guard without code")
     texts = [str(part).split("  #")[0].strip() for part in verbose]
     aliasing = all(t.count(" is ") == 1 and " is not " not in t for t in texts)
-    if not aliasing and texts != shape_expressions:
+    if aliasing:
+        return " and ".join(f"({_plain_expression(t)})" for t in texts)
+    if texts != shape_expressions and _conjuncts(texts) != _conjuncts(shape_expressions):
         raise UnsupportedGuards(f"epilogue guard {texts!r:.300}")
-    return " and ".join(f"({_plain_expression(t)})" for t in texts)
+    # The shape environment's own parts: what Dynamo compiled the guard from (its shown
+    # text may chain the comparisons, ``2 <= s <= 15`` for ``2 <= s and s <= 15``).
+    return " and ".join(f"({_plain_expression(t)})" for t in shape_expressions)
+
+
+def _conjuncts(texts: list[str]) -> list[str] | None:
+    """The conjunction of ``texts`` as its list of single comparisons (``a <= b <= c``
+    is ``a <= b and b <= c``, as Python evaluates it for side-effect-free operands), to
+    tell that two spellings of a shape guard are one; None if one does not parse."""
+    found: list[str] = []
+
+    def walk(node: ast.expr) -> None:
+        if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
+            for value in node.values:
+                walk(value)
+        elif isinstance(node, ast.Compare) and len(node.ops) > 1:
+            operands = [node.left, *node.comparators]
+            for op, left, right in zip(node.ops, operands, operands[1:]):
+                walk(ast.Compare(left=left, ops=[op], comparators=[right]))
+        else:
+            found.append(ast.dump(node))
+
+    for text in texts:
+        try:
+            walk(ast.parse(text, mode="eval").body)
+        except SyntaxError:
+            return None
+    return found
 
 
 def _plain_value(value: Any) -> bool:
