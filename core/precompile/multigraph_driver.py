@@ -26,7 +26,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
+    import torch as _torch
+
     # Bound by the artifact prelude (precompile._compat.prelude).
+    _DYNAMO_DIM_MARKS: tuple[str, ...] = ()
     _any_autocast_enabled: Callable[[], bool] = bool
     _set_grad_enabled: Callable[[bool], None] = print
     FN_NAME: str = ""
@@ -66,6 +69,33 @@ if TYPE_CHECKING:
     def _build_dependency_check() -> Any: ...
 
     def autocast_state() -> tuple[tuple[str, str], ...]: ...
+
+
+def _strip_dim_marks(values: Any) -> list[tuple[Any, dict[str, Any]]]:
+    """Take the dim marks (``_DYNAMO_DIM_MARKS``: what mark_dynamic / mark_unbacked /
+    mark_static leave) off the tensors among ``values`` (and in the lists, tuples and
+    dicts among them); what ``_restore_dim_marks`` puts back. A serialized guard is
+    rebuilt without the capture's tensors, so its dimension-marking guard expects no
+    marks, and a marked tensor (the capture's own example, passed again) would miss
+    every variant though its sizes pass the shape guards."""
+    stripped = []
+    for value in values:
+        if isinstance(value, dict):
+            items = list(value.values())
+        elif isinstance(value, (list, tuple)):
+            items = list(value)
+        else:
+            items = [value]
+        for t in items:
+            attrs = getattr(t, "__dict__", None)
+            if isinstance(t, _torch.Tensor) and attrs and _DYNAMO_DIM_MARKS[0] in attrs:
+                stripped.append((t, {a: attrs.pop(a) for a in _DYNAMO_DIM_MARKS if a in attrs}))
+    return stripped
+
+
+def _restore_dim_marks(stripped: list[tuple[Any, dict[str, Any]]]) -> None:
+    for t, attrs in stripped:
+        t.__dict__.update(attrs)
 
 
 def _check_versions() -> None:
@@ -455,12 +485,12 @@ def _build_multigraph_forward() -> Any:
                 # capture's example passed again) fails the rebuilt guards' marking
                 # check, which says nothing about what the variant computes: check it
                 # again unmarked (only on a miss, so a served call pays nothing).
-                stripped = rt.strip_dim_marks(f_locals.values())
+                stripped = _strip_dim_marks(f_locals.values())
                 if stripped:
                     try:
                         chosen = _serving_variant(managers, f_locals)
                     finally:
-                        rt.restore_dim_marks(stripped)
+                        _restore_dim_marks(stripped)
             if chosen is not None:
                 return bound[chosen](*args, **kwargs)
             if frame["eager_fallback"]:
@@ -497,11 +527,11 @@ def _build_multigraph_forward() -> Any:
 
         def coverage(args: Any, kwargs: Any) -> dict[str, Any]:
             f_locals = locals_of(None, args, kwargs)
-            stripped = rt.strip_dim_marks(f_locals.values())  # as dispatch_with retries
+            stripped = _strip_dim_marks(f_locals.values())  # as dispatch_with retries
             try:
                 return _coverage(managers, f_locals)
             finally:
-                rt.restore_dim_marks(stripped)
+                _restore_dim_marks(stripped)
 
         if target.co_freevars:
 

@@ -376,7 +376,9 @@ class PlainGuards:
         self._relations = program.get("relations", [])
         self._watched = {i for relation in self._relations for i in relation["nodes"]}
         self._fast = _fast_check(self._tree, self._watched, scope)
-        self._lock = threading.Lock()
+        # Reentrant: an accessor may run user code (a property) that calls the artifact
+        # again on this thread; the root's snapshot is this thread's either way.
+        self._lock = threading.RLock()
 
     def _first_failure(self, f_locals: dict[str, Any]) -> str | None:
         with self._lock:

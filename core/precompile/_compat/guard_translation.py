@@ -735,8 +735,6 @@ def plain_serving_runtime() -> Any:
     import sys
     import types as _types
 
-    import torch
-
     def disown(scope: dict[str, Any], name: str) -> None:
         # Only a live compile (Dynamo already imported) can hold a cleanup hook on a
         # name this artifact binds; see runtime.dynamo_serving_runtime.
@@ -746,36 +744,6 @@ def plain_serving_runtime() -> Any:
             for hook in hooks if isinstance(hooks, list) else ():
                 if getattr(hook, "scope", None) is scope and getattr(hook, "name", None) == name:
                     hook.scope = {name: None}
-
-    dim_marks = (
-        "_has_dynamo_dim_marking",
-        "_dynamo_dynamic_indices",
-        "_dynamo_weak_dynamic_indices",
-        "_dynamo_unbacked_indices",
-        "_dynamo_strict_unbacked_indices",
-        "_dynamo_static_indices",
-        "_dynamo_shape_ids",
-        "_dynamo_unbacked_bounds",
-    )
-
-    def strip_dim_marks(values: Any) -> list[tuple[Any, dict[str, Any]]]:
-        stripped = []
-        for value in values:
-            if isinstance(value, dict):
-                items = list(value.values())
-            elif isinstance(value, (list, tuple)):
-                items = list(value)
-            else:
-                items = [value]
-            for t in items:
-                attrs = getattr(t, "__dict__", None)
-                if isinstance(t, torch.Tensor) and attrs and "_has_dynamo_dim_marking" in attrs:
-                    stripped.append((t, {a: attrs.pop(a) for a in dim_marks if a in attrs}))
-        return stripped
-
-    def restore_dim_marks(stripped: list[tuple[Any, dict[str, Any]]]) -> None:
-        for t, attrs in stripped:
-            t.__dict__.update(attrs)
 
     def builtins_dict(scope: dict[str, Any]) -> dict[str, Any]:
         # What Dynamo's get_builtins_dict returns: __builtins__ is a module or its dict.
@@ -799,8 +767,6 @@ def plain_serving_runtime() -> Any:
     return _types.SimpleNamespace(
         # What an import alias names instead of a Dynamo module (see import_source).
         stand_ins={"precompile:dynamo-utils-stand-in": _DynamoUtilsStandIn},
-        strip_dim_marks=strip_dim_marks,
-        restore_dim_marks=restore_dim_marks,
         to_code=code_object,
         builtins_dict=builtins_dict,
         bind_locals=bind_locals,

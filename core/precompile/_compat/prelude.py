@@ -22,6 +22,17 @@ _dict_version = _torch._C._dynamo.guards.dict_version
 _TensorGuards = _torch._C._dynamo.guards.TensorGuards
 dispatch_tls_local_exclude_set = _torch._C._dispatch_tls_local_exclude_set
 privateuse1_backend_name = _torch._C._get_privateuse1_backend_name
+# What mark_dynamic / mark_unbacked / mark_static leave on a tensor.
+_DYNAMO_DIM_MARKS = (
+    "_has_dynamo_dim_marking",
+    "_dynamo_dynamic_indices",
+    "_dynamo_weak_dynamic_indices",
+    "_dynamo_unbacked_indices",
+    "_dynamo_strict_unbacked_indices",
+    "_dynamo_static_indices",
+    "_dynamo_shape_ids",
+    "_dynamo_unbacked_bounds",
+)
 """
 
 

@@ -31,45 +31,7 @@ def dynamo_serving_runtime() -> Any:
                 if getattr(hook, "scope", None) is scope and getattr(hook, "name", None) == name:
                     hook.scope = {name: None}
 
-    # What mark_dynamic / mark_unbacked / mark_static leave on a tensor. A serialized
-    # guard is rebuilt without the capture's tensors, so its dimension-marking guard
-    # expects none of them, and a marked tensor (the capture's own example, passed
-    # again) would miss every variant though its sizes pass the shape guards.
-    dim_marks = (
-        "_has_dynamo_dim_marking",
-        "_dynamo_dynamic_indices",
-        "_dynamo_weak_dynamic_indices",
-        "_dynamo_unbacked_indices",
-        "_dynamo_strict_unbacked_indices",
-        "_dynamo_static_indices",
-        "_dynamo_shape_ids",
-        "_dynamo_unbacked_bounds",
-    )
-
-    def strip_dim_marks(values: Any) -> list[tuple[Any, dict[str, Any]]]:
-        """Take the dim marks off the tensors among ``values`` (and in the lists, tuples
-        and dicts among them); what ``restore_dim_marks`` puts back."""
-        stripped = []
-        for value in values:
-            if isinstance(value, dict):
-                items = list(value.values())
-            elif isinstance(value, (list, tuple)):
-                items = list(value)
-            else:
-                items = [value]
-            for t in items:
-                attrs = getattr(t, "__dict__", None)
-                if isinstance(t, torch.Tensor) and attrs and "_has_dynamo_dim_marking" in attrs:
-                    stripped.append((t, {a: attrs.pop(a) for a in dim_marks if a in attrs}))
-        return stripped
-
-    def restore_dim_marks(stripped: list[tuple[Any, dict[str, Any]]]) -> None:
-        for t, attrs in stripped:
-            t.__dict__.update(attrs)
-
     return _types.SimpleNamespace(
-        strip_dim_marks=strip_dim_marks,
-        restore_dim_marks=restore_dim_marks,
         to_code=SerializedCode.to_code_object,
         load_guards_state=load_guards_state,
         load_guard_manager=load_guard_manager,
