@@ -67,7 +67,7 @@ def _capture(backend: str, workdir: Path) -> tuple[str, str]:
     return artifact, cache
 
 
-def _guard_runtime(artifact: str) -> str:
+def guard_runtime(artifact: str) -> str:
     """Which guards an artifact serves with (its GUARD_RUNTIME path)."""
     import precompile
 
@@ -159,7 +159,7 @@ def run_dynamo_section(workdir: Path, runs: int) -> str:
     inductor_ratio = findings["inductor"][0] / base["first"]
     inductor_share = findings["inductor"][0] / findings["inductor"][1]
     guard_paths = ", ".join(
-        f"{backend}: `{_guard_runtime(artifact)}`" for backend, (artifact, _) in artifacts.items()
+        f"{backend}: `{guard_runtime(artifact)}`" for backend, (artifact, _) in artifacts.items()
     )
     slower = [r[0] for r in call_rows if r[1] > r[3]]
     return "\n\n".join(
