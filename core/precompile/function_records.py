@@ -54,6 +54,9 @@ def function_records(codes: list[types.CodeType], artifact_path: str) -> list[di
             "path": shown.replace(os.sep, "/"),
             "line": code.co_firstlineno,
             "sha256": source_digest(source),
+            # The whole module's: while it is unchanged, no function in it changed, and a
+            # load need not parse it (``source_digest.changed_functions``).
+            "module_sha256": source_digest(text or ""),
         }
     return sorted(records.values(), key=lambda r: (r["path"], r["line"]))
 

@@ -224,6 +224,11 @@ except precompile.PrecompileError as error:
 """
     proc = run_python(load)
     assert "LOADED [4.0, 4.0, 4.0]" in proc.stdout, proc.stdout + proc.stderr
+    # An edit elsewhere in the module (its digest differs, the function's does not).
+    module.write_text(module.read_text() + "\n# a comment added after capture\n")
+    shutil.rmtree(package / "__pycache__", ignore_errors=True)
+    proc = run_python(load)
+    assert "LOADED [4.0, 4.0, 4.0]" in proc.stdout, proc.stdout + proc.stderr
     module.write_text(module.read_text().replace("y * 2", "y * 3"))
     shutil.rmtree(package / "__pycache__", ignore_errors=True)
     proc = run_python(load)
