@@ -78,6 +78,44 @@ first_result()
 )
 
 
+#: AOTInductor beside ours for inference (it serves no training step): the model exported
+#: with a dynamic batch (one package serves batch 1 and 2), compiled ahead of time.
+AOTI_COMPILE = (
+    MODELS
+    + """
+_, (model, x) = build("infer", 2)
+batch = torch.export.Dim("batch", min=1, max=16)
+program = torch.export.export(model, (x,), dynamic_shapes=({{0: batch}},))
+torch._inductor.aoti_compile_and_package(program, package_path={path!r})
+"""
+)
+
+CHILD_AOTI = (
+    MODELS
+    + """
+_, (model, x) = build("infer", 1)
+run = torch._inductor.aoti_load_package({path!r})
+run(x)
+first_result()
+"""
+)
+
+
+def _aoti_compile(workdir: Path) -> str:
+    path = str(workdir / "resnet-infer.pt2")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(workdir / "capture-aoti")}
+    proc = subprocess.run(
+        [sys.executable, "-c", PRELUDE + AOTI_COMPILE.format(path=path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    return path
+
+
 def _capture(kind: str, batches: list[int], workdir: Path) -> tuple[str, str]:
     artifact, cache = str(workdir / f"resnet-{kind}.py"), str(workdir / f"resnet-{kind}.cache")
     code = CAPTURE.format(kind=kind, artifact=artifact, cache=cache, batches=batches)
@@ -133,6 +171,10 @@ def run_real_models_section(workdir: Path, runs: int) -> str:
         fresh_process(compile_child, runs=1, env=warm)  # fill the warm cache
         contenders[f"ours, {label}: load + first call (with cache)"] = Child(ours, env_per_run=cold)
         contenders[f"torch.compile, {label}: first call, warm cache"] = Child(compile_child, warm)
+        if kind == "infer":
+            contenders[f"AOTInductor, {label}: load + first call"] = Child(
+                CHILD_AOTI.format(path=_aoti_compile(workdir)), env_per_run=cold
+            )
     measured = fresh_processes(contenders, runs=runs)
     base = measured["`import torch`"]["first"]
     rows = []
