@@ -568,6 +568,7 @@ def emit_dynamo(
             driver.refuse,
             source_digest,
             guard_text,
+            runtime.disown_cleanup_hooks,
             *(
                 (plain_guards, guard_translation.plain_serving_runtime)
                 if plain

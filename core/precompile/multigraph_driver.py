@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 
     def plain_serving_runtime() -> Any: ...
 
+    def disown_cleanup_hooks(scope: dict[str, Any], name: str) -> None: ...
+
     GUARD_RUNTIME: dict[str, Any] = {}
 
     def function_source(module_text: str, qualname: str, line: int = 0) -> str | None: ...
@@ -357,7 +359,7 @@ def _build_multigraph_forward() -> Any:
     warned: set[str] = set()
 
     def seed(scope: dict[str, Any], name: str, value: Any) -> None:
-        rt.disown(scope, name)
+        disown_cleanup_hooks(scope, name)
         scope[name] = value
         seeded.append((scope, name, value))
 

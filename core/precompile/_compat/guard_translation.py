@@ -732,18 +732,7 @@ def plain_code(serialized: Any) -> dict[str, Any]:
 def plain_serving_runtime() -> Any:
     """What the multi-graph driver needs to rebuild its frames, without ``torch._dynamo``."""
     import inspect
-    import sys
     import types as _types
-
-    def disown(scope: dict[str, Any], name: str) -> None:
-        # Only a live compile (Dynamo already imported) can hold a cleanup hook on a
-        # name this artifact binds; see runtime.dynamo_serving_runtime.
-        utils = sys.modules.get("torch._dynamo.utils")
-        instance = getattr(getattr(utils, "CleanupManager", None), "instance", None)
-        for hooks in list(getattr(instance, "values", {}).values()):
-            for hook in hooks if isinstance(hooks, list) else ():
-                if getattr(hook, "scope", None) is scope and getattr(hook, "name", None) == name:
-                    hook.scope = {name: None}
 
     def builtins_dict(scope: dict[str, Any]) -> dict[str, Any]:
         # What Dynamo's get_builtins_dict returns: __builtins__ is a module or its dict.
@@ -770,7 +759,6 @@ def plain_serving_runtime() -> Any:
         to_code=code_object,
         builtins_dict=builtins_dict,
         bind_locals=bind_locals,
-        disown=disown,
         disable=disable,
         guard_manager=PlainGuards,
     )

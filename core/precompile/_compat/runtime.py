@@ -10,6 +10,22 @@ from typing import Any
 from precompile.guard_text import frame_label, guard_failure_text
 
 
+def disown_cleanup_hooks(scope: dict[str, Any], name: str) -> None:
+    """Before an artifact binds ``name`` in ``scope``: a live compile (Dynamo already
+    imported; nothing else can hold one) may have bound it with a hook that deletes it
+    once that compile's code object dies; point such hooks at a scratch scope instead,
+    so they cannot delete the binding the artifact is about to make. Emitted for both
+    guard paths."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    instance = getattr(getattr(utils, "CleanupManager", None), "instance", None)
+    for hooks in list(getattr(instance, "values", {}).values()):
+        for hook in hooks if isinstance(hooks, list) else ():
+            if getattr(hook, "scope", None) is scope and getattr(hook, "name", None) == name:
+                hook.scope = {name: None}
+
+
 def dynamo_serving_runtime() -> Any:
     """The few Dynamo internals a standalone artifact needs to rebuild its frames."""
     import types as _types
@@ -19,17 +35,6 @@ def dynamo_serving_runtime() -> Any:
     from torch._dynamo.aot_compile import bind_locals
     from torch._dynamo.output_graph import get_builtins_dict
     from torch._dynamo.package import SerializedCode, load_guard_manager, load_guards_state
-    from torch._dynamo.utils import CleanupManager
-
-    def disown(scope: dict[str, Any], name: str) -> None:
-        # A live compile may have bound ``name`` with a hook that deletes it once that
-        # compile's code object dies; point such hooks at a scratch scope instead, so
-        # they cannot delete the binding this artifact is about to make.
-        instance = getattr(CleanupManager, "instance", None)
-        for hooks in list(getattr(instance, "values", {}).values()):
-            for hook in hooks if isinstance(hooks, list) else ():
-                if getattr(hook, "scope", None) is scope and getattr(hook, "name", None) == name:
-                    hook.scope = {name: None}
 
     return _types.SimpleNamespace(
         to_code=SerializedCode.to_code_object,
@@ -37,7 +42,6 @@ def dynamo_serving_runtime() -> Any:
         load_guard_manager=load_guard_manager,
         builtins_dict=get_builtins_dict,
         bind_locals=bind_locals,
-        disown=disown,
         disable=torch._dynamo.disable,
     )
 
