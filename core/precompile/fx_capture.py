@@ -818,7 +818,9 @@ def _leaf_names(
     names = []
     for path, _ in pytree.tree_flatten_with_path(shaped)[0]:
         head, rest = path[0], path[1:]
-        names.append(arg_name(user_positions[head.idx]) + pytree.keystr(rest))
+        # The user's arguments are a tuple: the first key is a position in it.
+        position = user_positions[getattr(head, "idx", 0)]
+        names.append(arg_name(position) + pytree.keystr(rest))
     return names
 
 
