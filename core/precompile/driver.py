@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     USER_INPUT_REQUIRES_GRAD: list[bool | None] = []
     GRAD_ACCESS: list[str] = []
     OUTPUT_DETACH: list[int] = []
+    INPUT_MUTATIONS: dict[str, Any] | None = None
     AUTOGRAD: dict[str, Any] | None = None
     DEFAULT_DTYPE: str = ""
     AUTOCAST: list[tuple[str, str]] = []
@@ -86,6 +87,11 @@ if TYPE_CHECKING:
     def describe_value(fp: Any) -> str: ...
 
     def call(flat_inputs: list[Any]) -> list[Any]: ...
+
+    # precompile.lowered_inputs, emitted where the graph writes an input (Inductor).
+    def aliased_mutation(inputs: Any, mutated: Any) -> tuple[int, int] | None: ...
+
+    def refuse_aliased_mutation(pair: tuple[int, int], labels: Any) -> NoReturn: ...
 
     def call_backward(flat_inputs: list[Any]) -> list[Any]: ...
 
@@ -637,6 +643,10 @@ def _build_single_graph_forward() -> Any:
         else None
     )
     n_outputs = AUTOGRAD["outputs"] if AUTOGRAD is not None else None
+    # Inductor's functional graph writes these inputs assuming no other input shares
+    # their memory: a call where one does (x and x[:]) is refused, not served wrong.
+    mutated_inputs = tuple(INPUT_MUTATIONS["mutated"]) if INPUT_MUTATIONS else ()
+    mutation_labels = INPUT_MUTATIONS["labels"] if INPUT_MUTATIONS else ()
     # A tensor fn built from Python numbers took the default dtype at capture; the
     # graph carries that dtype where eager would take today's.
     default_dtype = getattr(_torch, DEFAULT_DTYPE.split(".")[-1])
@@ -894,7 +904,12 @@ def _build_single_graph_forward() -> Any:
                         f"them first (optimizer.zero_grad(set_to_none=True))",
                         5,
                     )
-        return [*state, *tensors_in], tensors_in
+        flat = [*state, *tensors_in]
+        if mutated_inputs:
+            pair = aliased_mutation(flat, mutated_inputs)
+            if pair is not None:
+                refuse_aliased_mutation(pair, mutation_labels)
+        return flat, tensors_in
 
     def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:
         """Whether this artifact serves the call, decided by the very checks a call runs

@@ -362,6 +362,8 @@ class DynamoSession:
         self.traced_codes: dict[types.CodeType, None] = {}
         dynamo.recording_traced_code(self.package, self.traced_codes)
         self.inductor_graphs: list[torch.fx.GraphModule] = []
+        #: (what the Inductor backend returned, what its calls check of their inputs)
+        self.input_checks: list[tuple[Any, dict[str, Any]]] = []
         self.kernel_runtime: Any = None  # compiles and remembers inlined modules' kernels
         self.guard_log: dict[types.CodeType, list[list[GuardDecision]]] = {}
         self.recompiles: list[dict[str, Any]] = []
@@ -421,18 +423,55 @@ class DynamoSession:
         if not self.training:
             inlined = inductor_backend.inline_dynamo_subgraph(gm, self.kernel_runtime)
             if inlined is not None:
-                return inlined
+                return self._checking_inputs(gm, inlined, inlined.mutated)
         try:
             compiled, record = inductor.compile_fx_recorded(gm, example_inputs)
         except Exception:  # compiled again below the way torch.compile does, or refused there
-            return inductor.compile_fx(gm, example_inputs)
+            compiled = inductor.compile_fx(gm, example_inputs)
+            mutated = inductor.recorded_mutated_inputs(None, len(example_inputs))
+            return self._checking_inputs(gm, compiled, mutated)
         inlined_aot = inductor_backend.inline_aot_subgraph(
             record, len(example_inputs), self.kernel_runtime
         )
         outputs = inductor.outputs_need_no_grad(record)
         if inlined_aot is None and outputs is not None:
             inlined_aot = inductor_backend.inline_no_grad_subgraph(gm, outputs, self.kernel_runtime)
-        return compiled if inlined_aot is None else inlined_aot
+        if inlined_aot is not None:
+            return self._checking_inputs(gm, inlined_aot, inlined_aot.mutated)
+        mutated = inductor.recorded_mutated_inputs(record, len(example_inputs))
+        return self._checking_inputs(gm, compiled, mutated)
+
+    def _checking_inputs(self, gm: torch.fx.GraphModule, compiled: Any, mutated: Any) -> Any:
+        """Remember what a lowered subgraph assumes of its inputs (which inputs it writes,
+        which are dynamic integers), for the artifact to refuse a call where another
+        input shares the memory of one it writes or an integer does not fit in 64 bits
+        (``precompile.lowered_inputs``). The capture's own calls of an inlined module
+        are checked likewise; Inductor's bundled artifact was compiled for the capture's
+        own inputs, aliasing included."""
+        from precompile import lowered_inputs
+        from precompile.inductor_backend import InlinedAotSubgraph, InlinedSubgraph
+
+        ints = dynamo.int_placeholders(gm)
+        if mutated or ints:
+            spec = {
+                "mutated": list(mutated),
+                "ints": ints,
+                "labels": dynamo.placeholder_sources(gm),
+            }
+            self.input_checks.append((compiled, spec))
+            if isinstance(compiled, InlinedSubgraph | InlinedAotSubgraph):
+                compiled.run = lowered_inputs.check_inputs(compiled.run, **spec)
+        return compiled
+
+    def input_checks_by_backend(self) -> dict[str, dict[str, Any]]:
+        """Backend id -> what its lowered subgraph's calls check of their inputs
+        (``precompile.lowered_inputs.check_inputs``'s arguments)."""
+        found = {}
+        for backend_id, compiled in self.package.cached_backends.items():
+            for candidate, spec in self.input_checks:
+                if candidate is compiled:
+                    found[backend_id] = spec
+        return found
 
     def inlined_subgraphs(self) -> dict[str, Any]:
         """Backend id -> the subgraph's inlined Inductor output module(s)."""

@@ -26,6 +26,7 @@ from precompile import (
     guard_text,
     inductor_serving,
     installed_driver,
+    lowered_inputs,
     multigraph_driver,
     plain_guards,
     source_digest,
@@ -402,6 +403,7 @@ def inductor_graph_section(
     aot_graphs: dict[str, tuple[dict[str, Any], str, str | None]],
     artifacts: dict[str, bytes],
     names: dict[str, str],
+    input_checks: dict[str, dict[str, Any]] | None = None,
 ) -> str:
     """Each Dynamo subgraph through Inductor: an inference subgraph as its output module;
     a training subgraph, or one that switches grad mode, as the forward and backward
@@ -487,6 +489,24 @@ def inductor_graph_section(
             "_BACKEND_FNS.update(",
             "    (backend_id, _load_backend(base64.b64decode(blob)))",
             "    for backend_id, blob in _INDUCTOR_ARTIFACTS.items()",
+            ")",
+        ]
+    checked = {b: input_checks[b] for b in order if input_checks and b in input_checks}
+    if checked:
+        rows = "\n".join(f"    {names[b]!r}: {spec!r}," for b, spec in checked.items())
+        parts += [
+            "",
+            "# what each subgraph's lowering assumed of its inputs, checked per call: the",
+            "# inputs it writes share memory with no other input, dynamic integers fit int64",
+            runtime_source([lowered_inputs]),
+            "",
+            "",
+            "_INPUT_CHECKS = {",
+            rows,
+            "}",
+            "_BACKEND_FNS.update(",
+            "    (backend_id, check_inputs(_BACKEND_FNS[backend_id], **spec))",
+            "    for backend_id, spec in _INPUT_CHECKS.items()",
             ")",
         ]
     return "\n".join(parts)

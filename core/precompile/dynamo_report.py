@@ -151,8 +151,12 @@ def build_dynamo_artifact(
             1 for gm in session.inductor_graphs for n in gm.graph.nodes if n.op == "call_function"
         )
 
+        input_checks = session.input_checks_by_backend()
+
         def graph_section(names: dict[str, str]) -> str:
-            return inductor_graph_section(frames, modules, aot_graphs, artifacts, names)
+            return inductor_graph_section(
+                frames, modules, aot_graphs, artifacts, names, input_checks
+            )
 
         files = session.inductor_cache_files(artifacts) if artifacts else {}
 

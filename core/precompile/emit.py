@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from precompile import driver, single_graph_checks, source_digest, state_checks
+from precompile import driver, lowered_inputs, single_graph_checks, source_digest, state_checks
 from precompile._compat import tracing
 from precompile._compat.prelude import ARTIFACT_PRELUDE, SINGLE_GRAPH_STATE_PRELUDE
 from precompile.function_records import function_records
@@ -65,6 +65,10 @@ class LoweredGraph:
     #: ``call_backward`` (``precompile.autograd_capture``); None for a graph served
     #: without autograd.
     autograd: dict[str, Any] | None = None
+    #: The graph inputs (parameters, buffers, then the user's tensors) the lowered graph
+    #: writes assuming no other input shares their memory (Inductor's functional graph):
+    #: the driver refuses a call where one does (``precompile.lowered_inputs``).
+    mutated_inputs: tuple[int, ...] = ()
 
 
 def artifact_header(fn_info: dict[str, Any], tracer: str, backend: str) -> str:
@@ -180,8 +184,22 @@ def single_graph_metadata(
     artifact_path: str,
     output_detach: list[int],
     autograd: dict[str, Any] | None = None,
+    mutated_inputs: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     lifted = graph.lifted
+    input_mutations = None
+    if mutated_inputs:
+        names = graph.input_names or [f"input value {i}" for i in range(len(graph.user_leaves))]
+        input_mutations = {
+            "mutated": list(mutated_inputs),
+            "labels": [f"parameter {n!r}" for n in lifted.names[: lifted.num_params]]
+            + [f"buffer {n!r}" for n in lifted.names[lifted.num_params :]]
+            + [
+                f"argument {name!r}"
+                for name, leaf in zip(names, graph.user_leaves)
+                if isinstance(leaf, torch.Tensor)
+            ],
+        }
     deps = graph.dependencies
     assert deps is not None
     leaves = graph.user_leaves
@@ -235,6 +253,7 @@ def single_graph_metadata(
         ],
         "GRAPH_INPUT_STRIDES": graph.graph_input_strides(),
         "OUTPUT_DETACH": output_detach,
+        "INPUT_MUTATIONS": input_mutations,
         "AUTOGRAD": autograd,
         "DEFAULT_DTYPE": str(torch.get_default_dtype()),
         "AUTOCAST": [list(state) for state in graph.autocast],
@@ -296,10 +315,13 @@ def emit_single_graph(
         artifact_path=artifact_path,
         output_detach=output_detach,
         autograd=autograd,
+        mutated_inputs=lowered.mutated_inputs,
     )
     imports = [ARTIFACT_PRELUDE, SINGLE_GRAPH_STATE_PRELUDE, lowered.prelude]
     if lowered.runtime:
         imports += [runtime_source(lowered.runtime), "", lowered.runtime_setup]
+    if lowered.mutated_inputs:
+        imports += [runtime_source([lowered_inputs]), ""]
     text = "\n".join(
         [
             artifact_header(fn_info, tracer, backend),

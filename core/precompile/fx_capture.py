@@ -78,6 +78,9 @@ class SingleGraph:
     #: For ``grad_inputs``: the traced flat function, the real tensors it takes (state,
     #: then the user's tensors) and the tracer's decompositions, for the joint trace.
     joint_inputs: tuple[Callable[..., Any], list[torch.Tensor], Any] | None = None
+    #: Per input leaf, where it sits in the user's call: ``x``, ``batch['ids']``,
+    #: ``xs[1]`` (fn's parameter name, then the path into the container).
+    input_names: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def user_tensors(self) -> list[torch.Tensor]:
@@ -781,7 +784,44 @@ def trace_single_graph(
         joint_inputs=(flat_fn, [*state_tensors, *(leaves[i] for i in tensor_slots)], decompositions)
         if grad_inputs
         else None,
+        input_names=_leaf_names(fn, len(args), module_positions, in_spec),
     )
+
+
+def _leaf_names(
+    fn: Callable[..., Any], num_args: int, module_positions: list[int], in_spec: Any
+) -> list[str]:
+    """Each input leaf as the user would name it: fn's parameter name (``args[2]`` past
+    the named ones, ``argument 2`` without a signature), then the path into the
+    container that held it."""
+    import inspect
+
+    try:
+        params = [
+            p
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+        ]
+    except (TypeError, ValueError):
+        params = []
+
+    def arg_name(position: int) -> str:
+        for i, p in enumerate(params):
+            if p.kind == p.VAR_POSITIONAL:
+                return f"{p.name}[{position - i}]"
+            if i == position:
+                return p.name
+        return f"argument {position}"
+
+    user_positions = [i for i in range(num_args) if i not in module_positions]
+    shaped = pytree.tree_unflatten(list(range(in_spec.num_leaves)), in_spec)
+    names = []
+    for path, _ in pytree.tree_flatten_with_path(shaped)[0]:
+        head, rest = path[0], path[1:]
+        # The user's arguments are a tuple: the first key is a position in it.
+        position = user_positions[getattr(head, "idx", 0)]
+        names.append(arg_name(position) + pytree.keystr(rest))
+    return names
 
 
 def _check_grad_inputs_capture(

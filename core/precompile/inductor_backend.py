@@ -72,7 +72,9 @@ def lower_inductor(graph: SingleGraph) -> LoweredGraph:
     except Exception as error:
         raise _lowering_refusal(error) from error
     section, slim = rewrite_inductor_module(source)
-    return _lowered(section, slim)
+    return dataclasses.replace(
+        _lowered(section, slim), mutated_inputs=inductor.mutated_placeholders(functional)
+    )
 
 
 def _lowering_refusal(error: Exception) -> PrecompileError:
@@ -191,6 +193,8 @@ class InlinedSubgraph:
     source: str
     slim: bool
     run: Callable[..., Any]
+    #: The inputs the lowered graph writes (``lowered_inputs``).
+    mutated: tuple[int, ...] = ()
 
     def __call__(self, *args: Any) -> Any:
         return self.run(*args)
@@ -204,13 +208,16 @@ def inline_dynamo_subgraph(gm: torch.fx.GraphModule, runtime: Any) -> InlinedSub
     if inductor.sets_grad_mode(gm):
         return None
     try:
-        source = inductor.lower_dynamo_subgraph(gm)
+        source, mutated = inductor.lower_dynamo_subgraph(gm)
     except Exception:  # the full Inductor path compiles it, or says why it cannot
         return None
     section, slim = rewrite_inductor_module(source)
     name = f"subgraph_{hashlib.sha256(section.encode()).hexdigest()[:12]}"
     return InlinedSubgraph(
-        section, slim, inductor_serving.bind_inductor_module(name, section, runtime.resolve)
+        section,
+        slim,
+        inductor_serving.bind_inductor_module(name, section, runtime.resolve),
+        mutated,
     )
 
 
@@ -226,6 +233,8 @@ class InlinedAotSubgraph:
     backward: str | None
     slim: bool
     run: Callable[..., Any]
+    #: The inputs the lowered graphs write (``lowered_inputs``).
+    mutated: tuple[int, ...] = ()
 
     def __call__(self, *args: Any) -> Any:
         return self.run(*args)
@@ -249,7 +258,8 @@ def inline_aot_subgraph(
         slim = slim and backward_slim
     name = f"subgraph_{hashlib.sha256((forward + (backward or '')).encode()).hexdigest()[:12]}"
     run = _emitted_aot_binder()(name, spec, forward, backward, runtime.resolve)
-    return InlinedAotSubgraph(spec, forward, backward, slim, run)
+    mutated = inductor.recorded_mutated_inputs(record, num_inputs)
+    return InlinedAotSubgraph(spec, forward, backward, slim, run, mutated)
 
 
 def inline_no_grad_subgraph(
@@ -266,7 +276,7 @@ def inline_no_grad_subgraph(
     spec = {**autograd_serving.base_spec(num_outputs), "detach_outputs": True}
     name = f"subgraph_{hashlib.sha256(inlined.source.encode()).hexdigest()[:12]}"
     run = _emitted_aot_binder()(name, spec, inlined.source, None, runtime.resolve)
-    return InlinedAotSubgraph(spec, inlined.source, None, inlined.slim, run)
+    return InlinedAotSubgraph(spec, inlined.source, None, inlined.slim, run, inlined.mutated)
 
 
 @functools.cache

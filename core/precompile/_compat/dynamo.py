@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from precompile._compat.patching import patched
-from precompile.guard_text import guard_failure_text
+from precompile.guard_text import guard_failure_text, user_path
 
 #: Guard types whose checks compare object identities: they cannot survive a process.
 UNSERIALIZABLE_GUARD_TYPES = frozenset(
@@ -352,3 +352,27 @@ def global_state() -> dict[str, Any]:
 
 def autocast_enabled() -> bool:
     return bool(torch._C._is_any_autocast_enabled())
+
+
+def placeholder_sources(gm: torch.fx.GraphModule) -> list[str | None]:
+    """Where each of a Dynamo subgraph's inputs came from, as the user would say it
+    (``model.buf``, ``x``; ``L['x']`` in Dynamo's words), None where Dynamo recorded no
+    source (a value carried across a graph break has one: the stack slot)."""
+    names: list[str | None] = []
+    for node in gm.graph.find_nodes(op="placeholder"):
+        source = getattr(node.meta.get("grapharg"), "source", None)
+        name = getattr(source, "name", None)
+        if callable(name):  # a method in some torch versions, a property in 2.13
+            name = name()
+        names.append(user_path(name) if isinstance(name, str) else None)
+    return names
+
+
+def int_placeholders(gm: torch.fx.GraphModule) -> list[int]:
+    """The positions of a Dynamo subgraph's dynamic integer inputs (a ``SymInt`` where
+    the trace saw a Python int argument)."""
+    return [
+        i
+        for i, node in enumerate(gm.graph.find_nodes(op="placeholder"))
+        if isinstance(node.meta.get("example_value"), torch.SymInt)
+    ]

@@ -70,6 +70,34 @@ def _reroot_views_of_mutated_inputs(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
+def mutated_placeholders(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """The positions of the inputs a functional graph (``functional_retrace``'s) writes:
+    the placeholders its trailing ``copy_`` nodes copy into."""
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    written = {
+        n.args[0]
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and n.target is torch.ops.aten.copy_.default
+        and n.args[0].op == "placeholder"
+    }
+    return tuple(i for i, node in enumerate(placeholders) if node in written)
+
+
+def recorded_mutated_inputs(record: dict[str, Any] | None, num_inputs: int) -> tuple[int, ...]:
+    """The inputs a subgraph ``compile_fx_recorded`` compiled writes (its data or its
+    metadata), from AOTAutograd's input metadata; whether the write stays in the graph
+    or AOTAutograd's runtime copies it back, the lowered graph assumed the input shares
+    memory with no other. Without that metadata (or where it does not describe the
+    inputs one to one) every input counts as written: a call sharing memory between two
+    inputs is then refused, never served wrong."""
+    runtime = None if record is None else record.get("runtime")
+    info = None if runtime is None else runtime["runtime_metadata"].input_info
+    if info is None or len(info) != num_inputs:
+        return tuple(range(num_inputs))
+    return tuple(i for i, x in enumerate(info) if x.mutates_data or x.mutates_metadata)
+
+
 def _fake_mode_of(fakes: list[Any]) -> Any:
     for fake in fakes:
         mode = getattr(fake, "fake_mode", None)
@@ -100,16 +128,16 @@ def sets_grad_mode(gm: torch.fx.GraphModule) -> bool:
     )
 
 
-def lower_dynamo_subgraph(gm: torch.fx.GraphModule) -> str:
+def lower_dynamo_subgraph(gm: torch.fx.GraphModule) -> tuple[str, tuple[int, ...]]:
     """Lower one Dynamo subgraph for inference the way a single graph is lowered: retraced
     functional on the fake values Dynamo recorded for its inputs (symbolic sizes and
     SymInt inputs included), then Inductor. Dynamo hands backends a fresh fake mode in its
     tracing context; the retrace uses the recorded values' own mode, so the context is
-    set aside for it."""
+    set aside for it. Returns the output module and the inputs the graph writes."""
     fakes = [n.meta["example_value"] for n in gm.graph.nodes if n.op == "placeholder"]
     with torch._guards.tracing(None):
         functional = functional_retrace(gm, fakes)
-        return compile_inductor(functional, fakes)
+        return compile_inductor(functional, fakes), mutated_placeholders(functional)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,149 @@
+"""What an Inductor-lowered graph assumes of its inputs, checked on each call.
+
+Two assumptions hold for the calls a capture traced but not for every call the guards
+let through; where one fails, the call is refused rather than served wrong or failed
+with an error from inside the kernels.
+
+Inputs the graph writes share memory with no other input. Inductor lowers a functional
+graph: ``a.mul_(2); return a + b`` becomes ``new = a * 2; copy_(a, new); return new +
+b``, reading ``b`` as if nothing wrote its memory. When ``b`` is ``a[:]`` (or
+``a.view(3)``, or an overlapping slice of ``a``'s base), eager reads the updated values
+and the lowered graph the old ones: a silently wrong answer. Dynamo's guards compare
+tensor objects by identity and the driver's checks shapes and strides, so neither sees
+it. The capture records which inputs each lowered graph writes (the placeholders its
+functional graph copies into, or AOTAutograd's input mutation metadata); each call of
+such a graph compares their memory with every other tensor input's. Graphs that write no
+input pay nothing. The eager backend runs the in-place ops themselves, which is exact
+for aliased inputs, and needs no check.
+
+A dynamic integer input fits a signed 64-bit integer: the kernels take it as
+``int64_t``, and a Python int past that range fails inside them (``RuntimeError:
+expected int arg``) where eager computes with it.
+
+Artifacts carry this module whole (the single-graph driver and the Dynamo artifacts'
+subgraph table call it); the capture runs the same functions on its own calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+# >>> not emitted: an artifact's prelude binds _torch, and its driver defines refuse
+import torch as _torch
+
+from precompile.driver import refuse
+
+# <<< not emitted
+
+_INT64_MIN = -(2**63)
+_INT64_END = 2**63
+
+
+def _element_span(t: Any) -> tuple[int, int]:
+    """The bytes ``t``'s elements can occupy, ``[first, end)``: from its data pointer over
+    its sizes and strides (a negative stride reaches below it). Elements of two tensors
+    can only coincide where their spans intersect; two interleaved views (``x[::2]``,
+    ``x[1::2]``) have intersecting spans without sharing an element, and are counted as
+    overlapping, which refuses a call that would have been exact, never the reverse."""
+    low = high = 0
+    for size, stride in zip(t.shape, t.stride()):
+        if stride >= 0:
+            high += (size - 1) * stride
+        else:
+            low += (size - 1) * stride
+    item = t.element_size()
+    start = t.data_ptr()
+    return start + low * item, start + (high + 1) * item
+
+
+def aliased_mutation(inputs: Sequence[Any], mutated: Sequence[int]) -> tuple[int, int] | None:
+    """The first pair ``(m, j)``: a tensor input ``m`` the graph writes whose elements may
+    share memory with another tensor input ``j`` (the same object passed twice, a view of
+    it, an overlapping slice of one base, two tensors made from one buffer); None when
+    each written input's memory is its own.
+
+    Two inputs are compared by the memory their storages span first (one cheap test per
+    input, and it sees tensors that share memory without sharing a storage object,
+    ``torch.from_numpy`` of one array twice), then, only when those meet, by the spans of
+    their elements: views of one base that do not overlap (``base[:2]``, ``base[2:]``)
+    are served."""
+    storages: list[tuple[int, int] | None] = []
+    for t in inputs:
+        if isinstance(t, _torch.Tensor) and t.numel():
+            storage = t.untyped_storage()
+            base = storage.data_ptr()
+            storages.append((base, base + storage.nbytes()))
+        else:
+            storages.append(None)  # not a tensor, or no elements: shares nothing
+    for m in mutated:
+        own = storages[m]
+        if own is None:
+            continue
+        for j, other in enumerate(storages):
+            if j == m or other is None or other[0] >= own[1] or own[0] >= other[1]:
+                continue
+            a = _element_span(inputs[m])
+            b = _element_span(inputs[j])
+            if a[0] < b[1] and b[0] < a[1]:
+                return m, j
+    return None
+
+
+def _name(labels: Sequence[str | None], i: int) -> str:
+    label = labels[i] if i < len(labels) else None
+    return label or f"graph input {i}"
+
+
+def refuse_aliased_mutation(pair: tuple[int, int], labels: Sequence[str | None]) -> NoReturn:
+    """Refuse the call, naming the input the graph writes and the one sharing its memory."""
+    written, other = _name(labels, pair[0]), _name(labels, pair[1])
+    refuse(
+        f"precompile: the captured graph writes {written} in place, and {other} shares "
+        f"memory with it (the same tensor, a view of it, or an overlapping slice of one "
+        f"base). The Inductor backend lowered the graph assuming that no other input "
+        f"shares the memory of an input it writes, so this call would compute another "
+        f"result than eager. Pass a copy (.clone()) of one of them, or capture with "
+        f"backend='eager'",
+        4,
+    )
+
+
+def refuse_wide_int(
+    inputs: Sequence[Any], ints: Sequence[int], labels: Sequence[str | None]
+) -> None:
+    """Refuse the call when a dynamic integer input does not fit in 64 bits."""
+    for i in ints:
+        value = inputs[i]
+        if isinstance(value, int) and not _INT64_MIN <= value < _INT64_END:
+            refuse(
+                f"precompile: {_name(labels, i)} is {value}, outside the signed 64-bit "
+                f"range [-2**63, 2**63) in which the Inductor backend's kernels take a "
+                f"dynamic integer; eager would compute with the Python int. Pass a value "
+                f"in that range, or capture with backend='eager'",
+                3,
+            )
+
+
+def check_inputs(
+    run: Callable[..., Any],
+    mutated: Sequence[int],
+    ints: Sequence[int],
+    labels: Sequence[str | None],
+) -> Callable[..., Any]:
+    """``run`` (a lowered subgraph, called with its inputs positionally), refusing a call
+    where an input it writes shares memory with another input, or a dynamic integer
+    input does not fit in 64 bits."""
+    mutated = tuple(mutated)
+    ints = tuple(ints)
+
+    def checked(*args: Any) -> Any:
+        if ints:
+            refuse_wide_int(args, ints, labels)
+        if mutated:
+            pair = aliased_mutation(args, mutated)
+            if pair is not None:
+                refuse_aliased_mutation(pair, labels)
+        return run(*args)
+
+    return checked
