@@ -296,16 +296,52 @@ def _build_dependency_check() -> Any:
             if change:
                 refuse(f"precompile: {change}")
         dicts: list[Any] = []
+        subs = []
         for _path, sub_module in module.named_modules():
             dicts.append(sub_module._modules)
             dicts.extend(getattr(sub_module, attr) for attr in attrs)
+            subs.append((_path, sub_module))
+        check_shadowing(root, subs)
         if len(cache) > 64:
             cache.clear()
+        instance_dicts = [vars(sub_module) for _path, sub_module in subs]
         cache[root["number"], id(module)] = (
             weakref.ref(module),
             dicts,
             tuple(map(_dict_version, dicts)),
+            subs,
+            instance_dicts,
+            [tuple(map(_dict_version, instance_dicts))],
         )
+
+    def check_shadowing(root: dict[str, Any], subs: list[tuple[str, Any]]) -> None:
+        """Refuse a module whose instance ``__dict__`` holds a name of one of its
+        submodules, parameters or buffers: Python reads the instance entry first
+        (``nn.Module.__getattr__`` is asked only when it is absent), while the trace ran
+        the submodule, and Dynamo's guards reach it through ``_modules`` only."""
+        for dotted, sub_module in subs:
+            own = vars(sub_module)
+            for kind, held in (
+                ("submodule", sub_module._modules),
+                ("parameter", sub_module._parameters),
+                ("buffer", sub_module._buffers),
+            ):
+                clash = own.keys() & held.keys()
+                if not clash:
+                    continue
+                name = sorted(clash)[0]
+                where = user_path(root["path"]) + (f".{dotted}" if dotted else "")
+                refuse(
+                    f"precompile: `{where}.{name}` is shadowed: the instance __dict__ of "
+                    f"`{where}` holds {name!r} (a {type(own[name]).__qualname__}), which "
+                    f"Python reads before the {kind} `{name}` the trace ran (nn.Module finds "
+                    f"its {kind}s only when the instance __dict__ has no such name), so eager "
+                    f"would run the __dict__ entry and the artifact the {kind}. Remove the "
+                    f"entry (del vars({where})[{name!r}]), or assign through the module "
+                    f"(`{where}.{name} = ...` replaces the {kind}) and capture again "
+                    f"(re-emit the artifact)",
+                    2,
+                )
 
     # Global reads: resolved now, compared by identity per call in one generated function.
     # A path that does not resolve to what the capture saw yet (state a library fills
@@ -398,6 +434,13 @@ def _build_dependency_check() -> Any:
                 or tuple(map(_dict_version, cached[1])) != cached[2]
             ):
                 check_module(root, module)
+                continue
+            # An instance dict changes whenever an attribute is set (often: a module
+            # that records a step count): only the shadowing check runs again then.
+            versions = tuple(map(_dict_version, cached[4]))
+            if versions != cached[5][0]:
+                check_shadowing(root, cached[3])
+                cached[5][0] = versions
         if not reads_ok(*reads_args[0]):
             recheck_reads()
 
