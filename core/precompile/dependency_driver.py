@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     ARG_IDENTITIES: list[dict[str, Any]] = []
     FLOAT_ZEROS: list[dict[str, Any]] = []
     CLASS_ATTRS: list[dict[str, Any]] = []
+    BUILTIN_READS: list[dict[str, Any]] = []
 
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
@@ -122,6 +123,20 @@ def code_identity(code: Any) -> str:
     consts = [c for c in code.co_consts if not hasattr(c, "co_code")]
     digest = hashlib.sha256(code.co_code + repr(consts).encode()).hexdigest()[:16]
     return f"{code.co_firstlineno}:{digest}"
+
+
+def builtin_name(value: Any) -> str:
+    """``module.qualname`` of what a builtins dict holds (of its type for an instance
+    such as ``exit``), in words."""
+    target = value if hasattr(value, "__qualname__") else type(value)
+    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"
+
+
+def builtin_key(value: Any) -> list[str]:
+    """What capture records of a builtin and serving compares, in every process: its
+    name and its type's (a wrapper that copies ``__qualname__`` is not a builtin)."""
+    kind = type(value)
+    return [builtin_name(value), f"{kind.__module__}.{kind.__qualname__}"]
 
 
 def is_class_behaviour(value: Any) -> bool:
@@ -412,10 +427,13 @@ def _build_dependency_check() -> Any:
 
     arguments_ok = _build_argument_check(signature)
     classes_ok = _build_class_check()
+    builtins_ok = _build_builtin_check()
 
     def check(args: Any, kwargs: Any) -> None:
         if classes_ok is not None:
             classes_ok()
+        if builtins_ok is not None:
+            builtins_ok()
         if arguments_ok is not None:
             arguments_ok(args, kwargs)
         if tuple(map(_dict_version, global_dicts)) != global_versions[0]:
@@ -776,6 +794,77 @@ def _build_class_check() -> Any:
 
     def check() -> None:
         if tuple(map(_dict_version, dicts)) != versions[0] or tuple(map(mro_of, leaves)) != mros:
+            recheck()
+
+    return check
+
+
+def _build_builtin_check() -> Any:
+    """``check()`` for ``BUILTIN_READS``, or None when there are none: every name the
+    traced code resolved through the builtins (``len``, ``abs``, ``max``) must still
+    resolve there. Dynamo baked what the builtin did (its guard on the builtins dict
+    entry is an identity check, dropped from serialized guards), so a module global of
+    that name bound later (``mymodule.len = ...``), or ``builtins.abs`` patched, changes
+    eager's answer and not the artifact's.
+
+    Per call, the version tags of the modules' globals and builtins dicts are compared
+    with those last found as captured (one C-level ``map``); only when one changed are
+    the names looked up: absent from the module's globals, and in the builtins dict the
+    object loaded (or, when load found another, one named as at capture)."""
+    import builtins as builtins_module
+
+    if not BUILTIN_READS:
+        return None
+    missing = object()
+    rows = []
+    for row in BUILTIN_READS:
+        scope = vars(_import_module(row["module"]))
+        held = scope.get("__builtins__", builtins_module)
+        table = held if isinstance(held, dict) else vars(held)
+        rows.append((row, scope, table))
+    # (id of a builtins dict, name) -> the object found there as captured.
+    expected: dict[tuple[int, str], Any] = {}
+    for row, _scope, table in rows:
+        for name, captured in row["names"].items():
+            found = table.get(name, missing)
+            if found is not missing and builtin_key(found) == captured:
+                expected.setdefault((id(table), name), found)
+    watched = list({id(d): d for _row, scope, table in rows for d in (scope, table)}.values())
+    versions: list[Any] = [None]
+
+    def recheck() -> None:
+        for row, scope, table in rows:
+            for name, captured in row["names"].items():
+                if name in scope:
+                    bound = scope[name]
+                    refuse(
+                        f"precompile: module {row['module']} binds the global `{name}` (to "
+                        f"{builtin_name(bound)}) in this process; its traced code resolved "
+                        f"`{name}` to the builtin {captured[0]} at capture, and the artifact "
+                        f"runs what that builtin did. Remove the global (del "
+                        f"{row['module']}.{name}), or capture again with it bound (re-emit "
+                        f"the artifact)",
+                        2,
+                    )
+                now = table.get(name, missing)
+                key = (id(table), name)
+                if now is expected.get(key, missing) and now is not missing:
+                    continue
+                if key not in expected and now is not missing and builtin_key(now) == captured:
+                    expected[key] = now
+                    continue
+                shown = "not defined" if now is missing else builtin_name(now)
+                refuse(
+                    f"precompile: builtins.{name} is {shown} in this process; the code of "
+                    f"module {row['module']} the trace ran resolved `{name}` to {captured[0]}, "
+                    f"and the artifact runs what that builtin did. Restore builtins.{name}, "
+                    f"or capture again with the new one (re-emit the artifact)",
+                    2,
+                )
+        versions[0] = tuple(map(_dict_version, watched))
+
+    def check() -> None:
+        if tuple(map(_dict_version, watched)) != versions[0]:
             recheck()
 
     return check

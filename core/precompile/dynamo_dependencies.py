@@ -46,6 +46,7 @@ Messages name things in the user's words (``precompile.guard_text``).
 
 from __future__ import annotations
 
+import builtins
 import dis
 import enum
 import inspect
@@ -59,6 +60,7 @@ import torch
 
 from precompile._compat import dynamo
 from precompile.dependency_driver import (
+    builtin_key,
     class_attrs,
     code_identity,
     global_hook_snapshot,
@@ -687,9 +689,46 @@ class DependencyRecorder:
             "ARG_IDENTITIES": identities,
             "FLOAT_ZEROS": list(self.float_zeros.values()),
             "CLASS_ATTRS": self.class_rows(list(traced or ())),
+            "BUILTIN_READS": builtin_reads([self.fn.__code__, *(traced or ())]),
             "GRAD_MODE_READ": self.grad_mode_read
             or (self.grad_reads[0] if self.grad_reads else ""),
         }
+
+
+def builtin_reads(codes: list[types.CodeType]) -> list[dict[str, Any]]:
+    """``BUILTIN_READS``: per module, the names its traced code (``codes`` and the code
+    nested in it: comprehensions, lambdas) loads as globals and that resolved through
+    the builtins at capture (absent from the module's globals), with what the builtins
+    dict held (``builtin_key``). Dynamo baked what each did -- ``len(xs)`` became a
+    constant, ``abs`` ran at trace time -- and its identity guard on the builtins dict
+    entry is not serialized, so serving checks the names itself."""
+    by_module: dict[str, dict[str, list[str]]] = {}
+    pending = list(codes)
+    seen: set[types.CodeType] = set()
+    while pending:
+        code = pending.pop()
+        if code in seen:
+            continue
+        seen.add(code)
+        pending.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+        module = inspect.getmodule(code)
+        name = getattr(module, "__name__", None)
+        if module is None or not isinstance(name, str) or name == "__main__":
+            continue
+        scope = vars(module)
+        held = scope.get("__builtins__", builtins)
+        table = held if isinstance(held, dict) else vars(held)
+        for ins in dis.get_instructions(code):
+            if ins.opname != "LOAD_GLOBAL":
+                continue
+            loaded = str(ins.argval)
+            if loaded in scope or loaded not in table:
+                continue
+            by_module.setdefault(name, {})[loaded] = builtin_key(table[loaded])
+    return [
+        {"module": module, "names": dict(sorted(names.items()))}
+        for module, names in sorted(by_module.items())
+    ]
 
 
 def _code_of(value: Any) -> types.CodeType | None:
