@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     GLOBAL_READS: list[dict[str, str]] = []
     ARG_IDENTITIES: list[dict[str, Any]] = []
     FLOAT_ZEROS: list[dict[str, Any]] = []
+    ORDERED_DICTS: list[dict[str, Any]] = []
     CLASS_ATTRS: list[dict[str, Any]] = []
     BUILTIN_READS: list[dict[str, Any]] = []
 
@@ -500,15 +501,16 @@ def _build_argument_check(signature: Any) -> Any:
     every row's access path; only when it fails does the row-by-row pass run, which
     adopts what resolves now and raises PrecompileError naming the path, what is there
     and what was traced."""
-    if not ARG_IDENTITIES and not FLOAT_ZEROS:
+    if not ARG_IDENTITIES and not FLOAT_ZEROS and not ORDERED_DICTS:
         return None
     missing = object()
     lines, namespace = _binding_source(signature, missing)
     identity_terms, identities_state, recheck_identities = _identity_rows(missing)
     zero_terms, recheck_zeros = _float_zero_rows(namespace)
+    order_terms, recheck_orders = _ordered_dict_rows(namespace)
     source = "def __arguments_ok(__a, __k, __E):\n    try:\n{}\n        return {}\n    except Exception:\n        return False\n".format(
         "\n".join("        " + line for line in lines),
-        " and ".join([*identity_terms, *zero_terms]),
+        " and ".join([*identity_terms, *zero_terms, *order_terms]),
     )
     exec(compile(source, "<precompile argument checks>", "exec"), namespace)
     arguments_ok = namespace["__arguments_ok"]
@@ -524,6 +526,7 @@ def _build_argument_check(signature: Any) -> Any:
         scope = dict(bound.arguments)
         recheck_identities(scope)
         recheck_zeros(scope)
+        recheck_orders(scope)
 
     return check
 
@@ -568,6 +571,57 @@ def _float_zero_rows(namespace: dict[str, Any]) -> tuple[list[str], Any]:
                     f"and Dynamo's guard compares numbers with ==, which does not tell 0.0 "
                     f"from -0.0. Pass {captured!r}, or capture with {value!r} (re-emit the "
                     f"artifact)",
+                    3,
+                )
+
+    return terms, recheck
+
+
+def _ordered_dict_rows(namespace: dict[str, Any]) -> tuple[list[str], Any]:
+    """The terms of ``ORDERED_DICTS`` for the generated check (binding what they read
+    into ``namespace``), and the row-by-row pass over a call's bound arguments: an
+    OrderedDict whose keys the guards compare by position must iterate in the order of
+    its underlying dict, which is the order those guards read. ``move_to_end`` (or
+    ``popitem`` and a re-insert) reorders the iteration and not the dict, so the guards
+    would pass an OrderedDict that eager iterates in another order. A path that holds
+    no OrderedDict now is left to the guards."""
+    import collections
+
+    namespace["__OD"] = collections.OrderedDict
+    namespace["__dk"] = dict.keys
+    rows = []
+    terms = []
+    for i, row in enumerate(ORDERED_DICTS):
+        path = row["path"]
+        if row.get("module"):
+            namespace[f"__O{i}"] = vars(_import_module(row["module"]))
+            path = f"__O{i}" + path[1:]
+        rows.append((row, compile(path, "<precompile ordered dict>", "eval")))
+        terms.append(f"(not isinstance(__o := ({path}), __OD) or list(__o) == list(__dk(__o)))")
+
+    def recheck(scope: dict[str, Any]) -> None:
+        for row, path in rows:
+            try:
+                value = eval(path, namespace, scope)
+            except Exception:
+                continue  # the call's own guards refuse what is not there
+            if not isinstance(value, collections.OrderedDict):
+                continue
+            order, stored = list(value), list(dict.keys(value))
+            if order != stored:
+                where = (
+                    f"module {row['module']}'s global `{row['shown']}`"
+                    if row.get("module")
+                    else f"`{row['shown']}`"
+                )
+                refuse(
+                    f"precompile: {where} is an OrderedDict that iterates as "
+                    f"{order!r:.200} while its underlying dict holds the keys as "
+                    f"{stored!r:.200} (move_to_end or popitem reordered it); the artifact's "
+                    f"guards compare keys in the dict's order and the trace iterated it, so "
+                    f"it would answer as if the keys came in that order. Pass "
+                    f"OrderedDict(its items) built in the order you want, or capture "
+                    f"again with it (re-emit the artifact)",
                     3,
                 )
 

@@ -47,6 +47,7 @@ Messages name things in the user's words (``precompile.guard_text``).
 from __future__ import annotations
 
 import builtins
+import collections
 import dis
 import enum
 import inspect
@@ -190,6 +191,9 @@ class DependencyRecorder:
         #: Access path from an argument -> the signed zero (a float, or a complex with a
         #: zero part) guarded there, as its literal fingerprint (``FLOAT_ZEROS``).
         self.float_zeros: dict[str, dict[str, Any]] = {}
+        #: Access path (``module:path`` for a global) -> an OrderedDict whose keys the
+        #: guards compare by position (``ORDERED_DICTS``).
+        self.ordered_dicts: dict[str, dict[str, Any]] = {}
         #: Why the capture cannot be served: objects compared by identity and unnameable.
         self.refusals: list[tuple[str, str]] = []
         #: What a trace read that depends on the grad mode ('' for nothing): the
@@ -305,6 +309,62 @@ class DependencyRecorder:
             self._observe_identity(e, code, module_name, entries)
         for e in entries:
             self._observe_zero_float(e, module_name if not is_entry else None, code)
+        for e in entries:
+            self._observe_ordered_dict(e, code, module_name, is_entry, entries)
+
+    def _observe_ordered_dict(
+        self,
+        e: Any,
+        code: types.CodeType | None,
+        module_name: str,
+        is_entry: bool,
+        entries: list[Any],
+    ) -> None:
+        """An OrderedDict whose keys a guard compares by position (``DICT_KEYS_MATCH``):
+        the guard reads the order of the underlying dict, while iterating an
+        OrderedDict follows its own links, which ``move_to_end`` (or ``popitem`` and a
+        re-insert) reorders without touching the dict's order -- so the guard passes a
+        reordered OrderedDict that eager iterates in the new order. Its access path is
+        recorded (``ORDERED_DICTS``; from fn's arguments or a module global) and every
+        call checks that both orders agree; one reached only in a later frame by no
+        such path is refused."""
+        if not getattr(e, "has_value", False) or not isinstance(e.value, collections.OrderedDict):
+            return
+        kinds = {e.guard_type, *(getattr(e, "derived_guard_types", None) or ())}
+        if "DICT_KEYS_MATCH" not in kinds:
+            return
+        match = _ROOT.match(e.name)
+        if match is None:
+            return
+        path, module = e.name, None
+        if match.group("global"):
+            module = module_name or self.fn.__module__
+        elif not is_entry:
+            if any(
+                row["module"] is None and _evaluates_to(row["path"], self.arguments, e.value)
+                for row in self.ordered_dicts.values()
+            ):
+                return  # the very object the entry's row checks
+            root = match.group("local")
+            mapped, why, hint = self._path_from_arguments(code, root, entries)
+            if mapped is None:
+                self.refusals.append(
+                    (
+                        f"`{user_path(e.name)}` (a local of "
+                        f"{frame_label(code.co_name if code else '?')}) is an OrderedDict "
+                        f"whose key order the trace depends on; an artifact checks that order "
+                        f"per call by its path from fn's arguments, and {why}",
+                        "iterate it before any graph break, or pass a plain dict",
+                    )
+                )
+                return
+            path = mapped + e.name[len(root) :]
+        elif match.group("local") not in self.signature.parameters:
+            return
+        key = path if module is None else f"{module}:{path}"
+        self.ordered_dicts.setdefault(
+            key, {"path": path, "shown": user_path(path), "module": module}
+        )
 
     def _observe_zero_float(
         self, e: Any, later_frame_module: str | None, code: types.CodeType | None
@@ -591,6 +651,7 @@ class DependencyRecorder:
         except TypeError:
             return
         bound.apply_defaults()
+        self.verify_ordered_dicts(dict(bound.arguments))
         for path, row in self.identities.items():
             try:
                 found = eval(compile(path, "<precompile>", "eval"), {}, dict(bound.arguments))
@@ -604,6 +665,26 @@ class DependencyRecorder:
                         f"path again from fn's arguments to check it per call",
                         "store it where fn's arguments reach it plainly (an attribute of an "
                         "argument), or pass it as a plain value",
+                    )
+                )
+
+    def verify_ordered_dicts(self, arguments: dict[str, Any]) -> None:
+        """After a captured call: each argument-rooted ``ORDERED_DICTS`` path must
+        evaluate, from the arguments, to an OrderedDict (what serving evaluates)."""
+        for row in self.ordered_dicts.values():
+            if row["module"] is not None:
+                continue
+            try:
+                found = eval(compile(row["path"], "<precompile>", "eval"), {}, dict(arguments))
+            except Exception:
+                found = None
+            if not isinstance(found, collections.OrderedDict):
+                self.refusals.append(
+                    (
+                        f"`{row['shown']}` is an OrderedDict whose key order the trace "
+                        f"depends on, and precompile cannot read that path again from fn's "
+                        f"arguments to check the order per call",
+                        "pass a plain dict, or one reached plainly from fn's arguments",
                     )
                 )
 
@@ -688,6 +769,7 @@ class DependencyRecorder:
             "GLOBAL_READS": reads,
             "ARG_IDENTITIES": identities,
             "FLOAT_ZEROS": list(self.float_zeros.values()),
+            "ORDERED_DICTS": list(self.ordered_dicts.values()),
             "CLASS_ATTRS": self.class_rows(list(traced or ())),
             "BUILTIN_READS": builtin_reads([self.fn.__code__, *(traced or ())]),
             "GRAD_MODE_READ": self.grad_mode_read
@@ -729,6 +811,14 @@ def builtin_reads(codes: list[types.CodeType]) -> list[dict[str, Any]]:
         {"module": module, "names": dict(sorted(names.items()))}
         for module, names in sorted(by_module.items())
     ]
+
+
+def _evaluates_to(path: str, arguments: dict[str, Any], value: Any) -> bool:
+    """Whether ``path`` evaluates, over fn's ``arguments``, to ``value`` itself."""
+    try:
+        return eval(compile(path, "<precompile>", "eval"), {}, dict(arguments)) is value
+    except Exception:
+        return False
 
 
 def _code_of(value: Any) -> types.CodeType | None:
