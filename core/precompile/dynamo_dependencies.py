@@ -797,6 +797,10 @@ def builtin_reads(codes: list[types.CodeType]) -> list[dict[str, Any]]:
         name = getattr(module, "__name__", None)
         if module is None or not isinstance(name, str) or name == "__main__":
             continue
+        if name == "torch._dynamo" or name.startswith("torch._dynamo."):
+            # Dynamo's polyfills stand in for builtins while tracing; eager never runs
+            # them (the user's code that called the builtin is recorded itself).
+            continue
         scope = vars(module)
         held = scope.get("__builtins__", builtins)
         table = held if isinstance(held, dict) else vars(held)
