@@ -320,12 +320,17 @@ def _build_dependency_check() -> Any:
         check_shadowing(root, subs)
         if len(cache) > 64:
             cache.clear()
-        instance_dicts = [vars(sub_module) for _path, sub_module in subs]
+        # A module with no submodule, parameter or buffer (a ReLU) has nothing to shadow:
+        # its instance dict is not watched (one registered later was not traced).
+        holders = [
+            (path, sub) for path, sub in subs if sub._modules or sub._parameters or sub._buffers
+        ]
+        instance_dicts = [vars(sub_module) for _path, sub_module in holders]
         cache[root["number"], id(module)] = (
             weakref.ref(module),
             dicts,
             tuple(map(_dict_version, dicts)),
-            subs,
+            holders,
             instance_dicts,
             [tuple(map(_dict_version, instance_dicts))],
         )
