@@ -265,7 +265,12 @@ def _build_dependency_check() -> Any:
     signature = inspect.signature(entry_fn)
     # (root, id(module)) -> (weakref to the module, its hook and _modules dicts, their
     # version tags when last found as captured): one module may stand for two roots.
-    cache: dict[tuple[int, int], tuple[Any, list[Any], tuple[Any, ...]]] = {}
+    # Then the modules that could be shadowed, their instance dicts and those dicts'
+    # version tags when last checked (one-element list: updated in place).
+    cache: dict[
+        tuple[int, int],
+        tuple[Any, list[Any], tuple[Any, ...], list[tuple[str, Any]], list[Any], list[Any]],
+    ] = {}
     fetchers = []
     for number, root in enumerate(MODULE_HOOKS.get("roots") or []):
         root = {**root, "number": number}
