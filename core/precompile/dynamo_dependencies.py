@@ -346,6 +346,18 @@ class DependencyRecorder:
             ):
                 return  # the very object the entry's row checks
             root = match.group("local")
+            found = _path_to(e.value, self.arguments)
+            if found is not None:
+                # The very object an argument holds (``od = cfg`` before the break).
+                self.ordered_dicts.setdefault(
+                    found, {"path": found, "shown": user_path(found), "module": None}
+                )
+                return
+            resumes = code is not None and dynamo.resumed_code(code) is not code
+            if resumes and e.name == root and not _eager_result(code, root):
+                # Built by the traced code before the break, which Dynamo rebuilds in
+                # its order (a new OrderedDict, whose links follow the dict's order).
+                return
             mapped, why, hint = self._path_from_arguments(code, root, entries)
             if mapped is None:
                 self.refusals.append(
@@ -815,6 +827,44 @@ def builtin_reads(codes: list[types.CodeType]) -> list[dict[str, Any]]:
         {"module": module, "names": dict(sorted(names.items()))}
         for module, names in sorted(by_module.items())
     ]
+
+
+def _path_to(target: Any, arguments: dict[str, Any], depth: int = 4) -> str | None:
+    """An expression over fn's ``arguments`` that evaluates to ``target`` itself,
+    through dict items, list and tuple items, and module or object attributes (at most
+    ``depth`` steps); None when there is none."""
+    pending: list[tuple[str, Any, int]] = [(name, value, 0) for name, value in arguments.items()]
+    seen: set[int] = set()
+    while pending:
+        path, value, steps = pending.pop(0)
+        if value is target:
+            return path
+        if id(value) in seen or steps >= depth or isinstance(value, (torch.Tensor, type)):
+            continue
+        seen.add(id(value))
+        if isinstance(value, dict):
+            children = [(f"{path}[{k!r}]", v) for k, v in value.items() if _literal_key(k)]
+        elif isinstance(value, (list, tuple)):
+            children = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+        elif isinstance(value, torch.nn.Module):
+            children = [(f"{path}.{n}", v) for n, v in vars(value).items() if n.isidentifier()]
+            children += [(f"{path}.{n}", v) for n, v in value._modules.items() if n.isidentifier()]
+        elif hasattr(value, "__dict__") and not isinstance(value, types.ModuleType):
+            attrs = getattr(value, "__dict__", None)
+            children = [
+                (f"{path}.{n}", v)
+                for n, v in (attrs.items() if isinstance(attrs, dict) else ())
+                if isinstance(n, str) and n.isidentifier()
+            ]
+        else:
+            continue
+        pending.extend((p, v, steps + 1) for p, v in children)
+    return None
+
+
+def _literal_key(key: Any) -> bool:
+    """Whether a dict key reads back from its repr (a str, int or bool)."""
+    return type(key) in (str, int, bool)
 
 
 def _evaluates_to(path: str, arguments: dict[str, Any], value: Any) -> bool:

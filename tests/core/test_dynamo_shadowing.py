@@ -54,6 +54,17 @@ EXPECTED: dict[str, tuple[str, str, str, dict[str, tuple[str, ...] | None]]] = {
         "plain",
         {"same": None, "moved": MOVED, "same/again": None},
     ),
+    "ordered aliased": (
+        "ordered_aliased",
+        "dynamo",
+        "plain",
+        {
+            "same": None,
+            "moved": ("`p['cfg']` is an OrderedDict", "move_to_end"),
+            "same/again": None,
+        },
+    ),
+    "ordered built": ("ordered_built", "dynamo", "dynamo", {"same": None}),
     "net plain": (
         "net",
         "dynamo",
