@@ -18,6 +18,7 @@ read under a computed name (``getattr(self, f"w{i}")``).
 from __future__ import annotations
 
 import _collections_abc
+import builtins
 import contextlib
 import dataclasses
 import dis
@@ -290,8 +291,9 @@ def _class_records(
 def _global_values(
     log: CallLog, names: Any, training: bool, classes: dict[Any, None] | None = None
 ) -> list[GlobalRead]:
-    """Per user module, the values its traced functions loaded as globals (names bound
-    to builtins are not module state). An imported project module (``import cfgmod``
+    """Per user module, the values its traced functions loaded as globals; a name that
+    resolved through the builtins is recorded as absent from the module, and the
+    builtin itself under a ``builtins`` record (both are checked). An imported project module (``import cfgmod``
     then ``cfgmod.SCALE``) is read like the code's own globals: its values under the
     names the traced code reads, and its dict is watched the same way."""
     by_module: dict[str, GlobalRead] = {}
@@ -303,8 +305,17 @@ def _global_values(
             continue
         module = str(scope.get("__name__"))
         read = by_module.setdefault(module, GlobalRead(module, scope.get("__file__"), {}))
+        held = scope.get("__builtins__", builtins)
+        table = held if isinstance(held, dict) else vars(held)
         for name in _global_loads(code):
             if name not in scope:
+                if name in table:
+                    # Resolved through the builtins, whose result the graph baked
+                    # (``len(xs)``): the module must not bind the name later, and the
+                    # builtin must stay what it was (``builtins.abs`` patched).
+                    read.values[name] = ("absent",)
+                    shared = by_module.setdefault("builtins", GlobalRead("builtins", None, {}))
+                    shared.values[name] = state_checks.fingerprint(table[name], context)
                 continue
             if isinstance(scope[name], types.ModuleType):
                 pending.append(scope[name])

@@ -46,7 +46,9 @@ if TYPE_CHECKING:
     GLOBAL_READS: list[dict[str, str]] = []
     ARG_IDENTITIES: list[dict[str, Any]] = []
     FLOAT_ZEROS: list[dict[str, Any]] = []
+    ORDERED_DICTS: list[dict[str, Any]] = []
     CLASS_ATTRS: list[dict[str, Any]] = []
+    BUILTIN_READS: list[dict[str, Any]] = []
 
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
@@ -122,6 +124,20 @@ def code_identity(code: Any) -> str:
     consts = [c for c in code.co_consts if not hasattr(c, "co_code")]
     digest = hashlib.sha256(code.co_code + repr(consts).encode()).hexdigest()[:16]
     return f"{code.co_firstlineno}:{digest}"
+
+
+def builtin_name(value: Any) -> str:
+    """``module.qualname`` of what a builtins dict holds (of its type for an instance
+    such as ``exit``), in words."""
+    target = value if hasattr(value, "__qualname__") else type(value)
+    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"
+
+
+def builtin_key(value: Any) -> list[str]:
+    """What capture records of a builtin and serving compares, in every process: its
+    name and its type's (a wrapper that copies ``__qualname__`` is not a builtin)."""
+    kind = type(value)
+    return [builtin_name(value), f"{kind.__module__}.{kind.__qualname__}"]
 
 
 def is_class_behaviour(value: Any) -> bool:
@@ -249,7 +265,12 @@ def _build_dependency_check() -> Any:
     signature = inspect.signature(entry_fn)
     # (root, id(module)) -> (weakref to the module, its hook and _modules dicts, their
     # version tags when last found as captured): one module may stand for two roots.
-    cache: dict[tuple[int, int], tuple[Any, list[Any], tuple[Any, ...]]] = {}
+    # Then the modules that could be shadowed, their instance dicts and those dicts'
+    # version tags when last checked (one-element list: updated in place).
+    cache: dict[
+        tuple[int, int],
+        tuple[Any, list[Any], tuple[Any, ...], list[tuple[str, Any]], list[Any], list[Any]],
+    ] = {}
     fetchers = []
     for number, root in enumerate(MODULE_HOOKS.get("roots") or []):
         root = {**root, "number": number}
@@ -296,16 +317,57 @@ def _build_dependency_check() -> Any:
             if change:
                 refuse(f"precompile: {change}")
         dicts: list[Any] = []
+        subs = []
         for _path, sub_module in module.named_modules():
             dicts.append(sub_module._modules)
             dicts.extend(getattr(sub_module, attr) for attr in attrs)
+            subs.append((_path, sub_module))
+        check_shadowing(root, subs)
         if len(cache) > 64:
             cache.clear()
+        # A module with no submodule, parameter or buffer (a ReLU) has nothing to shadow:
+        # its instance dict is not watched (one registered later was not traced).
+        holders = [
+            (path, sub) for path, sub in subs if sub._modules or sub._parameters or sub._buffers
+        ]
+        instance_dicts = [vars(sub_module) for _path, sub_module in holders]
         cache[root["number"], id(module)] = (
             weakref.ref(module),
             dicts,
             tuple(map(_dict_version, dicts)),
+            holders,
+            instance_dicts,
+            [tuple(map(_dict_version, instance_dicts))],
         )
+
+    def check_shadowing(root: dict[str, Any], subs: list[tuple[str, Any]]) -> None:
+        """Refuse a module whose instance ``__dict__`` holds a name of one of its
+        submodules, parameters or buffers: Python reads the instance entry first
+        (``nn.Module.__getattr__`` is asked only when it is absent), while the trace ran
+        the submodule, and Dynamo's guards reach it through ``_modules`` only."""
+        for dotted, sub_module in subs:
+            own = vars(sub_module)
+            for kind, held in (
+                ("submodule", sub_module._modules),
+                ("parameter", sub_module._parameters),
+                ("buffer", sub_module._buffers),
+            ):
+                clash = own.keys() & held.keys()
+                if not clash:
+                    continue
+                name = sorted(clash)[0]
+                where = user_path(root["path"]) + (f".{dotted}" if dotted else "")
+                refuse(
+                    f"precompile: `{where}.{name}` is shadowed: the instance __dict__ of "
+                    f"`{where}` holds {name!r} (a {type(own[name]).__qualname__}), which "
+                    f"Python reads before the {kind} `{name}` the trace ran (nn.Module finds "
+                    f"its {kind}s only when the instance __dict__ has no such name), so eager "
+                    f"would run the __dict__ entry and the artifact the {kind}. Remove the "
+                    f"entry (del vars({where})[{name!r}]), or assign through the module "
+                    f"(`{where}.{name} = ...` replaces the {kind}) and capture again "
+                    f"(re-emit the artifact)",
+                    2,
+                )
 
     # Global reads: resolved now, compared by identity per call in one generated function.
     # A path that does not resolve to what the capture saw yet (state a library fills
@@ -376,10 +438,13 @@ def _build_dependency_check() -> Any:
 
     arguments_ok = _build_argument_check(signature)
     classes_ok = _build_class_check()
+    builtins_ok = _build_builtin_check()
 
     def check(args: Any, kwargs: Any) -> None:
         if classes_ok is not None:
             classes_ok()
+        if builtins_ok is not None:
+            builtins_ok()
         if arguments_ok is not None:
             arguments_ok(args, kwargs)
         if tuple(map(_dict_version, global_dicts)) != global_versions[0]:
@@ -398,6 +463,13 @@ def _build_dependency_check() -> Any:
                 or tuple(map(_dict_version, cached[1])) != cached[2]
             ):
                 check_module(root, module)
+                continue
+            # An instance dict changes whenever an attribute is set (often: a module
+            # that records a step count): only the shadowing check runs again then.
+            versions = tuple(map(_dict_version, cached[4]))
+            if versions != cached[5][0]:
+                check_shadowing(root, cached[3])
+                cached[5][0] = versions
         if not reads_ok(*reads_args[0]):
             recheck_reads()
 
@@ -439,15 +511,16 @@ def _build_argument_check(signature: Any) -> Any:
     every row's access path; only when it fails does the row-by-row pass run, which
     adopts what resolves now and raises PrecompileError naming the path, what is there
     and what was traced."""
-    if not ARG_IDENTITIES and not FLOAT_ZEROS:
+    if not ARG_IDENTITIES and not FLOAT_ZEROS and not ORDERED_DICTS:
         return None
     missing = object()
     lines, namespace = _binding_source(signature, missing)
     identity_terms, identities_state, recheck_identities = _identity_rows(missing)
     zero_terms, recheck_zeros = _float_zero_rows(namespace)
+    order_terms, recheck_orders = _ordered_dict_rows(namespace)
     source = "def __arguments_ok(__a, __k, __E):\n    try:\n{}\n        return {}\n    except Exception:\n        return False\n".format(
         "\n".join("        " + line for line in lines),
-        " and ".join([*identity_terms, *zero_terms]),
+        " and ".join([*identity_terms, *zero_terms, *order_terms]),
     )
     exec(compile(source, "<precompile argument checks>", "exec"), namespace)
     arguments_ok = namespace["__arguments_ok"]
@@ -463,6 +536,7 @@ def _build_argument_check(signature: Any) -> Any:
         scope = dict(bound.arguments)
         recheck_identities(scope)
         recheck_zeros(scope)
+        recheck_orders(scope)
 
     return check
 
@@ -507,6 +581,57 @@ def _float_zero_rows(namespace: dict[str, Any]) -> tuple[list[str], Any]:
                     f"and Dynamo's guard compares numbers with ==, which does not tell 0.0 "
                     f"from -0.0. Pass {captured!r}, or capture with {value!r} (re-emit the "
                     f"artifact)",
+                    3,
+                )
+
+    return terms, recheck
+
+
+def _ordered_dict_rows(namespace: dict[str, Any]) -> tuple[list[str], Any]:
+    """The terms of ``ORDERED_DICTS`` for the generated check (binding what they read
+    into ``namespace``), and the row-by-row pass over a call's bound arguments: an
+    OrderedDict whose keys the guards compare by position must iterate in the order of
+    its underlying dict, which is the order those guards read. ``move_to_end`` (or
+    ``popitem`` and a re-insert) reorders the iteration and not the dict, so the guards
+    would pass an OrderedDict that eager iterates in another order. A path that holds
+    no OrderedDict now is left to the guards."""
+    import collections
+
+    namespace["__OD"] = collections.OrderedDict
+    namespace["__dk"] = dict.keys
+    rows = []
+    terms = []
+    for i, row in enumerate(ORDERED_DICTS):
+        path = row["path"]
+        if row.get("module"):
+            namespace[f"__O{i}"] = vars(_import_module(row["module"]))
+            path = f"__O{i}" + path[1:]
+        rows.append((row, compile(path, "<precompile ordered dict>", "eval")))
+        terms.append(f"(not isinstance(__o := ({path}), __OD) or list(__o) == list(__dk(__o)))")
+
+    def recheck(scope: dict[str, Any]) -> None:
+        for row, path in rows:
+            try:
+                value = eval(path, namespace, scope)
+            except Exception:
+                continue  # the call's own guards refuse what is not there
+            if not isinstance(value, collections.OrderedDict):
+                continue
+            order, stored = list(value), list(dict.keys(value))
+            if order != stored:
+                where = (
+                    f"module {row['module']}'s global `{row['shown']}`"
+                    if row.get("module")
+                    else f"`{row['shown']}`"
+                )
+                refuse(
+                    f"precompile: {where} is an OrderedDict that iterates as "
+                    f"{order!r:.200} while its underlying dict holds the keys as "
+                    f"{stored!r:.200} (move_to_end or popitem reordered it); the artifact's "
+                    f"guards compare keys in the dict's order and the trace iterated it, so "
+                    f"it would answer as if the keys came in that order. Pass "
+                    f"OrderedDict(its items) built in the order you want, or capture "
+                    f"again with it (re-emit the artifact)",
                     3,
                 )
 
@@ -733,6 +858,77 @@ def _build_class_check() -> Any:
 
     def check() -> None:
         if tuple(map(_dict_version, dicts)) != versions[0] or tuple(map(mro_of, leaves)) != mros:
+            recheck()
+
+    return check
+
+
+def _build_builtin_check() -> Any:
+    """``check()`` for ``BUILTIN_READS``, or None when there are none: every name the
+    traced code resolved through the builtins (``len``, ``abs``, ``max``) must still
+    resolve there. Dynamo baked what the builtin did (its guard on the builtins dict
+    entry is an identity check, dropped from serialized guards), so a module global of
+    that name bound later (``mymodule.len = ...``), or ``builtins.abs`` patched, changes
+    eager's answer and not the artifact's.
+
+    Per call, the version tags of the modules' globals and builtins dicts are compared
+    with those last found as captured (one C-level ``map``); only when one changed are
+    the names looked up: absent from the module's globals, and in the builtins dict the
+    object loaded (or, when load found another, one named as at capture)."""
+    import builtins as builtins_module
+
+    if not BUILTIN_READS:
+        return None
+    missing = object()
+    rows = []
+    for row in BUILTIN_READS:
+        scope = vars(_import_module(row["module"]))
+        held = scope.get("__builtins__", builtins_module)
+        table = held if isinstance(held, dict) else vars(held)
+        rows.append((row, scope, table))
+    # (id of a builtins dict, name) -> the object found there as captured.
+    expected: dict[tuple[int, str], Any] = {}
+    for row, _scope, table in rows:
+        for name, captured in row["names"].items():
+            found = table.get(name, missing)
+            if found is not missing and builtin_key(found) == captured:
+                expected.setdefault((id(table), name), found)
+    watched = list({id(d): d for _row, scope, table in rows for d in (scope, table)}.values())
+    versions: list[Any] = [None]
+
+    def recheck() -> None:
+        for row, scope, table in rows:
+            for name, captured in row["names"].items():
+                if name in scope:
+                    bound = scope[name]
+                    refuse(
+                        f"precompile: module {row['module']} binds the global `{name}` (to "
+                        f"{builtin_name(bound)}) in this process; its traced code resolved "
+                        f"`{name}` to the builtin {captured[0]} at capture, and the artifact "
+                        f"runs what that builtin did. Remove the global (del "
+                        f"{row['module']}.{name}), or capture again with it bound (re-emit "
+                        f"the artifact)",
+                        2,
+                    )
+                now = table.get(name, missing)
+                key = (id(table), name)
+                if now is expected.get(key, missing) and now is not missing:
+                    continue
+                if key not in expected and now is not missing and builtin_key(now) == captured:
+                    expected[key] = now
+                    continue
+                shown = "not defined" if now is missing else builtin_name(now)
+                refuse(
+                    f"precompile: builtins.{name} is {shown} in this process; the code of "
+                    f"module {row['module']} the trace ran resolved `{name}` to {captured[0]}, "
+                    f"and the artifact runs what that builtin did. Restore builtins.{name}, "
+                    f"or capture again with the new one (re-emit the artifact)",
+                    2,
+                )
+        versions[0] = tuple(map(_dict_version, watched))
+
+    def check() -> None:
+        if tuple(map(_dict_version, watched)) != versions[0]:
             recheck()
 
     return check

@@ -46,6 +46,8 @@ Messages name things in the user's words (``precompile.guard_text``).
 
 from __future__ import annotations
 
+import builtins
+import collections
 import dis
 import enum
 import inspect
@@ -59,6 +61,7 @@ import torch
 
 from precompile._compat import dynamo
 from precompile.dependency_driver import (
+    builtin_key,
     class_attrs,
     code_identity,
     global_hook_snapshot,
@@ -188,6 +191,9 @@ class DependencyRecorder:
         #: Access path from an argument -> the signed zero (a float, or a complex with a
         #: zero part) guarded there, as its literal fingerprint (``FLOAT_ZEROS``).
         self.float_zeros: dict[str, dict[str, Any]] = {}
+        #: Access path (``module:path`` for a global) -> an OrderedDict whose keys the
+        #: guards compare by position (``ORDERED_DICTS``).
+        self.ordered_dicts: dict[str, dict[str, Any]] = {}
         #: Why the capture cannot be served: objects compared by identity and unnameable.
         self.refusals: list[tuple[str, str]] = []
         #: What a trace read that depends on the grad mode ('' for nothing): the
@@ -303,6 +309,74 @@ class DependencyRecorder:
             self._observe_identity(e, code, module_name, entries)
         for e in entries:
             self._observe_zero_float(e, module_name if not is_entry else None, code)
+        for e in entries:
+            self._observe_ordered_dict(e, code, module_name, is_entry, entries)
+
+    def _observe_ordered_dict(
+        self,
+        e: Any,
+        code: types.CodeType | None,
+        module_name: str,
+        is_entry: bool,
+        entries: list[Any],
+    ) -> None:
+        """An OrderedDict whose keys a guard compares by position (``DICT_KEYS_MATCH``):
+        the guard reads the order of the underlying dict, while iterating an
+        OrderedDict follows its own links, which ``move_to_end`` (or ``popitem`` and a
+        re-insert) reorders without touching the dict's order -- so the guard passes a
+        reordered OrderedDict that eager iterates in the new order. Its access path is
+        recorded (``ORDERED_DICTS``; from fn's arguments or a module global) and every
+        call checks that both orders agree; one reached only in a later frame by no
+        such path is refused."""
+        if not getattr(e, "has_value", False) or not isinstance(e.value, collections.OrderedDict):
+            return
+        kinds = {e.guard_type, *(getattr(e, "derived_guard_types", None) or ())}
+        if "DICT_KEYS_MATCH" not in kinds:
+            return
+        match = _ROOT.match(e.name)
+        if match is None:
+            return
+        path, module = e.name, None
+        if match.group("global"):
+            module = module_name or self.fn.__module__
+        elif not is_entry:
+            if any(
+                row["module"] is None and _evaluates_to(row["path"], self.arguments, e.value)
+                for row in self.ordered_dicts.values()
+            ):
+                return  # the very object the entry's row checks
+            root = match.group("local")
+            found = _path_to(e.value, self.arguments)
+            if found is not None:
+                # The very object an argument holds (``od = cfg`` before the break).
+                self.ordered_dicts.setdefault(
+                    found, {"path": found, "shown": user_path(found), "module": None}
+                )
+                return
+            resumes = code is not None and dynamo.resumed_code(code) is not code
+            if resumes and e.name == root and not _eager_result(code, root):
+                # Built by the traced code before the break, which Dynamo rebuilds in
+                # its order (a new OrderedDict, whose links follow the dict's order).
+                return
+            mapped, why, hint = self._path_from_arguments(code, root, entries)
+            if mapped is None:
+                self.refusals.append(
+                    (
+                        f"`{user_path(e.name)}` (a local of "
+                        f"{frame_label(code.co_name if code else '?')}) is an OrderedDict "
+                        f"whose key order the trace depends on; an artifact checks that order "
+                        f"per call by its path from fn's arguments, and {why}",
+                        "iterate it before any graph break, or pass a plain dict",
+                    )
+                )
+                return
+            path = mapped + e.name[len(root) :]
+        elif match.group("local") not in self.signature.parameters:
+            return
+        key = path if module is None else f"{module}:{path}"
+        self.ordered_dicts.setdefault(
+            key, {"path": path, "shown": user_path(path), "module": module}
+        )
 
     def _observe_zero_float(
         self, e: Any, later_frame_module: str | None, code: types.CodeType | None
@@ -589,6 +663,7 @@ class DependencyRecorder:
         except TypeError:
             return
         bound.apply_defaults()
+        self.verify_ordered_dicts(dict(bound.arguments))
         for path, row in self.identities.items():
             try:
                 found = eval(compile(path, "<precompile>", "eval"), {}, dict(bound.arguments))
@@ -602,6 +677,26 @@ class DependencyRecorder:
                         f"path again from fn's arguments to check it per call",
                         "store it where fn's arguments reach it plainly (an attribute of an "
                         "argument), or pass it as a plain value",
+                    )
+                )
+
+    def verify_ordered_dicts(self, arguments: dict[str, Any]) -> None:
+        """After a captured call: each argument-rooted ``ORDERED_DICTS`` path must
+        evaluate, from the arguments, to an OrderedDict (what serving evaluates)."""
+        for row in self.ordered_dicts.values():
+            if row["module"] is not None:
+                continue
+            try:
+                found = eval(compile(row["path"], "<precompile>", "eval"), {}, dict(arguments))
+            except Exception:
+                found = None
+            if not isinstance(found, collections.OrderedDict):
+                self.refusals.append(
+                    (
+                        f"`{row['shown']}` is an OrderedDict whose key order the trace "
+                        f"depends on, and precompile cannot read that path again from fn's "
+                        f"arguments to check the order per call",
+                        "pass a plain dict, or one reached plainly from fn's arguments",
                     )
                 )
 
@@ -686,10 +781,98 @@ class DependencyRecorder:
             "GLOBAL_READS": reads,
             "ARG_IDENTITIES": identities,
             "FLOAT_ZEROS": list(self.float_zeros.values()),
+            "ORDERED_DICTS": list(self.ordered_dicts.values()),
             "CLASS_ATTRS": self.class_rows(list(traced or ())),
+            "BUILTIN_READS": builtin_reads([self.fn.__code__, *(traced or ())]),
             "GRAD_MODE_READ": self.grad_mode_read
             or (self.grad_reads[0] if self.grad_reads else ""),
         }
+
+
+def builtin_reads(codes: list[types.CodeType]) -> list[dict[str, Any]]:
+    """``BUILTIN_READS``: per module, the names its traced code (``codes`` and the code
+    nested in it: comprehensions, lambdas) loads as globals and that resolved through
+    the builtins at capture (absent from the module's globals), with what the builtins
+    dict held (``builtin_key``). Dynamo baked what each did -- ``len(xs)`` became a
+    constant, ``abs`` ran at trace time -- and its identity guard on the builtins dict
+    entry is not serialized, so serving checks the names itself."""
+    by_module: dict[str, dict[str, list[str]]] = {}
+    pending = list(codes)
+    seen: set[types.CodeType] = set()
+    while pending:
+        code = pending.pop()
+        if code in seen:
+            continue
+        seen.add(code)
+        pending.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+        module = inspect.getmodule(code)
+        name = getattr(module, "__name__", None)
+        if module is None or not isinstance(name, str) or name == "__main__":
+            continue
+        if name == "torch._dynamo" or name.startswith("torch._dynamo."):
+            # Dynamo's polyfills stand in for builtins while tracing; eager never runs
+            # them (the user's code that called the builtin is recorded itself).
+            continue
+        scope = vars(module)
+        held = scope.get("__builtins__", builtins)
+        table = held if isinstance(held, dict) else vars(held)
+        for ins in dis.get_instructions(code):
+            if ins.opname != "LOAD_GLOBAL":
+                continue
+            loaded = str(ins.argval)
+            if loaded in scope or loaded not in table:
+                continue
+            by_module.setdefault(name, {})[loaded] = builtin_key(table[loaded])
+    return [
+        {"module": module, "names": dict(sorted(names.items()))}
+        for module, names in sorted(by_module.items())
+    ]
+
+
+def _path_to(target: Any, arguments: dict[str, Any], depth: int = 4) -> str | None:
+    """An expression over fn's ``arguments`` that evaluates to ``target`` itself,
+    through dict items, list and tuple items, and module or object attributes (at most
+    ``depth`` steps); None when there is none."""
+    pending: list[tuple[str, Any, int]] = [(name, value, 0) for name, value in arguments.items()]
+    seen: set[int] = set()
+    while pending:
+        path, value, steps = pending.pop(0)
+        if value is target:
+            return path
+        if id(value) in seen or steps >= depth or isinstance(value, (torch.Tensor, type)):
+            continue
+        seen.add(id(value))
+        if isinstance(value, dict):
+            children = [(f"{path}[{k!r}]", v) for k, v in value.items() if _literal_key(k)]
+        elif isinstance(value, (list, tuple)):
+            children = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+        elif isinstance(value, torch.nn.Module):
+            children = [(f"{path}.{n}", v) for n, v in vars(value).items() if n.isidentifier()]
+            children += [(f"{path}.{n}", v) for n, v in value._modules.items() if n.isidentifier()]
+        elif hasattr(value, "__dict__") and not isinstance(value, types.ModuleType):
+            attrs = getattr(value, "__dict__", None)
+            children = [
+                (f"{path}.{n}", v)
+                for n, v in (attrs.items() if isinstance(attrs, dict) else ())
+                if isinstance(n, str) and n.isidentifier()
+            ]
+        else:
+            continue
+        pending.extend((p, v, steps + 1) for p, v in children)
+    return None
+
+
+def _literal_key(key: Any) -> bool:
+    """Whether a dict key reads back from its repr (a str, int or bool)."""
+    return type(key) in (str, int, bool)
+
+
+def _evaluates_to(path: str, arguments: dict[str, Any], value: Any) -> bool:
+    """Whether ``path`` evaluates, over fn's ``arguments``, to ``value`` itself."""
+    try:
+        return eval(compile(path, "<precompile>", "eval"), {}, dict(arguments)) is value
+    except Exception:
+        return False
 
 
 def _code_of(value: Any) -> types.CodeType | None:

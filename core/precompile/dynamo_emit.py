@@ -335,7 +335,9 @@ def _renamed_dependencies(
         ],
         "ARG_IDENTITIES": dependencies.get("ARG_IDENTITIES", []),
         "FLOAT_ZEROS": dependencies.get("FLOAT_ZEROS", []),
+        "ORDERED_DICTS": dependencies.get("ORDERED_DICTS", []),
         "CLASS_ATTRS": dependencies.get("CLASS_ATTRS", []),
+        "BUILTIN_READS": dependencies.get("BUILTIN_READS", []),
         "GRAD_MODE_READ": dependencies.get("GRAD_MODE_READ", ""),
     }
 

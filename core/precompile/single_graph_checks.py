@@ -263,6 +263,24 @@ def check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
     for scope, record in scopes:
         for name, recorded in record["values"]:
             live = fingerprint(scope[name], context) if name in scope else ("absent",)
+            if live != recorded and recorded == ("absent",):
+                refuse(
+                    f"precompile: module {record['module']} ({record['path']}) binds the "
+                    f"global `{name}` to {describe_value(live)}; its traced code resolved "
+                    f"`{name}` to the builtin, and the graph baked what that did. Remove the "
+                    f"global (del {record['module']}.{name}), or capture again with it "
+                    f"bound (re-emit the artifact)",
+                    3,
+                )
+            if live != recorded and record["module"] == "builtins":
+                shown = "not defined" if name not in scope else describe_value(live)
+                refuse(
+                    f"precompile: builtins.{name} is {shown} in this process, but the traced "
+                    f"code called {describe_value(recorded)} and the graph baked what it "
+                    f"did. Restore builtins.{name}, or capture again with the new one "
+                    f"(re-emit the artifact)",
+                    3,
+                )
             if live != recorded:
                 path, then, now = first_difference(recorded, live, name)
                 shown = "no longer defined" if name not in scope else f"{describe_value(now)}"
