@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from precompile import (
+    artifact_bytecode,
     autograd_serving,
     dependency_driver,
     driver,
@@ -596,6 +597,10 @@ def emit_dynamo(
             *((guard_translation.PLAIN_GUARDS_PRELUDE,) if plain else ()),
             "import base64",
             "import functools",
+            "",
+            # The Inductor modules and the guard checks compile through it (cached).
+            runtime_source([artifact_bytecode.compiled_source]),
+            "",
             "",
             graph_section(names),
             "",
