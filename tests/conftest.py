@@ -49,6 +49,14 @@ for _name in ("fork", "posix_spawn", "posix_spawnp"):
         _first(_n)
         return _orig(*a, **k)
     setattr(os, _name, _wrap)
+import ast, builtins
+compiled_text = []
+_compile = builtins.compile
+def _spy_compile(source, filename, mode, flags=0, *args, **kwargs):
+    if not flags & ast.PyCF_ONLY_AST and str(filename).startswith("<precompile"):
+        compiled_text.append(str(filename))
+    return _compile(source, filename, mode, flags, *args, **kwargs)
+builtins.compile = _spy_compile
 import torch, precompile
 warnings.simplefilter("error", precompile.CacheFallbackWarning)
 warnings.simplefilter("ignore", precompile.ArtifactTrustWarning)
@@ -62,6 +70,7 @@ print(json.dumps({{
     "spawned": spawned,
     "first_stack": first_stack[0] if first_stack else None,
     "modules": modules,
+    "compiled_text": compiled_text,
     "cache_files": [os.path.join(d, f) for c in caches for d, _, fs in os.walk(c) for f in fs],
 }}))
 """
@@ -72,8 +81,8 @@ def watched_load(artifact: str, cache: str, serve: str, inductor_cache: Path) ->
     empty ``inductor_cache`` and whose TMPDIR is empty too -- Inductor keeps precompiled
     headers in a folder of its own there, whatever TORCHINDUCTOR_CACHE_DIR says, and a
     machine that never compiled has none. Returns its serving error, the processes it
-    started (and the stack that started the first), the modules it imported and the files
-    it wrote into either Inductor folder."""
+    started (and the stack that started the first), the modules it imported, the files
+    it wrote into either Inductor folder and the ``<precompile ...>`` text it compiled."""
     inductor_cache.mkdir()
     temp = inductor_cache.with_name(f"{inductor_cache.name}-tmp")
     temp.mkdir()

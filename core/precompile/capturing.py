@@ -9,7 +9,13 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from precompile.artifact_bytecode import BUNDLE_KEY, artifact_code, bytecode_entry
+from precompile.artifact_bytecode import (
+    BUNDLE_KEY,
+    SOURCES_KEY,
+    artifact_code,
+    bytecode_entry,
+    sources_entry,
+)
 from precompile.artifact_io import atomic_write_files, validate_pair
 from precompile.backends import check_backend
 from precompile.emit import Artifact
@@ -261,7 +267,9 @@ class Capture:
             origin=self.artifact_path,
             code=artifact_code(artifact.python_code, self.artifact_path, {BUNDLE_KEY: bytecode}),
         )
-        self._cache = self._envelope(artifact, collect_bundle(self._runnable._namespace), bytecode)
+        namespace = self._runnable._namespace
+        bundle = {**collect_bundle(namespace), SOURCES_KEY: sources_entry(namespace)}
+        self._cache = self._envelope(artifact, bundle, bytecode)
         self._report.timings["load_s"] = time.perf_counter() - started
         self._artifact = artifact
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from precompile import (
+    artifact_bytecode,
     autograd_serving,
     dependency_driver,
     driver,
@@ -578,10 +579,9 @@ def emit_dynamo(
         metadata["EAGER_FRAMES"] = [
             [f.name, f.code.co_firstlineno] for f in frames if f.eager_fallback
         ]
-        metadata["_PACKAGE"] = _encode(_package_payload(package, frames, tag))
+        payloads = {"_PACKAGE": _encode(_package_payload(package, frames, tag))}
     else:
-        metadata["_FRAMES"] = _encode(payload)
-        metadata["_ENTRY_BINDING"] = encoded_binding
+        payloads = {"_FRAMES": _encode(payload), "_ENTRY_BINDING": encoded_binding}
     # An ambient autocast is named by state_checks' one list of its devices.
     driver_source = f"AUTOCAST_DEVICES = {state_checks.AUTOCAST_DEVICES!r}\n\n" + runtime_source(
         (
@@ -613,11 +613,20 @@ def emit_dynamo(
             artifact_header(fn_info, "dynamo", backend),
             "# ---- metadata: literals only; precompile.inspect_artifact reads them unexecuted",
             render_metadata(metadata),
+            # After the metadata, which every load parses (ast): a ResNet's frame payload
+            # is a megabyte of base64 that only the driver reads.
+            "# ---- serialized frames (base64 pickles), read by the runtime driver",
+            *(f"{name} = {value!r}" for name, value in payloads.items()),
+            "",
             "# ---- imports",
             ARTIFACT_PRELUDE,
             *((guard_translation.PLAIN_GUARDS_PRELUDE,) if plain else ()),
             "import base64",
             "import functools",
+            "",
+            # The Inductor modules and the guard checks compile through it (cached).
+            runtime_source([artifact_bytecode.compiled_source]),
+            "",
             "",
             graph_section(names),
             "",

@@ -54,6 +54,8 @@ def _describe(name: str) -> str:
         return f"the Inductor cache file {rest!r}"
     if kind == "python_bytecode":
         return "the artifact's cached bytecode"
+    if kind == "compiled_sources":
+        return f"the cached bytecode {rest.rpartition('/')[2][:16]!r} of code the artifact compiles"
     return f"the blob {name!r}"
 
 

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import torch
 
-from precompile import autograd_serving, driver, inductor_serving
+from precompile import artifact_bytecode, autograd_serving, driver, inductor_serving
 from precompile._compat import inductor
 from precompile._compat.kernel_platform import kernel_platform
 from precompile._compat.prelude import ARTIFACT_PRELUDE, INDUCTOR_PRELUDE
@@ -91,7 +91,11 @@ def _lowered(section: str, slim: bool, autograd: dict[str, Any] | None = None) -
         inductor_serving.relabel_layout_error_inductor,
     )
     if autograd is not None:
-        runtime += (inductor_serving.bind_inductor_module, autograd_serving.bind_autograd)
+        runtime += (
+            artifact_bytecode.compiled_source,
+            inductor_serving.bind_inductor_module,
+            autograd_serving.bind_autograd,
+        )
     return LoweredGraph(
         source=section,
         relabel=inductor_serving.relabel_layout_error_inductor,
@@ -294,6 +298,7 @@ def _emitted_aot_binder() -> Callable[..., Any]:
                 [
                     driver.PrecompileError,
                     driver.refuse,
+                    artifact_bytecode.compiled_source,
                     autograd_serving.bind_autograd,
                     inductor_serving.bind_inductor_module,
                     inductor_serving.bind_aot_graph,

@@ -15,6 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
+# Emitted beside these functions wherever an artifact carries them.
+from precompile.artifact_bytecode import compiled_source
+
 if TYPE_CHECKING:
     import torch as _torch
 
@@ -224,7 +227,7 @@ def bind_inductor_module(name: str, source: str, resolve: Any) -> Any:
         "__name__": f"precompile_graph_{name}",
         "_inductor_import": lambda module, attribute: resolve(module, attribute, name),
     }
-    exec(compile(source, f"<precompile graph {name}>", "exec"), scope)
+    exec(compiled_source(source, f"<precompile graph {name}>"), scope)
     call = scope["call"]
 
     def run(*args: Any) -> Any:

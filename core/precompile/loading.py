@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from precompile.artifact_bytecode import artifact_code
+from precompile.artifact_bytecode import COMPILED_SOURCES, artifact_code
 from precompile.artifact_io import read_bytes, validate_pair
 from precompile.envelope import code_hash, read_envelope, warn_cache_fallback
 from precompile.errors import ArtifactTrustWarning, PrecompileError
@@ -96,6 +96,7 @@ def exec_artifact(
         "__builtins__": builtins,
         "_PRECOMPILE_BUNDLE": bundle,
         "_PRECOMPILE_ALLOW_SERVE_TIME_COMPILES": allow_serve_time_compiles,
+        COMPILED_SOURCES: {},
     }
     try:
         exec(code or artifact_code(python_code, origin, bundle), namespace)

@@ -25,6 +25,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# >>> not emitted: artifacts carry compiled_source among their runtime functions
+from precompile.artifact_bytecode import compiled_source
+
+# <<< not emitted
+
 if TYPE_CHECKING:
     # Bound by the artifact prelude (precompile.guard_translation.PLAIN_GUARDS_PRELUDE).
     _guard_classes: Any = None
@@ -351,7 +356,7 @@ def _fast_check(tree: _Node, watched: set[int], scope: dict[str, Any]) -> Any:
         ]
     )
     namespace = dict(consts)
-    exec(compile(source, "<precompile guards>", "exec"), namespace)
+    exec(compiled_source(source, "<precompile guards>"), namespace)
     return namespace["fast"]
 
 
@@ -371,7 +376,8 @@ class PlainGuards:
         self._tree = _Node(program["root"], scope, self._root)
         self._scope = scope
         self._epilogue = [
-            (compile(text, "<guard>", "eval"), verbose) for text, verbose in program["epilogue"]
+            (compiled_source(text, "<guard>", "eval"), verbose)
+            for text, verbose in program["epilogue"]
         ]
         self._relations = program.get("relations", [])
         self._watched = {i for relation in self._relations for i in relation["nodes"]}

@@ -114,6 +114,13 @@ def _assert_compiles_nothing(result: dict[str, Any]) -> None:
     ), f"the load started processes {result['spawned']}; the first from:\n{result['first_stack']}"
     assert compiler == [], f"the load imported the compiler: {compiler}"
     assert result["cache_files"] == [], "the load wrote into an Inductor cache folder"
+    # The inlined Inductor modules and the guard checks come from the cache as bytecode.
+    from_text = [
+        f
+        for f in result["compiled_text"]
+        if f.startswith(("<precompile graph", "<precompile guards"))
+    ]
+    assert from_text == [], f"the load compiled from text: {from_text}"
 
 
 @pytest.mark.parametrize(
