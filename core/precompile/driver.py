@@ -759,7 +759,10 @@ def _build_single_graph_forward() -> Any:
         empty_dicts = tuple(d for d in watched if not d)
         dicts = tuple(d for d in watched if d)
         versions = tuple(map(_dict_version, dicts))
-        found = tuple({id(o): o for o in context["shallow"]}.values())
+        # torch's global hook dicts run their hooks in key order (move_to_end changes it
+        # and not their version tags).
+        ordered_hooks = [d for d in _GLOBAL_MODULE_HOOKS if d]
+        found = tuple({id(o): o for o in [*context["shallow"], *ordered_hooks]}.values())
         shallow = tuple(o for o in found if not hasattr(o, "__closure__"))
         shallow_snapshot = tuple(map(shallow_contents, shallow))
         holders = tuple({id(o): o for o in context["holders"]}.values())
