@@ -550,6 +550,10 @@ def _build_single_graph_forward() -> Any:
 
     check_function_sources_once()
     scopes = global_scopes()
+    # The builtins the traced code (the project's and the library code it ran) resolved,
+    # checked before anything else whenever the builtins dict changed.
+    builtins_scopes = [(scope, record) for scope, record in scopes if record["module"] == "builtins"]
+    builtins_seen: list[Any] = [None]
     identities = known_identities()
     entry = live_entry(identities)
     n_args = NUM_POSITIONAL_ARGS
@@ -816,6 +820,11 @@ def _build_single_graph_forward() -> Any:
 
     def checked_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
         """Every check of a call; the graph's flat inputs and the user's tensors."""
+        if builtins_scopes and _dict_version(builtins_scopes[0][0]) != builtins_seen[0]:
+            # First: the checks below call builtins themselves (``len(args)``), and a
+            # patched one would make them refuse for the wrong reason.
+            check_globals(builtins_scopes, serving_context(identities))
+            builtins_seen[0] = _dict_version(builtins_scopes[0][0])
         if kwargs or len(args) != n_args:
             if kwargs:
                 refuse(
