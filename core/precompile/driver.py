@@ -552,7 +552,9 @@ def _build_single_graph_forward() -> Any:
     scopes = global_scopes()
     # The builtins the traced code (the project's and the library code it ran) resolved,
     # checked before anything else whenever the builtins dict changed.
-    builtins_scopes = [(scope, record) for scope, record in scopes if record["module"] == "builtins"]
+    builtins_scopes = [
+        (scope, record) for scope, record in scopes if record["module"] == "builtins"
+    ]
     builtins_seen: list[Any] = [None]
     identities = known_identities()
     entry = live_entry(identities)
