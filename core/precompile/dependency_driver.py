@@ -337,7 +337,7 @@ def _build_dependency_check() -> Any:
         # order is the order the hooks run in: compared by their keys too, as
         # ``move_to_end`` reorders them without a version change.
         modules = [sub_module for _path, sub_module in subs]
-        instance_dicts = list(map(vars, modules))
+        instance_dicts: list[Any] = list(map(vars, modules))
         ordered = [d for d in dicts if d and type(d) is not dict]
         cache[root["number"], id(module)] = (
             weakref.ref(module),
