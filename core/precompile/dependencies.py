@@ -204,6 +204,56 @@ def _global_loads(code: types.CodeType) -> list[str]:
     )
 
 
+#: precompile's own code, which runs around a trace and never when a call is served.
+_OWN_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
+
+
+def _library_builtin_loads(log: CallLog) -> list[str]:
+    """The names that code outside the project loads as globals, in every function the
+    trace entered (torch.nn's modules, the standard library, torch's tracing code alike):
+    library code resolves builtins too (``nn.Sequential`` iterates with ``iter``), and
+    the graph baked what they did. Which of them a library module shadows with a global
+    of its own is not looked up: each is recorded as the builtin, so a patched builtin
+    such code may have used is refused, never served. precompile's own code is left
+    out: it never runs when a call is served."""
+    names: dict[str, None] = {}
+    for code in log.codes:
+        if is_project_file(code.co_filename) or code.co_filename.startswith(_OWN_DIR):
+            continue
+        found = _builtin_loads_cache.get(code)
+        if found is None:
+            found = _builtin_loads_cache[code] = _builtin_loads(code)
+        names.update(dict.fromkeys(found))
+    return sorted(names)
+
+
+#: Library code objects (which live as long as their modules) -> the builtins' names
+#: they load: a worker captures many times over the same library code.
+_builtin_loads_cache: dict[types.CodeType, tuple[str, ...]] = {}
+_LOAD_GLOBAL = dis.opmap["LOAD_GLOBAL"]
+
+
+def _builtin_loads(code: types.CodeType) -> tuple[str, ...]:
+    """The builtins' (non-dunder) names ``code`` loads as globals, by a scan of its raw
+    bytecode (``dis.get_instructions`` over all of torch's traced code costs a fifth of
+    a second); only a code that names a builtin at all is scanned."""
+    table = vars(builtins)
+    names = code.co_names
+    if not any(n in table and not n.startswith("__") for n in names):
+        return ()
+    raw = code.co_code
+    found: dict[str, None] = {}
+    extended = 0
+    for i in range(0, len(raw), 2):
+        op, arg = raw[i], raw[i + 1] | extended
+        extended = arg << 8 if op == dis.EXTENDED_ARG else 0
+        if op == _LOAD_GLOBAL:
+            name = names[arg >> 1]  # LOAD_GLOBAL's argument: the name index, shifted
+            if name in table and not name.startswith("__"):
+                found[name] = None
+    return tuple(found)
+
+
 @dataclasses.dataclass
 class GlobalRead:
     """The module-level values one user module's traced functions read."""
@@ -321,6 +371,13 @@ def _global_values(
                 pending.append(scope[name])
             else:
                 read.values[name] = state_checks.fingerprint(scope[name], context)
+    table = vars(builtins)
+    library = [n for n in _library_builtin_loads(log) if n in table]
+    if library:
+        shared = by_module.setdefault("builtins", GlobalRead("builtins", None, {}))
+        for name in library:
+            if name not in shared.values:
+                shared.values[name] = state_checks.fingerprint(table[name], context)
     seen: set[str] = set()
     while pending:
         module_value = pending.pop()

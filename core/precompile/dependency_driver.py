@@ -237,6 +237,7 @@ def _build_dependency_check() -> Any:
     from torch.nn.modules import module as nn_module
 
     module_type = nn_module.Module
+    instance_dict = operator.attrgetter("__dict__")  # vars(), a third cheaper per call
     attrs = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
     global_attrs = (
         "_global_forward_pre_hooks",
@@ -245,8 +246,13 @@ def _build_dependency_check() -> Any:
         "_global_backward_hooks",
     )
     captured_global = MODULE_HOOKS.get("global") or {}
-    global_dicts = [getattr(nn_module, attr) for attr in global_attrs]
+    # torch reads the global hook dicts as globals of its module: one replaced there
+    # (a store into that module's dict) is fetched again. Non-empty ones are compared by
+    # their keys in order too (``move_to_end`` changes no version).
+    nn_scope = vars(nn_module)
+    global_dicts = [nn_scope, *(getattr(nn_module, attr) for attr in global_attrs)]
     global_versions: list[Any] = [None]
+    global_order: list[Any] = [(), ()]
 
     def check_global_hooks() -> None:
         now = global_hook_snapshot()
@@ -259,18 +265,19 @@ def _build_dependency_check() -> Any:
                     hook_locations([nn_module], global_attrs),
                 )
                 refuse(f"precompile: {change}")
+        global_dicts[1:] = [getattr(nn_module, attr) for attr in global_attrs]
         global_versions[0] = tuple(map(_dict_version, global_dicts))
+        ordered = tuple(d for d in global_dicts[1:] if d)
+        global_order[:] = [ordered, tuple(map(tuple, ordered))]
 
     entry_fn = operator.attrgetter(FN_NAME)(_import_module(FN_MODULE))
     signature = inspect.signature(entry_fn)
     # (root, id(module)) -> (weakref to the module, its hook and _modules dicts, their
     # version tags when last found as captured): one module may stand for two roots.
-    # Then the modules that could be shadowed, their instance dicts and those dicts'
-    # version tags when last checked (one-element list: updated in place).
-    cache: dict[
-        tuple[int, int],
-        tuple[Any, list[Any], tuple[Any, ...], list[tuple[str, Any]], list[Any], list[Any]],
-    ] = {}
+    # Then the (path, submodule) pairs, their instance dicts and those dicts' version
+    # tags when last checked (one-element list: updated in place), the submodules, the
+    # non-empty hook dicts and their keys in order.
+    cache: dict[tuple[int, int], tuple[Any, ...]] = {}
     fetchers = []
     for number, root in enumerate(MODULE_HOOKS.get("roots") or []):
         root = {**root, "number": number}
@@ -325,20 +332,33 @@ def _build_dependency_check() -> Any:
         check_shadowing(root, subs)
         if len(cache) > 64:
             cache.clear()
-        # A module with no submodule, parameter or buffer (a ReLU) has nothing to shadow:
-        # its instance dict is not watched (one registered later was not traced).
-        holders = [
-            (path, sub) for path, sub in subs if sub._modules or sub._parameters or sub._buffers
-        ]
-        instance_dicts = [vars(sub_module) for _path, sub_module in holders]
+        # Every submodule's instance dict is watched: by identity (``m.__dict__ = d``
+        # swaps it whole), and by version (``m._modules = {...}`` or a hook dict
+        # replaced is a store into it). Non-empty hook dicts are OrderedDicts whose
+        # order is the order the hooks run in: compared by their keys too, as
+        # ``move_to_end`` reorders them without a version change.
+        modules = [sub_module for _path, sub_module in subs]
+        instance_dicts: list[Any] = list(map(vars, modules))
+        ordered = [d for d in dicts if d and type(d) is not dict]
         cache[root["number"], id(module)] = (
             weakref.ref(module),
             dicts,
             tuple(map(_dict_version, dicts)),
-            holders,
+            subs,
             instance_dicts,
             [tuple(map(_dict_version, instance_dicts))],
+            modules,
+            ordered,
+            tuple(map(tuple, ordered)),
         )
+
+    def attribute_dicts_same(cached: Any) -> bool:
+        """Whether each submodule still holds the ``_modules`` and hook dicts watched."""
+        now = []
+        for sub_module in cached[6]:
+            now.append(sub_module._modules)
+            now.extend(getattr(sub_module, attr) for attr in attrs)
+        return len(now) == len(cached[1]) and all(map(operator.is_, now, cached[1]))
 
     def check_shadowing(root: dict[str, Any], subs: list[tuple[str, Any]]) -> None:
         """Refuse a module whose instance ``__dict__`` holds a name of one of its
@@ -447,7 +467,9 @@ def _build_dependency_check() -> Any:
             builtins_ok()
         if arguments_ok is not None:
             arguments_ok(args, kwargs)
-        if tuple(map(_dict_version, global_dicts)) != global_versions[0]:
+        if tuple(map(_dict_version, global_dicts)) != global_versions[0] or (
+            global_order[0] and tuple(map(tuple, global_order[0])) != global_order[1]
+        ):
             check_global_hooks()
         for fetch, root in fetchers:
             try:
@@ -461,13 +483,19 @@ def _build_dependency_check() -> Any:
                 cached is None
                 or cached[0]() is not module
                 or tuple(map(_dict_version, cached[1])) != cached[2]
+                or not all(map(operator.is_, map(instance_dict, cached[6]), cached[4]))
+                or (cached[7] and tuple(map(tuple, cached[7])) != cached[8])
             ):
                 check_module(root, module)
                 continue
             # An instance dict changes whenever an attribute is set (often: a module
-            # that records a step count): only the shadowing check runs again then.
+            # that records a step count): only the shadowing check runs again then,
+            # unless a watched dict itself was replaced.
             versions = tuple(map(_dict_version, cached[4]))
             if versions != cached[5][0]:
+                if not attribute_dicts_same(cached):
+                    check_module(root, module)
+                    continue
                 check_shadowing(root, cached[3])
                 cached[5][0] = versions
         if not reads_ok(*reads_args[0]):

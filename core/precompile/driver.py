@@ -546,10 +546,18 @@ def _build_single_graph_forward() -> Any:
     """
     from operator import attrgetter
     from operator import is_ as _is
+
+    instance_dict = attrgetter("__dict__")  # vars(), a third cheaper per call
     from typing import cast
 
     check_function_sources_once()
     scopes = global_scopes()
+    # The builtins the traced code (the project's and the library code it ran) resolved,
+    # checked before anything else whenever the builtins dict changed.
+    builtins_scopes = [
+        (scope, record) for scope, record in scopes if record["module"] == "builtins"
+    ]
+    builtins_seen: list[Any] = [None]
     identities = known_identities()
     entry = live_entry(identities)
     n_args = NUM_POSITIONAL_ARGS
@@ -692,6 +700,11 @@ def _build_single_graph_forward() -> Any:
     sub_types: tuple[type, ...] = ()
     shallow: tuple[Any, ...] = ()
     shallow_snapshot: tuple[Any, ...] = ()
+    # The objects whose instance dicts are among ``dicts`` (every submodule, each object
+    # an attribute or global holds), with those dicts: ``m.__dict__ = d`` swaps in
+    # another dict without a store into the watched one.
+    holders: tuple[Any, ...] = ()
+    holder_dicts: tuple[Any, ...] = ()
     # Functions the trace read (helpers, methods, the captured function): the objects
     # that hold what a call of each reads besides its arguments (the function's code,
     # defaults and keyword defaults, each closure cell's contents), with the attribute
@@ -732,7 +745,7 @@ def _build_single_graph_forward() -> Any:
     def _verify_model(mods: tuple[Any, ...]) -> list[Any]:
         nonlocal roots, dicts, versions, empty_dicts, unwatched, flags, subs, sub_types, shallow
         nonlocal shallow_snapshot, tensors, meta, tensor_guard, func_holders, func_attrs
-        nonlocal func_snapshot
+        nonlocal func_snapshot, holders, holder_dicts
         roots = None
         for i, m in zip(module_positions, mods):
             if not isinstance(m, _torch.nn.Module):
@@ -754,21 +767,26 @@ def _build_single_graph_forward() -> Any:
         empty_dicts = tuple(d for d in watched if not d)
         dicts = tuple(d for d in watched if d)
         versions = tuple(map(_dict_version, dicts))
-        found = tuple({id(o): o for o in context["shallow"]}.values())
+        # torch's global hook dicts run their hooks in key order (move_to_end changes it
+        # and not their version tags).
+        ordered_hooks = [d for d in _GLOBAL_MODULE_HOOKS if d]
+        found = tuple({id(o): o for o in [*context["shallow"], *ordered_hooks]}.values())
         shallow = tuple(o for o in found if not hasattr(o, "__closure__"))
         shallow_snapshot = tuple(map(shallow_contents, shallow))
-        holders: list[Any] = []
+        holders = tuple({id(o): o for o in context["holders"]}.values())
+        holder_dicts = tuple(map(vars, holders))
+        held: list[Any] = []
         attrs: list[str] = []
         for f in found:
             # A function without defaults or cells was called with every argument: a
             # default added later changes no traced call, and cells cannot be added.
             if hasattr(f, "__closure__") and (f.__defaults__ or f.__kwdefaults__ or f.__closure__):
-                holders += [f, f, f]
+                held += [f, f, f]
                 attrs += ["__code__", "__defaults__", "__kwdefaults__"]
                 for cell in f.__closure__ or ():
-                    holders.append(cell)
+                    held.append(cell)
                     attrs.append("cell_contents")
-        func_holders, func_attrs = tuple(holders), tuple(attrs)
+        func_holders, func_attrs = tuple(held), tuple(attrs)
         func_snapshot = tuple(map(_held, func_holders, func_attrs))
         subs = tuple(sub_list)
         sub_types = tuple(map(type, subs))
@@ -788,6 +806,7 @@ def _build_single_graph_forward() -> Any:
             and all(map(_is, mods, roots))
             and not any(empty_dicts)
             and tuple(map(_dict_version, dicts)) == versions
+            and all(map(_is, map(instance_dict, holders), holder_dicts))
             and tuple(map(type, subs)) == sub_types
             and tuple(map(training, unwatched)) == flags
             and (
@@ -805,6 +824,11 @@ def _build_single_graph_forward() -> Any:
 
     def checked_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
         """Every check of a call; the graph's flat inputs and the user's tensors."""
+        if builtins_scopes and _dict_version(builtins_scopes[0][0]) != builtins_seen[0]:
+            # First: the checks below call builtins themselves (``len(args)``), and a
+            # patched one would make them refuse for the wrong reason.
+            check_globals(builtins_scopes, serving_context(identities))
+            builtins_seen[0] = _dict_version(builtins_scopes[0][0])
         if kwargs or len(args) != n_args:
             if kwargs:
                 refuse(

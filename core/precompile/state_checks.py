@@ -151,6 +151,10 @@ def new_context(names: Any, training: bool = True) -> dict[str, Any]:
         "hook_dicts": MODULE_HOOK_DICTS if training else MODULE_HOOK_DICTS[:2],
         "dicts": [],
         "shallow": [],
+        # Objects whose instance ``__dict__`` is among ``dicts``: that dict can be
+        # replaced whole (``m.__dict__ = d``) without a store into the watched one, so
+        # the driver compares ``vars(holder)`` with it by identity too.
+        "holders": [],
         "path": set(),
         # Objects told apart by identity only: id -> (their module-level name, the
         # object). Serving fills it with the names the capture recorded, resolved.
@@ -174,8 +178,11 @@ def new_context(names: Any, training: bool = True) -> dict[str, Any]:
 def shallow_contents(value: Any) -> tuple[Any, ...]:
     """The direct contents of a mutable object that has no version tag: compared by
     identity per call (nested mutables are watched on their own). Functions, which
-    ``fingerprint`` collects too, are compared by the driver attribute by attribute."""
-    if isinstance(value, (list, set, bytearray)):
+    ``fingerprint`` collects too, are compared by the driver attribute by attribute. An
+    OrderedDict (the only dicts collected here) by its keys in iteration order:
+    ``move_to_end`` and ``popitem(last=False)`` reorder it without changing its version
+    tag."""
+    if isinstance(value, (list, set, bytearray, dict)):
         return tuple(value)
     missing = shallow_contents
     return tuple(getattr(value, slot, missing) for slot in _slots_of(type(value)))
@@ -296,6 +303,7 @@ def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any:
 
 
 def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth: int) -> Any:
+    import collections
     import functools
     import numbers
     import types
@@ -311,6 +319,8 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
         return (type_name(kind), tuple(fp(v) for v in value))
     if isinstance(value, dict):
         context["dicts"].append(value)
+        if isinstance(value, collections.OrderedDict):
+            context["shallow"].append(value)
         return (type_name(kind), tuple((fp(k), fp(v)) for k, v in value.items()))
     if isinstance(value, (set, frozenset)):
         if isinstance(value, set):
@@ -446,6 +456,7 @@ def _fingerprint_object(value: Any, kind: Any, context: dict[str, Any], depth: i
     state = getattr(value, "__dict__", None)
     if isinstance(state, dict):
         context["dicts"].append(state)
+        context["holders"].append(value)
         attrs += [(k, fingerprint(v, context, depth)) for k, v in state.items() if k in names]
     slots = [s for s in _slots_of(kind) if s in names]
     if slots:
@@ -521,6 +532,9 @@ def module_fingerprint(
     included, with the names of its parameters and buffers."""
     state = vars(module)
     hook_dicts = context["hook_dicts"]
+    context["holders"].append(module)
+    # Hook dicts are OrderedDicts: their order is the order the hooks run in.
+    context["shallow"] += [d for d in map(vars(module).get, hook_dicts) if d]
     context["dicts"] += [
         state,
         module._parameters,

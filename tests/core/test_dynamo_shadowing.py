@@ -80,6 +80,11 @@ EXPECTED: dict[str, tuple[str, str, str, dict[str, tuple[str, ...] | None]]] = {
             "same/again": None,
             "shadow weight": ("`model.lin.weight` is shadowed", "the parameter `weight`"),
             "same/last": None,
+            # After a served call: the instance dict replaced whole, not stored into.
+            "dict replaced": ("`model.act` is shadowed", "the submodule `act`"),
+            "same/replaced": None,
+            "child dict replaced": ("`model.lin.weight` is shadowed",),
+            "same/child replaced": None,
         },
     ),
     "net dynamo": (
@@ -135,6 +140,52 @@ EXPECTED: dict[str, tuple[str, str, str, dict[str, tuple[str, ...] | None]]] = {
             "same": None,
             "len shadowed": ("binds the global `len`", "resolved `len` to the builtin"),
             "abs patched": ("builtins.abs is", "Restore builtins.abs"),
+            "same/again": None,
+            # Named as the patched builtin, not as the driver's own len(args) failing.
+            "len patched": ("builtins.len is", "Restore builtins.len"),
+            "same/len": None,
+        },
+    ),
+    # make_fx, each change after a served call.
+    "ordered global fx": (
+        "ordered_global_fx",
+        "fx",
+        "fx",
+        {
+            "same": None,
+            "global moved": ("global CFG of module tests.fixtures.dynamo_shadowing",),
+            "same/again": None,
+        },
+    ),
+    "ordered attribute fx": (
+        "configured_fx",
+        "fx",
+        "fx",
+        {
+            "same": None,
+            "attr moved": ("has cfg = {'mul': 2.0, 'add': 1.0}", "the trace read"),
+            "same/again": None,
+        },
+    ),
+    "net fx": (
+        "net_fx",
+        "fx",
+        "fx",
+        {
+            "same": None,
+            "dict replaced": ("the model of module argument 0 has an attribute 'act'",),
+            "same/replaced": None,
+            "child dict replaced": ("submodule 'lin'", "has an attribute 'weight'"),
+            "same/child replaced": None,
+        },
+    ),
+    "library builtin fx": (
+        "seq_fx",
+        "fx",
+        "fx",
+        {
+            "same": None,
+            "iter patched": ("builtins.iter is", "Restore builtins.iter"),
             "same/again": None,
         },
     ),
