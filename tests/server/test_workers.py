@@ -178,3 +178,41 @@ def test_stopping_a_worker_stops_the_capture_it_runs(tmp_path: Path) -> None:
     assert kids, "the worker forked no job"
     assert not survived, f"the capture {kids} outlived its worker"
     assert not [p for p in scratch.iterdir() if p.name.startswith("precompile-job-")]
+
+
+def test_a_spawned_jobs_slow_start_is_not_its_capture_timing_out(tmp_path: Path) -> None:
+    """A fresh interpreter that takes longer to start (import torch on a loaded machine)
+    than the capture timeout (8 s here) still captures: the timeout measures the capture,
+    as it does for a forked child, which starts with torch imported."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, fresh_env
+
+    workspace = tmp_path / "rogue"
+    shutil.copytree(FIXTURES / "misbehaving", workspace)
+    slow = tmp_path / "slow_start"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(
+        "import sys, time\n"
+        "if len(sys.argv) == 5 and sys.argv[1] == '--job':\n"
+        "    with open(sys.argv[2], encoding='utf-8') as f:\n"
+        "        if 'targets.fine' in f.read():\n"
+        "            time.sleep(10)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "precompile_lsp.cli", "check", "--format", "json", "--no-cache"],
+        cwd=workspace,
+        env=fresh_env(
+            PRECOMPILE_WORKER_SPAWN="1", PYTHONPATH=os.pathsep.join([str(slow), str(REPO)])
+        ),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    doc = json.loads(proc.stdout)
+    fine = [f for f in doc["findings"] if f["target"] == "rogue.targets.fine"]
+    assert fine == [], fine
+    targets = {t["target"]: t for t in doc["targets"]}
+    assert targets["rogue.targets.fine"]["summary"].endswith("complete")

@@ -41,6 +41,9 @@ from precompile_lsp.protocol import (
 from precompile_lsp.stdio import protect_stdout
 
 OUTPUT_LIMIT = 20_000
+#: How long a spawned job's fresh interpreter may take to import torch and precompile
+#: before its capture's own timeout starts (a cold disk cache takes tens of seconds).
+STARTUP_LIMIT_S = 300.0
 
 #: Imported once by the warm worker so that no child pays for them (measured: a check
 #: job in a child drops from ~3.6 s to ~0.5 s). Importing runs no op, compile or
@@ -270,13 +273,18 @@ def run_forked(
 
 def run_spawned(job: JobRequest, on_cancel: Cancelled | None = None) -> JobResult:
     """Where fork is unavailable: the job in a fresh interpreter (``--job``), with the
-    same timeout, cancel and clean-up as a forked child (stages are not reported)."""
+    same timeout, cancel and clean-up as a forked child (stages are not reported).
+
+    A forked child starts with torch imported, so its timeout measures the capture. The
+    fresh interpreter's clock starts likewise once it has imported what jobs need (it
+    creates ``ready`` then): a loaded machine's slow ``import torch`` is not the user's
+    capture timing out. Starting up has a limit of its own, ``STARTUP_LIMIT_S``."""
     import attrs
 
     directory = tempfile.mkdtemp(prefix="precompile-job-")
-    job_path, result_path, output_path, scratch = (
+    job_path, result_path, output_path, scratch, ready_path = (
         os.path.join(directory, name)
-        for name in ("job.json", "result.json", "output.txt", "scratch")
+        for name in ("job.json", "result.json", "output.txt", "scratch", "ready")
     )
     os.mkdir(scratch)
     with open(job_path, "w", encoding="utf-8") as f:
@@ -284,7 +292,15 @@ def run_spawned(job: JobRequest, on_cancel: Cancelled | None = None) -> JobResul
     started = time.monotonic()
     with open(output_path, "wb") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "precompile_lsp.worker", "--job", job_path, result_path],
+            [
+                sys.executable,
+                "-m",
+                "precompile_lsp.worker",
+                "--job",
+                job_path,
+                result_path,
+                ready_path,
+            ],
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=output,
@@ -292,8 +308,22 @@ def run_spawned(job: JobRequest, on_cancel: Cancelled | None = None) -> JobResul
         )
     _running.update(pid=process.pid, directory=directory)
     try:
+        capturing = False
         while process.poll() is None:
-            if time.monotonic() - started > job.timeout:
+            if not capturing and os.path.exists(ready_path):
+                capturing, started = True, time.monotonic()
+            elapsed = time.monotonic() - started
+            if not capturing and elapsed > STARTUP_LIMIT_S:
+                _kill_group(process.pid)
+                process.wait()
+                return _ended(
+                    Outcome.TIMEOUT,
+                    f"the capture process did not finish starting (importing torch and "
+                    f"precompile) within {STARTUP_LIMIT_S:g} s (its whole process group "
+                    f"was killed); the machine may be overloaded",
+                    output_path,
+                )
+            if capturing and elapsed > job.timeout:
                 _kill_group(process.pid)
                 process.wait()
                 return _ended(
@@ -373,8 +403,10 @@ class _Lines:
                 print(f"precompile worker: ignoring a bad message: {error}", file=sys.stderr)
 
 
-def serve(channel: IO[str]) -> None:
-    """The warm loop: read jobs, run each in a child, answer with results."""
+def _warm_up() -> None:
+    """What every job needs before its capture starts: torch, ``WARM_IMPORTS`` and what
+    jobs work out about them. The warm worker pays it once before forking; a spawned
+    job's interpreter pays it before its capture's clock starts."""
     import importlib
 
     import torch  # noqa: F401  (the point: paid once, shared by every child)
@@ -384,6 +416,11 @@ def serve(channel: IO[str]) -> None:
     from precompile_lsp.worker.jobs import warm_up
 
     warm_up()
+
+
+def serve(channel: IO[str]) -> None:
+    """The warm loop: read jobs, run each in a child, answer with results."""
+    _warm_up()
     _stop_on_sigterm()
     global _CHANNEL_FD
     _CHANNEL_FD = channel.fileno()
@@ -422,16 +459,23 @@ def serve(channel: IO[str]) -> None:
         _send(channel, protocol.Finished(job_id, result))
 
 
-def run_once(job_file: str, result_file: str) -> None:
-    """One job in this fresh process (``run_spawned``'s child)."""
+def run_once(job_file: str, result_file: str, ready_file: str) -> None:
+    """One job in this fresh process (``run_spawned``'s child): ``ready_file`` is created
+    once what jobs need is imported, which starts the capture's clock."""
     with open(job_file, encoding="utf-8") as f:
         job = protocol.from_json_value(json.load(f), JobRequest)
+    try:
+        _warm_up()
+    except Exception:
+        pass  # the job itself reports what failed to import (_run_job_reporting_failure)
+    with open(ready_file, "w", encoding="utf-8"):
+        pass
     _write_result(_run_job_reporting_failure(job), result_file)
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "--job":
-        run_once(sys.argv[2], sys.argv[3])
+    if len(sys.argv) == 5 and sys.argv[1] == "--job":
+        run_once(sys.argv[2], sys.argv[3], sys.argv[4])
         return
     channel = protect_stdout(binary=False)
     assert isinstance(channel, io.TextIOBase)
