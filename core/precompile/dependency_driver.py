@@ -273,7 +273,10 @@ def _build_dependency_check() -> Any:
     ] = {}
     fetchers = []
     for number, root in enumerate(MODULE_HOOKS.get("roots") or []):
-        root = {**root, "number": number}
+        # "open": the instance dict names, at capture, of submodules whose class has its
+        # own __getattr__ (check_shadowing refuses any other name).
+        open_keys = {dotted: frozenset(names) for dotted, names in root.get("open", {}).items()}
+        root = {**root, "number": number, "open": open_keys}
         path = root["path"]
         # Each kind of root binds what it reads as defaults; all are called (args, kwargs).
         fetch: Callable[[Any, Any], Any]
@@ -328,7 +331,9 @@ def _build_dependency_check() -> Any:
         # A module with no submodule, parameter or buffer (a ReLU) has nothing to shadow:
         # its instance dict is not watched (one registered later was not traced).
         holders = [
-            (path, sub) for path, sub in subs if sub._modules or sub._parameters or sub._buffers
+            (path, sub)
+            for path, sub in subs
+            if sub._modules or sub._parameters or sub._buffers or path in root["open"]
         ]
         instance_dicts = [vars(sub_module) for _path, sub_module in holders]
         cache[root["number"], id(module)] = (
@@ -344,9 +349,28 @@ def _build_dependency_check() -> Any:
         """Refuse a module whose instance ``__dict__`` holds a name of one of its
         submodules, parameters or buffers: Python reads the instance entry first
         (``nn.Module.__getattr__`` is asked only when it is absent), while the trace ran
-        the submodule, and Dynamo's guards reach it through ``_modules`` only."""
+        the submodule, and Dynamo's guards reach it through ``_modules`` only. Of a
+        module whose class defines its own ``__getattr__``, refuse any name its instance
+        ``__dict__`` did not hold at capture: the trace may have resolved that name
+        through ``__getattr__`` (to an inner module's attribute), which eager no longer
+        asks, and no guard says the name was missing."""
         for dotted, sub_module in subs:
             own = vars(sub_module)
+            captured = root["open"].get(dotted)
+            if captured is not None and not own.keys() <= captured:
+                name = sorted(own.keys() - captured)[0]
+                where = user_path(root["path"]) + (f".{dotted}" if dotted else "")
+                cls = type(sub_module)
+                refuse(
+                    f"precompile: `{where}` has an attribute {name!r} (a "
+                    f"{type(own[name]).__qualname__}) in its instance __dict__ that it did "
+                    f"not have at capture; its class {cls.__qualname__} defines __getattr__, "
+                    f"through which the trace may have resolved `{where}.{name}` (eager now "
+                    f"reads the __dict__ entry, and no guard compares it). Remove the entry "
+                    f"(del vars({where})[{name!r}]), or capture again with it (re-emit the "
+                    f"artifact)",
+                    2,
+                )
             for kind, held in (
                 ("submodule", sub_module._modules),
                 ("parameter", sub_module._parameters),

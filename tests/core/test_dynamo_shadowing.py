@@ -111,6 +111,25 @@ EXPECTED: dict[str, tuple[str, str, str, dict[str, tuple[str, ...] | None]]] = {
         "dynamo",
         {"same": None, "shadow act": ("`model.act` is shadowed",), "same/again": None},
     ),
+    # A class forwarding __getattr__ to an inner module (its super() cell keeps Dynamo's
+    # guard manager): a new instance attribute of a name the trace resolved through it
+    # is refused; changing one held at capture is served.
+    "forwarded": (
+        "forwarded",
+        "dynamo",
+        "dynamo",
+        {
+            "same": None,
+            "shadow forwarded": (
+                "`model` has an attribute 'lin' (a Identity)",
+                "did not have at capture",
+                "class Forwarding defines __getattr__",
+                "del vars(model)['lin']",
+            ),
+            "same/again": None,
+            "renote": None,
+        },
+    ),
     "counted plain": (
         "counted",
         "dynamo",
