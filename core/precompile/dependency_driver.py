@@ -771,6 +771,24 @@ def _build_class_check() -> Any:
     if not CLASS_ATTRS:
         return None
     leaves = []
+    # A class of a module whose class defines __getattr__ (or one of its bases) -> its
+    # names at capture: a new one may shadow a name the trace resolved through it.
+    forwarded: dict[Any, frozenset[str]] = {}
+
+    def check_forwarded(cls: Any) -> None:
+        new = sorted(set(vars(cls)) - forwarded[cls])
+        if new:
+            where = f"{cls.__module__}.{cls.__qualname__}"
+            refuse(
+                f"precompile: class {where} has an attribute {new[0]!r} it did not have at "
+                f"capture; it is (or is a base of) a module class that defines __getattr__, "
+                f"through which the trace may have resolved `.{new[0]}` (eager now reads "
+                f"the class attribute, and no guard compares it). Remove it (del "
+                f"{cls.__qualname__}.{new[0]}), or capture again with it (re-emit the "
+                f"artifact)",
+                2,
+            )
+
     for row in CLASS_ATTRS:
         where = f"{row['module']}.{row['qualname']}"
         try:
@@ -805,6 +823,10 @@ def _build_class_check() -> Any:
                     f"artifact)",
                     2,
                 )
+        names = row.get("names")
+        if names is not None:
+            forwarded[cls] = frozenset(names)
+            check_forwarded(cls)
         leaves.append(cls)
     # Every class along the MROs, once; ``object`` and other builtins cannot change.
     checked = list(
@@ -869,6 +891,8 @@ def _build_class_check() -> Any:
                     f"Restore it, or capture again with the new one (re-emit the artifact)",
                     2,
                 )
+        for cls in forwarded:
+            check_forwarded(cls)
         for cls, mro in zip(leaves, mros):
             if cls.__mro__ != mro:
                 refuse(

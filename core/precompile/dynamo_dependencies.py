@@ -737,6 +737,17 @@ class DependencyRecorder:
             if owner is not None:
                 classes.setdefault(owner, None)
         rows: dict[tuple[str, str], dict[str, Any]] = {}
+        # A class defining its own __getattr__ resolves the names it lacks through it;
+        # a plain value set later on it or a base would be read instead, and is guarded
+        # by nothing: all the names of its classes are recorded ("names").
+        forwarding = {
+            base
+            for cls in classes
+            if isinstance(cls, type)
+            and issubclass(cls, torch.nn.Module)
+            and cls.__getattr__ is not torch.nn.Module.__getattr__
+            for base in cls.__mro__
+        }
         for cls in classes:
             for base in cls.__mro__:
                 named = _import_name(base)
@@ -752,6 +763,8 @@ class DependencyRecorder:
                         name for name, value in vars(base).items() if _code_of(value) in ran
                     ),
                 }
+                if project and base in forwarding:
+                    rows[named]["names"] = sorted(vars(base))
         return list(rows.values())
 
     def metadata(self, traced: list[types.CodeType] | None = None) -> dict[str, Any]:

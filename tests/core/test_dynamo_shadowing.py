@@ -112,8 +112,8 @@ EXPECTED: dict[str, tuple[str, str, str, dict[str, tuple[str, ...] | None]]] = {
         {"same": None, "shadow act": ("`model.act` is shadowed",), "same/again": None},
     ),
     # A class forwarding __getattr__ to an inner module (its super() cell keeps Dynamo's
-    # guard manager): a new instance attribute of a name the trace resolved through it
-    # is refused; changing one held at capture is served.
+    # guard manager): a new instance or class attribute of a name the trace resolved
+    # through it is refused; changing one held at capture is served.
     "forwarded": (
         "forwarded",
         "dynamo",
@@ -127,6 +127,12 @@ EXPECTED: dict[str, tuple[str, str, str, dict[str, tuple[str, ...] | None]]] = {
                 "del vars(model)['lin']",
             ),
             "same/again": None,
+            "class gain": (
+                "class tests.fixtures.dynamo_shadowing.Forwarding has an attribute 'gain'",
+                "defines __getattr__",
+                "del Forwarding.gain",
+            ),
+            "same/last": None,
             "renote": None,
         },
     ),
