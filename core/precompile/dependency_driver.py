@@ -280,7 +280,10 @@ def _build_dependency_check() -> Any:
     cache: dict[tuple[int, int], tuple[Any, ...]] = {}
     fetchers = []
     for number, root in enumerate(MODULE_HOOKS.get("roots") or []):
-        root = {**root, "number": number}
+        # "open": the instance dict names, at capture, of submodules whose class has its
+        # own __getattr__ (check_shadowing refuses any other name).
+        open_keys = {dotted: frozenset(names) for dotted, names in root.get("open", {}).items()}
+        root = {**root, "number": number, "open": open_keys}
         path = root["path"]
         # Each kind of root binds what it reads as defaults; all are called (args, kwargs).
         fetch: Callable[[Any, Any], Any]
@@ -364,9 +367,28 @@ def _build_dependency_check() -> Any:
         """Refuse a module whose instance ``__dict__`` holds a name of one of its
         submodules, parameters or buffers: Python reads the instance entry first
         (``nn.Module.__getattr__`` is asked only when it is absent), while the trace ran
-        the submodule, and Dynamo's guards reach it through ``_modules`` only."""
+        the submodule, and Dynamo's guards reach it through ``_modules`` only. Of a
+        module whose class defines its own ``__getattr__``, refuse any name its instance
+        ``__dict__`` did not hold at capture: the trace may have resolved that name
+        through ``__getattr__`` (to an inner module's attribute), which eager no longer
+        asks, and no guard says the name was missing."""
         for dotted, sub_module in subs:
             own = vars(sub_module)
+            captured = root["open"].get(dotted)
+            if captured is not None and not own.keys() <= captured:
+                name = sorted(own.keys() - captured)[0]
+                where = user_path(root["path"]) + (f".{dotted}" if dotted else "")
+                cls = type(sub_module)
+                refuse(
+                    f"precompile: `{where}` has an attribute {name!r} (a "
+                    f"{type(own[name]).__qualname__}) in its instance __dict__ that it did "
+                    f"not have at capture; its class {cls.__qualname__} defines __getattr__, "
+                    f"through which the trace may have resolved `{where}.{name}` (eager now "
+                    f"reads the __dict__ entry, and no guard compares it). Remove the entry "
+                    f"(del vars({where})[{name!r}]), or capture again with it (re-emit the "
+                    f"artifact)",
+                    2,
+                )
             for kind, held in (
                 ("submodule", sub_module._modules),
                 ("parameter", sub_module._parameters),
@@ -775,6 +797,24 @@ def _build_class_check() -> Any:
     if not CLASS_ATTRS:
         return None
     leaves = []
+    # A class of a module whose class defines __getattr__ (or one of its bases) -> its
+    # names at capture: a new one may shadow a name the trace resolved through it.
+    forwarded: dict[Any, frozenset[str]] = {}
+
+    def check_forwarded(cls: Any) -> None:
+        new = sorted(set(vars(cls)) - forwarded[cls])
+        if new:
+            where = f"{cls.__module__}.{cls.__qualname__}"
+            refuse(
+                f"precompile: class {where} has an attribute {new[0]!r} it did not have at "
+                f"capture; it is (or is a base of) a module class that defines __getattr__, "
+                f"through which the trace may have resolved `.{new[0]}` (eager now reads "
+                f"the class attribute, and no guard compares it). Remove it (del "
+                f"{cls.__qualname__}.{new[0]}), or capture again with it (re-emit the "
+                f"artifact)",
+                2,
+            )
+
     for row in CLASS_ATTRS:
         where = f"{row['module']}.{row['qualname']}"
         try:
@@ -809,6 +849,10 @@ def _build_class_check() -> Any:
                     f"artifact)",
                     2,
                 )
+        names = row.get("names")
+        if names is not None:
+            forwarded[cls] = frozenset(names)
+            check_forwarded(cls)
         leaves.append(cls)
     # Every class along the MROs, once; ``object`` and other builtins cannot change.
     checked = list(
@@ -873,6 +917,8 @@ def _build_class_check() -> Any:
                     f"Restore it, or capture again with the new one (re-emit the artifact)",
                     2,
                 )
+        for cls in forwarded:
+            check_forwarded(cls)
         for cls, mro in zip(leaves, mros):
             if cls.__mro__ != mro:
                 refuse(

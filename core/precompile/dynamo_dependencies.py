@@ -214,6 +214,9 @@ class DependencyRecorder:
         #: The classes of every module the trace reached (their methods, properties and
         #: ``__call__`` were resolved on the class while tracing; ``CLASS_ATTRS``).
         self.classes: dict[type, None] = {}
+        #: Root key -> {dotted path of a submodule whose class defines its own
+        #: ``__getattr__``: the names its instance ``__dict__`` held at every trace}.
+        self.open_keys: dict[tuple[str, str, str], dict[str, set[str]]] = {}
 
     def calling(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Before each captured call: remember its arguments by parameter name."""
@@ -266,6 +269,7 @@ class DependencyRecorder:
             key = (kind, match.group("local") if kind == "local" else module_name, name)
             if kind == "global":
                 self.global_modules[user_path(name)] = module
+            self._observe_open_modules(key, module)
             snapshot = hook_snapshot(module)
             if self.roots.setdefault(key, snapshot) != snapshot:
                 self.conflicts.append(
@@ -311,6 +315,21 @@ class DependencyRecorder:
             self._observe_zero_float(e, module_name if not is_entry else None, code)
         for e in entries:
             self._observe_ordered_dict(e, code, module_name, is_entry, entries)
+
+    def _observe_open_modules(self, key: tuple[str, str, str], module: torch.nn.Module) -> None:
+        """Record the instance ``__dict__`` names of each submodule whose class defines
+        its own ``__getattr__`` (forwarding to an inner module, say): the trace resolved
+        some names through it, and Dynamo guards what it returned, not that the name is
+        still missing from the instance ``__dict__``. Names held at every trace are safe;
+        ``check_shadowing`` refuses any other."""
+        found = {
+            dotted: set(vars(sub))
+            for dotted, sub in module.named_modules()
+            if type(sub).__getattr__ is not torch.nn.Module.__getattr__
+        }
+        known = self.open_keys.setdefault(key, found)
+        for dotted, names in found.items():
+            known[dotted] = known.get(dotted, names) & names
 
     def _observe_ordered_dict(
         self,
@@ -718,6 +737,17 @@ class DependencyRecorder:
             if owner is not None:
                 classes.setdefault(owner, None)
         rows: dict[tuple[str, str], dict[str, Any]] = {}
+        # A class defining its own __getattr__ resolves the names it lacks through it;
+        # a plain value set later on it or a base would be read instead, and is guarded
+        # by nothing: all the names of its classes are recorded ("names").
+        forwarding = {
+            base
+            for cls in classes
+            if isinstance(cls, type)
+            and issubclass(cls, torch.nn.Module)
+            and cls.__getattr__ is not torch.nn.Module.__getattr__
+            for base in cls.__mro__
+        }
         for cls in classes:
             for base in cls.__mro__:
                 named = _import_name(base)
@@ -733,6 +763,8 @@ class DependencyRecorder:
                         name for name, value in vars(base).items() if _code_of(value) in ran
                     ),
                 }
+                if project and base in forwarding:
+                    rows[named]["names"] = sorted(vars(base))
         return list(rows.values())
 
     def metadata(self, traced: list[types.CodeType] | None = None) -> dict[str, Any]:
@@ -753,6 +785,9 @@ class DependencyRecorder:
         roots = []
         for (kind, owner, path), hooks in sorted(self.roots.items()):
             row: dict[str, Any] = {"kind": kind, "path": path, "hooks": hooks}
+            open_keys = self.open_keys.get((kind, owner, path))
+            if open_keys:
+                row["open"] = {dotted: sorted(names) for dotted, names in open_keys.items()}
             if kind == "local":
                 param = self.signature.parameters.get(owner)
                 if param is None:

@@ -1,6 +1,8 @@
 """State Dynamo's guards read in another way than eager does, which an artifact must
 serve exactly or refuse: an OrderedDict reordered with ``move_to_end`` (an argument, a
-module global, one iterated only after a graph break), an ``nn.Module`` instance
+module global, one iterated only after a graph break), a dict subclass whose ``items()``
+iterates in another order than it stores (its guards must compare the storage order the
+capture saw, although pickle rebuilds it through ``items()``), an ``nn.Module`` instance
 ``__dict__`` entry shadowing a submodule or a parameter, and a builtin the trace used
 shadowed by a module global or patched in ``builtins`` after load. Each is checked on
 the Dynamo-free ("plain") guard path, on Dynamo's guard manager (a ``torch.device``
@@ -21,6 +23,8 @@ from tests.fixtures import dynamo_shadowing as s
 
 #: The refusal of an OrderedDict reordered after capture, for the argument ``cfg``.
 MOVED = ("`cfg` is an OrderedDict", "['mul', 'add']", "move_to_end")
+#: The refusal of a dict subclass holding its keys in the other order than at capture.
+SWAPPED = ("`cfg` does not have 'add' as its key number 0",)
 #: entry -> (fn, tracer, guard path or serving mode expected, {step: words or None})
 EXPECTED: dict[str, tuple[str, str, str, dict[str, tuple[str, ...] | None]]] = {
     "ordered plain": (
@@ -65,6 +69,25 @@ EXPECTED: dict[str, tuple[str, str, str, dict[str, tuple[str, ...] | None]]] = {
         },
     ),
     "ordered built": ("ordered_built", "dynamo", "dynamo", {"same": None}),
+    # A dict subclass overriding items(): its guards compare the keys in storage order.
+    "reversed items plain": (
+        "slotted_items",
+        "dynamo",
+        "plain",
+        {"same": None, "moved": SWAPPED, "same/again": None},
+    ),
+    "reversed items dynamo": (
+        "reversed_items",
+        "dynamo",
+        "dynamo",
+        {"same": None, "moved": SWAPPED, "same/again": None},
+    ),
+    "reversed ordered": (
+        "reversed_ordered",
+        "dynamo",
+        "dynamo",
+        {"same": None, "moved": SWAPPED, "same/again": None},
+    ),
     "net plain": (
         "net",
         "dynamo",
@@ -92,6 +115,31 @@ EXPECTED: dict[str, tuple[str, str, str, dict[str, tuple[str, ...] | None]]] = {
         "dynamo",
         "dynamo",
         {"same": None, "shadow act": ("`model.act` is shadowed",), "same/again": None},
+    ),
+    # A class forwarding __getattr__ to an inner module (its super() cell keeps Dynamo's
+    # guard manager): a new instance or class attribute of a name the trace resolved
+    # through it is refused; changing one held at capture is served.
+    "forwarded": (
+        "forwarded",
+        "dynamo",
+        "dynamo",
+        {
+            "same": None,
+            "shadow forwarded": (
+                "`model` has an attribute 'lin' (a Identity)",
+                "did not have at capture",
+                "class Forwarding defines __getattr__",
+                "del vars(model)['lin']",
+            ),
+            "same/again": None,
+            "class gain": (
+                "class tests.fixtures.dynamo_shadowing.Forwarding has an attribute 'gain'",
+                "defines __getattr__",
+                "del Forwarding.gain",
+            ),
+            "same/last": None,
+            "renote": None,
+        },
     ),
     "counted plain": (
         "counted",

@@ -4,7 +4,10 @@ installed globals) and what it checks its variants with."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import copyreg
+import pickle
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -268,6 +271,58 @@ def recording_bypasses(reasons: dict[str, str]) -> Iterator[None]:
         return original(self, reason, **kwargs)
 
     with patched(OutputGraph, "bypass_package", bypass_package):
+        yield
+
+
+#: The reduce methods of the builtin dict types: an instance whose type keeps one of them
+#: pickles its items as a separate iterator, which can be replaced by the storage order.
+_BUILTIN_DICT_REDUCES = frozenset(
+    {
+        (object.__reduce_ex__, object.__reduce__),
+        (collections.OrderedDict.__reduce_ex__, collections.OrderedDict.__reduce__),
+        (collections.defaultdict.__reduce_ex__, collections.defaultdict.__reduce__),
+    }
+)
+
+
+def storage_order_reduce(value: dict[Any, Any], protocol: int) -> tuple[Any, ...]:
+    """How a dict subclass instance is pickled so that it unpickles with its keys in the
+    order the dict stores them (``dict.keys``), the order Dynamo's guards compare by
+    position. Pickle's default goes through ``items()``: a subclass that overrides it
+    (returning the items reversed, say) would unpickle reordered. A type with its own
+    ``__reduce__``/``__reduce_ex__`` is rebuilt without them: the unpickled object is only
+    the example Dynamo builds the guards from (its type, keys, values and ``__dict__``)."""
+    kind = type(value)
+    items = iter(list(dict.items(value)))
+    if (kind.__reduce_ex__, kind.__reduce__) in _BUILTIN_DICT_REDUCES:
+        reduced = value.__reduce_ex__(protocol)
+        if isinstance(reduced, tuple) and len(reduced) >= 5 and reduced[4] is not None:
+            return (*reduced[:4], items, *reduced[5:])
+    state = getattr(value, "__dict__", None) or None
+    newobj = copyreg.__newobj__  # type: ignore[attr-defined]  # what pickle saves as NEWOBJ
+    return (newobj, (kind,), state, None, items)
+
+
+@contextlib.contextmanager
+def dict_subclasses_pickled_in_storage_order() -> Iterator[None]:
+    """While capturing: Dynamo pickles the guards' example values with the values
+    themselves, and rebuilds the guards from the unpickled ones at load. A dict subclass
+    overriding ``items()`` unpickled in another key order than it had, so the rebuilt
+    guards compared its keys by the wrong positions (refusing the captured order and
+    serving the other with the captured code). Pickle every dict subclass in its storage
+    order instead (``storage_order_reduce``), so the rebuilt guards are live Dynamo's."""
+    from torch._dynamo.guards import GuardsStatePickler
+
+    original = GuardsStatePickler.reducer_override
+
+    def reducer_override(self: Any, obj: Any) -> Any:
+        reduced = original(self, obj)
+        if reduced is NotImplemented and isinstance(obj, dict) and type(obj) is not dict:
+            if type(obj) not in (collections.OrderedDict, collections.defaultdict):
+                return storage_order_reduce(obj, pickle.DEFAULT_PROTOCOL)
+        return reduced
+
+    with patched(GuardsStatePickler, "reducer_override", reducer_override):
         yield
 
 
