@@ -44,7 +44,7 @@ _INT64_END = 2**63
 
 _Tensor = _torch.Tensor
 _data_ptr = _Tensor.data_ptr
-_nbytes = _Tensor.nbytes.__get__
+_nbytes = _operator.attrgetter("nbytes")
 _is_contiguous = _Tensor.is_contiguous
 
 
@@ -165,21 +165,103 @@ def refuse_wide_int(
             )
 
 
+#: The bound on a dynamic integer that reaches an expression the capture could not
+#: convert (``int_bounded``): its square, or a product with a size, still fits int64.
+BOUND = 2**31
+
+
+def _int_value(tree: Any, args: Sequence[Any]) -> int | None:
+    """The value of an integer expression's tree (``precompile._compat.symbolic``) on
+    the call's inputs, with Python ints; None where it or any term of it lies outside
+    int64, where the kernels' ``int64_t`` arithmetic would wrap."""
+    if tree.__class__ is int:
+        return tree
+    op = tree[0]
+    if op == "arg":
+        return args[tree[1]]
+    values = []
+    for operand in tree[1:]:
+        value = _int_value(operand, args)
+        if value is None:
+            return None
+        values.append(value)
+    if op == "add":
+        result = sum(values)
+    elif op == "mul":
+        result = 1
+        for value in values:
+            result *= value
+    elif op == "pow":
+        result = values[0] ** values[1]
+    elif op == "floordiv":
+        result = values[0] // values[1] if values[1] else 0  # the kernel's to answer
+    elif op == "mod":
+        result = values[0] % values[1] if values[1] else 0
+    elif op == "max":
+        result = max(values)
+    elif op == "min":
+        result = min(values)
+    elif op == "abs":
+        result = abs(values[0])
+    else:  # identity
+        result = values[0]
+    return result if _INT64_MIN <= result < _INT64_END else None
+
+
+def refuse_wide_expression(
+    inputs: Sequence[Any],
+    exprs: Sequence[tuple[Any, str]],
+    bounded: Sequence[tuple[int, str]],
+    labels: Sequence[str | None],
+) -> None:
+    """Refuse the call when an integer expression the graph computes from its dynamic
+    integer inputs leaves int64 (``4 * k`` for ``k = 2**61``): the kernels would wrap
+    where eager computes with Python ints."""
+    for tree, shown in exprs:
+        if _int_value(tree, inputs) is None:
+            refuse(
+                f"precompile: the captured graph computes {shown} from its dynamic "
+                f"integer inputs, and with this call's values it (or a term of it) lies "
+                f"outside the signed 64-bit range [-2**63, 2**63) in which the Inductor "
+                f"backend's kernels compute it; eager would compute with Python ints. "
+                f"Pass smaller values, or capture with backend='eager'",
+                3,
+            )
+    for i, shown in bounded:
+        value = inputs[i]
+        if isinstance(value, int) and not -BOUND < value < BOUND:
+            refuse(
+                f"precompile: {_name(labels, i)} is {value}, and the captured graph "
+                f"computes {shown} from it, an expression the capture could not check "
+                f"exactly against the signed 64-bit range of the Inductor backend's "
+                f"kernels; a dynamic integer reaching it is kept within (-2**31, 2**31). "
+                f"Pass a smaller value, or capture with backend='eager'",
+                3,
+            )
+
+
 def check_inputs(
     run: Callable[..., Any],
     mutated: Sequence[int],
     ints: Sequence[int],
     labels: Sequence[str | None],
+    int_exprs: Sequence[tuple[Any, str]] = (),
+    int_bounded: Sequence[tuple[int, str]] = (),
 ) -> Callable[..., Any]:
     """``run`` (a lowered subgraph, called with its inputs positionally), refusing a call
     where an input it writes shares memory with another input, or a dynamic integer
-    input does not fit in 64 bits."""
+    input, or an integer expression the graph computes from those, does not fit in 64
+    bits."""
     mutated = tuple(mutated)
     ints = tuple(ints)
+    int_exprs = tuple(int_exprs)
+    int_bounded = tuple(int_bounded)
 
     def checked(*args: Any) -> Any:
         if ints:
             refuse_wide_int(args, ints, labels)
+            if int_exprs or int_bounded:
+                refuse_wide_expression(args, int_exprs, int_bounded, labels)
         if mutated:
             pair = aliased_mutation(args, mutated)
             if pair is not None:

@@ -109,3 +109,65 @@ def test_disjoint_contiguous_inputs_and_one_shared_tensor() -> None:
     assert aliased_mutation([*weights, x, x[2:]], [201]) == (201, 200)
     # Two unwritten inputs sharing memory (tied weights) leave written ones served.
     assert aliased_mutation([x, x, *weights], [5]) is None
+
+
+def _dynamo_graph(fn: Any, *calls: tuple[Any, ...]) -> torch.fx.GraphModule:
+    """The last subgraph Dynamo hands a backend for ``fn`` called with ``calls`` (the
+    second call makes the ints dynamic); no Inductor."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(fn, backend=backend)
+    for args in calls:
+        compiled(*args)
+    torch.compiler.reset()
+    return graphs[-1]
+
+
+def _arithmetic(x: torch.Tensor, k: int) -> Any:
+    return (
+        x + k * 4,
+        torch.full((2,), k // 3 + 1) * max(k, 5),
+        x.new_zeros(k % 5 + 1).sum() + (k**2) / 3,
+        x - (min(k, 2) - 7) ** 3,
+    )
+
+
+def test_the_expressions_a_graph_computes_from_an_int_evaluate_as_python_ints() -> None:
+    from precompile._compat.symbolic import int_expressions
+    from precompile.lowered_inputs import _int_value
+
+    gm = _dynamo_graph(_arithmetic, (torch.ones(3), 3), (torch.ones(3), 4))
+    labels = ["k" if "k" in str(p.target) else "x" for p in gm.graph.find_nodes(op="placeholder")]
+    exprs, bounded = int_expressions(gm, labels)
+    assert not bounded, bounded
+    shown = {text for _, text in exprs}
+    assert {"4 * k", "k ** 2", "max(5, k)"} <= shown, shown
+    position = labels.index("k")
+    for k in (3, 11, -9, 2**31, -(2**40), 2**61, 2**62 + 1, -(2**63)):
+        args: list[Any] = [None] * len(labels)
+        args[position] = k
+        for tree, text in exprs:
+            exact = eval(text, {"max": max, "min": min, "abs": abs}, {"k": k})
+            fits = -(2**63) <= exact < 2**63
+            value = _int_value(tree, args)
+            if value is not None:
+                assert value == exact, (text, k)
+            elif fits:  # refused only where a term of it leaves int64
+                assert abs(k) >= 2**31, (text, k)
+
+
+def test_an_expression_it_cannot_convert_bounds_the_int_instead() -> None:
+    from precompile._compat.symbolic import int_expressions
+
+    def shifted(x: torch.Tensor, k: int) -> torch.Tensor:
+        return x + (k | 1)
+
+    gm = _dynamo_graph(shifted, (torch.ones(3), 3), (torch.ones(3), 4))
+    labels = ["k" if "k" in str(p.target) else "x" for p in gm.graph.find_nodes(op="placeholder")]
+    exprs, bounded = int_expressions(gm, labels)
+    assert [i for i, _ in bounded] == [labels.index("k")], (exprs, bounded)
+    assert "k" in bounded[0][1], bounded
