@@ -449,15 +449,19 @@ class DynamoSession:
         are checked likewise; Inductor's bundled artifact was compiled for the capture's
         own inputs, aliasing included."""
         from precompile import lowered_inputs
+        from precompile._compat import symbolic
         from precompile.inductor_backend import InlinedAotSubgraph, InlinedSubgraph
 
         ints = dynamo.int_placeholders(gm)
         if mutated or ints:
-            spec = {
-                "mutated": list(mutated),
-                "ints": ints,
-                "labels": dynamo.placeholder_sources(gm),
-            }
+            labels = dynamo.placeholder_sources(gm)
+            spec: dict[str, Any] = {"mutated": list(mutated), "ints": ints, "labels": labels}
+            if ints:
+                exprs, bounded = symbolic.int_expressions(gm, labels)
+                if exprs:
+                    spec["int_exprs"] = exprs
+                if bounded:
+                    spec["int_bounded"] = bounded
             self.input_checks.append((compiled, spec))
             if isinstance(compiled, InlinedSubgraph | InlinedAotSubgraph):
                 compiled.run = lowered_inputs.check_inputs(compiled.run, **spec)

@@ -26,7 +26,10 @@ subgraph table call it); the capture runs the same functions on its own calls.
 
 from __future__ import annotations
 
+import operator as _operator
 from collections.abc import Callable, Sequence
+from itertools import compress as _compress
+from itertools import repeat as _repeat
 from typing import Any, NoReturn
 
 # >>> not emitted: an artifact's prelude binds _torch, and its driver defines refuse
@@ -38,6 +41,11 @@ from precompile.driver import refuse
 
 _INT64_MIN = -(2**63)
 _INT64_END = 2**63
+
+_Tensor = _torch.Tensor
+_data_ptr = _Tensor.data_ptr
+_nbytes = _operator.attrgetter("nbytes")
+_is_contiguous = _Tensor.is_contiguous
 
 
 def _element_span(t: Any) -> tuple[int, int]:
@@ -57,36 +65,68 @@ def _element_span(t: Any) -> tuple[int, int]:
     return start + low * item, start + (high + 1) * item
 
 
-def aliased_mutation(inputs: Sequence[Any], mutated: Sequence[int]) -> tuple[int, int] | None:
-    """The first pair ``(m, j)``: a tensor input ``m`` the graph writes whose elements may
-    share memory with another tensor input ``j`` (the same object passed twice, a view of
-    it, an overlapping slice of one base, two tensors made from one buffer); None when
-    each written input's memory is its own.
+def _disjoint(inputs: Sequence[Any]) -> bool:
+    """Whether the tensor inputs are all contiguous and no two of them share a byte:
+    the usual call, every input its own memory, answered in a few C-level passes over
+    the list (a Python loop over 200 inputs would cost a training step's call more than
+    its kernels do).
 
-    Two inputs are compared by the memory their storages span first (one cheap test per
-    input, and it sees tensors that share memory without sharing a storage object,
-    ``torch.from_numpy`` of one array twice), then, only when those meet, by the spans of
-    their elements: views of one base that do not overlap (``base[:2]``, ``base[2:]``)
-    are served."""
-    storages: list[tuple[int, int] | None] = []
-    for t in inputs:
-        if isinstance(t, _torch.Tensor) and t.numel():
-            storage = t.untyped_storage()
-            base = storage.data_ptr()
-            storages.append((base, base + storage.nbytes()))
-        else:
-            storages.append(None)  # not a tensor, or no elements: shares nothing
-    for m in mutated:
-        own = storages[m]
-        if own is None:
-            continue
-        for j, other in enumerate(storages):
-            if j == m or other is None or other[0] >= own[1] or own[0] >= other[1]:
-                continue
-            a = _element_span(inputs[m])
-            b = _element_span(inputs[j])
-            if a[0] < b[1] and b[0] < a[1]:
-                return m, j
+    Half-open spans ``[start, end)`` are pairwise disjoint exactly when, with the
+    starts and the ends each sorted on their own, the k-th end is at most the
+    (k+1)-th start: at no address have more spans begun than ended, plus one."""
+    try:
+        starts = list(map(_data_ptr, inputs))
+        tensors = inputs
+    except TypeError:  # not all tensors: an int, None, a float among them
+        tensors = list(_compress(inputs, map(isinstance, inputs, _repeat(_Tensor))))
+        starts = list(map(_data_ptr, tensors))
+    if not all(map(_is_contiguous, tensors)):
+        return False
+    ends = sorted(map(_operator.add, starts, map(_nbytes, tensors)))
+    starts.sort()
+    return all(map(_operator.le, ends, starts[1:]))
+
+
+def aliased_mutation(inputs: Sequence[Any], mutated: Sequence[int]) -> tuple[int, int] | None:
+    """The first pair ``(m, j)`` found: a tensor input ``m`` the graph writes whose
+    elements may share memory with another tensor input ``j`` (the same object passed
+    twice, a view of it, an overlapping slice of one base, two tensors made from one
+    buffer); None when each written input's memory is its own.
+
+    Inputs are compared by the bytes their elements can occupy (``_element_span``):
+    addresses rather than storage objects, so tensors sharing memory without sharing a
+    storage (``torch.from_numpy`` of one array twice) are seen, and views of one base
+    that do not overlap (``base[:2]``, ``base[2:]``) are served. It runs on every call
+    over every tensor input (a training step passes each parameter and buffer), so the
+    usual call is answered by ``_disjoint``, and any other by one sort and one sweep of
+    the spans, O(n log n), never by comparing each written input with every other."""
+    if _disjoint(inputs):
+        return None
+    written = set(mutated)
+    spans: list[tuple[int, int, int]] = []
+    for i, t in enumerate(inputs):
+        if isinstance(t, _Tensor) and t.numel():  # no elements: shares nothing
+            if t.is_contiguous():
+                start = t.data_ptr()
+                spans.append((start, start + t.nbytes, i))
+            else:
+                spans.append((*_element_span(t), i))
+    spans.sort()
+    # In order of start: a span overlaps an earlier one exactly when it starts below
+    # the earlier span's end. The furthest end so far (of any span, and of a written
+    # one) finds a pair with a written member if there is one.
+    reach = reach_written = -1
+    holder = holder_written = -1
+    for start, end, i in spans:
+        if i in written:
+            if start < reach:
+                return i, holder
+            if end > reach_written:
+                reach_written, holder_written = end, i
+        elif start < reach_written:
+            return holder_written, i
+        if end > reach:
+            reach, holder = end, i
     return None
 
 
@@ -125,21 +165,103 @@ def refuse_wide_int(
             )
 
 
+#: The bound on a dynamic integer that reaches an expression the capture could not
+#: convert (``int_bounded``): its square, or a product with a size, still fits int64.
+BOUND = 2**31
+
+
+def _int_value(tree: Any, args: Sequence[Any]) -> int | None:
+    """The value of an integer expression's tree (``precompile._compat.symbolic``) on
+    the call's inputs, with Python ints; None where it or any term of it lies outside
+    int64, where the kernels' ``int64_t`` arithmetic would wrap."""
+    if tree.__class__ is int:
+        return tree
+    op = tree[0]
+    if op == "arg":
+        return args[tree[1]]
+    values = []
+    for operand in tree[1:]:
+        value = _int_value(operand, args)
+        if value is None:
+            return None
+        values.append(value)
+    if op == "add":
+        result = sum(values)
+    elif op == "mul":
+        result = 1
+        for value in values:
+            result *= value
+    elif op == "pow":
+        result = values[0] ** values[1]
+    elif op == "floordiv":
+        result = values[0] // values[1] if values[1] else 0  # the kernel's to answer
+    elif op == "mod":
+        result = values[0] % values[1] if values[1] else 0
+    elif op == "max":
+        result = max(values)
+    elif op == "min":
+        result = min(values)
+    elif op == "abs":
+        result = abs(values[0])
+    else:  # identity
+        result = values[0]
+    return result if _INT64_MIN <= result < _INT64_END else None
+
+
+def refuse_wide_expression(
+    inputs: Sequence[Any],
+    exprs: Sequence[tuple[Any, str]],
+    bounded: Sequence[tuple[int, str]],
+    labels: Sequence[str | None],
+) -> None:
+    """Refuse the call when an integer expression the graph computes from its dynamic
+    integer inputs leaves int64 (``4 * k`` for ``k = 2**61``): the kernels would wrap
+    where eager computes with Python ints."""
+    for tree, shown in exprs:
+        if _int_value(tree, inputs) is None:
+            refuse(
+                f"precompile: the captured graph computes {shown} from its dynamic "
+                f"integer inputs, and with this call's values it (or a term of it) lies "
+                f"outside the signed 64-bit range [-2**63, 2**63) in which the Inductor "
+                f"backend's kernels compute it; eager would compute with Python ints. "
+                f"Pass smaller values, or capture with backend='eager'",
+                3,
+            )
+    for i, shown in bounded:
+        value = inputs[i]
+        if isinstance(value, int) and not -BOUND < value < BOUND:
+            refuse(
+                f"precompile: {_name(labels, i)} is {value}, and the captured graph "
+                f"computes {shown} from it, an expression the capture could not check "
+                f"exactly against the signed 64-bit range of the Inductor backend's "
+                f"kernels; a dynamic integer reaching it is kept within (-2**31, 2**31). "
+                f"Pass a smaller value, or capture with backend='eager'",
+                3,
+            )
+
+
 def check_inputs(
     run: Callable[..., Any],
     mutated: Sequence[int],
     ints: Sequence[int],
     labels: Sequence[str | None],
+    int_exprs: Sequence[tuple[Any, str]] = (),
+    int_bounded: Sequence[tuple[int, str]] = (),
 ) -> Callable[..., Any]:
     """``run`` (a lowered subgraph, called with its inputs positionally), refusing a call
     where an input it writes shares memory with another input, or a dynamic integer
-    input does not fit in 64 bits."""
+    input, or an integer expression the graph computes from those, does not fit in 64
+    bits."""
     mutated = tuple(mutated)
     ints = tuple(ints)
+    int_exprs = tuple(int_exprs)
+    int_bounded = tuple(int_bounded)
 
     def checked(*args: Any) -> Any:
         if ints:
             refuse_wide_int(args, ints, labels)
+            if int_exprs or int_bounded:
+                refuse_wide_expression(args, int_exprs, int_bounded, labels)
         if mutated:
             pair = aliased_mutation(args, mutated)
             if pair is not None:

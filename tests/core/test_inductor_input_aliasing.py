@@ -6,7 +6,8 @@ its memory: ``a.mul_(2); return a + b`` served with ``b = a[:]`` read the old ``
 naming both inputs, while calls with disjoint memory -- distinct tensors, non-overlapping
 slices of one base -- and graphs that write no input are still served exactly. Both
 tracers: make_fx (one graph) and Dynamo (a graph break between the write and the read
-included). Also: a dynamic int past int64 is refused, not failed inside the kernel.
+included). Also: a dynamic int past int64 is refused, not failed inside the kernel, and
+so is one that fits but makes an integer expression the kernels compute (``4 * k``) wrap.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ ARTIFACTS: dict[str, tuple[str, str, str, list[tuple[Any, ...]]]] = {
         "dynamo",
         "int",
         [(torch.tensor(2.0), torch.ones(3), 3), (torch.tensor(2.0), torch.ones(3), 4)],
+    ),
+    "dynamo int expression": (
+        "scaled_k",
+        "dynamo",
+        "int expression",
+        [(torch.ones(3), 3), (torch.ones(3), 4)],
     ),
 }
 
@@ -135,3 +142,17 @@ def test_a_dynamic_int_past_int64_is_refused(served: dict[str, dict[str, str]]) 
     for case in ("k=2**63", "k=-2**63-1"):
         assert results[case].startswith("refused: precompile: k is "), results[case]
         assert "signed 64-bit range" in results[case]
+
+
+def test_an_int_expression_past_int64_is_refused(served: dict[str, dict[str, str]]) -> None:
+    """``x + k * 4`` with k dynamic: the kernel computes ``4*k`` in int64, which wraps
+    for k = 2**61 (served -9.2e18 where eager gives +9.2e18) though k itself fits."""
+    results = served["dynamo int expression"]
+    for case in ("k=7", "k=2**40", "k=2**60", "k=-2**61"):
+        assert results[case] == "exact", (case, results[case])
+    for case in ("k=2**61", "k=-2**61-1", "k=2**62"):
+        assert results[case].startswith("refused: precompile: the captured graph computes 4 * k"), (
+            case,
+            results[case],
+        )
+        assert "signed 64-bit range" in results[case], results[case]

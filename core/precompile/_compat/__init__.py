@@ -18,6 +18,8 @@ per role:
 - ``kernel_platform``: what a compiled kernel needs of the machine, and whether this
   one has it (cheap probes, no compiler).
 - ``patching``: how a capture swaps a torch function for the length of a block.
+- ``symbolic``: the integer expressions a Dynamo subgraph computes from its dynamic
+  integer inputs, as trees an artifact evaluates without sympy (capture side).
 
 Importing any of them is cheap: heavy private modules are imported on first use.
 """
