@@ -204,21 +204,30 @@ def _global_loads(code: types.CodeType) -> list[str]:
     )
 
 
-#: precompile's own code, which runs around a trace and never when a call is served.
-_OWN_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
+#: torch's Python code that eager runs inside a model's forward as the trace does: its
+#: module library (``torch.nn``: containers, functional) and Tensor's Python methods.
+_TORCH_DIR = os.path.dirname(torch.__file__)  # as code objects name their files
+_EAGER_LIBRARY = (
+    os.path.join(_TORCH_DIR, "nn") + os.sep,
+    os.path.join(_TORCH_DIR, "functional.py"),
+    os.path.join(_TORCH_DIR, "_tensor.py"),
+)
 
 
 def _library_builtin_loads(log: CallLog) -> list[str]:
-    """The names that code outside the project loads as globals, in every function the
-    trace entered (torch.nn's modules, the standard library, torch's tracing code alike):
-    library code resolves builtins too (``nn.Sequential`` iterates with ``iter``), and
-    the graph baked what they did. Which of them a library module shadows with a global
-    of its own is not looked up: each is recorded as the builtin, so a patched builtin
-    such code may have used is refused, never served. precompile's own code is left
-    out: it never runs when a call is served."""
+    """The builtins' names that torch's module library loads as globals, in every
+    function of it the trace entered: it resolves builtins too (``nn.Sequential``
+    iterates with ``iter``), and the graph baked what they did. Which of them a library
+    module shadows with a global of its own is not looked up: each is recorded as the
+    builtin, so a patched builtin such code may have used is refused, never served.
+
+    torch's tracing machinery (fx, fake tensors, decompositions), precompile's own code
+    and the standard library it runs are left out: eager never runs them in a served
+    call, and which of them a trace enters differs between a process's first capture and
+    its next (lazy set-up), which would make the emitted artifact differ too."""
     names: dict[str, None] = {}
     for code in log.codes:
-        if is_project_file(code.co_filename) or code.co_filename.startswith(_OWN_DIR):
+        if not code.co_filename.startswith(_EAGER_LIBRARY):
             continue
         found = _builtin_loads_cache.get(code)
         if found is None:
