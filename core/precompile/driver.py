@@ -70,7 +70,9 @@ if TYPE_CHECKING:
     AUTOCAST: list[tuple[str, str]] = []
     STATE_READS: dict[str, str] = {}
     PROCESS_STATE: list[list[Any]] = []
-    _GLOBAL_MODULE_HOOKS: tuple[dict[Any, Any], ...] = ()
+    _torch_nn_module: Any = None
+
+    def _global_module_hooks() -> tuple[dict[Any, Any], ...]: ...
 
     def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any: ...
 
@@ -89,9 +91,7 @@ if TYPE_CHECKING:
     def call(flat_inputs: list[Any]) -> list[Any]: ...
 
     # precompile.lowered_inputs, emitted where the graph writes an input (Inductor).
-    def aliased_mutation(inputs: Any, mutated: Any) -> tuple[int, int] | None: ...
-
-    def refuse_aliased_mutation(pair: tuple[int, int], labels: Any) -> NoReturn: ...
+    def check_written_inputs(inputs: Any, mutated: Any, labels: Any) -> None: ...
 
     def call_backward(flat_inputs: list[Any]) -> list[Any]: ...
 
@@ -760,7 +760,15 @@ def _build_single_graph_forward() -> Any:
         check_globals(scopes, context)
         check_entry(entry, context)
         check_class_state(sub_list, context)
-        watched = [*context["dicts"], *(scope for scope, _ in scopes), *_GLOBAL_MODULE_HOOKS]
+        # torch's global hook dicts as its module holds them now, and that module's
+        # namespace: a dict replaced whole is a store into it.
+        global_hooks = _global_module_hooks()
+        watched = [
+            *context["dicts"],
+            *(scope for scope, _ in scopes),
+            *global_hooks,
+            vars(_torch_nn_module),
+        ]
         watched = list({id(d): d for d in watched}.values())
         # An empty dict's whole state is that it is empty (most hook, buffer and child
         # dicts): one truth test each, cheaper than reading a version tag.
@@ -769,7 +777,7 @@ def _build_single_graph_forward() -> Any:
         versions = tuple(map(_dict_version, dicts))
         # torch's global hook dicts run their hooks in key order (move_to_end changes it
         # and not their version tags).
-        ordered_hooks = [d for d in _GLOBAL_MODULE_HOOKS if d]
+        ordered_hooks = [d for d in global_hooks if d]
         found = tuple({id(o): o for o in [*context["shallow"], *ordered_hooks]}.values())
         shallow = tuple(o for o in found if not hasattr(o, "__closure__"))
         shallow_snapshot = tuple(map(shallow_contents, shallow))
@@ -930,9 +938,7 @@ def _build_single_graph_forward() -> Any:
                     )
         flat = [*state, *tensors_in]
         if mutated_inputs:
-            pair = aliased_mutation(flat, mutated_inputs)
-            if pair is not None:
-                refuse_aliased_mutation(pair, mutation_labels)
+            check_written_inputs(flat, mutated_inputs, mutation_labels)
         return flat, tensors_in
 
     def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:

@@ -135,6 +135,25 @@ def _name(labels: Sequence[str | None], i: int) -> str:
     return label or f"graph input {i}"
 
 
+def check_written_inputs(
+    inputs: Sequence[Any], mutated: Sequence[int], labels: Sequence[str | None]
+) -> None:
+    """Refuse the call when an input the graph writes shares memory with another input,
+    or when an input's memory cannot be read to tell (a tensor without ordinary storage
+    reaching here: ``data_ptr`` raises), which is never served as if it did not."""
+    try:
+        pair = aliased_mutation(inputs, mutated)
+    except RuntimeError as error:
+        refuse(
+            f"precompile: the captured graph writes an input in place, and where the "
+            f"inputs' memory lies cannot be read to check that no other input shares it "
+            f"({error}). Pass dense tensors, or capture with backend='eager'",
+            4,
+        )
+    if pair is not None:
+        refuse_aliased_mutation(pair, labels)
+
+
 def refuse_aliased_mutation(pair: tuple[int, int], labels: Sequence[str | None]) -> NoReturn:
     """Refuse the call, naming the input the graph writes and the one sharing its memory."""
     written, other = _name(labels, pair[0]), _name(labels, pair[1])
@@ -166,7 +185,9 @@ def refuse_wide_int(
 
 
 #: The bound on a dynamic integer that reaches an expression the capture could not
-#: convert (``int_bounded``): its square, or a product with a size, still fits int64.
+#: convert (``int_bounded``: a function outside the trees' operators): a product of two
+#: such terms still fits int64, one of a higher degree need not (a documented limit;
+#: Dynamo lifts dynamic sizes to integer inputs, so they convert).
 BOUND = 2**31
 
 
@@ -263,9 +284,7 @@ def check_inputs(
             if int_exprs or int_bounded:
                 refuse_wide_expression(args, int_exprs, int_bounded, labels)
         if mutated:
-            pair = aliased_mutation(args, mutated)
-            if pair is not None:
-                refuse_aliased_mutation(pair, labels)
+            check_written_inputs(args, mutated, labels)
         return run(*args)
 
     return checked

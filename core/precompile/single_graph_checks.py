@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     FUNCTION_SOURCES: list[dict[str, Any]] = []
     PROCESS_STATE: list[list[Any]] = []
     ENTRY: dict[str, Any] | None = None
-    _GLOBAL_MODULE_HOOKS: tuple[dict[Any, Any], ...] = ()
+
+    def _global_module_hooks() -> tuple[dict[Any, Any], ...]: ...
 
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
@@ -291,7 +292,7 @@ def check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
                     f"capture again (re-emit the artifact)",
                     3,
                 )
-    if global_hooks_fingerprint(_GLOBAL_MODULE_HOOKS) != GLOBAL_HOOKS:
+    if global_hooks_fingerprint(_global_module_hooks()) != GLOBAL_HOOKS:
         refuse(
             "precompile: torch's global module hooks (register_module_forward_hook and "
             "friends) differ from those registered at capture; the trace baked the hooks "

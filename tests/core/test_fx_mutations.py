@@ -31,6 +31,7 @@ CELLS: dict[str, tuple[str, ...] | None] = {
     "forward hook": ("forward hooks", "re-emit"),
     "forward pre-hook": ("forward pre-hooks",),
     "global module hook": ("global module hooks",),
+    "replaced global hook dict": ("global module hooks",),
     "eps": ("eps = 0.5", "1e-05"),
     "user attribute": ("scale = 3.0",),
     "global float": ("TEMPERATURE", "2.0"),

@@ -171,3 +171,15 @@ def test_an_expression_it_cannot_convert_bounds_the_int_instead() -> None:
     exprs, bounded = int_expressions(gm, labels)
     assert [i for i, _ in bounded] == [labels.index("k")], (exprs, bounded)
     assert "k" in bounded[0][1], bounded
+
+
+def test_memory_that_cannot_be_read_is_refused_not_escaped() -> None:
+    """A written input whose memory the check cannot read (a tensor without ordinary
+    storage) is a PrecompileError, never the check's own RuntimeError."""
+    from precompile.errors import PrecompileError
+    from precompile.lowered_inputs import check_written_inputs
+
+    sparse = torch.eye(3).to_sparse()
+    with pytest.raises(PrecompileError, match="cannot be read"):
+        check_written_inputs([sparse, torch.ones(3)], [0], ["a", "b"])
+    check_written_inputs([torch.ones(3), torch.ones(3)], [0], ["a", "b"])

@@ -84,32 +84,32 @@ NoneType = type(None)
 """
 
 
-#: Bound in single-graph artifacts: torch's global module hook dicts, in the order
+#: The names of torch's global module hook dicts, in the order
 #: ``precompile.state_checks.global_hooks_fingerprint`` reads them.
-SINGLE_GRAPH_STATE_PRELUDE = """\
+GLOBAL_MODULE_HOOK_NAMES = (
+    "_global_forward_pre_hooks",
+    "_global_forward_hooks",
+    "_global_backward_pre_hooks",
+    "_global_backward_hooks",
+    "_global_forward_hooks_with_kwargs",
+    "_global_forward_hooks_always_called",
+)
+
+#: Bound in single-graph artifacts: the module holding torch's global module hook dicts,
+#: and a function reading them from it on each check (``m._global_forward_hooks = {...}``
+#: replaces a dict whole; torch reads the module's global, so must the check).
+SINGLE_GRAPH_STATE_PRELUDE = f"""\
 import torch.nn.modules.module as _torch_nn_module
 
-_GLOBAL_MODULE_HOOKS = (
-    _torch_nn_module._global_forward_pre_hooks,
-    _torch_nn_module._global_forward_hooks,
-    _torch_nn_module._global_backward_pre_hooks,
-    _torch_nn_module._global_backward_hooks,
-    _torch_nn_module._global_forward_hooks_with_kwargs,
-    _torch_nn_module._global_forward_hooks_always_called,
-)
+
+def _global_module_hooks():
+    return tuple(getattr(_torch_nn_module, name) for name in {GLOBAL_MODULE_HOOK_NAMES!r})
 """
 
 
 def global_module_hooks() -> tuple[dict[Any, Any], ...]:
     """The dicts behind ``torch.nn.modules.module.register_module_forward_hook`` and
-    friends, as SINGLE_GRAPH_STATE_PRELUDE binds them."""
+    friends, as SINGLE_GRAPH_STATE_PRELUDE's ``_global_module_hooks`` reads them."""
     import torch.nn.modules.module as m
 
-    return (
-        m._global_forward_pre_hooks,
-        m._global_forward_hooks,
-        m._global_backward_pre_hooks,
-        m._global_backward_hooks,
-        m._global_forward_hooks_with_kwargs,
-        m._global_forward_hooks_always_called,
-    )
+    return tuple(getattr(m, name) for name in GLOBAL_MODULE_HOOK_NAMES)

@@ -24,7 +24,6 @@ import torch
 _FUNCTIONS = {
     "FloorDiv": "floordiv",
     "CleanDiv": "floordiv",
-    "IntTrueDiv": None,  # a float of two integer expressions: its arguments are checked
     "PythonMod": "mod",
     "Mod": "mod",
     "Max": "max",
@@ -32,8 +31,6 @@ _FUNCTIONS = {
     "Abs": "abs",
     "Identity": "identity",
 }
-
-_OPAQUE = object()
 
 
 class _Unconvertible(Exception):
@@ -58,8 +55,8 @@ def _tree(expr: Any, symbols: dict[Any, int]) -> Any:
         if isinstance(exponent, sympy.Integer) and exponent >= 0:
             return ("pow", _tree(base, symbols), int(exponent))
         raise _Unconvertible(expr)
-    op = _FUNCTIONS.get(type(expr).__name__, _OPAQUE)
-    if isinstance(op, str):
+    op = _FUNCTIONS.get(type(expr).__name__)  # IntTrueDiv is a float: not a tree
+    if op is not None:
         return (op, *(_tree(a, symbols) for a in expr.args))
     raise _Unconvertible(expr)
 
