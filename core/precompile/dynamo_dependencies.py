@@ -372,8 +372,7 @@ class DependencyRecorder:
                     found, {"path": found, "shown": user_path(found), "module": None}
                 )
                 return
-            resumes = code is not None and dynamo.resumed_code(code) is not code
-            if resumes and e.name == root and not _eager_result(code, root):
+            if _computed_before_break(code, e.name, root):
                 # Built by the traced code before the break, which Dynamo rebuilds in
                 # its order (a new OrderedDict, whose links follow the dict's order).
                 return
@@ -491,8 +490,7 @@ class DependencyRecorder:
                 root.startswith("___stack") or root in (*code.co_varnames, *code.co_cellvars)
             ):
                 return
-            resumes = code is not None and dynamo.resumed_code(code) is not code
-            if resumes and e.name == root and not _eager_result(code, root):
+            if _computed_before_break(code, e.name, root):
                 # A local carried into a continuation, computed by the traced code
                 # before the break: its own identity reads are checked (or refused)
                 # where that code read them.
@@ -900,6 +898,13 @@ def _path_to(target: Any, arguments: dict[str, Any], depth: int = 4) -> str | No
 def _literal_key(key: Any) -> bool:
     """Whether a dict key reads back from its repr (a str, int or bool)."""
     return type(key) in (str, int, bool)
+
+
+def _computed_before_break(code: types.CodeType | None, name: str, root: str) -> bool:
+    """Whether the guarded ``name`` is a continuation's local ``root`` itself, computed
+    by the traced code before the graph break (not the result of an eager call)."""
+    resumes = code is not None and dynamo.resumed_code(code) is not code
+    return resumes and name == root and code is not None and not _eager_result(code, root)
 
 
 def _evaluates_to(path: str, arguments: dict[str, Any], value: Any) -> bool:
