@@ -1,0 +1,188 @@
+"""The product as users get it: a wheel built from the checkout, installed into a fresh
+venv, run from a folder with no source tree on ``sys.path``.
+
+Every other test imports the editable install, which maps the source folders whole, so a
+package the wheel leaves out (``precompile._compat`` once was) goes unnoticed there. The
+fresh venv sees the test venv's third-party packages (torch, pygls, ...) through a path
+entry -- installing torch again would take minutes and need the network -- but not its
+editable install of this project (a path entry's ``.pth`` files are not processed), and
+``pip check`` confirms that what the wheel declares it needs is there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import venv
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: A tiny workspace: one target, captured with make_fx and emitted by ``check --emit``.
+_TARGET = """
+import torch
+import precompile
+
+
+def examples():
+    return [precompile.Example(torch.nn.Linear(4, 2).eval(), torch.randn(3, 4))]
+
+
+@precompile.target(examples, tracer="make_fx", artifact="artifacts/head.py")
+def head(model, x):
+    return torch.relu(model(x))
+"""
+
+_SERVE = """
+import json, sys, torch, precompile, precompile.capturing, precompile._compat
+from precompile_lsp import doclinks
+from models import head
+
+model = torch.nn.Linear(4, 2).eval()
+x = torch.randn(5, 4)
+with precompile.capture(head, artifact_path="direct.py", cache_path="direct.cache",
+                       tracer=precompile.MakeFxTracer()) as cap:
+    cap(model, torch.randn(5, 4))
+served = precompile.load("artifacts/head.py")(model, torch.randn(3, 4))
+print(json.dumps({
+    "precompile": precompile.__file__,
+    "docs_page": doclinks.DIAGNOSTICS.is_file(),
+    "served_shape": list(served.shape),
+}))
+"""
+
+_LOAD_DIRECT = """
+import json, torch, precompile
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2).eval()
+x = torch.randn(5, 4)
+out = precompile.load("direct.py", "direct.cache")(model, x)
+print(json.dumps({"same": bool(torch.equal(out, torch.relu(model(x)))), "file": precompile.__file__}))
+"""
+
+
+def _tracked_copy(destination: Path) -> Path:
+    """The checkout's files as a fresh clone has them (symlinks kept), without build
+    outputs or the test venv."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=False)
+    assert listed.returncode == 0, f"git ls-files failed in {REPO}: {listed.stderr!r}"
+    for name in listed.stdout.decode().split("\0"):
+        if not name:
+            continue
+        source, target = REPO / name, destination / name
+        if not source.exists() and not source.is_symlink():
+            continue  # deleted in the work tree, not yet committed
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():
+            target.symlink_to(os.readlink(source))
+        else:
+            shutil.copy2(source, target)
+    return destination
+
+
+def _fresh_env(home: Path) -> dict[str, str]:
+    """The environment of a user's shell: nothing of this checkout on the path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env["HOME"] = str(home)
+    env["PATH"] = os.pathsep.join([str(home / "venv" / "bin"), env.get("PATH", "")])
+    return env
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A fresh venv with the wheel built from a copy of the checkout installed."""
+    root = tmp_path_factory.mktemp("wheel")
+    source = _tracked_copy(root / "source")
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "-w", str(root / "dist"), str(source)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert "BuildBackendWarning" not in built.stderr, built.stderr
+    (wheel,) = (root / "dist").glob("torch_precompile-*.whl")
+
+    venv.create(root / "venv", with_pip=True, symlinks=True)
+    python = root / "venv" / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    # torch and the other dependencies, from the test venv (no .pth of it is processed).
+    Path(site, "test-venv-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    env = _fresh_env(root)
+    installed = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    return root, env
+
+
+def test_the_wheel_declares_every_package_and_its_dependencies_are_met(
+    installed: tuple[Path, dict[str, str]],
+) -> None:
+    root, env = installed
+    python = str(root / "venv" / "bin" / "python")
+    check = subprocess.run(
+        [python, "-m", "pip", "check"], capture_output=True, text=True, env=env, check=False
+    )
+    # Only this distribution's requirements matter (the borrowed site-packages may
+    # hold packages with needs of their own).
+    ours = [line for line in check.stdout.splitlines() if line.startswith("torch-precompile")]
+    assert not ours, check.stdout
+    imported = subprocess.run(
+        [python, "-c", "import pkgutil, precompile, precompile_lsp; "
+         "print('\\n'.join(m.name for m in pkgutil.walk_packages(precompile.__path__, 'precompile.')))"],
+        capture_output=True, text=True, env=env, cwd=root, check=False,
+    )  # fmt: skip
+    assert imported.returncode == 0, imported.stderr
+    shipped = set(imported.stdout.split())
+    in_source = {
+        "precompile." + ".".join(p.relative_to(REPO / "core" / "precompile").with_suffix("").parts)
+        for p in (REPO / "core" / "precompile").rglob("*.py")
+        if p.name != "__init__.py"
+    }
+    assert in_source <= shipped, f"left out of the wheel: {sorted(in_source - shipped)}"
+
+
+def test_capture_load_and_check_emit_verify_run_from_the_installed_wheel(
+    installed: tuple[Path, dict[str, str]],
+) -> None:
+    root, env = installed
+    python = str(root / "venv" / "bin" / "python")
+    workspace = root / "workspace"
+    workspace.mkdir()
+    (workspace / "models.py").write_text(textwrap.dedent(_TARGET))
+    (workspace / "pyproject.toml").write_text("[tool.precompile]\n")
+
+    check = subprocess.run(
+        [str(root / "venv" / "bin" / "precompile"), "check", "--emit", "--verify",
+         "--format", "json"],
+        cwd=workspace, capture_output=True, text=True, env=env, timeout=600, check=False,
+    )  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert (workspace / "artifacts" / "head.py").is_file()
+
+    served = subprocess.run(
+        [python, "-c", _SERVE], cwd=workspace, capture_output=True, text=True, env=env,
+        timeout=600, check=False,
+    )  # fmt: skip
+    assert served.returncode == 0, served.stderr
+    result = json.loads(served.stdout.strip().splitlines()[-1])
+    assert Path(result["precompile"]).is_relative_to(root / "venv"), result
+    assert result["docs_page"] and result["served_shape"] == [3, 2]
+
+    fresh = subprocess.run(
+        [python, "-c", _LOAD_DIRECT], cwd=workspace, capture_output=True, text=True,
+        env=env, timeout=600, check=False,
+    )  # fmt: skip
+    assert fresh.returncode == 0, fresh.stderr
+    assert json.loads(fresh.stdout.strip().splitlines()[-1])["same"]
