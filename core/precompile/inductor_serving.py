@@ -13,7 +13,7 @@ what it lowered, as a load will), by these public names.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 # Emitted beside these functions wherever an artifact carries them.
 from precompile.artifact_bytecode import compiled_source
@@ -31,8 +31,6 @@ if TYPE_CHECKING:
     BUFFER_NAMES: list[str] = []
     USER_INPUT_SHAPES: list[Any] = []
     GRAPH_INPUT_STRIDES: list[Any] = []
-
-    def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
     def _memory_format(t: Any) -> str: ...
 

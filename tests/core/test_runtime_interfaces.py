@@ -1,0 +1,276 @@
+"""The interfaces between emitted runtime modules are checked, not just kept.
+
+An artifact is one flat namespace: the runtime modules emitted into it (driver.py,
+multigraph_driver.py, ...) reach each other, the prelude and the metadata through names
+in that namespace, declared for the type checker under ``if TYPE_CHECKING:``. Nothing
+else connects a declaration with what the artifact binds, so a renamed parameter or a
+dropped helper would type-check and fail only at serve time. Here each kind of artifact
+is emitted and executed, and every declaration of every runtime module it carries must
+name something the artifact binds, of the declared kind: a function with the declared
+parameters (names, kinds, which have defaults) and, where the declaration is not
+``Any``, the same annotations; a value of the declared type.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import precompile
+from tests.conftest import capture_pair
+from tests.fixtures import dynamo_models, fx_grad_inputs, installed_models, models
+
+CORE = Path(precompile.__file__).resolve().parent
+
+
+def _stubs(path: Path) -> list[ast.stmt]:
+    """The declarations under a module's top-level ``if TYPE_CHECKING:``, less imports."""
+    tree = ast.parse(path.read_text())
+    return [
+        stmt
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
+        for stmt in node.body
+        if isinstance(stmt, ast.FunctionDef | ast.AnnAssign)
+    ]
+
+
+def _functions(path: Path) -> dict[str, set[str]]:
+    """The functions a runtime module defines at top level, each with the names its body
+    reads: an emitter may carry a module whole or a few of its functions, and a
+    declaration is checked wherever a carried function reads it."""
+    tree = ast.parse(path.read_text())
+    return {
+        n.name: {m.id for m in ast.walk(n) if isinstance(m, ast.Name)}
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef)
+    }
+
+
+RUNTIME_MODULES = sorted(p for p in CORE.rglob("*.py") if _stubs(p))
+
+
+def _parameters(args: ast.arguments) -> list[tuple[str, str, bool, str | None]]:
+    """(name, kind, has a default, annotation text) per parameter of a declaration."""
+    rows: list[tuple[str, str, bool, str | None]] = []
+    positional = args.posonlyargs + args.args
+    first_default = len(positional) - len(args.defaults)
+    for i, a in enumerate(positional):
+        kind = "POSITIONAL_ONLY" if i < len(args.posonlyargs) else "POSITIONAL_OR_KEYWORD"
+        rows.append((a.arg, kind, i >= first_default, _text(a.annotation)))
+    if args.vararg:
+        rows.append((args.vararg.arg, "VAR_POSITIONAL", False, _text(args.vararg.annotation)))
+    for a, default in zip(args.kwonlyargs, args.kw_defaults):
+        rows.append((a.arg, "KEYWORD_ONLY", default is not None, _text(a.annotation)))
+    if args.kwarg:
+        rows.append((args.kwarg.arg, "VAR_KEYWORD", False, _text(args.kwarg.annotation)))
+    return rows
+
+
+def _shape(
+    declared: tuple[str, str, bool, str | None], actual: tuple[str, str, bool, str | None]
+) -> tuple[str, str, bool]:
+    """A declared positional-only parameter stands for whatever name the definition
+    gives it (the graph's ``call`` is ``flat_inputs`` in FX code, ``args`` in Inductor's)."""
+    name, kind, default, _ = declared
+    if kind == "POSITIONAL_ONLY" and actual[1] in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD"):
+        return actual[0], actual[1], default
+    return name, kind, default
+
+
+def _text(annotation: ast.expr | None) -> str | None:
+    return None if annotation is None else ast.unparse(annotation)
+
+
+def _live_parameters(fn: Callable[..., Any]) -> list[tuple[str, str, bool, str | None]] | None:
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None  # a builtin without a signature: only its existence is checked
+    return [
+        (
+            p.name,
+            p.kind.name,
+            p.default is not inspect.Parameter.empty,
+            None if p.annotation is inspect.Parameter.empty else str(p.annotation),
+        )
+        for p in signature.parameters.values()
+    ]
+
+
+_VALUE_TYPES: dict[str, type | tuple[type, ...]] = {
+    "str": str,
+    "int": int,
+    "bool": bool,
+    "float": (int, float),
+    "list": list,
+    "dict": dict,
+    "tuple": tuple,
+    "set": (set, frozenset),
+}
+
+
+def _problems(stub: ast.stmt, namespace: dict[str, Any], module: str) -> list[str]:
+    if isinstance(stub, ast.FunctionDef):
+        where = f"{module}: {stub.name}"
+        if stub.name not in namespace:
+            return [f"{where} is declared but the artifact binds no such name"]
+        live = namespace[stub.name]
+        if not callable(live):
+            return [f"{where} is declared a function but the artifact binds {live!r}"]
+        actual = _live_parameters(live)
+        if actual is None:
+            return []
+        declared = _parameters(stub.args)
+        if [_shape(d, a) for d, a in zip(declared, actual)] != [a[:3] for a in actual] or len(
+            declared
+        ) != len(actual):
+            return [f"{where}: declared parameters {declared} but the artifact's are {actual}"]
+        return [
+            f"{where}: parameter {d[0]!r} is declared {d[3]!r} but defined {a[3]!r}"
+            for d, a in zip(declared, actual)
+            if d[3] not in (None, "Any") and a[3] is not None and d[3] != a[3]
+        ]
+    assert isinstance(stub, ast.AnnAssign) and isinstance(stub.target, ast.Name)
+    name, annotation = stub.target.id, ast.unparse(stub.annotation)
+    where = f"{module}: {name}: {annotation}"
+    if name not in namespace:
+        return [f"{where} is declared but the artifact binds no such name"]
+    value = namespace[name]
+    head = annotation.split("[", 1)[0].split(" | ", 1)[0]
+    optional = "None" in annotation.split(" | ")
+    if head.startswith(("Callable", "typing.Callable")):
+        ok = callable(value)
+    elif head in _VALUE_TYPES:
+        ok = isinstance(value, _VALUE_TYPES[head]) or (optional and value is None)
+    else:
+        ok = True  # Any, a module, a torch type: existence is what is checked
+    return [] if ok else [f"{where} is bound to a {type(value).__name__}"]
+
+
+def _execute(artifact: str) -> dict[str, Any]:
+    """Execute the artifact's text as a user without this package would (with its
+    ``__file__``, docs/artifact-format.md): the namespace it binds."""
+    namespace: dict[str, Any] = {"__file__": artifact, "__name__": "precompile_interface_check"}
+    exec(compile(Path(artifact).read_text(), artifact, "exec"), namespace)
+    return namespace
+
+
+def _artifacts(directory: Path) -> dict[str, str]:
+    """One artifact of each kind the emitters write."""
+    torch.manual_seed(0)
+    out: dict[str, str] = {}
+    mlp, x = models.MLP().eval(), torch.randn(4, 8)
+    out["make_fx eager"] = capture_pair(models.mlp_fn, mlp, x, directory=directory, name="fx")[0]
+    out["make_fx inductor"] = capture_pair(
+        models.mlp_fn, mlp, x, directory=directory, name="fxi", backend="inductor"
+    )[0]
+    reg = models.Regressor()
+    out["make_fx training"] = capture_pair(
+        models.train_step_fn, reg, torch.randn(3, 5), torch.randn(3, 1),
+        directory=directory, name="fxt", training=True,
+    )[0]  # fmt: skip
+    out["make_fx inductor writing an input"] = capture_pair(
+        models.inplace_fn, torch.randn(3, 4), 2.0, directory=directory, name="fxw",
+        backend="inductor",
+    )[0]  # fmt: skip
+    grad_model, grad_inputs = fx_grad_inputs.build("mlp")
+    out["make_fx grad inputs"] = capture_pair(
+        fx_grad_inputs.mlp_call, grad_model, *grad_inputs, directory=directory, name="fxg",
+    )[0]  # fmt: skip
+    out["dynamo eager"] = capture_pair(
+        dynamo_models.explicit_break, mlp, x, directory=directory, name="dyn",
+        tracer=precompile.DynamoTracer(),
+    )[0]  # fmt: skip
+    out["dynamo inductor training"] = capture_pair(
+        dynamo_models.train_step_break, models.Regressor(), torch.randn(3, 5), torch.randn(3, 1),
+        directory=directory, name="dyni", tracer=precompile.DynamoTracer(),
+        backend="inductor", training=True,
+    )[0]  # fmt: skip
+    out["dynamo installed"] = capture_pair(
+        installed_models.child_break, installed_models.ChattyNet().eval(), x,
+        directory=directory, name="inst", tracer=precompile.DynamoTracer(),
+    )[0]  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return _artifacts(tmp_path_factory.mktemp("interfaces"))
+
+
+def test_every_runtime_declaration_matches_what_each_artifact_binds(
+    artifacts: dict[str, str],
+) -> None:
+    """A declaration an artifact binds must match it; one that a carried function reads
+    only on some paths (the training runtime, the input-aliasing check) may be absent
+    from an artifact that never takes them, but some kind of artifact must bind it, or
+    the declaration stands for nothing."""
+    problems: list[str] = []
+    bound_somewhere: dict[tuple[str, str], bool] = {}
+    for kind, artifact in artifacts.items():
+        text = Path(artifact).read_text()
+        namespace = _execute(artifact)
+        for module in RUNTIME_MODULES:
+            read = {
+                name
+                for function, names in _functions(module).items()
+                if f"\ndef {function}(" in text
+                for name in names
+            }
+            module_name = str(module.relative_to(CORE))
+            for stub in _stubs(module):
+                name = _declared_name(stub)
+                if name not in read:
+                    continue
+                key = (module_name, name)
+                bound_somewhere[key] = bound_somewhere.get(key, False) or name in namespace
+                if name in namespace:
+                    problems += [f"[{kind}] {p}" for p in _problems(stub, namespace, module_name)]
+        namespace.get("_unload", lambda: None)()
+    declared = {
+        (str(m.relative_to(CORE)), _declared_name(stub))
+        for m in RUNTIME_MODULES
+        for stub in _stubs(m)
+    }
+    problems += [
+        f"{m}: {n} is declared but no artifact kind carries a function reading it"
+        for m, n in sorted(declared - set(bound_somewhere))
+    ]
+    problems += [
+        f"{m}: {n} is declared but no artifact kind binds it"
+        for (m, n), ok in sorted(bound_somewhere.items())
+        if not ok
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def _declared_name(stub: ast.stmt) -> str:
+    if isinstance(stub, ast.FunctionDef):
+        return stub.name
+    assert isinstance(stub, ast.AnnAssign) and isinstance(stub.target, ast.Name)
+    return stub.target.id
+
+
+def test_a_declaration_that_drifted_from_its_definition_is_caught() -> None:
+    """The check itself: a renamed parameter, a missing name, a value of another type."""
+    namespace: dict[str, Any] = {
+        "refuse": lambda text, invariant=None: None,
+        "FN_NAME": 3,
+    }
+    source = (
+        "def refuse(message: str, invariant: int | None = None) -> NoReturn: ...\n"
+        "def gone() -> None: ...\n"
+        "FN_NAME: str = ''\n"
+    )
+    stubs = ast.parse(source).body
+    found = [p for stub in stubs for p in _problems(stub, namespace, "m.py")]
+    assert len(found) == 3, found
+    assert "declared parameters" in found[0] and "no such name" in found[1]
+    assert "bound to a int" in found[2]
