@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -274,3 +275,27 @@ def test_a_declaration_that_drifted_from_its_definition_is_caught() -> None:
     assert len(found) == 3, found
     assert "declared parameters" in found[0] and "no such name" in found[1]
     assert "bound to a int" in found[2]
+
+
+def test_docs_artifact_format_lists_every_metadata_key_the_emitters_write(
+    artifacts: dict[str, str],
+) -> None:
+    """docs/artifact-format.md is the reference for tools that read artifacts without
+    executing them (``precompile inspect``, the language server): a key an emitter writes
+    and the page does not name is undocumented format."""
+    page = (CORE.parents[1] / "docs" / "artifact-format.md").read_text()
+    documented = set(re.findall(r"`(_?[A-Z][A-Z0-9_]+)`", page))
+    # A table row may abbreviate a family: `USER_INPUT_SHAPES`, `_DTYPES`, `_DEVICES`.
+    for row in re.findall(r"^\|(.*)\|", page, flags=re.M):
+        base = None
+        for name in re.findall(r"`(_?[A-Z][A-Z0-9_]*)`", row):
+            if name.startswith("_") and base is not None:
+                documented.add(base + name)
+            elif "_" in name.strip("_"):
+                base = name.rsplit("_", 1)[0]
+    missing: dict[str, list[str]] = {}
+    for kind, artifact in artifacts.items():
+        for key in precompile.inspect_artifact(artifact):
+            if key not in documented:
+                missing.setdefault(key, []).append(kind)
+    assert not missing, f"metadata keys docs/artifact-format.md does not name: {missing}"
