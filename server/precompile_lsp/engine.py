@@ -270,21 +270,27 @@ class Engine:
             self._by_artifact = index
         return self._by_artifact
 
-    def shared_paths(self, decl: TargetDecl) -> list[tuple[TargetDecl, Path, str, str]]:
-        """Each other target that writes one of ``decl``'s paths: ``(other, path, what
-        decl writes there, what the other writes there)``, once per other target."""
-        index, shared, seen = self._index(), [], set()
+    def shared_paths(
+        self, decl: TargetDecl
+    ) -> list[tuple[TargetDecl, list[tuple[Path, str, str]]]]:
+        """Each other target that writes one of ``decl``'s paths, with every path they
+        share: ``(path, what decl writes there, what the other writes there)``."""
+        index: dict[str, tuple[TargetDecl, list[tuple[Path, str, str]]]] = {}
         for path, kind in self.written_paths(decl):
-            for other, other_kind in index.get(path, []):
-                if other.key != decl.key and other.key not in seen:
-                    seen.add(other.key)
-                    shared.append((other, path, kind, other_kind))
-        return shared
+            for other, other_kind in self._index().get(path, []):
+                if other.key == decl.key:
+                    continue
+                paths = index.setdefault(other.key, (other, []))[1]
+                if paths and paths[0][1:] == ("artifact", "artifact"):
+                    continue  # one artifact path: its .cache and .sig go without saying
+                if all(path != p for p, _, _ in paths):
+                    paths.append((path, kind, other_kind))
+        return list(index.values())
 
     def conflicts(self, decl: TargetDecl) -> list[TargetDecl]:
         """Other targets whose emit writes one of the paths ``decl``'s emit writes (the
         artifact, or its ``.cache`` or ``.sig``): neither may be emitted."""
-        return [other for other, *_ in self.shared_paths(decl)]
+        return [other for other, _ in self.shared_paths(decl)]
 
     def write_refusal(self, decl: TargetDecl) -> str | None:
         """Why an emit of ``decl`` may not write where its artifact= points, by where the
@@ -446,7 +452,8 @@ class Engine:
     def _conflict_text(self, decl: TargetDecl) -> str:
         shared = "; ".join(
             f"{o.key} writes {shown_path(path, self.root)} too (as its {theirs})"
-            for o, path, _, theirs in self.shared_paths(decl)
+            for o, paths in self.shared_paths(decl)
+            for path, _, theirs in paths
         )
         return (
             f"{decl.key} was not written: {shared}; so neither overwrites the other. Give "
@@ -483,15 +490,16 @@ class Engine:
         artifact, declared = self.artifact_of(decl)
         shared = self.shared_paths(decl)
         refused = self.write_refusal(decl)
+        if refused is None and state.artifact is not None:
+            refused = state.artifact.refused
         if shared:
             findings.append(conflict_finding(decl, shared, self.root))
         elif refused is not None:
             findings.append(write_refused_finding(decl, refused, artifact))
-        elif state.artifact is not None and state.artifact.refused is not None:
-            findings.append(write_refused_finding(decl, state.artifact.refused, artifact))
         elif state.artifact is not None:
             findings += artifact_findings(state.artifact, decl, artifact, declared, self.root)
         if state.emit_failure is not None and not (shared or refused):
+            # (A refusal the workspace still shows is said once, above.)
             findings += emit_failure_finding(state.emit_failure, decl, artifact)
         if state.verified is not None:
             findings += verify_findings(state.verified, decl)

@@ -444,34 +444,35 @@ WRITE_ERRORS = frozenset({"OverwriteRefusedError", "ArtifactWriteError"})
 
 
 def conflict_finding(
-    decl: Any, shared: list[tuple[Any, Path, str, str]], root: Path | None
+    decl: Any, shared: list[tuple[Any, list[tuple[Path, str, str]]]], root: Path | None
 ) -> Finding:
     """A target one of whose paths (artifact, ``.cache``, ``.sig``) another target's emit
     writes too: neither is emitted, since each would overwrite or tear the other's pair.
-    ``shared`` is ``Engine.shared_paths``: (other, path, what this writes, what it writes)."""
+    ``shared`` is ``Engine.shared_paths``: each other target with the paths they share,
+    and what each of the two writes there."""
 
-    def sentence(other: Any, path: Path, mine: str, theirs: str) -> str:
+    def one_path(path: Path, mine: str, theirs: str) -> str:
+        what = f"the {mine} of each" if mine == theirs else f"its {mine}, the other's {theirs}"
+        return f"{shown_path(str(path), root)} ({what})"
+
+    def sentence(other: Any, paths: list[tuple[Path, str, str]]) -> str:
         where = f"{other.key} ({shown_path(str(other.file), root)}:{other.decorator.line})"
-        what = f"its {mine}" if mine == theirs else f"its {mine}, the other's {theirs}"
-        return f"{decl.key} and {where} both write {shown_path(str(path), root)} ({what})"
+        return f"{decl.key} and {where} both write {' and '.join(one_path(*p) for p in paths)}"
 
-    text = "; ".join(sentence(*row) for row in shared)
+    def related(other: Any, paths: list[tuple[Path, str, str]]) -> Related:
+        _, mine, theirs = paths[0]
+        what = f"the same {theirs}" if mine == theirs else f"this target's {mine} as its {theirs}"
+        return Related(other.file, other.decorator, f"target {other.function} writes {what}")
+
     return Finding(
         "PC304",
-        f"{text}. Neither is emitted while they share it: give each target its own "
-        f"artifact= path (its .cache and .sig go beside it)",
+        f"{'; '.join(sentence(*row) for row in shared)}. Neither is emitted while they share "
+        f"a path: give each target its own artifact= path (its .cache and .sig go beside it)",
         decl.file,
         decl.decorator,
         decl.key,
-        related=tuple(
-            Related(o.file, o.decorator, f"target {o.function} writes the same {theirs}")
-            if mine == theirs
-            else Related(
-                o.file, o.decorator, f"target {o.function} writes this path as its {theirs}"
-            )
-            for o, _, mine, theirs in shared
-        ),
-        data={"target": decl.key, "artifact": str(shared[0][1])},
+        related=tuple(related(*row) for row in shared),
+        data={"target": decl.key, "artifact": str(shared[0][1][0][0])},
     )
 
 
