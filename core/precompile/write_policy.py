@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import pickletools
+import re
 import zipfile
 from collections.abc import Callable
 
@@ -34,6 +35,7 @@ KIND_NAMES = {
     "artifact": "torch-precompile artifact",
     "cache": "torch-precompile cache",
     "signature": "torch-precompile signature",
+    "report": "precompile check report",
     "key": "key",
 }
 
@@ -83,6 +85,41 @@ def is_signature(path: str) -> bool:
     return isinstance(record, dict) and record.get("format") == SIGNATURE_FORMAT
 
 
+#: The last line of a text report (``precompile check``'s summary).
+_TEXT_SUMMARY = re.compile(r"^\d+ targets? checked in ")
+_ANNOTATION = re.compile(r"^::(error|warning|notice) ")
+
+
+def is_report(path: str) -> bool:
+    """A report ``precompile check --output`` wrote, in any of its formats: the JSON
+    document (``version``, ``root``, ``findings``), SARIF whose tool is torch-precompile,
+    text ending in the check's summary line, or GitHub annotations only (an empty file
+    is one: no findings, and nothing to lose)."""
+    data = _head(path, 64 * 1024 * 1024)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    try:
+        document = json.loads(text)
+    except ValueError:
+        lines = [line for line in text.splitlines() if line.strip()]
+        if not lines or all(_ANNOTATION.match(line) for line in lines):
+            return True
+        return bool(_TEXT_SUMMARY.match(lines[-1]))
+    if not isinstance(document, dict):
+        return False
+    if {"version", "root", "findings"} <= document.keys():
+        return True
+    runs = document.get("runs")
+    if not isinstance(runs, list):
+        return False
+    try:
+        return any(run["tool"]["driver"]["name"] == "torch-precompile" for run in runs)
+    except (TypeError, KeyError):
+        return False
+
+
 def _never(path: str) -> bool:
     """A key file is never replaced: that would lose the key (``precompile keygen``)."""
     return False
@@ -92,6 +129,7 @@ RECOGNISERS: dict[str, Callable[[str], bool]] = {
     "artifact": is_artifact,
     "cache": is_cache,
     "signature": is_signature,
+    "report": is_report,
     "key": _never,
 }
 

@@ -250,3 +250,16 @@ def test_a_full_disk_on_emit_is_a_finding_beside_the_others(full_artifacts: Path
     assert os.strerror(28) in failed["message"]  # ENOSPC: "No space left on device"
     assert "no file was created" in failed["message"]
     assert list((full_artifacts / "artifacts").iterdir()) == []
+
+
+def test_a_report_replaces_only_a_report(emitted: dict[str, Any]) -> None:
+    root: Path = emitted["root"]
+    proc = precompile_cli("check", "--format", "sarif", "--output", "README.md", cwd=root)
+    assert proc.returncode == 2
+    assert "README.md already exists and is not a precompile check report" in proc.stderr
+    assert (root / "README.md").read_bytes() == b"# Read me\n"
+    # A new file, then the same report again in each format: a report replaces a report.
+    for fmt in ("sarif", "json", "text", "github", "sarif"):
+        proc = precompile_cli("check", "--format", fmt, "--output", "report.out", cwd=root)
+        assert proc.returncode == 1, (fmt, proc.stderr)
+    assert json.loads((root / "report.out").read_text())["version"] == "2.1.0"
