@@ -5,6 +5,10 @@ fsynced; then each target is linked to a backup and renamed over, and any failur
 interrupt during those renames puts every replaced target back (or removes it, where
 there was none before). Files are created with the process umask, like any file a tool
 writes; only a private key asks for 0600.
+
+Every file the product writes goes through ``write_files``, which applies the write
+policy (``precompile.write_policy``: a path is written only if it is new or holds this
+product's own file of the same kind) before ``atomic_write_files`` touches anything.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import secrets
 import shutil
 from collections.abc import Collection, Sequence
 
-from precompile.errors import PrecompileError
+from precompile.errors import ArtifactWriteError, PrecompileError
 
 PathLike = str | os.PathLike[str]
 
@@ -218,12 +222,35 @@ def atomic_write_files(
             outcome = "the previous files are unchanged"
         else:
             outcome = "no file was created"
-        raise PrecompileError(
+        raise ArtifactWriteError(
             f"cannot write {_target_of(error, temps, current)}: {error.strerror or error}; {outcome}",
             hint="check that the directory is writable and has space",
         ) from error
     swap.clean_up()
     _fsync_directories([path for _, path in temps])
+
+
+def write_files(files: Sequence[tuple[str, bytes, str]], *, private: Collection[str] = ()) -> None:
+    """Write each ``(path, data, kind)`` atomically, all or none -- after the write
+    policy allows every one of them: a path that holds anything but this product's own
+    file of ``kind`` refuses the whole write with an OverwriteRefusedError, and nothing
+    changes. A write that fails (a full disk) raises an ArtifactWriteError."""
+    from precompile.write_policy import check_writes
+
+    check_writes([(path, kind) for path, _, kind in files])
+    atomic_write_files([(path, data) for path, data, _ in files], private=private)
+
+
+def remove_own(path: str, kind: str) -> None:
+    """Remove ``path`` if it holds this product's own file of ``kind``; leave anything
+    else (a user's file of that name is not ours to delete)."""
+    from precompile.write_policy import RECOGNISERS
+
+    try:
+        if os.path.isfile(path) and RECOGNISERS[kind](path):
+            os.remove(path)
+    except OSError:
+        pass
 
 
 def _target_of(error: OSError, temps: list[tuple[str, str]], current: str) -> str:

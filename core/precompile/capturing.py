@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import warnings
@@ -16,12 +15,13 @@ from precompile.artifact_bytecode import (
     bytecode_entry,
     sources_entry,
 )
-from precompile.artifact_io import atomic_write_files, validate_pair
+from precompile.artifact_io import remove_own, validate_pair, write_files
 from precompile.backends import check_backend
 from precompile.emit import Artifact
 from precompile.errors import PrecompileError, RiskyGuardWarning
 from precompile.report import CaptureReport, PrecompileSummary
 from precompile.tracers import DynamoTracer, MakeFxTracer
+from precompile.write_policy import check_writes, pair_collision, pair_paths
 
 
 def capture(
@@ -83,6 +83,15 @@ class Capture:
         if cache is None:
             raise PrecompileError("cache_path is required", hint="e.g. cache_path='model.cache'")
         self.cache_path = cache
+        collision = pair_collision(self.artifact_path, cache)
+        if collision is not None:
+            raise PrecompileError(
+                f"the artifact pair cannot be written: {collision}",
+                hint="give the artifact a .py name, e.g. artifact_path='model.py', "
+                "cache_path='model.cache'",
+            )
+        # Checked again at each write; now too, so a capture is not run for nothing.
+        check_writes(pair_paths(self.artifact_path, cache))
         # Read now, so a bad key fails before anything runs rather than at the write.
         self._signing_key: Any = None
         if signing_key is not None:
@@ -311,26 +320,31 @@ class Capture:
         self._ensure_artifact()
         self._check_gates()
         assert self._artifact is not None
-        files = [(self.artifact_path, self._artifact.python_code), (self.cache_path, self._cache)]
+        files = [
+            (self.artifact_path, self._artifact.python_code, "artifact"),
+            (self.cache_path, self._cache, "cache"),
+        ]
         if self._signing_key is not None:
             from precompile import signing
 
             signature = signing.signature_bytes(
                 self._artifact.python_code, self._cache, self._signing_key
             )
-            files.append((signing.default_signature_path(self.artifact_path), signature))
-        atomic_write_files(files)
+            files.append(
+                (signing.default_signature_path(self.artifact_path), signature, "signature")
+            )
+        write_files(files)
         if self._signing_key is None:
             self._drop_stale_signature()
 
     def _drop_stale_signature(self) -> None:
         """An unsigned write makes a signature beside the pair stale: it signs bytes that
         are gone. Left there, a load with trusted keys would blame tampering; removed, it
-        says plainly that the pair is unsigned."""
+        says plainly that the pair is unsigned. Only a signature is removed: a file of
+        another kind under that name is not ours to delete."""
         from precompile.signing import default_signature_path
 
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(default_signature_path(self.artifact_path))
+        remove_own(default_signature_path(self.artifact_path), "signature")
 
     def _check_gates(self) -> None:
         """The DynamoTracer's require_* gates, checked before anything is written."""

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from precompile.errors import CacheFallbackWarning, PrecompileError
+from precompile.write_policy import CACHE_FORMAT
 
-CACHE_FORMAT = "torch-precompile-cache"
 #: 2: the envelope records ``digests``; a version-1 cache (no digests) is not used.
 CACHE_VERSION = 2
 

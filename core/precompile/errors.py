@@ -86,6 +86,11 @@ class SignatureError(PrecompileError):
     """
 
 
+class ArtifactWriteError(PrecompileError):
+    """Writing files failed (a full disk, a read-only folder): the previous files are as
+    they were. Its own type so a tool can tell a failed write from a refused capture."""
+
+
 class ArtifactTrustWarning(UserWarning):
     """Emitted by every load that did not verify a signature: both files of the pair are
     code (python_code is executed; the cache's compiled kernels are loaded as native

@@ -23,10 +23,10 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from precompile.artifact_io import as_path, atomic_write_files, read_bytes, validate_pair
+from precompile.artifact_io import as_path, read_bytes, validate_pair, write_files
 from precompile.errors import PrecompileError, SignatureError
+from precompile.write_policy import SIGNATURE_FORMAT
 
-SIGNATURE_FORMAT = "torch-precompile-signature"
 SIGNATURE_VERSION = 1
 
 #: A private key, public key or trusted key: a path to a PEM file (or a raw 32-byte key
@@ -175,7 +175,7 @@ def generate_key(
     public_pem = key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
-    atomic_write_files([(private, private_pem), (public, public_pem)], private={private})
+    write_files([(private, private_pem, "key"), (public, public_pem, "key")], private={private})
     return private, public, key_id(key.public_key())
 
 
@@ -215,7 +215,7 @@ def sign(
     python_code = read_bytes(artifact, "artifact")
     cache_data = read_bytes(cache, "cache")
     target = _signature_path(artifact, cache, signature_path)
-    atomic_write_files([(target, signature_bytes(python_code, cache_data, key))])
+    write_files([(target, signature_bytes(python_code, cache_data, key), "signature")])
     return target
 
 

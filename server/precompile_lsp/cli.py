@@ -101,6 +101,7 @@ def _target_rows(engine: Any) -> list[dict[str, Any]]:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from precompile.errors import PrecompileError
     from precompile_lsp import formats
     from precompile_lsp.config import ConfigError
     from precompile_lsp.engine import Engine
@@ -110,6 +111,17 @@ def _check(args: argparse.Namespace) -> int:
     progress = _Progress(args.quiet)
     overrides = {"workers": args.jobs} if args.jobs else None
     started = time.monotonic()
+    if args.output not in (None, "-"):
+        from precompile.write_policy import refusal
+
+        refused = refusal(args.output, "report")
+        if refused is not None:  # said before the check runs, not after
+            print(
+                f"precompile check: --output {refused}; name a new file (or a report this "
+                f"command wrote), or move the existing file away",
+                file=sys.stderr,
+            )
+            return EXIT_ERROR
     try:
         files = _files(args.paths)
         engine = Engine(
@@ -168,7 +180,11 @@ def _check(args: argparse.Namespace) -> int:
         output = formats.github(findings, root)
     else:
         output = formats.text(findings, root, summary)
-    formats.write(output, args.output)
+    try:
+        formats.write(output, args.output)
+    except PrecompileError as error:  # e.g. a file put there while the check ran
+        print(f"precompile check: {error}", file=sys.stderr)
+        return EXIT_ERROR
     if args.format != "text" and args.output not in (None, "-"):
         print(summary, file=sys.stderr)
     threshold = FAIL_ON[args.fail_on]

@@ -34,15 +34,19 @@ from typing import Any
 
 import attrs
 
+from precompile.write_policy import pair_collision, pair_paths
 from precompile_lsp.config import load_config
 from precompile_lsp.discovery import TargetDecl, discover
-from precompile_lsp.files import MAX_SOURCE_BYTES, SourceRead, read_source
+from precompile_lsp.files import MAX_SOURCE_BYTES, SourceRead, read_source, shown_path
 from precompile_lsp.findings import (
+    WRITE_ERRORS,
     Finding,
     artifact_findings,
     conflict_finding,
+    emit_failure_finding,
     findings_from_result,
     verify_findings,
+    write_refused_finding,
 )
 from precompile_lsp.protocol import (
     CaptureError,
@@ -89,6 +93,9 @@ class TargetState:
     result_decl: TargetDecl | None = None
     #: The last verify outcome, shown until the next check result.
     verified: JobResult | None = None
+    #: The last emit, when its write was refused or failed (a full disk): shown beside
+    #: the check's findings, not instead of them, until the next check result.
+    emit_failure: JobResult | None = None
     artifact: ArtifactStatus | None = None
     findings: list[Finding] = dataclasses.field(default_factory=list)
     #: Content hashes of the files the result was computed from (what it depends on).
@@ -118,6 +125,10 @@ class TextStore:
 
 Event = dict[str, Any]
 _MISSING = object()
+_REFUSAL_HINT = (
+    "point artifact= at a new path inside the workspace (e.g. artifacts/NAME.py), or move "
+    "the existing file away if you mean to replace it"
+)
 
 
 class Engine:
@@ -149,7 +160,9 @@ class Engine:
         self.seen: dict[Path, str | None] = {}
         self.skipped: set[Path] = set()  # too big to read; logged once each
         self._deciding = asyncio.Lock()
-        self._by_artifact: dict[Path, list[TargetDecl]] | None = None
+        #: Every path a target's emit writes (artifact, cache, signature) -> the targets
+        #: that write it, with what each writes there.
+        self._by_artifact: dict[Path, list[tuple[TargetDecl, str]]] | None = None
         self._job_ids = itertools.count(1)
         self.versions = {
             "python": sys.version.split()[0],
@@ -238,18 +251,67 @@ class Engine:
             return (self.root / declared).resolve(), True
         return self.config.default_artifact(decl.module, decl.function).resolve(), False
 
-    def conflicts(self, decl: TargetDecl) -> list[TargetDecl]:
-        """Other targets that resolve to ``decl``'s artifact path (an index over all
-        targets, rebuilt when targets or the configuration change: asking for every
-        target must not cost targets squared)."""
+    def written_paths(self, decl: TargetDecl) -> list[tuple[Path, str]]:
+        """Every path an emit of ``decl`` writes or removes, with its kind: the artifact,
+        its ``.cache`` and its ``.sig`` (resolved, so a symlinked folder counts where it
+        leads). Temporaries and backups are random siblings created exclusively."""
+        artifact, _ = self.artifact_of(decl)
+        return [(Path(p).resolve(), kind) for p, kind in pair_paths(str(artifact))]
+
+    def _index(self) -> dict[Path, list[tuple[TargetDecl, str]]]:
+        """Each written path -> the targets that write it (rebuilt when targets or the
+        configuration change: asking for every target must not cost targets squared)."""
         if self._by_artifact is None:
-            index: dict[Path, list[TargetDecl]] = {}
+            index: dict[Path, list[tuple[TargetDecl, str]]] = {}
             for key in sorted(self.targets):
                 declared = self.targets[key].decl
-                index.setdefault(self.artifact_of(declared)[0], []).append(declared)
+                for path, kind in self.written_paths(declared):
+                    index.setdefault(path, []).append((declared, kind))
             self._by_artifact = index
-        same = self._by_artifact.get(self.artifact_of(decl)[0], [])
-        return [other for other in same if other.key != decl.key]
+        return self._by_artifact
+
+    def shared_paths(
+        self, decl: TargetDecl
+    ) -> list[tuple[TargetDecl, list[tuple[Path, str, str]]]]:
+        """Each other target that writes one of ``decl``'s paths, with every path they
+        share: ``(path, what decl writes there, what the other writes there)``."""
+        index: dict[str, tuple[TargetDecl, list[tuple[Path, str, str]]]] = {}
+        for path, kind in self.written_paths(decl):
+            for other, other_kind in self._index().get(path, []):
+                if other.key == decl.key:
+                    continue
+                paths = index.setdefault(other.key, (other, []))[1]
+                if paths and paths[0][1:] == ("artifact", "artifact"):
+                    continue  # one artifact path: its .cache and .sig go without saying
+                if all(path != p for p, _, _ in paths):
+                    paths.append((path, kind, other_kind))
+        return list(index.values())
+
+    def conflicts(self, decl: TargetDecl) -> list[TargetDecl]:
+        """Other targets whose emit writes one of the paths ``decl``'s emit writes (the
+        artifact, or its ``.cache`` or ``.sig``): neither may be emitted."""
+        return [other for other, _ in self.shared_paths(decl)]
+
+    def write_refusal(self, decl: TargetDecl) -> str | None:
+        """Why an emit of ``decl`` may not write where its artifact= points, by where the
+        path is: outside the workspace (``../``, an absolute path, a symlinked folder that
+        leads out) unless it is the artifact-dir the workspace's [tool.precompile] names;
+        or a path that is its own cache or signature path. Whether the files there are
+        ours is the write policy's call (``ArtifactStatus.refused``)."""
+        artifact, _ = self.artifact_of(decl)
+        allowed = [self.root, self.config.artifact_dir.resolve()]
+        shown = shown_path(artifact, self.root)
+        for path, _kind in self.written_paths(decl):
+            if not any(path == a or a in path.parents for a in allowed):
+                return (
+                    f"{shown_path(path, self.root)} is outside the workspace {self.root}; "
+                    f"the tools write only inside it (or into the artifact-dir that "
+                    f"[tool.precompile] names)"
+                )
+        collision = pair_collision(str(artifact))
+        if collision is not None:
+            return collision.replace(str(artifact), shown)
+        return None
 
     def options_of(self, decl: TargetDecl) -> dict[str, Any]:
         """What the job is run with: literal decorator options over the workspace's."""
@@ -342,6 +404,13 @@ class Engine:
             if kind is JobKind.EMIT and self.conflicts(decl):
                 error = CaptureError(message=self._conflict_text(decl), type="ArtifactConflict")
                 return JobResult(status=Outcome.ERROR, kind=kind, error=error)
+            if kind is JobKind.EMIT:
+                refused = await asyncio.to_thread(self._emit_refusal, decl)
+                if refused is not None:
+                    error = CaptureError(
+                        message=refused, type="OverwriteRefusedError", hint=_REFUSAL_HINT
+                    )
+                    return JobResult(status=Outcome.ERROR, kind=kind, error=error)
             job = state.jobs.get(kind)  # another run may have started it meanwhile
             if job is None or job.inputs != inputs or kind is JobKind.EMIT:
                 if job is not None:
@@ -372,12 +441,23 @@ class Engine:
             await asyncio.to_thread(self.cache.put, self._cache_key(decl, kind), result)
         return result
 
-    def _conflict_text(self, decl: TargetDecl) -> str:
+    def _emit_refusal(self, decl: TargetDecl) -> str | None:
+        """Why an emit of ``decl`` may not write at all (reads files: off the loop)."""
+        refused = self.write_refusal(decl)
+        if refused is not None:
+            return refused
         artifact, _ = self.artifact_of(decl)
-        others = ", ".join(o.key for o in self.conflicts(decl))
+        return artifact_status(artifact, self.root).refused
+
+    def _conflict_text(self, decl: TargetDecl) -> str:
+        shared = "; ".join(
+            f"{o.key} writes {shown_path(path, self.root)} too (as its {theirs})"
+            for o, paths in self.shared_paths(decl)
+            for path, _, theirs in paths
+        )
         return (
-            f"{decl.key} shares its artifact {artifact} with {others}; it was not written, so "
-            f"neither overwrites the other. Give each target its own artifact= path"
+            f"{decl.key} was not written: {shared}; so neither overwrites the other. Give "
+            f"each target its own artifact= path"
         )
 
     def reconfigure(self, overrides: dict[str, Any] | None = None) -> None:
@@ -408,11 +488,19 @@ class Engine:
             ]
         decl_version = {decl.file: self.seen.get(decl.file)}
         artifact, declared = self.artifact_of(decl)
-        others = self.conflicts(decl)
-        if others:
-            findings.append(conflict_finding(decl, others, artifact, self.root))
+        shared = self.shared_paths(decl)
+        refused = self.write_refusal(decl)
+        if refused is None and state.artifact is not None:
+            refused = state.artifact.refused
+        if shared:
+            findings.append(conflict_finding(decl, shared, self.root))
+        elif refused is not None:
+            findings.append(write_refused_finding(decl, refused, artifact))
         elif state.artifact is not None:
             findings += artifact_findings(state.artifact, decl, artifact, declared, self.root)
+        if state.emit_failure is not None and not (shared or refused):
+            # (A refusal the workspace still shows is said once, above.)
+            findings += emit_failure_finding(state.emit_failure, decl, artifact)
         if state.verified is not None:
             findings += verify_findings(state.verified, decl)
         state.findings = [
@@ -433,12 +521,13 @@ class Engine:
         state.result = result
         state.result_decl = decl
         state.verified = None
+        state.emit_failure = None
         state.dependencies = {Path(p): d for p, d in result.dependencies.items()}
         self._derive(state)
 
     async def _refresh_artifact(self, state: TargetState) -> None:
         artifact, _ = self.artifact_of(state.decl)
-        state.artifact = await asyncio.to_thread(artifact_status, artifact)
+        state.artifact = await asyncio.to_thread(artifact_status, artifact, self.root)
 
     async def _snapshot(self, states: list[TargetState]) -> None:
         """Keep the text of each file version findings point into, so they can be placed
@@ -490,7 +579,7 @@ class Engine:
         """After new results: what the workspace says of each artifact, the findings, and
         the texts they point into (one trip off the event loop for all of ``states``)."""
         paths = [self.artifact_of(s.decl)[0] for s in states]
-        statuses = await asyncio.to_thread(lambda: [artifact_status(p) for p in paths])
+        statuses = await asyncio.to_thread(lambda: [artifact_status(p, self.root) for p in paths])
         for state, status in zip(states, statuses):
             state.artifact = status
             self._derive(state)
@@ -526,9 +615,19 @@ class Engine:
 
         async def one(decl: TargetDecl) -> None:
             nonlocal done
-            if emit and not self.conflicts(decl):
+            # A target that may not write (its paths shared with another target, outside
+            # the workspace, or holding a user's file) is not emitted, nor verified: the
+            # artifact there is not its own, and its finding says so once.
+            writable = not self.conflicts(decl) and self.write_refusal(decl) is None
+            write_failed = None
+            if emit and writable:
                 emitted = await self.run_target(decl, JobKind.EMIT, submitted)
-                if emitted.failure is not None or emitted.status.failed:
+                failure = emitted.failure
+                if failure is not None and failure.type in WRITE_ERRORS:
+                    # Refused or failed to write (a full disk): the capture itself was
+                    # fine, so the check's findings are still shown, beside this one.
+                    write_failed = emitted
+                elif failure is not None or emitted.status.failed:
                     self._apply(decl, emitted)
                     done += 1
                     report(decl.key)
@@ -537,7 +636,14 @@ class Engine:
             state = self.targets.get(decl.key)
             if result.status is not Outcome.CANCELLED and state is not None:
                 self._apply(decl, result)
-                if verify and result.failure is None and not result.status.failed:
+                state.emit_failure = write_failed
+                if (
+                    verify
+                    and writable
+                    and write_failed is None
+                    and result.failure is None
+                    and not result.status.failed
+                ):
                     verified = await self.run_target(decl, JobKind.VERIFY, submitted)
                     if verified.status is not Outcome.CANCELLED:
                         state.verified = verified
@@ -568,6 +674,9 @@ class Engine:
         if state is not None:
             if emitted.status is not Outcome.CANCELLED and emitted.failure is None:
                 state.verified = None
+                state.emit_failure = None
+            elif emitted.failure is not None and emitted.failure.type in WRITE_ERRORS:
+                state.emit_failure = emitted
             await self._refresh_artifact(state)
             self._derive(state)
         return emitted

@@ -97,7 +97,19 @@ CODES = {
             "PC304",
             "artifact-conflict",
             "error",
-            "Two targets would write the same artifact.",
+            "Two targets would write the same file (an artifact, its .cache or its .sig).",
+        ),
+        Code(
+            "PC305",
+            "write-refused",
+            "error",
+            "The artifact path holds a file the tools did not write, or is outside the workspace.",
+        ),
+        Code(
+            "PC306",
+            "emit-write-failed",
+            "error",
+            "Writing the emitted artifact failed (a full disk, a read-only folder).",
         ),
         Code(
             "PC900", "worker-failed", "error", "A capture timed out or its worker process crashed."
@@ -427,22 +439,75 @@ def artifact_findings(
     return [Finding("PC301", message, decl.file, decl.decorator, decl.key, data=data)]
 
 
-def conflict_finding(decl: Any, others: list[Any], artifact: Path, root: Path | None) -> Finding:
-    """A target whose artifact path another target resolves to as well: neither is
-    emitted, since each would overwrite the other."""
-    names = ", ".join(
-        f"{o.key} ({shown_path(str(o.file), root)}:{o.decorator.line})" for o in others
-    )
+#: The error types of an emit whose capture was fine but whose files were not written.
+WRITE_ERRORS = frozenset({"OverwriteRefusedError", "ArtifactWriteError"})
+
+
+def conflict_finding(
+    decl: Any, shared: list[tuple[Any, list[tuple[Path, str, str]]]], root: Path | None
+) -> Finding:
+    """A target one of whose paths (artifact, ``.cache``, ``.sig``) another target's emit
+    writes too: neither is emitted, since each would overwrite or tear the other's pair.
+    ``shared`` is ``Engine.shared_paths``: each other target with the paths they share,
+    and what each of the two writes there."""
+
+    def one_path(path: Path, mine: str, theirs: str) -> str:
+        what = f"the {mine} of each" if mine == theirs else f"its {mine}, the other's {theirs}"
+        return f"{shown_path(str(path), root)} ({what})"
+
+    def sentence(other: Any, paths: list[tuple[Path, str, str]]) -> str:
+        where = f"{other.key} ({shown_path(str(other.file), root)}:{other.decorator.line})"
+        return f"{decl.key} and {where} both write {' and '.join(one_path(*p) for p in paths)}"
+
+    def related(other: Any, paths: list[tuple[Path, str, str]]) -> Related:
+        _, mine, theirs = paths[0]
+        what = f"the same {theirs}" if mine == theirs else f"this target's {mine} as its {theirs}"
+        return Related(other.file, other.decorator, f"target {other.function} writes {what}")
+
     return Finding(
         "PC304",
-        f"{decl.function} and {names} all write the artifact {shown_path(str(artifact), root)}; "
-        f"neither is emitted while they share it. Give each target its own artifact= path",
+        f"{'; '.join(sentence(*row) for row in shared)}. Neither is emitted while they share "
+        f"a path: give each target its own artifact= path (its .cache and .sig go beside it)",
         decl.file,
         decl.decorator,
         decl.key,
-        related=tuple(
-            Related(o.file, o.decorator, f"target {o.function} writes the same artifact")
-            for o in others
-        ),
+        related=tuple(related(*row) for row in shared),
+        data={"target": decl.key, "artifact": str(shared[0][1][0][0])},
+    )
+
+
+def write_refused_finding(decl: Any, why: str, artifact: Path) -> Finding:
+    """A target whose emit may not write where its artifact= points (the write policy):
+    nothing is written there, and the fix is another path."""
+    return Finding(
+        "PC305",
+        f"{decl.function}'s artifact is not written: {why}. Point artifact= at a new path "
+        f"inside the workspace (e.g. artifacts/{decl.function}.py), or move the existing "
+        f"file away if you mean to replace it",
+        decl.file,
+        decl.decorator,
+        decl.key,
         data={"target": decl.key, "artifact": str(artifact)},
     )
+
+
+def emit_failure_finding(emitted: Any, decl: Any, artifact: Path) -> list[Finding]:
+    """An emit whose capture was fine but whose write was refused (PC305) or failed
+    (PC306: a full disk); shown beside the target's other findings."""
+    failure = emitted.failure
+    if failure is None:
+        return []
+    data = {"target": decl.key, "artifact": str(artifact)}
+    if failure.type == "OverwriteRefusedError":
+        return [write_refused_finding(decl, failure.message, artifact)]
+    hint = f" ({failure.hint})" if failure.hint else ""
+    return [
+        Finding(
+            "PC306",
+            f"{decl.function}'s artifact could not be written: {failure.message}{hint}",
+            decl.file,
+            decl.decorator,
+            decl.key,
+            data={**data, "fix": "emit"},
+        )
+    ]

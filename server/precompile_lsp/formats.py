@@ -7,10 +7,10 @@ show 1-based columns, SARIF declares ``columnKind: unicodeCodePoints`` and count
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from precompile.artifact_io import write_files
 from precompile_lsp.doclinks import doc_link, page_link
 from precompile_lsp.files import shown_path
 from precompile_lsp.findings import CODES, Finding
@@ -181,7 +181,5 @@ def write(text_out: str, output: str | None) -> None:
         sys.stdout.write(text_out)
         sys.stdout.flush()
         return
-    tmp = f"{output}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text_out)
-    os.replace(tmp, output)
+    # Atomically, and only over a report of ours (precompile.write_policy).
+    write_files([(output, text_out.encode("utf-8"), "report")])

@@ -17,6 +17,8 @@ from pathlib import Path
 from precompile.errors import PrecompileError
 from precompile.metadata import inspect_artifact
 from precompile.source_digest import changed_functions
+from precompile.write_policy import pair_paths, refusal
+from precompile_lsp.files import shown_path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +43,9 @@ class ArtifactStatus:
     exists: bool
     unreadable: str | None = None
     stale: tuple[StaleSource, ...] = ()
+    #: Why an emit may not write the pair's paths (one holds a file this product did
+    #: not write: ``precompile.write_policy``), or None.
+    refused: str | None = None
 
 
 def _read(path: Path) -> str | None:
@@ -50,8 +55,16 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def artifact_status(artifact: Path) -> ArtifactStatus:
-    """What the workspace says of ``artifact`` now (reads files: call off the event loop)."""
+def artifact_status(artifact: Path, root: Path | None = None) -> ArtifactStatus:
+    """What the workspace says of ``artifact`` now (reads files: call off the event loop;
+    paths in messages are shown relative to ``root``)."""
+    refused = [
+        r
+        for path, kind in pair_paths(str(artifact))
+        if (r := refusal(path, kind, shown_path(path, root))) is not None
+    ]
+    if refused:
+        return ArtifactStatus(exists=artifact.is_file(), refused="; ".join(refused))
     if not artifact.is_file():
         return ArtifactStatus(exists=False)
     try:

@@ -497,15 +497,25 @@ def test_capture_is_single_use(tmp_path: Path) -> None:
             pass
 
 
+def _previous(x: torch.Tensor) -> torch.Tensor:
+    return x - 1
+
+
+def _previous_pair(tmp_path: Path) -> tuple[bytes, bytes]:
+    """A pair an earlier capture wrote at a.py/a.cache (only such a pair may be
+    replaced: precompile.write_policy), and its bytes."""
+    with _session(tmp_path, _previous) as cap:
+        cap(torch.randn(4))
+    return (tmp_path / "a.py").read_bytes(), (tmp_path / "a.cache").read_bytes()
+
+
 def test_block_that_raises_writes_nothing_new(tmp_path: Path) -> None:
-    (tmp_path / "a.py").write_text("previous artifact")
-    (tmp_path / "a.cache").write_bytes(b"previous cache")
+    previous = _previous_pair(tmp_path)
     with pytest.raises(KeyError):
         with _session(tmp_path) as cap:
             cap(torch.randn(4))
             raise KeyError("user error after the call")
-    assert (tmp_path / "a.py").read_text() == "previous artifact"
-    assert (tmp_path / "a.cache").read_bytes() == b"previous cache"
+    assert ((tmp_path / "a.py").read_bytes(), (tmp_path / "a.cache").read_bytes()) == previous
 
 
 def test_save_writes_at_once_and_exit_writes_again(tmp_path: Path) -> None:
@@ -524,8 +534,7 @@ def test_empty_block_is_an_error(tmp_path: Path) -> None:
 
 
 def test_failed_write_leaves_the_previous_pair(tmp_path: Path) -> None:
-    (tmp_path / "a.py").write_text("previous artifact")
-    (tmp_path / "a.cache").write_bytes(b"previous cache")
+    previous = _previous_pair(tmp_path)
     real_replace = os.replace
     calls: list[str] = []
 
@@ -539,8 +548,7 @@ def test_failed_write_leaves_the_previous_pair(tmp_path: Path) -> None:
             with mock.patch("os.replace", failing_replace):
                 cap.save()
     assert isinstance(info.value.__cause__, OSError) and calls
-    assert (tmp_path / "a.py").read_text() == "previous artifact"
-    assert (tmp_path / "a.cache").read_bytes() == b"previous cache"
+    assert ((tmp_path / "a.py").read_bytes(), (tmp_path / "a.cache").read_bytes()) == previous
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "a.cache",
         "a.py",
