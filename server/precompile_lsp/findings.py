@@ -39,7 +39,12 @@ CODES = {
     c.code: c
     for c in [
         Code("PC001", "capture-failed", "error", "The target could not be captured."),
-        Code("PC002", "syntax-error", "error", "A file could not be parsed for targets."),
+        Code(
+            "PC002",
+            "syntax-error",
+            "error",
+            "A file could not be parsed (or decoded) for targets.",
+        ),
         Code(
             "PC003",
             "target-not-module-level",
@@ -51,6 +56,12 @@ CODES = {
             "invalid-target",
             "error",
             "A target declaration is incomplete or cannot be imported.",
+        ),
+        Code(
+            "PC005",
+            "source-too-large",
+            "error",
+            "A file that may hold targets is too large to be searched for them.",
         ),
         Code("PC101", "graph-break", "warning", "Dynamo breaks the graph here."),
         Code("PC102", "bypassed-frame", "error", "A frame could not be saved into the artifact."),
