@@ -34,12 +34,25 @@ def _workspace(paths: list[str]) -> Path:
     return pyproject.parent if pyproject else Path.cwd().resolve()
 
 
-def _files(paths: list[str]) -> list[Path] | None:
+class OutsideWorkspace(ValueError):
+    """A path named on the command line that is not inside the workspace being checked."""
+
+
+def _files(paths: list[str], root: Path | None = None) -> list[Path] | None:
+    """The Python files ``paths`` name. With ``root``, each must lie inside it: a path
+    outside the workspace would otherwise be checked against nothing and pass."""
     if not paths:
         return None
     files: list[Path] = []
     for raw in paths:
         path = Path(raw).resolve()
+        if root is not None and path != root and root not in path.parents:
+            raise OutsideWorkspace(
+                f"{raw} is outside the workspace {root} (the folder of the nearest "
+                f"pyproject.toml above the first path, else the current directory), so "
+                f"nothing in it would be checked; cd into the project that holds {raw} "
+                f"and run precompile check there, or name paths inside {root}"
+            )
         if path.is_dir():
             files.extend(sorted(path.rglob("*.py")))
         elif path.exists():
@@ -123,11 +136,11 @@ def _check(args: argparse.Namespace) -> int:
             )
             return EXIT_ERROR
     try:
-        files = _files(args.paths)
+        files = _files(args.paths, root)
         engine = Engine(
             root, overrides=overrides, trusted=True, use_cache=not args.no_cache, on_event=progress
         )
-    except (ConfigError, FileNotFoundError) as error:
+    except (ConfigError, FileNotFoundError, OutsideWorkspace) as error:
         print(f"precompile check: {error}", file=sys.stderr)
         return EXIT_ERROR
 
@@ -144,12 +157,20 @@ def _check(args: argparse.Namespace) -> int:
         print(f"precompile check: internal error: {type(error).__name__}: {error}", file=sys.stderr)
         return EXIT_ERROR
     progress.done()
+    fail_on_empty = args.fail_on_empty or engine.config.fail_on_empty
     if not engine.targets:
         roots = ", ".join(str(r) for r in engine.config.source_roots)
         print(
-            f"precompile check: no @precompile.target found under {root} (source roots: "
-            f"{roots}); mark a function with @precompile.target(examples) or set "
-            f"[tool.precompile] source-roots",
+            f"precompile check: {'error' if fail_on_empty else 'warning'}: no "
+            f"@precompile.target found under {root} (source roots: {roots}), so nothing was "
+            f"checked; mark a function with @precompile.target(examples) or fix "
+            f"[tool.precompile] source-roots/include/exclude"
+            + (
+                ""
+                if fail_on_empty
+                else " (pass --fail-on-empty or set [tool.precompile] fail-on-empty = true "
+                "to make this exit 1)"
+            ),
             file=sys.stderr,
         )
     for warning in engine.config.warnings:
@@ -189,6 +210,8 @@ def _check(args: argparse.Namespace) -> int:
         print(summary, file=sys.stderr)
     threshold = FAIL_ON[args.fail_on]
     worst = max((SEVERITY_RANK.get(f.severity or "", 0) for f in all_findings), default=-1)
+    if fail_on_empty and not engine.targets:
+        return EXIT_FINDINGS
     return EXIT_FINDINGS if worst >= threshold else EXIT_OK
 
 
@@ -341,8 +364,9 @@ def _daemon(args: argparse.Namespace) -> int:
     from precompile_lsp.daemon import run_daemon
 
     try:
-        return run_daemon(_workspace(args.paths), _files(args.paths))
-    except (ConfigError, FileNotFoundError) as error:
+        root = _workspace(args.paths)
+        return run_daemon(root, _files(args.paths, root))
+    except (ConfigError, FileNotFoundError, OutsideWorkspace) as error:
         print(f"precompile daemon: {error}", file=sys.stderr)
         return EXIT_ERROR
 
@@ -397,13 +421,31 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "paths", nargs="*", help="files or directories (default: the whole workspace)"
     )
-    check.add_argument("--format", choices=["text", "json", "sarif", "github"], default="text")
+    check.add_argument(
+        "--format",
+        choices=["text", "json", "sarif", "github"],
+        default="text",
+        help="report format: text for people, json for scripts, sarif for code scanning, "
+        "github for workflow annotations (default: text)",
+    )
     check.add_argument("--output", help="write the report here (atomically) instead of stdout")
     check.add_argument("--emit", action="store_true", help="also emit each target's artifact")
     check.add_argument(
         "--verify", action="store_true", help="also verify each artifact against eager"
     )
-    check.add_argument("--fail-on", choices=["error", "warning", "never"], default="error")
+    check.add_argument(
+        "--fail-on",
+        choices=["error", "warning", "never"],
+        default="error",
+        help="exit 1 when a finding of this severity or worse is reported; never: always "
+        "exit 0 unless the check itself fails (default: error)",
+    )
+    check.add_argument(
+        "--fail-on-empty",
+        action="store_true",
+        help="exit 1 when no @precompile.target is found, so CI notices a check that checked "
+        "nothing (default: exit 0 with a warning; also [tool.precompile] fail-on-empty)",
+    )
     check.add_argument(
         "--jobs", type=int, help="worker processes (default: [tool.precompile] workers)"
     )
@@ -413,14 +455,16 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--quiet", action="store_true", help="no progress line on a terminal")
     check.set_defaults(run=_check)
     daemon = commands.add_parser("daemon", help="watch the workspace and print changed findings")
-    daemon.add_argument("paths", nargs="*")
+    daemon.add_argument(
+        "paths", nargs="*", help="files or directories to watch (default: the whole workspace)"
+    )
     daemon.set_defaults(run=_daemon)
     emit = commands.add_parser("emit", help="emit one target's artifact pair")
     emit.add_argument("target", help="module.function, function, or path.py::function")
     emit.add_argument("--quiet", action="store_true", help="no progress line on a terminal")
     emit.set_defaults(run=lambda a: _emit_or_verify(a, "emit"))
     verify = commands.add_parser("verify", help="verify an artifact against eager")
-    verify.add_argument("artifact")
+    verify.add_argument("artifact", help="path of the artifact's .py file")
     verify.add_argument("--quiet", action="store_true", help="no progress line on a terminal")
     verify.add_argument(
         "--trusted-key",

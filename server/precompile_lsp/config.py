@@ -37,6 +37,7 @@ KEYS = (
     "severity",
     "python",
     "docs-url",
+    "fail-on-empty",
 )
 #: Directory names never searched for targets nor watched: tools' own state, caches.
 SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
@@ -69,6 +70,9 @@ class Config:
     #: What was wrong but not fatal (unknown keys), each naming the key and the file.
     warnings: tuple[str, ...] = ()
     docs_url: str | None = None  # None: finding links open the docs shipped in the package
+    #: ``precompile check`` exits 1 when it finds no target at all (a glob or source-root
+    #: mistake would otherwise make CI pass while checking nothing).
+    fail_on_empty: bool = False
 
     def module_of(self, path: Path) -> str | None:
         """The importable module name of a file, from the innermost source root holding it."""
@@ -320,6 +324,10 @@ def load_config(root: Path, overrides: dict[str, Any] | None = None) -> Config:
         kwargs["python"] = _interpreter(table, root)
     if "docs-url" in table:
         kwargs["docs_url"] = _docs_url(table, "docs-url")
+    if "fail-on-empty" in table:
+        if not isinstance(table["fail-on-empty"], bool):
+            raise table.error("fail-on-empty", "must be true or false")
+        kwargs["fail_on_empty"] = table["fail-on-empty"]
     return Config(**kwargs)
 
 

@@ -14,6 +14,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from precompile_lsp.files import MAX_SOURCE_BYTES, SourceRead
 from precompile_lsp.findings import Finding, Span
 
 _MODULES = ("precompile", "precompile.targets")
@@ -132,6 +133,44 @@ def _literal_options(call: ast.AST) -> dict[str, Any]:
     options["has_examples"] = bool(call.args) or any(k.arg == "examples" for k in call.keywords)
     options["has_covers"] = any(k.arg == "covers" for k in call.keywords)
     return options
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1024 * 1024):.1f} MiB"
+
+
+def unreadable_findings(read: SourceRead) -> list[Finding]:
+    """Findings for a source that could not be searched for targets at all: one too big
+    to parse that mentions ``precompile`` (PC005), one that is not text in its encoding
+    (PC002, as a file that does not parse). Either would otherwise pass a check unseen."""
+    path = read.path
+    if read.too_big and read.may_hold_targets:
+        return [
+            Finding(
+                code="PC005",
+                message=f"{path.name} is {_mib(read.size)} ({read.size} bytes), over the "
+                f"{_mib(MAX_SOURCE_BYTES)} limit of files searched for targets, and it mentions "
+                f"precompile: any @precompile.target in it is not checked. Move the targets "
+                f"into a smaller module (generated code or data can stay in a module they "
+                f"import), or exclude this file in [tool.precompile] exclude if it holds none",
+                file=path,
+                span=Span.at(1, 0, 1),
+            )
+        ]
+    problem = read.decode_error
+    if problem is None or path.suffix != ".py":
+        return []
+    return [
+        Finding(
+            code="PC002",
+            message=f"cannot read this file for precompile targets: it is not valid "
+            f"{problem.encoding} (byte 0x{problem.byte:02x} at offset {problem.offset}, line "
+            f"{problem.line}: {problem.reason}). Save it as UTF-8, or declare its encoding on "
+            f"its first or second line, e.g. # -*- coding: latin-1 -*-",
+            file=path,
+            span=Span.at(problem.line, problem.column, 1),
+        )
+    ]
 
 
 def discover(path: Path, source: str, module: str | None) -> tuple[list[TargetDecl], list[Finding]]:

@@ -16,7 +16,8 @@ is re-checked only when a file its last result was computed from now reads diffe
 notifications of one save coalesce into one re-check, and a check with nothing changed
 does no work and reports nothing. A target keeps its previous result and findings until
 the new result replaces them. Files are read and parsed off the event loop; a source
-larger than ``MAX_SOURCE_BYTES`` is skipped with one log line. No user code runs unless
+larger than ``MAX_SOURCE_BYTES`` is not parsed (one log line; a finding when it mentions
+precompile, since targets in it would go unchecked). No user code runs unless
 the engine is trusted.
 """
 
@@ -36,7 +37,7 @@ import attrs
 
 from precompile.write_policy import pair_collision, pair_paths
 from precompile_lsp.config import load_config
-from precompile_lsp.discovery import TargetDecl, discover
+from precompile_lsp.discovery import TargetDecl, discover, unreadable_findings
 from precompile_lsp.files import MAX_SOURCE_BYTES, SourceRead, read_source, shown_path
 from precompile_lsp.findings import (
     WRITE_ERRORS,
@@ -179,7 +180,8 @@ class Engine:
         for path in paths:
             read = read_source(path)
             if read.text is None or not self.config.is_included(path):
-                scanned.append((read, [], []))
+                unread = unreadable_findings(read) if self.config.is_included(path) else []
+                scanned.append((read, [], unread))
                 continue
             targets, findings = discover(path, read.text, self.config.module_of(path))
             scanned.append((read, targets, findings))

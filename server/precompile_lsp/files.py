@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
+import tokenize
 from pathlib import Path
 
 #: Sources above this size are not read for targets (generated code, data in .py form):
 #: parsing tens of megabytes would stall every client for seconds.
 MAX_SOURCE_BYTES = 4 * 1024 * 1024
+
+
+#: What marks a file as possibly holding targets (discovery's own cheap test): a file
+#: too big to parse that contains it is reported, not passed over in silence.
+_MARK = b"precompile"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,25 +25,81 @@ class SourceRead:
 
     path: Path
     sha: str | None  # None: missing or unreadable
-    text: str | None  # None: missing, not UTF-8, or above MAX_SOURCE_BYTES
+    text: str | None  # None: missing, undecodable, or above MAX_SOURCE_BYTES
     too_big: bool = False
+    #: Its size in bytes (when read).
+    size: int = 0
+    #: Above the limit and mentioning ``precompile``: it may hold targets nobody checks.
+    may_hold_targets: bool = False
+    #: Why the bytes are not text: the encoding tried, the bad byte and where it is
+    #: (1-based line, 0-based column of code points before it).
+    decode_error: DecodeProblem | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeProblem:
+    encoding: str
+    offset: int
+    byte: int
+    line: int
+    column: int
+    reason: str
+
+
+def _digest_and_mark(path: Path) -> tuple[str, bool]:
+    """A big file's hash, and whether it mentions ``precompile``, in one streamed read."""
+    digest = hashlib.sha256()
+    found, tail = False, b""
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+            found = found or _MARK in tail + chunk
+            tail = chunk[-(len(_MARK) - 1) :]
+    return digest.hexdigest(), found
+
+
+def _decode(path: Path, data: bytes) -> tuple[str | None, DecodeProblem | None]:
+    """A source's text as Python reads it: UTF-8 unless a ``.py`` file's coding cookie
+    names another encoding."""
+    encoding = "utf-8"
+    if path.suffix == ".py":
+        try:
+            encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        except SyntaxError:
+            encoding = "utf-8"  # an unknown cookie: reported as UTF-8's failure
+    try:
+        return data.decode(encoding), None
+    except UnicodeDecodeError as error:
+        before = data[: error.start]
+        line_start = before.rfind(b"\n") + 1
+        column = len(before[line_start:].decode(encoding, errors="replace"))
+        problem = DecodeProblem(
+            encoding=encoding,
+            offset=error.start,
+            byte=data[error.start],
+            line=before.count(b"\n") + 1,
+            column=column,
+            reason=error.reason,
+        )
+        return None, problem
+    except LookupError:  # a cookie naming an encoding Python does not have
+        return None, None
 
 
 def read_source(path: Path) -> SourceRead:
     try:
         size = path.stat().st_size
         if size > MAX_SOURCE_BYTES:
-            with open(path, "rb") as f:
-                digest = hashlib.file_digest(f, "sha256").hexdigest()
-            return SourceRead(path, digest, None, too_big=True)
+            digest, mentioned = _digest_and_mark(path)
+            return SourceRead(
+                path, digest, None, too_big=True, size=size, may_hold_targets=mentioned
+            )
         data = path.read_bytes()
     except OSError:
         return SourceRead(path, None, None)
     digest = hashlib.sha256(data).hexdigest()
-    try:
-        return SourceRead(path, digest, data.decode("utf-8"))
-    except UnicodeDecodeError:
-        return SourceRead(path, digest, None)
+    text, problem = _decode(path, data)
+    return SourceRead(path, digest, text, size=len(data), decode_error=problem)
 
 
 def relative_path(path: Path | str, root: Path) -> str | None:

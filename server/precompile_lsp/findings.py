@@ -39,7 +39,12 @@ CODES = {
     c.code: c
     for c in [
         Code("PC001", "capture-failed", "error", "The target could not be captured."),
-        Code("PC002", "syntax-error", "error", "A file could not be parsed for targets."),
+        Code(
+            "PC002",
+            "syntax-error",
+            "error",
+            "A file could not be parsed (or decoded) for targets.",
+        ),
         Code(
             "PC003",
             "target-not-module-level",
@@ -51,6 +56,12 @@ CODES = {
             "invalid-target",
             "error",
             "A target declaration is incomplete or cannot be imported.",
+        ),
+        Code(
+            "PC005",
+            "source-too-large",
+            "error",
+            "A file that may hold targets is too large to be searched for them.",
         ),
         Code("PC101", "graph-break", "warning", "Dynamo breaks the graph here."),
         Code("PC102", "bypassed-frame", "error", "A frame could not be saved into the artifact."),
@@ -212,12 +223,18 @@ def _inside(path: Path, root: Path | None) -> bool:
 
 
 class _Target:
-    """What every finding of one target shares: its key, its place, its ``data``."""
+    """What every finding of one target shares: its key, its place, its ``data``.
+
+    A finding about the target as a whole (its capture failed, a covers call it would
+    refuse, its artifact) sits at ``anchor``, the decorator that declares it, as do the
+    related locations that point back to it: one target, one line. A finding with a real
+    place elsewhere (a graph break in a helper module) stays where it happens."""
 
     def __init__(self, decl: Any, root: Path | None) -> None:
         self.decl = decl
         self.root = root
-        self.related = Related(decl.file, decl.definition, f"target {decl.function}")
+        self.anchor: Span = decl.decorator
+        self.related = Related(decl.file, self.anchor, f"target {decl.function}")
 
     def finding(self, code: str, message: str, file: Path, span: Span, **extra: Any) -> Finding:
         extra.setdefault("data", {"target": self.decl.key})
@@ -226,7 +243,7 @@ class _Target:
 
 def _worker_failed(result: JobResult, t: _Target) -> list[Finding]:
     message = result.message or "the capture worker failed"
-    return [t.finding("PC900", message, t.decl.file, t.decl.decorator, details=result.output)]
+    return [t.finding("PC900", message, t.decl.file, t.anchor, details=result.output)]
 
 
 def _capture_failed(error: CaptureError, result: JobResult, t: _Target) -> Finding:
@@ -235,9 +252,15 @@ def _capture_failed(error: CaptureError, result: JobResult, t: _Target) -> Findi
     if location is not None and in_workspace:
         file, span = Path(location.file), Span.at(location.line, location.column, 1)
     else:
-        file, span = decl.file, decl.definition
+        file, span = decl.file, t.anchor
     # The failure is shown where it happened; the decorator is where the target is.
-    related = [Related(decl.file, decl.decorator, f"target {decl.function}")]
+    related = [t.related]
+    # An exception of user code: the workspace frames that led to where it was raised.
+    related += [
+        Related(Path(f.file), Span.at(f.line, f.column), f"called from {f.function}")
+        for f in error.stack[:-1]
+        if _inside(Path(f.file), t.root)
+    ]
     if location is not None and not in_workspace:
         # Raised inside a library: the finding stays on the user's code, the library
         # line is where to look next.
@@ -317,7 +340,7 @@ def _coverage_gap(gap: CoverageFact, t: _Target) -> Finding | None:
         "PC201",
         f"covers call {gap.call} would be refused by the artifact: {reasons}",
         t.decl.file,
-        t.decl.definition,
+        t.anchor,
     )
 
 
@@ -326,7 +349,7 @@ def _risky_drop(risky: RiskyDrop, t: _Target) -> Finding:
         "PC202",
         f"dropped guard {risky.guard} could change which variant runs: {risky.why}",
         t.decl.file,
-        t.decl.definition,
+        t.anchor,
     )
 
 
@@ -412,7 +435,7 @@ def verify_findings(verified: JobResult, decl: Any) -> list[Finding]:
     else:
         failures = list(verified.verify_failures)
     return [
-        t.finding("PC303", f"artifact verification failed: {failure}", decl.file, decl.decorator)
+        t.finding("PC303", f"artifact verification failed: {failure}", decl.file, t.anchor)
         for failure in failures
     ]
 

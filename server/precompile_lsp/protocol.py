@@ -103,6 +103,9 @@ class CaptureError:
     location: SourceLocation | None = None
     hint: str | None = None
     details: str | None = None
+    #: For an exception raised by user code (an import, ``examples()``): the workspace
+    #: frames it passed through, outermost first; ``location`` is the innermost.
+    stack: list[StackEntry] = attrs.field(factory=list)
 
 
 @attrs.frozen

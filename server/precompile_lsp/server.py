@@ -27,9 +27,12 @@ import uuid
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol
+from pygls.protocol.language_server import lsp_method
 
 from precompile.version import __version__
 from precompile_lsp.config import ConfigError
@@ -55,13 +58,45 @@ from precompile_lsp.stdio import protect_stdout
 log = logging.getLogger("precompile_lsp")
 
 
+class _Protocol(LanguageServerProtocol):
+    """pygls's protocol, tolerant of a client that changes a document it never opened
+    (pygls raises KeyError there, which the client shows as "Error in server")."""
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
+    def lsp_text_document__did_change(self, params: types.DidChangeTextDocumentParams) -> Any:
+        document = params.text_document
+        known = {unquote(uri) for uri in self.workspace.text_documents}
+        if unquote(document.uri) not in known:
+            changes = params.content_changes
+            if not changes or not isinstance(
+                changes[0], types.TextDocumentContentChangeWholeDocument
+            ):
+                # An edit to text we never saw cannot be applied; the next full text
+                # (didOpen, or a whole-document change) brings the document in.
+                log.warning(
+                    "precompile: ignoring an incremental didChange of %s, which was never "
+                    "opened (the client sent no didOpen)",
+                    document.uri,
+                )
+                return
+            # The whole new text: as good as a didOpen with it.
+            self.workspace.put_text_document(
+                types.TextDocumentItem(document.uri, "python", document.version, "")
+            )
+        yield from super().lsp_text_document__did_change(params)
+
+
 class PrecompileServer(LanguageServer):
     def __init__(self) -> None:
         super().__init__(
             "precompile",
             __version__,
+            protocol_cls=_Protocol,
             text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
         )
+        #: The process's exit status: 1 for an ``exit`` without ``shutdown`` first, as the
+        #: protocol asks (pygls raises SystemExit with it inside the loop).
+        self.exit_code = 0
         self.trusted = False
         self.settings = Settings()
         self.initialization_errors: list[str] = []
@@ -95,8 +130,10 @@ class PrecompileServer(LanguageServer):
             asyncio.run(framing.serve(self._stop_event, reader, self.protocol, writer))
         except BrokenPipeError:
             log.error("precompile: the connection to the client is lost; shutting down")
-        except (KeyboardInterrupt, SystemExit):
+        except KeyboardInterrupt:
             pass
+        except SystemExit as exit_:
+            self.exit_code = exit_.code if isinstance(exit_.code, int) else 1
         finally:
             self.shutdown()
 
@@ -761,6 +798,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     quiet_answered_cancels()
     SERVER.start_io(stdin=sys.stdin.buffer, stdout=channel)
+    if SERVER.exit_code:
+        sys.exit(SERVER.exit_code)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ def line_of(path: Path, text: str) -> int:
 
 
 def def_line(project: Path, function: str) -> int:
-    """Where target-level findings are reported: the target's ``def`` line."""
+    """The target's ``def`` line (its findings sit on the decorator, the line above)."""
     return line_of(project / SERVE, f"def {function}(")
 
 
@@ -75,7 +75,11 @@ def test_first_diagnostics(launch) -> None:
     by_code = {p.code: p for p in problems}
     assert sorted(by_code) == ["PC101", "PC201", "PC302"]
     gap = by_code["PC201"]
-    assert (gap.file, gap.line, gap.severity) == (SERVE, def_line(project, "rank"), "error")
+    assert (gap.file, gap.line, gap.severity) == (
+        SERVE,
+        def_line(project, "rank") - 1,  # at the decorator, as every target-level finding
+        "error",
+    )
     assert "would be refused by the artifact" in gap.message
     missing = by_code["PC302"]
     assert (missing.file, missing.line, missing.severity) == (
@@ -92,7 +96,7 @@ def test_first_diagnostics(launch) -> None:
     )
     assert brk.message.startswith("graph break [GB0059]")
     assert brk.related == (
-        ("serve.py", def_line(project, "score_logged"), "target score_logged"),
+        ("serve.py", def_line(project, "score_logged") - 1, "target score_logged"),
         ("serve.py", line_of(project / SERVE, "telemetry.report("), "in score_logged"),
     )
     assert bench.status() == "Precompile: 3"
@@ -195,7 +199,7 @@ def test_save_keeps_findings_until_replaced(launch) -> None:
     never_dropped(samples, previous, "saving an edit")
     [new] = [p for p in after if p.key not in previous]
     assert (new.file, new.code, new.line) == (SERVE, "PC101", printed)
-    assert new.related[0] == ("serve.py", def_line(bench.project, "score"), "target score")
+    assert new.related[0] == ("serve.py", def_line(bench.project, "score") - 1, "target score")
 
     # Undo the edit and save: the graph break goes, the others stay throughout.
     bench.page.locator(".editor-group-container.active .monaco-editor textarea").first.focus()

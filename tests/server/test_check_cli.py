@@ -44,11 +44,11 @@ def test_every_finding_kind_exactly(checked: dict[str, Any]) -> None:
     assert _at(gb) == ("src/shop/helpers.py", 5, 4, "warning")
     assert gb["data"]["gb_id"] == "GB0059" and gb["target"] == "shop.pipeline.with_helper_break"
     assert [(r["file"], r["line"], r["message"]) for r in gb["related"]] == [
-        ("src/shop/pipeline.py", 7, "target with_helper_break"),
+        ("src/shop/pipeline.py", 6, "target with_helper_break"),  # at its decorator
         ("src/shop/pipeline.py", 8, "in with_helper_break"),
     ]
     (gap,) = found["PC201"]
-    assert _at(gap) == ("src/shop/serving.py", 19, 0, "error")
+    assert _at(gap) == ("src/shop/serving.py", 18, 0, "error")  # at the target's decorator
     assert "tensor(7, 8)" in gap["message"]
     assert "`x` has size 7 at dim 0; the capture saw 4" in gap["message"]
     (stale,) = found["PC301"]

@@ -14,24 +14,28 @@ The tracer and backend come from the decorator when it names them, else from the
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import hashlib
 import importlib
 import importlib.metadata
+import linecache
 import os
 import sys
 import tempfile
+import traceback
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import attrs
 import torch
 
 import precompile
+import precompile.targets
 from precompile.artifact_io import default_cache_path
-from precompile.errors import PrecompileError
+from precompile.errors import Location, PrecompileError
 from precompile.targets import as_example
 from precompile_lsp import protocol
 from precompile_lsp.protocol import (
@@ -82,12 +86,115 @@ def _tracer(option: Any, workspace: str) -> Any:
     return name
 
 
+class UserCodeError(PrecompileError):
+    """An exception raised by the workspace's own code (importing the target's module,
+    its ``examples()`` or ``covers()``), located at the innermost workspace line it passed
+    through, with the workspace frames on the way there (``stack``)."""
+
+    def __init__(self, message: str, error: BaseException, root: str, hint: str) -> None:
+        frames = _workspace_frames(error, root)
+        location = None
+        if frames:
+            file, line, column, _ = frames[-1]
+            location = Location(file, line, column)
+        shown = traceback.format_list(
+            [traceback.FrameSummary(f, n, name) for f, n, _, name in frames[-_SHOWN_FRAMES:]]
+        )
+        details = "Traceback (workspace frames, innermost last):\n" + "".join(shown)
+        details += "".join(traceback.format_exception_only(type(error), error))
+        super().__init__(message, location=location, hint=hint, details=details)
+        self.stack = [
+            protocol.StackEntry(f, n, c, name) for f, n, c, name in frames[-_SHOWN_FRAMES:]
+        ]
+
+
+#: How many workspace frames of a user exception a finding shows.
+_SHOWN_FRAMES = 5
+
+
+def _indent(file: str, line: int) -> int:
+    text = linecache.getline(file, line)
+    return len(text) - len(text.lstrip()) if text.strip() else 0
+
+
+def _workspace_frames(error: BaseException, root: str) -> list[tuple[str, int, int, str]]:
+    """(file, line, column, function) of each frame of ``error``'s traceback in a file of
+    the workspace (not an installed package, not this package), outermost first; for a
+    SyntaxError, the line that does not parse comes last."""
+    prefix = os.path.realpath(root) + os.sep
+    mine = os.path.dirname(os.path.realpath(__file__)) + os.sep
+
+    def inside(file: str | None) -> bool:
+        # Frozen modules name no file ("<frozen importlib._bootstrap>").
+        real = _realpath(file) if file and os.path.isabs(file) else ""
+        return real.startswith(prefix) and "site-packages" not in real and not real.startswith(mine)
+
+    frames = [
+        (_realpath(f.filename), f.lineno or 1, _indent(f.filename, f.lineno or 1), f.name)
+        for f in traceback.extract_tb(error.__traceback__)
+        if inside(f.filename)
+    ]
+    if isinstance(error, SyntaxError) and inside(error.filename) and error.filename:
+        column = max((error.offset or 1) - 1, 0)
+        frames.append((_realpath(error.filename), error.lineno or 1, column, "<module>"))
+    return frames
+
+
+@contextlib.contextmanager
+def _option_errors_stay_on_their_target() -> Iterator[None]:
+    """While a target's module is imported: a ``@precompile.target(...)`` whose own
+    arguments are invalid marks its function with the error instead of raising, so the
+    module imports and its other targets are checked as usual; the job of the marked
+    target reports the error at its decorator. (Outside workers the decorator raises, as
+    documented.)"""
+    original = precompile.targets.target
+
+    @functools.wraps(original)
+    def target(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except (TypeError, ValueError) as error:
+            caller = sys._getframe(1)
+            marked = (error, Location(caller.f_code.co_filename, caller.f_lineno, 0))
+
+            def mark(fn: Any) -> Any:
+                fn.__precompile_target_error__ = marked
+                return fn
+
+            return mark
+
+    precompile.target = precompile.targets.target = target
+    try:
+        yield
+    finally:
+        precompile.target = precompile.targets.target = original
+
+
 def _import_target(job: JobRequest) -> Any:
     for root in reversed(job.source_roots):
         if root not in sys.path:
             sys.path.insert(0, root)
-    module = importlib.import_module(job.module)
+    try:
+        with _option_errors_stay_on_their_target():
+            module = importlib.import_module(job.module)
+    except Exception as error:
+        raise UserCodeError(
+            f"importing {job.module} failed: {type(error).__name__}: {error}",
+            error,
+            job.root,
+            hint="fix the failing line (shown here, innermost workspace frame); every target "
+            "of the module is checked again once it imports",
+        ) from error
     fn = getattr(module, job.function, None)
+    marked = getattr(fn, "__precompile_target_error__", None)
+    if marked is not None:
+        invalid, where = marked
+        raise PrecompileError(
+            f"this @precompile.target's arguments are invalid: {invalid}",
+            location=Location(_realpath(where.file), where.line, _indent(where.file, where.line)),
+            hint="fix this decorator's arguments; other targets of the module are not "
+            "affected (but importing the module outside precompile check raises this)",
+        )
     options = getattr(fn, "__precompile_target__", None)
     if options is None:
         raise PrecompileError(
@@ -98,7 +205,7 @@ def _import_target(job: JobRequest) -> Any:
     return fn, options
 
 
-def _calls(factory: Any, what: str) -> list[Any]:
+def _calls(factory: Any, what: str, root: str) -> list[Any]:
     if factory is None:
         return []
     try:
@@ -106,8 +213,11 @@ def _calls(factory: Any, what: str) -> list[Any]:
     except PrecompileError:
         raise
     except Exception as error:
-        raise PrecompileError(
-            f"the target's {what}() failed: {type(error).__name__}: {error}"
+        raise UserCodeError(
+            f"the target's {what}() failed: {type(error).__name__}: {error}",
+            error,
+            root,
+            hint=f"fix {what}() where it raised (the traceback is in the details)",
         ) from error
 
 
@@ -234,7 +344,9 @@ def _coverage(cap: Any, covers: list[Any]) -> list[CoverageFact]:
 
 
 def capture_error(error: PrecompileError) -> CaptureError:
-    return protocol.from_json_value(error.to_dict(), CaptureError)
+    captured = protocol.from_json_value(error.to_dict(), CaptureError)
+    stack = getattr(error, "stack", None)
+    return attrs.evolve(captured, stack=stack) if isinstance(stack, list) else captured
 
 
 def facts_of(report: Any) -> CaptureFacts:
@@ -270,10 +382,10 @@ def run_job(job: JobRequest) -> JobResult:
         artifact = job.artifact
         cache = default_cache_path(artifact)
         if job.kind is JobKind.VERIFY:
-            failures = verify(fn, options, artifact, cache, job.trusted_keys)
+            failures = verify(fn, options, artifact, cache, job.trusted_keys, job.root)
             result = attrs.evolve(result, verify_failures=failures)
         else:
-            examples = _calls(options.examples, "examples")
+            examples = _calls(options.examples, "examples", job.root)
             if not examples:
                 raise PrecompileError(
                     "the target's examples() returned no calls", hint="return at least one Example"
@@ -291,7 +403,7 @@ def run_job(job: JobRequest) -> JobResult:
                     prefix="precompile-check-", dir=job.scratch
                 ) as tmp:
                     scratch = (f"{tmp}/a.py", f"{tmp}/a.cache")
-                    covers = _calls(options.covers, "covers")
+                    covers = _calls(options.covers, "covers", job.root)
                     cap, coverage = _capture(
                         fn, tracer, options.training, examples, "eager", scratch, covers
                     )
@@ -307,7 +419,9 @@ def run_job(job: JobRequest) -> JobResult:
     return result
 
 
-def verify(fn: Any, options: Any, artifact: str, cache: str, trusted_keys: list[str]) -> list[str]:
+def verify(
+    fn: Any, options: Any, artifact: str, cache: str, trusted_keys: list[str], root: str
+) -> list[str]:
     """Load the artifact in this (fresh) child and compare it with eager on every example
     and covers call; each mismatch or refusal is one failure. With ``trusted_keys`` the
     load itself checks the signature of the bytes it loads."""
@@ -322,7 +436,7 @@ def verify(fn: Any, options: Any, artifact: str, cache: str, trusted_keys: list[
         )
     except PrecompileError as error:
         return [f"it does not load: {error.message}"]
-    calls = _calls(options.examples, "examples") + _calls(options.covers, "covers")
+    calls = _calls(options.examples, "examples", root) + _calls(options.covers, "covers", root)
     for number, example in enumerate(calls, 1):
         report_stage("verifying", number, len(calls))
         served_args = copy.deepcopy((example.args, example.kwargs))
