@@ -45,9 +45,7 @@ def run_serving_section(workdir: Path, runs: int) -> str:
         cap(model, x)
     counted = precompile.load(artifact, cache)
     logged = precompile.load(artifact, cache, serving_log=str(workdir / "serving.jsonl"))
-    shadowed = precompile.load(
-        artifact, cache, fallback=serve_mlp, shadow=0.01, shadow_seed=0
-    )
+    shadowed = precompile.load(artifact, cache, fallback=serve_mlp, shadow=0.01, shadow_seed=0)
     plain = counted._forward
     full = per_call_us(
         {

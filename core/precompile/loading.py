@@ -41,7 +41,11 @@ class PrecompiledRunnable:
         self.artifact_path = artifact_path
         self.cache_path = cache_path
         if serving is None:
-            serving = Serving(forward, code_hash=namespace.get("_PRECOMPILE_CODE_HASH", ""), target=_target(metadata))
+            serving = Serving(
+                forward,
+                code_hash=namespace.get("_PRECOMPILE_CODE_HASH", ""),
+                target=_target(metadata),
+            )
         self._serving = serving
         # Bound once: a served call pays one next() on an itertools.count, nothing more.
         self._count_served = serving.served_counter.__next__

@@ -31,7 +31,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from precompile.errors import PrecompileError, ServingFallbackWarning
 
@@ -95,7 +95,9 @@ def signature_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     def walk(value: Any, depth: int) -> str:
         if depth > 4:
             return "..."
-        if isinstance(value, (list, tuple)) and (torch is None or not isinstance(value, torch.Size)):
+        if isinstance(value, (list, tuple)) and (
+            torch is None or not isinstance(value, torch.Size)
+        ):
             inner = ", ".join(walk(v, depth + 1) for v in list(value)[:16])
             more = ", ..." if len(value) > 16 else ""
             return f"[{inner}{more}]" if isinstance(value, list) else f"({inner}{more})"
@@ -114,7 +116,7 @@ def signature_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
 
 
 class _Reason:
-    __slots__ = ("refused", "fallback", "partial", "signatures")
+    __slots__ = ("fallback", "partial", "refused", "signatures")
 
     def __init__(self) -> None:
         self.refused = 0
@@ -455,7 +457,7 @@ class _LogWriter:
     MAX_LOG_BYTES (noting it once) and never raises: a failure warns once and the log
     stops."""
 
-    _writers: dict[str, _LogWriter] = {}
+    _writers: ClassVar[dict[str, _LogWriter]] = {}
     _writers_lock = threading.Lock()
 
     def __init__(self, path: str) -> None:
@@ -528,7 +530,9 @@ def _register(serving: Serving) -> None:
         _servings.add(serving)
         if not _flusher:
             atexit.register(flush_all)
-            thread = threading.Thread(target=_flush_loop, name="precompile-serving-log", daemon=True)
+            thread = threading.Thread(
+                target=_flush_loop, name="precompile-serving-log", daemon=True
+            )
             _flusher.append(thread)
             thread.start()
 

@@ -257,9 +257,7 @@ def test_serving_log_from_the_environment_goes_to_a_file_per_process_in_a_direct
     directory = tmp_path / "logs"
     directory.mkdir()
     out = _serve(
-        LOG_WRITER.replace(", serving_log={log!r}", "").format(
-            artifact=artifact, cache=cache, n=8
-        ),
+        LOG_WRITER.replace(", serving_log={log!r}", "").format(artifact=artifact, cache=cache, n=8),
         PRECOMPILE_SERVING_LOG=str(directory),
     )
     [path] = directory.iterdir()
@@ -328,7 +326,9 @@ def test_shadow_compares_sampled_calls_and_counts_mismatches(
     assert out["served_ok"]  # a mismatch is reported, the artifact's answer still served
     shadow = out["differ"]["shadow"]
     assert shadow["runs"] == 1 and shadow["mismatches"] == 1
-    assert shadow["mismatch_signatures"][0]["signature"] == "Sequential, float32[8,64] cpu contiguous"
+    assert (
+        shadow["mismatch_signatures"][0]["signature"] == "Sequential, float32[8,64] cpu contiguous"
+    )
     [record] = [json.loads(line) for line in log.read_text().splitlines()]
     assert record["shadow_mismatches"] == 1 and record["mismatches"][0]["signature"]
     assert out["strict"] and "shadow check" in out["strict"]
