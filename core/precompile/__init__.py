@@ -17,6 +17,7 @@ from precompile.errors import (
     Location,
     PrecompileError,
     RiskyGuardWarning,
+    ServingFallbackWarning,
     SignatureError,
 )
 from precompile.version import __version__
@@ -45,6 +46,7 @@ __all__ = [
     "Location",
     "PrecompileError",
     "RiskyGuardWarning",
+    "ServingFallbackWarning",
     "SignatureError",
     "__version__",
     *_LAZY,

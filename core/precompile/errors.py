@@ -112,6 +112,15 @@ class EagerFallbackWarning(UserWarning):
     """A frame Dynamo gave up on during capture missed its variants and ran eagerly."""
 
 
+class ServingFallbackWarning(EagerFallbackWarning):
+    """A call the loaded artifact refused ran ``load(..., fallback=fn)`` instead: warned
+    once per refusal reason (``runnable.stats()`` counts every one).
+
+    A subclass of EagerFallbackWarning, so a filter on that catches both ways a call runs
+    eagerly; its own class, so a service can single out production fallbacks.
+    """
+
+
 class RiskyGuardWarning(UserWarning):
     """The artifact dropped guards that decide which captured variant runs (warned when
     ``DynamoTracer(require_no_risky_drops=False)`` accepts them)."""

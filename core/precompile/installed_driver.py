@@ -117,12 +117,19 @@ def _build_installed_forward() -> Any:
         try:
             return compiled(*args, **kwargs)
         except rt.CompileRefused as error:
-            refuse(
-                f"precompile: no captured variant serves this call: {error}. The artifact serves "
-                f"only what capture exercised: add a call like this one to the capture, or "
-                f"load with allow_serve_time_compiles=True",
-                3,
-            )
+            try:
+                refuse(
+                    f"precompile: no captured variant serves this call: {error}. The artifact "
+                    f"serves only what capture exercised: add a call like this one to the "
+                    f"capture, or load with allow_serve_time_compiles=True",
+                    3,
+                )
+            except RuntimeError as refusal:
+                # Dynamo refuses a frame as it is entered, which may be a frame the entry
+                # calls after its own graph ran: load(..., fallback=) must not run the
+                # call again (counted as ran-before-refusal; see docs/serving.md).
+                refusal.ran_before_refusal = True  # type: ignore[attr-defined]
+                raise
 
     def unload() -> None:
         rt.uninstall(package, targets)

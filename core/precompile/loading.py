@@ -14,13 +14,16 @@ from precompile.artifact_io import read_bytes, validate_pair
 from precompile.envelope import code_hash, read_envelope, warn_cache_fallback
 from precompile.errors import ArtifactTrustWarning, PrecompileError
 from precompile.metadata import parse_metadata
+from precompile.serving import Serving, validate
 
 
 class PrecompiledRunnable:
     """A loaded artifact: call it with the arguments the captured function took.
 
     The model is passed again on every call (no weights live in the artifact); every
-    call is checked against what was captured and a mismatch raises PrecompileError.
+    call is checked against what was captured and a mismatch raises PrecompileError --
+    or, loaded with ``fallback=``, runs the fallback (precompile.serving). Every call is
+    counted (``stats()``).
     """
 
     def __init__(
@@ -30,15 +33,44 @@ class PrecompiledRunnable:
         namespace: dict[str, Any],
         artifact_path: str,
         cache_path: str | None,
+        serving: Serving | None = None,
     ) -> None:
         self._forward = forward
         self.metadata = metadata
         self._namespace = namespace
         self.artifact_path = artifact_path
         self.cache_path = cache_path
+        if serving is None:
+            serving = Serving(
+                forward,
+                code_hash=namespace.get("_PRECOMPILE_CODE_HASH", ""),
+                target=_target(metadata),
+            )
+        self._serving = serving
+        # Bound once: a served call pays one next() on an itertools.count, nothing more.
+        self._count_served = serving.served_counter.__next__
+        self._sampling = bool(serving.shadow_rate)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._forward(*args, **kwargs)
+        if self._sampling:
+            return self._serving.call(args, kwargs)
+        try:
+            result = self._forward(*args, **kwargs)
+        except PrecompileError as error:
+            return self._serving.refused(error, args, kwargs)
+        self._count_served()
+        return result
+
+    def stats(self) -> dict[str, Any]:
+        """Calls served, refused and fallen back since load, per refusal reason (its first
+        line) with up to 8 distinct input signatures each, and the shadow checks' counts:
+        see docs/serving.md."""
+        return self._serving.stats()
+
+    def flush_serving_log(self) -> None:
+        """Write the serving log's record now (it is also written periodically and at
+        exit); nothing without a serving log."""
+        self._serving.flush()
 
     @property
     def installed(self) -> bool:
@@ -85,6 +117,7 @@ def exec_artifact(
     cache_path: str | None = None,
     allow_serve_time_compiles: bool = False,
     code: types.CodeType | None = None,
+    serving: dict[str, Any] | None = None,
 ) -> PrecompiledRunnable:
     """Execute python_code (or ``code``, compiled from it) in a fresh namespace. What load decided (the cache bundle,
     the serve-time-compile flag) reaches the driver through namespace entries, never by
@@ -110,7 +143,13 @@ def exec_artifact(
     forward = namespace.get("forward")
     if not callable(forward):
         raise PrecompileError(f"the artifact {origin!r} defines no forward()")
-    return PrecompiledRunnable(forward, metadata, namespace, origin, cache_path)
+    policy = Serving(forward, code_hash=digest, target=_target(metadata), **(serving or {}))
+    return PrecompiledRunnable(forward, metadata, namespace, origin, cache_path, policy)
+
+
+def _target(metadata: dict[str, Any]) -> str:
+    """The captured function, as the serving log names it: FN_MODULE.FN_NAME."""
+    return f"{metadata.get('FN_MODULE')}.{metadata.get('FN_NAME')}"
 
 
 def load(
@@ -120,6 +159,11 @@ def load(
     allow_serve_time_compiles: bool = False,
     trusted_keys: Any = None,
     signature_path: str | os.PathLike[str] | None = None,
+    fallback: Callable[..., Any] | None = None,
+    serving_log: str | os.PathLike[str] | None = None,
+    shadow: float = 0.0,
+    shadow_strict: bool = False,
+    shadow_seed: int | None = None,
 ) -> PrecompiledRunnable:
     """Load an artifact pair. ``cache_path=None`` runs from python_code alone.
 
@@ -130,7 +174,16 @@ def load(
     bytes or key objects) the pair must carry a signature by one of them over exactly
     these bytes (``NAME.sig`` beside the artifact, or ``signature_path``), checked before
     anything is unpickled, loaded or executed; otherwise SignatureError says why.
+
+    Production serving (docs/serving.md): ``fallback`` runs for a call the artifact
+    refuses (warned once per reason, always counted; never for a refusal of the pair
+    itself, which still raises here, nor for a call refused after part of it ran);
+    ``serving_log`` (or the environment variable PRECOMPILE_SERVING_LOG) appends the
+    counters as JSON lines; ``shadow`` is the fraction of served calls also run through
+    ``fallback`` and compared (``shadow_strict`` raises on a mismatch; ``shadow_seed``
+    makes the sampling reproducible).
     """
+    rate, log_path = validate(fallback, shadow, shadow_strict, serving_log)
     artifact, cache = validate_pair(artifact_path, cache_path)
     python_code = read_bytes(artifact, "artifact")
     cache_data = None if cache is None else read_bytes(cache, "cache")
@@ -180,6 +233,13 @@ def load(
         origin=artifact,
         cache_path=cache,
         allow_serve_time_compiles=allow_serve_time_compiles,
+        serving={
+            "fallback": fallback,
+            "serving_log": log_path,
+            "shadow": rate,
+            "shadow_strict": shadow_strict,
+            "shadow_seed": shadow_seed,
+        },
     )
 
 

@@ -96,6 +96,17 @@ def _restore_dim_marks(stripped: list[tuple[Any, dict[str, Any]]]) -> None:
         t.__dict__.update(attrs)
 
 
+def _mark_ran_before_refusal(error: RuntimeError) -> None:
+    """Mark a refusal that escaped a variant (or an eagerly run frame) that had begun to
+    run: its graphs and the user's code between graph breaks may have written buffers
+    or inputs, so ``load(..., fallback=)`` must not run the call a second time. A frame's
+    own guard miss is raised before its variant runs, unmarked; a continuation's miss
+    passes through the entry's variant, which marks it. (A try costs a served call
+    nothing on Python 3.11+.)"""
+    if hasattr(error, "invariant"):  # a PrecompileError, the packaged one or refuse()'s
+        error.ran_before_refusal = True  # type: ignore[attr-defined]
+
+
 def _check_versions() -> None:
     """Refuse a foreign Python or torch before anything is unpickled: the artifact holds
     pickled guard state (torch-build-locked) and code objects (Python-version-locked)."""
@@ -490,7 +501,11 @@ def _build_multigraph_forward() -> Any:
                     finally:
                         _restore_dim_marks(stripped)
             if chosen is not None:
-                return bound[chosen](*args, **kwargs)
+                try:
+                    return bound[chosen](*args, **kwargs)
+                except RuntimeError as error:
+                    _mark_ran_before_refusal(error)
+                    raise
             if frame["eager_fallback"]:
                 if target.co_name not in warned:
                     warned.add(target.co_name)
@@ -507,7 +522,11 @@ def _build_multigraph_forward() -> Any:
                         category,
                         stacklevel=3,
                     )
-                return function(target, closure)(*args, **kwargs)
+                try:
+                    return function(target, closure)(*args, **kwargs)
+                except RuntimeError as error:
+                    _mark_ran_before_refusal(error)
+                    raise
             failures = "; ".join(
                 f"variant {i}: {_readable_guard_failure(m, f_locals)}"
                 for i, m in enumerate(managers)
