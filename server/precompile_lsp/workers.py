@@ -18,6 +18,7 @@ from pathlib import Path
 from precompile_lsp import protocol
 from precompile_lsp.config import Config
 from precompile_lsp.protocol import JobRequest, JobResult, Outcome, ProtocolError, Stage
+from precompile_lsp.trust import TrustGate
 
 OnStage = Callable[[Stage], None]
 
@@ -171,10 +172,15 @@ class WorkerClient:
 
 
 class WorkerPool:
-    """``size`` warm workers; a dead one is replaced before its next job."""
+    """``size`` warm workers; a dead one is replaced before its next job.
 
-    def __init__(self, config: Config) -> None:
+    Starting a worker runs the workspace's interpreter and a job imports the workspace's
+    code: both ask the trust ``gate`` first, and an untrusted workspace gets no worker
+    and a job that did not run (``CANCELLED``, never cached)."""
+
+    def __init__(self, config: Config, gate: TrustGate) -> None:
         self.config = config
+        self.gate = gate
         self.idle: asyncio.Queue[WorkerClient] = asyncio.Queue()
         self.workers: list[WorkerClient] = []
         self.running: dict[str, WorkerClient] = {}
@@ -187,12 +193,18 @@ class WorkerPool:
         return worker
 
     async def start(self) -> None:
+        if not self.gate.allows(f"start a worker with the interpreter {self.config.python}"):
+            return
         if not self.started:
             self.started = True
             for _ in range(self.config.workers):
                 self.idle.put_nowait(await self._spawn())
 
     async def run(self, job_id: str, job: JobRequest, on_stage: OnStage | None = None) -> JobResult:
+        if not self.gate.allows(f"capture {job.module}.{job.function}"):
+            return JobResult(
+                status=Outcome.CANCELLED, message="not run: the workspace is not trusted"
+            )
         await self.start()
         result = JobResult(status=Outcome.CRASHED, message="no worker could start the job")
         for _attempt in range(3):
