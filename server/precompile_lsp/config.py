@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from precompile_lsp.files import relative_path
+from precompile_lsp.trust import TrustGate
 
 SEVERITIES = ("error", "warning", "information", "hint", "off")
 BACKENDS = ("inductor", "eager")
@@ -67,6 +68,9 @@ class Config:
     workers: int = 1
     severity: dict[str, str] = dataclasses.field(default_factory=dict)
     python: str = sys.executable
+    #: Whether ``python`` was shown to run as a Python 3 interpreter (an untrusted
+    #: workspace's interpreter is not run, so not probed: the trust gate refuses).
+    python_probed: bool = True
     #: What was wrong but not fatal (unknown keys), each naming the key and the file.
     warnings: tuple[str, ...] = ()
     docs_url: str | None = None  # None: finding links open the docs shipped in the package
@@ -238,7 +242,10 @@ def _interpreter_problem(python: str, stamp: tuple[int, int]) -> str | None:
     return None
 
 
-def _interpreter(table: _Table, root: Path) -> str:
+def _interpreter(table: _Table, root: Path, gate: TrustGate) -> tuple[str, bool]:
+    """The interpreter ``python`` names, and whether it was probed. What can be checked
+    without running it always is; running it (the probe) only when ``gate`` allows, since
+    it is a program the workspace chose."""
     value = table["python"]
     if not isinstance(value, str) or not value.strip():
         raise table.error("python", "must be the path of a Python interpreter")
@@ -253,16 +260,23 @@ def _interpreter(table: _Table, root: Path) -> str:
         )
     if candidate.is_dir() or not os.access(candidate, os.X_OK):
         raise table.error("python", f"is not an executable file ({candidate})")
+    if not gate.allows(f"run the interpreter {table.where('python')} names ({value})"):
+        return str(candidate), False
     status = candidate.stat()
     problem = _interpreter_problem(str(candidate), (status.st_ino, status.st_mtime_ns))
     if problem is not None:
         raise table.error("python", f"{problem} ({candidate})")
-    return str(candidate)
+    return str(candidate), True
 
 
-def load_config(root: Path, overrides: dict[str, Any] | None = None) -> Config:
+def load_config(
+    root: Path, overrides: dict[str, Any] | None = None, *, gate: TrustGate | None = None
+) -> Config:
     """The configuration of the workspace at ``root`` (its pyproject.toml, if any), with
-    ``overrides`` (editor settings) applied on top."""
+    ``overrides`` (editor settings) applied on top. Settings that name programs run them
+    only if ``gate`` allows (default: an untrusted gate, so nothing of the workspace runs
+    unless the caller says it is trusted)."""
+    gate = gate if gate is not None else TrustGate(trusted=False)
     root = root.resolve()
     pyproject = root / "pyproject.toml"
     values: dict[str, Any] = {}
@@ -321,7 +335,7 @@ def load_config(root: Path, overrides: dict[str, Any] | None = None) -> Config:
                 )
         kwargs["severity"] = dict(severity)
     if "python" in table:
-        kwargs["python"] = _interpreter(table, root)
+        kwargs["python"], kwargs["python_probed"] = _interpreter(table, root, gate)
     if "docs-url" in table:
         kwargs["docs_url"] = _docs_url(table, "docs-url")
     if "fail-on-empty" in table:

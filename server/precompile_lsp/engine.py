@@ -59,6 +59,7 @@ from precompile_lsp.protocol import (
 )
 from precompile_lsp.result_cache import CACHE_FORMAT, ResultCache, distribution_version
 from precompile_lsp.staleness import ArtifactStatus, artifact_status
+from precompile_lsp.trust import TrustGate
 from precompile_lsp.workers import WorkerPool
 
 
@@ -148,12 +149,14 @@ class Engine:
         #: pair loads, as a plain ``precompile.load`` would).
         self.trusted_keys = list(trusted_keys)
         self.overrides = dict(overrides or {})
-        self.config = load_config(self.root, self.overrides)
-        self.trusted = trusted
-        self.cache = ResultCache(self.root, use_cache)
-        self.pool = WorkerPool(self.config)
-        self.stats = Stats()
         self.on_event = on_event or (lambda event: None)
+        #: The one trust gate every program-starting path of this engine asks (trust.py).
+        self.gate = TrustGate(trusted)
+        self.gate.on_refuse = lambda what: self.on_event({"kind": "untrusted", "what": what})
+        self.config = load_config(self.root, self.overrides, gate=self.gate)
+        self.cache = ResultCache(self.root, use_cache)
+        self.pool = WorkerPool(self.config, self.gate)
+        self.stats = Stats()
         self.targets: dict[str, TargetState] = {}
         self.discovery_findings: dict[Path, list[Finding]] = {}
         self.texts = TextStore()
@@ -171,6 +174,18 @@ class Engine:
             "torch-precompile": distribution_version("torch-precompile"),
             "cache": CACHE_FORMAT,
         }
+
+    @property
+    def trusted(self) -> bool:
+        return self.gate.trusted
+
+    async def trust(self) -> dict[Path, list[Finding]]:
+        """Trust the workspace from now on and do what waited for it: probe the
+        interpreter the configuration names (a ConfigError propagates, as at start) and
+        check every target."""
+        self.gate.grant()
+        self.reconfigure()
+        return await self.check()
 
     # ------------------------------------------------------------ discovery
 
@@ -468,7 +483,7 @@ class Engine:
         the old configuration."""
         if overrides is not None:
             self.overrides = dict(overrides)
-        self.config = load_config(self.root, self.overrides)
+        self.config = load_config(self.root, self.overrides, gate=self.gate)
         self.pool.config = self.config
         self._by_artifact = None
         for state in self.targets.values():
@@ -559,8 +574,7 @@ class Engine:
             await self.discover_async(files)
         wanted = None if files is None else {Path(p).resolve() for p in files}
         decls = [s.decl for s in self.targets.values() if wanted is None or s.decl.file in wanted]
-        if not self.trusted:
-            self.on_event({"kind": "untrusted"})
+        if not self.gate.allows("capture its targets"):
             return self.findings_by_file()
         await self._run_batch(decls, emit=emit, verify=verify)
         return self.findings_by_file()

@@ -171,14 +171,26 @@ class PrecompileServer(LanguageServer):
     def show(self, kind: types.MessageType, text: str) -> None:
         self.window_show_message(types.ShowMessageParams(kind, f"Precompile: {text}"))
 
-    def tell_untrusted(self) -> None:
-        if not self.told_untrusted:
-            self.told_untrusted = True
-            self.show(
-                types.MessageType.Warning,
-                "this workspace is not trusted, so no target is captured (captures run its "
-                "code). Trust the workspace to see graph breaks and coverage gaps.",
+    def tell_untrusted(self, refused: tuple[str, ...] = ()) -> None:
+        """Say once what the trust gates of this server's engines refused and what trust
+        would enable: captures, and any program a setting names (the interpreter)."""
+        if self.told_untrusted:
+            return
+        self.told_untrusted = True
+        named = [
+            what
+            for what in dict.fromkeys(
+                [w for e in self.engines.values() for w in e.gate.deferred] + list(refused)
             )
+            if what.startswith("run ")
+        ]
+        also = "".join(f"; it does not {what}" for what in named)
+        self.show(
+            types.MessageType.Warning,
+            "this workspace is not trusted, so none of its programs run: no target is "
+            f"captured (a capture imports its modules and calls their examples()){also}. "
+            "Trust the workspace to see graph breaks and coverage gaps.",
+        )
 
     def tell_config(self, engine: Engine) -> None:
         """A configuration's warnings (unknown keys), each once per server."""
@@ -211,7 +223,7 @@ class PrecompileServer(LanguageServer):
             # "idle" comes once the findings are published, never before.
             self.status("capturing", done=event["done"], total=event["total"])
         elif event["kind"] == "untrusted":
-            self.tell_untrusted()
+            self.tell_untrusted((event["what"],))
         elif event["kind"] == "stage":
             listener = self.stage_listeners.get((event["target"], event["job"]))
             if listener is not None:

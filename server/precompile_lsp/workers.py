@@ -11,15 +11,46 @@ forking it never ran, and the pool runs it again on a fresh worker.
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
+import re
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
 from precompile_lsp import protocol
 from precompile_lsp.config import Config
 from precompile_lsp.protocol import JobRequest, JobResult, Outcome, ProtocolError, Stage
+from precompile_lsp.trust import TrustGate
 
 OnStage = Callable[[Stage], None]
+
+#: How much of a worker's stderr is kept, to say why it did not start.
+STDERR_TAIL = 4000
+
+
+def start_failure(returncode: int | None, stderr: str) -> str:
+    """Why a worker ended before it was ready: how it ended (a signal, an exit status)
+    and the end of what it wrote. "Not installed" only when the import of torch or
+    torch-precompile is what failed -- a worker killed while importing (the OOM killer,
+    a user's kill) is not a missing package."""
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "unknown signal"
+        what = f"it was killed by signal {-returncode} ({name}) while starting"
+    elif returncode is not None:
+        what = f"it exited with status {returncode} while starting"
+    else:
+        what = "it closed its output while starting"
+    tail = stderr.strip()
+    what += f"; the end of its stderr:\n{tail}" if tail else "; it wrote nothing to stderr"
+    missing = re.search(r"No module named '?(precompile_lsp|precompile|torch)\b", tail)
+    if missing:
+        package = "torch" if missing.group(1) == "torch" else "torch-precompile"
+        what += f"\n{package} is not installed in that interpreter (pip install {package})"
+    return what
 
 
 class WorkerClient:
@@ -35,6 +66,10 @@ class WorkerClient:
         self.reader: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
         self.failure: str | None = None
+        #: The end of the worker's stderr (fd 1 of the worker points there too).
+        self.stderr: collections.deque[str] = collections.deque()
+        self.stderr_size = 0
+        self.stderr_reader: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         env = dict(os.environ)
@@ -46,17 +81,40 @@ class WorkerClient:
                 "precompile_lsp.worker",
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
                 cwd=str(self.root),
                 env=env,
                 start_new_session=True,
                 limit=64 * 1024 * 1024,
             )
         except OSError as error:
-            self.failure = f"the worker interpreter {self.python} could not start ({error})"
+            self.failure = f"it could not be run ({error})"
             self.ready.set()
             return
         self.reader = asyncio.create_task(self._read())
+        self.stderr_reader = asyncio.create_task(self._read_stderr())
+
+    async def _read_stderr(self) -> None:
+        """Keep the last ``STDERR_TAIL`` characters (drained always: a full pipe would
+        block the worker)."""
+        assert self.process is not None and self.process.stderr is not None
+        while chunk := await self.process.stderr.read(65536):
+            text = chunk.decode("utf-8", errors="replace")
+            self.stderr.append(text)
+            self.stderr_size += len(text)
+            while self.stderr_size - len(self.stderr[0]) >= STDERR_TAIL:
+                self.stderr_size -= len(self.stderr.popleft())
+
+    async def _ended_before_ready(self) -> str:
+        """What ended a worker that never said it was ready."""
+        assert self.process is not None
+        try:
+            await asyncio.wait_for(self.process.wait(), 5)
+            if self.stderr_reader is not None:
+                await asyncio.wait_for(asyncio.shield(self.stderr_reader), 5)
+        except TimeoutError:
+            pass
+        return start_failure(self.process.returncode, "".join(self.stderr)[-STDERR_TAIL:])
 
     def _dispatch(self, message: protocol.Message) -> None:
         if isinstance(message, protocol.Ready):
@@ -91,6 +149,8 @@ class WorkerClient:
         except ProtocolError as error:
             self.failure = f"the worker sent a message this engine cannot read: {error}"
             await self.close()
+        if self.failure is None and not self.ready.is_set():
+            self.failure = await self._ended_before_ready()
         self.failure = self.failure or "the worker process exited"
         self.ready.set()
         for job_id, future in self.pending.items():
@@ -116,8 +176,7 @@ class WorkerClient:
         if not self.alive:
             return JobResult(
                 status=Outcome.CRASHED,
-                message=f"the worker for {self.python} could not start ({self.failure}): is "
-                f"torch-precompile installed in that interpreter? (pip install torch-precompile)",
+                message=f"the worker for {self.python} could not start: {self.failure}",
             )
         future: asyncio.Future[JobResult] = asyncio.get_running_loop().create_future()
         self.pending[job_id] = future
@@ -168,13 +227,20 @@ class WorkerClient:
                 await self.process.wait()
         if self.reader is not None and self.reader is not asyncio.current_task():
             await asyncio.gather(self.reader, return_exceptions=True)
+        if self.stderr_reader is not None:
+            await asyncio.gather(self.stderr_reader, return_exceptions=True)
 
 
 class WorkerPool:
-    """``size`` warm workers; a dead one is replaced before its next job."""
+    """``size`` warm workers; a dead one is replaced before its next job.
 
-    def __init__(self, config: Config) -> None:
+    Starting a worker runs the workspace's interpreter and a job imports the workspace's
+    code: both ask the trust ``gate`` first, and an untrusted workspace gets no worker
+    and a job that did not run (``CANCELLED``, never cached)."""
+
+    def __init__(self, config: Config, gate: TrustGate) -> None:
         self.config = config
+        self.gate = gate
         self.idle: asyncio.Queue[WorkerClient] = asyncio.Queue()
         self.workers: list[WorkerClient] = []
         self.running: dict[str, WorkerClient] = {}
@@ -187,12 +253,18 @@ class WorkerPool:
         return worker
 
     async def start(self) -> None:
+        if not self.gate.allows(f"start a worker with the interpreter {self.config.python}"):
+            return
         if not self.started:
             self.started = True
             for _ in range(self.config.workers):
                 self.idle.put_nowait(await self._spawn())
 
     async def run(self, job_id: str, job: JobRequest, on_stage: OnStage | None = None) -> JobResult:
+        if not self.gate.allows(f"capture {job.module}.{job.function}"):
+            return JobResult(
+                status=Outcome.CANCELLED, message="not run: the workspace is not trusted"
+            )
         await self.start()
         result = JobResult(status=Outcome.CRASHED, message="no worker could start the job")
         for _attempt in range(3):

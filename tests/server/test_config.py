@@ -17,6 +17,7 @@ import pytest
 from precompile_lsp.config import Config, ConfigError, load_config
 from precompile_lsp.engine import Engine
 from precompile_lsp.protocol import JobKind
+from precompile_lsp.trust import TrustGate
 from tests.server.conftest import precompile_cli
 
 TARGETS = """import torch
@@ -45,12 +46,12 @@ def workspace(tmp_path: Path, table: str) -> Path:
     return root
 
 
-def config_of(tmp_path: Path, table: str) -> Config:
+def config_of(tmp_path: Path, table: str, gate: TrustGate | None = None) -> Config:
     root = tmp_path / "ws"
     if root.exists():
         (root / "pyproject.toml").write_text(f"[tool.precompile]\n{table}\n")
-        return load_config(root)
-    return load_config(workspace(tmp_path, table))
+        return load_config(root, gate=gate)
+    return load_config(workspace(tmp_path, table), gate=gate)
 
 
 # ------------------------------------------------------------ validation
@@ -94,10 +95,11 @@ def test_an_interpreter_that_does_not_run_is_a_config_error(tmp_path: Path) -> N
     fake.chmod(0o755)
     not_executable = tmp_path / "python-not-executable"
     not_executable.write_text("")
+    trusted = TrustGate(trusted=True)
     with pytest.raises(ConfigError, match=r"python does not run as a Python 3 interpreter"):
-        config_of(tmp_path, f'python = "{fake}"')
+        config_of(tmp_path, f'python = "{fake}"', trusted)
     with pytest.raises(ConfigError, match=r"python is not an executable file"):
-        config_of(tmp_path, f'python = "{not_executable}"')
+        config_of(tmp_path, f'python = "{not_executable}"', trusted)
     # ...and the CLI says so, with exit 2, not "internal error".
     root = workspace(tmp_path / "cli", f'python = "{fake}"')
     proc = precompile_cli("check", cwd=root)
@@ -156,7 +158,7 @@ def test_run_keys_reach_the_jobs(tmp_path: Path) -> None:
         f"python = {json.dumps(sys.executable)}\n"
         'severity = { PC101 = "error", PC302 = "off" }',
     )
-    engine = Engine(root)
+    engine = Engine(root, trusted=True)  # starting a worker runs the workspace's python
     [decl] = engine.discover()
     job = engine.job_request(decl, JobKind.CHECK)
     assert (job.backend, job.tracer, job.timeout) == ("eager", "make_fx", 7.5)

@@ -63,7 +63,9 @@ export function serverLaunch(
 ): Launch {
   const options: Launch['options'] = {
     // Unbuffered stderr, so the server's log reaches the output channel as it is written.
-    env: { ...plainEnv(env), PYTHONUNBUFFERED: '1' },
+    // Safe path: `-m` would put the folder (cwd) first on sys.path, and a workspace file
+    // named like a module the server imports would run, trusted or not.
+    env: { ...plainEnv(env), PYTHONUNBUFFERED: '1', PYTHONSAFEPATH: '1' },
   };
   if (cwd !== undefined) {
     options.cwd = cwd;

@@ -4,9 +4,15 @@ Python.
 It imports torch and precompile -- and does nothing else before forking: no op, no
 compile, no capture, because forking a process whose thread pools or compiler workers
 have started can deadlock the child. Each job runs in a fresh forked child (clean Dynamo
-state, crash isolation, no import cost) in its own process group, so a timeout or a
-cancel kills the child and everything it started. Where ``fork`` is unavailable (or
-``PRECOMPILE_WORKER_SPAWN=1``), each job runs in a fresh interpreter instead.
+state, crash isolation, no import cost) in its own process group. Where ``fork`` is
+unavailable (or ``PRECOMPILE_WORKER_SPAWN=1``), each job runs in a fresh interpreter
+instead.
+
+However a job ends -- result, error, crash, timeout, cancel, the worker stopped -- its
+process group is killed (``_end_job``): what ``examples()`` or the target started
+(DataLoader workers, multiprocessing pools, a forked helper) does not outlive it. On
+Linux the worker is also a child subreaper, so a job's process that left the group
+(``setsid()``) re-parents to the worker instead of init, and is killed and reaped too.
 
 It speaks ``precompile_lsp.protocol``: ``Run``/``Cancel`` in on stdin; ``Ready`` once, then
 per job ``Started``, a ``Progress`` per stage and ``Finished`` out. The protocol uses a
@@ -200,7 +206,7 @@ def _stop_on_sigterm() -> None:
     def handler(signum: int, frame: Any) -> None:
         pid, directory = _running.get("pid"), _running.get("directory")
         if pid is not None:
-            _kill_group(pid)
+            _end_job(pid)
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
         os._exit(0)
@@ -236,14 +242,22 @@ def run_forked(
     os.close(stage_write)
     _running.update(pid=pid, directory=directory)
     started = time.monotonic()
+    reaped: int | None = None  # the leader's wait status, once reaped
+
+    def end() -> int:
+        """The job's group ended while its leader is unreaped, then the leader reaped."""
+        nonlocal reaped
+        _end_job(pid)
+        reaped = os.waitpid(pid, 0)[1]
+        return reaped
+
     try:
         while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
+            if _exited(pid):
+                status = end()
                 break
             if time.monotonic() - started > job.timeout:
-                _kill_group(pid)
-                os.waitpid(pid, 0)
+                end()
                 return _ended(
                     Outcome.TIMEOUT,
                     f"capture timed out after {job.timeout:g} s (the job's whole process "
@@ -255,8 +269,7 @@ def run_forked(
                     on_stage(stage)
             if on_cancel is not None:
                 if on_cancel():  # waits up to 20 ms for a message
-                    _kill_group(pid)
-                    os.waitpid(pid, 0)
+                    end()
                     return JobResult(status=Outcome.CANCELLED)
             else:
                 time.sleep(0.02)
@@ -267,6 +280,8 @@ def run_forked(
         return _ended(Outcome.CRASHED, _describe_exit(status), output_path)
     finally:
         _running.clear()
+        if reaped is None:  # an exception above: nothing of the job survives it either
+            end()
         os.close(stage_read)
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -309,12 +324,12 @@ def run_spawned(job: JobRequest, on_cancel: Cancelled | None = None) -> JobResul
     _running.update(pid=process.pid, directory=directory)
     try:
         capturing = False
-        while process.poll() is None:
+        while not _exited(process.pid):
             if not capturing and os.path.exists(ready_path):
                 capturing, started = True, time.monotonic()
             elapsed = time.monotonic() - started
             if not capturing and elapsed > STARTUP_LIMIT_S:
-                _kill_group(process.pid)
+                _end_job(process.pid)
                 process.wait()
                 return _ended(
                     Outcome.TIMEOUT,
@@ -324,7 +339,7 @@ def run_spawned(job: JobRequest, on_cancel: Cancelled | None = None) -> JobResul
                     output_path,
                 )
             if capturing and elapsed > job.timeout:
-                _kill_group(process.pid)
+                _end_job(process.pid)
                 process.wait()
                 return _ended(
                     Outcome.TIMEOUT,
@@ -333,11 +348,13 @@ def run_spawned(job: JobRequest, on_cancel: Cancelled | None = None) -> JobResul
                     output_path,
                 )
             if on_cancel is not None and on_cancel():
-                _kill_group(process.pid)
+                _end_job(process.pid)
                 process.wait()
                 return JobResult(status=Outcome.CANCELLED)
             if on_cancel is None:
                 time.sleep(0.02)
+        _end_job(process.pid)
+        process.wait()
         if process.returncode == 0:
             result = _read_result(result_path, output_path)
             if result is not None:
@@ -351,17 +368,88 @@ def run_spawned(job: JobRequest, on_cancel: Cancelled | None = None) -> JobResul
         return _ended(Outcome.CRASHED, message, output_path)
     finally:
         _running.clear()
+        if process.returncode is None:
+            _end_job(process.pid)
+            process.wait()
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _kill_group(pid: int) -> None:
+def _exited(pid: int) -> bool:
+    """Whether the job's leader has ended, without reaping it: while it is a zombie its
+    pid -- the job's process group id -- cannot be reused, so ``_end_job`` kills the
+    job's group and nothing else."""
     try:
-        os.killpg(pid, signal.SIGKILL)
+        found = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return found is not None and found.si_pid == pid
+
+
+def _end_job(pgid: int) -> None:
+    """End everything a job started: its process group (the leader ``pgid`` made it with
+    ``setsid``, so it is the leader's pid), then what escaped the group and re-parented
+    to this worker as its subreaper. Called however the job ended."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        pass
+    _end_orphans(exclude=pgid)
+
+
+def _children() -> set[int]:
+    """This process's children (Linux: /proc), zombies included."""
+    found: set[int] = set()
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children", encoding="ascii") as f:
+                found.update(int(p) for p in f.read().split())
+    except OSError:
+        pass
+    return found
+
+
+def _end_orphans(exclude: int | None = None) -> None:
+    """Kill and reap the processes a job left that re-parented to this worker (its child
+    subreaper): a worker has no children of its own between jobs. ``exclude`` is the
+    job's leader, which its caller reaps for its exit status. Each round reaps what died;
+    a killed orphan's own children re-parent here and go in the next round."""
+    if not _SUBREAPER:
+        return
+    deadline = time.monotonic() + 5
+    while True:
+        orphans = _children() - {exclude}
+        for pid in orphans:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in orphans:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        if not orphans or time.monotonic() > deadline:
+            return
+
+
+#: Whether this process is a child subreaper (set by ``serve`` on Linux).
+_SUBREAPER = False
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> None:
+    """Linux: orphaned descendants re-parent to this worker rather than init, so a job's
+    process that escaped its group with ``setsid()`` is still found and ended."""
+    global _SUBREAPER
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        _SUBREAPER = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        _SUBREAPER = False
 
 
 class _Lines:
@@ -421,6 +509,7 @@ def _warm_up() -> None:
 def serve(channel: IO[str]) -> None:
     """The warm loop: read jobs, run each in a child, answer with results."""
     _warm_up()
+    _become_subreaper()
     _stop_on_sigterm()
     global _CHANNEL_FD
     _CHANNEL_FD = channel.fileno()

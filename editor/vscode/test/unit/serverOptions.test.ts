@@ -16,7 +16,12 @@ describe('serverLaunch', () => {
     const launch = serverLaunch(venv, { PATH: '/usr/bin', PYTHONPATH: '/proj', UNSET: undefined }, '/proj');
     assert.equal(launch.command, '/proj/.venv/bin/python');
     assert.deepEqual(launch.args, ['-m', 'precompile_lsp']);
-    assert.deepEqual(launch.options.env, { PATH: '/usr/bin', PYTHONPATH: '/proj', PYTHONUNBUFFERED: '1' });
+    assert.deepEqual(launch.options.env, {
+      PATH: '/usr/bin',
+      PYTHONPATH: '/proj',
+      PYTHONUNBUFFERED: '1',
+      PYTHONSAFEPATH: '1',
+    });
     assert.equal(launch.options.cwd, '/proj');
   });
 
