@@ -86,6 +86,9 @@ if TYPE_CHECKING:
 
     def describe_value(fp: Any) -> str: ...
 
+    # guard_text.typed_value, emitted before this module.
+    def typed_value(kind: str, shown: str) -> str: ...
+
     # The graph's entry: FX code names its parameter flat_inputs, Inductor's args.
     def call(flat_inputs: list[Any], /) -> list[Any]: ...
 
@@ -156,6 +159,34 @@ def refuse(message: str, invariant: int | None = None) -> NoReturn:
     except ImportError:
         error_type = PrecompileError
     raise error_type(message, invariant=invariant) from None
+
+
+def warn_inference_grad(what: str, more_fixes: str = "") -> None:
+    """Say, as an InferenceGradWarning, that an inference artifact's outputs carry no
+    gradient though this call runs with grad mode on and ``what`` requires grad. A
+    warning, not a refusal: serving code often calls with grad on and needs no
+    gradient. Emitted whole into every artifact; the category is imported at the moment
+    of warning only, and is a plain UserWarning where the package is not installed."""
+    import warnings
+
+    category: type[Warning]
+    try:
+        from precompile.errors import InferenceGradWarning
+
+        category = InferenceGradWarning
+    except ImportError:
+        category = UserWarning
+    warnings.warn(
+        f"precompile: this artifact was captured for inference (training=False), so it "
+        f"runs without autograd and its outputs carry no gradient; this call runs with "
+        f"grad mode on and {what} requires grad, so eager's outputs would carry one (a "
+        f"backward through them would leave these gradients out). Call it under "
+        f"torch.no_grad() or torch.inference_mode() if you need no gradient; to train "
+        f"through it, capture with training=True and run the backward inside fn"
+        f"{more_fixes}. Warned once per artifact",
+        category,
+        stacklevel=4,  # the user's call of the loaded runnable
+    )
 
 
 def lift_live_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[Any]]:
@@ -343,6 +374,20 @@ def _describe_input_mismatch(
             expected = USER_INPUT_CONSTANTS[i]
             if literal_fingerprint(leaf) != expected:
                 baked = describe_value(expected)
+                # A fingerprint is (type name, value): 2.0 == 2, yet the trace took the
+                # int's path, so the type is what to name.
+                kind = type(leaf).__name__
+                baked_kind = str(expected[0]) if isinstance(expected, (tuple, list)) else kind
+                if baked_kind not in (kind, "not a literal"):
+                    text = repr(leaf)
+                    text = text if len(text) <= 80 else text[:77] + "..."
+                    refuse(
+                        f"precompile: input value {i} is {typed_value(kind, text)}; the "
+                        f"capture baked {typed_value(baked_kind, baked)} (a Python value "
+                        f"is specialized by type and value). Pass {baked}, or capture "
+                        f"again for this value",
+                        3,
+                    )
                 refuse(
                     f"precompile: input value {i} is {leaf!r} but the capture baked "
                     f"{baked}; Python values are specialized at capture. Pass {baked}, or "
@@ -954,12 +999,27 @@ def _build_single_graph_forward() -> Any:
     def _apply_flat(flat: list[Any]) -> Any:
         return autograd_run(*flat)  # type: ignore[misc]  # set whenever this runs
 
+    # An inference artifact runs without autograd: under grad mode, with parameters
+    # that require grad (each call checks they still do, as captured), eager's outputs
+    # would carry a gradient and these carry none. Said once per artifact, at the first
+    # such call; the flag is the only per-call cost.
+    grad_loss_unwarned = [not TRAINING and autograd_run is None and any(PARAM_REQUIRES_GRAD)]
+
     def forward(*args: Any, **kwargs: Any) -> Any:
         flat, tensors_in = checked_inputs(args, kwargs)
         grad_was_enabled = _torch.is_grad_enabled()
         through_autograd = grad_was_enabled and autograd_run is not None
         run = _apply_flat if through_autograd else call
         if grad_was_enabled and not through_autograd:
+            if grad_loss_unwarned[0]:
+                grad_loss_unwarned[0] = False
+                names = [n for n, g in zip(PARAM_NAMES, PARAM_REQUIRES_GRAD) if g]
+                warn_inference_grad(
+                    f"parameter {names[0]!r}"
+                    + (f" (and {len(names) - 1} more)" if len(names) > 1 else ""),
+                    "; or capture with an example input that requires grad (the artifact "
+                    "then carries the backward)",
+                )
             _set_grad_enabled(False)
         try:
             if _any_autocast_enabled():

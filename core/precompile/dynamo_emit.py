@@ -588,6 +588,7 @@ def emit_dynamo(
             state_checks.autocast_state,
             driver.PrecompileError,
             driver.refuse,
+            driver.warn_inference_grad,
             source_digest,
             guard_text,
             runtime.disown_cleanup_hooks,

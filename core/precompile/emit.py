@@ -18,7 +18,14 @@ from typing import Any
 
 import torch
 
-from precompile import driver, lowered_inputs, single_graph_checks, source_digest, state_checks
+from precompile import (
+    driver,
+    guard_text,
+    lowered_inputs,
+    single_graph_checks,
+    source_digest,
+    state_checks,
+)
 from precompile._compat import tracing
 from precompile._compat.prelude import ARTIFACT_PRELUDE, SINGLE_GRAPH_STATE_PRELUDE
 from precompile.function_records import function_records
@@ -332,8 +339,11 @@ def emit_single_graph(
             "# ---- captured graph",
             lowered.source,
             "# ---- runtime driver (emitted verbatim: precompile/source_digest.py,",
-            "# state_checks.py, single_graph_checks.py and driver.py, each whole)",
-            runtime_source([source_digest, state_checks, single_graph_checks, driver]),
+            "# state_checks.py, guard_text.typed_value, single_graph_checks.py and",
+            "# driver.py, each whole)",
+            runtime_source(
+                [source_digest, state_checks, guard_text.typed_value, single_graph_checks, driver]
+            ),
             "",
             f"_relabel_layout_error = {lowered.relabel.__name__}",
             "forward = _build_single_graph_forward()",

@@ -121,6 +121,18 @@ class ServingFallbackWarning(EagerFallbackWarning):
     """
 
 
+class InferenceGradWarning(UserWarning):
+    """An inference artifact (captured with ``training=False``) was called with grad mode
+    on while a parameter or input it reads requires grad: its outputs carry no gradient,
+    where eager's would. Warned once per loaded artifact, at the first such call.
+
+    Serving code often calls a model with grad on without needing gradients, so this is
+    a warning, not a refusal; its own category so such code can filter it (or call under
+    ``torch.no_grad()``), and code that trains through the outputs learns to capture
+    with ``training=True`` instead of losing gradients silently.
+    """
+
+
 class RiskyGuardWarning(UserWarning):
     """The artifact dropped guards that decide which captured variant runs (warned when
     ``DynamoTracer(require_no_risky_drops=False)`` accepts them)."""

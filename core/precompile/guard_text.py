@@ -6,11 +6,13 @@ actual 7`` and a continuation as ``torch_dynamo_resume_in_score_at_12``; a user 
 coverage gap, a capture report -- goes through here, so none of them shows ``L['x']``,
 resume-function names or the ``___module_...`` globals Dynamo installs.
 
-Imports nothing at module level and only ``re`` inside: artifacts carry these functions
+Imports only typing names at module level and the standard library inside: artifacts carry these functions
 verbatim, and the language server uses them without torch.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 def user_path(text: str) -> str:
@@ -28,18 +30,64 @@ def user_path(text: str) -> str:
     return re.sub(r"___module_\w+", "a module global", text)
 
 
-def guard_failure_text(raw: str) -> str:
-    """One failing guard, as the user would say it, with where the capture read the value
-    (Dynamo appends ``  # source line  # path:line in function`` to a guard)."""
+def typed_value(kind: str, shown: str) -> str:
+    """A Python value with its type's name (``the float 2.0``; None as itself), for a
+    refusal of a value specialized by type and value: ``2.0 == 2``, yet the capture
+    took the int's path, so "is not 2" alone would read as a contradiction."""
+    return shown if kind == "NoneType" else f"the {kind} {shown}"
+
+
+def _value_at(path: str, f_locals: dict[str, Any]) -> Any:
+    """The value a guard's user path (``n``, ``cfg[0]``, ``model.fc``) names in a frame's
+    locals, read as the guard's own accessors read it; raises when it cannot be read."""
     import re
+
+    match = re.match(r"\w+", path)
+    if match is None:
+        raise LookupError(path)
+    value = f_locals[match.group(0)]
+    rest = path[match.end() :]
+    while rest:
+        step = re.match(r"\.(\w+)|\[(-?\d+)\]|\[(['\"])(.*?)\3\]", rest)
+        if step is None:
+            raise LookupError(path)
+        attr, index, _quote, key = step.groups()
+        if attr is not None:
+            value = getattr(value, attr)
+        else:
+            value = value[int(index)] if index is not None else value[key]
+        rest = rest[step.end() :]
+    return value
+
+
+def guard_failure_text(raw: str, f_locals: dict[str, Any] | None = None) -> str:
+    """One failing guard, as the user would say it, with where the capture read the value
+    (Dynamo appends ``  # source line  # path:line in function`` to a guard). Given the
+    frame's ``f_locals`` (where a call is refused), a value compared by type and value
+    is shown with its type when that is what differs."""
+    import ast
+    import re
+
+    def live_type(name: str) -> tuple[str, str] | None:
+        """The live value's type name and repr, where the guard's path reads it."""
+        if f_locals is None:
+            return None
+        try:
+            value = _value_at(name, f_locals)
+        except Exception:
+            return None
+        shown = repr(value)
+        return type(value).__name__, shown if len(shown) <= 80 else shown[:77] + "..."
 
     def words(text: str) -> str:
         match = re.fullmatch(r"___check_type_id\((.+?), \d+\), type=<class '(.+?)'>", text)
         if match:
             name, expected = match.groups()
+            live = live_type(name)
+            now = f" (it is {typed_value(*live)})" if live else ""
             return (
                 f"`{name}` is not a {expected.rsplit('.', 1)[-1]} ({expected}), the type the "
-                f"capture saw"
+                f"capture saw{now}"
             )
         match = re.fullmatch(r"___check_obj_id\((.+?), \d+\)", text)
         if match:
@@ -69,6 +117,17 @@ def guard_failure_text(raw: str) -> str:
         if match:
             name, value = match.groups()
             shown = name if " " in name else f"`{name}`"
+            live = live_type(name)
+            try:
+                captured_kind = type(ast.literal_eval(value)).__name__
+            except (ValueError, SyntaxError):
+                captured_kind = None
+            if live and captured_kind and live[0] != captured_kind:
+                return (
+                    f"{shown} is {typed_value(*live)}; the capture saw "
+                    f"{typed_value(captured_kind, value)} (a Python value is specialized by "
+                    f"type and value)"
+                )
             return f"{shown} is not {value}, the value the capture specialized on"
         match = re.fullmatch(r"len\((.+)\) (==|!=) (\d+)", text)
         if match:
@@ -83,6 +142,27 @@ def guard_failure_text(raw: str) -> str:
             return (
                 f"`{name}` does not have {key} as its key number {index}: its keys differ "
                 f"from the capture's, or are in another order"
+            )
+        match = re.fullmatch(r"(not )?___dict_contains\((['\"])(.+?)\2, (.+?)\.__dict__\)", text)
+        if match:
+            negated, _quote, attr, owner = match.groups()
+            # As Python spells it: a Sequential's child ``model.0`` is ``model[0]``.
+            owner = re.sub(r"\.(\d+)(?=\.|$)", r"[\1]", owner)
+            try:
+                cls = type(_value_at(owner, f_locals or {}))
+                on_class = f"`{cls.__name__}.{attr}`"
+            except Exception:
+                on_class = f"the class's `{attr}`"
+            if negated:
+                return (
+                    f"`{owner}.{attr}` was set on the instance (an attribute in "
+                    f"{owner}.__dict__ shadows {on_class}); the capture ran {on_class}. "
+                    f"Delete it (del {owner}.{attr}), or set it before capturing and "
+                    f"capture again"
+                )
+            return (
+                f"`{owner}.{attr}` is no longer in {owner}.__dict__, where the capture read "
+                f"it. Set it on the instance again, or capture again without it"
             )
         match = re.fullmatch(r"not ([\w.]+(?:\[[^\]]+\])*)", text)
         if match:

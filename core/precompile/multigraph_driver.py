@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
+    def warn_inference_grad(what: str, more_fixes: str = "") -> None: ...
+
     def dynamo_serving_runtime() -> Any: ...
 
     def plain_serving_runtime() -> Any: ...
@@ -56,7 +58,7 @@ if TYPE_CHECKING:
 
     GUARD_RUNTIME: dict[str, Any] = {}
 
-    def guard_failure_text(raw: str) -> str: ...
+    def guard_failure_text(raw: str, f_locals: dict[str, Any] | None = None) -> str: ...
 
     def frame_label(name: str, line: int = 0) -> str: ...
 
@@ -218,7 +220,7 @@ def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str:
     """The first guard of a variant that fails for these locals, in the user's words."""
     info = manager.check_verbose(f_locals)
     parts = list(getattr(info, "verbose_code_parts", None) or [])
-    return guard_failure_text(str(parts[0])) if parts else "a guard failed"
+    return guard_failure_text(str(parts[0]), f_locals) if parts else "a guard failed"
 
 
 def _serve_as_captured(entry: Any, check: Any) -> Any:
@@ -256,6 +258,40 @@ def _serve_as_captured(entry: Any, check: Any) -> Any:
 
     dtype = getattr(torch, GLOBAL_STATE["default_dtype"].split(".")[-1])
     deterministic = GLOBAL_STATE["deterministic"]
+    # An inference capture serves with grad mode off: a call made with it on, whose
+    # model has a parameter (or whose input is a tensor) that requires grad, gets
+    # outputs without the gradient eager's would carry. Said once per artifact
+    # (InferenceGradWarning); looked for only under grad mode, until said.
+    grad_loss_unwarned = [not GRAD_MODE]
+    frozen_seen: list[Any] = []
+
+    def _requiring_grad(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """What of this call's arguments requires grad: a tensor argument (or one in a
+        list, tuple or dict argument), or a parameter of a module argument; "" if
+        nothing. A module found with every parameter frozen is not walked again while
+        it is passed (a later requires_grad_ on it is a change Dynamo's guards refuse)."""
+        values = [*args, *kwargs.values()]
+        names = [*(f"argument {i}" for i in range(len(args))), *map(repr, kwargs)]
+        for name, value in zip(names, values):
+            items = (
+                value.values()
+                if isinstance(value, dict)
+                else value
+                if isinstance(value, (list, tuple))
+                else (value,)
+            )
+            for item in items:
+                if isinstance(item, torch.Tensor) and item.requires_grad:
+                    return f"{name} (a tensor)"
+                if isinstance(item, torch.nn.Module) and not any(
+                    item is seen for seen in frozen_seen
+                ):
+                    for pname, p in item.named_parameters():
+                        if p.requires_grad:
+                            return f"parameter {pname!r} of {name}"
+                    frozen_seen.append(item)
+                    del frozen_seen[:-4]
+        return ""
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         check(args, kwargs)
@@ -276,6 +312,11 @@ def _serve_as_captured(entry: Any, check: Any) -> Any:
         if grad != GRAD_MODE:
             if GRAD_MODE_READ:
                 refuse_grad_mode(grad)
+            if grad and grad_loss_unwarned[0]:
+                what = _requiring_grad(args, kwargs)
+                if what:
+                    grad_loss_unwarned[0] = False
+                    warn_inference_grad(what)
             _set_grad_enabled(GRAD_MODE)
         try:
             return entry(*args, **kwargs)

@@ -324,9 +324,28 @@ def check_module_state(mods: list[Any], context: dict[str, Any]) -> None:
             for attr in sorted(old.keys() | new.keys()):
                 if old.get(attr) == new.get(attr):
                     continue
+                fix = "Restore it"
                 if attr not in old:
                     state = f"has an attribute {attr!r} ({describe_value(new[attr])})"
                     state += " that it did not have at capture"
+                    if hasattr(type(sub), attr):
+                        # model.forward = ...: the instance's __dict__ shadows the method
+                        # the trace ran.
+                        owner = f"{type(sub).__name__}.{attr}"
+                        state += (
+                            f", set on the instance: it shadows the class's {owner}, "
+                            f"which the capture ran"
+                        )
+                        # As Python spells it: a Sequential's child "0" is model[0].
+                        dotted = "".join(
+                            f"[{part}]" if part.isdigit() else f".{part}"
+                            for part in [*name.split("."), attr]
+                            if part
+                        )
+                        fix = (
+                            f"Delete it from the instance (del model{dotted}, model being "
+                            f"module argument {MODULE_POSITIONS[mi]}) so {owner} runs again"
+                        )
                 elif attr not in new:
                     state = f"no longer has the attribute {attr!r}"
                 else:
@@ -335,7 +354,7 @@ def check_module_state(mods: list[Any], context: dict[str, Any]) -> None:
                     state += f" but the trace read {describe_value(then)}"
                 refuse(
                     f"precompile: {where} {state}; the traced code reads it, and the graph "
-                    f"baked what it read. Restore it, or capture again (re-emit the "
+                    f"baked what it read. {fix}, or capture again (re-emit the "
                     f"artifact)",
                     2,
                 )

@@ -51,3 +51,35 @@ def test_raw_guard_text_is_said_in_the_users_words(raw: str, said: str) -> None:
     assert said in text
     for raw_word in ("L[", "_modules", "TYPE_MISMATCH", "dict.keys", "expected type of", "isnan"):
         assert raw_word not in text
+
+
+@pytest.mark.parametrize(
+    "raw, said",
+    [
+        (
+            "not ___dict_contains('forward', L['model'].__dict__)",
+            "`model.forward` was set on the instance (an attribute in model.__dict__ shadows "
+            "the class's `forward`)",
+        ),
+        (
+            "not ___dict_contains(\"extra_repr\", L['net']._modules['2']._modules['proj'].__dict__)",
+            "`net[2].proj.extra_repr` was set on the instance",
+        ),
+        (
+            "___dict_contains('scale', G['MODEL']._modules['fc'].__dict__)",
+            "`MODEL.fc.scale` is no longer in MODEL.fc.__dict__, where the capture read it",
+        ),
+    ],
+)
+def test_an_instance_attribute_guard_is_said_for_any_name_and_path(raw: str, said: str) -> None:
+    text = guard_failure_text(raw)
+    assert said in text, text
+    assert "___dict_contains" not in text and "L[" not in text and "G[" not in text
+
+
+def test_a_value_of_another_type_is_named_with_both_types_given_the_frame() -> None:
+    # 2.0 == 2, yet the capture specialized on the int: "is not 2" would read as false.
+    text = guard_failure_text("L['cfg'][1] == 2  # x * cfg[1]  # m.py:3 in fn", {"cfg": [0, 2.0]})
+    assert text.startswith("`cfg[1]` is the float 2.0; the capture saw the int 2"), text
+    # Without the frame (the language server's findings), the words stay as they were.
+    assert guard_failure_text("L['n'] == 2") == "`n` is not 2, the value the capture specialized on"

@@ -392,7 +392,7 @@ def check_variants(
         if manager.check(f_locals) or manager.check(f_locals):
             return {"served_by": i, "failures": failures}
         parts = list(getattr(manager.check_verbose(f_locals), "verbose_code_parts", None) or [])
-        shown = guard_failure_text(str(parts[0])) if parts else "a guard failed"
+        shown = guard_failure_text(str(parts[0]), f_locals) if parts else "a guard failed"
         failures.append({"variant": i, "guard": shown})
     return {"served_by": None, "failures": failures}
 

@@ -157,7 +157,9 @@ def dynamo_installed_runtime() -> Any:
             for i, entry in enumerate(_debug_get_precompile_entries(code)):
                 info = entry.guard_manager.check_verbose(frame.f_locals)
                 parts = list(getattr(info, "verbose_code_parts", None) or [])
-                shown = guard_failure_text(str(parts[0])) if parts else "a guard failed"
+                shown = (
+                    guard_failure_text(str(parts[0]), frame.f_locals) if parts else "a guard failed"
+                )
                 failures.append(f"variant {i}: {shown}")
             raise CompileRefused(
                 f"{frame_label(code.co_name)} ({code.co_filename}:{frame.f_lineno}) would need "
