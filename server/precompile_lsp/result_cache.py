@@ -5,7 +5,9 @@ third-party distribution it imported has the version it had, so an unchanged tar
 never captured again, in the editor or across CI runs. Paths inside the workspace are
 stored relative to its root, so a cache restored into another checkout (another CI
 runner) still hits. An entry that does not decode as a ``JobResult`` of this protocol is
-a miss, never an error. Reads files: call off the event loop.
+a miss, never an error. The cache is an optimisation: one that cannot be written
+(read-only, full, no permission) is turned off for the run, with one warning, and the
+results are what they would have been. Reads files: call off the event loop.
 """
 
 from __future__ import annotations
