@@ -69,7 +69,7 @@ class _Progress:
         self.tty = sys.stderr.isatty() and not quiet
 
     def __call__(self, event: dict[str, Any]) -> None:
-        if event["kind"] == "log":
+        if event["kind"] in ("log", "warning"):
             self.done()
             print(event["message"], file=sys.stderr)
             return

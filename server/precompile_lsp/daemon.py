@@ -29,7 +29,11 @@ def _lines(findings: dict[Path, list[Finding]], root: Path) -> set[str]:
 
 def run_daemon(root: Path, files: list[Path] | None) -> int:
     async def main() -> None:
-        engine = Engine(root, trusted=True)
+        def tell(event: dict[str, object]) -> None:
+            if event["kind"] in ("log", "warning"):  # e.g. a result cache it cannot write
+                print(event["message"], file=sys.stderr, flush=True)
+
+        engine = Engine(root, trusted=True, on_event=tell)
         shown: set[str] = set()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

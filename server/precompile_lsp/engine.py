@@ -28,6 +28,7 @@ import collections
 import dataclasses
 import itertools
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -35,7 +36,10 @@ from typing import Any
 
 import attrs
 
+from precompile.artifact_io import default_cache_path
+from precompile.signing import default_signature_path
 from precompile.write_policy import pair_collision, pair_paths
+from precompile_lsp import protocol
 from precompile_lsp.config import load_config
 from precompile_lsp.discovery import TargetDecl, discover, unreadable_findings
 from precompile_lsp.files import MAX_SOURCE_BYTES, SourceRead, read_source, shown_path
@@ -131,6 +135,12 @@ _REFUSAL_HINT = (
     "point artifact= at a new path inside the workspace (e.g. artifacts/NAME.py), or move "
     "the existing file away if you mean to replace it"
 )
+
+#: Fields of a job request that do not change its result: how long it may run (a
+#: result that ran out of time is never cached) and where it keeps its temporary files.
+_NOT_IN_KEY = ("timeout", "scratch")
+#: What the workspace root reads as in a key (not result_cache's mark, which a read expands).
+_ROOT_MARK = "<workspace root>"
 
 
 class Engine:
@@ -355,20 +365,48 @@ class Engine:
         )
 
     def _cache_key(self, decl: TargetDecl, kind: JobKind) -> str:
+        """Everything a job's result depends on besides the files and packages it imports
+        (which its cache entry records, with their hashes and versions).
+
+        That is every field of the job request -- so a field added to the request is in
+        the key without anyone remembering to add it -- except those in
+        ``_NOT_IN_KEY``, with workspace paths made relative (a cache restored into
+        another checkout still hits); the interpreter the job runs in; the decorator's
+        literal options; the versions; and the content of every file the request names
+        that the job reads (``_read_inputs``: for a verification the artifact, its
+        ``.cache`` and ``.sig``, each present or absent, and the trusted keys). Reads
+        files: call off the event loop."""
+        asked = protocol.to_json_value(self.job_request(decl, kind))
+        for name in _NOT_IN_KEY:
+            asked.pop(name, None)
+        request = json.dumps(asked, sort_keys=True).replace(
+            json.dumps(str(self.root))[1:-1], _ROOT_MARK
+        )
+        read = {
+            self.cache.portable(str(p)): read_source(p).sha for p in self._read_inputs(decl, kind)
+        }
         parts = [
             kind.value,
             decl.key,
+            request,
+            self.config.python,
             json.dumps(decl.options, sort_keys=True, default=str),
-            json.dumps(self.options_of(decl), sort_keys=True),
             json.dumps(self.versions, sort_keys=True),
+            json.dumps(read, sort_keys=True),
         ]
-        if kind is JobKind.VERIFY:
-            # A verification is of one artifact: its bytes are part of what it depends on.
-            artifact, _ = self.artifact_of(decl)
-            parts.append(self.cache.portable(str(artifact)))
-            parts.append(read_source(artifact).sha or "no-artifact")
-            parts.append(json.dumps(self.trusted_keys))
         return "\n".join(parts)
+
+    def _read_inputs(self, decl: TargetDecl, kind: JobKind) -> list[Path]:
+        """The files a job reads because its request names them (the modules it imports
+        are recorded by the job itself). A check captures into a scratch folder, so it
+        reads none; a verification loads the pair, checks its signature against the
+        trusted keys given as files, and its outcome changes with any of their bytes."""
+        if kind is not JobKind.VERIFY:
+            return []
+        artifact = str(self.artifact_of(decl)[0])
+        pair = [artifact, default_cache_path(artifact), default_signature_path(artifact)]
+        keys = [k for k in self.trusted_keys if os.path.isfile(k)]
+        return [Path(p) for p in pair + keys]
 
     def _inputs(self, state: TargetState) -> dict[Path, str | None]:
         """The current content hashes of what ``state``'s target depends on: its own file
@@ -380,6 +418,8 @@ class Engine:
         """Whether the last result was computed from the files as they read now."""
         if state.result is None:
             return False
+        if self.import_failed(state.decl, state.result):
+            return False  # it depends on every file (see ``cacheable``)
         recorded = {p: state.dependencies.get(p) for p in self._inputs(state)}
         return recorded == self._inputs(state)
 
@@ -411,9 +451,11 @@ class Engine:
             await self.pool.cancel(job.id)
             job.task.cancel()
             job = None
+        cache_key = (
+            None if kind is JobKind.EMIT else await asyncio.to_thread(self._cache_key, decl, kind)
+        )
         if job is None:
-            cache_key = self._cache_key(decl, kind)
-            if kind is not JobKind.EMIT:
+            if cache_key is not None:
                 cached = await asyncio.to_thread(self.cache.get, cache_key, dict(self.seen))
                 if cached is not None:
                     self.stats.cache_hits += 1
@@ -454,9 +496,41 @@ class Engine:
             self.stats.emits += 1
         else:
             self.stats.verifies += 1
-        if result.status is not Outcome.CANCELLED:
-            await asyncio.to_thread(self.cache.put, self._cache_key(decl, kind), result)
+        if cache_key is not None and self.cacheable(decl, result):
+            warning = await asyncio.to_thread(self._put, cache_key, decl, kind, result)
+            if warning is not None:
+                self.on_event({"kind": "warning", "message": f"precompile: {warning}"})
         return result
+
+    def _put(self, key: str, decl: TargetDecl, kind: JobKind, result: JobResult) -> str | None:
+        """Cache ``result`` under ``key``, the key read before the job ran, unless what
+        the key covers changed while it ran (an artifact rewritten during its
+        verification): the result may be of either version, so it is of neither.
+        Returns the warning of a cache that could not be written (once per engine)."""
+        if self._cache_key(decl, kind) != key:
+            return None
+        return self.cache.put(key, result)
+
+    @classmethod
+    def cacheable(cls, decl: TargetDecl, result: JobResult) -> bool:
+        """Whether ``result`` may answer for its target again while what it depends on
+        is unchanged. Not when the machinery failed or the job was cancelled, and not
+        when the target's module did not import (its own file is then not among the
+        files the job recorded): what a failed import depends on has no bound -- a
+        module that does not exist yet, anywhere under the source roots or on
+        ``sys.path``, a package installed later, the environment -- so a cached failure
+        would outlive its fix. Not caching it costs one failed import per check, and a
+        demanding user wants the fix seen at once, wherever it was made."""
+        if result.status.failed or result.status is Outcome.CANCELLED:
+            return False
+        return not cls.import_failed(decl, result)
+
+    @staticmethod
+    def import_failed(decl: TargetDecl, result: JobResult) -> bool:
+        """Whether ``result`` is of a job that could not import its target's module:
+        its own file is then not among the files the job recorded."""
+        finished = not result.status.failed and result.status is not Outcome.CANCELLED
+        return finished and str(decl.file) not in result.dependencies
 
     def _emit_refusal(self, decl: TargetDecl) -> str | None:
         """Why an emit of ``decl`` may not write at all (reads files: off the loop)."""
@@ -698,12 +772,15 @@ class Engine:
         return emitted
 
     def dependents(self, changed: Iterable[Path]) -> list[TargetDecl]:
-        """Targets whose dependencies include one of ``changed``."""
+        """Targets whose dependencies include one of ``changed``; a target whose module
+        did not import depends on every file (the fix may be a module created anywhere)."""
         changed = {Path(p).resolve() for p in changed}
         return [
             s.decl
             for s in self.targets.values()
-            if changed & set(s.dependencies) or s.decl.file in changed
+            if changed & set(s.dependencies)
+            or s.decl.file in changed
+            or (changed and s.result is not None and self.import_failed(s.decl, s.result))
         ]
 
     async def files_changed(self, paths: Iterable[Path]) -> bool:

@@ -5,11 +5,14 @@ third-party distribution it imported has the version it had, so an unchanged tar
 never captured again, in the editor or across CI runs. Paths inside the workspace are
 stored relative to its root, so a cache restored into another checkout (another CI
 runner) still hits. An entry that does not decode as a ``JobResult`` of this protocol is
-a miss, never an error. Reads files: call off the event loop.
+a miss, never an error. The cache is an optimisation: one that cannot be written
+(read-only, full, no permission) is turned off for the run, with one warning, and the
+results are what they would have been. Reads files: call off the event loop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -43,6 +46,8 @@ class ResultCache:
         self.root = root
         self.directory = root / ".precompile" / "cache"
         self.enabled = enabled
+        #: Set by the first failed write: a cache that cannot be written is not tried again.
+        self.unwritable = False
 
     def portable(self, path: str) -> str:
         return shown_path(path, self.root)
@@ -56,41 +61,69 @@ class ResultCache:
     def get(self, key: str, known: Mapping[Path, str | None] | None = None) -> JobResult | None:
         """The cached result for ``key`` if everything it depends on is unchanged.
         ``known``: content hashes the caller read moments ago (the engine's last scan),
-        used instead of reading those files again."""
+        used instead of reading those files again. An entry that cannot be read, is cut
+        short, is not UTF-8 or not of the shape ``put`` writes is a miss."""
         if not self.enabled:
             return None
         try:
-            text = self._path(key).read_text(encoding="utf-8")
-            entry = json.loads(text.replace(_ROOT_MARK, json.dumps(str(self.root))[1:-1] + "/"))
-        except (OSError, json.JSONDecodeError):
+            data = self._path(key).read_bytes()
+        except OSError:
             return None
-        if not isinstance(entry, dict):
+        decoded = self._decode(data, key)
+        if decoded is None:
             return None
-        if entry.get("format") != CACHE_FORMAT or entry.get("key") != key:
-            return None
+        dependencies, packages, result = decoded
         known = known or {}
-        for path, digest in entry["dependencies"].items():
+        for path, digest in dependencies.items():
             local = self._local(path)
-            current = known[local] if local in known else read_source(local).sha
+            try:
+                current = known[local] if local in known else read_source(local).sha
+            except ValueError:  # a path no file system has (a NUL in it)
+                return None
             if current != digest:
                 return None
-        for dist, version in entry["packages"].items():
+        for dist, version in packages.items():
             if distribution_version(dist) != version:
                 return None
-        try:
-            result: JobResult = protocol.from_json_value(entry["result"], JobResult)
-        except ProtocolError:
-            return None
-        here = {str(self._local(p)): d for p, d in entry["dependencies"].items()}
+        here = {str(self._local(p)): d for p, d in dependencies.items()}
         return attrs.evolve(result, dependencies=here)
 
-    def put(self, key: str, result: JobResult) -> None:
-        if not self.enabled or result.status.failed or result.status is protocol.Outcome.CANCELLED:
-            return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        ignore = self.directory.parent / ".gitignore"
-        if not ignore.exists():
-            ignore.write_text("# Created by torch-precompile: results cached by content hash.\n*\n")
+    def _decode(
+        self, data: bytes, key: str
+    ) -> tuple[dict[str, str], dict[str, str], JobResult] | None:
+        """An entry's dependencies, packages and result, or None for anything else."""
+        root = json.dumps(str(self.root))[1:-1] + "/"
+        try:
+            entry = json.loads(data.decode("utf-8").replace(_ROOT_MARK, root))
+            if not isinstance(entry, dict):
+                return None
+            if entry.get("format") != CACHE_FORMAT or entry.get("key") != key:
+                return None
+            dependencies, packages = entry["dependencies"], entry["packages"]
+            for table in (dependencies, packages):
+                if not isinstance(table, dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in table.items()
+                ):
+                    return None
+            result: JobResult = protocol.from_json_value(entry["result"], JobResult)
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, ProtocolError):
+            return None
+        if not isinstance(result, JobResult):
+            return None
+        return dependencies, packages, result
+
+    def put(self, key: str, result: JobResult) -> str | None:
+        """Store ``result`` under ``key``. The cache is an optimisation: when it cannot be
+        written (a read-only workspace, a full disk, no permission) it is not written
+        again by this instance, and the first failure returns the one warning to show
+        (None otherwise); the result itself is unaffected."""
+        if (
+            not self.enabled
+            or self.unwritable
+            or result.status.failed
+            or result.status is protocol.Outcome.CANCELLED
+        ):
+            return None
         entry = {
             "format": CACHE_FORMAT,
             "key": key,
@@ -102,5 +135,23 @@ class ResultCache:
         # Every path under the root, anywhere in the result, is stored relative to it.
         text = text.replace(json.dumps(str(self.root))[1:-1] + "/", _ROOT_MARK)
         tmp = self._path(key).with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, self._path(key))
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            ignore = self.directory.parent / ".gitignore"
+            if not ignore.exists():
+                ignore.write_text(
+                    "# Created by torch-precompile: results cached by content hash.\n*\n"
+                )
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, self._path(key))
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            self.unwritable = True
+            return (
+                f"cannot write the result cache {self.directory}: "
+                f"{error.strerror or error}; results are not cached this run, so unchanged "
+                f"targets will be captured again next time (the findings are unaffected). "
+                f"Make {self.directory.parent} writable, or check with --no-cache"
+            )
+        return None

@@ -232,6 +232,10 @@ class PrecompileServer(LanguageServer):
             self.window_log_message(
                 types.LogMessageParams(types.MessageType.Info, event["message"])
             )
+        elif event["kind"] == "warning":  # the engine says each once (a cache it cannot write)
+            self.window_show_message(
+                types.ShowMessageParams(types.MessageType.Warning, event["message"])
+            )
 
     def publish(self) -> None:
         """Publish what changed of every engine's current findings; clear documents
