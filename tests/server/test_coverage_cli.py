@@ -169,3 +169,21 @@ def test_check_shows_the_production_finding_at_the_target(served: Path, tmp_path
     pyproject.write_text(pyproject.read_text().replace('serving-logs = ["logs/*.jsonl"]\n', ""))
     again = cli("check", "--format", "json", cwd=root)
     assert "PC401" not in again.stdout
+
+
+def test_serving_logs_may_not_lead_out_of_the_workspace(tmp_path: Path) -> None:
+    from precompile_lsp.config import ConfigError, load_config
+    from precompile_lsp.settings import parse_settings
+
+    root = make_workspace(tmp_path / "shop")
+    with pytest.raises(ConfigError, match="leads out of the workspace"):
+        load_config(root, {"serving-logs": ["../other/*.jsonl"]})
+    absolute = load_config(root, {"serving-logs": [str(tmp_path / "elsewhere" / "*.jsonl")]})
+    assert absolute.is_serving_log(tmp_path / "elsewhere" / "a.jsonl")
+    config = load_config(root)
+    assert config.is_serving_log(root / "logs" / "precompile-serving-1.jsonl")
+    assert not config.is_serving_log(root / "src" / "shop" / "rank.py")
+    settings, errors = parse_settings({"servingLogs": ["prod/*.jsonl"]})
+    assert not errors and settings.engine_overrides()["serving-logs"] == ["prod/*.jsonl"]
+    _, errors = parse_settings({"servingLogs": "prod"})
+    assert "precompile.servingLogs must be a list of globs" in errors[0]
