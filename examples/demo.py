@@ -5,7 +5,9 @@ graph-breaks, one whose declared production traffic its examples do not cover, a
 whose artifact went stale. The demo works on a temporary copy, so the repository never
 changes: it first emits an artifact and edits its source (the stale one), then runs
 ``precompile check`` and ``precompile check --emit --verify``, and serves an emitted
-artifact from a fresh process.
+artifact from a fresh process -- with ``fallback=`` and a serving log in the project's
+``logs/`` (which its pyproject.toml names as ``serving-logs``), fed a batch size the capture
+did not see -- and shows what ``precompile coverage`` and ``precompile check`` say of it.
 """
 
 from __future__ import annotations
@@ -61,8 +63,12 @@ def main() -> None:
         code = (
             "import warnings, torch, precompile; warnings.simplefilter('ignore');"
             "from recsys.model import batch; model, users, items = batch(8);"
-            "run = precompile.load('artifacts/recsys.serve.score.py', 'artifacts/recsys.serve.score.cache');"
-            "print('  served', tuple(run(model, users, items).shape), 'scores from', run)"
+            "from recsys.serve import score;"
+            "run = precompile.load('artifacts/recsys.serve.score.py', 'artifacts/recsys.serve.score.cache',"
+            " fallback=score, serving_log='logs/');"
+            "print('  served', tuple(run(model, users, items).shape), 'scores from', run);"
+            "big = batch(32); run(*big); s = run.stats();"
+            "print(f\"  a batch of 32 (the capture saw 8): served {s['served']}, fallback {s['fallback']}; logged in logs/\")"
         )
         started = time.monotonic()
         proc = subprocess.run(
@@ -76,6 +82,15 @@ def main() -> None:
             f"\n$ serve artifacts/recsys.serve.score.py from a fresh process   ({time.monotonic() - started:.1f} s)"
         )
         print(proc.stdout.rstrip() or proc.stderr)
+        if proc.returncode != 0:
+            raise SystemExit(1)
+        for args in (("coverage", "logs/*.jsonl"), ("check",)):
+            started = time.monotonic()
+            proc = precompile(*args, cwd=project)
+            show("precompile " + " ".join(args), proc, time.monotonic() - started)
+        if "PC401 production refused 1 of 2 calls of `score`" not in proc.stdout:
+            print("the production finding is missing", file=sys.stderr)
+            raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ KEYS = (
     "python",
     "docs-url",
     "fail-on-empty",
+    "serving-logs",
 )
 #: Directory names never searched for targets nor watched: tools' own state, caches.
 SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
@@ -77,6 +78,9 @@ class Config:
     #: ``precompile check`` exits 1 when it finds no target at all (a glob or source-root
     #: mistake would otherwise make CI pass while checking nothing).
     fail_on_empty: bool = False
+    #: Globs of serving logs (docs/serving.md) whose production refusals are findings:
+    #: relative ones under the root (never leading out of it), or absolute paths.
+    serving_logs: tuple[str, ...] = ()
 
     def module_of(self, path: Path) -> str | None:
         """The importable module name of a file, from the innermost source root holding it."""
@@ -143,6 +147,25 @@ class Config:
                 return False
             parent = parent.parent
         return True
+
+    def is_serving_log(self, path: Path) -> bool:
+        """Whether ``path`` is one of the configured serving logs (a change to it
+        re-reads the logs; it never triggers a capture)."""
+        if not self.serving_logs:
+            return False
+        path = path.resolve()
+        relative = relative_path(path, self.root)
+        for pattern in self.serving_logs:
+            expanded = os.path.expanduser(pattern)
+            if os.path.isabs(expanded):
+                if fnmatch.fnmatch(str(path), expanded):
+                    return True
+            elif relative is not None and (
+                fnmatch.fnmatch(relative, pattern)
+                or fnmatch.fnmatch(relative, pattern.replace("**/", ""))
+            ):
+                return True
+        return False
 
     def python_files(self) -> list[Path]:
         files = []
@@ -342,7 +365,28 @@ def load_config(
         if not isinstance(table["fail-on-empty"], bool):
             raise table.error("fail-on-empty", "must be true or false")
         kwargs["fail_on_empty"] = table["fail-on-empty"]
+    if "serving-logs" in table:
+        kwargs["serving_logs"] = _serving_logs(table, root)
     return Config(**kwargs)
+
+
+def _serving_logs(table: _Table, root: Path) -> tuple[str, ...]:
+    """Serving-log globs: a relative one must stay inside the workspace (reading a log
+    is allowed in an untrusted workspace, so it may not name files elsewhere); an
+    absolute one is taken as the user wrote it."""
+    patterns = _strings(table, "serving-logs")
+    for pattern in patterns:
+        if not pattern.strip():
+            raise table.error("serving-logs", "must be globs of log files, not empty strings")
+        if os.path.isabs(os.path.expanduser(pattern)):
+            continue
+        if relative_path(Path(os.path.normpath(root / pattern)), root) is None:
+            raise table.error(
+                "serving-logs",
+                f"names {pattern!r}, which leads out of the workspace {root}; name logs "
+                f"inside it (e.g. logs/*.jsonl) or give an absolute path",
+            )
+    return patterns
 
 
 def _docs_url(table: _Table, key: str) -> str:

@@ -62,6 +62,14 @@ from precompile_lsp.protocol import (
     Stage,
 )
 from precompile_lsp.result_cache import CACHE_FORMAT, ResultCache, distribution_version
+from precompile_lsp.serving_logs import (
+    Attribution,
+    artifact_hash,
+    attribute,
+    expand,
+    production_findings,
+    read_logs,
+)
 from precompile_lsp.staleness import ArtifactStatus, artifact_status
 from precompile_lsp.trust import TrustGate
 from precompile_lsp.workers import WorkerPool
@@ -178,6 +186,10 @@ class Engine:
         #: that write it, with what each writes there.
         self._by_artifact: dict[Path, list[tuple[TargetDecl, str]]] | None = None
         self._job_ids = itertools.count(1)
+        #: What the configured serving logs say of each target (None: none configured),
+        #: and what they were read from (re-read only when that changes).
+        self.production: Attribution | None = None
+        self._logs_stamp: object = None
         self.versions = {
             "python": sys.version.split()[0],
             "torch": distribution_version("torch"),
@@ -594,6 +606,14 @@ class Engine:
             findings += emit_failure_finding(state.emit_failure, decl, artifact)
         if state.verified is not None:
             findings += verify_findings(state.verified, decl)
+        if self.production is not None:
+            findings += production_findings(
+                decl,
+                self.production.current.get(decl.key),
+                self.production.stale.get(decl.key, []),
+                self.production.hashes.get(decl.key),
+                self.root,
+            )
         state.findings = [
             self._configured(
                 f if f.version is not None or f.file != decl.file else f.at_versions(decl_version)
@@ -649,9 +669,55 @@ class Engine:
         wanted = None if files is None else {Path(p).resolve() for p in files}
         decls = [s.decl for s in self.targets.values() if wanted is None or s.decl.file in wanted]
         if not self.gate.allows("capture its targets"):
+            await self.refresh_serving_logs()  # reading logs runs nothing of the workspace
             return self.findings_by_file()
         await self._run_batch(decls, emit=emit, verify=verify)
+        await self.refresh_serving_logs()
         return self.findings_by_file()
+
+    async def refresh_serving_logs(self) -> bool:
+        """Re-read the configured serving logs (off the event loop) when they, or the
+        artifacts they are matched to, changed since the last read, and re-derive every
+        target's findings from them. Returns whether anything was re-read. A log runs
+        nothing and starts no job: a change to one never triggers a capture."""
+        artifacts = {s.decl.key: self.artifact_of(s.decl)[0] for s in self.targets.values()}
+        read = await asyncio.to_thread(self._read_serving_logs, artifacts)
+        if read is None:
+            return False
+        self.production, warnings = read
+        for warning in warnings:
+            self.on_event({"kind": "log", "message": f"precompile: serving log {warning}"})
+        for state in self.targets.values():
+            self._derive(state)
+        return True
+
+    def _read_serving_logs(
+        self, artifacts: dict[str, Path]
+    ) -> tuple[Attribution | None, list[str]] | None:
+        """The logs' attribution and warnings, or None when nothing they depend on
+        changed (thread-safe: touches no engine state but the stamp)."""
+        patterns = self.config.serving_logs
+        if not patterns:
+            if self._logs_stamp is None:
+                return None
+            self._logs_stamp = None
+            return None, []
+        files = sorted({p for found in expand(patterns, self.root).values() for p in found})
+        hashes = {key: artifact_hash(path) for key, path in sorted(artifacts.items())}
+
+        def stat(path: Path) -> tuple[int, int, int] | None:
+            try:
+                info = path.stat()
+            except OSError:
+                return None
+            return info.st_ino, info.st_size, info.st_mtime_ns
+
+        stamp = (patterns, [(p, stat(p)) for p in files], hashes)
+        if stamp == self._logs_stamp:
+            return None
+        self._logs_stamp = stamp
+        logs = read_logs(files, self.root)
+        return attribute(logs, hashes), logs.warnings
 
     def _cached_checks(self, decls: list[TargetDecl]) -> dict[str, JobResult]:
         """The check results the cache still holds for ``decls`` (file I/O: one trip off
@@ -769,6 +835,7 @@ class Engine:
                 state.emit_failure = emitted
             await self._refresh_artifact(state)
             self._derive(state)
+            await self.refresh_serving_logs()  # the artifact's code hash may have changed
         return emitted
 
     def dependents(self, changed: Iterable[Path]) -> list[TargetDecl]:
@@ -792,7 +859,9 @@ class Engine:
             due, shown = await self._decide(paths)
         if due and self.trusted:
             await self._run_batch(due)
-        return bool(due) or shown
+        # A changed serving log (or artifact) is re-read here, and only re-read.
+        logs = await self.refresh_serving_logs()
+        return bool(due) or shown or logs
 
     async def _decide(self, paths: Iterable[Path]) -> tuple[list[TargetDecl], bool]:
         """What a batch of changed paths calls for: the targets to re-check, and whether

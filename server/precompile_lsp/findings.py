@@ -123,6 +123,24 @@ CODES = {
             "Writing the emitted artifact failed (a full disk, a read-only folder).",
         ),
         Code(
+            "PC401",
+            "production-refusal",
+            "warning",
+            "Production refused calls of the target (a serving log records them).",
+        ),
+        Code(
+            "PC402",
+            "shadow-mismatch",
+            "error",
+            "A shadow check in production found the artifact's answer differing from the fallback's.",
+        ),
+        Code(
+            "PC403",
+            "re-emitted-since-logged",
+            "information",
+            "A serving log records an artifact of the target that was re-emitted since.",
+        ),
+        Code(
             "PC900", "worker-failed", "error", "A capture timed out or its worker process crashed."
         ),
     ]

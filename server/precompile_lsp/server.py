@@ -51,6 +51,7 @@ from precompile_lsp.lsp_convert import (
     uri_of,
 )
 from precompile_lsp.protocol import JobResult, Outcome
+from precompile_lsp.serving_logs import lens_text
 from precompile_lsp.settings import Settings, parse_settings
 from precompile_lsp.stages import stage_percentage, stage_text
 from precompile_lsp.stdio import protect_stdout
@@ -369,6 +370,19 @@ class PrecompileServer(LanguageServer):
                                 watchers=[
                                     types.FileSystemWatcher(glob_pattern="**/*.py"),
                                     types.FileSystemWatcher(glob_pattern="**/pyproject.toml"),
+                                    # Serving logs (re-read, never a capture).
+                                    types.FileSystemWatcher(glob_pattern="**/*.jsonl"),
+                                    *(
+                                        types.FileSystemWatcher(glob_pattern=pattern)
+                                        for pattern in sorted(
+                                            {
+                                                p
+                                                for e in self.engines.values()
+                                                for p in e.config.serving_logs
+                                                if not p.endswith(".jsonl")
+                                            }
+                                        )
+                                    ),
                                 ]
                             ),
                         )
@@ -494,11 +508,17 @@ class PrecompileServer(LanguageServer):
         self.settings = settings
         if changed:
             for engine in self.engines.values():
-                self.reconfigure(engine)
+                if self.reconfigure(engine):
+                    self.spawn(self.reread_logs(engine))
             self.publish()
         if enabled and self.trusted:
             for engine in self.engines.values():
                 self.spawn(self.check(engine))
+
+    async def reread_logs(self, engine: Engine) -> None:
+        """Re-read the serving logs a new configuration names, and publish."""
+        if await engine.refresh_serving_logs():
+            self.publish()
 
     def reconfigure(self, engine: Engine) -> bool:
         try:
@@ -563,6 +583,7 @@ async def on_initialized(ls: PrecompileServer, params: types.InitializedParams) 
         ls.tell_untrusted()
         for engine in ls.engines.values():
             await engine.discover_async()
+            await engine.refresh_serving_logs()  # reading logs runs no workspace code
         ls.publish()
         ls.status("idle")
         return
@@ -732,6 +753,9 @@ def on_code_lens(ls: PrecompileServer, params: types.CodeLensParams) -> list[typ
             title = "precompile: not run (workspace not trusted)"
         else:
             title = lens_title(state.result, rechecking=engine.running(state.decl))
+        production = engine.production.current.get(state.decl.key) if engine.production else None
+        if production is not None:
+            title = f"{title} · {lens_text(production)}"
         lenses.append(types.CodeLens(range=where, command=types.Command(title=title, command="")))
         if ls.trusted:
             lenses.append(

@@ -19,6 +19,8 @@ class Settings:
     severity: dict[str, str] = dataclasses.field(default_factory=dict)
     code_lens: bool = True
     docs_url: str | None = None  # None: [tool.precompile] docs-url, else the shipped docs
+    #: Serving-log globs (None: [tool.precompile] serving-logs); checked like that key.
+    serving_logs: tuple[str, ...] | None = None
 
     def engine_overrides(self) -> dict[str, Any]:
         overrides: dict[str, Any] = {}
@@ -28,6 +30,8 @@ class Settings:
             overrides["severity"] = dict(self.severity)
         if self.docs_url is not None:
             overrides["docs-url"] = self.docs_url
+        if self.serving_logs is not None:
+            overrides["serving-logs"] = list(self.serving_logs)
         return overrides
 
 
@@ -38,6 +42,7 @@ _FIELDS = {
     "severity": "severity",
     "codeLens": "code_lens",
     "docsUrl": "docs_url",
+    "servingLogs": "serving_logs",
 }
 
 
@@ -79,6 +84,14 @@ def parse_settings(raw: Any, base: Settings | None = None) -> tuple[Settings, li
                 changes[field] = value
             else:
                 errors.append(f"precompile.docsUrl must be an http(s) URL or empty, got {value!r}")
+        elif field == "serving_logs":
+            if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
+                changes[field] = tuple(value) if value else None  # []: back to pyproject.toml
+            else:
+                errors.append(
+                    f'precompile.servingLogs must be a list of globs (e.g. ["logs/*.jsonl"]), '
+                    f"got {value!r}"
+                )
         elif field == "severity":
             if isinstance(value, dict) and all(
                 isinstance(k, str) and v in SEVERITIES for k, v in value.items()

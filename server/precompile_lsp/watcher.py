@@ -92,7 +92,7 @@ class Watcher:
         )
 
     def _add(self, path: Path) -> None:
-        if not self.config.may_matter(path):
+        if not (self.config.may_matter(path) or self.config.is_serving_log(path)):
             return
         with self.lock:
             self.changed.add(path.resolve())

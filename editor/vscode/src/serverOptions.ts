@@ -5,7 +5,7 @@ import { displayInterpreter, type Interpreter } from './interpreter';
 export const SERVER_MODULE = 'precompile_lsp';
 
 /** The keys of the `precompile` section the server reads (camelCase, as on the wire). */
-export const SERVER_SETTING_KEYS = ['enable', 'runOnSave', 'timeout', 'severity', 'codeLens', 'docsUrl'] as const;
+export const SERVER_SETTING_KEYS = ['enable', 'runOnSave', 'timeout', 'severity', 'codeLens', 'docsUrl', 'servingLogs'] as const;
 
 export interface ServerSettings {
   enable?: boolean;
@@ -14,6 +14,7 @@ export interface ServerSettings {
   severity?: Record<string, string>;
   codeLens?: boolean;
   docsUrl?: string;
+  servingLogs?: string[];
 }
 
 export interface InitializationOptions {
