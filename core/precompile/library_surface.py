@@ -45,15 +45,22 @@ EAGER_LIBRARY = (
 _eager_files: dict[str, bool] = {}
 
 
+#: torch.nn's helpers of make_fx's functional call, which eager never runs.
+_TRACING_HELPERS = (
+    os.path.join(_TORCH_DIR, "nn", "utils", "stateless.py"),
+    os.path.join(_TORCH_DIR, "nn", "utils", "_named_member_accessor.py"),
+)
+
+
 def is_eager_file(filename: str) -> bool:
     """Code eager runs in a served call as the trace ran it: the user's (a project's or
     an installed library's) and torch's module library -- not torch's tracing machinery
-    or precompile."""
+    (nor ``torch.func.functional_call``'s helpers in ``torch.nn.utils``) or precompile."""
     found = _eager_files.get(filename)
     if found is None:
-        found = _eager_files[filename] = filename.startswith(EAGER_LIBRARY) or is_user_file(
-            filename
-        )
+        found = _eager_files[filename] = (
+            filename.startswith(EAGER_LIBRARY) and not filename.startswith(_TRACING_HELPERS)
+        ) or is_user_file(filename)
     return found
 
 

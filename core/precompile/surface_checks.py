@@ -72,7 +72,11 @@ def surface_key(value: Any) -> list[str]:
         code = getattr(target, "__code__", None)
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", "?")
     if code is not None:
-        return [type(value).__name__, f"{getattr(target, '__module__', '?')}.{name}", surface_code_digest(code)]
+        return [
+            type(value).__name__,
+            f"{getattr(target, '__module__', '?')}.{name}",
+            surface_code_digest(code),
+        ]
     owner = getattr(target, "__objclass__", None)
     if owner is None:
         held = getattr(target, "__self__", None)
@@ -135,7 +139,14 @@ def _build_surface_check() -> Any:
                 2,
             )
         if row["class"]:
-            dicts = [class_dict(c) for c in owner.__mro__ if c.__module__ != "builtins"]
+            # The class dicts along the MRO down to the one that holds the name: only
+            # those can change what the name resolves to.
+            dicts = []
+            for c in owner.__mro__:
+                if c.__module__ != "builtins":
+                    dicts.append(class_dict(c))
+                    if row["name"] in dicts[-1]:
+                        break
         else:
             dicts = [vars(owner)]
         now = resolve(dicts, row["name"])
