@@ -157,7 +157,7 @@ def record_surface(
         own = sys.modules.get(str(scope.get("__name__")))
         for value in [own, *list(scope.values())]:
             if _library_module(value):
-                modules.setdefault(value.__name__, value)  # type: ignore[union-attr]  # a module
+                modules.setdefault(value.__name__, value)
     for name, module in sorted(modules.items()):
         for attr, value in list(vars(module).items()):
             if not attr.startswith("__") and hit(value):

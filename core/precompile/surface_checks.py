@@ -63,14 +63,14 @@ def surface_key(value: Any) -> list[str]:
     kind, ``module.qualname`` and, of Python code, a digest of the code (a replacement
     that copies the name still differs); of a builtin, the module, type or class that
     owns it."""
-    target = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+    target: Any = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
     if isinstance(target, property):
         target = target.fget
     code = getattr(target, "__code__", None)
     while code is not None and _torch_wrapper(code) and hasattr(target, "__wrapped__"):
         target = target.__wrapped__
         code = getattr(target, "__code__", None)
-    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", "?")
+    name = str(getattr(target, "__qualname__", None) or getattr(target, "__name__", "?"))
     if code is not None:
         return [
             type(value).__name__,
