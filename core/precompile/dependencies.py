@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import torch
 
-from precompile import process_state, state_checks
+from precompile import library_surface, process_state, state_checks
 from precompile._compat import tracing
 from precompile._compat.prelude import global_module_hooks
 from precompile.errors import PrecompileError
@@ -89,6 +89,12 @@ class CallLog:
     #: Reads capture refuses: a probe that was true in the trace, a torch.backends
     #: query an artifact cannot repeat -> "FILE:LINE".
     refused: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: The library surface eager code went through (``precompile.library_surface``):
+    #: builtins it called (by id), the names of Tensor methods it called, and the
+    #: functions it entered (their code).
+    called: dict[int, Any] = dataclasses.field(default_factory=dict)
+    tensor_methods: set[str] = dataclasses.field(default_factory=set)
+    entered: set[types.CodeType] = dataclasses.field(default_factory=set)
 
     def project_codes(self) -> list[types.CodeType]:
         return sorted(
@@ -108,6 +114,9 @@ def recording_calls() -> Iterator[CallLog]:
     tables = process_state.tables()
     getter_codes, probe_codes = tables.getter_codes, tables.probe_codes
     getter_builtins, backends_dir = tables.getter_builtins, tables.backends_dir
+    called, tensor_methods, entered = log.called, log.tensor_methods, log.entered
+    eager_file = library_surface.is_eager_file
+    tensor_type, module_type = torch.Tensor, types.ModuleType
     importing: list[types.FrameType] = []  # the import machinery's outermost frame
 
     def note(kind: str, what: str, frame: types.FrameType | None) -> None:
@@ -173,6 +182,19 @@ def recording_calls() -> Iterator[CallLog]:
             site = process_state.read_site(frame.f_back)
             if site:
                 refused.setdefault(probe_codes[code], site)
+        if importing:
+            pass
+        elif event == "c_call" and eager_file(code.co_filename):
+            # A builtin eager code called (``torch.relu``, ``x.softmax``): where it was
+            # resolved from is recorded after the trace (``library_surface``).
+            held = getattr(arg, "__self__", None)
+            if isinstance(held, tensor_type):
+                tensor_methods.add(getattr(arg, "__name__", ""))
+            elif held is None or isinstance(held, (type, module_type)):
+                called.setdefault(id(arg), arg)
+        elif event == "call" and frame.f_back is not None:
+            if eager_file(frame.f_back.f_code.co_filename):
+                entered.add(code)
         if previous is not None:
             return previous(frame, event, arg)
         return None
@@ -290,6 +312,8 @@ class Dependencies:
     #: The torch settings user code read: [module, path, called, "what at FILE:LINE",
     #: fingerprint of the value], by expression.
     process_state: list[list[Any]] = dataclasses.field(default_factory=list)
+    #: The library paths the trace resolved (``LIBRARY_SURFACE``).
+    surface: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def _context(
@@ -687,6 +711,25 @@ def record_dependencies(
         globals=global_records,
         global_hooks=state_checks.global_hooks_fingerprint(global_module_hooks()),
         process_state=_process_state_records(log),
+        surface=surface_record(modules, log),
+    )
+
+
+def surface_record(modules: list[torch.nn.Module], log: CallLog) -> list[dict[str, Any]]:
+    """``LIBRARY_SURFACE`` of a make_fx trace: what eager code called and entered,
+    resolved among the library modules the globals of eager code hold and the classes of
+    the modules the trace reached."""
+    eager_scopes = {
+        id(scope): scope
+        for code, scope in log.scopes.items()
+        if library_surface.is_eager_file(code.co_filename)
+    }
+    return library_surface.record_surface(
+        log.called.values(),
+        log.entered,
+        eager_scopes.values(),
+        dict.fromkeys(type(sub) for m in modules for sub in m.modules()),
+        log.tensor_methods,
     )
 
 

@@ -58,6 +58,9 @@ if TYPE_CHECKING:
 
     def user_path(text: str) -> str: ...
 
+    # precompile.surface_checks, emitted before this module.
+    def _build_surface_check() -> Any: ...
+
 
 def hook_name(hook: Any) -> str:
     """``module.qualname`` of a hook (of the function a partial or bound method wraps)."""
@@ -236,6 +239,9 @@ def _build_dependency_check() -> Any:
 
     from torch.nn.modules import module as nn_module
 
+    # First: a library function replaced before load (at import) is named as such, not
+    # as the global read or class attribute its replacement also changes.
+    surface_ok = _build_surface_check()
     module_type = nn_module.Module
     instance_dict = operator.attrgetter("__dict__")  # vars(), a third cheaper per call
     attrs = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
@@ -483,6 +489,8 @@ def _build_dependency_check() -> Any:
     builtins_ok = _build_builtin_check()
 
     def check(args: Any, kwargs: Any) -> None:
+        if surface_ok is not None:
+            surface_ok()
         if classes_ok is not None:
             classes_ok()
         if builtins_ok is not None:

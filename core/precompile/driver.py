@@ -89,6 +89,9 @@ if TYPE_CHECKING:
     # guard_text.typed_value, emitted before this module.
     def typed_value(kind: str, shown: str) -> str: ...
 
+    # precompile.surface_checks, emitted before this module.
+    def _build_surface_check() -> Any: ...
+
     # The graph's entry: FX code names its parameter flat_inputs, Inductor's args.
     def call(flat_inputs: list[Any], /) -> list[Any]: ...
 
@@ -594,6 +597,9 @@ def _build_single_graph_forward() -> Any:
     instance_dict = attrgetter("__dict__")  # vars(), a third cheaper per call
     from typing import cast
 
+    # First: a library function replaced before load (at import) is named as such, not
+    # as whatever later check its replacement happens to trip.
+    surface_ok = _build_surface_check()
     check_function_sources_once()
     scopes = global_scopes()
     # The builtins the traced code (the project's and the library code it ran) resolved,
@@ -876,6 +882,8 @@ def _build_single_graph_forward() -> Any:
 
     def checked_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
         """Every check of a call; the graph's flat inputs and the user's tensors."""
+        if surface_ok is not None:
+            surface_ok()
         if builtins_scopes and _dict_version(builtins_scopes[0][0]) != builtins_seen[0]:
             # First: the checks below call builtins themselves (``len(args)``), and a
             # patched one would make them refuse for the wrong reason.

@@ -32,6 +32,7 @@ from precompile import (
     plain_guards,
     source_digest,
     state_checks,
+    surface_checks,
 )
 from precompile._compat import dynamo, guard_translation, runtime
 from precompile._compat.prelude import ARTIFACT_PRELUDE, FX_GRAPH_GLOBALS, INDUCTOR_PRELUDE
@@ -339,6 +340,7 @@ def _renamed_dependencies(
         "ORDERED_DICTS": dependencies.get("ORDERED_DICTS", []),
         "CLASS_ATTRS": dependencies.get("CLASS_ATTRS", []),
         "BUILTIN_READS": dependencies.get("BUILTIN_READS", []),
+        "LIBRARY_SURFACE": dependencies.get("LIBRARY_SURFACE", []),
         "GRAD_MODE_READ": dependencies.get("GRAD_MODE_READ", ""),
     }
 
@@ -597,6 +599,7 @@ def emit_dynamo(
                 if plain
                 else (runtime.dynamo_serving_runtime,)
             ),
+            surface_checks,
             dependency_driver,
             multigraph_driver,
             *(

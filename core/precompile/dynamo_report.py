@@ -24,6 +24,7 @@ from precompile.emit import Artifact
 from precompile.errors import PrecompileError
 from precompile.guard_audit import audit
 from precompile.inductor_backend import InlinedAotSubgraph, InlinedSubgraph, collect_kernels
+from precompile.library_surface import record_dynamo_surface
 from precompile.locations import is_project_file
 from precompile.report import CaptureReport, PrecompileSummary
 
@@ -188,9 +189,17 @@ def build_dynamo_artifact(
         guards_summary=report.guards,
         serving_mode=mode,
         package=session.package,
-        dependencies=session.dependencies.metadata(
-            [*session.traced_codes, *session.dependencies.read_codes]
-        ),
+        dependencies={
+            **session.dependencies.metadata(
+                [*session.traced_codes, *session.dependencies.read_codes]
+            ),
+            "LIBRARY_SURFACE": record_dynamo_surface(
+                session.fn,
+                [*session.backend_graphs().values(), *session.inductor_graphs],
+                [*session.traced_codes, *session.dependencies.read_codes],
+                session.dependencies.classes,
+            ),
+        },
     )
     report.sources = artifact.metadata["SOURCES"]
     return artifact, report, collect_bundle

@@ -25,6 +25,7 @@ from precompile import (
     single_graph_checks,
     source_digest,
     state_checks,
+    surface_checks,
 )
 from precompile._compat import tracing
 from precompile._compat.prelude import ARTIFACT_PRELUDE, SINGLE_GRAPH_STATE_PRELUDE
@@ -279,6 +280,7 @@ def single_graph_metadata(
             for read in deps.globals
         ],
         "GLOBAL_HOOKS": deps.global_hooks,
+        "LIBRARY_SURFACE": deps.surface,
         "PROCESS_STATE": [
             [module, path, call, _grad_site(site, artifact_path), value]
             for module, path, call, site, value in deps.process_state
@@ -339,10 +341,17 @@ def emit_single_graph(
             "# ---- captured graph",
             lowered.source,
             "# ---- runtime driver (emitted verbatim: precompile/source_digest.py,",
-            "# state_checks.py, guard_text.typed_value, single_graph_checks.py and",
-            "# driver.py, each whole)",
+            "# state_checks.py, guard_text.typed_value, single_graph_checks.py,",
+            "# surface_checks.py and driver.py, each whole)",
             runtime_source(
-                [source_digest, state_checks, guard_text.typed_value, single_graph_checks, driver]
+                [
+                    source_digest,
+                    state_checks,
+                    guard_text.typed_value,
+                    single_graph_checks,
+                    surface_checks,
+                    driver,
+                ]
             ),
             "",
             f"_relabel_layout_error = {lowered.relabel.__name__}",

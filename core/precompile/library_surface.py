@@ -1,0 +1,207 @@
+"""Record the library surface a trace went through (``LIBRARY_SURFACE``), for both
+tracers: every torch (or installed library) function, method and module-class attribute
+the trace called, by the path it was resolved through.
+
+The tracers tell what was called -- make_fx by the profile hook of
+``precompile.dependencies`` (the builtins called and the library functions entered from
+eager code: the user's, ``torch.nn``'s, an installed library's), Dynamo by its graphs'
+targets and the code it inlined -- and this module finds where each was reached from:
+
+- a module attribute (``torch.nn.functional.gelu``, ``torch.relu``): the library modules
+  bound in the globals of the code that ran (``F`` in the user's module and in
+  ``torch.nn.modules.activation``), and those code's own modules;
+- a class attribute, looked up along the MRO (``torch.Tensor.softmax``, resolved on
+  ``TensorBase``; ``torch.nn.LayerNorm.forward``): of ``torch.Tensor`` and of every
+  library class of a module the trace reached.
+
+Each path is recorded with the key of the object there (``surface_checks.surface_key``),
+which another process computes alike: a replacement made before load is refused at load,
+one made later on the first call after it (``precompile.surface_checks``). Project code is
+not recorded here: its own records (``GLOBAL_READS``, ``CLASS_STATE``, ``CLASS_ATTRS``)
+check it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import types
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from precompile.locations import is_project_file, is_user_file
+from precompile.surface_checks import surface_key, surface_shown
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+#: torch's Python code that eager runs inside a model's forward as the trace does.
+EAGER_LIBRARY = (
+    os.path.join(_TORCH_DIR, "nn") + os.sep,
+    os.path.join(_TORCH_DIR, "functional.py"),
+    os.path.join(_TORCH_DIR, "_tensor.py"),
+)
+_eager_files: dict[str, bool] = {}
+
+
+#: torch.nn's helpers of make_fx's functional call, which eager never runs.
+_TRACING_HELPERS = (
+    os.path.join(_TORCH_DIR, "nn", "utils", "stateless.py"),
+    os.path.join(_TORCH_DIR, "nn", "utils", "_named_member_accessor.py"),
+)
+
+
+def is_eager_file(filename: str) -> bool:
+    """Code eager runs in a served call as the trace ran it: the user's (a project's or
+    an installed library's) and torch's module library -- not torch's tracing machinery
+    (nor ``torch.func.functional_call``'s helpers in ``torch.nn.utils``) or precompile."""
+    found = _eager_files.get(filename)
+    if found is None:
+        found = _eager_files[filename] = (
+            filename.startswith(EAGER_LIBRARY) and not filename.startswith(_TRACING_HELPERS)
+        ) or is_user_file(filename)
+    return found
+
+
+def _library_module(module: object) -> bool:
+    """A module of torch or of an installed library (not the project's, whose globals
+    are recorded by their own reads, nor the standard library's)."""
+    if not isinstance(module, types.ModuleType):
+        return False
+    file = getattr(module, "__file__", None)
+    name = getattr(module, "__name__", "")
+    if not isinstance(name, str) or name == "__main__":
+        return False
+    if name == "torch" or name.startswith("torch."):
+        return not name.startswith(("torch._dynamo", "torch.fx", "torch._inductor"))
+    return isinstance(file, str) and is_user_file(file) and not is_project_file(file)
+
+
+def _library_class(cls: object) -> bool:
+    return isinstance(cls, type) and _library_module(sys.modules.get(cls.__module__))
+
+
+def public_name(module: str, qualname: str) -> str:
+    """The shortest dotted name the object is reached by from a package
+    (``torch.nn.LayerNorm`` for ``torch.nn.modules.normalization.LayerNorm``)."""
+    parts = module.split(".")
+    head = qualname.split(".")[0]
+    target = getattr(sys.modules.get(module), head, None)
+    for i in range(1, len(parts)):
+        prefix = ".".join(parts[:i])
+        if any(p.startswith("_") for p in parts[:i]):
+            break
+        if target is not None and getattr(sys.modules.get(prefix), head, None) is target:
+            return f"{prefix}.{qualname}"
+    return f"{module}.{qualname}"
+
+
+def _code_of(value: Any) -> types.CodeType | None:
+    """The code of a function, method wrapper or property getter; None for anything
+    else (never an attribute lookup on an arbitrary object: torch.classes answers
+    every name with an error)."""
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    elif isinstance(value, property):
+        value = value.fget
+    return value.__code__ if isinstance(value, types.FunctionType) else None
+
+
+def _row(module: str, cls: str | None, name: str, value: Any) -> dict[str, Any]:
+    owner = public_name(module, cls) if cls else module
+    return {
+        "module": module,
+        "class": cls,
+        "name": name,
+        "key": surface_key(value),
+        "shown": f"{owner}.{name}",
+        "traced": surface_shown(value),
+    }
+
+
+def record_surface(
+    called: Iterable[Any],
+    codes: Iterable[types.CodeType],
+    scopes: Iterable[dict[str, Any]],
+    classes: Iterable[Any],
+    methods: Iterable[str] = (),
+) -> list[dict[str, Any]]:
+    """``LIBRARY_SURFACE``: where each of ``called`` (objects the trace called: builtins,
+    bound builtin methods) and ``codes`` (library functions it ran) was resolved, among
+    the library modules bound in ``scopes`` (the globals of the code that ran) and the
+    attributes of ``torch.Tensor`` and the library ``classes`` (of the modules the trace
+    reached) along their MROs; ``methods`` names Tensor methods called (Dynamo's
+    ``call_method``)."""
+    called_ids: set[int] = set()
+    tensor_methods = set(methods)
+    for value in called:
+        held = getattr(value, "__self__", None)
+        if isinstance(held, torch.Tensor):
+            tensor_methods.add(str(getattr(value, "__name__", "")))
+        elif held is not None and not isinstance(held, (type, types.ModuleType)):
+            continue  # a bound method of an object: checked by its class, if a library's
+        else:
+            called_ids.add(id(value))
+    ran = {c for c in codes if not is_project_file(c.co_filename)}
+
+    def hit(value: Any) -> bool:
+        if id(value) in called_ids:
+            return True
+        code = _code_of(value)
+        return code is not None and code in ran
+
+    rows: dict[tuple[str, str | None, str], dict[str, Any]] = {}
+    modules: dict[str, types.ModuleType] = {}
+    for scope in scopes:
+        own = sys.modules.get(str(scope.get("__name__")))
+        for value in [own, *list(scope.values())]:
+            if _library_module(value):
+                modules.setdefault(value.__name__, value)
+    for name, module in sorted(modules.items()):
+        for attr, value in list(vars(module).items()):
+            if not attr.startswith("__") and hit(value):
+                rows[(name, None, attr)] = _row(name, None, attr, value)
+    leaves = [torch.Tensor, *dict.fromkeys(c for c in classes if _library_class(c))]
+    for leaf in leaves:
+        seen: set[str] = set()
+        for base in leaf.__mro__:
+            if base.__module__ == "builtins":
+                continue
+            for attr, value in list(vars(base).items()):
+                if attr in seen:
+                    continue
+                seen.add(attr)
+                wanted = leaf is torch.Tensor and attr in tensor_methods
+                if wanted or hit(value):
+                    key = (leaf.__module__, leaf.__qualname__, attr)
+                    rows[key] = _row(leaf.__module__, leaf.__qualname__, attr, value)
+    return [rows[k] for k in sorted(rows, key=lambda k: (k[0], k[1] or "", k[2]))]
+
+
+def record_dynamo_surface(
+    fn: types.FunctionType,
+    graphs: Iterable[torch.fx.GraphModule],
+    codes: Iterable[types.CodeType],
+    classes: Iterable[Any],
+) -> list[dict[str, Any]]:
+    """``LIBRARY_SURFACE`` of a Dynamo trace: the torch functions its graphs call
+    (``call_function`` targets), the Tensor methods they call (``call_method``) and the
+    library functions Dynamo inlined (``codes``), resolved among the library modules
+    the globals of fn and of the inlined code hold and the classes of the modules the
+    trace reached (``classes``)."""
+    called: list[Any] = []
+    methods: set[str] = set()
+    for gm in graphs:
+        for node in gm.graph.nodes:
+            if node.op == "call_function":
+                called.append(node.target)
+            elif node.op == "call_method":
+                methods.add(str(node.target))
+    codes = list(codes)
+    scopes = {id(fn.__globals__): fn.__globals__}
+    for code in codes:
+        module = inspect.getmodule(code)
+        if module is not None and is_eager_file(code.co_filename):
+            scopes.setdefault(id(vars(module)), vars(module))
+    return record_surface(called, codes, scopes.values(), classes, methods)

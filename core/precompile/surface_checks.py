@@ -1,0 +1,191 @@
+"""The per-call check of the library surface a trace went through, authored as code and
+emitted verbatim into every artifact (make_fx and Dynamo alike).
+
+A trace bakes the operations a library function lowered to: ``F.gelu`` became
+``aten.gelu``, ``nn.LayerNorm.forward`` became ``aten.native_layer_norm``. Serving code
+swaps such functions for other kernels (``F.scaled_dot_product_attention =
+sage_attention``, ``nn.LayerNorm.forward = fused_forward``, ``torch.Tensor.softmax =
+...``), at import -- before the artifact is loaded -- or later; eager then runs the new
+kernel while the graph runs the old one. ``precompile.library_surface`` records, at
+capture, every torch (or installed library) function, method and module-class attribute
+the trace called, by where it was resolved (``LIBRARY_SURFACE``: a module attribute, or
+a class attribute looked up along the class's MRO), with a key another process computes
+alike (``surface_key``: module, qualified name and a digest of the code; of a builtin,
+its owner and name). Here:
+
+- at load, each path is resolved and its key compared with the capture's: a function
+  replaced before load (the common patch, applied at import) is refused;
+- per call, the version tags of the dicts those paths resolve through (module
+  ``__dict__``s, the class dicts along the MROs) are compared with those at load -- one
+  C-level ``map`` -- and only when one changed are the paths resolved again and compared
+  by identity with the objects found at load.
+
+A mismatch raises PrecompileError naming the function as the user wrote it
+(``torch.nn.functional.gelu``). Nothing here imports precompile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    # Bound by the artifact prelude (precompile._compat.prelude) and its metadata.
+    _dict_version: Callable[[dict[str, Any]], int] = len
+    LIBRARY_SURFACE: list[dict[str, Any]] = []
+
+    def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
+
+
+def surface_code_digest(code: Any) -> str:
+    """A digest of a function's bytecode and plain constants, the same in every process
+    (a frozenset constant by its sorted items: string hashing differs by process)."""
+    import hashlib
+
+    consts = [
+        sorted(map(repr, c)) if isinstance(c, frozenset) else c
+        for c in code.co_consts
+        if not hasattr(c, "co_code")
+    ]
+    return hashlib.sha256(code.co_code + repr(consts).encode()).hexdigest()[:16]
+
+
+def _torch_wrapper(code: Any) -> bool:
+    """torch's own wrappers that it applies to its functions lazily (importing Dynamo
+    wraps ``torch.manual_seed`` in ``torch._disable_dynamo``): seen through, so a process
+    that has not imported Dynamo yet names the same function."""
+    path = code.co_filename.replace("\\", "/")
+    return path.endswith("/torch/_compile.py") or "/torch/_dynamo/" in path
+
+
+def surface_key(value: Any) -> list[str]:
+    """What tells the object at a library path from a replacement, in any process: its
+    kind, ``module.qualname`` and, of Python code, a digest of the code (a replacement
+    that copies the name still differs); of a builtin, the module, type or class that
+    owns it."""
+    target: Any = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+    if isinstance(target, property):
+        target = target.fget
+    code = getattr(target, "__code__", None)
+    while code is not None and _torch_wrapper(code) and hasattr(target, "__wrapped__"):
+        target = target.__wrapped__
+        code = getattr(target, "__code__", None)
+    name = str(getattr(target, "__qualname__", None) or getattr(target, "__name__", "?"))
+    if code is not None:
+        return [
+            type(value).__name__,
+            f"{getattr(target, '__module__', '?')}.{name}",
+            surface_code_digest(code),
+        ]
+    owner = getattr(target, "__objclass__", None)
+    if owner is None:
+        held = getattr(target, "__self__", None)
+        owner = held if isinstance(held, type) else None
+        if owner is None:
+            module = getattr(held, "__name__", None) or getattr(target, "__module__", None)
+            return [type(value).__name__, f"{module}.{name}", ""]
+    if f"{owner.__qualname__}." in f"{name}.":
+        name = name.rpartition(".")[2]
+    return [type(value).__name__, f"{owner.__module__}.{owner.__qualname__}.{name}", ""]
+
+
+def surface_shown(value: Any) -> str:
+    """What is at a library path, in words: a function by its name and definition."""
+    target = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+    code = getattr(target, "__code__", None)
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    if name is None:
+        return f"a {type(value).__module__}.{type(value).__qualname__} object"
+    where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+    return f"{type(value).__name__} {getattr(target, '__module__', None) or '?'}.{name}{where}"
+
+
+def _build_surface_check() -> Any:
+    """``check()`` for ``LIBRARY_SURFACE``, or None when there is none: each library path
+    the trace resolved must still hold the object it ran. Refuses at once (at load) a
+    path that holds another object than the capture's (by ``surface_key``)."""
+    import gc
+    import importlib
+    import operator
+
+    if not LIBRARY_SURFACE:
+        return None
+    missing = object()
+
+    def class_dict(cls: Any) -> dict[str, Any]:
+        # A type's __dict__ is a read-only proxy of the dict whose version tag any
+        # assignment to a class attribute changes.
+        held = [d for d in gc.get_referents(vars(cls)) if isinstance(d, dict)]
+        return held[0] if len(held) == 1 else dict(vars(cls))
+
+    def resolve(dicts: list[dict[str, Any]], name: str) -> Any:
+        for d in dicts:
+            if name in d:
+                return d[name]
+        return missing
+
+    rows: list[tuple[dict[str, Any], list[dict[str, Any]], Any]] = []
+    for row in LIBRARY_SURFACE:
+        try:
+            owner = importlib.import_module(row["module"])
+            if row["class"]:
+                owner = operator.attrgetter(row["class"])(owner)
+        except (ImportError, AttributeError):
+            refuse(
+                f"precompile: `{row['shown']}`, which the trace ran, cannot be found in this "
+                f"process ({row['module']} {row['class'] or ''} is gone). Install the "
+                f"library the artifact was captured with, or capture again (re-emit the "
+                f"artifact)",
+                2,
+            )
+        if row["class"]:
+            # The class dicts along the MRO down to the one that holds the name: only
+            # those can change what the name resolves to.
+            dicts = []
+            for c in owner.__mro__:
+                if c.__module__ != "builtins":
+                    dicts.append(class_dict(c))
+                    if row["name"] in dicts[-1]:
+                        break
+        else:
+            dicts = [vars(owner)]
+        now = resolve(dicts, row["name"])
+        if now is missing or surface_key(now) != row["key"]:
+            shown = "not defined" if now is missing else surface_shown(now)
+            refuse(
+                f"precompile: `{row['shown']}` was replaced since capture: it is {shown} "
+                f"in this process, and the trace ran {row['traced']} there. The graph "
+                f"baked the operations that one ran, so the artifact would not run the "
+                f"replacement that eager runs. Load the artifact where `{row['shown']}` is "
+                f"the original, or capture again with the replacement in place (re-emit "
+                f"the artifact)",
+                2,
+            )
+        rows.append((row, dicts, now))
+    watched = list({id(d): d for _row, dicts, _now in rows for d in dicts}.values())
+    versions = [tuple(map(_dict_version, watched))]
+
+    def recheck() -> None:
+        for i, (row, dicts, loaded) in enumerate(rows):
+            now = resolve(dicts, row["name"])
+            if now is loaded:
+                continue
+            if now is not missing and surface_key(now) == row["key"]:
+                rows[i] = (row, dicts, now)  # the same function again (a reload)
+                continue
+            shown = "not defined" if now is missing else surface_shown(now)
+            refuse(
+                f"precompile: `{row['shown']}` was replaced after this artifact was loaded: "
+                f"it is {shown} now, and the trace ran {row['traced']} there. The graph "
+                f"baked the operations that one ran, so the artifact would not run the "
+                f"replacement that eager runs. Restore `{row['shown']}`, or capture again "
+                f"with the replacement in place (re-emit the artifact)",
+                2,
+            )
+        versions[0] = tuple(map(_dict_version, watched))
+
+    def check() -> None:
+        if tuple(map(_dict_version, watched)) != versions[0]:
+            recheck()
+
+    return check
