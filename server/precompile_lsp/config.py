@@ -39,6 +39,8 @@ KEYS = (
     "python",
     "docs-url",
     "fail-on-empty",
+    "cache-dir",
+    "cache-max-mb",
 )
 #: Directory names never searched for targets nor watched: tools' own state, caches.
 SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
@@ -77,6 +79,12 @@ class Config:
     #: ``precompile check`` exits 1 when it finds no target at all (a glob or source-root
     #: mistake would otherwise make CI pass while checking nothing).
     fail_on_empty: bool = False
+    #: Where the result cache lives (None: ``.precompile/cache`` in the workspace). A
+    #: folder CI persists and shares between runners; outside the workspace is allowed,
+    #: since the user named it.
+    cache_dir: Path | None = None
+    #: The result cache's size bound: past it, least recently used entries are evicted.
+    cache_max_bytes: int = 512 * 1024 * 1024
 
     def module_of(self, path: Path) -> str | None:
         """The importable module name of a file, from the innermost source root holding it."""
@@ -342,7 +350,31 @@ def load_config(
         if not isinstance(table["fail-on-empty"], bool):
             raise table.error("fail-on-empty", "must be true or false")
         kwargs["fail_on_empty"] = table["fail-on-empty"]
+    kwargs.update(_cache_settings(table, root))
     return Config(**kwargs)
+
+
+def _cache_settings(table: _Table, root: Path) -> dict[str, Any]:
+    """``cache-dir`` (relative to the workspace root; ``~`` expanded) and ``cache-max-mb``."""
+    settings: dict[str, Any] = {}
+    if "cache-dir" in table:
+        value = table["cache-dir"]
+        if not isinstance(value, str) or not value.strip():
+            raise table.error("cache-dir", "must be a folder path (a string)")
+        settings["cache_dir"] = (root / Path(value).expanduser()).resolve()
+        if settings["cache_dir"].exists() and not settings["cache_dir"].is_dir():
+            raise table.error("cache-dir", "names a file, not a folder; name a folder")
+    if "cache-max-mb" in table:
+        value = table["cache-max-mb"]
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise table.error("cache-max-mb", "must be a positive number of MiB (e.g. 512)")
+        settings["cache_max_bytes"] = int(value * 1024 * 1024)
+    return settings
 
 
 def _docs_url(table: _Table, key: str) -> str:
