@@ -158,6 +158,13 @@ def test_merged_sarif_shards_equal_the_unsharded_report(sharded: dict[str, Any])
     )
     assert together == unsharded
     assert len(run_["results"]) == 8
+    from sarif_pydantic import Sarif
+
+    Sarif.model_validate(together)  # the SARIF 2.1.0 object model
+    for shard in sharded["sarif_shards"]:  # each shard's report is valid SARIF too
+        Sarif.model_validate(json.loads(Path(shard).read_text()))
+    for result in run_["results"]:
+        assert run_["tool"]["driver"]["rules"][result["ruleIndex"]]["id"] == result["ruleId"]
     # The merged file is a report of ours: merging again may replace it, nothing else.
     again = precompile_cli("merge", *sharded["sarif_shards"], "--output", str(out), cwd=workspace)
     assert again.returncode == 1, again.stderr
