@@ -159,6 +159,11 @@ class ResultCache:
         fields = {k: v for k, v in entry.items() if k != "sha256"}
         return _digest(json.dumps(fields, sort_keys=True, ensure_ascii=False).encode())
 
+    def _portable_text(self, text: str) -> str:
+        """``text`` as ``put`` stores it: each path under the root made relative to it."""
+        escaped = json.dumps(text, ensure_ascii=False)
+        return str(json.loads(escaped.replace(json.dumps(str(self.root))[1:-1] + "/", _ROOT_MARK)))
+
     def _verified(self, data: bytes, key: str) -> dict[str, object] | None:
         """The entry, as stored, if it is one of this format for ``key`` whose checksum
         matches (a cut-short, corrupt or foreign file is None)."""
@@ -170,7 +175,7 @@ class ResultCache:
             not isinstance(entry, dict)
             or entry.get("magic") != MAGIC
             or entry.get("format") != CACHE_FORMAT
-            or entry.get("key") != key
+            or entry.get("key") != self._portable_text(key)
             or entry.get("sha256") != self._checksum(entry)
         ):
             return None

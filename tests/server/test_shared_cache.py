@@ -129,6 +129,18 @@ def test_eviction_drops_the_least_recently_used_and_only_entries(tmp_path: Path)
     assert stranger.exists()
 
 
+def test_an_entry_whose_key_names_a_workspace_path_hits(tmp_path: Path) -> None:
+    """A key may hold a path inside the workspace (``python = ".venv/bin/python"``): the
+    entry stores it relative, and verifying the entry must compare like with like."""
+    cache = ResultCache(tmp_path, True, tmp_path / "c")
+    key = f"check\n{tmp_path}/.venv/bin/python\n"
+    assert cache.put(key, _result(1), seconds=2.0) is None
+    assert str(tmp_path) not in (tmp_path / "c").joinpath(cache._path(key).name).read_text()
+    hit = cache.get(key)
+    assert hit is not None and hit.message == _result(1).message
+    assert cache.seconds(key) == 2.0
+
+
 def test_a_write_evicts_past_the_bound(tmp_path: Path) -> None:
     cache = ResultCache(tmp_path, True, tmp_path / "c", max_bytes=1)
     assert cache.put("only", _result(0)) is None  # the first write of a run evicts
