@@ -70,6 +70,9 @@ class SingleGraph:
     reads: dict[str, str] = dataclasses.field(default_factory=dict)
     #: The ambient torch.autocast state of the capture (its casts are in the graph).
     autocast: tuple[tuple[str, str], ...] = ()
+    #: The torch-function and dispatch modes active around the capture
+    #: (``state_checks.ambient_modes``): each call is compared with them.
+    ambient_modes: tuple[str, ...] = ()
     #: An inference capture of inputs that require grad (grad mode on): the artifact
     #: serves eager's autograd through a captured forward and backward graph.
     grad_inputs: bool = False
@@ -687,6 +690,7 @@ def trace_single_graph(
         fakes += [fake_mode.from_tensor(leaves[i]) for i in tensor_slots]
     before = dependencies.Snapshot(modules)
     autocast = state_checks.autocast_state()
+    ambient_modes = state_checks.ambient_modes()
     try:
         with (
             tracing.recording_user_stacks(flat_fn.__code__) as stack_of,
@@ -778,6 +782,7 @@ def trace_single_graph(
         dependencies=recorded,
         grad_access=list(dict.fromkeys(grad_access)) if grad_param_indices else [],
         autocast=autocast,
+        ambient_modes=ambient_modes,
         reads=reads,
         grad_inputs=grad_inputs,
         output_requires_grad=list(out_requires_grad),
