@@ -27,7 +27,7 @@ import torch
 from precompile import state_checks
 from precompile._compat import dynamo, inductor
 from precompile.dynamo_dependencies import DependencyRecorder
-from precompile.errors import Location, PrecompileError
+from precompile.errors import Location, PrecompileError, generator_input_refusal
 from precompile.function_records import function_records
 from precompile.locations import (
     StackFrame,
@@ -541,6 +541,20 @@ class DynamoSession:
         self._guard_failures.setdefault(getattr(code, "co_name", "?"), []).append(reason)
 
     def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        named = [
+            *((f"argument {i}", a) for i, a in enumerate(args)),
+            *((f"argument {k!r}", a) for k, a in kwargs.items()),
+        ]
+        for name, value in named:
+            items = (
+                value.values()
+                if isinstance(value, dict)
+                else value
+                if isinstance(value, (list, tuple))
+                else (value,)
+            )
+            if any(isinstance(item, torch.Generator) for item in items):
+                raise generator_input_refusal(name, definition_location(self.fn.__code__))
         if dynamo.autocast_enabled():
             raise PrecompileError(
                 "capture was called under torch.autocast; an artifact serves with autocast "

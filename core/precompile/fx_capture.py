@@ -24,7 +24,7 @@ from precompile import dependencies, state_checks
 from precompile._compat import tracing
 from precompile._compat.tracing import pytree
 from precompile.dependencies import Dependencies, param_free
-from precompile.errors import Location, PrecompileError
+from precompile.errors import Location, PrecompileError, generator_input_refusal
 from precompile.lifting import LiftedState, lift_module_state, module_training_flags
 from precompile.locations import (
     StackFrame,
@@ -345,6 +345,8 @@ def _split_args(
                 location=where,
                 hint=f"pass {base.__name__}(value) instead, or read the value inside fn",
             )
+        elif isinstance(leaf, torch.Generator):
+            raise generator_input_refusal(f"input value {i}", where)
         elif not isinstance(leaf, LITERAL_TYPES):
             raise PrecompileError(
                 f"input value {i} is a {type(leaf).__name__}; besides tensors and modules "
@@ -738,6 +740,17 @@ def trace_single_graph(
             location=where,
             hint="draw with torch (torch.rand, torch.randint: graph operations), or draw "
             "outside fn and pass the value as an argument",
+        )
+    if "reseed" in reads:
+        raise PrecompileError(
+            f"fn reseeds torch's random number generator ({reads['reseed']}); the graph "
+            f"holds the random draws that follow but not the reseed, so every served call "
+            f"would draw from wherever the generator stands instead of from the seed",
+            invariant=3,
+            location=where,
+            hint="seed outside fn (torch.manual_seed before the call draws the same "
+            "numbers from the artifact as from eager), or capture with DynamoTracer, "
+            "which replays the reseed",
         )
     if "inference_mode" in reads and torch.is_inference_mode_enabled():
         raise PrecompileError(
