@@ -144,6 +144,7 @@ class Capture:
                 "call the Capture inside its with-block",
                 hint="with precompile.capture(fn, ...) as cap: out = cap(model, x)",
             )
+        self._refuse_ambient_modes()
         if not self._warned_main:
             self._warn_main_classes([*args, *kwargs.values()])
         try:
@@ -155,6 +156,25 @@ class Capture:
             self._report.error = error.to_dict()
             self._report.summary.capture_errors.append(error.message)
             raise
+
+    def _refuse_ambient_modes(self) -> None:
+        """Refuse a capture made under a torch-function or dispatch mode (all but the
+        one ``torch.set_default_device`` pushes, which the artifact records and checks
+        per call). The graph would hold what the mode made of each call, and a served
+        call under the same mode would run it again through the mode: neither tracer
+        can promise eager's answer, so the mode must stay outside the capture."""
+        from precompile.state_checks import ambient_modes
+
+        modes = [m for m in ambient_modes() if not m.startswith("torch.set_default_device(")]
+        if modes:
+            raise PrecompileError(
+                f"capture was called under {', '.join(modes)}; a mode sees every torch "
+                f"call and may change its result, and an artifact cannot replay what it "
+                f"does, under it or without it",
+                invariant=6,
+                hint="capture outside the mode (a call of the artifact under it is then "
+                "refused, naming it), or run fn eagerly under the mode",
+            )
 
     def _warn_main_classes(self, values: list[Any]) -> None:
         """Warn, once per capture, of an argument (a module or any of its submodules, or

@@ -194,3 +194,20 @@ def test_a_model_class_defined_in_main_is_warned_of_at_capture(tracer: str, tmp_
     ]
     assert len(said) == 1, [str(w.message) for w in seen]
     assert "Define the class in an importable module" in said[0]
+
+
+@pytest.mark.parametrize("tracer", sorted(TRACERS))
+def test_a_capture_under_a_torch_mode_is_refused(tracer: str, tmp_path: Path) -> None:
+    """Dynamo captured under a mode served a call under the same mode wrongly: the graph
+    held the mode's doubling, and the mode doubled again."""
+    with pytest.raises(PrecompileError) as caught, ambient_models.DoublingRelu():
+        capture_pair(
+            ambient_models.linear_relu,
+            _model(),
+            torch.randn(2, 4),
+            directory=tmp_path,
+            tracer=TRACERS[tracer](),
+        )
+    message = str(caught.value)
+    assert "capture was called under tests.fixtures.ambient_models.DoublingRelu" in message
+    assert "capture outside the mode" in message
