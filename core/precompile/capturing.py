@@ -163,8 +163,20 @@ class Capture:
         per call). The graph would hold what the mode made of each call, and a served
         call under the same mode would run it again through the mode: neither tracer
         can promise eager's answer, so the mode must stay outside the capture."""
+        import torch
+
+        from precompile._compat import tracing
         from precompile.state_checks import ambient_modes
 
+        traces = tracing.tracing_dispatch_modes()
+        if traces or torch.compiler.is_compiling():
+            raise PrecompileError(
+                f"capture was called inside another trace "
+                f"({', '.join(traces) or 'torch.compile / Dynamo'}); what it would record "
+                f"are that trace's values, not real tensors",
+                hint="call precompile.capture at top level, outside torch.compile, make_fx "
+                "and fake-tensor modes",
+            )
         modes = [m for m in ambient_modes() if not m.startswith("torch.set_default_device(")]
         if modes:
             raise PrecompileError(

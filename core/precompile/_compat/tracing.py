@@ -82,6 +82,19 @@ def active_trace() -> str | None:
     return None
 
 
+def tracing_dispatch_modes() -> list[str]:
+    """The active dispatch modes that are torch's own tracing (fake tensors, make_fx's
+    proxy mode, functionalization): a capture under one is a capture inside another
+    trace, not under a user's mode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+    from torch.fx.experimental.proxy_tensor import ProxyTorchDispatchMode
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    kinds = (FakeTensorMode, FunctionalTensorMode, ProxyTorchDispatchMode)
+    return [type(m).__name__ for m in _get_current_dispatch_mode_stack() if isinstance(m, kinds)]
+
+
 @contextlib.contextmanager
 def recording_user_stacks(
     boundary: types.CodeType,
