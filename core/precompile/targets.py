@@ -89,7 +89,10 @@ def target(
     if resources is not None and not (
         isinstance(resources, dict)
         and all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+            isinstance(k, str)
+            and isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and v >= 0
             for k, v in resources.items()
         )
     ):

@@ -406,7 +406,7 @@ def _executor(table: _Table) -> dict[str, Any]:
             raise table.error(
                 "executor",
                 f"needs the ray package, which is not installed for {sys.executable}: "
-                f"pip install torch-precompile[ray] (or set executor = \"local\")",
+                f'pip install torch-precompile[ray] (or set executor = "local")',
             )
     return settings
 

@@ -43,6 +43,7 @@ from precompile.write_policy import pair_collision, pair_paths
 from precompile_lsp import protocol
 from precompile_lsp.config import load_config
 from precompile_lsp.discovery import TargetDecl, discover, unreadable_findings
+from precompile_lsp.executors import make_executor
 from precompile_lsp.files import MAX_SOURCE_BYTES, SourceRead, read_source, shown_path
 from precompile_lsp.findings import (
     WRITE_ERRORS,
@@ -73,7 +74,6 @@ from precompile_lsp.serving_logs import (
 )
 from precompile_lsp.staleness import ArtifactStatus, artifact_status
 from precompile_lsp.trust import TrustGate
-from precompile_lsp.executors import make_executor
 
 
 @dataclasses.dataclass

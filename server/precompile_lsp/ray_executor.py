@@ -71,6 +71,18 @@ def _package_paths() -> list[str]:
     return paths
 
 
+def _quiet_driver(ray: Any) -> None:
+    """Keep Ray's driver from printing to this process's stdout, which is the report of
+    ``precompile check`` and the language server's protocol channel. ``log_to_driver=
+    False`` stops the tasks' own output (a job's output is captured anyway), but the
+    driver still prints the cluster's error messages ("A worker died...") to
+    ``sys.stdout``; those reach the engine as the task's exception and become the job's
+    PC900, so the printing is switched off with the flag Ray's own debugger uses."""
+    private = getattr(getattr(ray, "_private", None), "worker", None)
+    if private is not None and hasattr(private, "_worker_logs_enabled"):
+        private._worker_logs_enabled = False
+
+
 def _crash(message: str, job: JobRequest) -> JobResult:
     return JobResult(status=Outcome.CRASHED, kind=job.kind, message=message)
 
@@ -125,10 +137,9 @@ class RayExecutor:
             if self.config.ray_address is not None:
                 ray.init(address=self.config.ray_address, log_to_driver=False)
             else:
-                ray.init(
-                    num_cpus=self.config.workers, include_dashboard=False, log_to_driver=False
-                )
+                ray.init(num_cpus=self.config.workers, include_dashboard=False, log_to_driver=False)
             self._started_cluster = True
+        _quiet_driver(ray)
         self._remote = ray.remote(_run_in_ray_worker)
         return ray
 

@@ -35,7 +35,6 @@ import torch
 import precompile
 import precompile.targets
 from precompile.artifact_io import default_cache_path
-from precompile.capturing import Capture
 from precompile.errors import Location, PrecompileError
 from precompile.targets import as_example
 from precompile_lsp import protocol
@@ -291,20 +290,25 @@ def warm_up() -> None:
     _dependencies(os.sep)
 
 
-class _DeliveringCapture(Capture):
+@functools.cache
+def _delivering_capture() -> Any:
     """A capture whose writes go to ``deliver`` (``artifact``, ``cache``) instead of the
     pair's paths: a job on a cluster node hands the bytes back and the engine writes them
     under its write policy. The capture still names the pair's real paths, so what the
-    bytes record relative to the artifact (its sources) is what a local emit records."""
+    bytes record relative to the artifact (its sources) is what a local emit records.
+    (Made on first use: ``precompile.Capture`` is the capture side, imported lazily.)"""
 
-    def __init__(self, *args: Any, deliver: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.deliver = deliver
+    class DeliveringCapture(precompile.Capture):
+        def __init__(self, *args: Any, deliver: str, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.deliver = deliver
 
-    def _write(self) -> None:
-        for _path, data, kind in self.pair_files():
-            with open(os.path.join(self.deliver, kind), "wb") as f:
-                f.write(data)
+        def _write(self) -> None:
+            for _path, data, kind in self.pair_files():
+                with open(os.path.join(self.deliver, kind), "wb") as f:
+                    f.write(data)
+
+    return DeliveringCapture
 
 
 def _capture(
@@ -332,7 +336,7 @@ def _capture(
     session = (
         precompile.capture(fn, **settings)
         if deliver is None
-        else _DeliveringCapture(fn, deliver=deliver, **settings)
+        else _delivering_capture()(fn, deliver=deliver, **settings)
     )
     with session as cap:
         for number, example in enumerate(calls, 1):
