@@ -140,8 +140,20 @@ def kills_its_ray_worker():
     return [(torch.ones(3),)]
 
 
+def sleeps():
+    import time
+
+    time.sleep(120)
+    return [(torch.ones(3),)]
+
+
 def calls():
     return [(torch.ones(3),)]
+
+
+@precompile.target(sleeps, tracer="make_fx")
+def sleeper(x):
+    return x + 1
 
 
 @precompile.target(kills_itself, tracer="make_fx")
@@ -160,11 +172,12 @@ def needs_a_gpu(x):
 """
 
 
-def test_a_task_that_dies_is_pc900_with_the_reason(tmp_path: Path) -> None:
+def test_a_task_that_dies_or_times_out_is_pc900_with_the_reason(tmp_path: Path) -> None:
     pytest.importorskip(
         "ray", reason="the Ray executor needs ray (pip install torch-precompile[ray])"
     )
-    workspace = _workspace(tmp_path / "ws", KILLERS, 'workers = 2\nexecutor = "ray"\n')
+    settings = 'workers = 2\nexecutor = "ray"\ntimeout = 5\n'
+    workspace = _workspace(tmp_path / "ws", KILLERS, settings)
     proc = precompile_cli("check", "--no-cache", "--format", "json", cwd=workspace)
     assert proc.returncode == 1, proc.stderr
     by_target: dict[str, list[dict[str, Any]]] = {}
@@ -175,6 +188,8 @@ def test_a_task_that_dies_is_pc900_with_the_reason(tmp_path: Path) -> None:
     (parricide,) = by_target["parricide"]
     assert parricide["code"] == "PC900"
     assert "the Ray worker process running the job died" in parricide["message"]
+    (sleeper,) = by_target["sleeper"]
+    assert sleeper["code"] == "PC900" and "timed out after 5 s" in sleeper["message"]
     (gpu,) = by_target["needs_a_gpu"]
     assert gpu["code"] == "PC900"
     assert "num_gpus=1 (the cluster has 0)" in gpu["message"], gpu["message"]
@@ -261,3 +276,12 @@ def test_returned_bytes_are_written_under_the_write_policy(tmp_path: Path) -> No
     assert "is not a torch-precompile artifact" in refused.message
     assert artifact.read_text() == "print('a user file, not an artifact')\n"
     assert not (tmp_path / "model.cache").exists()
+
+
+def test_resources_must_be_a_dict_of_numbers() -> None:
+    import precompile
+
+    precompile.target(lambda: [], resources={"num_gpus": 1, "accelerator_a100": 0.5})
+    for bad in ({"num_gpus": "one"}, ["num_gpus"], {"num_gpus": -1}, {"num_gpus": True}):
+        with pytest.raises(TypeError, match="resources must be a dict"):
+            precompile.target(lambda: [], resources=bad)
