@@ -285,3 +285,26 @@ def test_resources_must_be_a_dict_of_numbers() -> None:
     for bad in ({"num_gpus": "one"}, ["num_gpus"], {"num_gpus": -1}, {"num_gpus": True}):
         with pytest.raises(TypeError, match="resources must be a dict"):
             precompile.target(lambda: [], resources=bad)
+
+
+def test_changing_the_executor_setting_takes_effect_for_the_next_job(tmp_path: Path) -> None:
+    pytest.importorskip(
+        "ray", reason="the Ray executor needs ray (pip install torch-precompile[ray])"
+    )
+    from precompile_lsp.engine import Engine
+
+    workspace = _workspace(tmp_path / "ws", MODELS, "")
+
+    async def scenario() -> tuple[str, str, str]:
+        engine = Engine(workspace, trusted=True)
+        before = engine.pool.kind
+        pyproject = workspace / "pyproject.toml"
+        pyproject.write_text(pyproject.read_text() + 'executor = "ray"\n')
+        engine.reconfigure()
+        during = engine.pool.kind
+        pyproject.write_text(pyproject.read_text().replace('executor = "ray"\n', ""))
+        engine.reconfigure()
+        await engine.close()
+        return before, during, engine.pool.kind
+
+    assert asyncio.run(scenario()) == ("local", "ray", "local")
