@@ -107,6 +107,7 @@ class Capture:
         self._runnable: Any = None
         self._session: Any = None
         self._warned_risky = False
+        self._warned_main = False
         from precompile.fx_capture import describe_fn
 
         self._fn_info = describe_fn(fn)
@@ -143,6 +144,9 @@ class Capture:
                 "call the Capture inside its with-block",
                 hint="with precompile.capture(fn, ...) as cap: out = cap(model, x)",
             )
+        self._refuse_ambient_modes()
+        if not self._warned_main:
+            self._warn_main_classes([*args, *kwargs.values()])
         try:
             if isinstance(self.tracer, DynamoTracer):
                 return self._call_dynamo(self.tracer, args, kwargs)
@@ -152,6 +156,66 @@ class Capture:
             self._report.error = error.to_dict()
             self._report.summary.capture_errors.append(error.message)
             raise
+
+    def _refuse_ambient_modes(self) -> None:
+        """Refuse a capture made under a torch-function or dispatch mode (all but the
+        one ``torch.set_default_device`` pushes, which the artifact records and checks
+        per call). The graph would hold what the mode made of each call, and a served
+        call under the same mode would run it again through the mode: neither tracer
+        can promise eager's answer, so the mode must stay outside the capture."""
+        from precompile.state_checks import ambient_modes
+
+        modes = [m for m in ambient_modes() if not m.startswith("torch.set_default_device(")]
+        if modes:
+            raise PrecompileError(
+                f"capture was called under {', '.join(modes)}; a mode sees every torch "
+                f"call and may change its result, and an artifact cannot replay what it "
+                f"does, under it or without it",
+                invariant=6,
+                hint="capture outside the mode (a call of the artifact under it is then "
+                "refused, naming it), or run fn eagerly under the mode",
+            )
+
+    def _warn_main_classes(self, values: list[Any]) -> None:
+        """Warn, once per capture, of an argument (a module or any of its submodules, or
+        an item of a list, tuple or dict argument) whose class is defined in the running
+        script (``__main__``). The artifact checks each submodule's class by the name
+        another process imports it by, and no other process can import this one's
+        ``__main__``: loading it anywhere else would refuse every call (``is a
+        models.Net but was captured as a __main__.Net``). Said here, where it can be
+        fixed, rather than first in production."""
+        import torch
+
+        found: dict[str, None] = {}
+        for value in values:
+            items = (
+                list(value.values())
+                if isinstance(value, dict)
+                else list(value)
+                if isinstance(value, (list, tuple))
+                else [value]
+            )
+            for item in items:
+                classes = (
+                    [type(m) for m in item.modules()]
+                    if isinstance(item, torch.nn.Module)
+                    else [type(item)]
+                )
+                for cls in classes:
+                    if cls.__module__ == "__main__":
+                        found.setdefault(cls.__qualname__)
+        if found:
+            self._warned_main = True
+            names = ", ".join(f"__main__.{name}" for name in found)
+            warnings.warn(
+                f"precompile: {names} is defined in the running script (__main__), and the "
+                f"artifact checks the class of what it is passed by its importable name: "
+                f"loaded in any other process (a server), it will refuse every call with "
+                f"this class. Define the class in an importable module (models.py) and "
+                f"import it from the script, then capture again",
+                UserWarning,
+                stacklevel=3,
+            )
 
     def _call_make_fx(
         self, tracer: MakeFxTracer, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -57,6 +57,22 @@ _RANDOM_FILE = random.Random.uniform.__code__.co_filename
 #: this hook too, and handles nothing fancier here.
 _RANDOM_RANDOM = random.random
 _RANDOM_GETRANDBITS = random.getrandbits
+#: torch's reseeds of its default generator (Python code in torch/random.py), and the
+#: methods of a ``torch.Generator`` that reseed it (C calls): the graph keeps the draws
+#: that follow and drops the reseed.
+_TORCH_RESEED_CODES = {
+    torch.random.manual_seed.__code__: "torch.manual_seed()",
+    torch.random.seed.__code__: "torch.seed()",
+    torch.random.set_rng_state.__code__: "torch.set_rng_state()",
+}
+_GENERATOR_RESEEDS = frozenset({"manual_seed", "seed", "set_state", "set_offset"})
+#: What stands between a user's reseed and the reseed: torch/random.py, and the
+#: wrappers of ``torch._disable_dynamo`` that torch.manual_seed is decorated with.
+_RESEED_WRAPPERS = (
+    torch.random.manual_seed.__code__.co_filename,
+    os.path.join(os.path.dirname(torch.__file__), "_compile.py"),
+    os.path.join(os.path.dirname(torch.__file__), "_dynamo", "eval_frame.py"),
+)
 #: Library frames between a user's read and the code that reads.
 _READ_WRAPPERS = (
     os.getenv.__code__.co_filename,
@@ -103,6 +119,13 @@ class CallLog:
         )
 
 
+def _past(frame: types.FrameType | None, files: tuple[str, ...]) -> types.FrameType | None:
+    """The first frame at or above ``frame`` whose code is not in ``files``."""
+    while frame is not None and frame.f_code.co_filename in files:
+        frame = frame.f_back
+    return frame
+
+
 @contextlib.contextmanager
 def recording_calls() -> Iterator[CallLog]:
     """Every function entered on this thread while active (a profile hook that chains
@@ -139,6 +162,16 @@ def recording_calls() -> Iterator[CallLog]:
         elif event == "c_call" and (arg is _RANDOM_RANDOM or arg is _RANDOM_GETRANDBITS):
             if "random" not in reads:
                 note("random", f"random.{getattr(arg, '__name__', '?')}()", frame)
+        elif event == "call" and code in _TORCH_RESEED_CODES and "reseed" not in reads:
+            note("reseed", _TORCH_RESEED_CODES[code], _past(frame.f_back, _RESEED_WRAPPERS))
+        elif (
+            event == "c_call"
+            and "reseed" not in reads
+            and type(getattr(arg, "__self__", None)) is torch.Generator
+            and getattr(arg, "__name__", "") in _GENERATOR_RESEEDS
+        ):
+            what = f"torch.Generator.{getattr(arg, '__name__', '?')}()"
+            note("reseed", what, _past(frame, _RESEED_WRAPPERS))
         if importing:
             # An import during the trace (a lazy one in torch, say) runs the import
             # system's hooks (pytest's rewriter, editable-install finders): what the

@@ -34,7 +34,10 @@ if TYPE_CHECKING:
     _dict_version: Callable[[dict[str, Any]], int] = len
     _TensorGuards: Any = None
     dispatch_tls_local_exclude_set: Any = None
+    function_mode_depth: Callable[[], int] = int
+    dispatch_mode_depth: Callable[[], int] = int
 
+    AMBIENT_MODES: list[str] = []
     BACKEND: str = ""
     FN_NAME: str = ""
     NUM_POSITIONAL_ARGS: int = 0
@@ -58,6 +61,7 @@ if TYPE_CHECKING:
     USER_INPUT_BOUNDS: list[dict[int, tuple[int | None, int | None]] | None] = []
     USER_INPUT_SHAPE_IDS: list[dict[int, str] | None] = []
     USER_INPUT_CONSTANTS: list[object] = []
+    USER_INPUT_ALIASES: list[list[Any]] = []
 
     GRAPH_INPUT_STRIDES: list[tuple[int, ...] | None] = []
     TRAINING: bool = False
@@ -77,6 +81,10 @@ if TYPE_CHECKING:
     def literal_fingerprint(value: Any) -> tuple[str, Any]: ...
 
     def autocast_state() -> tuple[tuple[str, str], ...]: ...
+
+    def ambient_modes() -> tuple[str, ...]: ...
+
+    def _opaque_to_dynamo(fn: Callable[..., Any]) -> Callable[..., Any]: ...
 
     def autocast_keys() -> dict[str, Any] | None: ...
 
@@ -162,6 +170,32 @@ def refuse(message: str, invariant: int | None = None) -> NoReturn:
     except ImportError:
         error_type = PrecompileError
     raise error_type(message, invariant=invariant) from None
+
+
+def check_ambient_modes(captured: tuple[str, ...]) -> None:
+    """Refuse a call made under other torch-function or dispatch modes than the capture
+    ran under (``AMBIENT_MODES``; ``state_checks.ambient_modes``). A mode sees every
+    torch call eager makes under it and may change any result; the graph holds the
+    operations the capture made under its own modes, and cannot tell a mode that
+    changes results from one that only watches (``FlopCounterMode``), so both are
+    refused. Both drivers call this only when a mode is active or was at capture (two C
+    calls per call otherwise), before any other check, so the refusal names the mode."""
+    live = ambient_modes()
+    if live == captured:
+        return
+
+    def shown(modes: tuple[str, ...]) -> str:
+        return "under " + ", ".join(modes) if modes else "under no torch mode"
+
+    refuse(
+        f"precompile: this call runs {shown(live)}, and the capture ran {shown(captured)}. "
+        f"A mode sees every torch call eager makes under it and may change its result; "
+        f"the artifact runs the operations captured without it, so it cannot answer as "
+        f"eager would (a mode that only watches, such as FlopCounterMode, is refused "
+        f"too: the artifact cannot tell it from one that changes results). Call the "
+        f"artifact outside the mode, or run fn eagerly under it",
+        6,
+    )
 
 
 def warn_inference_grad(what: str, more_fixes: str = "") -> None:
@@ -766,6 +800,16 @@ def _build_single_graph_forward() -> Any:
     meta: tuple[Any, ...] = ()
     tensor_guard: Any = None
 
+    # The torch modes of the capture (almost always none): a call under others is
+    # refused naming them, before any other check.
+    captured_modes = tuple(AMBIENT_MODES)
+    # Inputs that were one tensor at capture (q, k and v of self-attention): the graph
+    # reads one of them for all, so each call must pass one tensor there too.
+    alias_later = tuple(i for i, _, _, _ in USER_INPUT_ALIASES)
+    alias_first = tuple(j for _, j, _, _ in USER_INPUT_ALIASES)
+    pick_alias_later = _picker(alias_later)
+    pick_alias_first = _picker(alias_first)
+
     def _guard(values: list[Any]) -> Any:
         # Checks shape, strides, dtype, device and requires_grad in one C call. It
         # also compares dispatch keys under the ambient state (inference mode, autocast)
@@ -880,8 +924,24 @@ def _build_single_graph_forward() -> Any:
                 return tensors
         return _verify_model(mods)
 
+    def _refuse_unaliased(leaves: list[Any]) -> NoReturn:
+        for i, j, name, first in USER_INPUT_ALIASES:
+            if leaves[i] is not leaves[j]:
+                refuse(
+                    f"precompile: {name} and {first} were one tensor at capture (the same "
+                    f"object passed twice, as self-attention passes q, k and v), and this "
+                    f"call passes different tensors there. The trace saw one value, so the "
+                    f"graph reads only one of these inputs for both. Pass the same "
+                    f"tensor there, or capture with distinct tensors (an artifact captured "
+                    f"so also serves calls that pass one tensor in several places)",
+                    3,
+                )
+        raise AssertionError("unreachable: some aliased input differs")
+
     def checked_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
         """Every check of a call; the graph's flat inputs and the user's tensors."""
+        if function_mode_depth() or dispatch_mode_depth() or captured_modes:
+            check_ambient_modes(captured_modes)
         if surface_ok is not None:
             surface_ok()
         if builtins_scopes and _dict_version(builtins_scopes[0][0]) != builtins_seen[0]:
@@ -929,6 +989,8 @@ def _build_single_graph_forward() -> Any:
         if not ok:
             _describe_input_mismatch(list(leaves), True)
             tensors_in = pick_tensors(leaves)
+        if alias_later and not all(map(_is, pick_alias_later(leaves), pick_alias_first(leaves))):
+            _refuse_unaliased(list(leaves))
         state = _model_tensors(mods)
         if state_getters:
             values = [get() for get in state_getters]
@@ -1069,7 +1131,7 @@ def _build_single_graph_forward() -> Any:
         return _pytree.tree_unflatten(list(out), out_spec)
 
     forward.covers = covers  # type: ignore[attr-defined]  # loaders call forward.covers()
-    return forward
+    return _opaque_to_dynamo(forward)
 
 
 def relabel_layout_error_eager(error: AssertionError, flat: list[Any]) -> str | None:

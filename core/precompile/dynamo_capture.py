@@ -24,9 +24,10 @@ from typing import Any
 
 import torch
 
+from precompile import state_checks
 from precompile._compat import dynamo, inductor
 from precompile.dynamo_dependencies import DependencyRecorder
-from precompile.errors import Location, PrecompileError
+from precompile.errors import Location, PrecompileError, generator_input_refusal
 from precompile.function_records import function_records
 from precompile.locations import (
     StackFrame,
@@ -372,6 +373,9 @@ class DynamoSession:
         self.break_events: list[dict[str, Any]] = []
         self.calls = 0
         self.global_state = dynamo.global_state()
+        #: The torch modes active around the first captured call; every other call
+        #: must run under the same ones (an artifact serves one set).
+        self.ambient_modes: tuple[str, ...] | None = None
         self._touched: dict[types.CodeType, bool] = {}
         self.dependencies = DependencyRecorder(self.fn)
         self.installed_globals: dict[types.CodeType, dict[str, Any]] = {}
@@ -537,6 +541,20 @@ class DynamoSession:
         self._guard_failures.setdefault(getattr(code, "co_name", "?"), []).append(reason)
 
     def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        named = [
+            *((f"argument {i}", a) for i, a in enumerate(args)),
+            *((f"argument {k!r}", a) for k, a in kwargs.items()),
+        ]
+        for name, value in named:
+            items = (
+                value.values()
+                if isinstance(value, dict)
+                else value
+                if isinstance(value, (list, tuple))
+                else (value,)
+            )
+            if any(isinstance(item, torch.Generator) for item in items):
+                raise generator_input_refusal(name, definition_location(self.fn.__code__))
         if dynamo.autocast_enabled():
             raise PrecompileError(
                 "capture was called under torch.autocast; an artifact serves with autocast "
@@ -544,6 +562,16 @@ class DynamoSession:
                 invariant=6,
                 location=definition_location(self.fn.__code__),
                 hint="enter torch.autocast inside fn instead of around the capture",
+            )
+        modes = state_checks.ambient_modes()
+        if self.ambient_modes is None:
+            self.ambient_modes = modes
+        elif modes != self.ambient_modes:
+            raise PrecompileError(
+                f"the torch modes around the captured calls changed ({self.ambient_modes} "
+                f"-> {modes}); an artifact serves one set of modes",
+                invariant=6,
+                hint="make every captured call under the same torch modes",
             )
         if dynamo.global_state() != self.global_state:
             raise PrecompileError(

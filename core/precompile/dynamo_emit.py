@@ -528,6 +528,7 @@ def emit_dynamo(
     artifact_path: str,
     grad_mode: bool,
     global_state: dict[str, Any],
+    ambient_modes: tuple[str, ...],
     function_sources: list[dict[str, Any]],
     source_files: list[str],
     guards_summary: list[dict[str, Any]],
@@ -565,6 +566,7 @@ def emit_dynamo(
         "ARTIFACT_TAG": tag,
         "GRAD_MODE": grad_mode,
         "GLOBAL_STATE": global_state,
+        "AMBIENT_MODES": list(ambient_modes),
         "FRAMES": [
             f.summary() | {"resume_names": p["resume_names"]} for f, p in zip(frames, payload)
         ],
@@ -588,8 +590,11 @@ def emit_dynamo(
     driver_source = f"AUTOCAST_DEVICES = {state_checks.AUTOCAST_DEVICES!r}\n\n" + runtime_source(
         (
             state_checks.autocast_state,
+            state_checks.type_name,
+            state_checks.ambient_modes,
             driver.PrecompileError,
             driver.refuse,
+            driver.check_ambient_modes,
             driver.warn_inference_grad,
             source_digest,
             guard_text,

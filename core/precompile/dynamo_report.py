@@ -184,6 +184,7 @@ def build_dynamo_artifact(
         artifact_path=artifact_path,
         grad_mode=session.training,
         global_state=session.global_state,
+        ambient_modes=session.ambient_modes or (),
         function_sources=report.function_sources,
         source_files=[f for f in files_traced if not f.startswith("<")],
         guards_summary=report.guards,

@@ -212,6 +212,17 @@ def single_graph_metadata(
     assert deps is not None
     leaves = graph.user_leaves
     tensor = [isinstance(leaf, torch.Tensor) for leaf in leaves]
+    # The trace saw one tensor passed in several places (self-attention's q, k and v) as
+    # one value, and its graph reads only one of those places: each later place, with
+    # the first place that held the same tensor, and both names, checked per call.
+    leaf_names = graph.input_names or [f"input {i}" for i in range(len(leaves))]
+    first_place: dict[int, int] = {}
+    aliases: list[list[Any]] = []
+    for i, leaf in enumerate(leaves):
+        if tensor[i]:
+            j = first_place.setdefault(id(leaf), i)
+            if j != i:
+                aliases.append([i, j, str(leaf_names[i]), str(leaf_names[j])])
     shapes: list[Any] = []
     bounds: list[Any] = []
     shape_ids: list[Any] = []
@@ -256,6 +267,7 @@ def single_graph_metadata(
         "USER_INPUT_CONSTANTS": [
             None if t else state_checks.literal_fingerprint(leaf) for leaf, t in zip(leaves, tensor)
         ],
+        "USER_INPUT_ALIASES": aliases,
         "USER_INPUT_REQUIRES_GRAD": [
             bool(leaf.requires_grad) if t else None for leaf, t in zip(leaves, tensor)
         ],
@@ -265,6 +277,7 @@ def single_graph_metadata(
         "AUTOGRAD": autograd,
         "DEFAULT_DTYPE": str(torch.get_default_dtype()),
         "AUTOCAST": [list(state) for state in graph.autocast],
+        "AMBIENT_MODES": list(graph.ambient_modes),
         "STATE_READS": {
             kind: _grad_site(site, artifact_path) for kind, site in sorted(graph.reads.items())
         },

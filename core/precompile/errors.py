@@ -136,3 +136,18 @@ class InferenceGradWarning(UserWarning):
 class RiskyGuardWarning(UserWarning):
     """The artifact dropped guards that decide which captured variant runs (warned when
     ``DynamoTracer(require_no_risky_drops=False)`` accepts them)."""
+
+
+def generator_input_refusal(what: str, location: Location | None) -> PrecompileError:
+    """The capture refusal of a ``torch.Generator`` passed to fn, in the same words for
+    both tracers: a generator's state is process state no graph input carries, so an
+    artifact could neither replay draws from it nor check it per call."""
+    return PrecompileError(
+        f"{what} is a torch.Generator; an artifact can neither carry a generator's state "
+        f"nor check it per call, so draws from it could not be served as eager makes them",
+        invariant=3,
+        location=location,
+        hint="draw the random tensor outside fn with the generator and pass it as an "
+        "input, or seed torch's default generator (torch.manual_seed) outside fn and draw "
+        "from it inside",
+    )

@@ -24,7 +24,7 @@ from precompile import dependencies, state_checks
 from precompile._compat import tracing
 from precompile._compat.tracing import pytree
 from precompile.dependencies import Dependencies, param_free
-from precompile.errors import Location, PrecompileError
+from precompile.errors import Location, PrecompileError, generator_input_refusal
 from precompile.lifting import LiftedState, lift_module_state, module_training_flags
 from precompile.locations import (
     StackFrame,
@@ -70,6 +70,9 @@ class SingleGraph:
     reads: dict[str, str] = dataclasses.field(default_factory=dict)
     #: The ambient torch.autocast state of the capture (its casts are in the graph).
     autocast: tuple[tuple[str, str], ...] = ()
+    #: The torch-function and dispatch modes active around the capture
+    #: (``state_checks.ambient_modes``): each call is compared with them.
+    ambient_modes: tuple[str, ...] = ()
     #: An inference capture of inputs that require grad (grad mode on): the artifact
     #: serves eager's autograd through a captured forward and backward graph.
     grad_inputs: bool = False
@@ -342,6 +345,8 @@ def _split_args(
                 location=where,
                 hint=f"pass {base.__name__}(value) instead, or read the value inside fn",
             )
+        elif isinstance(leaf, torch.Generator):
+            raise generator_input_refusal(f"input value {i}", where)
         elif not isinstance(leaf, LITERAL_TYPES):
             raise PrecompileError(
                 f"input value {i} is a {type(leaf).__name__}; besides tensors and modules "
@@ -687,6 +692,7 @@ def trace_single_graph(
         fakes += [fake_mode.from_tensor(leaves[i]) for i in tensor_slots]
     before = dependencies.Snapshot(modules)
     autocast = state_checks.autocast_state()
+    ambient_modes = state_checks.ambient_modes()
     try:
         with (
             tracing.recording_user_stacks(flat_fn.__code__) as stack_of,
@@ -735,6 +741,17 @@ def trace_single_graph(
             hint="draw with torch (torch.rand, torch.randint: graph operations), or draw "
             "outside fn and pass the value as an argument",
         )
+    if "reseed" in reads:
+        raise PrecompileError(
+            f"fn reseeds torch's random number generator ({reads['reseed']}); the graph "
+            f"holds the random draws that follow but not the reseed, so every served call "
+            f"would draw from wherever the generator stands instead of from the seed",
+            invariant=3,
+            location=where,
+            hint="seed outside fn (torch.manual_seed before the call draws the same "
+            "numbers from the artifact as from eager), or capture with DynamoTracer, "
+            "which replays the reseed",
+        )
     if "inference_mode" in reads and torch.is_inference_mode_enabled():
         raise PrecompileError(
             f"fn reads the inference mode ({reads['inference_mode']}) and is captured "
@@ -778,6 +795,7 @@ def trace_single_graph(
         dependencies=recorded,
         grad_access=list(dict.fromkeys(grad_access)) if grad_param_indices else [],
         autocast=autocast,
+        ambient_modes=ambient_modes,
         reads=reads,
         grad_inputs=grad_inputs,
         output_requires_grad=list(out_requires_grad),

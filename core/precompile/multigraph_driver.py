@@ -70,6 +70,14 @@ if TYPE_CHECKING:
 
     def autocast_state() -> tuple[tuple[str, str], ...]: ...
 
+    def check_ambient_modes(captured: tuple[str, ...]) -> None: ...
+
+    def _opaque_to_dynamo(fn: Callable[..., Any]) -> Callable[..., Any]: ...
+
+    function_mode_depth: Callable[[], int] = int
+    dispatch_mode_depth: Callable[[], int] = int
+    AMBIENT_MODES: list[str] = []
+
 
 def _strip_dim_marks(values: Any) -> list[tuple[Any, dict[str, Any]]]:
     """Take the dim marks (``_DYNAMO_DIM_MARKS``: what mark_dynamic / mark_unbacked /
@@ -293,7 +301,14 @@ def _serve_as_captured(entry: Any, check: Any) -> Any:
                     del frozen_seen[:-4]
         return ""
 
+    # The torch modes of the capture (almost always none): a call under others is
+    # refused naming them, before any other check (Dynamo's own guard on the mode stack
+    # would say only ___check_torch_function_mode_stack()).
+    captured_modes = tuple(AMBIENT_MODES)
+
     def forward(*args: Any, **kwargs: Any) -> Any:
+        if function_mode_depth() or dispatch_mode_depth() or captured_modes:
+            check_ambient_modes(captured_modes)
         check(args, kwargs)
         if torch.get_default_dtype() is not dtype or (
             torch.are_deterministic_algorithms_enabled() != deterministic
@@ -324,7 +339,7 @@ def _serve_as_captured(entry: Any, check: Any) -> Any:
             if grad != GRAD_MODE:
                 _set_grad_enabled(grad)
 
-    return forward
+    return _opaque_to_dynamo(forward)
 
 
 def _entry_defaults_check(binding: dict[str, Any]) -> Any:

@@ -23,7 +23,14 @@ from __future__ import annotations
 from typing import Any
 
 # >>> not emitted: artifacts carry this module whole, and their prelude binds these names
-from precompile._compat.prelude import dispatch_tls_local_exclude_set, privateuse1_backend_name
+from precompile._compat.prelude import (
+    dispatch_mode_at,
+    dispatch_mode_depth,
+    dispatch_tls_local_exclude_set,
+    function_mode_at,
+    function_mode_depth,
+    privateuse1_backend_name,
+)
 
 # <<< not emitted
 
@@ -81,6 +88,29 @@ def autocast_state() -> tuple[tuple[str, str], ...]:
         for device in dict.fromkeys(devices)
         if torch.is_autocast_enabled(device)
     )
+
+
+def ambient_modes() -> tuple[str, ...]:
+    """The torch-function and dispatch modes active now, outermost first, each as
+    another process names it (``torch.set_default_device('cpu')`` for the mode that
+    call pushes). A mode sees every torch call made under it and may change its result
+    (or only watch it, as ``FlopCounterMode`` does); a graph holds the operations of
+    its capture, made under the capture's modes, so a call under other modes is one
+    the graph cannot be trusted to answer. Called per call only when a mode is active
+    or was at capture: the common case is two C calls that return 0."""
+    found: list[str] = []
+    for kind, depth, at in (
+        ("TorchFunctionMode", function_mode_depth, function_mode_at),
+        ("TorchDispatchMode", dispatch_mode_depth, dispatch_mode_at),
+    ):
+        for i in range(depth()):
+            mode = at(i)
+            cls = type(mode)
+            if cls.__name__ == "DeviceContext" and hasattr(mode, "device"):
+                found.append(f"torch.set_default_device({str(mode.device)!r})")
+            else:
+                found.append(f"{type_name(cls)} (a {kind})")
+    return tuple(found)
 
 
 def autocast_keys() -> dict[str, Any] | None:

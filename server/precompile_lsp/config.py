@@ -40,6 +40,8 @@ KEYS = (
     "docs-url",
     "fail-on-empty",
     "serving-logs",
+    "cache-dir",
+    "cache-max-mb",
     "executor",
     "ray-address",
 )
@@ -84,6 +86,12 @@ class Config:
     #: Globs of serving logs (docs/serving.md) whose production refusals are findings:
     #: relative ones under the root (never leading out of it), or absolute paths.
     serving_logs: tuple[str, ...] = ()
+    #: Where the result cache lives (None: ``.precompile/cache`` in the workspace). A
+    #: folder CI persists and shares between runners; outside the workspace is allowed,
+    #: since the user named it.
+    cache_dir: Path | None = None
+    #: The result cache's size bound: past it, least recently used entries are evicted.
+    cache_max_bytes: int = 512 * 1024 * 1024
     #: Who runs capture, emit and verify jobs: ``local`` worker processes, or tasks of a
     #: Ray cluster (``ray``: docs/cluster.md).
     executor: str = "local"
@@ -376,6 +384,7 @@ def load_config(
         kwargs["fail_on_empty"] = table["fail-on-empty"]
     if "serving-logs" in table:
         kwargs["serving_logs"] = _serving_logs(table, root)
+    kwargs.update(_cache_settings(table, root))
     kwargs.update(_executor(table))
     return Config(**kwargs)
 
@@ -428,6 +437,29 @@ def _serving_logs(table: _Table, root: Path) -> tuple[str, ...]:
                 f"inside it (e.g. logs/*.jsonl) or give an absolute path",
             )
     return patterns
+
+
+def _cache_settings(table: _Table, root: Path) -> dict[str, Any]:
+    """``cache-dir`` (relative to the workspace root; ``~`` expanded) and ``cache-max-mb``."""
+    settings: dict[str, Any] = {}
+    if "cache-dir" in table:
+        value = table["cache-dir"]
+        if not isinstance(value, str) or not value.strip():
+            raise table.error("cache-dir", "must be a folder path (a string)")
+        settings["cache_dir"] = (root / Path(value).expanduser()).resolve()
+        if settings["cache_dir"].exists() and not settings["cache_dir"].is_dir():
+            raise table.error("cache-dir", "names a file, not a folder; name a folder")
+    if "cache-max-mb" in table:
+        value = table["cache-max-mb"]
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise table.error("cache-max-mb", "must be a positive number of MiB (e.g. 512)")
+        settings["cache_max_bytes"] = int(value * 1024 * 1024)
+    return settings
 
 
 def _docs_url(table: _Table, key: str) -> str:

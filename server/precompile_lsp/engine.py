@@ -63,7 +63,12 @@ from precompile_lsp.protocol import (
     Outcome,
     Stage,
 )
-from precompile_lsp.result_cache import CACHE_FORMAT, ResultCache, distribution_version
+from precompile_lsp.result_cache import (
+    CACHE_FORMAT,
+    ResultCache,
+    build_identity,
+    distribution_version,
+)
 from precompile_lsp.serving_logs import (
     Attribution,
     artifact_hash,
@@ -185,7 +190,9 @@ class Engine:
         self.gate = TrustGate(trusted)
         self.gate.on_refuse = lambda what: self.on_event({"kind": "untrusted", "what": what})
         self.config = load_config(self.root, self.overrides, gate=self.gate)
-        self.cache = ResultCache(self.root, use_cache)
+        self.cache = ResultCache(
+            self.root, use_cache, self.config.cache_dir, self.config.cache_max_bytes
+        )
         #: Who runs the jobs: local workers or a cluster ([tool.precompile] executor).
         self.pool = make_executor(self.config, self.gate)
         self.stats = Stats()
@@ -206,6 +213,9 @@ class Engine:
         self._logs_stamp: object = None
         self.versions = {
             "python": sys.version.split()[0],
+            # The interpreter's build, not only its version: a shared cache-dir serves
+            # runners whose Pythons differ in implementation, ABI or build.
+            "python-build": build_identity(),
             "torch": distribution_version("torch"),
             "torch-precompile": distribution_version("torch-precompile"),
             "cache": CACHE_FORMAT,
@@ -523,20 +533,28 @@ class Engine:
             self.stats.emits += 1
         else:
             self.stats.verifies += 1
+        seconds = self.pool.seconds.pop(job.id, None)
         if cache_key is not None and self.cacheable(decl, result):
-            warning = await asyncio.to_thread(self._put, cache_key, decl, kind, result)
+            warning = await asyncio.to_thread(self._put, cache_key, decl, kind, result, seconds)
             if warning is not None:
                 self.on_event({"kind": "warning", "message": f"precompile: {warning}"})
         return result
 
-    def _put(self, key: str, decl: TargetDecl, kind: JobKind, result: JobResult) -> str | None:
+    def _put(
+        self,
+        key: str,
+        decl: TargetDecl,
+        kind: JobKind,
+        result: JobResult,
+        seconds: float | None = None,
+    ) -> str | None:
         """Cache ``result`` under ``key``, the key read before the job ran, unless what
         the key covers changed while it ran (an artifact rewritten during its
         verification): the result may be of either version, so it is of neither.
         Returns the warning of a cache that could not be written (once per engine)."""
         if self._cache_key(decl, kind) != key:
             return None
-        return self.cache.put(key, result)
+        return self.cache.put(key, result, seconds)
 
     @classmethod
     def cacheable(cls, decl: TargetDecl, result: JobResult) -> bool:
@@ -680,13 +698,19 @@ class Engine:
         emit: bool = False,
         verify: bool = False,
         rediscover: bool = True,
+        select: Callable[[list[TargetDecl]], list[TargetDecl]] | None = None,
     ) -> dict[Path, list[Finding]]:
         """Check the targets of ``files`` (default: all), optionally emitting and verifying
-        their artifacts; return every finding of the workspace, by file."""
+        their artifacts; return every finding of the workspace, by file. ``select`` (run
+        off the event loop, after discovery) picks which of those targets run: a shard's
+        (``precompile check --shard``); every target is still discovered, so conflicts
+        between a selected target and any other are found."""
         if rediscover:
             await self.discover_async(files)
         wanted = None if files is None else {Path(p).resolve() for p in files}
         decls = [s.decl for s in self.targets.values() if wanted is None or s.decl.file in wanted]
+        if select is not None:
+            decls = await asyncio.to_thread(select, decls)
         if not self.gate.allows("capture its targets"):
             await self.refresh_serving_logs()  # reading logs runs nothing of the workspace
             return self.findings_by_file()
@@ -917,11 +941,25 @@ class Engine:
             due.append(decl)
         return due, bool(shown)
 
-    def findings_by_file(self) -> dict[Path, list[Finding]]:
+    def remembered_seconds(self, decls: Iterable[TargetDecl]) -> dict[str, float | None]:
+        """How long each target's last check took, as the result cache remembers it
+        (None: not remembered), whether or not that result is still current: what a
+        shard split is balanced by. Reads files: call off the event loop."""
+        return {d.key: self.cache.seconds(self._cache_key(d, JobKind.CHECK)) for d in decls}
+
+    def findings_by_file(
+        self, keys: Iterable[str] | None = None, *, workspace: bool = True
+    ) -> dict[Path, list[Finding]]:
+        """Every finding, by file; with ``keys``, only those targets' findings, and the
+        findings of no target (discovery's) only with ``workspace`` (a shard's report)."""
         by_file: dict[Path, list[Finding]] = {}
-        for path, findings in self.discovery_findings.items():
-            by_file.setdefault(path, []).extend(self._configured(f) for f in findings)
+        if workspace:
+            for path, findings in self.discovery_findings.items():
+                by_file.setdefault(path, []).extend(self._configured(f) for f in findings)
+        chosen = None if keys is None else set(keys)
         for state in self.targets.values():
+            if chosen is not None and state.decl.key not in chosen:
+                continue
             for finding in state.findings:
                 by_file.setdefault(finding.file, []).append(finding)
         return {p: [f for f in fs if f.severity != "off"] for p, fs in by_file.items()}

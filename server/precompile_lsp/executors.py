@@ -29,6 +29,8 @@ class Executor(Protocol):
     config: Config
     #: Which ``[tool.precompile] executor`` this is.
     kind: str
+    #: Job id -> seconds the job ran, for the result cache (shards balance by them).
+    seconds: dict[str, float]
 
     async def run(
         self, job_id: str, job: JobRequest, on_stage: OnStage | None = None

@@ -21,7 +21,9 @@ JSON_SCHEMA_VERSION = 1
 def _ordered(findings: dict[Path, list[Finding]]) -> list[Finding]:
     return sorted(
         (f for fs in findings.values() for f in fs),
-        key=lambda f: (str(f.file), f.span.line, f.span.column, f.code),
+        # A total order, a function of the findings alone: a merge of shard reports
+        # (precompile_lsp.shards) puts them in the same order.
+        key=lambda f: (str(f.file), f.span.line, f.span.column, f.code, f.target or "", f.message),
     )
 
 
@@ -119,6 +121,8 @@ def sarif(
             "message": {"text": f.message},
             "locations": [location(f.file, f.span)],
         }
+        if f.target is not None:
+            result["properties"] = {"target": f.target}
         if f.related:
             result["relatedLocations"] = [
                 location(r.file, r.span, r.message) | {"id": i} for i, r in enumerate(f.related)

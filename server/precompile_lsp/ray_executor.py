@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,9 @@ class RayExecutor:
         self.config = config
         self.gate = gate
         self.running: dict[str, Any] = {}  # job id -> its task's ObjectRef
+        #: Job id -> seconds its task took, scheduling included (the result cache
+        #: remembers them to balance shards).
+        self.seconds: dict[str, float] = {}
         self._ray: Any = None
         self._remote: Any = None
         self._started_cluster = False
@@ -214,8 +218,10 @@ class RayExecutor:
         if on_stage is not None:
             on_stage(Stage("running on the Ray cluster"))
         limit = job.timeout + SCHEDULING_GRACE_S
+        started = time.monotonic()
         try:
             payload = await asyncio.wait_for(asyncio.wrap_future(ref.future()), limit)
+            self.seconds[job_id] = time.monotonic() - started
         except asyncio.CancelledError:
             ray.cancel(ref)  # the task's finally kills the job's process group
             raise

@@ -8,6 +8,22 @@ runner) still hits. An entry that does not decode as a ``JobResult`` of this pro
 a miss, never an error. The cache is an optimisation: one that cannot be written
 (read-only, full, no permission) is turned off for the run, with one warning, and the
 results are what they would have been. Reads files: call off the event loop.
+
+The folder may be shared (``cache-dir``: a CI cache, a mounted volume) by processes
+on several machines at once, so:
+
+- an entry is published atomically: written to a temporary file of a name no other
+  writer uses, flushed to disk, then renamed over the entry (``os.replace``); a reader
+  sees the old entry or the new one, never a mix;
+- an entry is verified on read: it embeds its full key and a SHA-256 of its canonical
+  content; a cut-short, corrupt or foreign entry (another key whose hash shares the
+  file name) is a miss, and the job runs and replaces it;
+- the folder is bounded (``cache-max-mb``): after a write, when the entries exceed the
+  bound, the least recently used (by modification time, which a hit refreshes) are
+  deleted until they fit in 90% of it. Deleting an entry another process is reading is
+  harmless: a file already opened reads to its end, and one not yet opened is a miss;
+- the engine's key includes the Python build and torch's version (its local part, like
+  ``+cpu``, too), so runners with other builds never share entries.
 """
 
 from __future__ import annotations
@@ -18,6 +34,12 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import platform
+import re
+import sys
+import sysconfig
+import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -27,7 +49,15 @@ from precompile_lsp import protocol
 from precompile_lsp.files import read_source, shown_path
 from precompile_lsp.protocol import JobResult, ProtocolError
 
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4
+#: The first bytes of every entry: what eviction checks before it deletes a file.
+MAGIC = "torch-precompile-result"
+_ENTRY = re.compile(r"^[0-9a-f]{32}\.json$")
+_TEMPORARY = re.compile(r"^\.[0-9a-f]{32}\.[0-9a-f]+\.tmp$")
+#: A temporary file this old was left by a writer that died: eviction removes it.
+_STALE_TEMPORARY_SECONDS = 3600
+#: Evict after the first write of a run and then every this many writes.
+_EVICT_EVERY = 64
 _ROOT_MARK = "${PRECOMPILE_WORKSPACE}/"
 
 
@@ -41,13 +71,42 @@ def distribution_version(dist: str) -> str | None:
         return None
 
 
+def build_identity() -> str:
+    """This interpreter's implementation, full version and build, ABI and platform:
+    two runners whose Pythons differ in any of them never share a cached result."""
+    return " ".join(
+        [
+            sys.implementation.cache_tag or sys.implementation.name,
+            sys.version.replace("\n", " "),
+            str(sysconfig.get_config_var("SOABI")),
+            sys.platform,
+            platform.machine(),
+        ]
+    )
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 class ResultCache:
-    def __init__(self, root: Path, enabled: bool) -> None:
+    def __init__(
+        self,
+        root: Path,
+        enabled: bool,
+        directory: Path | None = None,
+        max_bytes: int = 512 * 1024 * 1024,
+    ) -> None:
         self.root = root
-        self.directory = root / ".precompile" / "cache"
+        #: Whether this is the workspace's own ``.precompile/cache`` (which gets a
+        #: .gitignore); a ``cache-dir`` the user named is theirs to place.
+        self.default = directory is None
+        self.directory = root / ".precompile" / "cache" if directory is None else directory
         self.enabled = enabled
+        self.max_bytes = max_bytes
         #: Set by the first failed write: a cache that cannot be written is not tried again.
         self.unwritable = False
+        self._writes = 0
 
     def portable(self, path: str) -> str:
         return shown_path(path, self.root)
@@ -65,9 +124,12 @@ class ResultCache:
         short, is not UTF-8 or not of the shape ``put`` writes is a miss."""
         if not self.enabled:
             return None
+        entry_path = self._path(key)
         try:
-            data = self._path(key).read_bytes()
+            data = entry_path.read_bytes()
         except OSError:
+            return None
+        if self._verified(data, key) is None:
             return None
         decoded = self._decode(data, key)
         if decoded is None:
@@ -86,7 +148,52 @@ class ResultCache:
             if distribution_version(dist) != version:
                 return None
         here = {str(self._local(p)): d for p, d in dependencies.items()}
+        with contextlib.suppress(OSError):  # recently used: evicted last (a read-only cache: not)
+            os.utime(entry_path)
         return attrs.evolve(result, dependencies=here)
+
+    @staticmethod
+    def _checksum(entry: Mapping[str, object]) -> str:
+        """The SHA-256 of an entry's canonical form, without its own checksum field (of
+        the portable text: the same on every machine that shares the folder)."""
+        fields = {k: v for k, v in entry.items() if k != "sha256"}
+        return _digest(json.dumps(fields, sort_keys=True, ensure_ascii=False).encode())
+
+    def _portable_text(self, text: str) -> str:
+        """``text`` as ``put`` stores it: each path under the root made relative to it."""
+        escaped = json.dumps(text, ensure_ascii=False)
+        return str(json.loads(escaped.replace(json.dumps(str(self.root))[1:-1] + "/", _ROOT_MARK)))
+
+    def _verified(self, data: bytes, key: str) -> dict[str, object] | None:
+        """The entry, as stored, if it is one of this format for ``key`` whose checksum
+        matches (a cut-short, corrupt or foreign file is None)."""
+        try:
+            entry = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            return None
+        if (
+            not isinstance(entry, dict)
+            or entry.get("magic") != MAGIC
+            or entry.get("format") != CACHE_FORMAT
+            or entry.get("key") != self._portable_text(key)
+            or entry.get("sha256") != self._checksum(entry)
+        ):
+            return None
+        return entry
+
+    def seconds(self, key: str) -> float | None:
+        """How long the job the entry for ``key`` holds took (None: no such entry, or it
+        does not say), whether or not its result is still current."""
+        if not self.enabled:
+            return None
+        try:
+            entry = self._verified(self._path(key).read_bytes(), key)
+        except OSError:
+            return None
+        value = entry.get("seconds") if entry is not None else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            return None
+        return float(value)
 
     def _decode(
         self, data: bytes, key: str
@@ -112,7 +219,7 @@ class ResultCache:
             return None
         return dependencies, packages, result
 
-    def put(self, key: str, result: JobResult) -> str | None:
+    def put(self, key: str, result: JobResult, seconds: float | None = None) -> str | None:
         """Store ``result`` under ``key``. The cache is an optimisation: when it cannot be
         written (a read-only workspace, a full disk, no permission) it is not written
         again by this instance, and the first failure returns the one warning to show
@@ -125,33 +232,103 @@ class ResultCache:
         ):
             return None
         entry = {
+            "magic": MAGIC,
             "format": CACHE_FORMAT,
             "key": key,
+            "seconds": None if seconds is None else round(seconds, 3),
             "dependencies": {self.portable(p): d for p, d in result.dependencies.items()},
             "packages": result.packages,
             "result": protocol.to_json_value(result),
         }
-        text = json.dumps(entry, ensure_ascii=False)
-        # Every path under the root, anywhere in the result, is stored relative to it.
-        text = text.replace(json.dumps(str(self.root))[1:-1] + "/", _ROOT_MARK)
-        tmp = self._path(key).with_suffix(f".{os.getpid()}.tmp")
+        # Every path under the root, anywhere in the entry, is stored relative to it.
+        portable = json.loads(
+            json.dumps(entry, ensure_ascii=False).replace(
+                json.dumps(str(self.root))[1:-1] + "/", _ROOT_MARK
+            )
+        )
+        portable["sha256"] = self._checksum(portable)
+        data = json.dumps(portable, ensure_ascii=False).encode("utf-8")
+        final = self._path(key)
+        # A name no other writer (another process, thread or machine) uses.
+        tmp = self.directory / f".{final.stem}.{uuid.uuid4().hex}.tmp"
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            ignore = self.directory.parent / ".gitignore"
-            if not ignore.exists():
-                ignore.write_text(
-                    "# Created by torch-precompile: results cached by content hash.\n*\n"
-                )
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, self._path(key))
+            if self.default:
+                ignore = self.directory.parent / ".gitignore"
+                if not ignore.exists():
+                    ignore.write_text(
+                        "# Created by torch-precompile: results cached by content hash.\n*\n"
+                    )
+            with open(tmp, "xb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
         except OSError as error:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
             self.unwritable = True
+            where = self.directory.parent if self.default else self.directory
             return (
                 f"cannot write the result cache {self.directory}: "
                 f"{error.strerror or error}; results are not cached this run, so unchanged "
                 f"targets will be captured again next time (the findings are unaffected). "
-                f"Make {self.directory.parent} writable, or check with --no-cache"
+                f"Make {where} writable, or check with --no-cache"
             )
+        if self._writes % _EVICT_EVERY == 0:
+            self.evict()
+        self._writes += 1
         return None
+
+    def evict(self) -> int:
+        """Delete least recently used entries until they fit in 90% of the bound (when
+        they exceed it), and temporaries left by writers that died; returns how many
+        files went. Only files named and headed like entries are deleted: the folder
+        may be one the user named. Any process may run this at any time."""
+        now = time.time()
+        entries: list[tuple[float, str, int, Path]] = []
+        removed = 0
+        try:
+            listing = list(os.scandir(self.directory))
+        except OSError:
+            return 0
+        for item in listing:
+            try:
+                stat = item.stat(follow_symlinks=False)
+            except OSError:
+                continue  # gone meanwhile: another process evicted it
+            if _ENTRY.match(item.name) and item.is_file(follow_symlinks=False):
+                entries.append((stat.st_mtime, item.name, stat.st_size, Path(item.path)))
+            elif (
+                _TEMPORARY.match(item.name)
+                and now - stat.st_mtime > _STALE_TEMPORARY_SECONDS
+                and self._remove(Path(item.path))
+            ):
+                removed += 1
+        total = sum(size for _, _, size, _ in entries)
+        if total <= self.max_bytes:
+            return removed
+        goal = self.max_bytes * 0.9
+        for _, _, size, path in sorted(entries):
+            if total <= goal:
+                break
+            if self._is_entry(path) and self._remove(path):
+                removed += 1
+            total -= size
+        return removed
+
+    @staticmethod
+    def _is_entry(path: Path) -> bool:
+        try:
+            with path.open("rb") as f:
+                return f.read(64).startswith(b'{"magic": "' + MAGIC.encode())
+        except OSError:
+            return False
+
+    @staticmethod
+    def _remove(path: Path) -> bool:
+        try:
+            path.unlink()
+        except OSError:
+            return False  # another process removed it first, or may not: either is fine
+        return True

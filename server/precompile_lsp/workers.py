@@ -15,6 +15,7 @@ import collections
 import os
 import re
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -246,6 +247,10 @@ class WorkerPool:
         self.idle: asyncio.Queue[WorkerClient] = asyncio.Queue()
         self.workers: list[WorkerClient] = []
         self.running: dict[str, WorkerClient] = {}
+        #: How long each finished job ran on its worker (not waiting for one), until the
+        #: engine takes it: what the result cache remembers to balance shards by. An
+        #: executor that runs jobs elsewhere (a cluster) fills this in the same way.
+        self.seconds: dict[str, float] = {}
         self.started = False
 
     async def _spawn(self) -> WorkerClient:
@@ -276,8 +281,10 @@ class WorkerPool:
                 await worker.close()
                 worker = await self._spawn()
             self.running[job_id] = worker
+            started = time.monotonic()
             try:
                 result = await worker.run(job_id, job, on_stage)
+                self.seconds[job_id] = time.monotonic() - started
             finally:
                 self.running.pop(job_id, None)
                 self.idle.put_nowait(worker)

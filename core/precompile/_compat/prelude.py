@@ -22,6 +22,26 @@ _dict_version = _torch._C._dynamo.guards.dict_version
 _TensorGuards = _torch._C._dynamo.guards.TensorGuards
 dispatch_tls_local_exclude_set = _torch._C._dispatch_tls_local_exclude_set
 privateuse1_backend_name = _torch._C._get_privateuse1_backend_name
+# The active torch-function and dispatch modes (each call counts them: two C calls).
+function_mode_depth = _torch._C._len_torch_function_stack
+function_mode_at = _torch._C._get_function_stack_at
+dispatch_mode_depth = _torch._C._len_torch_dispatch_stack
+dispatch_mode_at = _torch._C._get_dispatch_stack_at
+_SKIP_DYNAMO_FRAMES = _torch._C._dynamo.eval_frame._FrameExecStrategy(
+    _torch._C._dynamo.eval_frame._FrameAction.SKIP, _torch._C._dynamo.eval_frame._FrameAction.SKIP
+)
+
+
+def _opaque_to_dynamo(fn):
+    # An artifact called inside torch.compile runs as one opaque call: Dynamo does not
+    # trace into it (the attribute torch.compiler.disable sets; a graph break there) nor
+    # compile its frames or those it calls (the frame strategy). Without this, Dynamo
+    # inlines the runtime, whose module (the artifact) it cannot import.
+    fn._torchdynamo_disable = True
+    _torch._C._dynamo.eval_frame.set_code_exec_strategy(fn.__code__, _SKIP_DYNAMO_FRAMES)
+    return fn
+
+
 # What mark_dynamic / mark_unbacked / mark_static leave on a tensor.
 _DYNAMO_DIM_MARKS = (
     "_has_dynamo_dim_marking",
@@ -42,6 +62,18 @@ dispatch_tls_local_exclude_set = torch._C._dispatch_tls_local_exclude_set
 
 
 privateuse1_backend_name = torch._C._get_privateuse1_backend_name
+
+
+function_mode_depth = torch._C._len_torch_function_stack
+
+
+function_mode_at = torch._C._get_function_stack_at
+
+
+dispatch_mode_depth = torch._C._len_torch_dispatch_stack
+
+
+dispatch_mode_at = torch._C._get_dispatch_stack_at
 
 
 #: What ``autograd_serving.bind_autograd`` needs besides ARTIFACT_PRELUDE: view replay
