@@ -393,6 +393,16 @@ class Capture:
         self._write()
 
     def _write(self) -> None:
+        write_files(self.pair_files())
+        if self._signing_key is None:
+            self._drop_stale_signature()
+
+    def pair_files(self) -> list[tuple[str, bytes, str]]:
+        """What a write of the pair now writes, as ``(path, data, kind)``: the artifact,
+        its cache and (with a signing key) its signature. A job on a cluster node returns
+        these bytes and the engine writes them under its own write policy; the paths
+        inside the bytes (sources relative to the artifact) are those of ``artifact_path``
+        whoever writes them."""
         self._ensure_artifact()
         self._check_gates()
         assert self._artifact is not None
@@ -409,9 +419,7 @@ class Capture:
             files.append(
                 (signing.default_signature_path(self.artifact_path), signature, "signature")
             )
-        write_files(files)
-        if self._signing_key is None:
-            self._drop_stale_signature()
+        return files
 
     def _drop_stale_signature(self) -> None:
         """An unsigned write makes a signature beside the pair stale: it signs bytes that

@@ -40,6 +40,7 @@ class TargetOptions:
     tracer: Any = None
     training: bool = False
     artifact: str | None = None
+    resources: dict[str, float] | None = None
 
 
 def as_example(value: Any) -> Example:
@@ -62,10 +63,13 @@ def target(
     tracer: Any = None,
     training: bool = False,
     artifact: str | None = None,
+    resources: dict[str, float] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Mark ``fn`` as a precompile target: captured from ``examples()``, expected to serve
     ``covers()``, emitted with ``backend`` to ``artifact``. Returns ``fn`` unchanged.
-    ``backend`` and ``tracer`` default to the workspace's ``[tool.precompile]`` settings."""
+    ``backend`` and ``tracer`` default to the workspace's ``[tool.precompile]`` settings.
+    ``resources`` (a literal dict, e.g. ``{"num_gpus": 1}``) is what a capture of it needs
+    of a machine: a cluster executor (``executor = "ray"``) runs its jobs where they are."""
     if not callable(examples):
         raise TypeError(
             "precompile.target: examples must be a zero-argument callable returning calls"
@@ -82,7 +86,21 @@ def target(
         raise ValueError(
             f"precompile.target: tracer must be 'dynamo', 'make_fx' or a tracer object, got {tracer!r}"
         )
-    options = TargetOptions(examples, covers, backend, tracer, training, artifact)
+    if resources is not None and not (
+        isinstance(resources, dict)
+        and all(
+            isinstance(k, str)
+            and isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and v >= 0
+            for k, v in resources.items()
+        )
+    ):
+        raise TypeError(
+            f"precompile.target: resources must be a dict of resource names to non-negative "
+            f'numbers, e.g. {{"num_gpus": 1}}, got {resources!r}'
+        )
+    options = TargetOptions(examples, covers, backend, tracer, training, artifact, resources)
 
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
         fn.__precompile_target__ = options  # type: ignore[attr-defined]  # the mark is an attribute of the function

@@ -42,7 +42,10 @@ KEYS = (
     "serving-logs",
     "cache-dir",
     "cache-max-mb",
+    "executor",
+    "ray-address",
 )
+EXECUTORS = ("local", "ray")
 #: Directory names never searched for targets nor watched: tools' own state, caches.
 SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
 
@@ -89,6 +92,12 @@ class Config:
     cache_dir: Path | None = None
     #: The result cache's size bound: past it, least recently used entries are evicted.
     cache_max_bytes: int = 512 * 1024 * 1024
+    #: Who runs capture, emit and verify jobs: ``local`` worker processes, or tasks of a
+    #: Ray cluster (``ray``: docs/cluster.md).
+    executor: str = "local"
+    #: The Ray cluster to connect to (``ray.init(address=...)``); None starts a local one
+    #: with ``workers`` CPUs.
+    ray_address: str | None = None
 
     def module_of(self, path: Path) -> str | None:
         """The importable module name of a file, from the innermost source root holding it."""
@@ -376,7 +385,39 @@ def load_config(
     if "serving-logs" in table:
         kwargs["serving_logs"] = _serving_logs(table, root)
     kwargs.update(_cache_settings(table, root))
+    kwargs.update(_executor(table))
     return Config(**kwargs)
+
+
+def _executor(table: _Table) -> dict[str, Any]:
+    """``executor`` and ``ray-address``. ``ray`` needs the ray package in the engine's
+    environment (the extra ``torch-precompile[ray]``): without it the setting is an error
+    here, naming the install, rather than a failure of every job later. Only looked up
+    (``find_spec``), never imported: the engine imports ray when it starts the cluster."""
+    settings: dict[str, Any] = {}
+    if "executor" in table:
+        settings["executor"] = _choice(table, "executor", EXECUTORS)
+    if "ray-address" in table:
+        address = table["ray-address"]
+        if not isinstance(address, str) or not address.strip():
+            raise table.error(
+                "ray-address", 'must be the address of a Ray cluster (e.g. "ray://head:10001")'
+            )
+        settings["ray_address"] = address
+    if settings.get("executor") == "ray":
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec("ray") is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise table.error(
+                "executor",
+                f"needs the ray package, which is not installed for {sys.executable}: "
+                f'pip install torch-precompile[ray] (or set executor = "local")',
+            )
+    return settings
 
 
 def _serving_logs(table: _Table, root: Path) -> tuple[str, ...]:

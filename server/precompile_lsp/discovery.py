@@ -125,7 +125,7 @@ def _literal_options(call: ast.AST) -> dict[str, Any]:
     if not isinstance(call, ast.Call):
         return options
     for keyword in call.keywords:
-        if keyword.arg in ("backend", "tracer", "artifact", "training"):
+        if keyword.arg in ("backend", "tracer", "artifact", "training", "resources"):
             try:
                 options[keyword.arg] = ast.literal_eval(keyword.value)
             except ValueError:

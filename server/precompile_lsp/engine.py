@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -42,6 +43,7 @@ from precompile.write_policy import pair_collision, pair_paths
 from precompile_lsp import protocol
 from precompile_lsp.config import load_config
 from precompile_lsp.discovery import TargetDecl, discover, unreadable_findings
+from precompile_lsp.executors import make_executor
 from precompile_lsp.files import MAX_SOURCE_BYTES, SourceRead, read_source, shown_path
 from precompile_lsp.findings import (
     WRITE_ERRORS,
@@ -77,7 +79,6 @@ from precompile_lsp.serving_logs import (
 )
 from precompile_lsp.staleness import ArtifactStatus, artifact_status
 from precompile_lsp.trust import TrustGate
-from precompile_lsp.workers import WorkerPool
 
 
 @dataclasses.dataclass
@@ -156,6 +157,18 @@ _NOT_IN_KEY = ("timeout", "scratch")
 _ROOT_MARK = "<workspace root>"
 
 
+def _resources(declared: Any) -> dict[str, float]:
+    """A target's literal ``resources=`` as the job asks for them (what is not a dict of
+    names to numbers is the decorator's error, which its job reports)."""
+    if not isinstance(declared, dict):
+        return {}
+    return {
+        str(name): float(amount)
+        for name, amount in declared.items()
+        if isinstance(amount, (int, float)) and not isinstance(amount, bool)
+    }
+
+
 class Engine:
     def __init__(
         self,
@@ -180,7 +193,8 @@ class Engine:
         self.cache = ResultCache(
             self.root, use_cache, self.config.cache_dir, self.config.cache_max_bytes
         )
-        self.pool = WorkerPool(self.config, self.gate)
+        #: Who runs the jobs: local workers or a cluster ([tool.precompile] executor).
+        self.pool = make_executor(self.config, self.gate)
         self.stats = Stats()
         self.targets: dict[str, TargetState] = {}
         self.discovery_findings: dict[Path, list[Finding]] = {}
@@ -384,6 +398,7 @@ class Engine:
             tracer=options["tracer"],
             timeout=self.config.timeout,
             trusted_keys=self.trusted_keys if kind is JobKind.VERIFY else [],
+            resources=_resources(decl.options.get("resources")),
         )
 
     def _cache_key(self, decl: TargetDecl, kind: JobKind) -> str:
@@ -588,6 +603,10 @@ class Engine:
         if overrides is not None:
             self.overrides = dict(overrides)
         self.config = load_config(self.root, self.overrides, gate=self.gate)
+        if self.config.executor != self.pool.kind:  # the next job goes to the new one
+            previous, self.pool = self.pool, make_executor(self.config, self.gate)
+            with contextlib.suppress(RuntimeError):  # no loop: nothing was started
+                asyncio.get_running_loop().create_task(previous.close())
         self.pool.config = self.config
         self._by_artifact = None
         for state in self.targets.values():

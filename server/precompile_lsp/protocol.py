@@ -71,6 +71,14 @@ class JobRequest:
     #: For a verification: the public keys (PEM paths or base64) the pair must be signed
     #: by; the load itself refuses any other pair, so what is verified is what was checked.
     trusted_keys: list[str] = attrs.field(factory=list)
+    #: What the target asks of the machine that runs it (``@precompile.target(...,
+    #: resources={"num_gpus": 1})``): a cluster executor schedules the job's task on a
+    #: node that has them; local workers run every job where they are.
+    resources: dict[str, float] = attrs.field(factory=dict)
+    #: For an emit on a cluster node: a folder the job writes the pair's bytes into
+    #: (``artifact``, ``cache``) instead of the workspace, for the engine to write under
+    #: its write policy. None: the job writes the pair itself (a local worker).
+    deliver: str | None = None
 
 
 # ---------------------------------------------------------------- what a capture found

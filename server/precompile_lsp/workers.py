@@ -239,6 +239,8 @@ class WorkerPool:
     code: both ask the trust ``gate`` first, and an untrusted workspace gets no worker
     and a job that did not run (``CANCELLED``, never cached)."""
 
+    kind = "local"
+
     def __init__(self, config: Config, gate: TrustGate) -> None:
         self.config = config
         self.gate = gate

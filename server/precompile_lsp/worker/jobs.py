@@ -290,6 +290,27 @@ def warm_up() -> None:
     _dependencies(os.sep)
 
 
+@functools.cache
+def _delivering_capture() -> Any:
+    """A capture whose writes go to ``deliver`` (``artifact``, ``cache``) instead of the
+    pair's paths: a job on a cluster node hands the bytes back and the engine writes them
+    under its write policy. The capture still names the pair's real paths, so what the
+    bytes record relative to the artifact (its sources) is what a local emit records.
+    (Made on first use: ``precompile.Capture`` is the capture side, imported lazily.)"""
+
+    class DeliveringCapture(precompile.Capture):
+        def __init__(self, *args: Any, deliver: str, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.deliver = deliver
+
+        def _write(self) -> None:
+            for _path, data, kind in self.pair_files():
+                with open(os.path.join(self.deliver, kind), "wb") as f:
+                    f.write(data)
+
+    return DeliveringCapture
+
+
 def _capture(
     fn: Any,
     tracer: Any,
@@ -298,19 +319,26 @@ def _capture(
     backend: str,
     paths: tuple[str, str],
     covers: list[Any] | None = None,
+    deliver: str | None = None,
 ) -> tuple[Any, list[CoverageFact]]:
     """Capture ``examples``; evaluate ``covers`` against the artifact while the capture
-    still holds it (its frames bound as a served artifact binds them)."""
+    still holds it (its frames bound as a served artifact binds them). With ``deliver``
+    the pair's bytes go into that folder, not to ``paths``."""
     calls = examples[:1] if isinstance(tracer, precompile.MakeFxTracer) else examples
     coverage: list[CoverageFact] = []
-    with precompile.capture(
-        fn,
-        artifact_path=paths[0],
-        cache_path=paths[1],
-        tracer=tracer,
-        backend=backend,
-        training=training,
-    ) as cap:
+    settings: dict[str, Any] = {
+        "artifact_path": paths[0],
+        "cache_path": paths[1],
+        "tracer": tracer,
+        "backend": backend,
+        "training": training,
+    }
+    session = (
+        precompile.capture(fn, **settings)
+        if deliver is None
+        else _delivering_capture()(fn, deliver=deliver, **settings)
+    )
+    with session as cap:
         for number, example in enumerate(calls, 1):
             report_stage("capturing", number, len(calls))
             cap(*copy.deepcopy(example.args), **copy.deepcopy(example.kwargs))
@@ -394,7 +422,13 @@ def run_job(job: JobRequest) -> JobResult:
             if job.kind is JobKind.EMIT:
                 backend = options.backend or job.backend
                 cap, _ = _capture(
-                    fn, tracer, options.training, examples, backend, (artifact, cache)
+                    fn,
+                    tracer,
+                    options.training,
+                    examples,
+                    backend,
+                    (artifact, cache),
+                    deliver=job.deliver,
                 )
                 result = attrs.evolve(result, artifact=artifact)
             else:
