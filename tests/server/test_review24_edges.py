@@ -94,3 +94,28 @@ def test_output_that_is_a_fifo_or_device_is_refused(tmp_path: Path) -> None:
         assert proc.returncode == 2, (name, proc.stderr)
         assert f"--output {name} is {what}, never written" in proc.stderr
         assert _kind(root / name) == kind
+
+
+def test_the_result_cache_never_writes_through_a_symbolic_link(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    # .precompile itself a link; .precompile/cache a link; .precompile/.gitignore dangling.
+    linked = _workspace(tmp_path / "linked")
+    (linked / ".precompile").symlink_to(outside, target_is_directory=True)
+    inner = _workspace(tmp_path / "inner")
+    (inner / ".precompile").mkdir()
+    (inner / ".precompile" / "cache").symlink_to(outside, target_is_directory=True)
+    dangling = _workspace(tmp_path / "dangling")
+    (dangling / ".precompile").mkdir()
+    (dangling / ".precompile" / ".gitignore").symlink_to(outside / "created-by-precompile")
+    for root in (linked, inner, dangling):
+        proc = precompile_cli("check", cwd=root, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.count("cannot write the result cache") == 1, proc.stderr
+        assert "never written through" in proc.stderr
+        assert list(outside.iterdir()) == []
+        # The next run is not answered from a cache: there is none.
+        proc = precompile_cli("check", cwd=root, timeout=300)
+        assert "0 from cache" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert (dangling / ".precompile" / ".gitignore").is_symlink()
+    assert (linked / ".precompile").is_symlink()
