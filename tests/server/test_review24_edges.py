@@ -119,3 +119,15 @@ def test_the_result_cache_never_writes_through_a_symbolic_link(tmp_path: Path) -
         assert "0 from cache" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     assert (dangling / ".precompile" / ".gitignore").is_symlink()
     assert (linked / ".precompile").is_symlink()
+
+
+def test_output_naming_a_targets_pair_path_is_a_usage_error(tmp_path: Path) -> None:
+    root = _workspace(tmp_path / "ws")
+    for output in ("artifacts/a.py", "artifacts/b.cache", "artifacts/c.sig"):
+        proc = precompile_cli(
+            "check", "--emit", "--no-cache", "--output", output, cwd=root, timeout=300
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert f"--output {output} is the" in proc.stderr
+        assert "wp.targets." + output.split("/")[1][0] in proc.stderr
+        assert not (root / "artifacts").exists()  # refused before anything ran
