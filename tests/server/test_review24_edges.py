@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.conftest import fresh_env
 from tests.server.conftest import precompile_cli
 
 TARGETS = """import torch
@@ -131,3 +132,39 @@ def test_output_naming_a_targets_pair_path_is_a_usage_error(tmp_path: Path) -> N
         assert f"--output {output} is the" in proc.stderr
         assert "wp.targets." + output.split("/")[1][0] in proc.stderr
         assert not (root / "artifacts").exists()  # refused before anything ran
+
+
+def _shadowing(root: Path, marker: Path) -> None:
+    """Packages named like ours at the workspace root that leave ``marker`` when run."""
+    for package in ("precompile_lsp", "precompile"):
+        (root / package).mkdir()
+        for module in ("__init__.py", "__main__.py"):
+            (root / package / module).write_text(
+                f"open({str(marker)!r}, 'a').write({package + '/' + module!r} + '\\n')\n"
+            )
+
+
+def test_the_documented_launches_never_run_a_workspace_precompile_lsp(tmp_path: Path) -> None:
+    root = _workspace(tmp_path / "ws")
+    marker = tmp_path / "PWNED"
+    _shadowing(root, marker)
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert '{ "precompile", "lsp" }' in readme and '("precompile" "lsp"' in readme
+    assert '"python", "-m", "precompile_lsp"' not in readme
+    console = Path(sys.executable).parent / "precompile"
+    for command in ([str(console), "lsp"], [sys.executable, "-P", "-m", "precompile_lsp"]):
+        started = time.monotonic()
+        subprocess.run(
+            command, cwd=root, env=fresh_env(), stdin=subprocess.DEVNULL,
+            capture_output=True, timeout=60,
+        )  # fmt: skip
+        assert time.monotonic() - started < 60
+        assert not marker.exists(), (command, marker.read_text())
+    # Workers run in the workspace folder too: they import ours, not the workspace's.
+    proc = subprocess.run(
+        [str(console), "check", "--no-cache"], cwd=root, env=fresh_env(),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "3 targets checked" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert not marker.exists(), marker.read_text()
