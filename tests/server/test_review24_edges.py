@@ -168,3 +168,34 @@ def test_the_documented_launches_never_run_a_workspace_precompile_lsp(tmp_path: 
     assert proc.returncode == 0, proc.stderr
     assert "3 targets checked" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     assert not marker.exists(), marker.read_text()
+
+
+def test_a_module_from_outside_the_source_roots_is_part_of_the_cache_key(tmp_path: Path) -> None:
+    """A sibling library on PYTHONPATH (as an editable install or a .pth folder puts it)
+    has no version that changes with its code: its file is hashed, so a change to it is
+    checked again, not answered from the cache."""
+    library = tmp_path / "lib"
+    library.mkdir()
+    (library / "extmod.py").write_text("def f(x):\n    return x + 1\n")
+    root = tmp_path / "ws"
+    (root / "src" / "wp").mkdir(parents=True)
+    (root / "src" / "wp" / "__init__.py").write_text("")
+    (root / "src" / "wp" / "targets.py").write_text(
+        TARGETS.replace("import precompile\n", "import precompile\nimport extmod\n").replace(
+            "return x + 1", "return extmod.f(x)"
+        )
+    )
+    (root / "pyproject.toml").write_text(
+        '[tool.precompile]\nsource-roots = ["src"]\nbackend = "eager"\n'
+    )
+    env = {"PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(library)])}
+    first = precompile_cli("check", cwd=root, timeout=300, **env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    (library / "extmod.py").write_text("def f(x):\n    raise RuntimeError('extmod changed')\n")
+    second = precompile_cli("check", cwd=root, timeout=300, **env)
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert "extmod changed" in second.stdout
+    # Unchanged since: answered from the cache, the failure included (the key is stable).
+    third = precompile_cli("check", cwd=root, timeout=300, **env)
+    assert "(0 captured, 3 from cache)" in third.stdout, third.stdout + third.stderr
+    assert "extmod changed" in third.stdout
