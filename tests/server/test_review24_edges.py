@@ -199,3 +199,19 @@ def test_a_module_from_outside_the_source_roots_is_part_of_the_cache_key(tmp_pat
     third = precompile_cli("check", cwd=root, timeout=300, **env)
     assert "(0 captured, 3 from cache)" in third.stdout, third.stdout + third.stderr
     assert "extmod changed" in third.stdout
+
+
+def test_serving_log_globs_neither_loop_on_symlinks_nor_block_on_a_fifo(tmp_path: Path) -> None:
+    root = _workspace(tmp_path / "ws", 'serving-logs = ["logs/**/*.jsonl"]\n')
+    for name in ("a", "b", "c"):
+        (root / name).symlink_to(".", target_is_directory=True)
+    logs = root / "logs"
+    logs.mkdir()
+    (logs / "up").symlink_to("..", target_is_directory=True)
+    (logs / "up2").symlink_to("..", target_is_directory=True)
+    os.mkfifo(logs / "x.jsonl")
+    started = time.monotonic()
+    proc = precompile_cli("check", "--no-cache", cwd=root, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert time.monotonic() - started < 60
+    assert stat.S_ISFIFO(os.lstat(logs / "x.jsonl").st_mode)
