@@ -25,6 +25,7 @@ import itertools
 import json
 import os
 import random
+import stat
 import sys
 import threading
 import time
@@ -481,7 +482,7 @@ class _LogWriter:
                 return
             try:
                 if self._fd is None:
-                    self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                    self._fd = _open_log(self.path)
                 line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
                 size = os.fstat(self._fd).st_size
                 if size + len(line) > MAX_LOG_BYTES:
@@ -505,6 +506,23 @@ class _LogWriter:
                     UserWarning,
                     stacklevel=2,
                 )
+
+
+def _open_log(path: str) -> int:
+    """The log's descriptor, for appending to a regular file only. Opened non-blocking
+    and without following a link, then fstat'ed: a FIFO with no reader (a log shipper
+    that is down) or a device would block a call, or the process exit, forever; it is
+    an OSError here instead, so the log is turned off with its one warning."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+    fd = os.open(path, flags, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def resolve_log_path(configured: str) -> str:

@@ -18,6 +18,7 @@ import json
 import os
 import pickletools
 import re
+import stat
 import zipfile
 from collections.abc import Callable
 
@@ -145,10 +146,17 @@ def refusal(path: str | os.PathLike[str], kind: str, shown: str | None = None) -
     ``shown`` is how the message names the path (default: as given)."""
     path = os.fspath(path)
     name = path if shown is None else shown
-    if not os.path.lexists(path):
+    try:
+        # lstat, never stat or open, first: a FIFO would block the open forever, and a
+        # rename over a device node or a symbolic link (/dev/null, /dev/stdout) replaces
+        # the node itself. Only a regular file can be this product's own.
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
         return None
-    if os.path.isdir(path):
-        return f"{name} is a directory"
+    except OSError as error:
+        return f"{name} cannot be examined ({error.strerror or error})"
+    if not stat.S_ISREG(mode):
+        return f"{name} is {_not_regular(mode)}, never written"
     try:
         ours = RECOGNISERS[kind](path)
     except OSError as error:
@@ -158,6 +166,21 @@ def refusal(path: str | os.PathLike[str], kind: str, shown: str | None = None) -
     if kind == "key":
         return f"{name} already exists; a key file is never overwritten (that would lose the key)"
     return f"{name} already exists and is not a {KIND_NAMES[kind]}, so it is never overwritten"
+
+
+def _not_regular(mode: int) -> str:
+    """What a path that is not a regular file holds, as a refusal names it."""
+    for test, what in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return what
+    return "not a regular file"
 
 
 REFUSAL_HINT = (

@@ -159,6 +159,8 @@ def _check(args: argparse.Namespace) -> int:
 
     assignment: dict[str, int] = {}
     select = None if shard is None else _shard_selector(engine, shard, args, assignment)
+    if args.output not in (None, "-"):
+        select = _output_guard(engine, Path(args.output), select)
 
     async def run() -> Any:
         try:
@@ -168,6 +170,9 @@ def _check(args: argparse.Namespace) -> int:
 
     try:
         findings = asyncio.run(run())
+    except _OutputTaken as error:
+        print(f"precompile check: {error}", file=sys.stderr)
+        return EXIT_ERROR
     except Exception as error:  # an internal error: say what broke, exit 2
         progress.done()
         print(f"precompile check: internal error: {type(error).__name__}: {error}", file=sys.stderr)
@@ -245,6 +250,31 @@ def _summary(targets: int, elapsed: float, captures: int, hits: int, counts: dic
         f"({captures} captured, {hits} from cache): "
         f"{counts['error']} error{'s' * (counts['error'] != 1)}, {counts['warning']} warning{'s' * (counts['warning'] != 1)}"
     )
+
+
+class _OutputTaken(Exception):
+    """``--output`` names a path a target's emit writes: a usage error, before any run."""
+
+
+def _output_guard(engine: Any, output: Path, then: Any) -> Any:
+    """A ``select`` for ``Engine.check`` that first refuses an ``--output`` that is one of
+    any discovered target's pair paths (artifact, .cache, .sig): the emit would write
+    there and the report would then be refused, losing every finding of the run (or a
+    report would later block the emit). Runs after discovery, before any job."""
+    wanted = output.resolve()
+
+    def select(decls: list[Any]) -> list[Any]:
+        for state in engine.targets.values():
+            for path, kind in engine.written_paths(state.decl):
+                if path == wanted:
+                    raise _OutputTaken(
+                        f"--output {output} is the {kind} path of target "
+                        f"{state.decl.key}; name a report file that no target's "
+                        f"artifact=, .cache or .sig uses"
+                    )
+        return decls if then is None else then(decls)
+
+    return select
 
 
 def _shard_selector(

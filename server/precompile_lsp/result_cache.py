@@ -36,11 +36,12 @@ import json
 import os
 import platform
 import re
+import stat
 import sys
 import sysconfig
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import attrs
@@ -89,6 +90,16 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+#: How every cache file is created: new, never through a symbolic link.
+_CREATE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+
+
+def _require(path: Path, test: Callable[[int], bool], what: str) -> None:
+    """Raise an OSError unless ``path`` itself (not what a link at it names) is ``what``."""
+    if not test(os.lstat(path).st_mode):
+        raise OSError(f"{path} is not {what} (a symbolic link is never written through)")
+
+
 class ResultCache:
     def __init__(
         self,
@@ -126,7 +137,10 @@ class ResultCache:
             return None
         entry_path = self._path(key)
         try:
-            data = entry_path.read_bytes()
+            if self.default:  # entries behind a link are refused, as writes are
+                for folder in (self.directory.parent, self.directory):
+                    _require(folder, stat.S_ISDIR, "a folder")
+            data = self._read_entry(entry_path)
         except OSError:
             return None
         if self._verified(data, key) is None:
@@ -187,7 +201,7 @@ class ResultCache:
         if not self.enabled:
             return None
         try:
-            entry = self._verified(self._path(key).read_bytes(), key)
+            entry = self._verified(self._read_entry(self._path(key)), key)
         except OSError:
             return None
         value = entry.get("seconds") if entry is not None else None
@@ -252,18 +266,12 @@ class ResultCache:
         # A name no other writer (another process, thread or machine) uses.
         tmp = self.directory / f".{final.stem}.{uuid.uuid4().hex}.tmp"
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            if self.default:
-                ignore = self.directory.parent / ".gitignore"
-                if not ignore.exists():
-                    ignore.write_text(
-                        "# Created by torch-precompile: results cached by content hash.\n*\n"
-                    )
-            with open(tmp, "xb") as f:
+            self._prepare()
+            with os.fdopen(os.open(tmp, _CREATE_NEW, 0o666), "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, final)
+            os.replace(tmp, final)  # replaces whatever is at ``final``, never follows it
         except OSError as error:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
@@ -273,12 +281,46 @@ class ResultCache:
                 f"cannot write the result cache {self.directory}: "
                 f"{error.strerror or error}; results are not cached this run, so unchanged "
                 f"targets will be captured again next time (the findings are unaffected). "
-                f"Make {where} writable, or check with --no-cache"
+                f"Make {where} a writable folder (not a symbolic link), or check with --no-cache"
             )
         if self._writes % _EVICT_EVERY == 0:
             self.evict()
         self._writes += 1
         return None
+
+    def _prepare(self) -> None:
+        """Make the cache folder, refusing (an OSError) to write through a symbolic link:
+        a repository that ships ``.precompile`` (or ``.precompile/cache``, or its
+        ``.gitignore``) as a link, dangling or not, would otherwise have the cache
+        create files wherever it points, outside the workspace. Each component under
+        the root is made with ``mkdir`` (which never follows a link) and then lstat'ed.
+        A ``cache-dir`` the user named may itself be anywhere (a link too): only the
+        entries inside it are written without following links."""
+        if not self.default:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            return
+        for folder in (self.directory.parent, self.directory):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder)
+            _require(folder, stat.S_ISDIR, "a folder")
+        ignore = self.directory.parent / ".gitignore"
+        try:
+            fd = os.open(ignore, _CREATE_NEW, 0o666)
+        except FileExistsError:
+            _require(ignore, stat.S_ISREG, "a regular file")
+            return
+        with os.fdopen(fd, "w") as f:
+            f.write("# Created by torch-precompile: results cached by content hash.\n*\n")
+
+    @staticmethod
+    def _read_entry(path: Path) -> bytes:
+        """An entry's bytes; anything but a regular file (a link, a FIFO that would
+        block the read) is an OSError, so a miss."""
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{path} is not a regular file")
+            return f.read()
 
     def evict(self) -> int:
         """Delete least recently used entries until they fit in 90% of the bound (when

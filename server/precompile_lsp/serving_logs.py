@@ -17,10 +17,11 @@ naming its first line and the count; nothing in a log makes the reader fail.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import hashlib
 import json
 import os
+import re
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -183,7 +184,12 @@ def read_logs(paths: Iterable[Path], root: Path | None = None) -> LogSet:
         logs.files.append(path)
         shown = shown_path(path, root)
         try:
-            with open(path, "rb") as handle:
+            # Non-blocking and fstat'ed: a FIFO or device named like a log is skipped,
+            # never waited on.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as handle:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(f"{path} is not a regular file")
                 data = handle.read(MAX_READ_BYTES)
         except OSError as error:
             logs.warnings.append(f"{shown}: cannot be read ({error.strerror or error}); skipped")
@@ -232,10 +238,76 @@ def expand(patterns: Iterable[str], root: Path) -> dict[str, list[Path]]:
     for pattern in patterns:
         absolute = os.path.isabs(os.path.expanduser(pattern))
         full = os.path.expanduser(pattern) if absolute else str(root / pattern)
-        matches = sorted(Path(p) for p in glob.glob(full, recursive=True) if os.path.isfile(p))
+        matches = sorted(Path(p) for p in _glob(full) if _regular(p))
         if not absolute:
             matches = [p for p in matches if inside(p.resolve(), root)]
         found[pattern] = matches
+    return found
+
+
+#: At most this many directory entries are looked at per pattern: a glob over a huge
+#: tree (``/**/*``) ends instead of walking on.
+MAX_WALKED = 200_000
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+def _regular(path: str) -> bool:
+    """A regular file (by ``stat``, which never blocks: a FIFO or a device is not)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _pattern_regex(pattern: str) -> re.Pattern[str]:
+    """``pattern`` (``/``-separated, relative) as a regex: ``**/`` any folders, ``**`` and
+    ``*`` as glob.glob(recursive=True) reads them, ``?``, ``[...]``."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:[^/]+/)*")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and (end := pattern.find("]", i + 2)) != -1:
+            body = pattern[i + 1 : end]
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def _glob(full: str) -> list[str]:
+    """The paths ``full`` matches: walked with ``os.walk(followlinks=False)`` from its
+    longest folder without glob characters, so a directory symlink loop under the logs
+    (``logs/up -> ..``) is never descended into, and at most ``MAX_WALKED`` entries."""
+    parts = full.split(os.sep)
+    fixed = next((i for i, part in enumerate(parts) if _GLOB_CHARS.search(part)), None)
+    if fixed is None:
+        return [full] if os.path.lexists(full) else []
+    base = os.sep.join(parts[:fixed]) or os.sep
+    regex = _pattern_regex("/".join(parts[fixed:]))
+    found: list[str] = []
+    walked = 0
+    for folder, dirs, names in os.walk(base, followlinks=False):
+        dirs.sort()
+        for name in names:
+            walked += 1
+            path = os.path.join(folder, name)
+            if regex.match(os.path.relpath(path, base).replace(os.sep, "/")):
+                found.append(path)
+        walked += len(dirs)
+        if walked > MAX_WALKED:
+            break
     return found
 
 

@@ -75,6 +75,10 @@ class WorkerClient:
     async def start(self) -> None:
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
+        # The worker runs in the workspace folder: without this, ``-m`` would put it first
+        # on sys.path and a workspace ``precompile_lsp/`` (or ``precompile/``) would
+        # shadow ours. The worker then imports the source roots' modules explicitly.
+        env["PYTHONSAFEPATH"] = "1"
         try:
             self.process = await asyncio.create_subprocess_exec(
                 self.python,

@@ -23,6 +23,7 @@ import importlib.metadata
 import linecache
 import os
 import sys
+import sysconfig
 import tempfile
 import traceback
 import warnings
@@ -233,9 +234,31 @@ def _describe_call(example: Any) -> str:
     return f"({', '.join(parts)})"
 
 
+def _versioned_prefixes() -> tuple[str, ...]:
+    """Folders whose modules a version stands for: the standard library (the build is in
+    the engine's key) and this product's own packages (its version is too). Everything
+    else imported from outside site-packages -- an editable install of a sibling library,
+    a PYTHONPATH or .pth folder -- has no version that changes with its code, so its
+    files are hashed like the workspace's."""
+    paths = sysconfig.get_paths()
+    folders = {paths["stdlib"], paths["platstdlib"]}
+    folders |= {os.path.dirname(precompile.__file__), os.path.dirname(os.path.dirname(__file__))}
+    return tuple(os.path.realpath(f) + os.sep for f in folders)
+
+
+_VERSIONED = _versioned_prefixes()
+
+
+def _installed(real: str) -> bool:
+    return "site-packages" in real or "dist-packages" in real
+
+
 def _dependencies(root: str) -> tuple[dict[str, str], dict[str, str]]:
-    """Workspace files the child imported (with hashes), and third-party distributions
-    it imported (with versions): what a result depends on."""
+    """Source files the child imported that no version stands for (with hashes): the
+    workspace's, and any outside it that is not in an installed distribution's
+    site-packages, the standard library or this product (an editable sibling library,
+    a PYTHONPATH folder); and third-party distributions it imported (with versions):
+    what a result depends on."""
     files: dict[str, str] = {}
     packages: dict[str, str] = {}
     root_prefix = os.path.realpath(root) + os.sep
@@ -244,11 +267,13 @@ def _dependencies(root: str) -> tuple[dict[str, str], dict[str, str]]:
         if not path:
             continue
         real = _realpath(path)
-        if real.startswith(root_prefix) and "site-packages" not in real:
+        if not _installed(real) and (
+            real.startswith(root_prefix) or not real.startswith(_VERSIONED)
+        ):
             digest = _sha256(real)
             if digest:
                 files[real] = digest
-        elif "site-packages" in real and "." not in name:
+        elif _installed(real) and "." not in name:
             for dist in _DISTRIBUTIONS.of(name):
                 try:
                     packages[dist] = importlib.metadata.version(dist)
