@@ -724,7 +724,16 @@ class Engine:
         target's findings from them. Returns whether anything was re-read. A log runs
         nothing and starts no job: a change to one never triggers a capture."""
         artifacts = {s.decl.key: self.artifact_of(s.decl)[0] for s in self.targets.values()}
-        read = await asyncio.to_thread(self._read_serving_logs, artifacts)
+        # Reading a log runs nothing, so an untrusted workspace's logs are read -- but
+        # only inside it: its own pyproject.toml may not point the server at files
+        # elsewhere on the machine (the gate tells the user once what trust enables).
+        patterns = tuple(
+            p
+            for p in self.config.serving_logs
+            if not os.path.isabs(os.path.expanduser(p))
+            or self.gate.allows(f"read the serving logs {p!r}, outside the workspace")
+        )
+        read = await asyncio.to_thread(self._read_serving_logs, artifacts, patterns)
         if read is None:
             return False
         self.production, warnings = read
@@ -735,11 +744,11 @@ class Engine:
         return True
 
     def _read_serving_logs(
-        self, artifacts: dict[str, Path]
+        self, artifacts: dict[str, Path], patterns: tuple[str, ...]
     ) -> tuple[Attribution | None, list[str]] | None:
-        """The logs' attribution and warnings, or None when nothing they depend on
-        changed (thread-safe: touches no engine state but the stamp)."""
-        patterns = self.config.serving_logs
+        """The logs ``patterns`` name: their attribution and warnings, or None when
+        nothing they depend on changed (thread-safe: touches no engine state but the
+        stamp)."""
         if not patterns:
             if self._logs_stamp is None:
                 return None

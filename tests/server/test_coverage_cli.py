@@ -4,6 +4,7 @@ with ``fallback=`` and ``serving_log=``, fed batch sizes it refuses)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from pathlib import Path
@@ -192,3 +193,36 @@ def test_serving_logs_may_not_lead_out_of_the_workspace(tmp_path: Path) -> None:
     assert not errors and settings.engine_overrides()["serving-logs"] == ["prod/*.jsonl"]
     _, errors = parse_settings({"servingLogs": "prod"})
     assert "precompile.servingLogs must be a list of globs" in errors[0]
+
+
+def test_an_untrusted_workspace_reads_no_logs_outside_itself(served: Path, tmp_path: Path) -> None:
+    """A repository's own pyproject.toml may not point an untrusted server at files
+    elsewhere on the machine: its absolute serving-log globs wait for trust (and the
+    gate says so); its logs inside the workspace are read."""
+    from precompile_lsp.engine import Engine
+
+    root = _copy(served, tmp_path)
+    outside = tmp_path / "elsewhere"
+    shutil.move(root / "logs", outside)
+    pyproject = root / "pyproject.toml"
+    pyproject.write_text(
+        pyproject.read_text().replace(
+            'serving-logs = ["logs/*.jsonl"]', f'serving-logs = ["{outside}/*.jsonl"]'
+        )
+    )
+
+    async def production(trusted: bool) -> tuple[list[str], list[str]]:
+        engine = Engine(root, trusted=trusted)
+        try:
+            engine.discover()
+            await engine.refresh_serving_logs()
+            codes = [f.code for fs in engine.findings_by_file().values() for f in fs]
+            return codes, list(engine.gate.deferred)
+        finally:
+            await engine.close()
+
+    codes, deferred = asyncio.run(production(trusted=False))
+    assert "PC401" not in codes
+    assert any(str(outside) in what for what in deferred), deferred
+    codes, _ = asyncio.run(production(trusted=True))
+    assert codes.count("PC401") == 2
