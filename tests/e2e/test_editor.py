@@ -274,7 +274,9 @@ def test_untrusted_then_trusted(launch) -> None:
 
     # Restricted: the server runs nothing, and says so.
     bench.wait_for(lambda: bench.status() == "Precompile: not trusted", "the not-trusted status")
-    toast(bench, "this workspace is not trusted, so no target is captured", "the server's warning")
+    toast(
+        bench, "this workspace is not trusted, so none of its programs run", "the server's warning"
+    )
     bench.open_file(SERVE)
     not_run = "precompile: not run (workspace not trusted)"
     bench.wait_for(lambda: bench.codelenses() == [not_run] * 4, "the not-run lenses", 60)
