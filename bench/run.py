@@ -17,7 +17,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import cluster, daemon, dynamo, lsp, real_models, scale, serving, shards, single_graph
+from bench import (
+    cluster,
+    daemon,
+    dynamo,
+    lsp,
+    real_models,
+    scale,
+    serving,
+    shards,
+    single_graph,
+    surface,
+)
 
 HERE = Path(__file__).resolve().parent
 SECTIONS: dict[str, Callable[[Path, int], str]] = {
@@ -29,6 +40,7 @@ SECTIONS: dict[str, Callable[[Path, int], str]] = {
     "lsp": lsp.run_lsp_section,
     "scale": scale.run_scale_section,
     "serving": serving.run_serving_section,
+    "surface": surface.run_surface_section,
     "cluster": cluster.run_cluster_section,
     "shards": shards.run_shards_section,
 }
