@@ -47,19 +47,12 @@ class PrecompiledRunnable:
                 target=_target(metadata),
             )
         self._serving = serving
-        # Bound once: a served call pays one next() on an itertools.count, nothing more.
-        self._count_served = serving.served_counter.__next__
-        self._sampling = bool(serving.shadow_rate)
+        # Bound once: a served call is Serving.serve (one next() on a counter beside the
+        # artifact's own call), or Serving.call when shadow checks sample calls.
+        self._serve = serving.call if serving.shadow_rate else serving.serve
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._sampling:
-            return self._serving.call(args, kwargs)
-        try:
-            result = self._forward(*args, **kwargs)
-        except PrecompileError as error:
-            return self._serving.refused(error, args, kwargs)
-        self._count_served()
-        return result
+        return self._serve(args, kwargs)
 
     def stats(self) -> dict[str, Any]:
         """Calls served, refused and fallen back since load, per refusal reason (its first

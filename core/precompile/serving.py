@@ -178,9 +178,14 @@ class Serving:
     # -- the call ------------------------------------------------------------------------
 
     def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Serve one call: the artifact, or on its refusal the fallback (when allowed)."""
+        """Serve one call, sampled for a shadow check at ``shadow_rate``."""
         if self.shadow_rate and self._random.random() < self.shadow_rate:
             return self._shadow_call(args, kwargs)
+        return self.serve(args, kwargs)
+
+    def serve(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Serve one call: the artifact, or on its refusal the fallback (when allowed).
+        A served call pays one counter step beside the artifact's own call."""
         try:
             result = self._forward(*args, **kwargs)
         except PrecompileError as error:
