@@ -186,3 +186,77 @@ def test_capture_load_and_check_emit_verify_run_from_the_installed_wheel(
     )  # fmt: skip
     assert fresh.returncode == 0, fresh.stderr
     assert json.loads(fresh.stdout.strip().splitlines()[-1])["same"]
+
+
+_OVERWRITE = """
+import torch
+import precompile
+
+
+def examples():
+    return [precompile.Example(torch.nn.Linear(4, 2).eval(), torch.randn(3, 4))]
+
+
+@precompile.target(examples, tracer="make_fx", artifact="README.md")
+def head(model, x):
+    return model(x)
+"""
+
+_FALLBACK = """
+import json, warnings, torch, precompile
+from models import head
+
+model = torch.nn.Linear(4, 2).eval()
+with precompile.capture(head, artifact_path="served.py", cache_path="served.cache",
+                       tracer=precompile.MakeFxTracer()) as cap:
+    cap(model, torch.randn(3, 4))
+calls = []
+def fallback(m, x):
+    calls.append(x.shape[0])
+    return head(m, x)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    run = precompile.load("served.py", "served.cache", fallback=fallback)
+    x = torch.randn(7, 4)
+    out = run(model, x)
+print(json.dumps({
+    "same": bool(torch.equal(out, head(model, x))),
+    "calls": calls,
+    "stats": run.stats(),
+    "warned": [w.category.__name__ for w in caught],
+}))
+"""
+
+
+def test_the_installed_wheel_keeps_the_write_policy_and_never_falls_back_silently(
+    installed: tuple[Path, dict[str, str]],
+) -> None:
+    """Two promises, as installed from the wheel: ``check --emit`` never replaces a file
+    the product did not write, and a refused call answered by the fallback is counted
+    and warned of."""
+    root, env = installed
+    workspace = root / "attack"
+    workspace.mkdir()
+    readme = b"# my project\n\nhand-written, not an artifact\n"
+    (workspace / "README.md").write_bytes(readme)
+    (workspace / "models.py").write_text(textwrap.dedent(_OVERWRITE))
+    (workspace / "pyproject.toml").write_text("[tool.precompile]\n")
+    check = subprocess.run(
+        [str(root / "venv" / "bin" / "precompile"), "check", "--emit", "--format", "json"],
+        cwd=workspace, capture_output=True, text=True, env=env, timeout=600, check=False,
+    )  # fmt: skip
+    assert check.returncode == 1, check.stdout + check.stderr
+    codes = [f["code"] for f in json.loads(check.stdout)["findings"]]
+    assert "PC305" in codes, codes
+    assert (workspace / "README.md").read_bytes() == readme
+
+    (workspace / "models.py").write_text(textwrap.dedent(_TARGET).replace("relu", "tanh"))
+    served = subprocess.run(
+        [str(root / "venv" / "bin" / "python"), "-c", _FALLBACK], cwd=workspace,
+        capture_output=True, text=True, env=env, timeout=600, check=False,
+    )  # fmt: skip
+    assert served.returncode == 0, served.stderr
+    result = json.loads(served.stdout.strip().splitlines()[-1])
+    assert result["same"] and result["calls"] == [7]
+    assert (result["stats"]["fallback"], result["stats"]["served"]) == (1, 0)
+    assert "ServingFallbackWarning" in result["warned"]
