@@ -2,7 +2,7 @@
 and ResNet-18 shaped models, both tracers.
 
 Captures each model, reads the artifact's ``LIBRARY_SURFACE`` rows, builds the very check
-the artifact runs (``precompile.surface_checks._build_surface_check``, with the
+the artifact runs (``precompile.runtime.surface_checks._build_surface_check``, with the
 prelude's ``_dict_version``) and times one call of it: what the check adds to each
 served call (before it, nothing ran in its place). Run: ``python bench/run.py surface`` (or ``python -m bench.surface``).
 """
@@ -20,8 +20,8 @@ import torch
 
 import precompile
 from bench.models import build, infer
-from precompile import surface_checks
 from precompile._compat import prelude
+from precompile.runtime import surface_checks
 
 
 def added_us(rows: list[dict[str, object]], rounds: int = 7, number: int = 100_000) -> float:
@@ -47,7 +47,7 @@ def run_surface_section(workdir: Path, runs: int) -> str:
         "## Library surface check (issue 26)",
         "",
         "What the `LIBRARY_SURFACE` check adds to each served call (both tracers, eager "
-        "backend): the check the artifact builds (`precompile/surface_checks.py`) from the "
+        "backend): the check the artifact builds (`precompile/runtime/surface_checks.py`) from the "
         "captured rows, timed alone (median of 7 rounds of 100000 calls). Before this change "
         "nothing ran in its place (0 us added); the graph's own call is unchanged.",
         "",

@@ -24,18 +24,18 @@ from precompile.errors import (
 from precompile.version import __version__
 
 _LAZY = {
-    "capture": "precompile.capturing",
-    "Capture": "precompile.capturing",
+    "capture": "precompile.capture_api",
+    "Capture": "precompile.capture_api",
     "CaptureReport": "precompile.report",
     "MakeFxTracer": "precompile.tracers",
     "DynamoTracer": "precompile.tracers",
     "PrecompileSummary": "precompile.report",
     "load": "precompile.loading",
     "PrecompiledRunnable": "precompile.loading",
-    "inspect_artifact": "precompile.metadata",
-    "sign": "precompile.signing",
-    "verify_signature": "precompile.signing",
-    "generate_key": "precompile.signing",
+    "inspect_artifact": "precompile.artifact.metadata",
+    "sign": "precompile.artifact.signing",
+    "verify_signature": "precompile.artifact.signing",
+    "generate_key": "precompile.artifact.signing",
     "target": "precompile.targets",
     "Example": "precompile.targets",
 }

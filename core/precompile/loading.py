@@ -9,11 +9,11 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from precompile.artifact_bytecode import COMPILED_SOURCES, artifact_code
-from precompile.artifact_io import read_bytes, validate_pair
-from precompile.envelope import code_hash, read_envelope, warn_cache_fallback
+from precompile.artifact.bytecode import COMPILED_SOURCES, artifact_code
+from precompile.artifact.envelope import code_hash, read_envelope, warn_cache_fallback
+from precompile.artifact.metadata import parse_metadata
+from precompile.artifact.pair import read_bytes, validate_pair
 from precompile.errors import ArtifactTrustWarning, PrecompileError
-from precompile.metadata import parse_metadata
 from precompile.serving import Serving, validate
 
 
@@ -182,7 +182,7 @@ def load(
     cache_data = None if cache is None else read_bytes(cache, "cache")
     signer = None
     if trusted_keys is not None:
-        from precompile import signing
+        from precompile.artifact import signing
 
         signer = signing.verify_pair_bytes(
             python_code,

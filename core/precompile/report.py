@@ -95,7 +95,7 @@ class CaptureReport:
     function_sources: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     coverage: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     summary: PrecompileSummary = dataclasses.field(default_factory=PrecompileSummary)
-    #: The guard audit (precompile.guard_audit.GuardAudit), for Dynamo captures.
+    #: The guard audit (precompile.capturing.dynamo_guard_audit.GuardAudit), for Dynamo captures.
     audit: Any = None
 
     def to_dict(self) -> dict[str, Any]:

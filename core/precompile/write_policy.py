@@ -27,7 +27,7 @@ from precompile.errors import PrecompileError
 #: The first bytes of every artifact's header comment (``emit.artifact_header``).
 ARTIFACT_MARKER = b"# torch-precompile artifact:"
 SIGNATURE_FORMAT = "torch-precompile-signature"
-#: The ``format`` of a cache envelope (``precompile.envelope``, which imports torch when
+#: The ``format`` of a cache envelope (``precompile.artifact.envelope``, which imports torch when
 #: it reads or writes one; recognising one here must not).
 CACHE_FORMAT = "torch-precompile-cache"
 

@@ -432,7 +432,7 @@ def _emit_or_verify(args: argparse.Namespace, kind: str) -> int:
         keys = [str(Path(k).resolve()) for k in getattr(args, "trusted_key", None) or ()]
         engine = Engine(root, trusted=True, use_cache=False, on_event=progress, trusted_keys=keys)
         if kind == "verify":
-            from precompile.metadata import inspect_artifact
+            from precompile.artifact.metadata import inspect_artifact
 
             metadata = inspect_artifact(args.artifact)
             decl = _resolve_target(engine, f"{metadata['FN_MODULE']}.{metadata['FN_NAME']}")
@@ -488,9 +488,9 @@ def _verify(args: argparse.Namespace) -> int:
     """With ``--trusted-key``, the pair's signature is checked first (in this process,
     without torch); a refused signature is a finding, and nothing is loaded."""
     if args.trusted_key:
-        from precompile.artifact_io import default_cache_path
+        from precompile.artifact.pair import default_cache_path
+        from precompile.artifact.signing import verify_signature
         from precompile.errors import PrecompileError, SignatureError
-        from precompile.signing import verify_signature
 
         cache = default_cache_path(args.artifact)
         try:
@@ -515,8 +515,8 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _keygen(args: argparse.Namespace) -> int:
+    from precompile.artifact.signing import generate_key
     from precompile.errors import PrecompileError
-    from precompile.signing import generate_key
 
     try:
         private, public, key = generate_key(args.key, args.public)
@@ -529,9 +529,9 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 def _sign(args: argparse.Namespace) -> int:
-    from precompile.artifact_io import default_cache_path
+    from precompile.artifact.pair import default_cache_path
+    from precompile.artifact.signing import sign
     from precompile.errors import PrecompileError
-    from precompile.signing import sign
 
     cache = args.cache or default_cache_path(args.artifact)
     try:
@@ -556,8 +556,8 @@ def _daemon(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from precompile.artifact.metadata import inspect_artifact
     from precompile.errors import PrecompileError
-    from precompile.metadata import inspect_artifact
 
     try:
         metadata = inspect_artifact(args.artifact)

@@ -37,8 +37,8 @@ from typing import Any
 
 import attrs
 
-from precompile.artifact_io import default_cache_path
-from precompile.signing import default_signature_path
+from precompile.artifact.pair import default_cache_path
+from precompile.artifact.signing import default_signature_path
 from precompile.write_policy import pair_collision, pair_paths
 from precompile_lsp import protocol
 from precompile_lsp.config import load_config

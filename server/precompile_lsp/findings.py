@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from precompile.guard_text import frame_label, guard_failure_text
+from precompile.runtime.guard_text import frame_label, guard_failure_text
 from precompile_lsp.doclinks import doc_link
 from precompile_lsp.files import shown_path
 from precompile_lsp.protocol import (

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from precompile.artifact_io import write_files
+from precompile.artifact.pair import write_files
 from precompile_lsp.doclinks import doc_link, page_link
 from precompile_lsp.files import shown_path
 from precompile_lsp.findings import CODES, Finding

@@ -97,7 +97,7 @@ def write_pair(job: JobRequest, files: dict[str, bytes]) -> CaptureError | None:
     """Write an emit's returned bytes to the job's artifact pair, under the write policy
     (all or nothing); an unsigned write removes a stale signature beside it, as a local
     emit does. Returns the refusal or failure, or None."""
-    from precompile.artifact_io import default_cache_path, remove_own, write_files
+    from precompile.artifact.pair import default_cache_path, remove_own, write_files
     from precompile.errors import PrecompileError
     from precompile.write_policy import pair_paths
 

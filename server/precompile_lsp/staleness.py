@@ -14,9 +14,9 @@ import hashlib
 import os
 from pathlib import Path
 
+from precompile.artifact.metadata import inspect_artifact
 from precompile.errors import PrecompileError
-from precompile.metadata import inspect_artifact
-from precompile.source_digest import changed_functions
+from precompile.runtime.source_digest import changed_functions
 from precompile.write_policy import pair_paths, refusal
 from precompile_lsp.files import shown_path
 

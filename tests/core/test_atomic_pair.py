@@ -17,7 +17,7 @@ from torch import nn
 
 import precompile
 from precompile import PrecompileError
-from precompile.artifact_io import atomic_write_files
+from precompile.artifact.pair import atomic_write_files
 from tests.conftest import run_python
 
 
@@ -192,7 +192,7 @@ def test_a_real_sigint_between_the_renames_leaves_the_previous_pair(tmp_path: Pa
     py, cache = _write_old(tmp_path)
     code = f"""
 import json, os, signal
-from precompile.artifact_io import atomic_write_files
+from precompile.artifact.pair import atomic_write_files
 # Python's own SIGINT handler, even where the parent ignores SIGINT (a job started in the
 # background by a non-interactive shell does, and a child inherits that).
 signal.signal(signal.SIGINT, signal.default_int_handler)

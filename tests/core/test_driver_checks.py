@@ -12,8 +12,8 @@ from torch import nn
 
 import precompile
 from precompile import PrecompileError
-from precompile.driver import lift_live_module_state
-from precompile.lifting import lift_module_state
+from precompile.capturing.fx_lifting import lift_module_state
+from precompile.runtime.single_graph import lift_live_module_state
 
 
 class Net(nn.Module):

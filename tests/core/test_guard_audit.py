@@ -14,8 +14,8 @@ import torch
 
 import precompile
 from precompile import PrecompileError, RiskyGuardWarning
-from precompile.dynamo_capture import FrameRecord
-from precompile.dynamo_report import summarize
+from precompile.capturing.dynamo_artifact import summarize
+from precompile.capturing.dynamo_session import FrameRecord
 from tests.fixtures import dynamo_models
 from tests.fixtures.models import MLP
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from precompile.guard_text import guard_failure_text
+from precompile.runtime.guard_text import guard_failure_text
 
 
 def test_only_a_plain_value_negated_is_said_to_be_empty() -> None:

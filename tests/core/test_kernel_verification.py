@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import precompile
-from precompile.envelope import blob_digests
+from precompile.artifact.envelope import blob_digests
 from tests.conftest import run_python
 from tests.fixtures.dynamo_models import CASES, train_step_aliased
 from tests.fixtures.models import plain_fn

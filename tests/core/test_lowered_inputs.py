@@ -1,4 +1,4 @@
-"""``precompile.lowered_inputs.aliased_mutation`` against a brute-force reference.
+"""``precompile.runtime.lowered_inputs.aliased_mutation`` against a brute-force reference.
 
 The per-call check sorts the inputs' memory spans and sweeps them (with a C-level fast
 path for the usual call) instead of comparing each written input with every other one.
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from precompile.lowered_inputs import aliased_mutation
+from precompile.runtime.lowered_inputs import aliased_mutation
 
 
 def _element_bytes(t: torch.Tensor) -> tuple[int, int]:
@@ -138,7 +138,7 @@ def _arithmetic(x: torch.Tensor, k: int) -> Any:
 
 def test_the_expressions_a_graph_computes_from_an_int_evaluate_as_python_ints() -> None:
     from precompile._compat.symbolic import int_expressions
-    from precompile.lowered_inputs import _int_value
+    from precompile.runtime.lowered_inputs import _int_value
 
     gm = _dynamo_graph(_arithmetic, (torch.ones(3), 3), (torch.ones(3), 4))
     labels = ["k" if "k" in str(p.target) else "x" for p in gm.graph.find_nodes(op="placeholder")]
@@ -177,7 +177,7 @@ def test_memory_that_cannot_be_read_is_refused_not_escaped() -> None:
     """A written input whose memory the check cannot read (a tensor without ordinary
     storage) is a PrecompileError, never the check's own RuntimeError."""
     from precompile.errors import PrecompileError
-    from precompile.lowered_inputs import check_written_inputs
+    from precompile.runtime.lowered_inputs import check_written_inputs
 
     sparse = torch.eye(3).to_sparse()
     with pytest.raises(PrecompileError, match="cannot be read"):

@@ -41,7 +41,7 @@ def head(model, x):
 """
 
 _SERVE = """
-import json, sys, torch, precompile, precompile.capturing, precompile._compat
+import json, sys, torch, precompile, precompile.capture_api, precompile._compat
 from precompile_lsp import doclinks
 from models import head
 

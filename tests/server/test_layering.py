@@ -60,14 +60,18 @@ def test_the_contracts_hold(sources: Path) -> None:
             "from precompile_lsp.worker import jobs",
             "only the worker package imports the worker package",
         ),
-        ("core/precompile/metadata.py", "import precompile_lsp", "core never imports the server"),
         (
-            "core/precompile/driver.py",
+            "core/precompile/artifact/metadata.py",
+            "import precompile_lsp",
+            "core never imports the server",
+        ),
+        (
+            "core/precompile/runtime/single_graph.py",
             "from precompile import capturing",
             "the artifact runtime never imports the capture side",
         ),
         (
-            "core/precompile/envelope.py",
+            "core/precompile/artifact/envelope.py",
             "from precompile._compat import prelude",
             "the base layer (errors, metadata, envelope, files) imports no",
         ),
@@ -105,13 +109,13 @@ def test_only_the_compat_module_names_private_torch(sources: Path) -> None:
     "module, line, shown",
     [
         (
-            "core/precompile/driver.py",
+            "core/precompile/runtime/single_graph.py",
             "_x = _torch._C._set_grad_enabled",
             "_torch._C._set_grad_enabled",
         ),
-        ("core/precompile/fx_capture.py", "import torch._dynamo", "torch._dynamo"),
+        ("core/precompile/capturing/fx_trace.py", "import torch._dynamo", "torch._dynamo"),
         (
-            "core/precompile/state_checks.py",
+            "core/precompile/runtime/state_checks.py",
             "from torch.utils._pytree import tree_flatten",
             "from torch.utils._pytree import tree_flatten",
         ),

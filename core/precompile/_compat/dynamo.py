@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from precompile._compat.patching import patched
-from precompile.guard_text import guard_failure_text, user_path
+from precompile.runtime.guard_text import guard_failure_text, user_path
 
 #: Guard types whose checks compare object identities: they cannot survive a process.
 UNSERIALIZABLE_GUARD_TYPES = frozenset(

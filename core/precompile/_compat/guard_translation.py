@@ -38,7 +38,7 @@ import torch
 if TYPE_CHECKING:
     # What the emitted plain_serving_runtime finds in the artifact: the prelude's
     # names, and plain_guards (emitted alongside).
-    from precompile.plain_guards import PlainGuards, code_object
+    from precompile.runtime.multigraph_guards import PlainGuards, code_object
 
     _set_code_exec_strategy: Any = None
     _SKIP_FRAMES: Any = None

@@ -117,7 +117,7 @@ NoneType = type(None)
 
 
 #: The names of torch's global module hook dicts, in the order
-#: ``precompile.state_checks.global_hooks_fingerprint`` reads them.
+#: ``precompile.runtime.state_checks.global_hooks_fingerprint`` reads them.
 GLOBAL_MODULE_HOOK_NAMES = (
     "_global_forward_pre_hooks",
     "_global_forward_hooks",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from precompile.guard_text import frame_label, guard_failure_text
+from precompile.runtime.guard_text import frame_label, guard_failure_text
 
 
 def disown_cleanup_hooks(scope: dict[str, Any], name: str) -> None:

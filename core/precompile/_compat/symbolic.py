@@ -6,7 +6,7 @@ make an expression of it wrap (``k = 2**61``), where eager computes with Python 
 The capture reads each expression off the subgraph's values (``SymInt`` nodes, and the
 sizes, strides and offsets of tensors whose shapes depend on an int) as sympy, over
 the symbols of the graph's ``SymInt`` placeholders, and converts it to a tree of
-``precompile.lowered_inputs``' operators. An integer expression it cannot convert
+``precompile.runtime.lowered_inputs``' operators. An integer expression it cannot convert
 leaves its inputs bounded instead (``lowered_inputs.BOUND``).
 
 Torch's sympy functions (``FloorDiv``, ``PythonMod``, ...) are told apart by class

@@ -35,7 +35,7 @@ import torch
 
 import precompile
 import precompile.targets
-from precompile.artifact_io import default_cache_path
+from precompile.artifact.pair import default_cache_path
 from precompile.errors import Location, PrecompileError
 from precompile.targets import as_example
 from precompile_lsp import protocol

@@ -56,8 +56,8 @@ STARTUP_LIMIT_S = 300.0
 #: capture, and starts no thread pool or compiler worker, so forking stays safe.
 WARM_IMPORTS = (
     "precompile",
-    "precompile.capturing",
-    "precompile.dynamo_capture",
+    "precompile.capture_api",
+    "precompile.capturing.dynamo_session",
     "precompile_lsp.worker.jobs",
     "torch._dynamo",
     "torch._dynamo.convert_frame",

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 # Emitted beside these functions wherever an artifact carries them.
-from precompile.artifact_bytecode import compiled_source
+from precompile.artifact.bytecode import compiled_source
 
 if TYPE_CHECKING:
     import torch as _torch

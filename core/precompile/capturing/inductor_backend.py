@@ -21,13 +21,14 @@ from typing import Any, cast
 
 import torch
 
-from precompile import artifact_bytecode, autograd_serving, driver, inductor_serving
 from precompile._compat import inductor
 from precompile._compat.kernel_platform import kernel_platform
 from precompile._compat.prelude import ARTIFACT_PRELUDE, INDUCTOR_PRELUDE
-from precompile.emit import LoweredGraph, runtime_source
+from precompile.artifact import bytecode
+from precompile.capturing.emit import LoweredGraph, runtime_source
+from precompile.capturing.fx_trace import SingleGraph
 from precompile.errors import PrecompileError
-from precompile.fx_capture import SingleGraph
+from precompile.runtime import autograd_serving, inductor_serving, single_graph
 
 _IMPORT = re.compile(r"^from (torch\._inductor[\w.]*) import (.+)$")
 _TRAILER = ("def get_args():", "def benchmark_compiled_module(", 'if __name__ == "__main__":')
@@ -92,7 +93,7 @@ def _lowered(section: str, slim: bool, autograd: dict[str, Any] | None = None) -
     )
     if autograd is not None:
         runtime += (
-            artifact_bytecode.compiled_source,
+            bytecode.compiled_source,
             inductor_serving.bind_inductor_module,
             autograd_serving.bind_autograd,
         )
@@ -116,7 +117,7 @@ def _lower_autograd(graph: SingleGraph) -> LoweredGraph:
     backward graphs (traced with Inductor's decompositions), each lowered to an output
     module. The forward is inlined as the graph section (its ``call``); the backward is
     carried as text and executed in a namespace of its own (``call_backward``)."""
-    from precompile.autograd_capture import capture_joint
+    from precompile.capturing.fx_autograd import capture_joint
 
     assert graph.joint_inputs is not None
     decompositions = {**inductor.inductor_decompositions(), **(graph.joint_inputs[2] or {})}
@@ -296,9 +297,9 @@ def _emitted_aot_binder() -> Callable[..., Any]:
             INDUCTOR_PRELUDE,
             runtime_source(
                 [
-                    driver.PrecompileError,
-                    driver.refuse,
-                    artifact_bytecode.compiled_source,
+                    single_graph.PrecompileError,
+                    single_graph.refuse,
+                    bytecode.compiled_source,
                     autograd_serving.bind_autograd,
                     inductor_serving.bind_inductor_module,
                     inductor_serving.bind_aot_graph,

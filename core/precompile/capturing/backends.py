@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from precompile import autograd_serving, driver
 from precompile._compat.prelude import AUTOGRAD_PRELUDE
-from precompile.emit import LoweredGraph
-from precompile.fx_capture import SingleGraph
-from precompile.graph_code import fx_autograd_source, fx_graph_source
+from precompile.capturing.emit import LoweredGraph
+from precompile.capturing.fx_trace import SingleGraph
+from precompile.capturing.graph_code import fx_autograd_source, fx_graph_source
+from precompile.runtime import autograd_serving, single_graph
 
 BACKENDS = ("inductor", "eager")
 
@@ -19,15 +19,17 @@ def check_backend(backend: object) -> str:
 
 def lower_eager(graph: SingleGraph) -> LoweredGraph:
     if graph.grad_inputs:
-        from precompile.autograd_capture import capture_joint
+        from precompile.capturing.fx_autograd import capture_joint
 
         assert graph.joint_inputs is not None
         joint = capture_joint(graph, graph.joint_inputs[2])
         return LoweredGraph(
             source=fx_autograd_source(graph, joint.forward, joint.backward),
-            relabel=driver.relabel_layout_error_eager,
+            relabel=single_graph.relabel_layout_error_eager,
             runtime=(autograd_serving.bind_autograd,),
             prelude=AUTOGRAD_PRELUDE,
             autograd=joint.runtime,
         )
-    return LoweredGraph(source=fx_graph_source(graph), relabel=driver.relabel_layout_error_eager)
+    return LoweredGraph(
+        source=fx_graph_source(graph), relabel=single_graph.relabel_layout_error_eager
+    )

@@ -8,16 +8,16 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from precompile.artifact_bytecode import (
+from precompile.artifact.bytecode import (
     BUNDLE_KEY,
     SOURCES_KEY,
     artifact_code,
     bytecode_entry,
     sources_entry,
 )
-from precompile.artifact_io import remove_own, validate_pair, write_files
-from precompile.backends import check_backend
-from precompile.emit import Artifact
+from precompile.artifact.pair import remove_own, validate_pair, write_files
+from precompile.capturing.backends import check_backend
+from precompile.capturing.emit import Artifact
 from precompile.errors import PrecompileError, RiskyGuardWarning
 from precompile.report import CaptureReport, PrecompileSummary
 from precompile.tracers import DynamoTracer, MakeFxTracer
@@ -95,7 +95,7 @@ class Capture:
         # Read now, so a bad key fails before anything runs rather than at the write.
         self._signing_key: Any = None
         if signing_key is not None:
-            from precompile import signing
+            from precompile.artifact import signing
 
             self._signing_key = signing.load_private_key(signing_key)
         self.fn = fn
@@ -108,7 +108,7 @@ class Capture:
         self._session: Any = None
         self._warned_risky = False
         self._warned_main = False
-        from precompile.fx_capture import describe_fn
+        from precompile.capturing.fx_trace import describe_fn
 
         self._fn_info = describe_fn(fn)
         self._report = CaptureReport(target=self._fn_info, tracer=tracer.name, backend=self.backend)
@@ -166,7 +166,7 @@ class Capture:
         import torch
 
         from precompile._compat import tracing
-        from precompile.state_checks import ambient_modes
+        from precompile.runtime.state_checks import ambient_modes
 
         traces = tracing.tracing_dispatch_modes()
         if traces or torch.compiler.is_compiling():
@@ -253,7 +253,7 @@ class Capture:
     def _call_dynamo(
         self, tracer: DynamoTracer, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        from precompile.dynamo_capture import DynamoSession
+        from precompile.capturing.dynamo_session import DynamoSession
 
         started = time.perf_counter()
         if self._session is None:
@@ -269,9 +269,9 @@ class Capture:
     # ------------------------------------------------------------ emitting
 
     def _capture_single_graph(self, tracer: MakeFxTracer, args: tuple[Any, ...]) -> None:
-        from precompile.backends import lower_eager
-        from precompile.emit import emit_single_graph
-        from precompile.fx_capture import trace_single_graph
+        from precompile.capturing.backends import lower_eager
+        from precompile.capturing.emit import emit_single_graph
+        from precompile.capturing.fx_trace import trace_single_graph
 
         timings = self._report.timings
         started = time.perf_counter()
@@ -283,7 +283,7 @@ class Capture:
         if self.backend == "eager":
             lowered = lower_eager(graph)
         else:
-            from precompile.inductor_backend import lower_inductor
+            from precompile.capturing.inductor_backend import lower_inductor
 
             lowered = lower_inductor(graph)
         timings["lower_s"] = time.perf_counter() - started
@@ -304,7 +304,7 @@ class Capture:
         self._report.summary = PrecompileSummary(frames=1, guarded_codes=1, backend_graphs=1)
 
     def _emit_dynamo(self) -> None:
-        from precompile.dynamo_report import build_dynamo_artifact
+        from precompile.capturing.dynamo_artifact import build_dynamo_artifact
 
         started = time.perf_counter()
         artifact, report, collect_bundle = build_dynamo_artifact(
@@ -361,7 +361,7 @@ class Capture:
     def _envelope(
         self, artifact: Artifact, bundle: dict[str, Any], bytecode: dict[str, Any]
     ) -> bytes:
-        from precompile.envelope import build_envelope
+        from precompile.artifact.envelope import build_envelope
 
         return build_envelope(
             backend=self.backend,
@@ -411,7 +411,7 @@ class Capture:
             (self.cache_path, self._cache, "cache"),
         ]
         if self._signing_key is not None:
-            from precompile import signing
+            from precompile.artifact import signing
 
             signature = signing.signature_bytes(
                 self._artifact.python_code, self._cache, self._signing_key
@@ -426,7 +426,7 @@ class Capture:
         are gone. Left there, a load with trusted keys would blame tampering; removed, it
         says plainly that the pair is unsigned. Only a signature is removed: a file of
         another kind under that name is not ours to delete."""
-        from precompile.signing import default_signature_path
+        from precompile.artifact.signing import default_signature_path
 
         remove_own(default_signature_path(self.artifact_path), "signature")
 

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from precompile._compat import tracing
-from precompile.autograd_serving import base_spec
+from precompile.capturing.fx_trace import SingleGraph
 from precompile.errors import PrecompileError
-from precompile.fx_capture import SingleGraph
+from precompile.runtime.autograd_serving import base_spec
 
 _OUTPUT_ALIAS = {
     "is_input": "is an input of fn itself (a tensor argument, parameter or buffer)",

@@ -6,7 +6,7 @@ A trace bakes the operations a library function lowered to: ``F.gelu`` became
 swaps such functions for other kernels (``F.scaled_dot_product_attention =
 sage_attention``, ``nn.LayerNorm.forward = fused_forward``, ``torch.Tensor.softmax =
 ...``), at import -- before the artifact is loaded -- or later; eager then runs the new
-kernel while the graph runs the old one. ``precompile.library_surface`` records, at
+kernel while the graph runs the old one. ``precompile.capturing.library_surface`` records, at
 capture, every torch (or installed library) function, method and module-class attribute
 the trace called, by where it was resolved (``LIBRARY_SURFACE``: a module attribute, or
 a class attribute looked up along the class's MRO), with a key another process computes

@@ -3,7 +3,7 @@ tracers: every torch (or installed library) function, method and module-class at
 the trace called, by the path it was resolved through.
 
 The tracers tell what was called -- make_fx by the profile hook of
-``precompile.dependencies`` (the builtins called and the library functions entered from
+``precompile.capturing.fx_dependencies`` (the builtins called and the library functions entered from
 eager code: the user's, ``torch.nn``'s, an installed library's), Dynamo by its graphs'
 targets and the code it inlined -- and this module finds where each was reached from:
 
@@ -16,7 +16,7 @@ targets and the code it inlined -- and this module finds where each was reached 
 
 Each path is recorded with the key of the object there (``surface_checks.surface_key``),
 which another process computes alike: a replacement made before load is refused at load,
-one made later on the first call after it (``precompile.surface_checks``). Project code is
+one made later on the first call after it (``precompile.runtime.surface_checks``). Project code is
 not recorded here: its own records (``GLOBAL_READS``, ``CLASS_STATE``, ``CLASS_ATTRS``)
 check it.
 """
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from precompile.locations import is_project_file, is_user_file
-from precompile.surface_checks import surface_key, surface_shown
+from precompile.runtime.surface_checks import surface_key, surface_shown
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 #: torch's Python code that eager runs inside a model's forward as the trace does.

@@ -35,7 +35,7 @@ from typing import Any, NoReturn
 # >>> not emitted: an artifact's prelude binds _torch, and its driver defines refuse
 import torch as _torch
 
-from precompile.driver import refuse
+from precompile.runtime.single_graph import refuse
 
 # <<< not emitted
 

@@ -24,11 +24,10 @@ from typing import Any
 
 import torch
 
-from precompile import state_checks
 from precompile._compat import dynamo, inductor
-from precompile.dynamo_dependencies import DependencyRecorder
+from precompile.capturing.dynamo_dependencies import DependencyRecorder
+from precompile.capturing.function_records import function_records
 from precompile.errors import Location, PrecompileError, generator_input_refusal
-from precompile.function_records import function_records
 from precompile.locations import (
     StackFrame,
     codepoint_column,
@@ -38,6 +37,7 @@ from precompile.locations import (
     is_user_file,
     traceback_user_stack,
 )
+from precompile.runtime import state_checks
 from precompile.tracers import DynamoTracer
 
 
@@ -419,7 +419,8 @@ class DynamoSession:
         through that runtime too. A subgraph needing what that runtime does not
         reproduce (aliased outputs, tensor subclasses, ...) is compiled the way
         torch.compile compiles it and shipped as Inductor's bundled artifact."""
-        from precompile import inductor_backend, inductor_serving
+        from precompile.capturing import inductor_backend
+        from precompile.runtime import inductor_serving
 
         self.inductor_graphs.append(gm)
         if self.kernel_runtime is None:
@@ -449,12 +450,12 @@ class DynamoSession:
         """Remember what a lowered subgraph assumes of its inputs (which inputs it writes,
         which are dynamic integers), for the artifact to refuse a call where another
         input shares the memory of one it writes or an integer does not fit in 64 bits
-        (``precompile.lowered_inputs``). The capture's own calls of an inlined module
+        (``precompile.runtime.lowered_inputs``). The capture's own calls of an inlined module
         are checked likewise; Inductor's bundled artifact was compiled for the capture's
         own inputs, aliasing included."""
-        from precompile import lowered_inputs
         from precompile._compat import symbolic
-        from precompile.inductor_backend import InlinedAotSubgraph, InlinedSubgraph
+        from precompile.capturing.inductor_backend import InlinedAotSubgraph, InlinedSubgraph
+        from precompile.runtime import lowered_inputs
 
         ints = dynamo.int_placeholders(gm)
         if mutated or ints:
@@ -473,7 +474,7 @@ class DynamoSession:
 
     def input_checks_by_backend(self) -> dict[str, dict[str, Any]]:
         """Backend id -> what its lowered subgraph's calls check of their inputs
-        (``precompile.lowered_inputs.check_inputs``'s arguments)."""
+        (``precompile.runtime.lowered_inputs.check_inputs``'s arguments)."""
         found = {}
         for backend_id, compiled in self.package.cached_backends.items():
             for candidate, spec in self.input_checks:
@@ -483,7 +484,7 @@ class DynamoSession:
 
     def inlined_subgraphs(self) -> dict[str, Any]:
         """Backend id -> the subgraph's inlined Inductor output module(s)."""
-        from precompile.inductor_backend import InlinedAotSubgraph, InlinedSubgraph
+        from precompile.capturing.inductor_backend import InlinedAotSubgraph, InlinedSubgraph
 
         return {
             backend_id: compiled
@@ -667,7 +668,7 @@ class DynamoSession:
         )
 
     def _unpicklable_paths(self) -> list[str]:
-        from precompile.guard_text import user_path
+        from precompile.runtime.guard_text import user_path
 
         return sorted(
             {
@@ -791,7 +792,7 @@ def function_sources(
     every function Dynamo inlined into a graph (``traced``: a model's ``forward``,
     helpers, hooks), so a load can refuse a changed function by name and an editor can
     tell a stale artifact from an edit elsewhere in the same file
-    (``precompile.source_digest``)."""
+    (``precompile.runtime.source_digest``)."""
     codes = [fn.__code__, *(frame.code for frame in frames), *traced]
     return function_records(
         [c for c in codes if not c.co_name.startswith("torch_dynamo_resume_in")], artifact_path
@@ -839,7 +840,7 @@ def global_recipe(name: str, value: Any, frame: str) -> list[str]:
             same = False
         if same:
             return ["value", base64.b64encode(blob).decode("ascii")]
-    from precompile.guard_text import frame_label
+    from precompile.runtime.guard_text import frame_label
 
     raise PrecompileError(
         f"Dynamo bound a helper global ({type(value).__qualname__}) into the module of "

@@ -86,6 +86,6 @@ def parse_metadata(source: str, origin: str = "<artifact>") -> dict[str, Any]:
 
 def inspect_artifact(path: str | os.PathLike[str]) -> dict[str, Any]:
     """An artifact's metadata, parsed without executing it."""
-    from precompile.artifact_io import read_text
+    from precompile.artifact.pair import read_text
 
     return parse_metadata(read_text(path, "artifact"), os.fspath(path))

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from precompile._compat.prelude import FX_GRAPH_GLOBALS
+from precompile.capturing.fx_trace import SingleGraph, is_literal_constant
 from precompile.errors import PrecompileError
-from precompile.fx_capture import SingleGraph, is_literal_constant
 
 #: Names FX-generated code may reference; FX_GRAPH_GLOBALS defines every one of them.
 _KNOWN_GLOBALS = {"torch", "device", "inf", "nan", "NoneType", "fx_pytree", "pytree"}

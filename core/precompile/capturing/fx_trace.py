@@ -20,12 +20,12 @@ from typing import Any, ClassVar
 import torch
 from torch.overrides import TorchFunctionMode
 
-from precompile import dependencies, state_checks
 from precompile._compat import tracing
 from precompile._compat.tracing import pytree
-from precompile.dependencies import Dependencies, param_free
+from precompile.capturing import fx_dependencies
+from precompile.capturing.fx_dependencies import Dependencies, param_free
+from precompile.capturing.fx_lifting import LiftedState, lift_module_state, module_training_flags
 from precompile.errors import Location, PrecompileError, generator_input_refusal
-from precompile.lifting import LiftedState, lift_module_state, module_training_flags
 from precompile.locations import (
     StackFrame,
     definition_location,
@@ -33,6 +33,7 @@ from precompile.locations import (
     is_user_file,
     traceback_user_stack,
 )
+from precompile.runtime import state_checks
 
 #: Non-tensor example values the artifact can bake and re-check on every call.
 LITERAL_TYPES = (type(None), bool, int, float, complex, str)
@@ -614,7 +615,7 @@ def trace_single_graph(
         call_args = [
             args[i] if i in module_positions else next(user_args) for i in range(len(args))
         ]
-        watch = dependencies.ArgumentWatch(
+        watch = fx_dependencies.ArgumentWatch(
             [
                 (f"{'parameter' if k < lifted.num_params else 'buffer'} {name!r}", t)
                 for k, (name, t) in enumerate(zip(lifted.names, state))
@@ -690,7 +691,7 @@ def trace_single_graph(
         fake_mode = tracing.fake_mode()
         fakes = [fake_mode.from_tensor(t) for t in state_tensors]
         fakes += [fake_mode.from_tensor(leaves[i]) for i in tensor_slots]
-    before = dependencies.Snapshot(modules)
+    before = fx_dependencies.Snapshot(modules)
     autocast = state_checks.autocast_state()
     ambient_modes = state_checks.ambient_modes()
     try:
@@ -699,7 +700,7 @@ def trace_single_graph(
             tracing.recording_grad_access(
                 lambda frame: frame.f_code.co_filename != __file__
             ) as grad_access,
-            dependencies.recording_calls() as ran,
+            fx_dependencies.recording_calls() as ran,
         ):
             with fake_mode, opaque, torch.set_grad_enabled(training or grad_inputs):
                 gm = tracing.make_fx(
@@ -718,8 +719,8 @@ def trace_single_graph(
         raise _refuse_from_exception(error, training) from error
     _check_graph(gm, node_stacks, fn, modules)
     check_spec_serializable(out_spec_box[-1], "fn's outputs", where)
-    names = dependencies.read_names(ran)
-    dependencies.refuse_trace_side_effects(
+    names = fx_dependencies.read_names(ran)
+    fx_dependencies.refuse_trace_side_effects(
         before.changed_during(modules, names, ran) + argument_changes, where
     )
     reads = {**ran.reads, **opaque.reads}
@@ -776,8 +777,8 @@ def trace_single_graph(
         tracing.insert_runtime_asserts(gm, fake_mode)
     if grad_inputs:
         _check_grad_inputs_capture(grad_param_indices, dynamic_dims, where)
-    recorded = dependencies.record_dependencies(modules, ran, training, fn, where)
-    dependencies.refuse_unnamed_sentinels(recorded, where)
+    recorded = fx_dependencies.record_dependencies(modules, ran, training, fn, where)
+    fx_dependencies.refuse_unnamed_sentinels(recorded, where)
     return SingleGraph(
         graph_module=gm,
         lifted=lifted,

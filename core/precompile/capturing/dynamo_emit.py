@@ -19,27 +19,27 @@ from typing import Any
 
 import torch
 
-from precompile import (
-    artifact_bytecode,
+from precompile._compat import dynamo, guard_translation, runtime
+from precompile._compat.prelude import ARTIFACT_PRELUDE, FX_GRAPH_GLOBALS, INDUCTOR_PRELUDE
+from precompile.artifact import bytecode
+from precompile.artifact.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
+from precompile.capturing.dynamo_session import FrameRecord, global_recipe
+from precompile.capturing.emit import Artifact, artifact_header, runtime_source, source_records
+from precompile.errors import PrecompileError
+from precompile.runtime import (
     autograd_serving,
-    dependency_driver,
-    driver,
     guard_text,
     inductor_serving,
-    installed_driver,
     lowered_inputs,
-    multigraph_driver,
-    plain_guards,
+    multigraph,
+    multigraph_dependencies,
+    multigraph_guards,
+    multigraph_installed,
+    single_graph,
     source_digest,
     state_checks,
     surface_checks,
 )
-from precompile._compat import dynamo, guard_translation, runtime
-from precompile._compat.prelude import ARTIFACT_PRELUDE, FX_GRAPH_GLOBALS, INDUCTOR_PRELUDE
-from precompile.dynamo_capture import FrameRecord, global_recipe
-from precompile.emit import Artifact, artifact_header, runtime_source, source_records
-from precompile.errors import PrecompileError
-from precompile.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
 
 _KNOWN_GLOBALS = {"torch", "device", "inf", "nan", "NoneType", "fx_pytree", "pytree"}
 _RESUME = re.compile(r"^(__resume_at_\d+)_\d+$")
@@ -592,23 +592,23 @@ def emit_dynamo(
             state_checks.autocast_state,
             state_checks.type_name,
             state_checks.ambient_modes,
-            driver.PrecompileError,
-            driver.refuse,
-            driver.check_ambient_modes,
-            driver.warn_inference_grad,
+            single_graph.PrecompileError,
+            single_graph.refuse,
+            single_graph.check_ambient_modes,
+            single_graph.warn_inference_grad,
             source_digest,
             guard_text,
             runtime.disown_cleanup_hooks,
             *(
-                (plain_guards, guard_translation.plain_serving_runtime)
+                (multigraph_guards, guard_translation.plain_serving_runtime)
                 if plain
                 else (runtime.dynamo_serving_runtime,)
             ),
             surface_checks,
-            dependency_driver,
-            multigraph_driver,
+            multigraph_dependencies,
+            multigraph,
             *(
-                (runtime.dynamo_installed_runtime, installed_driver)
+                (runtime.dynamo_installed_runtime, multigraph_installed)
                 if serving_mode == "installed"
                 else ()
             ),
@@ -634,7 +634,7 @@ def emit_dynamo(
             "import functools",
             "",
             # The Inductor modules and the guard checks compile through it (cached).
-            runtime_source([artifact_bytecode.compiled_source]),
+            runtime_source([bytecode.compiled_source]),
             "",
             "",
             graph_section(names),

@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from precompile.dynamo_capture import FrameRecord, GuardDecision
-from precompile.guard_text import frame_label, user_path
+from precompile.capturing.dynamo_session import FrameRecord, GuardDecision
+from precompile.runtime.guard_text import frame_label, user_path
 
 #: Guard types whose checks carry shapes; listed first among risky drops.
 _SHAPE_TYPES = ("TENSOR_MATCH", "SHAPE_ENV", "SIZE_MATCH", "DYNAMIC_INDICES", "LENGTH_CHECK")

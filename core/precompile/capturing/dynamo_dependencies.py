@@ -39,9 +39,9 @@ a process) or skipped altogether (``skip_nnmodule_hook_guards``):
   mode, so a call made in another grad mode is refused instead of being answered as the
   captured mode would (``GRAD_MODE_READ`` says what was read).
 
-The checks themselves are ``precompile.dependency_driver``, emitted into artifacts.
+The checks themselves are ``precompile.runtime.multigraph_dependencies``, emitted into artifacts.
 
-Messages name things in the user's words (``precompile.guard_text``).
+Messages name things in the user's words (``precompile.runtime.guard_text``).
 """
 
 from __future__ import annotations
@@ -60,17 +60,17 @@ from typing import Any
 import torch
 
 from precompile._compat import dynamo
-from precompile.dependency_driver import (
+from precompile.errors import PrecompileError
+from precompile.locations import is_project_file
+from precompile.runtime.guard_text import frame_label, user_path
+from precompile.runtime.multigraph_dependencies import (
     builtin_key,
     class_attrs,
     code_identity,
     global_hook_snapshot,
     hook_snapshot,
 )
-from precompile.errors import PrecompileError
-from precompile.guard_text import frame_label, user_path
-from precompile.locations import is_project_file
-from precompile.state_checks import literal_fingerprint
+from precompile.runtime.state_checks import literal_fingerprint
 
 #: Dynamo names a guard's access path from its root: a frame local by its name
 #: (``model._modules['fc']``), a global as ``G['name']``.

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 # >>> not emitted: artifacts carry compiled_source among their runtime functions
-from precompile.artifact_bytecode import compiled_source
+from precompile.artifact.bytecode import compiled_source
 
 # <<< not emitted
 

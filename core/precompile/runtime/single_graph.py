@@ -12,7 +12,7 @@ The names the bodies read from the artifact's namespace -- the metadata constant
 prelude's torch aliases and the graph's ``call`` -- are declared under TYPE_CHECKING.
 
 INVARIANT: ``lift_live_module_state`` orders and names params and buffers exactly as
-``precompile.lifting.lift_module_state`` does at capture (params then buffers, over all
+``precompile.capturing.fx_lifting.lift_module_state`` does at capture (params then buffers, over all
 modules, interned by identity, ``m{i}.`` prefixes only with several modules). A test
 holds the two in agreement.
 """
@@ -97,13 +97,13 @@ if TYPE_CHECKING:
     # guard_text.typed_value, emitted before this module.
     def typed_value(kind: str, shown: str) -> str: ...
 
-    # precompile.surface_checks, emitted before this module.
+    # precompile.runtime.surface_checks, emitted before this module.
     def _build_surface_check() -> Any: ...
 
     # The graph's entry: FX code names its parameter flat_inputs, Inductor's args.
     def call(flat_inputs: list[Any], /) -> list[Any]: ...
 
-    # precompile.lowered_inputs, emitted where the graph writes an input (Inductor).
+    # precompile.runtime.lowered_inputs, emitted where the graph writes an input (Inductor).
     def check_written_inputs(inputs: Any, mutated: Any, labels: Any) -> None: ...
 
     def call_backward(flat_inputs: list[Any]) -> list[Any]: ...

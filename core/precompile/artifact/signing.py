@@ -23,7 +23,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from precompile.artifact_io import as_path, read_bytes, validate_pair, write_files
+from precompile.artifact.pair import as_path, read_bytes, validate_pair, write_files
 from precompile.errors import PrecompileError, SignatureError
 from precompile.write_policy import SIGNATURE_FORMAT
 

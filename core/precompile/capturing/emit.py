@@ -18,20 +18,20 @@ from typing import Any
 
 import torch
 
-from precompile import (
-    driver,
+from precompile._compat import tracing
+from precompile._compat.prelude import ARTIFACT_PRELUDE, SINGLE_GRAPH_STATE_PRELUDE
+from precompile.artifact.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
+from precompile.capturing.function_records import function_records
+from precompile.capturing.fx_trace import SingleGraph
+from precompile.runtime import (
     guard_text,
     lowered_inputs,
+    single_graph,
     single_graph_checks,
     source_digest,
     state_checks,
     surface_checks,
 )
-from precompile._compat import tracing
-from precompile._compat.prelude import ARTIFACT_PRELUDE, SINGLE_GRAPH_STATE_PRELUDE
-from precompile.function_records import function_records
-from precompile.fx_capture import SingleGraph
-from precompile.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
 from precompile.version import __version__
 
 
@@ -70,12 +70,12 @@ class LoweredGraph:
     identity_outputs: tuple[int, ...] = ()
     #: For an inference capture of inputs that require grad: the spec by which
     #: ``autograd_serving.bind_autograd`` runs ``call`` (the forward graph) and
-    #: ``call_backward`` (``precompile.autograd_capture``); None for a graph served
+    #: ``call_backward`` (``precompile.capturing.fx_autograd``); None for a graph served
     #: without autograd.
     autograd: dict[str, Any] | None = None
     #: The graph inputs (parameters, buffers, then the user's tensors) the lowered graph
     #: writes assuming no other input shares their memory (Inductor's functional graph):
-    #: the driver refuses a call where one does (``precompile.lowered_inputs``).
+    #: the driver refuses a call where one does (``precompile.runtime.lowered_inputs``).
     mutated_inputs: tuple[int, ...] = ()
 
 
@@ -353,7 +353,7 @@ def emit_single_graph(
             *imports,
             "# ---- captured graph",
             lowered.source,
-            "# ---- runtime driver (emitted verbatim: precompile/source_digest.py,",
+            "# ---- runtime driver (emitted verbatim: precompile/runtime/source_digest.py,",
             "# state_checks.py, guard_text.typed_value, single_graph_checks.py,",
             "# surface_checks.py and driver.py, each whole)",
             runtime_source(
@@ -363,7 +363,7 @@ def emit_single_graph(
                     guard_text.typed_value,
                     single_graph_checks,
                     surface_checks,
-                    driver,
+                    single_graph,
                 ]
             ),
             "",

@@ -6,25 +6,29 @@ import types
 from typing import Any
 
 from precompile._compat.kernel_platform import kernel_platform
-from precompile.dynamo_capture import (
-    DynamoSession,
-    FrameRecord,
-    function_sources,
-    inlined_source_files,
-    serving_mode,
-)
-from precompile.dynamo_emit import (
+from precompile.capturing.dynamo_emit import (
     backend_order,
     eager_graph_section,
     emit_dynamo,
     graph_source,
     inductor_graph_section,
 )
-from precompile.emit import Artifact
+from precompile.capturing.dynamo_guard_audit import audit
+from precompile.capturing.dynamo_session import (
+    DynamoSession,
+    FrameRecord,
+    function_sources,
+    inlined_source_files,
+    serving_mode,
+)
+from precompile.capturing.emit import Artifact
+from precompile.capturing.inductor_backend import (
+    InlinedAotSubgraph,
+    InlinedSubgraph,
+    collect_kernels,
+)
+from precompile.capturing.library_surface import record_dynamo_surface
 from precompile.errors import PrecompileError
-from precompile.guard_audit import audit
-from precompile.inductor_backend import InlinedAotSubgraph, InlinedSubgraph, collect_kernels
-from precompile.library_surface import record_dynamo_surface
 from precompile.locations import is_project_file
 from precompile.report import CaptureReport, PrecompileSummary
 

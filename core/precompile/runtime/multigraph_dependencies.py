@@ -1,7 +1,7 @@
 """The per-call checks of what a Dynamo trace depended on beyond its serialized guards,
 authored as code, emitted verbatim into multi-graph artifacts (standalone and installed).
 
-``precompile.dynamo_dependencies`` records, at capture, the hooks on every module the
+``precompile.capturing.dynamo_dependencies`` records, at capture, the hooks on every module the
 trace reached and torch's global module hooks (``MODULE_HOOKS``), and the module-level
 functions and classes the frames read (``GLOBAL_READS``). Here, every call checks them:
 
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
     def user_path(text: str) -> str: ...
 
-    # precompile.surface_checks, emitted before this module.
+    # precompile.runtime.surface_checks, emitted before this module.
     def _build_surface_check() -> Any: ...
 
 

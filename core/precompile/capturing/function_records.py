@@ -2,7 +2,7 @@
 to the artifact), first line and a digest of the function's own source.
 
 Loading an artifact compares each with the live source, and the language server compares
-them with the workspace to call an artifact stale; both use ``precompile.source_digest``,
+them with the workspace to call an artifact stale; both use ``precompile.runtime.source_digest``,
 so a change to another function in the same file is not a change to this one.
 """
 
@@ -14,7 +14,7 @@ import types
 from typing import Any
 
 from precompile.locations import is_project_file
-from precompile.source_digest import function_source, source_digest
+from precompile.runtime.source_digest import function_source, source_digest
 
 
 def _module_text(code: types.CodeType) -> tuple[str | None, str | None]:

@@ -4,7 +4,7 @@ make_fx runs the user's Python once and keeps only tensor operations, so every p
 value that Python read is baked in: a module's type and attributes (``eps``, a user's
 ``self.scale``), module-level values the traced functions read, the hooks around each
 module call. This module watches the trace (which code ran, which globals it read) and
-records fingerprints of that state (``precompile.state_checks``), which the artifact
+records fingerprints of that state (``precompile.runtime.state_checks``), which the artifact
 recomputes from the live objects to refuse a call whose state differs.
 
 Which attributes count as read is decided by name: an attribute of a module (or of an
@@ -31,11 +31,12 @@ from typing import Any, Literal
 
 import torch
 
-from precompile import library_surface, process_state, state_checks
 from precompile._compat import tracing
 from precompile._compat.prelude import global_module_hooks
+from precompile.capturing import fx_process_state, library_surface
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file, is_user_file
+from precompile.runtime import state_checks
 
 #: The events sys.setprofile hands a profile function.
 ProfileEvent = Literal["call", "return", "c_call", "c_return", "c_exception"]
@@ -101,11 +102,11 @@ class CallLog:
     #: "what at FILE:LINE" (the first read).
     reads: dict[str, str] = dataclasses.field(default_factory=dict)
     #: torch settings user code read (``process_state``) -> "FILE:LINE" of the first.
-    state: dict[process_state.StateRead, str] = dataclasses.field(default_factory=dict)
+    state: dict[fx_process_state.StateRead, str] = dataclasses.field(default_factory=dict)
     #: Reads capture refuses: a probe that was true in the trace, a torch.backends
     #: query an artifact cannot repeat -> "FILE:LINE".
     refused: dict[str, str] = dataclasses.field(default_factory=dict)
-    #: The library surface eager code went through (``precompile.library_surface``):
+    #: The library surface eager code went through (``precompile.capturing.library_surface``):
     #: builtins it called (by id), the names of Tensor methods it called, and the
     #: functions it entered (their code).
     called: dict[int, Any] = dataclasses.field(default_factory=dict)
@@ -134,7 +135,7 @@ def recording_calls() -> Iterator[CallLog]:
     previous = sys.getprofile()
     codes, scopes, reads = log.codes, log.scopes, log.reads
     state, refused = log.state, log.refused
-    tables = process_state.tables()
+    tables = fx_process_state.tables()
     getter_codes, probe_codes = tables.getter_codes, tables.probe_codes
     getter_builtins, backends_dir = tables.getter_builtins, tables.backends_dir
     called, tensor_methods, entered = log.called, log.tensor_methods, log.entered
@@ -196,23 +197,23 @@ def recording_calls() -> Iterator[CallLog]:
         if importing:
             pass
         elif event == "call" and code in getter_codes:
-            site = process_state.read_site(frame.f_back)
+            site = fx_process_state.read_site(frame.f_back)
             if site:
                 state.setdefault(getter_codes[code], site)
         elif event == "call" and code.co_filename.startswith(backends_dir):
-            site = process_state.read_site(frame.f_back)
-            read = process_state.backends_read(frame) if site else None
-            if isinstance(read, process_state.StateRead):
+            site = fx_process_state.read_site(frame.f_back)
+            read = fx_process_state.backends_read(frame) if site else None
+            if isinstance(read, fx_process_state.StateRead):
                 state.setdefault(read, str(site))
             elif read:
                 refused.setdefault(read, str(site))
         elif event == "c_call" and id(arg) in getter_builtins:
             getter, read = getter_builtins[id(arg)]
-            site = process_state.read_site(frame) if arg is getter else None
+            site = fx_process_state.read_site(frame) if arg is getter else None
             if site:
                 state.setdefault(read, site)
         elif event == "return" and code in probe_codes and arg is True:
-            site = process_state.read_site(frame.f_back)
+            site = fx_process_state.read_site(frame.f_back)
             if site:
                 refused.setdefault(probe_codes[code], site)
         if importing:
@@ -788,7 +789,7 @@ def _process_state_records(log: CallLog) -> list[list[Any]]:
 def refuse_trace_only_reads(log: CallLog, where: Any) -> None:
     """Refuse reads whose answer in the trace is not what a served call would get."""
     for what, site in log.refused.items():
-        if what in process_state.tables().probe_codes.values():
+        if what in fx_process_state.tables().probe_codes.values():
             raise PrecompileError(
                 f"fn branches on {what} at {site}, which is true while make_fx traces fn "
                 f"but false when fn runs eagerly; the graph holds the branch eager never "
