@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 
     def changed_function_message(record: dict[str, Any], gone: bool, consequence: str) -> str: ...
 
-    def _build_dependency_check() -> Any: ...
+    def build_dependency_check() -> Any: ...
 
     def autocast_state() -> tuple[tuple[str, str], ...]: ...
 
@@ -117,7 +117,7 @@ def _mark_ran_before_refusal(error: RuntimeError) -> None:
         error.ran_before_refusal = True  # type: ignore[attr-defined]
 
 
-def _check_versions() -> None:
+def check_versions() -> None:
     """Refuse a foreign Python or torch before anything is unpickled: the artifact holds
     pickled guard state (torch-build-locked) and code objects (Python-version-locked)."""
     import sys
@@ -140,7 +140,7 @@ def _check_versions() -> None:
         )
 
 
-def _import_module(name: str) -> Any:
+def import_user_module(name: str) -> Any:
     import importlib
 
     if name == "__main__":
@@ -159,7 +159,7 @@ def _import_module(name: str) -> Any:
         )
 
 
-def _check_function_sources() -> None:
+def check_function_sources() -> None:
     """Refuse to serve a function whose source changed since capture: its guards and
     bytecode describe the old code."""
     for record, gone in changed_functions(FUNCTION_SOURCES, _module_text):
@@ -172,12 +172,12 @@ def _module_text(name: str, path: str) -> str | None:
     import inspect
 
     try:
-        return inspect.getsource(_import_module(name))
+        return inspect.getsource(import_user_module(name))
     except (OSError, TypeError):
         return None
 
 
-def _rebuild_global(kind: str, data: str) -> Any:
+def rebuild_global(kind: str, data: str) -> Any:
     """A helper global Dynamo bound at capture (DYNAMO_GLOBALS), rebuilt here: a module,
     a module's globals dict, a function or class by ``module:qualname``, or a small
     pickled value."""
@@ -186,13 +186,13 @@ def _rebuild_global(kind: str, data: str) -> Any:
     import pickle
 
     if kind == "module":
-        return _import_module(data)
+        return import_user_module(data)
     if kind == "module_dict":
-        return vars(_import_module(data))
+        return vars(import_user_module(data))
     if kind == "object":
         module_name, qualname = data.split(":", 1)
         try:
-            return operator.attrgetter(qualname)(_import_module(module_name))
+            return operator.attrgetter(qualname)(import_user_module(module_name))
         except AttributeError:
             refuse(
                 f"precompile: this artifact's compiled code reads {module_name}.{qualname}, "
@@ -214,7 +214,7 @@ def _serving_variant(managers: list[Any], f_locals: dict[str, Any]) -> int | Non
     return None
 
 
-def _coverage(managers: list[Any], f_locals: dict[str, Any]) -> dict[str, Any]:
+def variant_coverage(managers: list[Any], f_locals: dict[str, Any]) -> dict[str, Any]:
     """What covers() answers: the serving variant, and why each one before it refused."""
     chosen = _serving_variant(managers, f_locals)
     failures = [
@@ -231,7 +231,7 @@ def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str:
     return guard_failure_text(str(parts[0]), f_locals) if parts else "a guard failed"
 
 
-def _serve_as_captured(entry: Any, check: Any) -> Any:
+def serve_as_captured(entry: Any, check: Any) -> Any:
     """Run ``entry`` under the global state the artifact was captured in: the captured grad
     mode, and the default dtype and deterministic mode checked, since Dynamo's own guard
     on them is left to this driver (it also bundles the thread count, which an artifact
@@ -241,7 +241,7 @@ def _serve_as_captured(entry: Any, check: Any) -> Any:
     (``GRAD_MODE_READ``: ``torch.is_grad_enabled()``, or ``.requires_grad`` of a tensor
     it computed; eager would take the other branch). Each call first runs
     ``check(args, kwargs)``: what the trace depended on beyond its guards (hooks,
-    module-level functions, objects compared by identity; see _build_dependency_check)."""
+    module-level functions, objects compared by identity; see build_dependency_check)."""
     import torch
 
     def refuse_autocast() -> None:
@@ -352,7 +352,7 @@ def _entry_defaults_check(binding: dict[str, Any]) -> Any:
 
     import torch
 
-    live = operator.attrgetter(FN_NAME)(_import_module(FN_MODULE))
+    live = operator.attrgetter(FN_NAME)(import_user_module(FN_MODULE))
 
     def same(a: Any, b: Any) -> bool:
         if a is b:
@@ -408,8 +408,8 @@ def _build_multigraph_forward() -> Any:
     import types
     import warnings
 
-    _check_versions()
-    _check_function_sources()
+    check_versions()
+    check_function_sources()
     # "plain": guards and code objects carried Dynamo-free (plain_guards), so serving
     # never imports torch._dynamo; "dynamo": Dynamo's guard manager, for guards outside
     # plain_guards' whitelist (GUARD_RUNTIME says which, and why).
@@ -432,15 +432,15 @@ def _build_multigraph_forward() -> Any:
         name = frame["python_module"]
         scope = scopes.get(name)
         if scope is None:
-            scope = scopes[name] = vars(_import_module(name))
+            scope = scopes[name] = vars(import_user_module(name))
             for backend_id, fn in compiled.items():
                 seed(scope, backend_id, fn)
             for module_name, helper, kind, data in DYNAMO_GLOBALS:
                 if module_name == name:
-                    seed(scope, helper, _rebuild_global(kind, data))
+                    seed(scope, helper, rebuild_global(kind, data))
         stand_ins = getattr(rt, "stand_ins", {})
         for alias, module_name in frame["import_sources"].items():
-            seed(scope, alias, stand_ins.get(module_name) or _import_module(module_name))
+            seed(scope, alias, stand_ins.get(module_name) or import_user_module(module_name))
         return scope
 
     def make_dispatcher(frame: dict[str, Any]) -> Any:
@@ -602,7 +602,7 @@ def _build_multigraph_forward() -> Any:
             f_locals = locals_of(None, args, kwargs)
             stripped = _strip_dim_marks(f_locals.values())  # as dispatch_with retries
             try:
-                return _coverage(managers, f_locals)
+                return variant_coverage(managers, f_locals)
             finally:
                 _restore_dim_marks(stripped)
 
@@ -630,7 +630,7 @@ def _build_multigraph_forward() -> Any:
     for frame in frames:
         if not (frame["variants"] or frame["eager_fallback"] or frame["trivial"]):
             continue
-        module = vars(_import_module(frame["python_module"]))
+        module = vars(import_user_module(frame["python_module"]))
         for name in frame["resume_names"]:
             existing = module.get(name)
             owner = getattr(existing, "__precompile_artifact__", None)
@@ -666,7 +666,7 @@ def _build_multigraph_forward() -> Any:
 
     try:
         defaults_ok = _entry_defaults_check(binding)
-        dependencies_ok = _build_dependency_check()
+        dependencies_ok = build_dependency_check()
     except BaseException:
         unload()  # a refused load leaves the process as it found it
         raise
@@ -675,7 +675,7 @@ def _build_multigraph_forward() -> Any:
         defaults_ok()
         dependencies_ok(args, kwargs)
 
-    forward = _serve_as_captured(entry, check)
+    forward = serve_as_captured(entry, check)
 
     def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:
         return entry.coverage(args, kwargs)

@@ -52,9 +52,7 @@ if TYPE_CHECKING:
 
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
-    def _import_module(name: str) -> Any: ...
-
-    def _import_module(name: str) -> Any: ...
+    def import_user_module(name: str) -> Any: ...
 
     def user_path(text: str) -> str: ...
 
@@ -228,7 +226,7 @@ def _hook_change(
     return ""
 
 
-def _build_dependency_check() -> Any:
+def build_dependency_check() -> Any:
     """``check(args, kwargs)``: raise PrecompileError when a call's modules carry other
     hooks than at capture, torch's global module hooks changed, or a module-level
     function or class the frames read is bound to something else. Call it after the
@@ -276,7 +274,7 @@ def _build_dependency_check() -> Any:
         ordered = tuple(d for d in global_dicts[1:] if d)
         global_order[:] = [ordered, tuple(map(tuple, ordered))]
 
-    entry_fn = operator.attrgetter(FN_NAME)(_import_module(FN_MODULE))
+    entry_fn = operator.attrgetter(FN_NAME)(import_user_module(FN_MODULE))
     signature = inspect.signature(entry_fn)
     # (root, id(module)) -> (weakref to the module, its hook and _modules dicts, their
     # version tags when last found as captured): one module may stand for two roots.
@@ -294,7 +292,7 @@ def _build_dependency_check() -> Any:
         # Each kind of root binds what it reads as defaults; all are called (args, kwargs).
         fetch: Callable[[Any, Any], Any]
         if root["kind"] == "global":
-            scope = vars(_import_module(root["module"]))
+            scope = vars(import_user_module(root["module"]))
             code = compile(root["path"].replace("G[", "__G[", 1), "<precompile>", "eval")
 
             def fetch(args: Any, kwargs: Any, code: Any = code, scope: Any = scope) -> Any:
@@ -427,7 +425,7 @@ def _build_dependency_check() -> Any:
     for i, read in enumerate(GLOBAL_READS):
         if read["scope"] not in scope_index:
             scope_index[read["scope"]] = len(scopes)
-            scopes.append(vars(_import_module(read["scope"])))
+            scopes.append(vars(import_user_module(read["scope"])))
         terms.append(f"(__S{scope_index[read['scope']]}{read['path'][1:]}) is __E[{i}]")
     source = "def __reads_ok({}):\n    try:\n        return {}\n    except Exception:\n        return False\n".format(
         ", ".join([*(f"__S{i}" for i in range(len(scopes))), "__E"]),
@@ -614,7 +612,7 @@ def _float_zero_rows(namespace: dict[str, Any]) -> tuple[list[str], Any]:
         # A global's path (``G['EPS']``) reads that module's live globals, bound at load.
         path = row["path"]
         if row.get("module"):
-            namespace[f"__G{i}"] = vars(_import_module(row["module"]))
+            namespace[f"__G{i}"] = vars(import_user_module(row["module"]))
             path = f"__G{i}" + path[1:]
         kind = kinds[row["value"][0]]
         value = kind(row["value"][1])
@@ -662,7 +660,7 @@ def _ordered_dict_rows(namespace: dict[str, Any]) -> tuple[list[str], Any]:
     for i, row in enumerate(ORDERED_DICTS):
         path = row["path"]
         if row.get("module"):
-            namespace[f"__O{i}"] = vars(_import_module(row["module"]))
+            namespace[f"__O{i}"] = vars(import_user_module(row["module"]))
             path = f"__O{i}" + path[1:]
         rows.append((row, compile(path, "<precompile ordered dict>", "eval")))
         terms.append(f"(not isinstance(__o := ({path}), __OD) or list(__o) == list(__dk(__o)))")
@@ -707,7 +705,7 @@ def _identity_rows(missing: Any) -> tuple[list[str], list[Any], Any]:
 
     def resolve(row: dict[str, Any]) -> Any:
         try:
-            module = _import_module(row["module"])
+            module = import_user_module(row["module"])
             found = operator.attrgetter(row["qualname"])(module)
             return found[row["member"]] if row["kind"] == "enum" else found
         except Exception:
@@ -826,7 +824,7 @@ def _build_class_check() -> Any:
     for row in CLASS_ATTRS:
         where = f"{row['module']}.{row['qualname']}"
         try:
-            cls = operator.attrgetter(row["qualname"])(_import_module(row["module"]))
+            cls = operator.attrgetter(row["qualname"])(import_user_module(row["module"]))
         except AttributeError:
             cls = None
         if not isinstance(cls, type):
@@ -964,7 +962,7 @@ def _build_builtin_check() -> Any:
     missing = object()
     rows = []
     for row in BUILTIN_READS:
-        scope = vars(_import_module(row["module"]))
+        scope = vars(import_user_module(row["module"]))
         held = scope.get("__builtins__", builtins_module)
         table = held if isinstance(held, dict) else vars(held)
         rows.append((row, scope, table))

@@ -27,21 +27,21 @@ if TYPE_CHECKING:
 
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
-    def _check_versions() -> None: ...
+    def check_versions() -> None: ...
 
-    def _check_function_sources() -> None: ...
+    def check_function_sources() -> None: ...
 
-    def _import_module(name: str) -> Any: ...
+    def import_user_module(name: str) -> Any: ...
 
     def dynamo_installed_runtime() -> Any: ...
 
-    def _serve_as_captured(entry: Any, check: Any) -> Any: ...
+    def serve_as_captured(entry: Any, check: Any) -> Any: ...
 
-    def _build_dependency_check() -> Any: ...
+    def build_dependency_check() -> Any: ...
 
-    def _coverage(managers: list[Any], f_locals: dict[str, Any]) -> dict[str, Any]: ...
+    def variant_coverage(managers: list[Any], f_locals: dict[str, Any]) -> dict[str, Any]: ...
 
-    def _rebuild_global(kind: str, data: str) -> Any: ...
+    def rebuild_global(kind: str, data: str) -> Any: ...
 
 
 def _build_installed_forward() -> Any:
@@ -51,10 +51,10 @@ def _build_installed_forward() -> Any:
     import operator
     import pickle
 
-    _check_versions()
-    _check_function_sources()
+    check_versions()
+    check_function_sources()
     rt = dynamo_installed_runtime()
-    module = _import_module(FN_MODULE)
+    module = import_user_module(FN_MODULE)
     try:
         fn = operator.attrgetter(FN_NAME)(module)
     except AttributeError:
@@ -109,8 +109,8 @@ def _build_installed_forward() -> Any:
     package.install({backend_id: rt.Backend(f) for backend_id, f in _BACKEND_FNS.items()})
     helpers: list[tuple[dict[str, Any], str]] = []
     for module_name, name, kind, data in DYNAMO_GLOBALS:
-        scope = vars(_import_module(module_name))
-        scope[name] = _rebuild_global(kind, data)
+        scope = vars(import_user_module(module_name))
+        scope[name] = rebuild_global(kind, data)
         helpers.append((scope, name))
 
     def entry(*args: Any, **kwargs: Any) -> Any:
@@ -137,18 +137,18 @@ def _build_installed_forward() -> Any:
             scope.pop(name, None)
 
     try:
-        check = _build_dependency_check()
+        check = build_dependency_check()
     except BaseException:
         unload()  # a refused load leaves the process as it found it
         raise
-    forward = _serve_as_captured(entry, check)
+    forward = serve_as_captured(entry, check)
     signature = inspect.signature(fn)
 
     def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         managers = [p.guard_manager for p in rt.precompile_entries(fn.__code__)]
-        return _coverage(managers, dict(bound.arguments))
+        return variant_coverage(managers, dict(bound.arguments))
 
     forward.covers = covers
     forward.unload = unload
