@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import pkgutil
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -277,12 +278,8 @@ def test_a_declaration_that_drifted_from_its_definition_is_caught() -> None:
     assert "bound to a int" in found[2]
 
 
-def test_docs_artifact_format_lists_every_metadata_key_the_emitters_write(
-    artifacts: dict[str, str],
-) -> None:
-    """docs/artifact-format.md is the reference for tools that read artifacts without
-    executing them (``precompile inspect``, the language server): a key an emitter writes
-    and the page does not name is undocumented format."""
+def _documented_keys() -> set[str]:
+    """Every metadata key docs/artifact-format.md names."""
     page = (CORE.parents[1] / "docs" / "artifact-format.md").read_text()
     documented = set(re.findall(r"`(_?[A-Z][A-Z0-9_]+)`", page))
     # A table row may abbreviate a family: `USER_INPUT_SHAPES`, `_DTYPES`, `_DEVICES`.
@@ -293,9 +290,67 @@ def test_docs_artifact_format_lists_every_metadata_key_the_emitters_write(
                 documented.add(base + name)
             elif "_" in name.strip("_"):
                 base = name.rsplit("_", 1)[0]
+    return documented
+
+
+def test_docs_artifact_format_lists_every_metadata_key_the_emitters_write(
+    artifacts: dict[str, str],
+) -> None:
+    """docs/artifact-format.md is the reference for tools that read artifacts without
+    executing them (``precompile inspect``, the language server): a key an emitter writes
+    and the page does not name is undocumented format."""
+    documented = _documented_keys()
     missing: dict[str, list[str]] = {}
     for kind, artifact in artifacts.items():
         for key in precompile.inspect_artifact(artifact):
             if key not in documented:
                 missing.setdefault(key, []).append(kind)
     assert not missing, f"metadata keys docs/artifact-format.md does not name: {missing}"
+
+
+def _carried_module(part: Any) -> str:
+    return part.__name__ if inspect.ismodule(part) else part.__module__
+
+
+def test_every_runtime_module_is_carried_by_an_artifact_kind_and_nothing_else_is() -> None:
+    """``capturing.carried`` is the one declaration of what artifacts carry: every module
+    of ``precompile.runtime`` is in some kind's list (the wing holds only emitted code),
+    and what a list takes from outside the wing is one of the few places that hold
+    emitted code by design (``_compat.runtime`` and the plain-guards serving runtime
+    name private torch; ``artifact.bytecode.compiled_source`` reads the cache)."""
+    import precompile.runtime
+    from precompile.capturing.carried import every_section
+
+    runtime = {
+        m.name for m in pkgutil.iter_modules(precompile.runtime.__path__, "precompile.runtime.")
+    }
+    carried = {_carried_module(p) for section in every_section() for p in section.parts}
+    assert runtime - carried == set(), "runtime modules no artifact kind carries"
+    assert carried - runtime == {
+        "precompile._compat.runtime",
+        "precompile._compat.guard_translation",
+        "precompile.artifact.bytecode",
+    }
+
+
+_DECLARED = re.compile(r"carried\.(SingleGraph|MultiGraph|CaptureTime)\.\w+(\(|$)")
+
+
+def test_the_emitters_carry_only_declared_sections() -> None:
+    """Every ``runtime_source(...)`` call on the capture side names a section of
+    ``capturing.carried`` (or a lowered graph's, which a backend took from there): no
+    emitter picks runtime functions of its own (mypy holds the type; this holds the
+    spelling, so a list built in place is caught too)."""
+    found: list[str] = []
+    for path in sorted((CORE / "capturing").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "runtime_source"
+            ):
+                for arg in node.args:
+                    text = ast.unparse(arg)
+                    if not (_DECLARED.match(text) or text == "*lowered.runtime"):
+                        found.append(f"{path.name}:{node.lineno}: runtime_source({text})")
+    assert not found, found

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from precompile._compat.prelude import AUTOGRAD_PRELUDE
+from precompile.capturing import carried
 from precompile.capturing.emit import LoweredGraph
 from precompile.capturing.fx_trace import SingleGraph
 from precompile.capturing.graph_code import fx_autograd_source, fx_graph_source
-from precompile.runtime import autograd_serving, single_graph
+from precompile.runtime import single_graph
 
 BACKENDS = ("inductor", "eager")
 
@@ -26,7 +27,7 @@ def lower_eager(graph: SingleGraph) -> LoweredGraph:
         return LoweredGraph(
             source=fx_autograd_source(graph, joint.forward, joint.backward),
             relabel=single_graph.relabel_layout_error_eager,
-            runtime=(autograd_serving.bind_autograd,),
+            runtime=(carried.SingleGraph.EAGER_AUTOGRAD,),
             prelude=AUTOGRAD_PRELUDE,
             autograd=joint.runtime,
         )

@@ -19,27 +19,14 @@ from typing import Any
 
 import torch
 
-from precompile._compat import dynamo, guard_translation, runtime
+from precompile._compat import dynamo, guard_translation
 from precompile._compat.prelude import ARTIFACT_PRELUDE, FX_GRAPH_GLOBALS, INDUCTOR_PRELUDE
-from precompile.artifact import bytecode
 from precompile.artifact.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
+from precompile.capturing import carried
 from precompile.capturing.dynamo_session import FrameRecord, global_recipe
 from precompile.capturing.emit import Artifact, artifact_header, runtime_source, source_records
 from precompile.errors import PrecompileError
-from precompile.runtime import (
-    autograd_serving,
-    guard_text,
-    inductor_serving,
-    lowered_inputs,
-    multigraph,
-    multigraph_dependencies,
-    multigraph_guards,
-    multigraph_installed,
-    single_graph,
-    source_digest,
-    state_checks,
-    surface_checks,
-)
+from precompile.runtime import state_checks
 
 _KNOWN_GLOBALS = {"torch", "device", "inf", "nan", "NoneType", "fx_pytree", "pytree"}
 _RESUME = re.compile(r"^(__resume_at_\d+)_\d+$")
@@ -424,10 +411,10 @@ def inductor_graph_section(
         parts += [
             "# ---- captured graphs: each subgraph as Inductor output modules",
             INDUCTOR_PRELUDE,
-            runtime_source([inductor_serving.inductor_runtime]),
+            runtime_source(carried.MultiGraph.INDUCTOR_RUNTIME),
             "",
             "",
-            runtime_source([inductor_serving.bind_inductor_module]),
+            runtime_source(carried.MultiGraph.INDUCTOR_MODULES),
             "",
             "",
             '_INDUCTOR = inductor_runtime(globals().get("_PRECOMPILE_BUNDLE"))',
@@ -464,7 +451,7 @@ def inductor_graph_section(
         parts += [
             "",
             "# subgraphs AOTAutograd partitioned: (runtime spec, forward module, backward module)",
-            runtime_source([autograd_serving.bind_autograd, inductor_serving.bind_aot_graph]),
+            runtime_source(carried.MultiGraph.AOT_GRAPHS),
             "",
             "",
             "_INDUCTOR_AOT_GRAPHS = {",
@@ -484,7 +471,7 @@ def inductor_graph_section(
         parts += [
             "",
             "# ---- captured graphs: other subgraphs as Inductor's bundled artifact (pickled)",
-            runtime_source([runtime.inductor_backend_loader]),
+            runtime_source(carried.MultiGraph.BUNDLED_INDUCTOR),
             "",
             "",
             "_INDUCTOR_ARTIFACTS = {",
@@ -503,7 +490,7 @@ def inductor_graph_section(
             "",
             "# what each subgraph's lowering assumed of its inputs, checked per call: the",
             "# inputs it writes share memory with no other input, dynamic integers fit int64",
-            runtime_source([lowered_inputs]),
+            runtime_source(carried.MultiGraph.INPUT_CHECKS),
             "",
             "",
             "_INPUT_CHECKS = {",
@@ -588,31 +575,7 @@ def emit_dynamo(
         payloads = {"_FRAMES": _encode(payload), "_ENTRY_BINDING": encoded_binding}
     # An ambient autocast is named by state_checks' one list of its devices.
     driver_source = f"AUTOCAST_DEVICES = {state_checks.AUTOCAST_DEVICES!r}\n\n" + runtime_source(
-        (
-            state_checks.autocast_state,
-            state_checks.type_name,
-            state_checks.ambient_modes,
-            single_graph.PrecompileError,
-            single_graph.refuse,
-            single_graph.check_ambient_modes,
-            single_graph.warn_inference_grad,
-            source_digest,
-            guard_text,
-            runtime.disown_cleanup_hooks,
-            *(
-                (multigraph_guards, guard_translation.plain_serving_runtime)
-                if plain
-                else (runtime.dynamo_serving_runtime,)
-            ),
-            surface_checks,
-            multigraph_dependencies,
-            multigraph,
-            *(
-                (runtime.dynamo_installed_runtime, multigraph_installed)
-                if serving_mode == "installed"
-                else ()
-            ),
-        )
+        carried.MultiGraph.driver(plain_guards=plain, installed=serving_mode == "installed")
     )
     build = (
         "_build_installed_forward" if serving_mode == "installed" else "_build_multigraph_forward"
@@ -634,12 +597,12 @@ def emit_dynamo(
             "import functools",
             "",
             # The Inductor modules and the guard checks compile through it (cached).
-            runtime_source([bytecode.compiled_source]),
+            runtime_source(carried.MultiGraph.BYTECODE),
             "",
             "",
             graph_section(names),
             "",
-            "# ---- runtime driver (emitted verbatim from precompile/*driver.py)",
+            "# ---- runtime driver (emitted verbatim: precompile.capturing.carried.MultiGraph.driver)",
             driver_source,
             "",
             f"forward = {build}()",

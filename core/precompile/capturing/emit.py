@@ -21,16 +21,12 @@ import torch
 from precompile._compat import tracing
 from precompile._compat.prelude import ARTIFACT_PRELUDE, SINGLE_GRAPH_STATE_PRELUDE
 from precompile.artifact.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
+from precompile.capturing import carried
+from precompile.capturing.carried import Carried
 from precompile.capturing.function_records import function_records
 from precompile.capturing.fx_trace import SingleGraph
 from precompile.runtime import (
-    guard_text,
-    lowered_inputs,
-    single_graph,
-    single_graph_checks,
-    source_digest,
     state_checks,
-    surface_checks,
 )
 from precompile.version import __version__
 
@@ -62,7 +58,7 @@ class LoweredGraph:
 
     source: str
     relabel: Callable[..., str | None]
-    runtime: tuple[Callable[..., Any], ...] = ()
+    runtime: tuple[Carried, ...] = ()
     prelude: str = ""
     runtime_setup: str = ""
     collect_bundle: Callable[[dict[str, Any]], dict[str, Any]] = _no_bundle
@@ -122,10 +118,10 @@ def source_records(files: Iterable[str], artifact_path: str) -> list[dict[str, s
     return records
 
 
-def runtime_source(functions: Iterable[Any]) -> str:
-    """The runtime ``functions`` (or whole modules) as written in this package, for an
-    artifact to carry."""
-    return "\n\n".join(_source_of(f) for f in functions)
+def runtime_source(*sections: Carried) -> str:
+    """The runtime code of ``sections`` (declared per artifact kind in ``carried``: whole
+    modules or functions of them) as written in this package, for an artifact to carry."""
+    return "\n\n".join(_source_of(part) for section in sections for part in section.parts)
 
 
 @functools.cache
@@ -341,9 +337,9 @@ def emit_single_graph(
     )
     imports = [ARTIFACT_PRELUDE, SINGLE_GRAPH_STATE_PRELUDE, lowered.prelude]
     if lowered.runtime:
-        imports += [runtime_source(lowered.runtime), "", lowered.runtime_setup]
+        imports += [runtime_source(*lowered.runtime), "", lowered.runtime_setup]
     if lowered.mutated_inputs:
-        imports += [runtime_source([lowered_inputs]), ""]
+        imports += [runtime_source(carried.SingleGraph.INPUT_CHECKS), ""]
     text = "\n".join(
         [
             artifact_header(fn_info, tracer, backend),
@@ -353,19 +349,8 @@ def emit_single_graph(
             *imports,
             "# ---- captured graph",
             lowered.source,
-            "# ---- runtime driver (emitted verbatim: precompile/runtime/source_digest.py,",
-            "# state_checks.py, guard_text.typed_value, single_graph_checks.py,",
-            "# surface_checks.py and driver.py, each whole)",
-            runtime_source(
-                [
-                    source_digest,
-                    state_checks,
-                    guard_text.typed_value,
-                    single_graph_checks,
-                    surface_checks,
-                    single_graph,
-                ]
-            ),
+            "# ---- runtime driver (emitted verbatim: precompile.capturing.carried.SingleGraph.DRIVER)",
+            runtime_source(carried.SingleGraph.DRIVER),
             "",
             f"_relabel_layout_error = {lowered.relabel.__name__}",
             "forward = _build_single_graph_forward()",

@@ -24,11 +24,11 @@ import torch
 from precompile._compat import inductor
 from precompile._compat.kernel_platform import kernel_platform
 from precompile._compat.prelude import ARTIFACT_PRELUDE, INDUCTOR_PRELUDE
-from precompile.artifact import bytecode
+from precompile.capturing import carried
 from precompile.capturing.emit import LoweredGraph, runtime_source
 from precompile.capturing.fx_trace import SingleGraph
 from precompile.errors import PrecompileError
-from precompile.runtime import autograd_serving, inductor_serving, single_graph
+from precompile.runtime import autograd_serving, inductor_serving
 
 _IMPORT = re.compile(r"^from (torch\._inductor[\w.]*) import (.+)$")
 _TRAILER = ("def get_args():", "def benchmark_compiled_module(", 'if __name__ == "__main__":')
@@ -87,16 +87,9 @@ def _lowering_refusal(error: Exception) -> PrecompileError:
 
 
 def _lowered(section: str, slim: bool, autograd: dict[str, Any] | None = None) -> LoweredGraph:
-    runtime: tuple[Callable[..., Any], ...] = (
-        inductor_serving.inductor_runtime,
-        inductor_serving.relabel_layout_error_inductor,
-    )
+    runtime: tuple[carried.Carried, ...] = (carried.SingleGraph.INDUCTOR,)
     if autograd is not None:
-        runtime += (
-            bytecode.compiled_source,
-            inductor_serving.bind_inductor_module,
-            autograd_serving.bind_autograd,
-        )
+        runtime += (carried.SingleGraph.INDUCTOR_AUTOGRAD,)
     return LoweredGraph(
         source=section,
         relabel=inductor_serving.relabel_layout_error_inductor,
@@ -295,16 +288,7 @@ def _emitted_aot_binder() -> Callable[..., Any]:
             "from __future__ import annotations",
             ARTIFACT_PRELUDE,
             INDUCTOR_PRELUDE,
-            runtime_source(
-                [
-                    single_graph.PrecompileError,
-                    single_graph.refuse,
-                    bytecode.compiled_source,
-                    autograd_serving.bind_autograd,
-                    inductor_serving.bind_inductor_module,
-                    inductor_serving.bind_aot_graph,
-                ]
-            ),
+            runtime_source(carried.CaptureTime.AOT_BINDER),
         ]
     )
     exec(compile(text, "<precompile aot runtime>", "exec"), namespace)

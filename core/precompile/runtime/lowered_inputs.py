@@ -32,10 +32,10 @@ from itertools import compress as _compress
 from itertools import repeat as _repeat
 from typing import Any, NoReturn
 
-# >>> not emitted: an artifact's prelude binds _torch, and its driver defines refuse
+# >>> not emitted: an artifact's prelude binds _torch, and it carries refusal.refuse
 import torch as _torch
 
-from precompile.runtime.single_graph import refuse
+from precompile.runtime.refusal import refuse
 
 # <<< not emitted
 

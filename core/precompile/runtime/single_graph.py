@@ -135,41 +135,8 @@ if TYPE_CHECKING:
         name: str, spec: dict[str, Any], forward_call: Any, backward_call: Any
     ) -> Callable[..., list[Any]]: ...
 
-
-class PrecompileError(RuntimeError):
-    """Raised by an artifact running where the precompile package is not importable.
-
-    Same name and fields as ``precompile.PrecompileError``, so handlers written against
-    the name keep working; where the package is importable that class is raised instead.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        invariant: int | None = None,
-        location: Any = None,
-        hint: str | None = None,
-    ) -> None:
-        self.message = message
-        self.invariant = invariant
-        self.location = location
-        self.hint = hint
-        suffix = "" if invariant is None else f" (invariant {invariant})"
-        super().__init__(message + suffix)
-
-
-def refuse(message: str, invariant: int | None = None) -> NoReturn:
-    # Imported at the moment of failure only, so a normal call never touches the
-    # package and an artifact runs where it is not installed.
-    error_type: Callable[..., Exception]
-    try:
-        from precompile.errors import PrecompileError as packaged_error
-
-        error_type = packaged_error
-    except ImportError:
-        error_type = PrecompileError
-    raise error_type(message, invariant=invariant) from None
+    # precompile.runtime.refusal, emitted before this module.
+    def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
 
 def check_ambient_modes(captured: tuple[str, ...]) -> None:
