@@ -347,7 +347,7 @@ class Capture:
         bytecode = bytecode_entry(artifact.python_code)  # compiled once: run here, and cached
         self._runnable = exec_artifact(
             artifact.python_code,
-            artifact.metadata,
+            dict(artifact.metadata),
             None,
             origin=self.artifact_path,
             code=artifact_code(artifact.python_code, self.artifact_path, {BUNDLE_KEY: bytecode}),

@@ -17,6 +17,8 @@ import ast
 import inspect
 import pkgutil
 import re
+import types
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -354,3 +356,59 @@ def test_the_emitters_carry_only_declared_sections() -> None:
                     if not (_DECLARED.match(text) or text == "*lowered.runtime"):
                         found.append(f"{path.name}:{node.lineno}: runtime_source({text})")
     assert not found, found
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    """``value`` (a literal read back from an artifact) is of the schema's type, to the
+    depth the schema states it: the outer type, and the items of a ``list[...]``."""
+    if hint is Any:
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        return any(_conforms(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return isinstance(value, list) and all(_conforms(v, item) for v in value)
+    if origin is not None:
+        return isinstance(value, origin)
+    return isinstance(value, hint) and not (hint is int and isinstance(value, bool))
+
+
+def test_every_artifact_writes_exactly_the_metadata_schema_of_its_kind(
+    artifacts: dict[str, str],
+) -> None:
+    """``artifact.schema`` is the one statement of each kind's metadata: an artifact
+    carries every required key of its kind's schema, no key the schema lacks, and each
+    value of the schema's type."""
+    from precompile.artifact.schema import SCHEMAS
+
+    problems: list[str] = []
+    for kind, artifact in artifacts.items():
+        metadata = precompile.inspect_artifact(artifact)
+        schema = SCHEMAS[metadata["SERVING_MODE"]]
+        hints = typing.get_type_hints(schema)
+        required = set(schema.__required_keys__)  # type: ignore[attr-defined]
+        problems += [f"[{kind}] {k} missing" for k in sorted(required - set(metadata))]
+        problems += [f"[{kind}] {k} not in {schema.__name__}" for k in metadata if k not in hints]
+        problems += [
+            f"[{kind}] {k} = {v!r:.60} is not {hints[k]}"
+            for k, v in metadata.items()
+            if k in hints and not _conforms(v, hints[k])
+        ]
+    assert not problems, "\n".join(problems)
+
+
+def test_docs_artifact_format_lists_every_key_of_every_schema() -> None:
+    """Every key a schema declares is documented, including those only some captures
+    write (``EAGER_FRAMES``), which the emitted sample above may not carry."""
+    from precompile.artifact.schema import SCHEMAS
+
+    missing = {
+        (schema.__name__, key)
+        for schema in SCHEMAS.values()
+        for key in typing.get_type_hints(schema)
+        if key not in _documented_keys()
+    }
+    assert not missing, f"schema keys docs/artifact-format.md does not name: {sorted(missing)}"

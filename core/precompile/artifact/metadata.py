@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import os
 import pprint
+from collections.abc import Mapping
 from typing import Any
 
 from precompile.errors import PrecompileError
@@ -38,7 +39,7 @@ def render_assignment(name: str, value: Any) -> str:
     return f"{name} = {text}"
 
 
-def render_metadata(items: dict[str, Any]) -> str:
+def render_metadata(items: Mapping[str, Any]) -> str:
     return "\n".join(render_assignment(k, v) for k, v in items.items()) + f"\n{METADATA_END}\n"
 
 

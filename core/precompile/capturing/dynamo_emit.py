@@ -22,6 +22,7 @@ import torch
 from precompile._compat import dynamo, guard_translation
 from precompile._compat.prelude import ARTIFACT_PRELUDE, FX_GRAPH_GLOBALS, INDUCTOR_PRELUDE
 from precompile.artifact.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
+from precompile.artifact.schema import MultiGraphDependencies, MultiGraphMetadata
 from precompile.capturing import carried
 from precompile.capturing.dynamo_session import FrameRecord, global_recipe
 from precompile.capturing.emit import Artifact, artifact_header, runtime_source, source_records
@@ -301,7 +302,7 @@ def _package_payload(package: Any, frames: list[FrameRecord], tag: str) -> Any:
 
 def _renamed_dependencies(
     dependencies: dict[str, Any] | None, names: dict[str, str]
-) -> dict[str, Any]:
+) -> MultiGraphDependencies:
     """MODULE_HOOKS and GLOBAL_READS with the access paths through globals Dynamo minted
     (a namedtuple's globals dict, the builtins dict) renamed like the bytecode."""
     dependencies = dependencies or {"MODULE_HOOKS": {"roots": [], "global": {}}, "GLOBAL_READS": []}
@@ -542,7 +543,7 @@ def emit_dynamo(
         [frame.python_module, names[name], *global_recipe(name, value, frame.name)]
         for frame, name, value in helper_globals(frames)
     ]
-    metadata = {
+    metadata: MultiGraphMetadata = {
         "FORMAT": ARTIFACT_FORMAT,
         "FORMAT_VERSION": ARTIFACT_FORMAT_VERSION,
         "BACKEND": backend,

@@ -13,7 +13,7 @@ import hashlib
 import inspect
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -21,6 +21,7 @@ import torch
 from precompile._compat import tracing
 from precompile._compat.prelude import ARTIFACT_PRELUDE, SINGLE_GRAPH_STATE_PRELUDE
 from precompile.artifact.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
+from precompile.artifact.schema import SingleGraphMetadata
 from precompile.capturing import carried
 from precompile.capturing.carried import Carried
 from precompile.capturing.function_records import function_records
@@ -36,7 +37,7 @@ class Artifact:
     """An emitted python_code with its metadata, in memory until written."""
 
     python_code: bytes
-    metadata: dict[str, Any]
+    metadata: Mapping[str, Any]
 
 
 def _no_bundle(namespace: dict[str, Any]) -> dict[str, Any]:
@@ -189,7 +190,7 @@ def single_graph_metadata(
     output_detach: list[int],
     autograd: dict[str, Any] | None = None,
     mutated_inputs: tuple[int, ...] = (),
-) -> dict[str, Any]:
+) -> SingleGraphMetadata:
     lifted = graph.lifted
     input_mutations = None
     if mutated_inputs:
