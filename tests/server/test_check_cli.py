@@ -269,8 +269,8 @@ def test_the_engine_and_the_server_never_import_torch(shop: Path, checked: dict[
         "from precompile_lsp.cli import main\n"
         "code = main(['check', '--format', 'json', '--output', 'report.json'])\n"
         "heavy = sorted(m for m in sys.modules if m in ('torch', 'precompile_lsp.worker', "
-        "'precompile.capture_api', 'precompile._compat') or m.startswith(('torch.', "
-        "'precompile_lsp.worker.')))\n"
+        "'precompile.capture_api', 'precompile.capturing', 'precompile._compat') "
+        "or m.startswith(('torch.', 'precompile_lsp.worker.', 'precompile.capturing.')))\n"
         "print(json.dumps({'code': code, 'heavy': heavy}))\n",
         cwd=shop,
     )
