@@ -318,8 +318,7 @@ def test_every_runtime_module_is_carried_by_an_artifact_kind_and_nothing_else_is
     """``capturing.carried`` is the one declaration of what artifacts carry: every module
     of ``precompile.runtime`` is in some kind's list (the wing holds only emitted code),
     and what a list takes from outside the wing is one of the few places that hold
-    emitted code by design (``_compat.runtime`` and the plain-guards serving runtime
-    name private torch; ``artifact.bytecode.compiled_source`` reads the cache)."""
+    emitted code by design (``_compat.runtime`` names private torch; ``artifact.bytecode.compiled_source`` reads the cache)."""
     import precompile.runtime
     from precompile.capturing.carried import every_section
 
@@ -330,7 +329,6 @@ def test_every_runtime_module_is_carried_by_an_artifact_kind_and_nothing_else_is
     assert runtime - carried == set(), "runtime modules no artifact kind carries"
     assert carried - runtime == {
         "precompile._compat.runtime",
-        "precompile._compat.guard_translation",
         "precompile.artifact.bytecode",
     }
 

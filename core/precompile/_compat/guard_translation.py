@@ -31,78 +31,9 @@ import importlib
 import threading
 import types
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    # What the emitted plain_serving_runtime finds in the artifact: the prelude's
-    # names, and plain_guards (emitted alongside).
-    from precompile.runtime.multigraph_guards import PlainGuards, code_object
-
-    _set_code_exec_strategy: Any = None
-    _SKIP_FRAMES: Any = None
-    _DynamoUtilsStandIn: Any = None
-
-#: What an artifact on the Dynamo-free path binds: the C++ guard classes, what the
-#: saved-tensors-hooks guard reads, and how backend functions are kept out of any
-#: eval-frame callback (what ``torch._dynamo.disable`` would do), none of which imports
-#: ``torch._dynamo``.
-PLAIN_GUARDS_PRELUDE = """\
-_guard_classes = _torch._C._dynamo.guards
-_dispatch_key_set = _torch._C.DispatchKeySet
-_dispatch_keys = _torch._C._dispatch_keys
-_set_code_exec_strategy = _torch._C._dynamo.eval_frame.set_code_exec_strategy
-_SKIP_FRAMES = _torch._C._dynamo.eval_frame._FrameExecStrategy(
-    _torch._C._dynamo.eval_frame._FrameAction.SKIP, _torch._C._dynamo.eval_frame._FrameAction.SKIP
-)
-
-
-class _DynamoUtilsStandIn:
-    # What Dynamo's transformed bytecode reads from torch._dynamo.utils (checked at emit:
-    # these functions and nothing else), doing what they do: a profiler range around the
-    # bytecode ahead of a graph when the profiler is on, and a tensor's size, stride and
-    # storage offset read for a dynamic dimension.
-
-    @staticmethod
-    def record_pregraph_bytecode_enter():
-        import contextlib
-
-        cm = (
-            _torch._C._profiler._RecordFunctionFast("Pregraph bytecode")
-            if _torch.autograd.profiler._is_profiler_enabled
-            else contextlib.nullcontext()
-        )
-        cm.__enter__()
-        return cm
-
-    @staticmethod
-    def record_pregraph_bytecode_exit(cm):
-        cm.__exit__(None, None, None)
-
-    @staticmethod
-    def call_size(x, i):
-        return x.size(i)
-
-    @staticmethod
-    def call_stride(x, i):
-        return x.stride(i)
-
-    @staticmethod
-    def call_storage_offset(x):
-        return x.storage_offset()
-
-
-from torch._functorch._aot_autograd.utils import (
-    saved_tensors_hooks_are_inlineable as _hooks_inlineable,
-    top_saved_tensors_hooks as _top_saved_tensors_hooks,
-)
-
-
-def _saved_tensors_hooks_inlineable():
-    return _hooks_inlineable(_top_saved_tensors_hooks())
-"""
-
 
 #: The one Dynamo module transformed bytecode may name on the Dynamo-free path, what it
 #: may read from it, and what the payload names instead (``_DynamoUtilsStandIn``).
@@ -722,43 +653,3 @@ def plain_code(serialized: Any) -> dict[str, Any]:
         for c in serialized.co_consts
     )
     return fields
-
-
-# ---------------------------------------------------------------- emitted verbatim
-# The function below is emitted into Dynamo-free artifacts (the prelude above binds its
-# names), in place of runtime.dynamo_serving_runtime.
-
-
-def plain_serving_runtime() -> Any:
-    """What the multi-graph driver needs to rebuild its frames, without ``torch._dynamo``."""
-    import inspect
-    import types as _types
-
-    def builtins_dict(scope: dict[str, Any]) -> dict[str, Any]:
-        # What Dynamo's get_builtins_dict returns: __builtins__ is a module or its dict.
-        found = scope["__builtins__"]
-        return found if isinstance(found, dict) else found.__dict__
-
-    def bind_locals(signature: inspect.Signature, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        return bound.arguments
-
-    def disable(fn: Any) -> Any:
-        # Keep a backend function's frames out of any eval-frame callback, as
-        # torch._dynamo.disable would (a later torch.compile around the artifact).
-        target = fn.func if hasattr(fn, "func") else fn
-        code = getattr(target, "__code__", None)
-        if isinstance(code, _types.CodeType):
-            _set_code_exec_strategy(code, _SKIP_FRAMES)
-        return fn
-
-    return _types.SimpleNamespace(
-        # What an import alias names instead of a Dynamo module (see import_source).
-        stand_ins={"precompile:dynamo-utils-stand-in": _DynamoUtilsStandIn},
-        to_code=code_object,
-        builtins_dict=builtins_dict,
-        bind_locals=bind_locals,
-        disable=disable,
-        guard_manager=PlainGuards,
-    )

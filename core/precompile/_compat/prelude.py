@@ -145,3 +145,63 @@ def global_module_hooks() -> tuple[dict[Any, Any], ...]:
     import torch.nn.modules.module as m
 
     return tuple(getattr(m, name) for name in GLOBAL_MODULE_HOOK_NAMES)
+
+
+#: What an artifact on the Dynamo-free path binds: the C++ guard classes, what the
+#: saved-tensors-hooks guard reads, and how backend functions are kept out of any
+#: eval-frame callback (what ``torch._dynamo.disable`` would do), none of which imports
+#: ``torch._dynamo``.
+PLAIN_GUARDS_PRELUDE = """\
+_guard_classes = _torch._C._dynamo.guards
+_dispatch_key_set = _torch._C.DispatchKeySet
+_dispatch_keys = _torch._C._dispatch_keys
+_set_code_exec_strategy = _torch._C._dynamo.eval_frame.set_code_exec_strategy
+_SKIP_FRAMES = _torch._C._dynamo.eval_frame._FrameExecStrategy(
+    _torch._C._dynamo.eval_frame._FrameAction.SKIP, _torch._C._dynamo.eval_frame._FrameAction.SKIP
+)
+
+
+class _DynamoUtilsStandIn:
+    # What Dynamo's transformed bytecode reads from torch._dynamo.utils (checked at emit:
+    # these functions and nothing else), doing what they do: a profiler range around the
+    # bytecode ahead of a graph when the profiler is on, and a tensor's size, stride and
+    # storage offset read for a dynamic dimension.
+
+    @staticmethod
+    def record_pregraph_bytecode_enter():
+        import contextlib
+
+        cm = (
+            _torch._C._profiler._RecordFunctionFast("Pregraph bytecode")
+            if _torch.autograd.profiler._is_profiler_enabled
+            else contextlib.nullcontext()
+        )
+        cm.__enter__()
+        return cm
+
+    @staticmethod
+    def record_pregraph_bytecode_exit(cm):
+        cm.__exit__(None, None, None)
+
+    @staticmethod
+    def call_size(x, i):
+        return x.size(i)
+
+    @staticmethod
+    def call_stride(x, i):
+        return x.stride(i)
+
+    @staticmethod
+    def call_storage_offset(x):
+        return x.storage_offset()
+
+
+from torch._functorch._aot_autograd.utils import (
+    saved_tensors_hooks_are_inlineable as _hooks_inlineable,
+    top_saved_tensors_hooks as _top_saved_tensors_hooks,
+)
+
+
+def _saved_tensors_hooks_inlineable():
+    return _hooks_inlineable(_top_saved_tensors_hooks())
+"""

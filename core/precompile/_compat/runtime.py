@@ -1,13 +1,24 @@
 """The Dynamo and Inductor internals an artifact's runtime reaches, as functions emitted
-verbatim into multi-graph artifacts (``emit.runtime_source``): each imports what it needs
-itself, so the artifact's driver reaches torch's internals only through them. The
-capture side never calls them."""
+verbatim into multi-graph artifacts (``capturing.carried`` says which): each imports what
+it needs itself, or reads what the prelude binds (``plain_serving_runtime``, after
+``prelude.PLAIN_GUARDS_PRELUDE``; declared under ``TYPE_CHECKING``), so the artifact's
+driver reaches torch's internals only through them. Every function here is emitted code;
+the capture side never calls them."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from precompile.runtime.guard_text import frame_label, guard_failure_text
+
+if TYPE_CHECKING:
+    # What the emitted plain_serving_runtime finds in the artifact: the names
+    # prelude.PLAIN_GUARDS_PRELUDE binds, and runtime.multigraph_guards (emitted alongside).
+    from precompile.runtime.multigraph_guards import PlainGuards, code_object
+
+    _set_code_exec_strategy: Any = None
+    _SKIP_FRAMES: Any = None
+    _DynamoUtilsStandIn: Any = None
 
 
 def disown_cleanup_hooks(scope: dict[str, Any], name: str) -> None:
@@ -203,4 +214,39 @@ def dynamo_installed_runtime() -> Any:
         uninstall=uninstall,
         live_entries=_debug_get_cache_entry_list,
         precompile_entries=_debug_get_precompile_entries,
+    )
+
+
+def plain_serving_runtime() -> Any:
+    """What the multi-graph driver needs to rebuild its frames, without ``torch._dynamo``."""
+    import inspect
+    import types as _types
+
+    def builtins_dict(scope: dict[str, Any]) -> dict[str, Any]:
+        # What Dynamo's get_builtins_dict returns: __builtins__ is a module or its dict.
+        found = scope["__builtins__"]
+        return found if isinstance(found, dict) else found.__dict__
+
+    def bind_locals(signature: inspect.Signature, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return bound.arguments
+
+    def disable(fn: Any) -> Any:
+        # Keep a backend function's frames out of any eval-frame callback, as
+        # torch._dynamo.disable would (a later torch.compile around the artifact).
+        target = fn.func if hasattr(fn, "func") else fn
+        code = getattr(target, "__code__", None)
+        if isinstance(code, _types.CodeType):
+            _set_code_exec_strategy(code, _SKIP_FRAMES)
+        return fn
+
+    return _types.SimpleNamespace(
+        # What an import alias names instead of a Dynamo module (see import_source).
+        stand_ins={"precompile:dynamo-utils-stand-in": _DynamoUtilsStandIn},
+        to_code=code_object,
+        builtins_dict=builtins_dict,
+        bind_locals=bind_locals,
+        disable=disable,
+        guard_manager=PlainGuards,
     )

@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from precompile._compat import guard_translation
 from precompile._compat import runtime as compat_runtime
 from precompile.artifact import bytecode
 from precompile.runtime import (
@@ -137,7 +136,7 @@ class MultiGraph:
                 guard_text,
                 compat_runtime.disown_cleanup_hooks,
                 *(
-                    (multigraph_guards, guard_translation.plain_serving_runtime)
+                    (multigraph_guards, compat_runtime.plain_serving_runtime)
                     if plain_guards
                     else (compat_runtime.dynamo_serving_runtime,)
                 ),

@@ -20,7 +20,12 @@ from typing import Any
 import torch
 
 from precompile._compat import dynamo, guard_translation
-from precompile._compat.prelude import ARTIFACT_PRELUDE, FX_GRAPH_GLOBALS, INDUCTOR_PRELUDE
+from precompile._compat.prelude import (
+    ARTIFACT_PRELUDE,
+    FX_GRAPH_GLOBALS,
+    INDUCTOR_PRELUDE,
+    PLAIN_GUARDS_PRELUDE,
+)
 from precompile.artifact.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
 from precompile.artifact.schema import MultiGraphDependencies, MultiGraphMetadata
 from precompile.capturing import carried
@@ -593,7 +598,7 @@ def emit_dynamo(
             "",
             "# ---- imports",
             ARTIFACT_PRELUDE,
-            *((guard_translation.PLAIN_GUARDS_PRELUDE,) if plain else ()),
+            *((PLAIN_GUARDS_PRELUDE,) if plain else ()),
             "import base64",
             "import functools",
             "",

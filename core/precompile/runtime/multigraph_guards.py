@@ -31,7 +31,7 @@ from precompile.artifact.bytecode import compiled_source
 # <<< not emitted
 
 if TYPE_CHECKING:
-    # Bound by the artifact prelude (precompile.guard_translation.PLAIN_GUARDS_PRELUDE).
+    # Bound by the artifact prelude (precompile._compat.prelude.PLAIN_GUARDS_PRELUDE).
     _guard_classes: Any = None
     _dispatch_key_set: Any = None
     _dispatch_keys: Any = None
