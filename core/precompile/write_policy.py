@@ -5,7 +5,7 @@ product. The kind is recognised by the file's content, never by its name: ``arti
 "README.md"`` names a file that is not an artifact, whatever its suffix, and is refused
 rather than replaced. One recogniser per kind, here, and every writer of the core (the
 pair a capture writes, a signature ``sign`` writes, a key ``keygen`` writes) goes through
-``refusal`` via ``artifact_io.write_files``; the engine asks the same question before it
+``refusal`` via ``artifact.pair.write_files``; the engine asks the same question before it
 starts an emit, so the user hears of a refusal before a capture runs.
 
 Where a write may go (inside the workspace) is the engine's rule: only it knows the

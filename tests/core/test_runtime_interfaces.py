@@ -1,7 +1,7 @@
 """The interfaces between emitted runtime modules are checked, not just kept.
 
-An artifact is one flat namespace: the runtime modules emitted into it (driver.py,
-multigraph_driver.py, ...) reach each other, the prelude and the metadata through names
+An artifact is one flat namespace: the runtime modules emitted into it (runtime/single_graph.py,
+runtime/multigraph.py, ...) reach each other, the prelude and the metadata through names
 in that namespace, declared for the type checker under ``if TYPE_CHECKING:``. Nothing
 else connects a declaration with what the artifact binds, so a renamed parameter or a
 dropped helper would type-check and fail only at serve time. Here each kind of artifact

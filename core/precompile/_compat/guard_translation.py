@@ -13,7 +13,7 @@ managers is recorded. The record becomes a *program*: the path from the frame's 
 to each guarded value (an accessor per step: frame local, module global, dict item,
 attribute, instance ``__dict__``, tuple item, a dict's n-th key or value), and at each
 value the leaf guards Dynamo attached, with the arguments it attached them with. At load
-(``plain_guards.PlainGuards``) the accessors run as Python written to match the C++
+(``runtime.multigraph_guards.PlainGuards``) the accessors run as Python written to match the C++
 accessors, and the leaves are the same C++ leaf classes built with the same arguments,
 so each leaf decides exactly as Dynamo's does.
 
@@ -625,7 +625,7 @@ def builtins_of(scope: dict[str, Any]) -> dict[str, Any]:
 
 def plain_code(serialized: Any) -> dict[str, Any]:
     """A Dynamo ``SerializedCode`` as plain fields (nested code likewise), which
-    ``plain_guards.code_object`` rebuilds without Dynamo."""
+    ``runtime.multigraph_guards.code_object`` rebuilds without Dynamo."""
     fields = {
         name: getattr(serialized, name)
         for name in (

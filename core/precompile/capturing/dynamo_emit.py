@@ -246,7 +246,7 @@ def _plain_payload(
 def guard_runtime(
     frames: list[FrameRecord], payload: list[dict[str, Any]], tag: str, serving_mode: str
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Which guards an artifact serves with -- ``plain`` (``plain_guards``, no Dynamo at
+    """Which guards an artifact serves with -- ``plain`` (``runtime.multigraph_guards``, no Dynamo at
     load) when every guard of every variant translates, else ``dynamo`` with the reason --
     and the frame payload for that path."""
     if serving_mode == "installed":

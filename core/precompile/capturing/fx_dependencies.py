@@ -101,7 +101,7 @@ class CallLog:
     #: Process state user code read that no graph input carries: kind ->
     #: "what at FILE:LINE" (the first read).
     reads: dict[str, str] = dataclasses.field(default_factory=dict)
-    #: torch settings user code read (``process_state``) -> "FILE:LINE" of the first.
+    #: torch settings user code read (``fx_process_state``) -> "FILE:LINE" of the first.
     state: dict[fx_process_state.StateRead, str] = dataclasses.field(default_factory=dict)
     #: Reads capture refuses: a probe that was true in the trace, a torch.backends
     #: query an artifact cannot repeat -> "FILE:LINE".

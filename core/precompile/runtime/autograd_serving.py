@@ -5,7 +5,7 @@ make_fx captures of inputs that require grad (their ``AUTOGRAD`` literal, eager 
 Inductor backends) and Dynamo+Inductor subgraphs AOTAutograd partitioned
 (``inductor_serving.bind_aot_graph``). Both describe their graphs by one spec, in the
 shape of ``_compat.inductor.aot_runtime_spec``; a make_fx capture writes it in
-``autograd_capture``. One binder means one refusal of a double backward, one of a
+``capturing.fx_autograd``. One binder means one refusal of a double backward, one of a
 backward under autocast, one coercion of incoming gradients to the traced layout and one
 way of saving tensors for the backward.
 

@@ -1,6 +1,6 @@
 """The runtime driver of multi-graph (Dynamo) artifacts, authored as code, emitted as text.
 
-Like ``driver.py`` it is copied verbatim into artifacts and never imported by them. A
+Like ``single_graph.py`` it is copied verbatim into artifacts and never imported by them. A
 capture with graph breaks or several specializations is not one graph, so this driver
 dispatches: it rebuilds, per captured frame, one dispatcher over that frame's variants
 (serialized guards + Dynamo's transformed bytecode) and calls the first variant whose

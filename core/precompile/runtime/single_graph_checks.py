@@ -3,7 +3,7 @@ through, the globals, module and class state, the captured function's defaults a
 closure values, and the torch settings fn read -- each compared with what the capture
 recorded, with a message that names what changed and how to fix it.
 
-Runtime, emitted whole into single-graph artifacts before ``driver`` (which calls these
+Runtime, emitted whole into single-graph artifacts before ``single_graph`` (which calls these
 at load and on a call that misses its fast path); the fingerprints are
 ``state_checks``'s. The names read from the artifact's namespace are declared under
 TYPE_CHECKING.
