@@ -68,6 +68,8 @@ if TYPE_CHECKING:
 
     def _build_dependency_check() -> Any: ...
 
+    def _build_surface_check() -> Any: ...
+
     def autocast_state() -> tuple[tuple[str, str], ...]: ...
 
     def check_ambient_modes(captured: tuple[str, ...]) -> None: ...
@@ -410,6 +412,10 @@ def _build_multigraph_forward() -> Any:
 
     _check_versions()
     _check_function_sources()
+    # A library function or registry entry replaced before load is refused by its name
+    # before the guards are rebuilt: they read what the replacement changed (a
+    # registry entry's defaults) and would fail in Dynamo's words.
+    _build_surface_check()
     # "plain": guards and code objects carried Dynamo-free (plain_guards), so serving
     # never imports torch._dynamo; "dynamo": Dynamo's guard manager, for guards outside
     # plain_guards' whitelist (GUARD_RUNTIME says which, and why).

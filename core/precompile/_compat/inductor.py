@@ -18,14 +18,13 @@ def functional_retrace(gm: torch.fx.GraphModule, fakes: list[Any]) -> torch.fx.G
     """Re-trace a captured ATen graph the way Inductor wants it: functional (input
     mutations become trailing ``copy_`` into the inputs; views stay views, so an output
     that aliases an input still does) and decomposed with Inductor's table."""
-    from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
     fake_mode = _fake_mode_of(fakes)
     with fake_mode, torch.no_grad():
         functional = make_fx(
             torch.func.functionalize(gm, remove="mutations"),
-            decomposition_table=select_decomp_table(),
+            decomposition_table=inductor_decompositions(),
         )(*fakes)
     _reroot_views_of_mutated_inputs(functional)
     return functional
@@ -412,7 +411,13 @@ def compile_inductor_backward(gm: torch.fx.GraphModule, fakes: list[Any]) -> str
 
 
 def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
-    """Inductor's decomposition table (what its lowering wants a graph traced with)."""
+    """Inductor's decomposition table (what its lowering wants a graph traced with).
+
+    Some of its decompositions ask ``torch._inductor.lowering`` whether to decompose at
+    all (max-pool with indices: ``torch._inductor.lowering.should_fallback_...``) as an
+    attribute of the package, which torch.compile has imported by then and a make_fx
+    capture has not: imported here, or such a graph fails to trace."""
+    import torch._inductor.lowering  # noqa: F401  (bound as torch._inductor.lowering)
     from torch._inductor.decomposition import select_decomp_table
 
     return dict(select_decomp_table())
