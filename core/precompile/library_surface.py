@@ -161,7 +161,7 @@ def _registry_rows(
                         continue
                     try:
                         found = holder[entry]
-                    except Exception:  # noqa: BLE001 -- a lookup that fails is no path
+                    except Exception:  # a lookup that fails is no path
                         continue
                     if found is not value:
                         continue

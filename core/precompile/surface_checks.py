@@ -155,7 +155,7 @@ def _build_surface_check() -> Any:
             dicts += [v for s in spaces for v in list(s.values()) if isinstance(v, dict)]
         try:
             return dicts, holder[row["entry"]]
-        except Exception:  # noqa: BLE001 -- an entry gone is a change like any other
+        except Exception:  # an entry gone is a change like any other
             return dicts, missing
 
     rows: list[tuple[dict[str, Any], Any, Any]] = []

@@ -258,6 +258,67 @@ def recording_grad_dependent_reads(reads: list[str]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def recording_compile_only_branches(sites: list[dict[str, Any]]) -> Iterator[None]:
+    """Record each "am I being traced?" probe (``torch.compiler.is_compiling()``,
+    ``nn.MultiheadAttention``'s ``_is_make_fx_tracing()``, ...) that Dynamo answered
+    differently from eager, where the traced code then
+    kept the answer (a conditional jump on it, or a store: anything but returning it
+    from a helper, which is followed to the helper's caller): ``{"probe", "code", "file", "line", "returned"}``
+    -- the function that branched, and the library helpers the answer came through."""
+    from torch._dynamo.variables import torch as dynamo_torch
+
+    cls = dynamo_torch.TorchInGraphFunctionVariable
+    original = cls.call_function
+    answers = dynamo_torch.tracing_state_functions()
+    differ = {
+        f
+        for f, answer in answers.items()
+        if answer and f is not torch.compiler.is_exporting  # read from a flag: eager's
+    }
+
+    def branch_site(tx: Any) -> tuple[Any, list[str]] | None:
+        returned: list[str] = []
+        while tx is not None:
+            instructions = getattr(tx, "instructions", None)
+            at = getattr(tx, "instruction_pointer", None)
+            if instructions is None or at is None or at >= len(instructions):
+                return None
+            op = instructions[at].opname
+            while op in ("UNARY_NOT", "NOP", "COPY", "TO_BOOL") and at + 1 < len(instructions):
+                at += 1
+                op = instructions[at].opname
+            if op in ("RETURN_VALUE", "RETURN_CONST"):
+                returned.append(tx.f_code.co_qualname)
+                tx = getattr(tx, "parent", None)
+                continue
+            # A jump on it; or kept (stored, combined): it may be branched on later.
+            return tx, returned
+        return None
+
+    def call_function(self: Any, tx: Any, args: Any, kwargs: Any) -> Any:
+        if self.value in differ and not args and not kwargs:
+            found = branch_site(tx)
+            if found is not None:
+                where, returned = found
+                code = where.f_code
+                name = getattr(self.value, "__qualname__", None) or repr(self.value)
+                module = getattr(self.value, "__module__", None) or "?"
+                sites.append(
+                    {
+                        "probe": f"{module}.{name}()",
+                        "code": code.co_qualname,
+                        "file": code.co_filename,
+                        "line": int(getattr(where, "lineno", 0) or 0),
+                        "returned": returned,
+                    }
+                )
+        return original(self, tx, args, kwargs)
+
+    with patched(cls, "call_function", call_function):
+        yield
+
+
+@contextlib.contextmanager
 def recording_bypasses(reasons: dict[str, str]) -> Iterator[None]:
     """Record why Dynamo left a frame out of the package (frame name -> reason)."""
     from torch._dynamo.output_graph import OutputGraph

@@ -12,6 +12,7 @@ import torch
 
 from precompile._compat.patching import patched
 from precompile._compat.tracing import has_symbols
+from precompile.integer_overflow import refuse_wrapping_integer_ops
 
 
 def functional_retrace(gm: torch.fx.GraphModule, fakes: list[Any]) -> torch.fx.GraphModule:
@@ -111,6 +112,7 @@ def compile_inductor(gm: torch.fx.GraphModule, fakes: list[Any]) -> str:
     """Lower a functional graph with Inductor; return its generated output module."""
     from torch._inductor.compile_fx import compile_fx_inner
 
+    refuse_wrapping_integer_ops(gm)
     with _fake_mode_of(fakes):
         compiled = compile_fx_inner(gm, fakes)
     source = getattr(compiled, "source_code", None)
@@ -176,8 +178,13 @@ def inductor_capture_config(cache_dir: str) -> Iterator[None]:
 def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
     """Inductor as torch.compile uses it (AOTAutograd, then Inductor)."""
     from torch._inductor.compile_fx import compile_fx as _compile_fx
+    from torch._inductor.compile_fx import compile_fx_inner
 
-    return _compile_fx(gm, example_inputs)
+    def inner(gm_: torch.fx.GraphModule, inputs: list[Any], **kwargs: Any) -> Any:
+        refuse_wrapping_integer_ops(gm_)  # every ATen graph Inductor lowers
+        return compile_fx_inner(gm_, inputs, **kwargs)
+
+    return _compile_fx(gm, example_inputs, inner_compile=inner)
 
 
 def compile_fx_recorded(
@@ -193,6 +200,7 @@ def compile_fx_recorded(
     record: dict[str, Any] = {"graphs": [], "runtime": None, "autograd": None}
 
     def inner(gm_: torch.fx.GraphModule, inputs: list[Any], **kwargs: Any) -> Any:
+        refuse_wrapping_integer_ops(gm_)
         compiled = inductor.compile_fx_inner(gm_, inputs, **kwargs)
         kind = "backward" if kwargs.get("is_backward") else "forward"
         record["graphs"].append((kind, getattr(compiled, "source_code", None)))
@@ -402,6 +410,7 @@ def compile_inductor_backward(gm: torch.fx.GraphModule, fakes: list[Any]) -> str
     """Lower an AOTAutograd backward graph with Inductor; return its output module."""
     from torch._inductor.compile_fx import compile_fx_inner
 
+    refuse_wrapping_integer_ops(gm)
     with _fake_mode_of(fakes):
         compiled = compile_fx_inner(gm, fakes, is_backward=True)
     source = getattr(compiled, "source_code", None)
