@@ -31,7 +31,9 @@ import torch
 
 from precompile.errors import PrecompileError
 
-aten = torch.ops.aten
+#: No tensor has this many elements on any machine: what ``arange`` over a size that the
+#: graph leaves symbolic can reach.
+_SIZE_BOUND = 2**48
 
 #: Signed integer dtypes and their ranges (unsigned ones wrap by definition in C++).
 _RANGES: dict[torch.dtype, tuple[int, int]] = {
@@ -111,12 +113,25 @@ def _range_of(value: Any, ranges: dict[torch.fx.Node, tuple[int, int]]) -> tuple
     if isinstance(value, torch.fx.Node):
         if _dtype(value) == torch.bool:
             return 0, 1
+        symbol = value.meta.get("val")
+        if isinstance(symbol, torch.SymInt):
+            return _symbol_range(symbol)
         return ranges.get(value)
     if isinstance(value, bool):
         return int(value), int(value)
     if isinstance(value, int):
         return value, value
     return None
+
+
+def _symbol_range(symbol: torch.SymInt) -> tuple[int, int] | None:
+    """The range the shape environment proves for a symbolic int; None when unbounded."""
+    try:
+        bounds = symbol.node.shape_env.bound_sympy(symbol.node.expr)
+        low, high = int(bounds.lower), int(bounds.upper)
+    except Exception:  # an unbounded end (int_oo) or no shape environment
+        return None
+    return low, high
 
 
 def _products(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
@@ -164,10 +179,17 @@ def _arithmetic_range(
 def _source_range(name: str, node: torch.fx.Node) -> tuple[int, int] | None:
     """The range of an integer tensor the graph makes itself from Python numbers."""
     if name == "arange":
-        ends = [a for a in node.args if isinstance(a, int)]
-        if len(ends) == len(node.args) and ends:
-            return min(0, *ends), max(0, *ends)
-        return None
+        # Its values lie between its ends, which are sizes when symbolic.
+        ends: list[int] = []
+        for arg in node.args:
+            if isinstance(arg, int):
+                ends.append(arg)
+            elif isinstance(arg, torch.fx.Node) and isinstance(arg.meta.get("val"), torch.SymInt):
+                found = _symbol_range(arg.meta["val"])
+                ends += list(found) if found else [-_SIZE_BOUND, _SIZE_BOUND]
+            else:
+                return None
+        return (min(0, *ends), max(0, *ends)) if ends else None
     if name in ("full", "scalar_tensor"):
         value = node.args[1] if name == "full" and len(node.args) > 1 else node.args[0]
         return (value, value) if isinstance(value, int) else None
