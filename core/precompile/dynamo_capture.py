@@ -355,6 +355,15 @@ def _input_versions(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int]:
     return [t._version for t in leaves if isinstance(t, torch.Tensor)]
 
 
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal up to the rounding of another kernel (an Inductor one, a fused fast path):
+    what a compile-only branch changes (padded rows, a skipped step) is far outside."""
+    if not (got.is_floating_point() or got.is_complex()):
+        return bool(torch.equal(got, want))
+    scale = float(want.detach().abs().nan_to_num(0.0, 0.0, 0.0).max()) if want.numel() else 0.0
+    return torch.allclose(got, want, rtol=1e-3, atol=1e-3 * max(1.0, scale), equal_nan=True)
+
+
 def compile_only_branch_check(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
@@ -392,7 +401,7 @@ def compile_only_branch_check(
                 difference = "a nested tensor where the other has none"
             elif got.shape != want.shape or got.dtype != want.dtype:
                 difference = f"shape {tuple(got.shape)} vs {tuple(want.shape)}"
-            elif not torch.allclose(got, want, rtol=1e-4, atol=1e-5, equal_nan=True):
+            elif not _close(got, want):
                 gap = (got.double() - want.double()).abs().nan_to_num(float("inf")).max()
                 difference = f"values up to {float(gap):.3g} apart"
         elif type(got) is not type(want) or (not isinstance(got, torch.Tensor) and got != want):

@@ -14,10 +14,11 @@ order of the value differs.
 So the rule: an integer value that *may have wrapped* -- the result of ``+ - *``,
 negation, powers, sums, cumulative sums or products, left shifts of signed integers
 whose value range, as far as the graph tells, leaves the dtype's -- may flow into more
-such arithmetic, views and copies, ``where``/``cat``, dtype conversions, an index
-(an index that wrapped is out of range in eager too) and the graph's outputs; any
-other consumer (floor division, remainder, comparisons, ``abs``, ``sign``, ``min``/
-``max``/``clamp``, sorting, ...) is refused at capture, naming the op and the
+such arithmetic, views and copies, ``where``/``cat``, dtype conversions, an equality
+test (``==``/``!=`` hold modulo 2**64 as in the integers), an index (an index that
+wrapped is out of range in eager too) and the graph's outputs; any other consumer
+(floor division, remainder, ordering comparisons, ``abs``, ``sign``, ``min``/``max``/
+``clamp``, sorting, ...) is refused at capture, naming the op and the
 arithmetic. Ranges are tracked so that what cannot wrap is served: a boolean mask
 converted to int64 is 0 or 1, ``arange`` is bounded by its ends, a sum adds at most
 its element count of such values; the data of integer inputs is unbounded.
@@ -55,6 +56,11 @@ _PASSING = {
     "index_put_", "scatter", "slice_scatter", "select_scatter", "masked_fill",
     "constant_pad_nd", "repeat", "detach", "lift_fresh_copy", "_assert_tensor_metadata",
 }  # fmt: skip
+
+#: Consumers whose answer wrap-around does not change: equality holds modulo 2**64 as it
+#: does in the integers (``x - 1 != 1``), and a compiler's rewrites of it valid in the
+#: integers stay valid modulo 2**64 (a square is never -5 in either).
+_EQUALITY = {"eq", "ne"}
 
 #: Consumers that read only a tensor's shape, dtype and device, never its values.
 _SHAPE_ONLY = {
@@ -236,7 +242,7 @@ def refuse_wrapping_integer_ops(gm: torch.fx.GraphModule) -> None:
         indices = _index_inputs(node)
         data = [a for a in node.all_input_nodes if a not in indices]
         hit = [a for a in data if a in wrapped]
-        if hit and name not in _WRAPPING and name not in _PASSING and name not in _SHAPE_ONLY:
+        if hit and name not in (_WRAPPING | _PASSING | _SHAPE_ONLY | _EQUALITY):
             mode = node.kwargs.get("rounding_mode")
             name = f"{name}(rounding_mode={mode!r})" if mode else name
             raise PrecompileError(
