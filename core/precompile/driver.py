@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     USER_INPUT_ALIASES: list[list[Any]] = []
 
     GRAPH_INPUT_STRIDES: list[tuple[int, ...] | None] = []
+    INPUT_LAYOUT_COPY: list[str | None] = []
     TRAINING: bool = False
     USER_INPUT_REQUIRES_GRAD: list[bool | None] = []
     GRAD_ACCESS: list[str] = []
@@ -338,8 +339,16 @@ def _checks_layout() -> bool:
     return BACKEND == "inductor" or "layout" in STATE_READS
 
 
-def _check_strides(labels: list[str], tensors: list[Any], expected: list[Any]) -> None:
-    """Raise naming the first tensor whose strides differ from the capture's."""
+def _check_strides(
+    labels: list[str],
+    tensors: list[Any],
+    expected: list[Any],
+    blockers: list[str | None] | None = None,
+) -> None:
+    """Raise naming the first tensor whose strides differ from the capture's. With
+    ``blockers`` (user inputs of an Inductor graph, ``INPUT_LAYOUT_COPY``), a tensor
+    whose blocker is None passes: the call serves it through a copy in the captured
+    layout (``_in_captured_layout``); any other blocker is why it cannot."""
     if BACKEND == "inductor":
         why = (
             "the Inductor backend bakes each tensor's memory layout (invariants 3 and 6). "
@@ -353,13 +362,50 @@ def _check_strides(labels: list[str], tensors: list[Any], expected: list[Any]) -
             f"layout (.contiguous(), or the memory format it had at capture), or make fn "
             f"independent of layout"
         )
-    for label, t, strides in zip(labels, tensors, expected):
+    for k, (label, t, strides) in enumerate(zip(labels, tensors, expected)):
         if strides is not None and tuple(t.stride()) != tuple(strides):
+            if blockers is not None and k < len(blockers):
+                if blockers[k] is None:
+                    continue
+                why = (
+                    f"the Inductor backend bakes each tensor's memory layout, and a call "
+                    f"in another layout is served through a copy in the captured one, "
+                    f"but not this input: {blockers[k]} (invariants 4 and 6). Pass it in "
+                    f"the captured layout (.contiguous(), or the memory format it had at "
+                    f"capture), or use backend='eager'"
+                )
             refuse(
                 f"precompile: {label} has strides {tuple(t.stride())} ({_memory_format(t)} "
                 f"memory format) but was captured with strides {tuple(strides)}; {why}",
                 6,
             )
+
+
+def warn_layout_copy(label: str, strides: tuple[int, ...], captured: Any) -> None:
+    """Say once per artifact, as a LayoutCopyWarning, that a call passed an input in
+    another layout than the one the Inductor kernels were compiled for, and is served
+    through a copy (exact, but a copy per such call). The category is imported at the
+    moment of warning only, and is a plain UserWarning where the package is not
+    installed."""
+    import warnings
+
+    category: type[Warning]
+    try:
+        from precompile.errors import LayoutCopyWarning
+
+        category = LayoutCopyWarning
+    except ImportError:
+        category = UserWarning
+    warnings.warn(
+        f"precompile: {label} has strides {strides} but the Inductor kernels of this "
+        f"artifact were compiled for strides {tuple(captured)}; it is served through a "
+        f"copy in the captured layout, which costs a copy of the tensor on each such "
+        f"call. Pass inputs in the captured layout (.contiguous(), or the memory format "
+        f"they had at capture) to avoid it, or capture with inputs in this layout. Warned "
+        f"once per artifact",
+        category,
+        stacklevel=5,  # the user's call of the loaded runnable
+    )
 
 
 def _key_order_difference(spec: Any, expected: Any) -> str | None:
@@ -477,7 +523,9 @@ def _describe_input_mismatch(
     if _checks_layout():
         n_state = len(PARAM_NAMES) + len(BUFFER_NAMES)
         labels = [f"input {i}" for i, s in enumerate(USER_INPUT_SHAPES) if s is not None]
-        _check_strides(labels, tensor_leaves, GRAPH_INPUT_STRIDES[n_state:])
+        _check_strides(
+            labels, tensor_leaves, GRAPH_INPUT_STRIDES[n_state:], list(INPUT_LAYOUT_COPY)
+        )
     for i, leaf in enumerate(leaves):
         if USER_INPUT_SHAPES[i] is None or not leaf.requires_grad:
             continue
@@ -713,6 +761,30 @@ def _build_single_graph_forward() -> Any:
     n_state = len(PARAM_NAMES) + len(BUFFER_NAMES)
     expected_input_strides = tuple(GRAPH_INPUT_STRIDES[n_state:]) if _checks_layout() else ()
     check_input_strides = bool(expected_input_strides) and None not in expected_input_strides
+    # Inductor's kernels read their inputs by the captured strides: an input in another
+    # layout that nothing else ties to the caller's tensor (the graph does not write
+    # it, no output views it: INPUT_LAYOUT_COPY) is copied into the captured layout,
+    # warned once per artifact. The slow path refuses the others.
+    copy_layouts = (
+        check_input_strides
+        and BACKEND == "inductor"
+        and any(reason is None for reason in INPUT_LAYOUT_COPY)
+    )
+    layout_copy_unwarned = [True]
+    empty_strided = _torch.empty_strided
+
+    def _in_captured_layout(tensors_in: Any) -> Any:
+        restrided = list(tensors_in)
+        for k, (t, strides) in enumerate(zip(tensors_in, expected_input_strides)):
+            if tuple(t.stride()) != tuple(strides):
+                copy = empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
+                copy.copy_(t)
+                restrided[k] = copy
+                if layout_copy_unwarned[0]:
+                    layout_copy_unwarned[0] = False
+                    slot = tensor_slots[k]
+                    warn_layout_copy(f"input {slot}", tuple(t.stride()), strides)
+        return tuple(restrided)
     # One getter for parameters and buffers alike: a buffer's requires_grad is compared
     # against the snapshot too, which only ever makes the fast path more careful.
     tensor_meta = attrgetter("shape", "dtype", "device", "requires_grad")
@@ -989,6 +1061,8 @@ def _build_single_graph_forward() -> Any:
         if not ok:
             _describe_input_mismatch(list(leaves), True)
             tensors_in = pick_tensors(leaves)
+            if copy_layouts and tuple(map(stride_of, tensors_in)) != expected_input_strides:
+                tensors_in = _in_captured_layout(tensors_in)
         if alias_later and not all(map(_is, pick_alias_later(leaves), pick_alias_first(leaves))):
             _refuse_unaliased(list(leaves))
         state = _model_tensors(mods)
