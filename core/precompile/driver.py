@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     MODULE_TRAINING: list[list[tuple[str, bool]]] = []
     GRAD_PARAM_INDICES: list[int] = []
     IN_SPEC: str = ""
+    KEYED_DICTS: list[bool] = []
     OUT_SPEC: str = ""
     USER_INPUT_SHAPES: list[tuple[int | None, ...] | None] = []
     USER_INPUT_DTYPES: list[str | None] = []
@@ -408,6 +409,41 @@ def warn_layout_copy(label: str, strides: tuple[int, ...], captured: Any) -> Non
     )
 
 
+def _keyed_inputs(value: Any, spec: Any, keyed: list[bool], counter: list[int]) -> Any:
+    """``value`` with each dict that fn read only by key (``KEYED_DICTS``, pre-order over
+    the captured spec's dicts) rebuilt in the captured key order, without the keys the
+    capture did not have: eager computes the same from either, and the graph takes
+    its inputs in the captured order. A dict missing a captured key is refused naming
+    it. Anything shaped otherwise is returned as is, for the structure check to name."""
+    if spec.type is dict:
+        index = counter[0]
+        counter[0] += 1
+        if not isinstance(value, dict):
+            return value
+        keys = list(spec.context)
+        if keyed[index] if index < len(keyed) else False:
+            missing = [k for k in keys if k not in value]
+            if missing:
+                refuse(
+                    f"precompile: a dict input has no key {missing[0]!r}, which fn reads "
+                    f"(captured with keys {keys}); pass a dict with every captured key",
+                    3,
+                )
+            value = {k: value[k] for k in keys}
+        elif list(value) != keys:
+            return value
+        return {
+            k: _keyed_inputs(value[k], child, keyed, counter)
+            for k, child in zip(keys, spec.children())
+        }
+    if spec.type in (list, tuple) and type(value) is spec.type and len(value) == spec.num_children:
+        return spec.type(
+            _keyed_inputs(item, child, keyed, counter)
+            for item, child in zip(value, spec.children())
+        )
+    return value
+
+
 def _key_order_difference(spec: Any, expected: Any) -> str | None:
     """The first dict in a call's inputs whose keys are the captured ones in another
     order, in words; None when the nesting differs otherwise."""
@@ -696,6 +732,7 @@ def _build_single_graph_forward() -> Any:
     module_positions = tuple(MODULE_POSITIONS)
     user_positions = tuple(i for i in range(n_args) if i not in set(module_positions))
     in_spec = _load_spec(IN_SPEC)
+    keyed_dicts = list(KEYED_DICTS) if any(KEYED_DICTS) else []
     out_spec = _load_spec(OUT_SPEC)
     flat_inputs = in_spec == _pytree.tree_structure(tuple(0 for _ in user_positions))
     single_output = out_spec == _pytree.tree_structure(0)
@@ -1039,6 +1076,12 @@ def _build_single_graph_forward() -> Any:
             leaves = user
         else:
             leaves, spec = _pytree.tree_flatten(user)
+            if spec != in_spec and keyed_dicts:
+                # Dicts fn read only by key, in another key order or with keys fn
+                # never reads: served as the captured dicts.
+                leaves, spec = _pytree.tree_flatten(
+                    _keyed_inputs(user, in_spec, keyed_dicts, [0])
+                )
             if spec != in_spec:
                 _describe_input_mismatch(leaves, False, spec, in_spec)
         try:

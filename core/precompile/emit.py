@@ -281,6 +281,7 @@ def single_graph_metadata(
         "TRAINING": graph.training,
         "GRAD_PARAM_INDICES": graph.grad_param_indices,
         "IN_SPEC": tracing.pytree.treespec_dumps(graph.in_spec),
+        "KEYED_DICTS": list(graph.keyed_dicts),
         "OUT_SPEC": tracing.pytree.treespec_dumps(graph.out_spec),
         "USER_INPUT_SHAPES": shapes,
         "USER_INPUT_DTYPES": [str(leaf.dtype) if t else None for leaf, t in zip(leaves, tensor)],
