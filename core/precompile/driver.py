@@ -1224,6 +1224,20 @@ def _build_single_graph_forward() -> Any:
                 out = list(out)
                 for i in output_detach:
                     out[i] = out[i].detach()
+        except RuntimeError as error:
+            if BACKEND != "eager" or "view size is not compatible" not in str(error):
+                raise
+            # A view the eager graph keeps because its aliasing is observable (an
+            # output views an input, or a write goes through it: graph_layouts) cannot
+            # view this call's layout.
+            refuse(
+                f"precompile: this call passes an input in a memory layout that a view in "
+                f"the captured graph cannot take ({error}); the view is kept because an "
+                f"output or an in-place write goes through it, so the graph cannot copy "
+                f"there instead. Pass the input in the captured layout (.contiguous(), or "
+                f"the memory format it had at capture), or return a .clone() of the view",
+                6,
+            )
         except AssertionError as error:
             # call() consumed its list: rebuild the inputs for the message.
             message = _relabel_layout_error(error, [*tensors, *tensors_in])

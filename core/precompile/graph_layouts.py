@@ -22,7 +22,12 @@ from typing import Any
 import torch
 
 #: Views whose success depends on the input's strides.
-_LAYOUT_VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
+_LAYOUT_VIEWS = (
+    torch.ops.aten.view.default,
+    torch.ops.aten._unsafe_view.default,
+    # (self, size, stride): older decompositions of reshape bake the capture's strides.
+    torch.ops.aten._reshape_alias.default,
+)
 
 
 class _Aliases:
@@ -127,6 +132,7 @@ def free_views(gm: torch.fx.GraphModule) -> int:
         if aliases.class_written(node) or aliases.views_of(node) & outputs:
             continue
         node.target = torch.ops.aten.reshape.default
+        node.args = node.args[:2]
         rewritten += 1
     if rewritten:
         gm.graph.lint()
