@@ -6,8 +6,8 @@ from precompile import autograd_serving, driver
 from precompile._compat.prelude import AUTOGRAD_PRELUDE
 from precompile.emit import LoweredGraph
 from precompile.fx_capture import SingleGraph
-from precompile.graph_layouts import free_views
 from precompile.graph_code import fx_autograd_source, fx_graph_source
+from precompile.graph_layouts import free_views
 
 BACKENDS = ("inductor", "eager")
 

@@ -813,7 +813,9 @@ def _build_single_graph_forward() -> Any:
     def _in_captured_layout(tensors_in: Any) -> Any:
         restrided = list(tensors_in)
         for k, (t, strides) in enumerate(zip(tensors_in, expected_input_strides)):
-            if tuple(t.stride()) != tuple(strides):
+            # Never None here: copy_layouts needs every input's strides fixed.
+            strides = cast("tuple[int, ...]", strides)
+            if tuple(t.stride()) != strides:
                 copy = empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
                 copy.copy_(t)
                 restrided[k] = copy
@@ -822,6 +824,7 @@ def _build_single_graph_forward() -> Any:
                     slot = tensor_slots[k]
                     warn_layout_copy(f"input {slot}", tuple(t.stride()), strides)
         return tuple(restrided)
+
     # One getter for parameters and buffers alike: a buffer's requires_grad is compared
     # against the snapshot too, which only ever makes the fast path more careful.
     tensor_meta = attrgetter("shape", "dtype", "device", "requires_grad")
@@ -1079,9 +1082,7 @@ def _build_single_graph_forward() -> Any:
             if spec != in_spec and keyed_dicts:
                 # Dicts fn read only by key, in another key order or with keys fn
                 # never reads: served as the captured dicts.
-                leaves, spec = _pytree.tree_flatten(
-                    _keyed_inputs(user, in_spec, keyed_dicts, [0])
-                )
+                leaves, spec = _pytree.tree_flatten(_keyed_inputs(user, in_spec, keyed_dicts, [0]))
             if spec != in_spec:
                 _describe_input_mismatch(leaves, False, spec, in_spec)
         try:

@@ -65,9 +65,7 @@ class _Aliases:
                 info = arg_schema.alias_info
                 if info is None:
                     continue
-                value = (
-                    node.args[i] if i < len(node.args) else node.kwargs.get(arg_schema.name)
-                )
+                value = node.args[i] if i < len(node.args) else node.kwargs.get(arg_schema.name)
                 for arg in _nodes_in(value):
                     if info.is_write:
                         self.written.add(arg)

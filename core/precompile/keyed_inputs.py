@@ -24,10 +24,12 @@ from typing import Any
 from precompile._compat.tracing import pytree
 
 
-class _KeyedDict(dict):  # type: ignore[type-arg]  # values of any type, as the user's
+class _KeyedDict(dict[Any, Any]):
     """A dict that records, into ``observed``, when fn reads more than values by key."""
 
     __slots__ = ("_index", "_observed")
+    _index: int
+    _observed: set[int]
 
     def _seen(self) -> None:
         if not _quiet[0]:
@@ -85,7 +87,7 @@ for _name in (
     "clear",
 ):
     setattr(_KeyedDict, _name, _observing(_name))
-_KeyedDict.__hash__ = None  # type: ignore[assignment]  # as dict's
+_KeyedDict.__hash__ = None  # as dict's
 # Messages about fn's arguments name what the caller passed: a dict.
 _KeyedDict.__name__ = _KeyedDict.__qualname__ = "dict"
 

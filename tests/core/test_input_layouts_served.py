@@ -168,7 +168,9 @@ def test_dynamo_guards_strides_and_names_them(served: dict[str, Any], backend: s
     cells = served[f"dynamo {backend} head"]
     assert cells["image contiguous"]["result"] == "exact"
     assert cells["image channels_last"]["result"] == "refused"
-    assert "`x` has stride 1 at dim 1; the capture saw 25" in cells["image channels_last"]["message"]
+    assert (
+        "`x` has stride 1 at dim 1; the capture saw 25" in cells["image channels_last"]["message"]
+    )
 
 
 @pytest.mark.parametrize("tracer", ["fx", "dynamo"])
@@ -187,7 +189,10 @@ def test_dict_read_by_key_serves_other_orders_and_unread_keys(
     }
     missing = cells["dict a"]["message"]
     assert "no key 'b'" in missing
-    assert "size 4" in cells["dict a(4),b"]["message"] or "shape (4,)" in cells["dict a(4),b"]["message"]
+    assert (
+        "size 4" in cells["dict a(4),b"]["message"]
+        or "shape (4,)" in cells["dict a(4),b"]["message"]
+    )
     dtype = cells["dict a(f64),b"]["message"]
     assert "float64" in dtype if tracer == "fx" else "has dtype Double" in dtype
 

@@ -55,7 +55,11 @@ EXPECTED: dict[tuple[str, str], dict[str, tuple[str, ...] | None]] = {
     },
     # fn iterates the dict: its key order is the order of the computation.
     ("fx", "folded a,b"): {
-        "folded b,a": ("keys in the order ['b', 'a']", "captured with ['a', 'b']", "captured order"),
+        "folded b,a": (
+            "keys in the order ['b', 'a']",
+            "captured with ['a', 'b']",
+            "captured order",
+        ),
         "folded a,b": None,
         "folded b,a/warm": ("keys in the order ['b', 'a']",),
     },
