@@ -8,7 +8,8 @@ artifact checks what its backend baked, not what the trace touched.
   shows is kept, and a layout it cannot view is refused, naming the way out.
 - Inductor (make_fx): such inputs are served through a copy in the captured layout,
   with one ``LayoutCopyWarning`` per artifact; an input the graph writes in place, or
-  that an output views, is refused instead, saying why.
+  that an output views, or one fn branched on the layout of, is refused instead,
+  saying why.
 - Dynamo's guards fix each argument's strides (the stride guard is also all that
   protects a branch its Python took on the layout): another layout is refused naming
   the stride, and a capture that also saw that layout serves it.
@@ -70,6 +71,13 @@ ARTIFACTS: dict[str, tuple[str, str, str, Any, list[str]]] = {
     ),
     "fx inductor first row": (
         "first_row",
+        "fx",
+        "inductor",
+        fx.CASES["x contiguous"],
+        ["x contiguous", "x transposed"],
+    ),
+    "fx inductor layout branch": (
+        "layout_branch",
         "fx",
         "inductor",
         fx.CASES["x contiguous"],
@@ -161,6 +169,11 @@ def test_inductor_refuses_a_copy_that_would_break_the_promise(served: dict[str, 
     assert viewed["x contiguous"]["result"] == "exact"
     assert viewed["x transposed"]["result"] == "refused"
     assert "an output is it or a view of it" in viewed["x transposed"]["message"]
+    # fn branched on the layout: a copy would hide that eager takes the other branch.
+    branch = served["fx inductor layout branch"]
+    assert branch["x contiguous"]["result"] == "exact"
+    assert branch["x transposed"]["result"] == "refused"
+    assert "fn reads memory layout (.is_contiguous() at" in branch["x transposed"]["message"]
 
 
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
