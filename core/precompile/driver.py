@@ -461,6 +461,23 @@ def _key_order_difference(spec: Any, expected: Any) -> str | None:
     return None
 
 
+def _key_set_difference(spec: Any, expected: Any) -> str | None:
+    """The first dict in a call's inputs whose keys differ from the captured ones (fn
+    read it beyond values by key: ``KEYED_DICTS``), in words; None when the nesting
+    differs otherwise."""
+    if spec.type is not expected.type:
+        return None
+    if spec.type is dict and list(spec.context) != list(expected.context):
+        return f"a dict input has the keys {list(spec.context)} but was captured with {list(expected.context)}"
+    if spec.num_children != expected.num_children:
+        return None
+    for child, expected_child in zip(spec.children(), expected.children()):
+        found = _key_set_difference(child, expected_child)
+        if found:
+            return found
+    return None
+
+
 def _describe_input_mismatch(
     leaves: list[Any], spec_matches: bool, spec: Any = None, expected_spec: Any = None
 ) -> None:
@@ -472,6 +489,15 @@ def _describe_input_mismatch(
             f"precompile: {order}; the capture flattened it in key order, so its values "
             f"would meet the graph in the wrong places. Pass its keys in the captured "
             f"order, or capture again",
+            3,
+        )
+    keys = None if spec is None else _key_set_difference(spec, expected_spec)
+    if not spec_matches and keys:
+        refuse(
+            f"precompile: {keys}, and fn reads more of it than values by key (it iterates "
+            f"it, takes its length, tests or unpacks its keys, or returns it; or it is "
+            f"held in another container than a list, tuple or dict), so its key set is "
+            f"part of the capture. Pass a dict with the captured keys, or capture again",
             3,
         )
     if not spec_matches:

@@ -218,5 +218,8 @@ def test_dict_fn_iterates_is_refused_in_another_order(served: dict[str, Any], tr
         assert cells[case]["result"] == "refused", (case, cells[case])
     if tracer == "fx":
         assert "keys in the order ['b', 'a']" in cells["dict b,a"]["message"]
+        extra = cells["dict a,b,extra"]["message"]
+        assert "has the keys ['a', 'b', 'c'] but was captured with ['a', 'b']" in extra
+        assert "fn reads more of it than values by key" in extra
     else:
         assert "another order" in cells["dict b,a"]["message"]
