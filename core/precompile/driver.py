@@ -425,8 +425,10 @@ def _keyed_inputs(value: Any, spec: Any, keyed: list[bool], counter: list[int]) 
             missing = [k for k in keys if k not in value]
             if missing:
                 refuse(
-                    f"precompile: a dict input has no key {missing[0]!r}, which fn reads "
-                    f"(captured with keys {keys}); pass a dict with every captured key",
+                    f"precompile: a dict input has no key {missing[0]!r} (captured with "
+                    f"keys {keys}); fn reads that dict by key, so its order and any other "
+                    f"keys do not matter, but the graph takes the value of every captured "
+                    f"key. Pass a dict with each of them, or capture again without it",
                     3,
                 )
             value = {k: value[k] for k in keys}
