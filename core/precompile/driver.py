@@ -1083,8 +1083,11 @@ def _build_single_graph_forward() -> Any:
                 )
         raise AssertionError("unreachable: some aliased input differs")
 
-    def checked_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
-        """Every check of a call; the graph's flat inputs and the user's tensors."""
+    def checked_inputs(
+        args: tuple[Any, ...], kwargs: dict[str, Any], running: bool = True
+    ) -> tuple[list[Any], Any]:
+        """Every check of a call; the graph's flat inputs and the user's tensors (an
+        input in another layout copied for Inductor only when ``running`` the graph)."""
         if function_mode_depth() or dispatch_mode_depth() or captured_modes:
             check_ambient_modes(captured_modes)
         if surface_ok is not None:
@@ -1138,7 +1141,11 @@ def _build_single_graph_forward() -> Any:
         if not ok:
             _describe_input_mismatch(list(leaves), True)
             tensors_in = pick_tensors(leaves)
-            if copy_layouts and tuple(map(stride_of, tensors_in)) != expected_input_strides:
+            if (
+                running
+                and copy_layouts
+                and tuple(map(stride_of, tensors_in)) != expected_input_strides
+            ):
                 tensors_in = _in_captured_layout(tensors_in)
         if alias_later and not all(map(_is, pick_alias_later(leaves), pick_alias_first(leaves))):
             _refuse_unaliased(list(leaves))
@@ -1210,7 +1217,7 @@ def _build_single_graph_forward() -> Any:
         """Whether this artifact serves the call, decided by the very checks a call runs
         (no graph runs): served by its one graph, or the refusal."""
         try:
-            checked_inputs(args, kwargs)
+            checked_inputs(args, kwargs, running=False)
         except Exception as error:
             if type(error).__name__ != "PrecompileError":
                 raise

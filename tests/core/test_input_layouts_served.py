@@ -150,8 +150,10 @@ def test_eager_view_an_output_shows_is_kept_and_refused_when_unviewable(
 def test_inductor_serves_other_layouts_through_one_warned_copy(served: dict[str, Any]) -> None:
     cells = served["fx inductor head"]
     assert _results(served, "fx inductor head") == dict.fromkeys(IMAGES, "exact")
-    # One warning for the whole artifact, though four calls were copied.
+    # One warning for the whole artifact, though four calls were copied (covers(),
+    # asked before each call, says they are served, and copies and warns of nothing).
     assert cells["image channels_last"]["copy_warnings"] == 1
+    assert all(cells[case]["covered"] for case in IMAGES)
     text = cells["__copy_warning_text__"]
     assert "input 0 has strides (75, 1, 15, 3)" in text
     assert "compiled for strides (75, 25, 5, 1)" in text
@@ -165,6 +167,7 @@ def test_inductor_refuses_a_copy_that_would_break_the_promise(served: dict[str, 
     message = written["x,y transposed"]["message"]
     assert "input 0 has strides (1, 3)" in message and "captured with strides (4, 1)" in message
     assert "the graph writes it in place, and a copy would take the write" in message
+    assert not written["x,y transposed"]["covered"]
     viewed = served["fx inductor first row"]
     assert viewed["x contiguous"]["result"] == "exact"
     assert viewed["x transposed"]["result"] == "refused"
