@@ -7,6 +7,7 @@ from precompile._compat.prelude import AUTOGRAD_PRELUDE
 from precompile.emit import LoweredGraph
 from precompile.fx_capture import SingleGraph
 from precompile.graph_code import fx_autograd_source, fx_graph_source
+from precompile.graph_layouts import free_views
 
 BACKENDS = ("inductor", "eager")
 
@@ -18,11 +19,16 @@ def check_backend(backend: object) -> str:
 
 
 def lower_eager(graph: SingleGraph) -> LoweredGraph:
+    """FX code of the captured graph(s). The eager backend promises to run on any
+    layout, so the views the trace chose for the capture's strides are freed first
+    (``graph_layouts.free_views``)."""
     if graph.grad_inputs:
         from precompile.autograd_capture import capture_joint
 
         assert graph.joint_inputs is not None
         joint = capture_joint(graph, graph.joint_inputs[2])
+        free_views(joint.forward)
+        free_views(joint.backward)
         return LoweredGraph(
             source=fx_autograd_source(graph, joint.forward, joint.backward),
             relabel=driver.relabel_layout_error_eager,
@@ -30,4 +36,5 @@ def lower_eager(graph: SingleGraph) -> LoweredGraph:
             prelude=AUTOGRAD_PRELUDE,
             autograd=joint.runtime,
         )
+    free_views(graph.graph_module)
     return LoweredGraph(source=fx_graph_source(graph), relabel=driver.relabel_layout_error_eager)

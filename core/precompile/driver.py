@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     MODULE_TRAINING: list[list[tuple[str, bool]]] = []
     GRAD_PARAM_INDICES: list[int] = []
     IN_SPEC: str = ""
+    KEYED_DICTS: list[bool] = []
     OUT_SPEC: str = ""
     USER_INPUT_SHAPES: list[tuple[int | None, ...] | None] = []
     USER_INPUT_DTYPES: list[str | None] = []
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
     USER_INPUT_ALIASES: list[list[Any]] = []
 
     GRAPH_INPUT_STRIDES: list[tuple[int, ...] | None] = []
+    INPUT_LAYOUT_COPY: list[str | None] = []
     TRAINING: bool = False
     USER_INPUT_REQUIRES_GRAD: list[bool | None] = []
     GRAD_ACCESS: list[str] = []
@@ -338,8 +340,16 @@ def _checks_layout() -> bool:
     return BACKEND == "inductor" or "layout" in STATE_READS
 
 
-def _check_strides(labels: list[str], tensors: list[Any], expected: list[Any]) -> None:
-    """Raise naming the first tensor whose strides differ from the capture's."""
+def _check_strides(
+    labels: list[str],
+    tensors: list[Any],
+    expected: list[Any],
+    blockers: list[str | None] | None = None,
+) -> None:
+    """Raise naming the first tensor whose strides differ from the capture's. With
+    ``blockers`` (user inputs of an Inductor graph, ``INPUT_LAYOUT_COPY``), a tensor
+    whose blocker is None passes: the call serves it through a copy in the captured
+    layout (``_in_captured_layout``); any other blocker is why it cannot."""
     if BACKEND == "inductor":
         why = (
             "the Inductor backend bakes each tensor's memory layout (invariants 3 and 6). "
@@ -353,13 +363,87 @@ def _check_strides(labels: list[str], tensors: list[Any], expected: list[Any]) -
             f"layout (.contiguous(), or the memory format it had at capture), or make fn "
             f"independent of layout"
         )
-    for label, t, strides in zip(labels, tensors, expected):
+    for k, (label, t, strides) in enumerate(zip(labels, tensors, expected)):
         if strides is not None and tuple(t.stride()) != tuple(strides):
+            if blockers is not None and k < len(blockers):
+                if blockers[k] is None:
+                    continue
+                why = (
+                    f"the Inductor backend bakes each tensor's memory layout, and a call "
+                    f"in another layout is served through a copy in the captured one, "
+                    f"but not this input: {blockers[k]} (invariants 4 and 6). Pass it in "
+                    f"the captured layout (.contiguous(), or the memory format it had at "
+                    f"capture), or use backend='eager'"
+                )
             refuse(
                 f"precompile: {label} has strides {tuple(t.stride())} ({_memory_format(t)} "
                 f"memory format) but was captured with strides {tuple(strides)}; {why}",
                 6,
             )
+
+
+def warn_layout_copy(label: str, strides: tuple[int, ...], captured: Any) -> None:
+    """Say once per artifact, as a LayoutCopyWarning, that a call passed an input in
+    another layout than the one the Inductor kernels were compiled for, and is served
+    through a copy (exact, but a copy per such call). The category is imported at the
+    moment of warning only, and is a plain UserWarning where the package is not
+    installed."""
+    import warnings
+
+    category: type[Warning]
+    try:
+        from precompile.errors import LayoutCopyWarning
+
+        category = LayoutCopyWarning
+    except ImportError:
+        category = UserWarning
+    warnings.warn(
+        f"precompile: {label} has strides {strides} but the Inductor kernels of this "
+        f"artifact were compiled for strides {tuple(captured)}; it is served through a "
+        f"copy in the captured layout, which costs a copy of the tensor on each such "
+        f"call. Pass inputs in the captured layout (.contiguous(), or the memory format "
+        f"they had at capture) to avoid it, or capture with inputs in this layout. Warned "
+        f"once per artifact",
+        category,
+        stacklevel=5,  # the user's call of the loaded runnable
+    )
+
+
+def _keyed_inputs(value: Any, spec: Any, keyed: list[bool], counter: list[int]) -> Any:
+    """``value`` with each dict that fn read only by key (``KEYED_DICTS``, pre-order over
+    the captured spec's dicts) rebuilt in the captured key order, without the keys the
+    capture did not have: eager computes the same from either, and the graph takes
+    its inputs in the captured order. A dict missing a captured key is refused naming
+    it. Anything shaped otherwise is returned as is, for the structure check to name."""
+    if spec.type is dict:
+        index = counter[0]
+        counter[0] += 1
+        if not isinstance(value, dict):
+            return value
+        keys = list(spec.context)
+        if keyed[index] if index < len(keyed) else False:
+            missing = [k for k in keys if k not in value]
+            if missing:
+                refuse(
+                    f"precompile: a dict input has no key {missing[0]!r} (captured with "
+                    f"keys {keys}); fn reads that dict by key, so its order and any other "
+                    f"keys do not matter, but the graph takes the value of every captured "
+                    f"key. Pass a dict with each of them, or capture again without it",
+                    3,
+                )
+            value = {k: value[k] for k in keys}
+        elif list(value) != keys:
+            return value
+        return {
+            k: _keyed_inputs(value[k], child, keyed, counter)
+            for k, child in zip(keys, spec.children())
+        }
+    if spec.type in (list, tuple) and type(value) is spec.type and len(value) == spec.num_children:
+        return spec.type(
+            _keyed_inputs(item, child, keyed, counter)
+            for item, child in zip(value, spec.children())
+        )
+    return value
 
 
 def _key_order_difference(spec: Any, expected: Any) -> str | None:
@@ -379,6 +463,23 @@ def _key_order_difference(spec: Any, expected: Any) -> str | None:
     return None
 
 
+def _key_set_difference(spec: Any, expected: Any) -> str | None:
+    """The first dict in a call's inputs whose keys differ from the captured ones (fn
+    read it beyond values by key: ``KEYED_DICTS``), in words; None when the nesting
+    differs otherwise."""
+    if spec.type is not expected.type:
+        return None
+    if spec.type is dict and list(spec.context) != list(expected.context):
+        return f"a dict input has the keys {list(spec.context)} but was captured with {list(expected.context)}"
+    if spec.num_children != expected.num_children:
+        return None
+    for child, expected_child in zip(spec.children(), expected.children()):
+        found = _key_set_difference(child, expected_child)
+        if found:
+            return found
+    return None
+
+
 def _describe_input_mismatch(
     leaves: list[Any], spec_matches: bool, spec: Any = None, expected_spec: Any = None
 ) -> None:
@@ -390,6 +491,15 @@ def _describe_input_mismatch(
             f"precompile: {order}; the capture flattened it in key order, so its values "
             f"would meet the graph in the wrong places. Pass its keys in the captured "
             f"order, or capture again",
+            3,
+        )
+    keys = None if spec is None else _key_set_difference(spec, expected_spec)
+    if not spec_matches and keys:
+        refuse(
+            f"precompile: {keys}, and fn reads more of it than values by key (it iterates "
+            f"it, takes its length, tests or unpacks its keys, or returns it; or it is "
+            f"held in another container than a list, tuple or dict), so its key set is "
+            f"part of the capture. Pass a dict with the captured keys, or capture again",
             3,
         )
     if not spec_matches:
@@ -477,7 +587,14 @@ def _describe_input_mismatch(
     if _checks_layout():
         n_state = len(PARAM_NAMES) + len(BUFFER_NAMES)
         labels = [f"input {i}" for i, s in enumerate(USER_INPUT_SHAPES) if s is not None]
-        _check_strides(labels, tensor_leaves, GRAPH_INPUT_STRIDES[n_state:])
+        # Only Inductor's inputs may be copied into the captured layout: the eager
+        # graph checks strides only where fn read a layout, and then refuses.
+        _check_strides(
+            labels,
+            tensor_leaves,
+            GRAPH_INPUT_STRIDES[n_state:],
+            list(INPUT_LAYOUT_COPY) if BACKEND == "inductor" else None,
+        )
     for i, leaf in enumerate(leaves):
         if USER_INPUT_SHAPES[i] is None or not leaf.requires_grad:
             continue
@@ -648,6 +765,7 @@ def _build_single_graph_forward() -> Any:
     module_positions = tuple(MODULE_POSITIONS)
     user_positions = tuple(i for i in range(n_args) if i not in set(module_positions))
     in_spec = _load_spec(IN_SPEC)
+    keyed_dicts = list(KEYED_DICTS) if any(KEYED_DICTS) else []
     out_spec = _load_spec(OUT_SPEC)
     flat_inputs = in_spec == _pytree.tree_structure(tuple(0 for _ in user_positions))
     single_output = out_spec == _pytree.tree_structure(0)
@@ -713,6 +831,33 @@ def _build_single_graph_forward() -> Any:
     n_state = len(PARAM_NAMES) + len(BUFFER_NAMES)
     expected_input_strides = tuple(GRAPH_INPUT_STRIDES[n_state:]) if _checks_layout() else ()
     check_input_strides = bool(expected_input_strides) and None not in expected_input_strides
+    # Inductor's kernels read their inputs by the captured strides: an input in another
+    # layout that nothing else ties to the caller's tensor (the graph does not write
+    # it, no output views it: INPUT_LAYOUT_COPY) is copied into the captured layout,
+    # warned once per artifact. The slow path refuses the others.
+    copy_layouts = (
+        check_input_strides
+        and BACKEND == "inductor"
+        and any(reason is None for reason in INPUT_LAYOUT_COPY)
+    )
+    layout_copy_unwarned = [True]
+    empty_strided = _torch.empty_strided
+
+    def _in_captured_layout(tensors_in: Any) -> Any:
+        restrided = list(tensors_in)
+        for k, (t, strides) in enumerate(zip(tensors_in, expected_input_strides)):
+            # Never None here: copy_layouts needs every input's strides fixed.
+            strides = cast("tuple[int, ...]", strides)
+            if tuple(t.stride()) != strides:
+                copy = empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
+                copy.copy_(t)
+                restrided[k] = copy
+                if layout_copy_unwarned[0]:
+                    layout_copy_unwarned[0] = False
+                    slot = tensor_slots[k]
+                    warn_layout_copy(f"input {slot}", tuple(t.stride()), strides)
+        return tuple(restrided)
+
     # One getter for parameters and buffers alike: a buffer's requires_grad is compared
     # against the snapshot too, which only ever makes the fast path more careful.
     tensor_meta = attrgetter("shape", "dtype", "device", "requires_grad")
@@ -938,8 +1083,11 @@ def _build_single_graph_forward() -> Any:
                 )
         raise AssertionError("unreachable: some aliased input differs")
 
-    def checked_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
-        """Every check of a call; the graph's flat inputs and the user's tensors."""
+    def checked_inputs(
+        args: tuple[Any, ...], kwargs: dict[str, Any], running: bool = True
+    ) -> tuple[list[Any], Any]:
+        """Every check of a call; the graph's flat inputs and the user's tensors (an
+        input in another layout copied for Inductor only when ``running`` the graph)."""
         if function_mode_depth() or dispatch_mode_depth() or captured_modes:
             check_ambient_modes(captured_modes)
         if surface_ok is not None:
@@ -967,6 +1115,10 @@ def _build_single_graph_forward() -> Any:
             leaves = user
         else:
             leaves, spec = _pytree.tree_flatten(user)
+            if spec != in_spec and keyed_dicts:
+                # Dicts fn read only by key, in another key order or with keys fn
+                # never reads: served as the captured dicts.
+                leaves, spec = _pytree.tree_flatten(_keyed_inputs(user, in_spec, keyed_dicts, [0]))
             if spec != in_spec:
                 _describe_input_mismatch(leaves, False, spec, in_spec)
         try:
@@ -989,6 +1141,12 @@ def _build_single_graph_forward() -> Any:
         if not ok:
             _describe_input_mismatch(list(leaves), True)
             tensors_in = pick_tensors(leaves)
+            if (
+                running
+                and copy_layouts
+                and tuple(map(stride_of, tensors_in)) != expected_input_strides
+            ):
+                tensors_in = _in_captured_layout(tensors_in)
         if alias_later and not all(map(_is, pick_alias_later(leaves), pick_alias_first(leaves))):
             _refuse_unaliased(list(leaves))
         state = _model_tensors(mods)
@@ -1059,7 +1217,7 @@ def _build_single_graph_forward() -> Any:
         """Whether this artifact serves the call, decided by the very checks a call runs
         (no graph runs): served by its one graph, or the refusal."""
         try:
-            checked_inputs(args, kwargs)
+            checked_inputs(args, kwargs, running=False)
         except Exception as error:
             if type(error).__name__ != "PrecompileError":
                 raise
@@ -1107,6 +1265,20 @@ def _build_single_graph_forward() -> Any:
                 out = list(out)
                 for i in output_detach:
                     out[i] = out[i].detach()
+        except RuntimeError as error:
+            if BACKEND != "eager" or "view size is not compatible" not in str(error):
+                raise
+            # A view the eager graph keeps because its aliasing is observable (an
+            # output views an input, or a write goes through it: graph_layouts) cannot
+            # view this call's layout.
+            refuse(
+                f"precompile: this call passes an input in a memory layout that a view in "
+                f"the captured graph cannot take ({error}); the view is kept because an "
+                f"output or an in-place write goes through it, so the graph cannot copy "
+                f"there instead. Pass the input in the captured layout (.contiguous(), or "
+                f"the memory format it had at capture), or return a .clone() of the view",
+                6,
+            )
         except AssertionError as error:
             # call() consumed its list: rebuild the inputs for the message.
             message = _relabel_layout_error(error, [*tensors, *tensors_in])

@@ -20,6 +20,7 @@ import torch
 
 from precompile import (
     driver,
+    graph_layouts,
     guard_text,
     lowered_inputs,
     single_graph_checks,
@@ -174,6 +175,28 @@ def _output_detach(graph: SingleGraph, lowered: LoweredGraph) -> list[int]:
     return [i for i in lowered.identity_outputs if i not in same]
 
 
+def _layout_copy_blockers(
+    graph: SingleGraph, backend: str, mutated_inputs: tuple[int, ...]
+) -> list[str | None]:
+    """Per user tensor input, why a call passing it in another layout than the
+    capture's cannot be served through a copy in the captured layout (None: it can).
+    Only Inductor bakes strides; where user code read a layout, the trace took the
+    captured layout's branch, and a copy would hide that eager takes the other."""
+    n_state = len(graph.lifted.tensors)
+    n_inputs = sum(isinstance(leaf, torch.Tensor) for leaf in graph.user_leaves)
+    if backend != "inductor":
+        return [None] * n_inputs
+    if "layout" in graph.reads:
+        return [f"fn reads memory layout ({graph.reads['layout']})"] * n_inputs
+    blockers = graph_layouts.copy_blockers(graph.graph_module, n_state)
+    for index in mutated_inputs:
+        if index >= n_state and blockers[index - n_state] is None:
+            blockers[index - n_state] = (
+                "the graph writes it in place, and a copy would take the write"
+            )
+    return blockers
+
+
 def _grad_site(site: str, artifact_path: str) -> str:
     """``read at FILE:LINE`` with FILE relative to the artifact (emits stay portable)."""
     what, _, place = site.partition(" at ")
@@ -258,6 +281,7 @@ def single_graph_metadata(
         "TRAINING": graph.training,
         "GRAD_PARAM_INDICES": graph.grad_param_indices,
         "IN_SPEC": tracing.pytree.treespec_dumps(graph.in_spec),
+        "KEYED_DICTS": list(graph.keyed_dicts),
         "OUT_SPEC": tracing.pytree.treespec_dumps(graph.out_spec),
         "USER_INPUT_SHAPES": shapes,
         "USER_INPUT_DTYPES": [str(leaf.dtype) if t else None for leaf, t in zip(leaves, tensor)],
@@ -272,6 +296,7 @@ def single_graph_metadata(
             bool(leaf.requires_grad) if t else None for leaf, t in zip(leaves, tensor)
         ],
         "GRAPH_INPUT_STRIDES": graph.graph_input_strides(),
+        "INPUT_LAYOUT_COPY": _layout_copy_blockers(graph, backend, mutated_inputs),
         "OUTPUT_DETACH": output_detach,
         "INPUT_MUTATIONS": input_mutations,
         "AUTOGRAD": autograd,

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import torch
 from torch.overrides import TorchFunctionMode
 
-from precompile import dependencies, state_checks
+from precompile import dependencies, keyed_inputs, state_checks
 from precompile._compat import tracing
 from precompile._compat.tracing import pytree
 from precompile.dependencies import Dependencies, param_free
@@ -68,6 +68,9 @@ class SingleGraph:
     #: State user code read that the graph does not take as an input, by kind
     #: ("grad_mode", "requires_grad", "layout"): "what at FILE:LINE".
     reads: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Per dict of ``in_spec`` (pre-order), whether fn read it only by key
+    #: (``keyed_inputs``): a call may pass its keys in another order, or extra ones.
+    keyed_dicts: list[bool] = dataclasses.field(default_factory=list)
     #: The ambient torch.autocast state of the capture (its casts are in the graph).
     autocast: tuple[tuple[str, str], ...] = ()
     #: The torch-function and dispatch modes active around the capture
@@ -602,6 +605,8 @@ def trace_single_graph(
     out_requires_grad: list[bool] = []
     opaque = _RefuseOpaqueAccess()
     argument_changes: list[str] = []
+    # The input dicts fn observed beyond values by key (keyed_inputs).
+    dicts_observed: set[int] = set()
 
     def flat_fn(*flat: torch.Tensor) -> list[Any]:
         state, user_tensors = flat[:n_state], flat[n_state:]
@@ -609,19 +614,22 @@ def trace_single_graph(
         call_leaves = list(leaves)
         for slot, t in zip(tensor_slots, user_tensors):
             call_leaves[slot] = t
-        user_values = pytree.tree_unflatten(call_leaves, in_spec)
+        user_values = keyed_inputs.watch_dicts(
+            pytree.tree_unflatten(call_leaves, in_spec), dicts_observed
+        )
         user_args = iter(user_values)
         call_args = [
             args[i] if i in module_positions else next(user_args) for i in range(len(args))
         ]
-        watch = dependencies.ArgumentWatch(
-            [
-                (f"{'parameter' if k < lifted.num_params else 'buffer'} {name!r}", t)
-                for k, (name, t) in enumerate(zip(lifted.names, state))
-            ]
-            + [(f"input value {slot}", t) for slot, t in zip(tensor_slots, user_tensors)],
-            [(i, a) for i, a in enumerate(call_args) if i not in module_positions],
-        )
+        with keyed_inputs.quiet():
+            watch = dependencies.ArgumentWatch(
+                [
+                    (f"{'parameter' if k < lifted.num_params else 'buffer'} {name!r}", t)
+                    for k, (name, t) in enumerate(zip(lifted.names, state))
+                ]
+                + [(f"input value {slot}", t) for slot, t in zip(tensor_slots, user_tensors)],
+                [(i, a) for i, a in enumerate(call_args) if i not in module_positions],
+            )
         with contextlib.ExitStack() as stack:
             for mi, module in enumerate(modules):
                 swap = {
@@ -631,8 +639,9 @@ def trace_single_graph(
                     if m == mi
                 }
                 stack.enter_context(tracing.reparametrized(module, swap))
-            out = fn(*call_args)
-            argument_changes[:] = watch.changes()
+            out = keyed_inputs.plain(fn(*call_args))
+            with keyed_inputs.quiet():
+                argument_changes[:] = watch.changes()
         out_leaves, out_spec = pytree.tree_flatten(out)
         out_spec_box.append(out_spec)
         for i, leaf in enumerate(out_leaves):
@@ -803,6 +812,7 @@ def trace_single_graph(
         if grad_inputs
         else None,
         input_names=_leaf_names(fn, len(args), module_positions, in_spec),
+        keyed_dicts=keyed_inputs.keyed_flags(in_spec, dicts_observed),
     )
 
 

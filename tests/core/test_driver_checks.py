@@ -93,8 +93,11 @@ def test_input_structure(runnable: Any) -> None:
     refused(
         runnable, Net().eval(), [torch.randn(2, 4), 2.0], invariant=3, words=("nested differently",)
     )
+    # fn reads the dict by key only: a key it never reads is served, a missing one is not.
+    model, extra = Net().eval(), {**batch(), "extra": 1}
+    torch.testing.assert_close(runnable(model, extra), scaled(model, extra))
     refused(
-        runnable, Net().eval(), {**batch(), "extra": 1}, invariant=3, words=("nested differently",)
+        runnable, Net().eval(), {"x": torch.randn(2, 4)}, invariant=3, words=("no key 'scale'",)
     )
 
 
