@@ -208,6 +208,13 @@ class DependencyRecorder:
         #: Those made in torch's own code (nn.MultiheadAttention's fast-path test, say):
         #: evaluated against the grad mode the graphs run under, never a refusal.
         self.library_grad_reads: list[str] = []
+        #: The user's reads of ``.requires_grad`` (``.grad_fn``, ``.is_leaf``) of a
+        #: tensor fn was passed: they make those flags part of what it computes.
+        self.grad_flag_reads: list[str] = []
+        #: Per module argument (its position, or its keyword), the names of its
+        #: parameters that required grad at capture; None once two captured calls
+        #: disagree (``GRAD_FLAGS``).
+        self.param_grad_flags: dict[str, list[str]] | None = {}
         #: fn's arguments in the captured call being traced (later frames' identity
         #: reads are mapped to paths from them).
         self.arguments: dict[str, Any] = {}
@@ -233,6 +240,17 @@ class DependencyRecorder:
             return
         bound.apply_defaults()
         self.arguments = dict(bound.arguments)
+        flags = {
+            str(key): sorted(n for n, p in value.named_parameters() if p.requires_grad)
+            for key, value in [*enumerate(args), *kwargs.items()]
+            if isinstance(value, torch.nn.Module)
+        }
+        if self.param_grad_flags is not None:
+            seen = self.param_grad_flags
+            if any(seen.get(key, names) != names for key, names in flags.items()):
+                self.param_grad_flags = None
+            else:
+                seen.update(flags)
         for row in self.float_zeros.values():
             # The variant compiled for one sign of a zero passes the other (its guard is
             # ==) and would answer this call with the captured sign: refuse before it runs.
@@ -828,6 +846,12 @@ class DependencyRecorder:
             "GRAD_MODE_READ": self.grad_reads[0]
             if self.grad_reads
             else ("" if self.library_grad_reads else self.grad_mode_read),
+            # What serving needs to pass a call whose tensors' requires_grad differ
+            # from the capture's to an inference artifact (multigraph_driver).
+            "GRAD_FLAGS": {
+                "params": self.param_grad_flags,
+                "read": self.grad_flag_reads[0] if self.grad_flag_reads else "",
+            },
         }
 
 

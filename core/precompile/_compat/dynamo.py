@@ -238,7 +238,7 @@ GRAD_DEPENDENT_TENSOR_ATTRS = frozenset({"requires_grad", "grad_fn", "is_leaf"})
 
 @contextlib.contextmanager
 def recording_grad_dependent_reads(
-    reads: list[str], library_reads: list[str] | None = None
+    reads: list[str], library_reads: list[str] | None = None, flag_reads: list[str] | None = None
 ) -> Iterator[None]:
     """Record (as ``what at file:line``) each read of the grad mode the trace made: a
     ``torch.is_grad_enabled()`` call, and each read of a GRAD_DEPENDENT_TENSOR_ATTRS
@@ -246,7 +246,9 @@ def recording_grad_dependent_reads(
     intermediate's were baked from the capture's grad mode). Reads made in torch's own
     code go to ``library_reads``: they pick how to compute (a fast path, whether to
     record autograd), not what, and the artifact evaluates them against the grad mode
-    its graphs run under (docs/serving.md, "Grad mode and inference mode")."""
+    its graphs run under (docs/serving.md, "Grad mode and inference mode"). The user's
+    reads of those attributes of a tensor fn was passed (an input, a parameter: its
+    guards fix them) go to ``flag_reads``: they make the flags part of what fn computes."""
     from torch._dynamo.variables.tensor import TensorVariable
     from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
 
@@ -266,8 +268,18 @@ def recording_grad_dependent_reads(
     original_call = TorchInGraphFunctionVariable.call_function
 
     def var_getattr(self: Any, tx: Any, name: str) -> Any:
-        if name in GRAD_DEPENDENT_TENSOR_ATTRS and getattr(self, "source", None) is None:
-            note(tx, f"`.{name}` of a tensor fn computes")
+        if name in GRAD_DEPENDENT_TENSOR_ATTRS:
+            source = getattr(self, "source", None)
+            if source is None:
+                note(tx, f"`.{name}` of a tensor fn computes")
+            elif flag_reads is not None:
+                code = getattr(tx, "f_code", None)
+                if code is None or is_user_file(code.co_filename):
+                    where = code.co_filename.rsplit("/", 1)[-1] if code is not None else "?"
+                    name_of = user_path(source.name) if hasattr(source, "name") else "a tensor"
+                    flag_reads.append(
+                        f"`{name_of}.{name}`, at {where}:{getattr(tx, 'lineno', '?')}"
+                    )
         return original(self, tx, name)
 
     def call_function(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
