@@ -250,13 +250,14 @@ def _grad_flag_stand_ins(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     graphs run with grad off, where neither changes a value; only fn's own reads of
     those flags would, and an artifact that has one never gets here. Lists and dicts
     are left as they are (fn may write into them): a tensor there is still refused.
-    Returns (args, kwargs, stand-in id -> original, parameters to set)."""
+    Returns (args, kwargs, stand-in id -> original, (parameter, captured flag, its
+    name) to set)."""
     import torch
 
     params = GRAD_FLAGS.get("params") or {}
     originals: dict[int, Any] = {}
     memo: dict[int, Any] = {}
-    flips: list[tuple[Any, bool]] = []
+    flips: list[tuple[Any, bool, str]] = []
 
     def tensor(value: Any) -> Any:
         if isinstance(value, torch.Tensor) and (
@@ -277,7 +278,7 @@ def _grad_flag_stand_ins(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                 for name, p in value.named_parameters():
                     want = name in wanted_set
                     if p.is_leaf and (p.requires_grad != want or id(p) in _FLIPPED):
-                        flips.append((p, want))
+                        flips.append((p, want, f"{name} of argument {key}"))
             return value
         if type(value) is tuple:
             return tuple(map(tensor, value))
@@ -288,6 +289,24 @@ def _grad_flag_stand_ins(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if not originals and not flips:
         return None
     return new_args, new_kwargs, originals, flips
+
+
+def _refuse_training_flags(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A training artifact's backward computes the gradients of the parameters that
+    required grad at capture: a parameter frozen (or unfrozen) since is refused, in
+    make_fx's words, when the guards miss (this runs only then)."""
+    staged = _grad_flag_stand_ins(args, kwargs)
+    for p, want, name in staged[3] if staged is not None else ():
+        if p.requires_grad == want:
+            continue
+        refuse(
+            f"precompile: parameter {name} has requires_grad={p.requires_grad} but was "
+            f"captured with requires_grad={want}; this training artifact's backward "
+            f"computes the gradients of the parameters that required grad at capture. "
+            f"Restore it with .requires_grad_({want}), or capture again with the model "
+            f"as it is served",
+            2,
+        )
 
 
 def _serve_as_captured(entry: Any, check: Any) -> Any:
@@ -422,19 +441,18 @@ def _serve_as_captured(entry: Any, check: Any) -> Any:
             return entry(*args, **kwargs)
         except RuntimeError as error:
             # Only a refusal (a PrecompileError) raised before any graph ran.
-            retry = (
-                stand_ins_apply
-                and hasattr(error, "invariant")
-                and not getattr(error, "ran_before_refusal", False)
-            )
-            if not retry:
+            if not hasattr(error, "invariant") or getattr(error, "ran_before_refusal", False):
+                raise
+            if GRAD_MODE:
+                _refuse_training_flags(args, kwargs)
+            if not stand_ins_apply:
                 raise
             with flip_lock:
                 staged = _grad_flag_stand_ins(args, kwargs)
                 if staged is None:
                     raise
                 new_args, new_kwargs, originals, flips = staged
-                for p, want in flips:
+                for p, want, _name in flips:
                     row = _FLIPPED.get(id(p))
                     if row is None:
                         _FLIPPED[id(p)] = [p, p.requires_grad, 1]
@@ -445,7 +463,7 @@ def _serve_as_captured(entry: Any, check: Any) -> Any:
             out = entry(*new_args, **new_kwargs)
         finally:
             with flip_lock:
-                for p, _want in flips:
+                for p, _want, _name in flips:
                     row = _FLIPPED[id(p)]
                     row[2] -= 1
                     if not row[2]:
