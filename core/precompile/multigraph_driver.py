@@ -435,8 +435,18 @@ def _serve_as_captured(entry: Any, check: Any) -> Any:
     # captured (_grad_flag_stand_ins); a served call pays nothing for it.
     stand_ins_apply = not GRAD_MODE and not GRAD_FLAGS.get("read")
     flip_lock = threading.Lock()
+    # Once a call was served through stand-ins (a frozen model, say: every later call
+    # would miss the guards the same way), later calls build them first; a call that
+    # needs none then runs as it is.
+    stand_ins_first = [False]
 
     def _entry_or_stand_ins(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if stand_ins_first[0]:
+            with flip_lock:
+                staged = _grad_flag_stand_ins(args, kwargs)
+                if staged is not None:
+                    _set_flags(staged[3])
+            return entry(*args, **kwargs) if staged is None else _run_staged(staged)
         try:
             return entry(*args, **kwargs)
         except RuntimeError as error:
@@ -451,14 +461,22 @@ def _serve_as_captured(entry: Any, check: Any) -> Any:
                 staged = _grad_flag_stand_ins(args, kwargs)
                 if staged is None:
                     raise
-                new_args, new_kwargs, originals, flips = staged
-                for p, want, _name in flips:
-                    row = _FLIPPED.get(id(p))
-                    if row is None:
-                        _FLIPPED[id(p)] = [p, p.requires_grad, 1]
-                        p.requires_grad_(want)
-                    else:
-                        row[2] += 1
+                _set_flags(staged[3])
+        out = _run_staged(staged)
+        stand_ins_first[0] = True
+        return out
+
+    def _set_flags(flips: list[tuple[Any, bool, str]]) -> None:
+        for p, want, _name in flips:
+            row = _FLIPPED.get(id(p))
+            if row is None:
+                _FLIPPED[id(p)] = [p, p.requires_grad, 1]
+                p.requires_grad_(want)
+            else:
+                row[2] += 1
+
+    def _run_staged(staged: Any) -> Any:
+        new_args, new_kwargs, originals, flips = staged
         try:
             out = entry(*new_args, **new_kwargs)
         finally:
