@@ -228,6 +228,17 @@ def warn_inference_grad(what: str, more_fixes: str = "") -> None:
     )
 
 
+def requires_grad_is_captured() -> bool:
+    """Whether the tensors' ``requires_grad`` flags are part of what the graph computes:
+    a training capture (its backward computes the gradients of what required grad), an
+    inference capture that carries the backward of inputs that required grad
+    (``AUTOGRAD``), or fn reading ``.requires_grad`` of an input or parameter. Otherwise
+    the graph runs with grad off, where no flag changes a value: a parameter frozen (or
+    unfrozen) since capture, an ``nn.Parameter`` or a tensor that requires grad passed
+    as an input, is served (docs/serving.md, "Grad mode and inference mode")."""
+    return bool(TRAINING or AUTOGRAD is not None or "requires_grad" in STATE_READS)
+
+
 def lift_live_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[Any]]:
     """Params then buffers of the runtime modules, interned by identity, named like the
     capture named them; also every submodule in walk order (for the training flags)."""
@@ -295,7 +306,7 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
         labels = [f"parameter {n!r}" for n in PARAM_NAMES] + [f"buffer {n!r}" for n in BUFFER_NAMES]
         _check_strides(labels, tensors, GRAPH_INPUT_STRIDES)
     for name, t, wanted in zip(names, tensors, PARAM_REQUIRES_GRAD):
-        if bool(t.requires_grad) != wanted:
+        if bool(t.requires_grad) != wanted and requires_grad_is_captured():
             refuse(
                 f"precompile: parameter {name!r} has requires_grad={t.requires_grad} but "
                 f"was captured with requires_grad={wanted}; the capture baked which "
@@ -613,16 +624,8 @@ def _describe_input_mismatch(
                 f"this input requiring grad",
                 5,
             )
-        if not TRAINING and AUTOGRAD is None and _torch.is_grad_enabled():
-            refuse(
-                f"precompile: input {i} requires grad, but this artifact was captured for "
-                f"inference with inputs that did not (or under torch.no_grad()): it runs "
-                f"without autograd, so its outputs would carry no gradient and a backward "
-                f"through them would silently leave this input out. Call it under "
-                f"torch.no_grad() or pass x.detach(), or capture again with an input that "
-                f"requires grad (the artifact then carries the backward)",
-                5,
-            )
+        # An inference artifact without a backward serves it with grad off, as it
+        # serves parameters that require grad: forward() says so (InferenceGradWarning).
     if not TRAINING and "requires_grad" in STATE_READS:
         for i, leaf in enumerate(leaves):
             wanted = USER_INPUT_REQUIRES_GRAD[i]
@@ -781,7 +784,14 @@ def _build_single_graph_forward() -> Any:
     has_dynamic = any(s is not None and None in s for s in USER_INPUT_SHAPES) or any(
         USER_INPUT_SHAPE_IDS
     )
-    input_meta = attrgetter("shape", "dtype", "device", "requires_grad")
+    # requires_grad is compared only where the graph depends on it (see
+    # requires_grad_is_captured): otherwise any input's flag is served alike.
+    grad_flags_fixed = requires_grad_is_captured()
+    input_meta = (
+        attrgetter("shape", "dtype", "device", "requires_grad")
+        if grad_flags_fixed
+        else attrgetter("shape", "dtype", "device")
+    )
     reads_requires_grad = "requires_grad" in STATE_READS
     # An inference artifact expecting an input that requires grad serves it only with
     # grad mode off.
@@ -811,16 +821,16 @@ def _build_single_graph_forward() -> Any:
             _torch.Size(cast("tuple[int, ...]", USER_INPUT_SHAPES[i])),
             getattr(_torch, cast(str, USER_INPUT_DTYPES[i]).split(".")[-1]),
             _torch.device(cast(str, USER_INPUT_DEVICES[i])),
-            # Inference: an input that requires grad takes the slow path, which refuses
-            # it under grad mode (eager's outputs would carry its gradient) -- unless fn
-            # reads requires_grad: then the captured value is expected, and grad mode is
-            # checked on its own below. An AUTOGRAD capture expects the captured value
-            # (another one takes the slow path, which serves or refuses it).
+            # Compared only where the graph depends on it (grad_flags_fixed): a training
+            # capture, or an inference one that reads requires_grad (the captured value
+            # is expected, and grad mode is checked on its own below), or carries the
+            # backward (AUTOGRAD: another value takes the slow path, which serves or
+            # refuses it).
             bool(
                 (TRAINING or reads_requires_grad or AUTOGRAD is not None)
                 and USER_INPUT_REQUIRES_GRAD[i]
             ),
-        )
+        )[: 4 if grad_flags_fixed else 3]
         for i in tensor_slots
         if not has_dynamic
     )
@@ -1227,11 +1237,27 @@ def _build_single_graph_forward() -> Any:
     def _apply_flat(flat: list[Any]) -> Any:
         return autograd_run(*flat)  # type: ignore[misc]  # set whenever this runs
 
-    # An inference artifact runs without autograd: under grad mode, with parameters
-    # that require grad (each call checks they still do, as captured), eager's outputs
-    # would carry a gradient and these carry none. Said once per artifact, at the first
-    # such call; the flag is the only per-call cost.
-    grad_loss_unwarned = [not TRAINING and autograd_run is None and any(PARAM_REQUIRES_GRAD)]
+    # An inference artifact runs without autograd: under grad mode, with a parameter or
+    # an input that requires grad, eager's outputs would carry a gradient and these
+    # carry none. Said once per artifact, at the first such call; until then a grad-on
+    # call looks at the inputs, and at the parameters once per verified model state
+    # (a requires_grad_ since takes the slow path, which lifts them anew).
+    grad_loss_unwarned = [not TRAINING and autograd_run is None]
+    grad_looked_at: list[Any] = [None]
+
+    def _requiring_grad(tensors_in: Any) -> str:
+        for i, t in enumerate(tensors_in):
+            if t.requires_grad:
+                return f"input {tensor_slots[i]}"
+        if tensors is grad_looked_at[0]:
+            return ""
+        grad_looked_at[0] = tensors
+        names = [n for n, t in zip(PARAM_NAMES, tensors) if t.requires_grad]
+        return (
+            f"parameter {names[0]!r}" + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
+            if names
+            else ""
+        )
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         flat, tensors_in = checked_inputs(args, kwargs)
@@ -1240,14 +1266,14 @@ def _build_single_graph_forward() -> Any:
         run = _apply_flat if through_autograd else call
         if grad_was_enabled and not through_autograd:
             if grad_loss_unwarned[0]:
-                grad_loss_unwarned[0] = False
-                names = [n for n, g in zip(PARAM_NAMES, PARAM_REQUIRES_GRAD) if g]
-                warn_inference_grad(
-                    f"parameter {names[0]!r}"
-                    + (f" (and {len(names) - 1} more)" if len(names) > 1 else ""),
-                    "; or capture with an example input that requires grad (the artifact "
-                    "then carries the backward)",
-                )
+                what = _requiring_grad(tensors_in)
+                if what:
+                    grad_loss_unwarned[0] = False
+                    warn_inference_grad(
+                        what,
+                        "; or capture with an example input that requires grad (the "
+                        "artifact then carries the backward)",
+                    )
             _set_grad_enabled(False)
         try:
             if _any_autocast_enabled():

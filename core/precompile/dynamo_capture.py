@@ -679,7 +679,11 @@ class DynamoSession:
                 dynamo.recording_installed_globals(self.installed_globals),
                 dynamo.without_guard_latency_profiling(),
                 dynamo.dict_subclasses_pickled_in_storage_order(),
-                dynamo.recording_grad_dependent_reads(self.dependencies.grad_reads),
+                dynamo.recording_grad_dependent_reads(
+                    self.dependencies.grad_reads,
+                    self.dependencies.library_grad_reads,
+                    self.dependencies.grad_flag_reads,
+                ),
                 dynamo.recording_compile_only_branches(branches),
                 torch.set_grad_enabled(self.training),
                 inductor.inductor_capture_config(self.inductor_cache)

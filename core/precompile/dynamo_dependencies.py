@@ -33,11 +33,13 @@ a process) or skipped altogether (``skip_nnmodule_hook_guards``):
   each class by module and qualified name, with a project class's methods and
   descriptors (and, of a library class, the attributes bound to code the trace ran);
   serving checks them at load and per call.
-- **Grad mode read by the trace** (``torch.is_grad_enabled()``, in user or library code,
-  or ``.requires_grad`` / ``.grad_fn`` / ``.is_leaf`` of a tensor the trace computed, which
-  Dynamo bakes from the capture's grad mode): the driver serves under the captured grad
-  mode, so a call made in another grad mode is refused instead of being answered as the
-  captured mode would (``GRAD_MODE_READ`` says what was read).
+- **Grad mode read by the user's code** (``torch.is_grad_enabled()``, or
+  ``.requires_grad`` / ``.grad_fn`` / ``.is_leaf`` of a tensor the trace computed, which
+  Dynamo bakes from the capture's grad mode, in fn or any non-torch code it ran): the
+  driver serves under the captured grad mode, so a call made in another grad mode is
+  refused instead of being answered as the captured mode would (``GRAD_MODE_READ`` says
+  what was read). torch's own reads (a fast-path test) pick how to compute, not what:
+  they are evaluated against the grad mode the graphs run under, as make_fx's are.
 
 The checks themselves are ``precompile.dependency_driver``, emitted into artifacts.
 
@@ -199,9 +201,20 @@ class DependencyRecorder:
         #: What a trace read that depends on the grad mode ('' for nothing): the
         #: ``torch.is_grad_enabled()`` guard, or grad-dependent tensor attributes.
         self.grad_mode_read = ""
-        #: The grad-dependent attribute reads, appended while tracing
+        #: The grad-mode reads the user's code made (``torch.is_grad_enabled()``,
+        #: grad-dependent attributes), appended while tracing
         #: (``_compat.dynamo.recording_grad_dependent_reads``).
         self.grad_reads: list[str] = []
+        #: Those made in torch's own code (nn.MultiheadAttention's fast-path test, say):
+        #: evaluated against the grad mode the graphs run under, never a refusal.
+        self.library_grad_reads: list[str] = []
+        #: The user's reads of ``.requires_grad`` (``.grad_fn``, ``.is_leaf``) of a
+        #: tensor fn was passed: they make those flags part of what it computes.
+        self.grad_flag_reads: list[str] = []
+        #: Per module argument (its position, or its keyword), the names of its
+        #: parameters that required grad at capture; None once two captured calls
+        #: disagree (``GRAD_FLAGS``).
+        self.param_grad_flags: dict[str, list[str]] | None = {}
         #: fn's arguments in the captured call being traced (later frames' identity
         #: reads are mapped to paths from them).
         self.arguments: dict[str, Any] = {}
@@ -227,6 +240,17 @@ class DependencyRecorder:
             return
         bound.apply_defaults()
         self.arguments = dict(bound.arguments)
+        flags = {
+            str(key): sorted(n for n, p in value.named_parameters() if p.requires_grad)
+            for key, value in [*enumerate(args), *kwargs.items()]
+            if isinstance(value, torch.nn.Module)
+        }
+        if self.param_grad_flags is not None:
+            seen = self.param_grad_flags
+            if any(seen.get(key, names) != names for key, names in flags.items()):
+                self.param_grad_flags = None
+            else:
+                seen.update(flags)
         for row in self.float_zeros.values():
             # The variant compiled for one sign of a zero passes the other (its guard is
             # ==) and would answer this call with the captured sign: refuse before it runs.
@@ -817,8 +841,17 @@ class DependencyRecorder:
             "ORDERED_DICTS": list(self.ordered_dicts.values()),
             "CLASS_ATTRS": self.class_rows(list(traced or ())),
             "BUILTIN_READS": builtin_reads([self.fn.__code__, *(traced or ())]),
-            "GRAD_MODE_READ": self.grad_mode_read
-            or (self.grad_reads[0] if self.grad_reads else ""),
+            # A read in the user's code; the guard alone (no call the trace recorded,
+            # so no place to tell torch's reads from the user's) counts as one.
+            "GRAD_MODE_READ": self.grad_reads[0]
+            if self.grad_reads
+            else ("" if self.library_grad_reads else self.grad_mode_read),
+            # What serving needs to pass a call whose tensors' requires_grad differ
+            # from the capture's to an inference artifact (multigraph_driver).
+            "GRAD_FLAGS": {
+                "params": self.param_grad_flags,
+                "read": self.grad_flag_reads[0] if self.grad_flag_reads else "",
+            },
         }
 
 

@@ -342,6 +342,7 @@ def _renamed_dependencies(
         "BUILTIN_READS": dependencies.get("BUILTIN_READS", []),
         "LIBRARY_SURFACE": dependencies.get("LIBRARY_SURFACE", []),
         "GRAD_MODE_READ": dependencies.get("GRAD_MODE_READ", ""),
+        "GRAD_FLAGS": dependencies.get("GRAD_FLAGS", {"params": None, "read": ""}),
     }
 
 

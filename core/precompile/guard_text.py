@@ -100,6 +100,28 @@ def guard_failure_text(raw: str, f_locals: dict[str, Any] | None = None) -> str:
             name, what, dim, expected, actual = match.groups()
             return f"`{name}` has {what} {actual} at dim {dim}; the capture saw {expected}"
         match = re.fullmatch(
+            r"tensor '(.+?)' dispatch key set mismatch\. expected (.+), actual (.+)", text
+        )
+        if match and "Autograd" in match.group(2) and "Autograd" not in match.group(3):
+            # Autograd keys missing: an inference tensor (or a call's inference mode,
+            # which a served call no longer shows its guards).
+            return (
+                f"`{match.group(1)}` is an inference tensor (made under "
+                f"torch.inference_mode()), and the capture saw an ordinary tensor, which "
+                f"Dynamo's guards tell apart. Make it outside torch.inference_mode() (the "
+                f"artifact may still be called under it), or capture with MakeFxTracer, "
+                f"whose artifacts serve both"
+            )
+        match = re.fullmatch(
+            r"tensor '(.+?)' requires_grad mismatch\. expected requires_grad=(\d)\b.*", text
+        )
+        if match:
+            name, expected = match.group(1), bool(int(match.group(2)))
+            return (
+                f"`{name}` has requires_grad={not expected}; the capture saw "
+                f"requires_grad={expected}"
+            )
+        match = re.fullmatch(
             r"tensor '(.+?)' (\w[\w ]*?) mismatch\. expected (.+), actual (.+)", text
         )
         if match:

@@ -237,23 +237,60 @@ GRAD_DEPENDENT_TENSOR_ATTRS = frozenset({"requires_grad", "grad_fn", "is_leaf"})
 
 
 @contextlib.contextmanager
-def recording_grad_dependent_reads(reads: list[str]) -> Iterator[None]:
-    """Record (as ``.attr at file:line``) each read of a GRAD_DEPENDENT_TENSOR_ATTRS
-    attribute of a tensor the trace computed. An input's are checked by its guards; an
-    intermediate's were baked from the capture's grad mode."""
+def recording_grad_dependent_reads(
+    reads: list[str], library_reads: list[str] | None = None, flag_reads: list[str] | None = None
+) -> Iterator[None]:
+    """Record (as ``what at file:line``) each read of the grad mode the trace made: a
+    ``torch.is_grad_enabled()`` call, and each read of a GRAD_DEPENDENT_TENSOR_ATTRS
+    attribute of a tensor the trace computed (an input's are checked by its guards; an
+    intermediate's were baked from the capture's grad mode). Reads made in torch's own
+    code go to ``library_reads``: they pick how to compute (a fast path, whether to
+    record autograd), not what, and the artifact evaluates them against the grad mode
+    its graphs run under (docs/serving.md, "Grad mode and inference mode"). The user's
+    reads of those attributes of a tensor fn was passed (an input, a parameter: its
+    guards fix them) go to ``flag_reads``: they make the flags part of what fn computes."""
     from torch._dynamo.variables.tensor import TensorVariable
+    from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
+
+    from precompile.locations import is_user_file
+
+    def note(tx: Any, what: str) -> None:
+        code = getattr(tx, "f_code", None)
+        line = getattr(tx, "lineno", None)
+        filename = code.co_filename if code is not None else ""
+        where = f"{filename.rsplit('/', 1)[-1]}:{line}" if code is not None else "?"
+        if is_user_file(filename) or code is None:
+            reads.append(f"{what}, at {where}")
+        elif library_reads is not None:
+            library_reads.append(f"{what}, at {where}")
 
     original = TensorVariable.var_getattr
+    original_call = TorchInGraphFunctionVariable.call_function
 
     def var_getattr(self: Any, tx: Any, name: str) -> Any:
-        if name in GRAD_DEPENDENT_TENSOR_ATTRS and getattr(self, "source", None) is None:
-            code = getattr(tx, "f_code", None)
-            line = getattr(tx, "lineno", None)
-            where = f"{code.co_filename.rsplit('/', 1)[-1]}:{line}" if code is not None else "?"
-            reads.append(f"`.{name}` of a tensor fn computes, at {where}")
+        if name in GRAD_DEPENDENT_TENSOR_ATTRS:
+            source = getattr(self, "source", None)
+            if source is None:
+                note(tx, f"`.{name}` of a tensor fn computes")
+            elif flag_reads is not None:
+                code = getattr(tx, "f_code", None)
+                if code is None or is_user_file(code.co_filename):
+                    where = code.co_filename.rsplit("/", 1)[-1] if code is not None else "?"
+                    name_of = user_path(source.name) if hasattr(source, "name") else "a tensor"
+                    flag_reads.append(
+                        f"`{name_of}.{name}`, at {where}:{getattr(tx, 'lineno', '?')}"
+                    )
         return original(self, tx, name)
 
-    with patched(TensorVariable, "var_getattr", var_getattr):
+    def call_function(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "value", None) is torch.is_grad_enabled:
+            note(tx, "torch.is_grad_enabled()")
+        return original_call(self, tx, *args, **kwargs)
+
+    with (
+        patched(TensorVariable, "var_getattr", var_getattr),
+        patched(TorchInGraphFunctionVariable, "call_function", call_function),
+    ):
         yield
 
 

@@ -32,6 +32,27 @@ _SKIP_DYNAMO_FRAMES = _torch._C._dynamo.eval_frame._FrameExecStrategy(
 )
 
 
+# The dispatch keys torch.inference_mode() takes out of (or adds into) the thread's
+# dispatch-key state. A tensor guard compares a tensor's keys under that state, so a
+# Dynamo artifact checks its guards (and runs) under the state of ordinary code: a call
+# under inference mode then meets the guards an ordinary call does. Grad mode stays off,
+# and the tensors ops make are still inference tensors (inference mode itself is on).
+with _torch.inference_mode(False):
+    _ORDINARY_INCLUDE = _torch._C._dispatch_tls_local_include_set()
+    _ORDINARY_EXCLUDE = _torch._C._dispatch_tls_local_exclude_set()
+with _torch.inference_mode():
+    _INFERENCE_EXCLUDE = _torch._C._dispatch_tls_local_exclude_set() - _ORDINARY_EXCLUDE
+    _INFERENCE_INCLUDE = _ORDINARY_INCLUDE - _torch._C._dispatch_tls_local_include_set()
+del _ORDINARY_INCLUDE, _ORDINARY_EXCLUDE
+
+
+def _ordinary_dispatch():
+    return _torch._C._ForceDispatchKeyGuard(
+        _torch._C._dispatch_tls_local_include_set() | _INFERENCE_INCLUDE,
+        _torch._C._dispatch_tls_local_exclude_set() - _INFERENCE_EXCLUDE,
+    )
+
+
 def _opaque_to_dynamo(fn):
     # An artifact called inside torch.compile runs as one opaque call: Dynamo does not
     # trace into it (the attribute torch.compiler.disable sets; a graph break there) nor
