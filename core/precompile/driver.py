@@ -627,8 +627,6 @@ def _build_single_graph_forward() -> Any:
     """
     from operator import attrgetter
     from operator import is_ as _is
-
-    instance_dict = attrgetter("__dict__")  # vars(), a third cheaper per call
     from typing import cast
 
     # First: a library function replaced before load (at import) is named as such, not
@@ -888,6 +886,11 @@ def _build_single_graph_forward() -> Any:
                 for cell in f.__closure__ or ():
                     held.append(cell)
                     attrs.append("cell_contents")
+        # One identity pass per call covers both: each holder's instance dict (``m.__dict__
+        # = d`` swaps it without a store into the watched one) beside the functions'
+        # code, defaults and closure cells.
+        held = [*holders, *held]
+        attrs = [*("__dict__" for _ in holders), *attrs]
         func_holders, func_attrs = tuple(held), tuple(attrs)
         func_snapshot = tuple(map(_held, func_holders, func_attrs))
         subs = tuple(sub_list)
@@ -908,7 +911,6 @@ def _build_single_graph_forward() -> Any:
             and all(map(_is, mods, roots))
             and not any(empty_dicts)
             and tuple(map(_dict_version, dicts)) == versions
-            and all(map(_is, map(instance_dict, holders), holder_dicts))
             and tuple(map(type, subs)) == sub_types
             and tuple(map(training, unwatched)) == flags
             and (
