@@ -797,6 +797,8 @@ def _build_single_graph_forward() -> Any:
     tensors: list[Any] = []
     meta: tuple[Any, ...] = ()
     tensor_guard: Any = None
+    # The user's tensors of the last call that matched the capture, as a C-level guard.
+    input_guard: Any = None
 
     # The torch modes of the capture (almost always none): a call under others is
     # refused naming them, before any other check.
@@ -940,6 +942,22 @@ def _build_single_graph_forward() -> Any:
                 )
         raise AssertionError("unreachable: some aliased input differs")
 
+    def _inputs_as_captured(tensors_in: tuple[Any, ...]) -> bool:
+        """Whether the call's tensors have the captured (shape, dtype, device,
+        requires_grad) and, where the graph bakes them, strides. First one C-level guard
+        built from the last tensors that passed the comparison below (it checks all of
+        that and more: a pass implies the comparison passes); on a miss, the comparison
+        itself, which rebuilds the guard when it passes."""
+        nonlocal input_guard
+        if input_guard is not None and input_guard.check(*tensors_in):
+            return True
+        if tuple(map(input_meta, tensors_in)) != expected_inputs or (
+            check_input_strides and tuple(map(stride_of, tensors_in)) != expected_input_strides
+        ):
+            return False
+        input_guard = _guard(list(tensors_in))
+        return True
+
     def checked_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
         """Every check of a call; the graph's flat inputs and the user's tensors."""
         if function_mode_depth() or dispatch_mode_depth() or captured_modes:
@@ -975,11 +993,7 @@ def _build_single_graph_forward() -> Any:
             tensors_in = pick_tensors(leaves)
             ok = (
                 not has_dynamic
-                and tuple(map(input_meta, tensors_in)) == expected_inputs
-                and (
-                    not check_input_strides
-                    or tuple(map(stride_of, tensors_in)) == expected_input_strides
-                )
+                and _inputs_as_captured(tensors_in)
                 and (
                     not constant_slots
                     or tuple(map(literal_fingerprint, pick_constants(leaves))) == expected_constants

@@ -15,6 +15,7 @@ import copy
 import json
 import textwrap
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -97,6 +98,19 @@ MUST_REFUSE = {
     "model moved to meta",
 }
 
+#: Each change of the input, after calls with the captured kind of input took the fast
+#: path; the bool says whether eager can run it (then it must be served as eager, else
+#: refused).
+INPUT_CHANGES: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], bool]] = {
+    "input of another batch size": (lambda x: torch.cat([x, x]), False),
+    "input of another dtype": (lambda x: x.double(), False),
+    "input of another width": (lambda x: torch.randn(3, 9), False),
+    "input on meta": (lambda x: x.to("meta"), False),
+    "input transposed twice (other strides)": (lambda x: x.t().contiguous().t(), True),
+    "input that requires grad (under no_grad)": (lambda x: x.clone().requires_grad_(), True),
+    "same input again": (lambda x: x, True),
+}
+
 CHILD = """
 import json, torch, warnings
 warnings.simplefilter("ignore")
@@ -137,11 +151,27 @@ def attack(artifact: str, cache: str) -> dict[str, list[object]]:
             same = got.shape == want.shape and got.device == want.device
             same = same and got.dtype == want.dtype and torch.allclose(got, want)
             outcomes[name] = ["served", bool(same)]
+        model = copy.deepcopy(base)
+        for name, (make, _eager_runs) in INPUT_CHANGES.items():
+            for _ in range(2):
+                torch.testing.assert_close(run(model, x), model(x))
+            changed = make(x)
+            try:
+                got = run(model, changed)
+            except precompile.PrecompileError as error:
+                outcomes[name] = ["refused", str(error)]
+                continue
+            except Exception as error:
+                outcomes[name] = ["failed otherwise", repr(error)]
+                continue
+            want = model(changed)
+            same = got.shape == want.shape and got.dtype == want.dtype
+            outcomes[name] = ["served", bool(same and torch.allclose(got, want))]
     return outcomes
 
 
 @pytest.fixture(scope="module", params=["make_fx", "dynamo"])
-def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
+def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     tracer = precompile.MakeFxTracer() if request.param == "make_fx" else precompile.DynamoTracer()
     torch.manual_seed(0)
     directory = tmp_path_factory.mktemp(request.param)
@@ -151,11 +181,11 @@ def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         )
     proc = run_python(textwrap.dedent(CHILD.format(artifact=artifact, cache=cache)))
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "tracer": request.param}
 
 
 @pytest.mark.parametrize("change", sorted(CHANGES))
-def test_each_change_is_caught(outcomes: dict[str, list[object]], change: str) -> None:
+def test_each_change_is_caught(outcomes: dict[str, Any], change: str) -> None:
     kind, detail = outcomes[change]
     assert kind in ("served", "refused"), (change, kind, detail)
     if kind == "served":
@@ -164,6 +194,18 @@ def test_each_change_is_caught(outcomes: dict[str, list[object]], change: str) -
         assert kind == "served", f"{change}: refused though nothing changes the result: {detail}"
     if change in MUST_REFUSE:
         assert kind == "refused", f"{change}: {kind} ({detail})"
+
+
+@pytest.mark.parametrize("change", sorted(INPUT_CHANGES))
+def test_each_input_change_is_caught(outcomes: dict[str, Any], change: str) -> None:
+    kind, detail = outcomes[change]
+    if INPUT_CHANGES[change][1]:
+        # make_fx's eager graph takes any strides and, under no_grad, any requires_grad:
+        # it must serve these. Dynamo's guards pin both (a refusal, never a wrong answer).
+        if outcomes["tracer"] == "make_fx" or kind != "refused":
+            assert [kind, detail] == ["served", True], (change, kind, detail)
+    else:
+        assert kind == "refused", (change, kind, detail)
 
 
 def test_attacks_copy_the_model_before_changing_it() -> None:
