@@ -46,7 +46,7 @@ def serve(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model(x)
 
 
-def _set(module: nn.Module, name: str, value: object) -> None:
+def _set(module: object, name: str, value: object) -> None:
     setattr(module, name, value)
 
 
