@@ -747,8 +747,6 @@ def _build_single_graph_forward() -> Any:
     """
     from operator import attrgetter
     from operator import is_ as _is
-
-    instance_dict = attrgetter("__dict__")  # vars(), a third cheaper per call
     from typing import cast
 
     # First: a library function replaced before load (at import) is named as such, not
@@ -954,6 +952,8 @@ def _build_single_graph_forward() -> Any:
     tensors: list[Any] = []
     meta: tuple[Any, ...] = ()
     tensor_guard: Any = None
+    # The user's tensors of the last call that matched the capture, as a C-level guard.
+    input_guard: Any = None
 
     # The torch modes of the capture (almost always none): a call under others is
     # refused naming them, before any other check.
@@ -1043,6 +1043,11 @@ def _build_single_graph_forward() -> Any:
                 for cell in f.__closure__ or ():
                     held.append(cell)
                     attrs.append("cell_contents")
+        # One identity pass per call covers both: each holder's instance dict (``m.__dict__
+        # = d`` swaps it without a store into the watched one) beside the functions'
+        # code, defaults and closure cells.
+        held = [*holders, *held]
+        attrs = [*("__dict__" for _ in holders), *attrs]
         func_holders, func_attrs = tuple(held), tuple(attrs)
         func_snapshot = tuple(map(_held, func_holders, func_attrs))
         subs = tuple(sub_list)
@@ -1063,7 +1068,6 @@ def _build_single_graph_forward() -> Any:
             and all(map(_is, mods, roots))
             and not any(empty_dicts)
             and tuple(map(_dict_version, dicts)) == versions
-            and all(map(_is, map(instance_dict, holders), holder_dicts))
             and tuple(map(type, subs)) == sub_types
             and tuple(map(training, unwatched)) == flags
             and (
@@ -1092,6 +1096,22 @@ def _build_single_graph_forward() -> Any:
                     3,
                 )
         raise AssertionError("unreachable: some aliased input differs")
+
+    def _inputs_as_captured(tensors_in: tuple[Any, ...]) -> bool:
+        """Whether the call's tensors have the captured shape, dtype, device (and
+        requires_grad where it is compared) and, where the graph bakes them, strides. First one C-level guard
+        built from the last tensors that passed the comparison below (it checks all of
+        that and more: a pass implies the comparison passes); on a miss, the comparison
+        itself, which rebuilds the guard when it passes."""
+        nonlocal input_guard
+        if input_guard is not None and input_guard.check(*tensors_in):
+            return True
+        if tuple(map(input_meta, tensors_in)) != expected_inputs or (
+            check_input_strides and tuple(map(stride_of, tensors_in)) != expected_input_strides
+        ):
+            return False
+        input_guard = _guard(list(tensors_in))
+        return True
 
     def checked_inputs(
         args: tuple[Any, ...], kwargs: dict[str, Any], running: bool = True
@@ -1135,11 +1155,7 @@ def _build_single_graph_forward() -> Any:
             tensors_in = pick_tensors(leaves)
             ok = (
                 not has_dynamic
-                and tuple(map(input_meta, tensors_in)) == expected_inputs
-                and (
-                    not check_input_strides
-                    or tuple(map(stride_of, tensors_in)) == expected_input_strides
-                )
+                and _inputs_as_captured(tensors_in)
                 and (
                     not constant_slots
                     or tuple(map(literal_fingerprint, pick_constants(leaves))) == expected_constants

@@ -134,6 +134,13 @@ from torch import device
 inf = float("inf")
 nan = float("nan")
 NoneType = type(None)
+
+
+def _kernel(op):
+    # What calling the op overload runs (OpOverload.__call__ is `return self._op(*args,
+    # **kwargs)`), bound once: the graph calls the C++ operator handle directly instead
+    # of through the Python wrapper on every call. Anything else is returned unchanged.
+    return getattr(op, "_op", op)
 """
 
 
