@@ -479,7 +479,8 @@ def _build_dependency_check() -> Any:
                 if code is not None:
                     now += f" ({code.co_filename}:{code.co_firstlineno})"
             refuse(
-                f"precompile: `{user_path(read['path'])}` (read by module {read['scope']}) is "
+                f"precompile: `{read.get('shown') or user_path(read['path'])}` (read by module "
+                f"{read.get('reader') or read['scope']}) is "
                 f"bound to {now} in this process; the capture traced {captured}, and this "
                 f"artifact serves only that. Restore it, or capture again with the new one "
                 f"(re-emit the artifact)"

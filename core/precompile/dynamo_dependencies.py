@@ -182,6 +182,9 @@ class DependencyRecorder:
         #: (frame module, access path) -> (module, qualname, location) of what was bound.
         self.reads: dict[tuple[str, str], tuple[str, str, str]] = {}
         self.conflicts: list[str] = []
+        #: (frame module, access path) -> the read in the words of the code that made
+        #: it (``gm.F.gelu``), where Dynamo named it through another module's global.
+        self.read_shown: dict[tuple[str, str], tuple[str, str]] = {}
         #: The code of every function read that way (its source is checked at load).
         self.read_codes: dict[types.CodeType, None] = {}
         #: Access path from an argument -> identity row (``ARG_IDENTITIES``), and the
@@ -297,6 +300,9 @@ class DependencyRecorder:
             if qualified is None or not e.name.startswith("G["):
                 continue
             self.reads.setdefault((module_name, e.name), (*qualified, _location(e.value)))
+            shown = _reached_as(e, module_name)
+            if shown is not None:
+                self.read_shown.setdefault((module_name, e.name), shown)
             read_code = getattr(getattr(e.value, "__func__", e.value), "__code__", None)
             if isinstance(read_code, types.CodeType):
                 self.read_codes.setdefault(read_code, None)
@@ -568,6 +574,13 @@ class DependencyRecorder:
             return
         if e.name.endswith(".__dict__"):
             return  # an instance dict goes with its owner, whose path is checked
+        owner_path, _, attr = e.name.rpartition(".")
+        if attr.startswith("_") and isinstance(
+            _evaluate_row({"path": owner_path}, self.arguments), torch.nn.Module
+        ):
+            # A module's own bookkeeping (``_modules``, ``_parameters``, hook dicts):
+            # checked with the module's structure, never shared by two modules.
+            return
         self._record_relation(e.name, value, None)
 
     def _record_relation(self, path: str, value: Any, module: str | None) -> None:
@@ -949,6 +962,11 @@ class DependencyRecorder:
             roots.append(row)
         reads = [
             {"scope": scope, "path": path, "module": m, "qualname": q, "location": where}
+            | (
+                dict(zip(("shown", "reader"), self.read_shown[scope, path]))
+                if (scope, path) in self.read_shown
+                else {}
+            )
             for (scope, path), (m, q, where) in sorted(self.reads.items())
         ]
         identities = list(self.identities.values())
@@ -1108,6 +1126,42 @@ def _changed_pair(before: list[int], after: list[int]) -> list[tuple[int, int]]:
             if (before[i] == before[j]) != (after[i] == after[j]):
                 return [(i, j)]
     return []
+
+
+def _reached_as(entry: Any, frame_module: str) -> tuple[str, str] | None:
+    """A module-global read in the words of the code that made it.
+
+    Dynamo names an object by the first path it met it through: ``F.gelu`` read in the
+    user's module after ``Linear.forward`` read ``F.linear`` is guarded as
+    ``torch.nn.modules.linear.F.gelu`` (one module object, two globals named ``F``).
+    The user's line (the guard's user stack) says which module read it; a global of
+    that module bound to the object at the path's first step names it as the user's
+    code reached it (``gm.F.gelu``), with that module's name. None when the path is
+    already that module's, or no such global exists."""
+    stack = getattr(getattr(entry, "orig_guard", None), "user_stack", None)
+    if not stack:
+        return None
+    filename = getattr(stack[-1], "filename", None)
+    reader = next(
+        (
+            m
+            for m in list(sys.modules.values())
+            if isinstance(getattr(m, "__file__", None), str) and m.__file__ == filename
+        ),
+        None,
+    )
+    match = re.match(r"G\[(['\"])(?P<name>.+?)\1\](?P<first>\.\w+)?(?P<rest>.*)$", entry.name)
+    frame = sys.modules.get(frame_module)
+    if reader is None or match is None or frame is None or not match.group("first"):
+        return None
+    root = vars(frame).get(match.group("name"))
+    if root is reader:
+        return None  # named through the reading module already
+    held = getattr(root, match.group("first")[1:], _MISSING)
+    for name, bound in list(vars(reader).items()):
+        if bound is held and held is not _MISSING and not name.startswith("__"):
+            return f"{reader.__name__}.{name}{user_path(match.group('rest'))}", reader.__name__
+    return None
 
 
 def _literal_key(key: Any) -> bool:

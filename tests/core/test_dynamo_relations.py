@@ -201,3 +201,101 @@ def test_a_no_grad_block_carried_across_a_graph_break_serves_like_eager(tmp_path
     # The artifact checks that the class it re-enters is still torch's.
     text = Path(paths[0]).read_text()
     assert "'scope': 'torch.autograd.grad_mode'" in text
+
+
+# ---------------------------------------------------------------- refusals in the product's words
+
+
+def _words_capture(tmp_path: Path, tracer: Any) -> tuple[str, str]:
+    from tests.fixtures import words_entry, words_models
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    paths = str(tmp_path / "words.py"), str(tmp_path / "words.cache")
+    with precompile.capture(
+        words_entry.step,
+        artifact_path=paths[0],
+        cache_path=paths[1],
+        tracer=tracer,
+        backend="eager",
+    ) as cap:
+        cap(words_models.Net(), torch.randn(2, 4))
+    return paths
+
+
+def _words_refusal(paths: tuple[str, str], change: str) -> str:
+    """The refusal a fresh process gets after ``change`` (Python run after load)."""
+    script = f"""
+import types, warnings, torch, precompile
+warnings.simplefilter("ignore")
+from tests.fixtures import words_models as wm
+model = wm.Net()
+run = precompile.load({paths[0]!r}, {paths[1]!r})
+run(model, torch.randn(2, 4))
+{change}
+try:
+    run(model, torch.randn(2, 4))
+    print("SERVED")
+except precompile.PrecompileError as error:
+    print(str(error).replace(chr(10), " "))
+"""
+    proc = run_python(script)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_a_read_in_the_users_module_is_named_where_the_users_code_reached_it(
+    tmp_path: Path,
+) -> None:
+    """Dynamo meets ``torch.nn.functional`` first as ``torch.nn.modules.linear.F`` and
+    names the user's ``F.gelu`` through it: the artifact records the read as the user's
+    module reached it (``words_models.F.gelu``), and rebinding the user's ``F`` is refused
+    naming that global, not as ``torch.nn.modules.linear.F.gelu``."""
+    paths = _words_capture(tmp_path, precompile.DynamoTracer())
+    metadata = precompile.inspect_artifact(paths[0])
+    shown = {r.get("shown") for r in metadata["GLOBAL_READS"]}
+    assert "tests.fixtures.words_models.F.gelu" in shown, metadata["GLOBAL_READS"]
+    # A module's own dicts (`_modules`, `_parameters`) are checked with its structure:
+    # a plain model has no relation to check per call.
+    assert metadata["ARG_RELATIONS"] == [], metadata["ARG_RELATIONS"]
+    message = _words_refusal(
+        paths, "wm.F = types.SimpleNamespace(gelu=lambda t: t, linear=wm.F.linear)"
+    )
+    assert "`tests.fixtures.words_models.F`" in message, message
+    assert "are two different objects" in message, message
+    assert "torch.nn.modules.linear.F.gelu" not in message, message
+    assert " is tests.fixtures" not in message, message  # the raw `a is b`
+
+
+def test_a_replaced_registry_function_is_said_as_a_replaced_function(tmp_path: Path) -> None:
+    """A guard on a registered kernel's ``__defaults__`` (transformers' attention registry
+    after ``AttentionInterface.register('sdpa', kernel)``) fails as "`...['sdpa']
+    .__defaults__` is not a tuple"; it is said as the function there being replaced."""
+    from precompile.guard_text import guard_failure_text
+
+    raw = (
+        "___check_type_id(dict(type(G['__import_transformers_dot_models_dot_bart_dot_"
+        "modeling_bart'].ALL_ATTENTION_FUNCTIONS).__dict__)['_global_mapping']['sdpa']"
+        ".__defaults__, 94), type=<class 'tuple'>  # x  # modeling_bart.py:243 in forward"
+    )
+    said = guard_failure_text(raw)
+    assert said.startswith(
+        "`transformers.models.bart.modeling_bart.ALL_ATTENTION_FUNCTIONS._global_mapping"
+        "['sdpa']` is not the function the capture traced"
+    ), said
+    assert "was replaced" in said and "re-emit the artifact" in said, said
+    assert "is not a tuple" not in said and "dict(type(" not in said, said
+
+
+def test_make_fx_global_checks_name_the_module_file_as_imported(tmp_path: Path) -> None:
+    """A make_fx artifact's check of a module-level value names the module's file as this
+    process imported it (absolute, like every other message), not relative to the
+    directory the artifact was written in (``../../...``)."""
+    import os
+
+    from tests.fixtures import words_models
+
+    paths = _words_capture(tmp_path, precompile.MakeFxTracer())
+    message = _words_refusal(paths, "wm.SCALE = 3.0")
+    assert f"({os.path.abspath(words_models.__file__)})" in message, message
+    assert "../" not in message, message
