@@ -336,6 +336,7 @@ def _renamed_dependencies(
             {**read, "path": rename(read["path"])} for read in dependencies["GLOBAL_READS"]
         ],
         "ARG_IDENTITIES": dependencies.get("ARG_IDENTITIES", []),
+        "ARG_RELATIONS": dependencies.get("ARG_RELATIONS", []),
         "FLOAT_ZEROS": dependencies.get("FLOAT_ZEROS", []),
         "ORDERED_DICTS": dependencies.get("ORDERED_DICTS", []),
         "CLASS_ATTRS": dependencies.get("CLASS_ATTRS", []),

@@ -262,11 +262,15 @@ def check_entry(entry: Any, context: dict[str, Any]) -> None:
 def check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
     """Raise for a module-level value the traced code read that is not what it was."""
     for scope, record in scopes:
+        # The module's file as this process imported it (absolute, as every other
+        # message names a file); the record keeps it relative to the artifact.
+        file = scope.get("__file__") if isinstance(scope, dict) else None
+        where = file if isinstance(file, str) else record["path"]
         for name, recorded in record["values"]:
             live = fingerprint(scope[name], context) if name in scope else ("absent",)
             if live != recorded and recorded == ("absent",):
                 refuse(
-                    f"precompile: module {record['module']} ({record['path']}) binds the "
+                    f"precompile: module {record['module']} ({where}) binds the "
                     f"global `{name}` to {describe_value(live)}; its traced code resolved "
                     f"`{name}` to the builtin, and the graph baked what that did. Remove the "
                     f"global (del {record['module']}.{name}), or capture again with it "
@@ -287,7 +291,7 @@ def check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
                 shown = "no longer defined" if name not in scope else f"{describe_value(now)}"
                 refuse(
                     f"precompile: global {path} of module {record['module']} "
-                    f"({record['path']}) is {shown}, but the traced code read "
+                    f"({where}) is {shown}, but the traced code read "
                     f"{describe_value(then)} and the graph baked it. Restore it, or "
                     f"capture again (re-emit the artifact)",
                     3,

@@ -43,6 +43,27 @@ def compares_identity(entry: Any) -> bool:
     )
 
 
+def duplicate_of(entry: Any) -> str | None:
+    """The other access path of a guard that one object is found at two paths
+    (``DUPLICATE_INPUT``: Dynamo met the object again at ``entry.name``), in Dynamo's
+    naming; None for any other guard."""
+    guard = getattr(entry, "orig_guard", None)
+    create = getattr(guard, "create_fn", None)
+    if getattr(getattr(create, "func", None), "__name__", "") != "DUPLICATE_INPUT":
+        return None
+    other = (getattr(create, "keywords", None) or {}).get("source_b")
+    name = getattr(other, "name", None)
+    if callable(name):
+        name = name()
+    if not isinstance(name, str):
+        return None
+    from torch._dynamo.guards import strip_local_scope
+
+    # The entry's own name is stripped of the local scope (``L['model'].config`` ->
+    # ``model.config``); the other path is named the same way.
+    return str(strip_local_scope(name))
+
+
 #: Guard types the artifact's driver enforces itself: GLOBAL_STATE bundles grad mode
 #: (the driver sets the captured one), autocast (disabled while serving), default dtype
 #: and deterministic mode (checked per call) with the thread count, which an artifact
@@ -213,6 +234,38 @@ def recording_graph_breaks() -> Iterator[list[dict[str, Any]]]:
 
     with patched(InstructionTranslatorBase, "log_graph_break", log_graph_break):
         yield events
+
+
+def reentered_contexts(code: types.CodeType | None) -> frozenset[str]:
+    """The locals of a Dynamo continuation that hold a context manager *class* its
+    prologue calls to re-enter a ``with`` block the graph break interrupted
+    (``torch.no_grad()`` is carried as ``set_grad_enabled`` and called with the
+    captured mode): what Dynamo's own resume code passes there, never a value the
+    user's code computed. Empty for any other code."""
+    from torch._dynamo.resume_execution import ContinueExecutionCache
+
+    if code is None:
+        return frozenset()
+    meta = ContinueExecutionCache.generated_code_metadata.get(code)
+    if meta is None or meta.code not in ContinueExecutionCache.cache:
+        return frozenset()
+    for key, generated in ContinueExecutionCache.cache[meta.code].items():
+        if generated is code and len(key) > 8:
+            # lookup(code, lineno, offset, resume_offset, setup_fn_target_offsets,
+            # nstack, argnames, argnames_null, setup_fns, handle_inactive_ctx,
+            # stack_ctx_vars, argnames_ctx_vars, ...)
+            # A ``with`` block active at the break is re-entered by a ReenterWith
+            # (setup_fns) on the stack slot holding its class; an inactive one
+            # (stack_ctx_vars, argnames_ctx_vars) is rebuilt the same way.
+            reenter, stack_ctx, locals_ctx = key[5], key[7], key[8]
+            return frozenset(
+                [
+                    *(f"___stack{f.stack_index}" for f in reenter if hasattr(f, "stack_index")),
+                    *(f"___stack{i}" for i, _ in stack_ctx),
+                    *(name for name, _ in locals_ctx),
+                ]
+            )
+    return frozenset()
 
 
 def resumed_code(code: types.CodeType) -> types.CodeType:
