@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     BUFFER_SHAPES: list[tuple[int, ...]] = []
     BUFFER_DTYPES: list[str] = []
     BUFFER_DEVICES: list[str] = []
-    MODULE_TRAINING: list[list[tuple[str, bool]]] = []
+    MODULE_TRAINING: list[list[tuple[str, bool | None]]] = []
     GRAD_PARAM_INDICES: list[int] = []
     IN_SPEC: str = ""
     OUT_SPEC: str = ""
@@ -310,7 +310,9 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
                     f"the traced model had {name!r}; pass a structurally identical model",
                     2,
                 )
-            if flag != aflag:
+            # None: the trace never read this submodule's flag, so its mode changes
+            # nothing the graph computes (a Linear's train()).
+            if flag is not None and flag != aflag:
                 where = f"submodule {name!r}" if name else "the model"
                 mode = "train()" if flag else "eval()"
                 refuse(

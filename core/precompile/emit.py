@@ -284,6 +284,7 @@ def single_graph_metadata(
         "MODULE_STATE": deps.modules,
         "CLASS_STATE": deps.classes,
         "READ_NAMES": sorted(deps.names),
+        "MODULE_READS": deps.module_reads,
         "GLOBAL_READS": [
             {
                 "module": read.module,

@@ -553,10 +553,15 @@ def hooks_fingerprint(holder: Any, dict_names: tuple[str, ...], flags: Any) -> A
 
 
 def module_fingerprint(
-    module: Any, context: dict[str, Any], depth: int = 0, children: bool = True
+    module: Any,
+    context: dict[str, Any],
+    depth: int = 0,
+    children: bool = True,
+    own: Any = None,
 ) -> tuple[Any, ...]:
     """One module's own state as a trace depends on it: its type, the attributes the
-    trace's code reads (by the names in ``context``), and its hooks. Its children are
+    trace read on it (``own``, when the capture saw its reads) or else those whose names
+    the trace's code reads (``context``), and its hooks. Its children are
     fingerprinted on their own (``children=False``) when the module is a module
     argument; for a module held any other way (a global, an attribute) they are
     included, with the names of its parameters and buffers."""
@@ -572,7 +577,7 @@ def module_fingerprint(
         module._modules,
         *(getattr(module, name) for name in hook_dicts),
     ]
-    names = context["names"]
+    names = context["names"] if own is None else own
     attrs = tuple(
         (k, fingerprint(v, context, depth))
         for k, v in state.items()
