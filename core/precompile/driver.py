@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     dispatch_mode_depth: Callable[[], int] = int
 
     AMBIENT_MODES: list[str] = []
+    MODES_SEE_OPS: bool = False
     BACKEND: str = ""
     FN_NAME: str = ""
     NUM_POSITIONAL_ARGS: int = 0
@@ -172,28 +173,53 @@ def refuse(message: str, invariant: int | None = None) -> NoReturn:
     raise error_type(message, invariant=invariant) from None
 
 
-def check_ambient_modes(captured: tuple[str, ...]) -> None:
-    """Refuse a call made under other torch-function or dispatch modes than the capture
-    ran under (``AMBIENT_MODES``; ``state_checks.ambient_modes``). A mode sees every
-    torch call eager makes under it and may change any result; the graph holds the
-    operations the capture made under its own modes, and cannot tell a mode that
-    changes results from one that only watches (``FlopCounterMode``), so both are
-    refused. Both drivers call this only when a mode is active or was at capture (two C
-    calls per call otherwise), before any other check, so the refusal names the mode."""
+def check_ambient_modes(captured: tuple[str, ...], modes_see_ops: bool = False) -> None:
+    """Refuse a call made under other torch modes than the capture ran under
+    (``AMBIENT_MODES``; ``state_checks.ambient_modes``), except dispatch modes around an
+    artifact whose graphs run eager's own ATen operations (``MODES_SEE_OPS``).
+
+    The rule: a mode is served where it sees, during the served call, exactly what it
+    sees in eager. A ``TorchDispatchMode`` sees each ATen operation dispatched under it;
+    an eager-backend graph (no decompositions, no compiled forward/backward pair) is
+    those very operations, dispatched in eager's order, so the mode sees and changes
+    them as it would in eager: ``FlopCounterMode`` counts the same FLOPs, a mode that
+    doubles ``aten.relu`` doubles the graph's. A ``TorchFunctionMode`` sees Python-level
+    torch calls, which a graph does not make as eager made them, and Inductor's kernels
+    dispatch nothing: both are refused, naming the mode. Both drivers call this only
+    when a mode is active or was at capture (two C calls per call otherwise), before any
+    other check, so the refusal names the mode."""
     live = ambient_modes()
+    if modes_see_ops:
+        live = tuple(m for m in live if not m.endswith("(a TorchDispatchMode)"))
     if live == captured:
         return
 
     def shown(modes: tuple[str, ...]) -> str:
         return "under " + ", ".join(modes) if modes else "under no torch mode"
 
+    if any(m.endswith("(a TorchFunctionMode)") for m in live):
+        why = (
+            "A TorchFunctionMode sees the Python-level torch calls eager makes and may "
+            "change their results; the artifact does not make those calls (its graph "
+            "holds what they computed at capture), so it cannot answer as eager would"
+        )
+    elif any(m.endswith("(a TorchDispatchMode)") for m in live):
+        why = (
+            "A TorchDispatchMode sees every ATen operation eager runs and may change its "
+            "result; this artifact's operations are compiled kernels (Inductor, "
+            "decompositions, or a compiled forward/backward pair) that the mode would "
+            "not see, so it cannot answer as eager would (an artifact of the eager "
+            "backend runs its graph under the mode, which sees what it sees in eager)"
+        )
+    else:
+        why = (
+            "A mode sees every torch call eager makes under it and may change its "
+            "result; the artifact runs the operations captured without it, so it "
+            "cannot answer as eager would"
+        )
     refuse(
         f"precompile: this call runs {shown(live)}, and the capture ran {shown(captured)}. "
-        f"A mode sees every torch call eager makes under it and may change its result; "
-        f"the artifact runs the operations captured without it, so it cannot answer as "
-        f"eager would (a mode that only watches, such as FlopCounterMode, is refused "
-        f"too: the artifact cannot tell it from one that changes results). Call the "
-        f"artifact outside the mode, or run fn eagerly under it",
+        f"{why}. Call the artifact outside the mode, or run fn eagerly under it",
         6,
     )
 
@@ -943,7 +969,7 @@ def _build_single_graph_forward() -> Any:
     def checked_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
         """Every check of a call; the graph's flat inputs and the user's tensors."""
         if function_mode_depth() or dispatch_mode_depth() or captured_modes:
-            check_ambient_modes(captured_modes)
+            check_ambient_modes(captured_modes, MODES_SEE_OPS)
         if surface_ok is not None:
             surface_ok()
         if builtins_scopes and _dict_version(builtins_scopes[0][0]) != builtins_seen[0]:

@@ -84,6 +84,9 @@ class SingleGraph:
     #: Per input leaf, where it sits in the user's call: ``x``, ``batch['ids']``,
     #: ``xs[1]`` (fn's parameter name, then the path into the container).
     input_names: list[str] = dataclasses.field(default_factory=list)
+    #: Whether the tracer applied decompositions: the graph's operations are then not
+    #: those eager dispatches (``MODES_SEE_OPS``).
+    decomposed: bool = False
 
     @property
     def user_tensors(self) -> list[torch.Tensor]:
@@ -820,6 +823,7 @@ def trace_single_graph(
         if grad_inputs
         else None,
         input_names=_leaf_names(fn, len(args), module_positions, in_spec),
+        decomposed=bool(decompositions),
     )
 
 
