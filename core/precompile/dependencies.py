@@ -244,6 +244,38 @@ def recording_calls() -> Iterator[CallLog]:
 _MODULE_GETATTR_CODE = torch.nn.Module.__getattr__.__code__
 
 
+#: Nonzero while the capture's own machinery touches the modules (swapping the traced
+#: tensors in and out): those reads are not the traced code's.
+_PAUSED = [0]
+
+
+@contextlib.contextmanager
+def unrecorded(manager: Any) -> Iterator[Any]:
+    """Enter and exit ``manager`` without recording its module reads (the body's are
+    recorded): how the capture swaps fake tensors into the model (which reads each
+    module's ``_parameters`` and ``_buffers``) is not what the traced code read."""
+    _PAUSED[0] += 1
+    try:
+        value = manager.__enter__()
+    finally:
+        _PAUSED[0] -= 1
+    try:
+        yield value
+    except BaseException:
+        _PAUSED[0] += 1
+        try:
+            if not manager.__exit__(*sys.exc_info()):
+                raise
+        finally:
+            _PAUSED[0] -= 1
+    else:
+        _PAUSED[0] += 1
+        try:
+            manager.__exit__(None, None, None)
+        finally:
+            _PAUSED[0] -= 1
+
+
 @contextlib.contextmanager
 def recording_module_reads(
     modules: list[torch.nn.Module],
@@ -270,11 +302,11 @@ def recording_module_reads(
 
     def recorder(self: torch.nn.Module, name: str) -> Any:
         seen = reads.get(id(self), None)
-        if seen is not None:
-            if name == "__dict__" and getframe(1).f_code is not _MODULE_GETATTR_CODE:
-                reads[id(self)] = None
-            else:
+        if seen is not None and not _PAUSED[0]:
+            if name != "__dict__":
                 seen.add(name)
+            elif getframe(1).f_code is not _MODULE_GETATTR_CODE:
+                reads[id(self)] = None
         return get(self, name)
 
     if "__getattribute__" in vars(torch.nn.Module):

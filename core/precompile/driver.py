@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     BUFFER_DTYPES: list[str] = []
     BUFFER_DEVICES: list[str] = []
     MODULE_TRAINING: list[list[tuple[str, bool | None]]] = []
+    MODULE_READS: list[list[list[str] | None]] = []
     GRAD_PARAM_INDICES: list[int] = []
     IN_SPEC: str = ""
     OUT_SPEC: str = ""
@@ -270,12 +271,47 @@ def lift_live_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[
     return tensors, names, subs
 
 
+def _without_unread_buffers(
+    mods: list[Any], tensors: list[Any], names: list[str], expected: list[str]
+) -> tuple[list[Any], list[str]] | None:
+    """The captured parameters and buffers, in the captured order, when every other one
+    the runtime model has is a buffer added after capture that the trace could not have
+    read: its module's reads were seen (``MODULE_READS``), and they include neither its
+    name nor the module's ``_buffers`` (what ``buffers()``, ``named_buffers()`` and
+    ``state_dict()`` enumerate). None when that is not so (the caller refuses)."""
+    if not MODULE_READS:
+        return None
+    by_name = dict(zip(names, tensors))
+    if not set(expected) <= by_name.keys() or [n for n in names if n in set(expected)] != (
+        expected
+    ):
+        return None
+    multi = len(mods) > 1
+    for name in names:
+        if name in by_name and name in expected:
+            continue
+        mi, path = (int(name.split(".", 1)[0][1:]), name.split(".", 1)[1]) if multi else (0, name)
+        owner, _, leaf = path.rpartition(".")
+        paths = [n for n, _ in mods[mi].named_modules()]
+        if owner not in paths or len(paths) != len(MODULE_READS[mi]):
+            return None
+        own = MODULE_READS[mi][paths.index(owner)]
+        sub = mods[mi].get_submodule(owner)
+        if own is None or "_buffers" in own or leaf in own or leaf not in sub._buffers:
+            return None
+    return [by_name[n] for n in expected], list(expected)
+
+
 def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[Any]]:
     """Raise the precise invariant-2 message for a runtime model that differs from the
     traced one; if it matches, return its lifted state (as ``lift_live_module_state``). Slow
     on purpose: it runs only when the per-call fast check saw a new model or a change."""
     tensors, names, subs = lift_live_module_state(mods)
     expected = list(PARAM_NAMES) + list(BUFFER_NAMES)
+    if names != expected:
+        unread = _without_unread_buffers(mods, tensors, names, expected)
+        if unread is not None:
+            tensors, names = unread
     if names != expected:
         missing = [n for n in expected if n not in names]
         extra = [n for n in names if n not in expected]

@@ -645,7 +645,7 @@ def trace_single_graph(
                     for m, name in names
                     if m == mi
                 }
-                stack.enter_context(tracing.reparametrized(module, swap))
+                stack.enter_context(dependencies.unrecorded(tracing.reparametrized(module, swap)))
             out = fn(*call_args)
             argument_changes[:] = watch.changes()
         out_leaves, out_spec = pytree.tree_flatten(out)

@@ -29,6 +29,7 @@ MODELS = {
     "residual": ("nm.Residual().eval()", "torch.randn(2, 4)"),
     "tagger": ("nm.Tagger().eval()", "torch.tensor([[0, 1, 2, 5]])"),
     "dropout": ("nm.WithDropout().eval()", "torch.randn(2, 4)"),
+    "buffers": ("nm.BufferSum().eval()", "torch.randn(2, 4)"),
 }
 
 _PRELUDE = """
@@ -111,6 +112,10 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         attempt("train() of a Linear beside a DropPath", "residual", lambda m: m.fc1.train())
         attempt("extra buffer", "residual",
                 lambda m: m.register_buffer("extra", torch.ones(3)))
+        attempt("extra buffer on a BatchNorm", "block",
+                lambda m: m.bn1.register_buffer("extra", torch.ones(3)))
+        attempt("extra buffer the forward enumerates", "buffers",
+                lambda m: m.register_buffer("extra", torch.ones(3)))
         # Read by the trace and baked into the graph: refused, naming the change.
         attempt("train() with a Dropout", "dropout", lambda m: m.train())
         attempt("DropPath in training", "residual", lambda m: m.drop_path.train())
@@ -158,6 +163,7 @@ EXACT = [
     "eval DropPath.drop_prob",
     "train() without train-dependent modules",
     "train() of a Linear beside a DropPath",
+    "extra buffer",
     "RecordingOps",
     "DoublingReluKernel",
     "FlopCounterMode",
@@ -172,15 +178,14 @@ def test_a_change_the_graph_does_not_depend_on_is_served_exactly(served: Any, ce
     assert out[cell] == "exact", out[cell]
 
 
-def test_an_extra_buffer_forward_never_reads(served: Any) -> None:
+def test_an_extra_buffer_is_served_unless_the_forward_enumerates_buffers(served: Any) -> None:
     tracer, out = served
-    if tracer == "dynamo":
-        assert out["extra buffer"] == "exact", out
-    else:
-        # make_fx lifts every buffer as a graph input by name and order (invariant 1);
-        # an added one is still refused there, naming it.
-        assert out["extra buffer"].startswith("refused: "), out
-        assert "unexpected ['extra']" in out["extra buffer"], out
+    assert out["extra buffer"] == out["extra buffer on a BatchNorm"] == "exact", out
+    # ``self.buffers()`` in forward: the new buffer changes eager's result.
+    enumerated = out["extra buffer the forward enumerates"]
+    assert enumerated.startswith("refused: "), out
+    words = {"make_fx": "unexpected ['extra']", "dynamo": "`model` does not"}[tracer]
+    assert words in enumerated, enumerated
 
 
 def test_a_dispatch_mode_sees_the_ops_eager_runs(served: Any) -> None:
