@@ -30,6 +30,7 @@ MODELS = {
     "tagger": ("nm.Tagger().eval()", "torch.tensor([[0, 1, 2, 5]])"),
     "dropout": ("nm.WithDropout().eval()", "torch.randn(2, 4)"),
     "buffers": ("nm.BufferSum().eval()", "torch.randn(2, 4)"),
+    "timm": ("nm.TimmResidual().eval()", "torch.randn(2, 4)"),
 }
 
 _PRELUDE = """
@@ -121,6 +122,8 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         attempt("DropPath in training", "residual", lambda m: m.drop_path.train())
         attempt("ReLU.inplace", "residual", lambda m: setattr(m.act, "inplace", True))
         attempt("Embedding.padding_idx", "tagger", lambda m: setattr(m.emb, "padding_idx", 3))
+        attempt("timm-order DropPath.drop_prob", "timm",
+                lambda m: setattr(m.drop_path, "drop_prob", 0.3))
         # Why ReLU.inplace cannot be served blindly: where relu's input is read again,
         # an in-place relu changes eager's result.
         torch.manual_seed(0)
@@ -210,6 +213,11 @@ def test_a_dispatch_mode_sees_the_ops_eager_runs(served: Any) -> None:
         (
             "Embedding.padding_idx",
             {"make_fx": "padding_idx = 3", "dynamo": "model.emb.padding_idx"},
+        ),
+        # timm tests drop_prob == 0. before training: the trace read the value.
+        (
+            "timm-order DropPath.drop_prob",
+            {"make_fx": "drop_prob = 0.3", "dynamo": "model.drop_path.drop_prob"},
         ),
         (
             "DoublingRelu",
