@@ -37,6 +37,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
+# >>> not emitted: Dynamo artifacts carry state_checks.watches_only among their functions
+from precompile.state_checks import watches_only
+
+# <<< not emitted
+
 if TYPE_CHECKING:
     # Bound by the artifact prelude (precompile._compat.prelude).
     _dict_version: Callable[[dict[str, Any]], int] = len
@@ -114,8 +119,10 @@ def global_hook_snapshot() -> dict[str, list[str]]:
         "_global_backward_hooks",
     ):
         hooks = getattr(nn_module, attr, None)
-        if hooks:
-            found[attr] = [hook_name(h) for h in hooks.values()]
+        # torch's module trackers' hooks only watch (state_checks.watches_only).
+        names = [hook_name(h) for h in (hooks or {}).values() if not watches_only(h)]
+        if names:
+            found[attr] = names
     return found
 
 

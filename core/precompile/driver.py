@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     dispatch_mode_depth: Callable[[], int] = int
 
     AMBIENT_MODES: list[str] = []
+    MODES_SEE_OPS: bool = False
     BACKEND: str = ""
     FN_NAME: str = ""
     NUM_POSITIONAL_ARGS: int = 0
@@ -51,7 +52,8 @@ if TYPE_CHECKING:
     BUFFER_SHAPES: list[tuple[int, ...]] = []
     BUFFER_DTYPES: list[str] = []
     BUFFER_DEVICES: list[str] = []
-    MODULE_TRAINING: list[list[tuple[str, bool]]] = []
+    MODULE_TRAINING: list[list[tuple[str, bool | None]]] = []
+    MODULE_READS: list[list[list[str] | None]] = []
     GRAD_PARAM_INDICES: list[int] = []
     IN_SPEC: str = ""
     KEYED_DICTS: list[bool] = []
@@ -174,28 +176,53 @@ def refuse(message: str, invariant: int | None = None) -> NoReturn:
     raise error_type(message, invariant=invariant) from None
 
 
-def check_ambient_modes(captured: tuple[str, ...]) -> None:
-    """Refuse a call made under other torch-function or dispatch modes than the capture
-    ran under (``AMBIENT_MODES``; ``state_checks.ambient_modes``). A mode sees every
-    torch call eager makes under it and may change any result; the graph holds the
-    operations the capture made under its own modes, and cannot tell a mode that
-    changes results from one that only watches (``FlopCounterMode``), so both are
-    refused. Both drivers call this only when a mode is active or was at capture (two C
-    calls per call otherwise), before any other check, so the refusal names the mode."""
+def check_ambient_modes(captured: tuple[str, ...], modes_see_ops: bool = False) -> None:
+    """Refuse a call made under other torch modes than the capture ran under
+    (``AMBIENT_MODES``; ``state_checks.ambient_modes``), except dispatch modes around an
+    artifact whose graphs run eager's own ATen operations (``MODES_SEE_OPS``).
+
+    The rule: a mode is served where it sees, during the served call, exactly what it
+    sees in eager. A ``TorchDispatchMode`` sees each ATen operation dispatched under it;
+    an eager-backend graph (no decompositions, no compiled forward/backward pair) is
+    those very operations, dispatched in eager's order, so the mode sees and changes
+    them as it would in eager: ``FlopCounterMode`` counts the same FLOPs, a mode that
+    doubles ``aten.relu`` doubles the graph's. A ``TorchFunctionMode`` sees Python-level
+    torch calls, which a graph does not make as eager made them, and Inductor's kernels
+    dispatch nothing: both are refused, naming the mode. Both drivers call this only
+    when a mode is active or was at capture (two C calls per call otherwise), before any
+    other check, so the refusal names the mode."""
     live = ambient_modes()
+    if modes_see_ops:
+        live = tuple(m for m in live if not m.endswith("(a TorchDispatchMode)"))
     if live == captured:
         return
 
     def shown(modes: tuple[str, ...]) -> str:
         return "under " + ", ".join(modes) if modes else "under no torch mode"
 
+    if any(m.endswith("(a TorchFunctionMode)") for m in live):
+        why = (
+            "A TorchFunctionMode sees the Python-level torch calls eager makes and may "
+            "change their results; the artifact does not make those calls (its graph "
+            "holds what they computed at capture), so it cannot answer as eager would"
+        )
+    elif any(m.endswith("(a TorchDispatchMode)") for m in live):
+        why = (
+            "A TorchDispatchMode sees every ATen operation eager runs and may change its "
+            "result; this artifact's operations are compiled kernels (Inductor, "
+            "decompositions, or a compiled forward/backward pair) that the mode would "
+            "not see, so it cannot answer as eager would (an artifact of the eager "
+            "backend runs its graph under the mode, which sees what it sees in eager)"
+        )
+    else:
+        why = (
+            "A mode sees every torch call eager makes under it and may change its "
+            "result; the artifact runs the operations captured without it, so it "
+            "cannot answer as eager would"
+        )
     refuse(
         f"precompile: this call runs {shown(live)}, and the capture ran {shown(captured)}. "
-        f"A mode sees every torch call eager makes under it and may change its result; "
-        f"the artifact runs the operations captured without it, so it cannot answer as "
-        f"eager would (a mode that only watches, such as FlopCounterMode, is refused "
-        f"too: the artifact cannot tell it from one that changes results). Call the "
-        f"artifact outside the mode, or run fn eagerly under it",
+        f"{why}. Call the artifact outside the mode, or run fn eagerly under it",
         6,
     )
 
@@ -257,12 +284,47 @@ def lift_live_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[
     return tensors, names, subs
 
 
+def _without_unread_buffers(
+    mods: list[Any], tensors: list[Any], names: list[str], expected: list[str]
+) -> tuple[list[Any], list[str]] | None:
+    """The captured parameters and buffers, in the captured order, when every other one
+    the runtime model has is a buffer added after capture that the trace could not have
+    read: its module's reads were seen (``MODULE_READS``), and they include neither its
+    name nor the module's ``_buffers`` (what ``buffers()``, ``named_buffers()`` and
+    ``state_dict()`` enumerate). None when that is not so (the caller refuses)."""
+    if not MODULE_READS:
+        return None
+    by_name = dict(zip(names, tensors))
+    if not set(expected) <= by_name.keys() or [n for n in names if n in set(expected)] != (
+        expected
+    ):
+        return None
+    multi = len(mods) > 1
+    for name in names:
+        if name in by_name and name in expected:
+            continue
+        mi, path = (int(name.split(".", 1)[0][1:]), name.split(".", 1)[1]) if multi else (0, name)
+        owner, _, leaf = path.rpartition(".")
+        paths = [n for n, _ in mods[mi].named_modules()]
+        if owner not in paths or len(paths) != len(MODULE_READS[mi]):
+            return None
+        own = MODULE_READS[mi][paths.index(owner)]
+        sub = mods[mi].get_submodule(owner)
+        if own is None or "_buffers" in own or leaf in own or leaf not in sub._buffers:
+            return None
+    return [by_name[n] for n in expected], list(expected)
+
+
 def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[Any]]:
     """Raise the precise invariant-2 message for a runtime model that differs from the
     traced one; if it matches, return its lifted state (as ``lift_live_module_state``). Slow
     on purpose: it runs only when the per-call fast check saw a new model or a change."""
     tensors, names, subs = lift_live_module_state(mods)
     expected = list(PARAM_NAMES) + list(BUFFER_NAMES)
+    if names != expected:
+        unread = _without_unread_buffers(mods, tensors, names, expected)
+        if unread is not None:
+            tensors, names = unread
     if names != expected:
         missing = [n for n in expected if n not in names]
         extra = [n for n in names if n not in expected]
@@ -323,7 +385,9 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
                     f"the traced model had {name!r}; pass a structurally identical model",
                     2,
                 )
-            if flag != aflag:
+            # None: the trace never read this submodule's flag, so its mode changes
+            # nothing the graph computes (a Linear's train()).
+            if flag is not None and flag != aflag:
                 where = f"submodule {name!r}" if name else "the model"
                 mode = "train()" if flag else "eval()"
                 refuse(
@@ -1119,7 +1183,7 @@ def _build_single_graph_forward() -> Any:
         """Every check of a call; the graph's flat inputs and the user's tensors (an
         input in another layout copied for Inductor only when ``running`` the graph)."""
         if function_mode_depth() or dispatch_mode_depth() or captured_modes:
-            check_ambient_modes(captured_modes)
+            check_ambient_modes(captured_modes, MODES_SEE_OPS)
         if surface_ok is not None:
             surface_ok()
         if builtins_scopes and _dict_version(builtins_scopes[0][0]) != builtins_seen[0]:

@@ -569,6 +569,11 @@ def emit_dynamo(
         "GRAD_MODE": grad_mode,
         "GLOBAL_STATE": global_state,
         "AMBIENT_MODES": list(ambient_modes),
+        # The eager backend runs each graph's torch calls as eager does: a dispatch
+        # mode around a call sees its ATen operations (driver.check_ambient_modes).
+        # (Installed serving leaves guards to Dynamo, which reads a dispatch mode as
+        # another dispatch key set.)
+        "MODES_SEE_OPS": backend == "eager" and serving_mode != "installed",
         "FRAMES": [
             f.summary() | {"resume_names": p["resume_names"]} for f, p in zip(frames, payload)
         ],
@@ -594,6 +599,7 @@ def emit_dynamo(
             state_checks.autocast_state,
             state_checks.type_name,
             state_checks.ambient_modes,
+            state_checks.watches_only,
             driver.PrecompileError,
             driver.refuse,
             driver.check_ambient_modes,

@@ -303,12 +303,19 @@ def single_graph_metadata(
         "DEFAULT_DTYPE": str(torch.get_default_dtype()),
         "AUTOCAST": [list(state) for state in graph.autocast],
         "AMBIENT_MODES": list(graph.ambient_modes),
+        # A dispatch mode around a call sees eager's own ATen operations in the graph:
+        # eager backend, no decompositions, one inference graph (driver.check_ambient_modes).
+        "MODES_SEE_OPS": backend == "eager"
+        and not graph.training
+        and autograd is None
+        and not graph.decomposed,
         "STATE_READS": {
             kind: _grad_site(site, artifact_path) for kind, site in sorted(graph.reads.items())
         },
         "MODULE_STATE": deps.modules,
         "CLASS_STATE": deps.classes,
         "READ_NAMES": sorted(deps.names),
+        "MODULE_READS": deps.module_reads,
         "GLOBAL_READS": [
             {
                 "module": read.module,

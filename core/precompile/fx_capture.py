@@ -48,7 +48,7 @@ class SingleGraph:
     lifted: LiftedState
     num_args: int
     module_positions: list[int]
-    module_training: list[list[tuple[str, bool]]]
+    module_training: list[list[tuple[str, bool | None]]]
     in_spec: Any
     out_spec: Any
     user_leaves: list[Any]
@@ -87,6 +87,9 @@ class SingleGraph:
     #: Per input leaf, where it sits in the user's call: ``x``, ``batch['ids']``,
     #: ``xs[1]`` (fn's parameter name, then the path into the container).
     input_names: list[str] = dataclasses.field(default_factory=list)
+    #: Whether the tracer applied decompositions: the graph's operations are then not
+    #: those eager dispatches (``MODES_SEE_OPS``).
+    decomposed: bool = False
 
     @property
     def user_tensors(self) -> list[torch.Tensor]:
@@ -516,6 +519,18 @@ def _control_flow_refusal(op: str, where: Location | None) -> PrecompileError:
     )
 
 
+def _read_training_flags(
+    module: torch.nn.Module, reads: list[list[str] | None]
+) -> list[tuple[str, bool | None]]:
+    """``MODULE_TRAINING`` of one module argument: each submodule's training flag where
+    the trace read it (dropout, batch norm, a user's ``if self.training``) or could not
+    tell (reads unseen); None where it did not, which no ``train()`` can change."""
+    return [
+        (name, flag if seen is None or "training" in seen else None)
+        for (name, flag), seen in zip(module_training_flags(module), reads)
+    ]
+
+
 def _refuse_from_exception(error: BaseException, training: bool) -> PrecompileError:
     where = innermost(traceback_user_stack(error.__traceback__))
     control_flow = _higher_order_op_in(error.__traceback__)
@@ -638,7 +653,7 @@ def trace_single_graph(
                     for m, name in names
                     if m == mi
                 }
-                stack.enter_context(tracing.reparametrized(module, swap))
+                stack.enter_context(dependencies.unrecorded(tracing.reparametrized(module, swap)))
             out = keyed_inputs.plain(fn(*call_args))
             with keyed_inputs.quiet():
                 argument_changes[:] = watch.changes()
@@ -709,6 +724,7 @@ def trace_single_graph(
                 lambda frame: frame.f_code.co_filename != __file__
             ) as grad_access,
             dependencies.recording_calls() as ran,
+            dependencies.recording_module_reads(modules) as module_reads,
         ):
             with fake_mode, opaque, torch.set_grad_enabled(training or grad_inputs):
                 gm = tracing.make_fx(
@@ -785,14 +801,18 @@ def trace_single_graph(
         tracing.insert_runtime_asserts(gm, fake_mode)
     if grad_inputs:
         _check_grad_inputs_capture(grad_param_indices, dynamic_dims, where)
-    recorded = dependencies.record_dependencies(modules, ran, training, fn, where)
+    recorded = dependencies.record_dependencies(
+        modules, ran, training, fn, where, reads=module_reads
+    )
     dependencies.refuse_unnamed_sentinels(recorded, where)
     return SingleGraph(
         graph_module=gm,
         lifted=lifted,
         num_args=len(args),
         module_positions=module_positions,
-        module_training=[module_training_flags(m) for m in modules],
+        module_training=[
+            _read_training_flags(m, row) for m, row in zip(modules, recorded.module_reads)
+        ],
         in_spec=in_spec,
         out_spec=out_spec_box[-1],
         user_leaves=leaves,
@@ -813,6 +833,7 @@ def trace_single_graph(
         else None,
         input_names=_leaf_names(fn, len(args), module_positions, in_spec),
         keyed_dicts=keyed_inputs.keyed_flags(in_spec, dicts_observed),
+        decomposed=bool(decompositions),
     )
 
 

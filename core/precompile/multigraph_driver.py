@@ -73,7 +73,7 @@ if TYPE_CHECKING:
 
     def autocast_state() -> tuple[tuple[str, str], ...]: ...
 
-    def check_ambient_modes(captured: tuple[str, ...]) -> None: ...
+    def check_ambient_modes(captured: tuple[str, ...], modes_see_ops: bool = False) -> None: ...
 
     def _opaque_to_dynamo(fn: Callable[..., Any]) -> Callable[..., Any]: ...
 
@@ -81,7 +81,11 @@ if TYPE_CHECKING:
 
     function_mode_depth: Callable[[], int] = int
     dispatch_mode_depth: Callable[[], int] = int
+
+    def disable_dispatch_modes() -> Any: ...
+
     AMBIENT_MODES: list[str] = []
+    MODES_SEE_OPS: bool = False
 
 
 def _strip_dim_marks(values: Any) -> list[tuple[Any, dict[str, Any]]]:
@@ -211,6 +215,17 @@ def _serving_variant(managers: list[Any], f_locals: dict[str, Any]) -> int | Non
     serving and every covers() make. A root's fast path can refuse without running its
     tree once, so each variant is checked twice before the next (plain_guards' checks
     have no such fast path: ``checks_once``)."""
+    if dispatch_mode_depth():
+        # Served under a dispatch mode (MODES_SEE_OPS): the mode puts torch's Python
+        # dispatch key in this thread's state, which the tensor guards would read as
+        # another dispatch key set; eager's Python ran on the same tensors, so the
+        # guards are checked with the modes set aside, and the graph runs under them.
+        with disable_dispatch_modes():
+            return _serving_variant_now(managers, f_locals)
+    return _serving_variant_now(managers, f_locals)
+
+
+def _serving_variant_now(managers: list[Any], f_locals: dict[str, Any]) -> int | None:
     for i, manager in enumerate(managers):
         if manager.check(f_locals) or (
             not getattr(manager, "checks_once", False) and manager.check(f_locals)
@@ -231,7 +246,11 @@ def _coverage(managers: list[Any], f_locals: dict[str, Any]) -> dict[str, Any]:
 
 def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str:
     """The first guard of a variant that fails for these locals, in the user's words."""
-    info = manager.check_verbose(f_locals)
+    if dispatch_mode_depth():
+        with disable_dispatch_modes():
+            info = manager.check_verbose(f_locals)
+    else:
+        info = manager.check_verbose(f_locals)
     parts = list(getattr(info, "verbose_code_parts", None) or [])
     return guard_failure_text(str(parts[0]), f_locals) if parts else "a guard failed"
 
@@ -393,7 +412,7 @@ def _serve_as_captured(entry: Any, check: Any) -> Any:
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         if function_mode_depth() or dispatch_mode_depth() or captured_modes:
-            check_ambient_modes(captured_modes)
+            check_ambient_modes(captured_modes, MODES_SEE_OPS)
         check(args, kwargs)
         if torch.get_default_dtype() is not dtype or (
             torch.are_deterministic_algorithms_enabled() != deterministic

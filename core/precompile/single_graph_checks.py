@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     MODULE_POSITIONS: list[int] = []
     TRAINING: bool = False
     MODULE_STATE: list[list[Any]] = []
+    MODULE_READS: list[list[list[str] | None]] = []
     CLASS_STATE: list[tuple[str, Any]] = []
     READ_NAMES: list[str] = []
     GLOBAL_READS: list[dict[str, Any]] = []
@@ -38,7 +39,11 @@ if TYPE_CHECKING:
     def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any: ...
 
     def module_fingerprint(
-        module: Any, context: dict[str, Any], depth: int = 0, children: bool = True
+        module: Any,
+        context: dict[str, Any],
+        depth: int = 0,
+        children: bool = True,
+        own: Any = None,
     ) -> tuple[Any, ...]: ...
 
     def global_hooks_fingerprint(hooks: tuple[dict[Any, Any], ...]) -> Any: ...
@@ -310,9 +315,13 @@ def check_module_state(mods: list[Any], context: dict[str, Any]) -> None:
     """Raise the precise message for a submodule whose type, read attributes or hooks
     differ from what the trace saw (names, order and count were checked already)."""
     hook_kinds = ("forward pre-hooks", "forward hooks", "backward pre-hooks", "backward hooks")
-    for mi, (m, records) in enumerate(zip(mods, MODULE_STATE)):
-        for (name, sub), record in zip(m.named_modules(), records):
-            live = module_fingerprint(sub, context, children=False)
+    reads = MODULE_READS or [[None] * len(records) for records in MODULE_STATE]
+    for mi, (m, records, row) in enumerate(zip(mods, MODULE_STATE, reads)):
+        for (name, sub), record, own in zip(m.named_modules(), records, row):
+            # The attributes the trace read on this submodule (None: unseen, so those
+            # its code names): an attribute it never read changes nothing served.
+            own_names = None if own is None else frozenset(own)
+            live = module_fingerprint(sub, context, children=False, own=own_names)
             if live == record:
                 continue
             where = f"submodule {name!r}" if name else "the model"

@@ -14,6 +14,7 @@ import torch
 ARTIFACT_PRELUDE = """\
 import torch as _torch
 import torch.utils._pytree as _pytree
+import torch.utils._python_dispatch as _python_dispatch
 
 _DisableAutocast = _torch._C._DisableAutocast
 _any_autocast_enabled = _torch._C._is_any_autocast_enabled
@@ -27,6 +28,9 @@ function_mode_depth = _torch._C._len_torch_function_stack
 function_mode_at = _torch._C._get_function_stack_at
 dispatch_mode_depth = _torch._C._len_torch_dispatch_stack
 dispatch_mode_at = _torch._C._get_dispatch_stack_at
+# Sets the active dispatch modes aside inside a with block (guards checked as eager's
+# Python ran, under a mode that watches the graph's operations).
+disable_dispatch_modes = _python_dispatch._disable_current_modes
 _SKIP_DYNAMO_FRAMES = _torch._C._dynamo.eval_frame._FrameExecStrategy(
     _torch._C._dynamo.eval_frame._FrameAction.SKIP, _torch._C._dynamo.eval_frame._FrameAction.SKIP
 )
