@@ -22,6 +22,7 @@ from bench import (
     daemon,
     dynamo,
     lsp,
+    percall,
     real_models,
     scale,
     serving,
@@ -41,6 +42,7 @@ SECTIONS: dict[str, Callable[[Path, int], str]] = {
     "scale": scale.run_scale_section,
     "serving": serving.run_serving_section,
     "surface": surface.run_surface_section,
+    "percall": percall.run_percall_section,
     "cluster": cluster.run_cluster_section,
     "shards": shards.run_shards_section,
 }

@@ -133,6 +133,15 @@ class InferenceGradWarning(UserWarning):
     """
 
 
+class LayoutCopyWarning(UserWarning):
+    """A call passed an input in another memory layout (strides) than the one the
+    artifact's Inductor kernels were compiled for -- transposed, expanded, channels_last
+    where the capture's was contiguous -- and was served through a copy in the captured
+    layout: exact, but a copy of that input on each such call. Warned once per loaded
+    artifact; its own category so serving code can filter it or turn it into an error.
+    """
+
+
 class RiskyGuardWarning(UserWarning):
     """The artifact dropped guards that decide which captured variant runs (warned when
     ``DynamoTracer(require_no_risky_drops=False)`` accepts them)."""

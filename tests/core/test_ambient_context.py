@@ -82,15 +82,16 @@ def test_a_call_under_a_torch_mode_is_refused_naming_it(tracer: str, tmp_path: P
         """,
     )
     assert out["plain"] == out["after"] == "exact", out
-    for name, kind in (
-        ("DoublingRelu", "TorchFunctionMode"),
-        ("DoublingReluKernel", "TorchDispatchMode"),
-    ):
+    for name, kind in (("DoublingRelu", "TorchFunctionMode"),):
         assert out[name].startswith("refused: "), out
         assert f"this call runs under tests.fixtures.ambient_models.{name} (a {kind})" in out[name]
         assert "the capture ran under no torch mode" in out[name]
         assert "Call the artifact outside the mode" in out[name]
-    assert "torch.utils.flop_counter._FlopCounterMode (a TorchDispatchMode)" in out["flops"], out
+    # A dispatch mode sees the eager backend's graph run the very ATen operations eager
+    # runs (issue 26): served, and compared with eager under the same mode -- one that
+    # changes results changes the graph's as it changes eager's. Inductor refuses it
+    # (tests/core/test_noop_changes_served.py).
+    assert out["DoublingReluKernel"] == out["flops"] == "exact", out
 
 
 @pytest.mark.parametrize("tracer", sorted(TRACERS))

@@ -46,7 +46,12 @@ CELLS: dict[str, tuple[str, ...] | None] = {
 MODEL_CELLS: dict[str, dict[str, tuple[str, ...] | None]] = {
     "convbn": {"config object": ("cfg",), "class attribute": ("ConvBNNet.bias_shift is 1.0",)},
     # The step's loss module comes from the factory that defines the step.
-    "train_step": {"source:factory": ("make_train_step", "changed")},
+    "train_step": {
+        "source:factory": ("make_train_step", "changed"),
+        # Linear, ReLU and LayerNorm never read their training flag: the graph does not
+        # depend on it, so train()/eval() is served, compared with eager (issue 26).
+        "training flag": None,
+    },
 }
 
 

@@ -1,8 +1,11 @@
 """The library surface a trace went through (issue 26): a torch Python API replaced
 before or after ``load`` -- ``F.scaled_dot_product_attention``, ``F.gelu`` under
-``nn.GELU``, ``torch.relu``, ``torch.Tensor.softmax``, ``nn.LayerNorm.forward`` -- is
-refused naming the replaced function, never served as the graph baked it; served
-unchanged (and after a no-op ``eval()``), every artifact is exact. Both tracers, the eager backend, and ``Tensor.softmax`` under Inductor; each cell
+``nn.GELU``, ``torch.relu``, ``torch.Tensor.softmax``, ``nn.LayerNorm.forward``, and a library
+registry's entry (``AttentionInterface.register("sdpa", kernel)`` or
+``ALL_ATTENTION_FUNCTIONS["sdpa"] = kernel`` under a tiny ``transformers`` BertModel) --
+is refused naming the replaced function, never served as the graph baked it; served
+unchanged (and after a no-op ``eval()``, or the same kernel registered again), every
+artifact is exact. Both tracers, the eager backend, and ``Tensor.softmax`` under Inductor; each cell
 kind in one fresh process (``tests/fixtures/library_surface.py``)."""
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ NAMES = {
     "relu": "torch.relu",
     "softmax": "torch.Tensor.softmax",
     "layernorm": "torch.nn.LayerNorm.forward",
+    # A library registry's entry, by the mapping the library looks it up in.
+    "registry": "transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS['sdpa']",
+    "registry_local": "transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS['sdpa']",
 }
 TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
 

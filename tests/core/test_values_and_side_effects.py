@@ -1,7 +1,7 @@
 """Python values and side effects an artifact must serve exactly or refuse: a float
 argument at a signed zero (``0.0 == -0.0``, yet ``x / s`` differs), NaN and infinity, a
 complex one (``0j == -0j``, yet ``x / s.imag`` differs), for Dynamo also in a frame
-served by installing, a dict input in another key order, a tensor still carrying its
+served by installing, a dict input in another key order (served where fn reads it by key only), a tensor still carrying its
 mark_unbacked mark (both tracers as they apply); and, for make_fx, a trace that changes Python state (fn's list
 and dict arguments, a parameter's requires_grad, a module global) is refused at capture,
 since a served call runs no Python. Captured here, served in one fresh process; a
@@ -47,10 +47,21 @@ EXPECTED: dict[tuple[str, str], dict[str, tuple[str, ...] | None]] = {
         "scale 1+2j": None,
         "scale 1-2j/warm": ("input value 2 is (1-2j)", "baked (1+2j)"),
     },
+    # fn reads the dict by key only: its key order reaches nothing (as under Dynamo).
     ("fx", "dict a,b"): {
-        "dict b,a": ("keys in the order ['b', 'a']", "captured with ['a', 'b']", "captured order"),
+        "dict b,a": None,
         "dict a,b": None,
-        "dict b,a/warm": ("keys in the order ['b', 'a']",),
+        "dict b,a/warm": None,
+    },
+    # fn iterates the dict: its key order is the order of the computation.
+    ("fx", "folded a,b"): {
+        "folded b,a": (
+            "keys in the order ['b', 'a']",
+            "captured with ['a', 'b']",
+            "captured order",
+        ),
+        "folded a,b": None,
+        "folded b,a/warm": ("keys in the order ['b', 'a']",),
     },
     ("dynamo", "divide 0.0"): {
         "divide -0.0": ("`s` is -0.0", "was 0.0 at capture", "Pass 0.0"),

@@ -43,6 +43,27 @@ def compares_identity(entry: Any) -> bool:
     )
 
 
+def duplicate_of(entry: Any) -> str | None:
+    """The other access path of a guard that one object is found at two paths
+    (``DUPLICATE_INPUT``: Dynamo met the object again at ``entry.name``), in Dynamo's
+    naming; None for any other guard."""
+    guard = getattr(entry, "orig_guard", None)
+    create = getattr(guard, "create_fn", None)
+    if getattr(getattr(create, "func", None), "__name__", "") != "DUPLICATE_INPUT":
+        return None
+    other = (getattr(create, "keywords", None) or {}).get("source_b")
+    name = getattr(other, "name", None)
+    if callable(name):
+        name = name()
+    if not isinstance(name, str):
+        return None
+    from torch._dynamo.guards import strip_local_scope
+
+    # The entry's own name is stripped of the local scope (``L['model'].config`` ->
+    # ``model.config``); the other path is named the same way.
+    return str(strip_local_scope(name))
+
+
 #: Guard types the artifact's driver enforces itself: GLOBAL_STATE bundles grad mode
 #: (the driver sets the captured one), autocast (disabled while serving), default dtype
 #: and deterministic mode (checked per call) with the thread count, which an artifact
@@ -215,6 +236,38 @@ def recording_graph_breaks() -> Iterator[list[dict[str, Any]]]:
         yield events
 
 
+def reentered_contexts(code: types.CodeType | None) -> frozenset[str]:
+    """The locals of a Dynamo continuation that hold a context manager *class* its
+    prologue calls to re-enter a ``with`` block the graph break interrupted
+    (``torch.no_grad()`` is carried as ``set_grad_enabled`` and called with the
+    captured mode): what Dynamo's own resume code passes there, never a value the
+    user's code computed. Empty for any other code."""
+    from torch._dynamo.resume_execution import ContinueExecutionCache
+
+    if code is None:
+        return frozenset()
+    meta = ContinueExecutionCache.generated_code_metadata.get(code)
+    if meta is None or meta.code not in ContinueExecutionCache.cache:
+        return frozenset()
+    for key, generated in ContinueExecutionCache.cache[meta.code].items():
+        if generated is code and len(key) > 8:
+            # lookup(code, lineno, offset, resume_offset, setup_fn_target_offsets,
+            # nstack, argnames, argnames_null, setup_fns, handle_inactive_ctx,
+            # stack_ctx_vars, argnames_ctx_vars, ...)
+            # A ``with`` block active at the break is re-entered by a ReenterWith
+            # (setup_fns) on the stack slot holding its class; an inactive one
+            # (stack_ctx_vars, argnames_ctx_vars) is rebuilt the same way.
+            reenter, stack_ctx, locals_ctx = key[5], key[7], key[8]
+            return frozenset(
+                [
+                    *(f"___stack{f.stack_index}" for f in reenter if hasattr(f, "stack_index")),
+                    *(f"___stack{i}" for i, _ in stack_ctx),
+                    *(name for name, _ in locals_ctx),
+                ]
+            )
+    return frozenset()
+
+
 def resumed_code(code: types.CodeType) -> types.CodeType:
     """The user code a Dynamo continuation (resume function) resumes, followed through
     continuations of continuations; ``code`` itself for any other code."""
@@ -237,23 +290,121 @@ GRAD_DEPENDENT_TENSOR_ATTRS = frozenset({"requires_grad", "grad_fn", "is_leaf"})
 
 
 @contextlib.contextmanager
-def recording_grad_dependent_reads(reads: list[str]) -> Iterator[None]:
-    """Record (as ``.attr at file:line``) each read of a GRAD_DEPENDENT_TENSOR_ATTRS
-    attribute of a tensor the trace computed. An input's are checked by its guards; an
-    intermediate's were baked from the capture's grad mode."""
+def recording_grad_dependent_reads(
+    reads: list[str], library_reads: list[str] | None = None, flag_reads: list[str] | None = None
+) -> Iterator[None]:
+    """Record (as ``what at file:line``) each read of the grad mode the trace made: a
+    ``torch.is_grad_enabled()`` call, and each read of a GRAD_DEPENDENT_TENSOR_ATTRS
+    attribute of a tensor the trace computed (an input's are checked by its guards; an
+    intermediate's were baked from the capture's grad mode). Reads made in torch's own
+    code go to ``library_reads``: they pick how to compute (a fast path, whether to
+    record autograd), not what, and the artifact evaluates them against the grad mode
+    its graphs run under (docs/serving.md, "Grad mode and inference mode"). The user's
+    reads of those attributes of a tensor fn was passed (an input, a parameter: its
+    guards fix them) go to ``flag_reads``: they make the flags part of what fn computes."""
     from torch._dynamo.variables.tensor import TensorVariable
+    from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
+
+    from precompile.locations import is_user_file
+
+    def note(tx: Any, what: str) -> None:
+        code = getattr(tx, "f_code", None)
+        line = getattr(tx, "lineno", None)
+        filename = code.co_filename if code is not None else ""
+        where = f"{filename.rsplit('/', 1)[-1]}:{line}" if code is not None else "?"
+        if is_user_file(filename) or code is None:
+            reads.append(f"{what}, at {where}")
+        elif library_reads is not None:
+            library_reads.append(f"{what}, at {where}")
 
     original = TensorVariable.var_getattr
+    original_call = TorchInGraphFunctionVariable.call_function
 
     def var_getattr(self: Any, tx: Any, name: str) -> Any:
-        if name in GRAD_DEPENDENT_TENSOR_ATTRS and getattr(self, "source", None) is None:
-            code = getattr(tx, "f_code", None)
-            line = getattr(tx, "lineno", None)
-            where = f"{code.co_filename.rsplit('/', 1)[-1]}:{line}" if code is not None else "?"
-            reads.append(f"`.{name}` of a tensor fn computes, at {where}")
+        if name in GRAD_DEPENDENT_TENSOR_ATTRS:
+            source = getattr(self, "source", None)
+            if source is None:
+                note(tx, f"`.{name}` of a tensor fn computes")
+            elif flag_reads is not None:
+                code = getattr(tx, "f_code", None)
+                if code is None or is_user_file(code.co_filename):
+                    where = code.co_filename.rsplit("/", 1)[-1] if code is not None else "?"
+                    name_of = user_path(source.name) if hasattr(source, "name") else "a tensor"
+                    flag_reads.append(
+                        f"`{name_of}.{name}`, at {where}:{getattr(tx, 'lineno', '?')}"
+                    )
         return original(self, tx, name)
 
-    with patched(TensorVariable, "var_getattr", var_getattr):
+    def call_function(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "value", None) is torch.is_grad_enabled:
+            note(tx, "torch.is_grad_enabled()")
+        return original_call(self, tx, *args, **kwargs)
+
+    with (
+        patched(TensorVariable, "var_getattr", var_getattr),
+        patched(TorchInGraphFunctionVariable, "call_function", call_function),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def recording_compile_only_branches(sites: list[dict[str, Any]]) -> Iterator[None]:
+    """Record each "am I being traced?" probe (``torch.compiler.is_compiling()``,
+    ``nn.MultiheadAttention``'s ``_is_make_fx_tracing()``, ...) that Dynamo answered
+    differently from eager, where the traced code then
+    kept the answer (a conditional jump on it, or a store: anything but returning it
+    from a helper, which is followed to the helper's caller): ``{"probe", "code", "file", "line", "returned"}``
+    -- the function that branched, and the library helpers the answer came through."""
+    from torch._dynamo.variables import torch as dynamo_torch
+
+    cls = dynamo_torch.TorchInGraphFunctionVariable
+    original = cls.call_function
+    answers = dynamo_torch.tracing_state_functions()
+    differ = {
+        f
+        for f, answer in answers.items()
+        if answer and f is not torch.compiler.is_exporting  # read from a flag: eager's
+    }
+
+    def branch_site(tx: Any) -> tuple[Any, list[str]] | None:
+        returned: list[str] = []
+        while tx is not None:
+            instructions = getattr(tx, "instructions", None)
+            at = getattr(tx, "instruction_pointer", None)
+            if instructions is None or at is None or at >= len(instructions):
+                return None
+            op = instructions[at].opname
+            while op in ("UNARY_NOT", "NOP", "COPY", "TO_BOOL") and at + 1 < len(instructions):
+                at += 1
+                op = instructions[at].opname
+            if op in ("RETURN_VALUE", "RETURN_CONST"):
+                returned.append(tx.f_code.co_qualname)
+                tx = getattr(tx, "parent", None)
+                continue
+            # A jump on it; or kept (stored, combined): it may be branched on later.
+            return tx, returned
+        return None
+
+    def call_function(self: Any, tx: Any, args: Any, kwargs: Any) -> Any:
+        if self.value in differ and not args and not kwargs:
+            found = branch_site(tx)
+            if found is not None:
+                where, returned = found
+                code = where.f_code
+                name = getattr(self.value, "__qualname__", None) or repr(self.value)
+                module = getattr(self.value, "__module__", None) or "?"
+                sites.append(
+                    {
+                        "probe": f"{module}.{name}()",
+                        "code": code.co_qualname,
+                        "file": code.co_filename,
+                        "line": int(getattr(where, "lineno", 0) or 0),
+                        "returned": returned,
+                    }
+                )
+        return original(self, tx, args, kwargs)
+
+    with patched(cls, "call_function", call_function):
         yield
 
 

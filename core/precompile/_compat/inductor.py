@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import torch
 
+from precompile._compat.inductor_integers import refuse_wrapping_integer_ops
 from precompile._compat.patching import patched
 from precompile._compat.tracing import has_symbols
 
@@ -18,14 +19,13 @@ def functional_retrace(gm: torch.fx.GraphModule, fakes: list[Any]) -> torch.fx.G
     """Re-trace a captured ATen graph the way Inductor wants it: functional (input
     mutations become trailing ``copy_`` into the inputs; views stay views, so an output
     that aliases an input still does) and decomposed with Inductor's table."""
-    from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
     fake_mode = _fake_mode_of(fakes)
     with fake_mode, torch.no_grad():
         functional = make_fx(
             torch.func.functionalize(gm, remove="mutations"),
-            decomposition_table=select_decomp_table(),
+            decomposition_table=inductor_decompositions(),
         )(*fakes)
     _reroot_views_of_mutated_inputs(functional)
     return functional
@@ -112,6 +112,7 @@ def compile_inductor(gm: torch.fx.GraphModule, fakes: list[Any]) -> str:
     """Lower a functional graph with Inductor; return its generated output module."""
     from torch._inductor.compile_fx import compile_fx_inner
 
+    refuse_wrapping_integer_ops(gm)
     with _fake_mode_of(fakes):
         compiled = compile_fx_inner(gm, fakes)
     source = getattr(compiled, "source_code", None)
@@ -177,8 +178,13 @@ def inductor_capture_config(cache_dir: str) -> Iterator[None]:
 def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
     """Inductor as torch.compile uses it (AOTAutograd, then Inductor)."""
     from torch._inductor.compile_fx import compile_fx as _compile_fx
+    from torch._inductor.compile_fx import compile_fx_inner
 
-    return _compile_fx(gm, example_inputs)
+    def inner(gm_: torch.fx.GraphModule, inputs: list[Any], **kwargs: Any) -> Any:
+        refuse_wrapping_integer_ops(gm_)  # every ATen graph Inductor lowers
+        return compile_fx_inner(gm_, inputs, **kwargs)
+
+    return _compile_fx(gm, example_inputs, inner_compile=inner)
 
 
 def compile_fx_recorded(
@@ -194,6 +200,7 @@ def compile_fx_recorded(
     record: dict[str, Any] = {"graphs": [], "runtime": None, "autograd": None}
 
     def inner(gm_: torch.fx.GraphModule, inputs: list[Any], **kwargs: Any) -> Any:
+        refuse_wrapping_integer_ops(gm_)
         compiled = inductor.compile_fx_inner(gm_, inputs, **kwargs)
         kind = "backward" if kwargs.get("is_backward") else "forward"
         record["graphs"].append((kind, getattr(compiled, "source_code", None)))
@@ -403,6 +410,7 @@ def compile_inductor_backward(gm: torch.fx.GraphModule, fakes: list[Any]) -> str
     """Lower an AOTAutograd backward graph with Inductor; return its output module."""
     from torch._inductor.compile_fx import compile_fx_inner
 
+    refuse_wrapping_integer_ops(gm)
     with _fake_mode_of(fakes):
         compiled = compile_fx_inner(gm, fakes, is_backward=True)
     source = getattr(compiled, "source_code", None)
@@ -412,7 +420,13 @@ def compile_inductor_backward(gm: torch.fx.GraphModule, fakes: list[Any]) -> str
 
 
 def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
-    """Inductor's decomposition table (what its lowering wants a graph traced with)."""
+    """Inductor's decomposition table (what its lowering wants a graph traced with).
+
+    Some of its decompositions ask ``torch._inductor.lowering`` whether to decompose at
+    all (max-pool with indices: ``torch._inductor.lowering.should_fallback_...``) as an
+    attribute of the package, which torch.compile has imported by then and a make_fx
+    capture has not: imported here, or such a graph fails to trace."""
+    import torch._inductor.lowering  # noqa: F401  (bound as torch._inductor.lowering)
     from torch._inductor.decomposition import select_decomp_table
 
     return dict(select_decomp_table())

@@ -14,6 +14,7 @@ import torch
 ARTIFACT_PRELUDE = """\
 import torch as _torch
 import torch.utils._pytree as _pytree
+import torch.utils._python_dispatch as _python_dispatch
 
 _DisableAutocast = _torch._C._DisableAutocast
 _any_autocast_enabled = _torch._C._is_any_autocast_enabled
@@ -27,9 +28,33 @@ function_mode_depth = _torch._C._len_torch_function_stack
 function_mode_at = _torch._C._get_function_stack_at
 dispatch_mode_depth = _torch._C._len_torch_dispatch_stack
 dispatch_mode_at = _torch._C._get_dispatch_stack_at
+# Sets the active dispatch modes aside inside a with block (guards checked as eager's
+# Python ran, under a mode that watches the graph's operations).
+disable_dispatch_modes = _python_dispatch._disable_current_modes
 _SKIP_DYNAMO_FRAMES = _torch._C._dynamo.eval_frame._FrameExecStrategy(
     _torch._C._dynamo.eval_frame._FrameAction.SKIP, _torch._C._dynamo.eval_frame._FrameAction.SKIP
 )
+
+
+# The dispatch keys torch.inference_mode() takes out of (or adds into) the thread's
+# dispatch-key state. A tensor guard compares a tensor's keys under that state, so a
+# Dynamo artifact checks its guards (and runs) under the state of ordinary code: a call
+# under inference mode then meets the guards an ordinary call does. Grad mode stays off,
+# and the tensors ops make are still inference tensors (inference mode itself is on).
+with _torch.inference_mode(False):
+    _ORDINARY_INCLUDE = _torch._C._dispatch_tls_local_include_set()
+    _ORDINARY_EXCLUDE = _torch._C._dispatch_tls_local_exclude_set()
+with _torch.inference_mode():
+    _INFERENCE_EXCLUDE = _torch._C._dispatch_tls_local_exclude_set() - _ORDINARY_EXCLUDE
+    _INFERENCE_INCLUDE = _ORDINARY_INCLUDE - _torch._C._dispatch_tls_local_include_set()
+del _ORDINARY_INCLUDE, _ORDINARY_EXCLUDE
+
+
+def _ordinary_dispatch():
+    return _torch._C._ForceDispatchKeyGuard(
+        _torch._C._dispatch_tls_local_include_set() | _INFERENCE_INCLUDE,
+        _torch._C._dispatch_tls_local_exclude_set() - _INFERENCE_EXCLUDE,
+    )
 
 
 def _opaque_to_dynamo(fn):
@@ -113,6 +138,13 @@ from torch import device
 inf = float("inf")
 nan = float("nan")
 NoneType = type(None)
+
+
+def _kernel(op):
+    # What calling the op overload runs (OpOverload.__call__ is `return self._op(*args,
+    # **kwargs)`), bound once: the graph calls the C++ operator handle directly instead
+    # of through the Python wrapper on every call. Anything else is returned unchanged.
+    return getattr(op, "_op", op)
 """
 
 

@@ -359,3 +359,27 @@ def trace_joint(
 def _output_count(output: torch.fx.Node) -> int:
     values = output.args[0]
     return len(values) if isinstance(values, (tuple, list)) else 1
+
+
+def op_overload_qualname(target: Any) -> str | None:
+    """How FX code spells a call of ``target`` when it is an ATen-style op overload
+    (``torch.ops.aten.addmm.default``), else None: the graph emitter binds such ops
+    to their C++ handle once (``_kernel`` in FX_GRAPH_GLOBALS)."""
+    from torch._ops import OpOverload
+    from torch.fx.node import _get_qualified_name
+
+    if not isinstance(target, OpOverload) or not hasattr(target, "_op"):
+        return None
+    name = _get_qualified_name(target)
+    return name if name.startswith("torch.ops.") else None
+
+
+#: ATen views whose success depends on the input's strides (``capturing.graph_layouts``
+#: frees them for the eager backend): ``view``, ``_unsafe_view``, and ``_reshape_alias``
+#: (self, size, stride), with which older decompositions of reshape bake the capture's
+#: strides.
+LAYOUT_VIEWS = (
+    torch.ops.aten.view.default,
+    torch.ops.aten._unsafe_view.default,
+    torch.ops.aten._reshape_alias.default,
+)

@@ -22,6 +22,7 @@ class _Common(TypedDict):
     FN_NAME: str
     FN_MODULE: str
     AMBIENT_MODES: list[str]
+    MODES_SEE_OPS: bool
     GLOBAL_READS: list[dict[str, Any]]
     LIBRARY_SURFACE: list[Any]
     FUNCTION_SOURCES: list[Any]
@@ -45,6 +46,7 @@ class SingleGraphMetadata(_Common):
     BUFFER_DTYPES: list[str]
     BUFFER_DEVICES: list[str]
     MODULE_TRAINING: list[Any]
+    MODULE_READS: list[Any]
     TRAINING: bool
     GRAD_PARAM_INDICES: list[int]
     IN_SPEC: str
@@ -56,6 +58,8 @@ class SingleGraphMetadata(_Common):
     USER_INPUT_SHAPE_IDS: list[Any]
     USER_INPUT_CONSTANTS: list[Any]
     USER_INPUT_ALIASES: list[list[Any]]
+    KEYED_DICTS: list[Any]
+    INPUT_LAYOUT_COPY: list[str | None]
     USER_INPUT_REQUIRES_GRAD: list[bool | None]
     GRAPH_INPUT_STRIDES: list[Any]
     OUTPUT_DETACH: list[int]
@@ -87,6 +91,8 @@ class MultiGraphDependencies(TypedDict):
     BUILTIN_READS: list[Any]
     LIBRARY_SURFACE: list[Any]
     GRAD_MODE_READ: str
+    ARG_RELATIONS: list[Any]
+    GRAD_FLAGS: dict[str, Any]
 
 
 class MultiGraphMetadata(_Common, MultiGraphDependencies):

@@ -129,6 +129,7 @@ class MultiGraph:
                 state_checks.autocast_state,
                 state_checks.type_name,
                 state_checks.ambient_modes,
+                state_checks.watches_only,
                 *_REFUSAL,
                 single_graph.check_ambient_modes,
                 single_graph.warn_inference_grad,

@@ -33,11 +33,13 @@ a process) or skipped altogether (``skip_nnmodule_hook_guards``):
   each class by module and qualified name, with a project class's methods and
   descriptors (and, of a library class, the attributes bound to code the trace ran);
   serving checks them at load and per call.
-- **Grad mode read by the trace** (``torch.is_grad_enabled()``, in user or library code,
-  or ``.requires_grad`` / ``.grad_fn`` / ``.is_leaf`` of a tensor the trace computed, which
-  Dynamo bakes from the capture's grad mode): the driver serves under the captured grad
-  mode, so a call made in another grad mode is refused instead of being answered as the
-  captured mode would (``GRAD_MODE_READ`` says what was read).
+- **Grad mode read by the user's code** (``torch.is_grad_enabled()``, or
+  ``.requires_grad`` / ``.grad_fn`` / ``.is_leaf`` of a tensor the trace computed, which
+  Dynamo bakes from the capture's grad mode, in fn or any non-torch code it ran): the
+  driver serves under the captured grad mode, so a call made in another grad mode is
+  refused instead of being answered as the captured mode would (``GRAD_MODE_READ`` says
+  what was read). torch's own reads (a fast-path test) pick how to compute, not what:
+  they are evaluated against the grad mode the graphs run under, as make_fx's are.
 
 The checks themselves are ``precompile.runtime.multigraph_dependencies``, emitted into artifacts.
 
@@ -182,12 +184,23 @@ class DependencyRecorder:
         #: (frame module, access path) -> (module, qualname, location) of what was bound.
         self.reads: dict[tuple[str, str], tuple[str, str, str]] = {}
         self.conflicts: list[str] = []
+        #: (frame module, access path) -> the read in the words of the code that made
+        #: it (``gm.F.gelu``), where Dynamo named it through another module's global.
+        self.read_shown: dict[tuple[str, str], tuple[str, str]] = {}
         #: The code of every function read that way (its source is checked at load).
         self.read_codes: dict[types.CodeType, None] = {}
         #: Access path from an argument -> identity row (``ARG_IDENTITIES``), and the
         #: object the capture saw there (checked against the arguments after each call).
         self.identities: dict[str, dict[str, Any]] = {}
         self.identity_values: dict[str, Any] = {}
+        #: Access path (``module:path`` for a global) -> relation row
+        #: (``ARG_RELATIONS``): an object the trace compared by identity that no other
+        #: process can name, or one Dynamo found at two paths. What the trace learnt
+        #: from its identity is which of these paths held one object; the object
+        #: the capture saw at each, and the grouping of the last captured call.
+        self.relations: dict[str, dict[str, Any]] = {}
+        self.relation_values: dict[str, Any] = {}
+        self.relation_groups: list[int] | None = None
         #: Access path from an argument -> the signed zero (a float, or a complex with a
         #: zero part) guarded there, as its literal fingerprint (``FLOAT_ZEROS``).
         self.float_zeros: dict[str, dict[str, Any]] = {}
@@ -199,9 +212,20 @@ class DependencyRecorder:
         #: What a trace read that depends on the grad mode ('' for nothing): the
         #: ``torch.is_grad_enabled()`` guard, or grad-dependent tensor attributes.
         self.grad_mode_read = ""
-        #: The grad-dependent attribute reads, appended while tracing
+        #: The grad-mode reads the user's code made (``torch.is_grad_enabled()``,
+        #: grad-dependent attributes), appended while tracing
         #: (``_compat.dynamo.recording_grad_dependent_reads``).
         self.grad_reads: list[str] = []
+        #: Those made in torch's own code (nn.MultiheadAttention's fast-path test, say):
+        #: evaluated against the grad mode the graphs run under, never a refusal.
+        self.library_grad_reads: list[str] = []
+        #: The user's reads of ``.requires_grad`` (``.grad_fn``, ``.is_leaf``) of a
+        #: tensor fn was passed: they make those flags part of what it computes.
+        self.grad_flag_reads: list[str] = []
+        #: Per module argument (its position, or its keyword), the names of its
+        #: parameters that required grad at capture; None once two captured calls
+        #: disagree (``GRAD_FLAGS``).
+        self.param_grad_flags: dict[str, list[str]] | None = {}
         #: fn's arguments in the captured call being traced (later frames' identity
         #: reads are mapped to paths from them).
         self.arguments: dict[str, Any] = {}
@@ -227,6 +251,17 @@ class DependencyRecorder:
             return
         bound.apply_defaults()
         self.arguments = dict(bound.arguments)
+        flags = {
+            str(key): sorted(n for n, p in value.named_parameters() if p.requires_grad)
+            for key, value in [*enumerate(args), *kwargs.items()]
+            if isinstance(value, torch.nn.Module)
+        }
+        if self.param_grad_flags is not None:
+            seen = self.param_grad_flags
+            if any(seen.get(key, names) != names for key, names in flags.items()):
+                self.param_grad_flags = None
+            else:
+                seen.update(flags)
         for row in self.float_zeros.values():
             # The variant compiled for one sign of a zero passes the other (its guard is
             # ==) and would answer this call with the captured sign: refuse before it runs.
@@ -289,6 +324,9 @@ class DependencyRecorder:
             if qualified is None or not e.name.startswith("G["):
                 continue
             self.reads.setdefault((module_name, e.name), (*qualified, _location(e.value)))
+            shown = _reached_as(e, module_name)
+            if shown is not None:
+                self.read_shown.setdefault((module_name, e.name), shown)
             read_code = getattr(getattr(e.value, "__func__", e.value), "__code__", None)
             if isinstance(read_code, types.CodeType):
                 self.read_codes.setdefault(read_code, None)
@@ -311,6 +349,9 @@ class DependencyRecorder:
                 )
         for e in entries:
             self._observe_identity(e, code, module_name, entries)
+        for e in entries:
+            self._observe_duplicate(e, is_entry)
+            self._observe_distinct(e, is_entry)
         for e in entries:
             self._observe_zero_float(e, module_name if not is_entry else None, code)
         for e in entries:
@@ -495,6 +536,16 @@ class DependencyRecorder:
                 # before the break: its own identity reads are checked (or refused)
                 # where that code read them.
                 return
+            if e.name == root and root in dynamo.reentered_contexts(code):
+                named = _import_name(value)
+                if named is not None and "." not in named[1]:
+                    # The context manager class Dynamo's resume code calls to re-enter
+                    # the interrupted ``with`` block (``no_grad`` as
+                    # ``set_grad_enabled``): the artifact's own code passes it, read
+                    # from its module; that binding is checked per call.
+                    key = (named[0], f"G[{named[1]!r}]")
+                    self.reads.setdefault(key, (*named, _location(value)))
+                    return
             mapped, why, hint = self._path_from_arguments(code, root, entries)
             if mapped is None:
                 self.refusals.append(
@@ -507,17 +558,99 @@ class DependencyRecorder:
                     )
                 )
                 return
-            self._record_identity(mapped + e.name[len(root) :], value, module_name, entries)
+            self._record_identity(mapped + e.name[len(root) :], value, module_name, entries, e.name)
             return
         if root not in self.signature.parameters:
             return
         self._record_identity(e.name, value, module_name, entries)
 
-    def _record_identity(self, path: str, value: Any, module_name: str, entries: list[Any]) -> None:
-        """An identity row for ``path`` (an expression over fn's parameters), or a
-        refusal when no other process can name ``value``."""
+    def _observe_duplicate(self, e: Any, is_entry: bool) -> None:
+        """Dynamo found one object at two access paths from fn's arguments
+        (``model.decoder.config`` is ``model.config``) and guards that they stay one
+        (``DUPLICATE_INPUT``): both paths join the relation check, which refuses a
+        call where they are two objects, naming both."""
+        other = dynamo.duplicate_of(e)
+        if other is None or not is_entry or not getattr(e, "has_value", False):
+            return
+        if not _relatable(e.value) or isinstance(e.value, _ATOMS):
+            return
+        for path in (e.name, other):
+            match = _ROOT.match(path)
+            if match is None or match.group("local") not in self.signature.parameters:
+                return
+        for path in (e.name, other):
+            self._record_relation(path, e.value, None)
+
+    def _observe_distinct(self, e: Any, is_entry: bool) -> None:
+        """A mutable object fn's frame read at a path from its arguments (its type is
+        guarded, ``TYPE_MATCH``): Dynamo traced objects found at different paths as
+        different objects -- ``self.child.cfg is self.cfg`` was decided False with no
+        guard at all, and a write through one would not show through the other -- so
+        the path joins the relation check, which refuses a call where two such paths
+        hold one object."""
+        if not is_entry or e.guard_type != "TYPE_MATCH" or not getattr(e, "has_value", False):
+            return
+        value = e.value
+        if isinstance(value, _BY_VALUE) or not _relatable(value):
+            return
+        match = _ROOT.match(e.name)
+        if match is None or match.group("local") not in self.signature.parameters:
+            return
+        if e.name.endswith(".__dict__"):
+            return  # an instance dict goes with its owner, whose path is checked
+        owner_path, _, attr = e.name.rpartition(".")
+        if attr.startswith("_") and isinstance(
+            _evaluate_row({"path": owner_path}, self.arguments), torch.nn.Module
+        ):
+            # A module's own bookkeeping (``_modules``, ``_parameters``, hook dicts):
+            # checked with the module's structure, never shared by two modules.
+            return
+        self._record_relation(e.name, value, None)
+
+    def _record_relation(self, path: str, value: Any, module: str | None) -> None:
+        """A relation row for ``path`` (over fn's parameters, or a global of ``module``)
+        holding ``value``."""
+        key = path if module is None else f"{module}:{path}"
+        param = _ROOT.match(path)
+        self.relations.setdefault(
+            key,
+            {
+                "path": path,
+                "shown": user_path(path),
+                "module": module,
+                "param": param.group("local") or "" if param else "",
+            },
+        )
+        self.relation_values.setdefault(key, value)
+
+    def _record_identity(
+        self,
+        path: str,
+        value: Any,
+        module_name: str,
+        entries: list[Any],
+        guarded: str | None = None,
+    ) -> None:
+        """An identity row for ``path`` (an expression over fn's parameters); when no
+        other process can name ``value``, a relation row (``ARG_RELATIONS``) for an
+        object whose identity can only have told the trace which paths held one object,
+        or a refusal. ``guarded`` is the guard's own name (a later frame's local),
+        where a value guard on an immutable number or string is looked for."""
         shown = user_path(path)
         row = self._identity_row(value, module_name, entries)
+        if row is None and isinstance(value, _ATOMS):
+            name = guarded or path
+            if any(
+                o.name == name and o.guard_type in ("EQUALS_MATCH", "CONSTANT_MATCH")
+                for o in entries
+            ):
+                # Its value is guarded; Python interns such values at will, so no
+                # result may depend on which object holds one (``is`` on them is a
+                # SyntaxWarning): only its value counts.
+                return
+        if row is None and _relatable(value):
+            self._record_relation(path, value, None)
+            return
         if row is None:
             self.refusals.append(
                 (
@@ -697,6 +830,53 @@ class DependencyRecorder:
                     )
                 )
 
+        self.verify_relations(dict(bound.arguments))
+
+    def verify_relations(self, arguments: dict[str, Any]) -> None:
+        """After a captured call: each relation path must evaluate, from the arguments
+        (or its module's globals), to the object the trace saw there, and which paths
+        hold one object must be the same in every captured call (one artifact serves
+        one such grouping)."""
+        found: list[Any] = []
+        for key, row in self.relations.items():
+            value = _evaluate_row(row, arguments)
+            # A row observed while this call compiled must lead to the very object the
+            # trace saw; one observed in an earlier call, to some object.
+            expected = self.relation_values.pop(key, value)
+            if value is _MISSING or value is not expected:
+                self.refusals.append(
+                    (
+                        f"`{row['shown']}` holds {_shown(expected)}, which "
+                        f"the trace compared by identity, and precompile cannot read that "
+                        f"path again from fn's arguments to check per call which other "
+                        f"paths hold the same object",
+                        "store it where fn's arguments reach it plainly (an attribute of an "
+                        "argument), or pass it as a plain value",
+                    )
+                )
+                return
+            found.append(value)
+        groups = _groups(found)
+        rows = list(self.relations.values())
+        if (
+            self.relation_groups is not None
+            and self.relation_groups != groups[: len(self.relation_groups)]
+        ):
+            for i, j in _changed_pair(self.relation_groups, groups):
+                same = self.relation_groups[i] == self.relation_groups[j]
+                self.refusals.append(
+                    (
+                        f"`{rows[i]['shown']}` and `{rows[j]['shown']}` were "
+                        f"{'one object' if same else 'two objects'} in one captured call "
+                        f"and {'two objects' if same else 'one object'} in another; the "
+                        f"trace compared them by identity, and one artifact serves one "
+                        f"such grouping",
+                        "capture each grouping into its own artifact",
+                    )
+                )
+                return
+        self.relation_groups = groups
+
     def verify_ordered_dicts(self, arguments: dict[str, Any]) -> None:
         """After a captured call: each argument-rooted ``ORDERED_DICTS`` path must
         evaluate, from the arguments, to an OrderedDict (what serving evaluates)."""
@@ -806,19 +986,40 @@ class DependencyRecorder:
             roots.append(row)
         reads = [
             {"scope": scope, "path": path, "module": m, "qualname": q, "location": where}
+            | (
+                dict(zip(("shown", "reader"), self.read_shown[scope, path]))
+                if (scope, path) in self.read_shown
+                else {}
+            )
             for (scope, path), (m, q, where) in sorted(self.reads.items())
         ]
         identities = list(self.identities.values())
+        groups = self.relation_groups or []
+        relations = [
+            {**row, "group": groups[i]}
+            for i, row in enumerate(self.relations.values())
+            if i < len(groups)
+        ]
         return {
             "MODULE_HOOKS": {"roots": roots, "global": self.global_hooks or {}},
             "GLOBAL_READS": reads,
             "ARG_IDENTITIES": identities,
+            "ARG_RELATIONS": relations,
             "FLOAT_ZEROS": list(self.float_zeros.values()),
             "ORDERED_DICTS": list(self.ordered_dicts.values()),
             "CLASS_ATTRS": self.class_rows(list(traced or ())),
             "BUILTIN_READS": builtin_reads([self.fn.__code__, *(traced or ())]),
-            "GRAD_MODE_READ": self.grad_mode_read
-            or (self.grad_reads[0] if self.grad_reads else ""),
+            # A read in the user's code; the guard alone (no call the trace recorded,
+            # so no place to tell torch's reads from the user's) counts as one.
+            "GRAD_MODE_READ": self.grad_reads[0]
+            if self.grad_reads
+            else ("" if self.library_grad_reads else self.grad_mode_read),
+            # What serving needs to pass a call whose tensors' requires_grad differ
+            # from the capture's to an inference artifact (multigraph_driver).
+            "GRAD_FLAGS": {
+                "params": self.param_grad_flags,
+                "read": self.grad_flag_reads[0] if self.grad_flag_reads else "",
+            },
         }
 
 
@@ -892,6 +1093,107 @@ def _path_to(target: Any, arguments: dict[str, Any], depth: int = 4) -> str | No
         else:
             continue
         pending.extend((p, v, steps + 1) for p, v in children)
+    return None
+
+
+#: Immutable numbers and strings: one whose value a guard checks is not compared by
+#: identity (Python interns them at will).
+_ATOMS = (int, float, complex, str, bytes)
+#: Immutable values compared by value (their items are guarded): whether two paths
+#: hold one of them changes nothing a trace computes.
+_BY_VALUE = (*_ATOMS, tuple, frozenset, types.UnionType, types.GenericAlias)
+#: ``Py_TPFLAGS_HEAPTYPE``: a class defined in Python (not a C type).
+_HEAPTYPE = 1 << 9
+
+
+def _relatable(value: Any) -> bool:
+    """Whether the identity of ``value`` (reached from fn's arguments, compared by
+    identity, named by nothing another process can resolve) can have told the trace
+    only which paths held one object: a container, an immutable value, a type union,
+    or an instance of a class defined in Python (whose attributes Dynamo guards where
+    the trace read them). Functions, classes, modules and tensors are checked apart;
+    an opaque C object (a generator, a stream) or a bare ``object()`` is not."""
+    if isinstance(
+        value,
+        (
+            type,
+            types.ModuleType,
+            types.FunctionType,
+            types.BuiltinFunctionType,
+            types.MethodType,
+            torch.Tensor,
+            torch.nn.Module,
+        ),
+    ):
+        return False
+    if isinstance(
+        value,
+        (dict, list, tuple, set, frozenset, *_ATOMS, types.UnionType, types.GenericAlias),
+    ):
+        return True
+    return bool(type(value).__flags__ & _HEAPTYPE)
+
+
+def _evaluate_row(row: dict[str, Any], arguments: dict[str, Any]) -> Any:
+    """What a relation row's path holds now: over fn's ``arguments``, or over its
+    module's globals."""
+    try:
+        if row.get("module") is None:
+            return eval(compile(row["path"], "<precompile>", "eval"), {}, dict(arguments))
+        scope = {"__G": vars(sys.modules[row["module"]])}
+        return eval(compile("__G" + row["path"][1:], "<precompile>", "eval"), scope)
+    except Exception:
+        return _MISSING
+
+
+def _groups(values: list[Any]) -> list[int]:
+    """Per value, the index of the first value that is the same object."""
+    first: dict[int, int] = {}
+    return [first.setdefault(id(v), i) for i, v in enumerate(values)]
+
+
+def _changed_pair(before: list[int], after: list[int]) -> list[tuple[int, int]]:
+    """The first pair of positions grouped differently in ``before`` and ``after``."""
+    for j in range(min(len(before), len(after))):
+        for i in range(j):
+            if (before[i] == before[j]) != (after[i] == after[j]):
+                return [(i, j)]
+    return []
+
+
+def _reached_as(entry: Any, frame_module: str) -> tuple[str, str] | None:
+    """A module-global read in the words of the code that made it.
+
+    Dynamo names an object by the first path it met it through: ``F.gelu`` read in the
+    user's module after ``Linear.forward`` read ``F.linear`` is guarded as
+    ``torch.nn.modules.linear.F.gelu`` (one module object, two globals named ``F``).
+    The user's line (the guard's user stack) says which module read it; a global of
+    that module bound to the object at the path's first step names it as the user's
+    code reached it (``gm.F.gelu``), with that module's name. None when the path is
+    already that module's, or no such global exists."""
+    stack = getattr(getattr(entry, "orig_guard", None), "user_stack", None)
+    if not stack:
+        return None
+    filename = getattr(stack[-1], "filename", None)
+    reader = next(
+        (
+            m
+            for m in list(sys.modules.values())
+            if isinstance(getattr(m, "__file__", None), str) and m.__file__ == filename
+        ),
+        None,
+    )
+    match = re.match(r"G\[(['\"])(?P<name>.+?)\1\](?P<first>\.\w+)?(?P<rest>.*)$", entry.name)
+    frame = sys.modules.get(frame_module)
+    if reader is None or match is None or frame is None or not match.group("first"):
+        return None
+    root = vars(frame).get(match.group("name"))
+    if root is reader:
+        return None  # named through the reading module already
+    held = getattr(root, match.group("first")[1:], _MISSING)
+    for name, bound in list(vars(reader).items()):
+        if bound is held and held is not _MISSING and not name.startswith("__"):
+            return f"{reader.__name__}.{name}{user_path(match.group('rest'))}", reader.__name__
     return None
 
 

@@ -329,12 +329,14 @@ def _renamed_dependencies(
             {**read, "path": rename(read["path"])} for read in dependencies["GLOBAL_READS"]
         ],
         "ARG_IDENTITIES": dependencies.get("ARG_IDENTITIES", []),
+        "ARG_RELATIONS": dependencies.get("ARG_RELATIONS", []),
         "FLOAT_ZEROS": dependencies.get("FLOAT_ZEROS", []),
         "ORDERED_DICTS": dependencies.get("ORDERED_DICTS", []),
         "CLASS_ATTRS": dependencies.get("CLASS_ATTRS", []),
         "BUILTIN_READS": dependencies.get("BUILTIN_READS", []),
         "LIBRARY_SURFACE": dependencies.get("LIBRARY_SURFACE", []),
         "GRAD_MODE_READ": dependencies.get("GRAD_MODE_READ", ""),
+        "GRAD_FLAGS": dependencies.get("GRAD_FLAGS", {"params": None, "read": ""}),
     }
 
 
@@ -560,6 +562,11 @@ def emit_dynamo(
         "GRAD_MODE": grad_mode,
         "GLOBAL_STATE": global_state,
         "AMBIENT_MODES": list(ambient_modes),
+        # The eager backend runs each graph's torch calls as eager does: a dispatch
+        # mode around a call sees its ATen operations (driver.check_ambient_modes).
+        # (Installed serving leaves guards to Dynamo, which reads a dispatch mode as
+        # another dispatch key set.)
+        "MODES_SEE_OPS": backend == "eager" and serving_mode != "installed",
         "FRAMES": [
             f.summary() | {"resume_names": p["resume_names"]} for f, p in zip(frames, payload)
         ],

@@ -346,6 +346,97 @@ def check_dynamo_fn(fn: Callable[..., Any]) -> types.FunctionType:
 _OPEN_CAPTURES: set[types.CodeType] = set()
 
 
+def _input_versions(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int]:
+    """The version counters of the tensors among fn's arguments (an in-place write
+    bumps one)."""
+    from precompile._compat.tracing import pytree
+
+    leaves = pytree.tree_leaves((args, kwargs))
+    return [t._version for t in leaves if isinstance(t, torch.Tensor)]
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal up to the rounding of another kernel (an Inductor one, a fused fast path):
+    what a compile-only branch changes (padded rows, a skipped step) is far outside."""
+    if not (got.is_floating_point() or got.is_complex()):
+        return bool(torch.equal(got, want))
+    scale = float(want.detach().abs().nan_to_num(0.0, 0.0, 0.0).max()) if want.numel() else 0.0
+    return torch.allclose(got, want, rtol=1e-3, atol=1e-3 * max(1.0, scale), equal_nan=True)
+
+
+def compile_only_branch_check(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    result: Any,
+    rng: torch.Tensor,
+    sites: list[dict[str, Any]],
+) -> None:
+    """Library code branched on an "am I being traced?" probe that Dynamo answers True
+    and eager False (``nn.TransformerEncoder`` skips its nested-tensor fast path under
+    ``torch.compiler.is_compiling()``): the graph holds the compile-only branch. Most
+    such branches skip a check or pick an equivalent kernel; to tell, fn runs once more
+    eagerly on the same inputs (same RNG state), and a result that differs is refused
+    at capture, naming the branch. An inference capture only: a training step run twice
+    would step twice."""
+    from precompile._compat.tracing import pytree
+
+    after = torch.random.get_rng_state()
+    torch.random.set_rng_state(rng)
+    try:
+        expected = torch.compiler.disable(fn)(*args, **kwargs)
+    finally:
+        torch.random.set_rng_state(after)
+    got_leaves, got_spec = pytree.tree_flatten(result)
+    want_leaves, want_spec = pytree.tree_flatten(expected)
+    difference: str | None = None
+    if got_spec != want_spec:
+        difference = "another output structure"
+    for got, want in zip(got_leaves, want_leaves):
+        if difference is not None:
+            break
+        if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor):
+            got, want = got.detach(), want.detach()
+            if got.is_nested or want.is_nested:
+                difference = "a nested tensor where the other has none"
+            elif got.shape != want.shape or got.dtype != want.dtype:
+                difference = f"shape {tuple(got.shape)} vs {tuple(want.shape)}"
+            elif not _close(got, want):
+                gap = (got.double() - want.double()).abs().nan_to_num(float("inf")).max()
+                difference = f"values up to {float(gap):.3g} apart"
+        elif type(got) is not type(want) or (not isinstance(got, torch.Tensor) and got != want):
+            difference = f"{got!r} vs {want!r}"
+    if difference is None:
+        return
+    site = sites[0]
+    through = f" (through {', '.join(site['returned'])})" if site["returned"] else ""
+    raise PrecompileError(
+        f"{site['code']} ({site['file']}:{site['line']}) branches on {site['probe']}"
+        f"{through}, which is True while Dynamo captures and False in eager: the graph "
+        f"holds the library's compile-only branch, and on the capture's own inputs it "
+        f"answers differently from eager ({difference}), so the artifact would serve "
+        f"what eager never computes",
+        invariant=3,
+        location=Location(site["file"], site["line"], 0),
+        hint="configure the library so that it does not reach that test (for "
+        "nn.TransformerEncoder: enable_nested_tensor=False), or call that part of "
+        "the model outside fn",
+    )
+
+
+def _refusal_inside(error: BaseException) -> PrecompileError | None:
+    """A PrecompileError that a backend raised and Dynamo wrapped (its cause chain or
+    ``inner_exception``)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, PrecompileError):
+            return current
+        seen.add(id(current))
+        current = getattr(current, "inner_exception", None) or current.__cause__
+    return None
+
+
 class DynamoSession:
     """The running capture: Dynamo, its package, and what we record around it.
 
@@ -580,6 +671,7 @@ class DynamoSession:
                 f"({self.global_state} -> {dynamo.global_state()}); an artifact serves one",
                 invariant=6,
             )
+        branches: list[dict[str, Any]] = []
         try:
             with (
                 dynamo.dynamo_config(self.tracer.recompile_limit),
@@ -588,23 +680,37 @@ class DynamoSession:
                 dynamo.recording_installed_globals(self.installed_globals),
                 dynamo.without_guard_latency_profiling(),
                 dynamo.dict_subclasses_pickled_in_storage_order(),
-                dynamo.recording_grad_dependent_reads(self.dependencies.grad_reads),
+                dynamo.recording_grad_dependent_reads(
+                    self.dependencies.grad_reads,
+                    self.dependencies.library_grad_reads,
+                    self.dependencies.grad_flag_reads,
+                ),
+                dynamo.recording_compile_only_branches(branches),
                 torch.set_grad_enabled(self.training),
                 inductor.inductor_capture_config(self.inductor_cache)
                 if self.inductor_cache
                 else contextlib.nullcontext(),
             ):
                 self.dependencies.calling(args, kwargs)
+                rng = torch.random.get_rng_state()
+                versions = _input_versions(args, kwargs)
                 try:
                     result = self.compiled(*args, **kwargs)
                 finally:
                     self.break_events += events
                     self.calls += 1
                 self.dependencies.verify(args, kwargs)
+                library = [b for b in branches if not is_project_file(b["file"])]
+                if library and not self.training and _input_versions(args, kwargs) == versions:
+                    compile_only_branch_check(self.fn, args, kwargs, result, rng, library)
                 return result
         except PrecompileError:
             raise
         except Exception as error:
+            refused = _refusal_inside(error)
+            if refused is not None:
+                # A backend refused the graph (Dynamo wraps what a backend raises).
+                raise refused from error
             unpicklable = self._unpicklable_paths()
             if unpicklable and "package" in str(error):
                 raise self._unserializable_guards(unpicklable, error, args, kwargs) from error

@@ -22,7 +22,7 @@ from precompile._compat import tracing
 from precompile._compat.prelude import ARTIFACT_PRELUDE, SINGLE_GRAPH_STATE_PRELUDE
 from precompile.artifact.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
 from precompile.artifact.schema import SingleGraphMetadata
-from precompile.capturing import carried
+from precompile.capturing import carried, graph_layouts
 from precompile.capturing.carried import Carried
 from precompile.capturing.function_records import function_records
 from precompile.capturing.fx_trace import SingleGraph
@@ -171,6 +171,28 @@ def _output_detach(graph: SingleGraph, lowered: LoweredGraph) -> list[int]:
     return [i for i in lowered.identity_outputs if i not in same]
 
 
+def _layout_copy_blockers(
+    graph: SingleGraph, backend: str, mutated_inputs: tuple[int, ...]
+) -> list[str | None]:
+    """Per user tensor input, why a call passing it in another layout than the
+    capture's cannot be served through a copy in the captured layout (None: it can).
+    Only Inductor bakes strides; where user code read a layout, the trace took the
+    captured layout's branch, and a copy would hide that eager takes the other."""
+    n_state = len(graph.lifted.tensors)
+    n_inputs = sum(isinstance(leaf, torch.Tensor) for leaf in graph.user_leaves)
+    if backend != "inductor":
+        return [None] * n_inputs
+    if "layout" in graph.reads:
+        return [f"fn reads memory layout ({graph.reads['layout']})"] * n_inputs
+    blockers = graph_layouts.copy_blockers(graph.graph_module, n_state)
+    for index in mutated_inputs:
+        if index >= n_state and blockers[index - n_state] is None:
+            blockers[index - n_state] = (
+                "the graph writes it in place, and a copy would take the write"
+            )
+    return blockers
+
+
 def _grad_site(site: str, artifact_path: str) -> str:
     """``read at FILE:LINE`` with FILE relative to the artifact (emits stay portable)."""
     what, _, place = site.partition(" at ")
@@ -255,6 +277,7 @@ def single_graph_metadata(
         "TRAINING": graph.training,
         "GRAD_PARAM_INDICES": graph.grad_param_indices,
         "IN_SPEC": tracing.pytree.treespec_dumps(graph.in_spec),
+        "KEYED_DICTS": list(graph.keyed_dicts),
         "OUT_SPEC": tracing.pytree.treespec_dumps(graph.out_spec),
         "USER_INPUT_SHAPES": shapes,
         "USER_INPUT_DTYPES": [str(leaf.dtype) if t else None for leaf, t in zip(leaves, tensor)],
@@ -269,18 +292,26 @@ def single_graph_metadata(
             bool(leaf.requires_grad) if t else None for leaf, t in zip(leaves, tensor)
         ],
         "GRAPH_INPUT_STRIDES": graph.graph_input_strides(),
+        "INPUT_LAYOUT_COPY": _layout_copy_blockers(graph, backend, mutated_inputs),
         "OUTPUT_DETACH": output_detach,
         "INPUT_MUTATIONS": input_mutations,
         "AUTOGRAD": autograd,
         "DEFAULT_DTYPE": str(torch.get_default_dtype()),
         "AUTOCAST": [list(state) for state in graph.autocast],
         "AMBIENT_MODES": list(graph.ambient_modes),
+        # A dispatch mode around a call sees eager's own ATen operations in the graph:
+        # eager backend, no decompositions, one inference graph (driver.check_ambient_modes).
+        "MODES_SEE_OPS": backend == "eager"
+        and not graph.training
+        and autograd is None
+        and not graph.decomposed,
         "STATE_READS": {
             kind: _grad_site(site, artifact_path) for kind, site in sorted(graph.reads.items())
         },
         "MODULE_STATE": deps.modules,
         "CLASS_STATE": deps.classes,
         "READ_NAMES": sorted(deps.names),
+        "MODULE_READS": deps.module_reads,
         "GLOBAL_READS": [
             {
                 "module": read.module,

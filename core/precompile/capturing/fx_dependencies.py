@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import torch
 
-from precompile._compat import tracing
+from precompile._compat import patching, tracing
 from precompile._compat.prelude import global_module_hooks
 from precompile.capturing import fx_process_state, library_surface
 from precompile.errors import PrecompileError
@@ -240,6 +240,85 @@ def recording_calls() -> Iterator[CallLog]:
         sys.setprofile(previous)
 
 
+#: ``nn.Module.__getattr__`` reads ``self.__dict__`` to find a parameter, buffer or
+#: child: that read is the lookup's own, not a read of the whole instance dict.
+_MODULE_GETATTR_CODE = torch.nn.Module.__getattr__.__code__
+
+
+#: Nonzero while the capture's own machinery touches the modules (swapping the traced
+#: tensors in and out): those reads are not the traced code's.
+_PAUSED = [0]
+
+
+@contextlib.contextmanager
+def unrecorded(manager: Any) -> Iterator[Any]:
+    """Enter and exit ``manager`` without recording its module reads (the body's are
+    recorded): how the capture swaps fake tensors into the model (which reads each
+    module's ``_parameters`` and ``_buffers``) is not what the traced code read."""
+    _PAUSED[0] += 1
+    try:
+        value = manager.__enter__()
+    finally:
+        _PAUSED[0] -= 1
+    try:
+        yield value
+    except BaseException:
+        _PAUSED[0] += 1
+        try:
+            if not manager.__exit__(*sys.exc_info()):
+                raise
+        finally:
+            _PAUSED[0] -= 1
+    else:
+        _PAUSED[0] += 1
+        try:
+            manager.__exit__(None, None, None)
+        finally:
+            _PAUSED[0] -= 1
+
+
+@contextlib.contextmanager
+def recording_module_reads(
+    modules: list[torch.nn.Module],
+) -> Iterator[dict[int, set[str] | None]]:
+    """The attribute names read on each submodule of ``modules`` while active, by
+    ``id``: what the trace actually read, not every name its code could load (a
+    ``BasicBlock.stride`` its forward never reads, the ``drop_prob`` of a ``DropPath``
+    that returned early in eval, the ``training`` flag of a ``Linear``). A submodule
+    whose reads cannot be seen -- its class has its own ``__getattribute__``, or code
+    read its whole ``__dict__`` (``vars(self)``) -- maps to None: every attribute of
+    it that the traced code names counts as read (``read_names``).
+
+    Every read of an attribute of an ``nn.Module`` goes through its type's
+    ``__getattribute__`` (plain attributes, properties, and, on a miss, ``__getattr__``
+    for parameters, buffers and children), so a recorder installed on ``nn.Module``
+    sees them all, for the duration of the trace only."""
+    reads: dict[int, set[str] | None] = {}
+    for m in modules:
+        for sub in m.modules():
+            own = type(sub).__getattribute__ is object.__getattribute__
+            reads[id(sub)] = set() if own else None
+    get = object.__getattribute__
+    getframe = sys._getframe
+
+    def recorder(self: torch.nn.Module, name: str) -> Any:
+        seen = reads.get(id(self), None)
+        if seen is not None and not _PAUSED[0]:
+            if name != "__dict__":
+                seen.add(name)
+            elif getframe(1).f_code is not _MODULE_GETATTR_CODE:
+                reads[id(self)] = None
+        return get(self, name)
+
+    if "__getattribute__" in vars(torch.nn.Module):
+        # Another recorder is active (a nested capture): let that one see the reads,
+        # and count every name as read here.
+        yield dict.fromkeys(reads)
+        return
+    with patching.patched(torch.nn.Module, "__getattribute__", recorder):
+        yield reads
+
+
 def read_names(log: CallLog) -> frozenset[str]:
     """Attribute names the traced code may read: the names and string constants of
     every user function and every torch.nn function that ran."""
@@ -348,6 +427,9 @@ class Dependencies:
     process_state: list[list[Any]] = dataclasses.field(default_factory=list)
     #: The library paths the trace resolved (``LIBRARY_SURFACE``).
     surface: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: Per module argument, per submodule: the attribute names the trace read on it,
+    #: or None where every name in ``names`` counts (``MODULE_READS``).
+    module_reads: list[list[list[str] | None]] = dataclasses.field(default_factory=list)
 
 
 def _context(
@@ -371,20 +453,39 @@ def _near_modules(log: CallLog) -> tuple[str, ...]:
     )
 
 
+def module_reads(
+    modules: list[torch.nn.Module], reads: dict[int, set[str] | None]
+) -> list[list[list[str] | None]]:
+    """``MODULE_READS``: per module argument, per submodule (``named_modules`` order),
+    the attribute names the trace read on it, sorted; None where its reads were not
+    seen (``recording_module_reads``)."""
+    out: list[list[list[str] | None]] = []
+    for m in modules:
+        row: list[list[str] | None] = []
+        for _, sub in m.named_modules():
+            seen = reads.get(id(sub))
+            row.append(None if seen is None else sorted(seen))
+        out.append(row)
+    return out
+
+
 def _module_records(
     modules: list[torch.nn.Module],
     names: Any,
     training: bool,
     near: tuple[str, ...],
     classes: dict[Any, None],
+    reads: list[list[list[str] | None]],
 ) -> list[list[Any]]:
     context = _context(names, training, near, classes)
     return [
         [
-            state_checks.module_fingerprint(sub, context, children=False)
-            for _, sub in m.named_modules()
+            state_checks.module_fingerprint(
+                sub, context, children=False, own=None if own is None else frozenset(own)
+            )
+            for (_, sub), own in zip(m.named_modules(), row)
         ]
-        for m in modules
+        for m, row in zip(modules, reads)
     ]
 
 
@@ -728,14 +829,18 @@ def record_dependencies(
     training: bool,
     fn: Any = None,
     where: Any = None,
+    reads: dict[int, set[str] | None] | None = None,
 ) -> Dependencies:
+    """What the trace depended on; ``reads`` (``recording_module_reads``) narrows each
+    submodule's recorded attributes to those the trace read on it."""
     refuse_trace_only_reads(log, where)
     names = read_names(log)
     near = _near_modules(log)
     # The user classes every record reaches, whose class-level values are recorded last.
     classes: dict[Any, None] = {}
     entry = entry_record(fn, names, training, near, where, classes)
-    module_records = _module_records(modules, names, training, near, classes)
+    read_rows = module_reads(modules, reads or {})
+    module_records = _module_records(modules, names, training, near, classes, read_rows)
     global_records = _global_values(log, names, training, classes)
     return Dependencies(
         entry=entry,
@@ -746,6 +851,7 @@ def record_dependencies(
         global_hooks=state_checks.global_hooks_fingerprint(global_module_hooks()),
         process_state=_process_state_records(log),
         surface=surface_record(modules, log),
+        module_reads=read_rows,
     )
 
 

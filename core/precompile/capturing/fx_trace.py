@@ -22,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 
 from precompile._compat import tracing
 from precompile._compat.tracing import pytree
-from precompile.capturing import fx_dependencies
+from precompile.capturing import fx_dependencies, fx_keyed_inputs
 from precompile.capturing.fx_dependencies import Dependencies, param_free
 from precompile.capturing.fx_lifting import LiftedState, lift_module_state, module_training_flags
 from precompile.errors import Location, PrecompileError, generator_input_refusal
@@ -49,7 +49,7 @@ class SingleGraph:
     lifted: LiftedState
     num_args: int
     module_positions: list[int]
-    module_training: list[list[tuple[str, bool]]]
+    module_training: list[list[tuple[str, bool | None]]]
     in_spec: Any
     out_spec: Any
     user_leaves: list[Any]
@@ -69,6 +69,9 @@ class SingleGraph:
     #: State user code read that the graph does not take as an input, by kind
     #: ("grad_mode", "requires_grad", "layout"): "what at FILE:LINE".
     reads: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Per dict of ``in_spec`` (pre-order), whether fn read it only by key
+    #: (``keyed_inputs``): a call may pass its keys in another order, or extra ones.
+    keyed_dicts: list[bool] = dataclasses.field(default_factory=list)
     #: The ambient torch.autocast state of the capture (its casts are in the graph).
     autocast: tuple[tuple[str, str], ...] = ()
     #: The torch-function and dispatch modes active around the capture
@@ -85,6 +88,9 @@ class SingleGraph:
     #: Per input leaf, where it sits in the user's call: ``x``, ``batch['ids']``,
     #: ``xs[1]`` (fn's parameter name, then the path into the container).
     input_names: list[str] = dataclasses.field(default_factory=list)
+    #: Whether the tracer applied decompositions: the graph's operations are then not
+    #: those eager dispatches (``MODES_SEE_OPS``).
+    decomposed: bool = False
 
     @property
     def user_tensors(self) -> list[torch.Tensor]:
@@ -514,6 +520,18 @@ def _control_flow_refusal(op: str, where: Location | None) -> PrecompileError:
     )
 
 
+def _read_training_flags(
+    module: torch.nn.Module, reads: list[list[str] | None]
+) -> list[tuple[str, bool | None]]:
+    """``MODULE_TRAINING`` of one module argument: each submodule's training flag where
+    the trace read it (dropout, batch norm, a user's ``if self.training``) or could not
+    tell (reads unseen); None where it did not, which no ``train()`` can change."""
+    return [
+        (name, flag if seen is None or "training" in seen else None)
+        for (name, flag), seen in zip(module_training_flags(module), reads)
+    ]
+
+
 def _refuse_from_exception(error: BaseException, training: bool) -> PrecompileError:
     where = innermost(traceback_user_stack(error.__traceback__))
     control_flow = _higher_order_op_in(error.__traceback__)
@@ -603,6 +621,8 @@ def trace_single_graph(
     out_requires_grad: list[bool] = []
     opaque = _RefuseOpaqueAccess()
     argument_changes: list[str] = []
+    # The input dicts fn observed beyond values by key (keyed_inputs).
+    dicts_observed: set[int] = set()
 
     def flat_fn(*flat: torch.Tensor) -> list[Any]:
         state, user_tensors = flat[:n_state], flat[n_state:]
@@ -610,19 +630,22 @@ def trace_single_graph(
         call_leaves = list(leaves)
         for slot, t in zip(tensor_slots, user_tensors):
             call_leaves[slot] = t
-        user_values = pytree.tree_unflatten(call_leaves, in_spec)
+        user_values = fx_keyed_inputs.watch_dicts(
+            pytree.tree_unflatten(call_leaves, in_spec), dicts_observed
+        )
         user_args = iter(user_values)
         call_args = [
             args[i] if i in module_positions else next(user_args) for i in range(len(args))
         ]
-        watch = fx_dependencies.ArgumentWatch(
-            [
-                (f"{'parameter' if k < lifted.num_params else 'buffer'} {name!r}", t)
-                for k, (name, t) in enumerate(zip(lifted.names, state))
-            ]
-            + [(f"input value {slot}", t) for slot, t in zip(tensor_slots, user_tensors)],
-            [(i, a) for i, a in enumerate(call_args) if i not in module_positions],
-        )
+        with fx_keyed_inputs.quiet():
+            watch = fx_dependencies.ArgumentWatch(
+                [
+                    (f"{'parameter' if k < lifted.num_params else 'buffer'} {name!r}", t)
+                    for k, (name, t) in enumerate(zip(lifted.names, state))
+                ]
+                + [(f"input value {slot}", t) for slot, t in zip(tensor_slots, user_tensors)],
+                [(i, a) for i, a in enumerate(call_args) if i not in module_positions],
+            )
         with contextlib.ExitStack() as stack:
             for mi, module in enumerate(modules):
                 swap = {
@@ -631,9 +654,12 @@ def trace_single_graph(
                     for m, name in names
                     if m == mi
                 }
-                stack.enter_context(tracing.reparametrized(module, swap))
-            out = fn(*call_args)
-            argument_changes[:] = watch.changes()
+                stack.enter_context(
+                    fx_dependencies.unrecorded(tracing.reparametrized(module, swap))
+                )
+            out = fx_keyed_inputs.plain(fn(*call_args))
+            with fx_keyed_inputs.quiet():
+                argument_changes[:] = watch.changes()
         out_leaves, out_spec = pytree.tree_flatten(out)
         out_spec_box.append(out_spec)
         for i, leaf in enumerate(out_leaves):
@@ -701,6 +727,7 @@ def trace_single_graph(
                 lambda frame: frame.f_code.co_filename != __file__
             ) as grad_access,
             fx_dependencies.recording_calls() as ran,
+            fx_dependencies.recording_module_reads(modules) as module_reads,
         ):
             with fake_mode, opaque, torch.set_grad_enabled(training or grad_inputs):
                 gm = tracing.make_fx(
@@ -777,14 +804,18 @@ def trace_single_graph(
         tracing.insert_runtime_asserts(gm, fake_mode)
     if grad_inputs:
         _check_grad_inputs_capture(grad_param_indices, dynamic_dims, where)
-    recorded = fx_dependencies.record_dependencies(modules, ran, training, fn, where)
+    recorded = fx_dependencies.record_dependencies(
+        modules, ran, training, fn, where, reads=module_reads
+    )
     fx_dependencies.refuse_unnamed_sentinels(recorded, where)
     return SingleGraph(
         graph_module=gm,
         lifted=lifted,
         num_args=len(args),
         module_positions=module_positions,
-        module_training=[module_training_flags(m) for m in modules],
+        module_training=[
+            _read_training_flags(m, row) for m, row in zip(modules, recorded.module_reads)
+        ],
         in_spec=in_spec,
         out_spec=out_spec_box[-1],
         user_leaves=leaves,
@@ -804,6 +835,8 @@ def trace_single_graph(
         if grad_inputs
         else None,
         input_names=_leaf_names(fn, len(args), module_positions, in_spec),
+        keyed_dicts=fx_keyed_inputs.keyed_flags(in_spec, dicts_observed),
+        decomposed=bool(decompositions),
     )
 
 

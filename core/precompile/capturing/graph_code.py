@@ -5,9 +5,12 @@ The eager backend runs this source as is; it needs only ``torch``.
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from precompile._compat.prelude import FX_GRAPH_GLOBALS
+from precompile._compat.tracing import op_overload_qualname
 from precompile.capturing.fx_trace import SingleGraph, is_literal_constant
 from precompile.errors import PrecompileError
 
@@ -75,7 +78,39 @@ def _graph_function(gm: torch.fx.GraphModule, name: str) -> str:
             f"import; this is a precompile limitation, please report it",
         )
     body = code.src.strip().replace("def forward(self,", f"def {name}(self,", 1)
-    return body.replace("def forward(self)", f"def {name}(self)", 1)
+    body = body.replace("def forward(self)", f"def {name}(self)", 1)
+    return bind_kernel_handles(gm, body)
+
+
+def bind_kernel_handles(gm: torch.fx.GraphModule, source: str) -> str:
+    """``source`` (``gm``'s generated code) with each ATen op overload it calls bound
+    once at module level to its C++ operator handle (``_kernel``), and the calls
+    rewritten to that name: ``torch.ops.aten.addmm.default(...)`` goes through
+    ``OpOverload.__call__`` (a Python frame) per call, the handle is what that frame
+    calls. Same kernel, same arguments, same result; the binding lines name the op, so
+    the artifact stays readable. A name that a graph value already uses keeps the
+    original spelling (it would be shadowed)."""
+    taken = {node.name for node in gm.graph.nodes}
+    bindings: list[str] = []
+    seen: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        qualname = op_overload_qualname(node.target)
+        if qualname is None or qualname in seen:
+            continue
+        seen.add(qualname)
+        alias = "_k_" + qualname[len("torch.ops.") :].replace(".", "_")
+        if alias in taken or not alias.isidentifier():
+            continue
+        pattern = re.compile(r"(?<![\w.])" + re.escape(qualname) + r"(?=\()")
+        source, count = pattern.subn(alias, source)
+        if count:
+            bindings.append(f"{alias} = _kernel({qualname})")
+    if not bindings:
+        return source
+    header = "# Each op's C++ handle, bound once (what torch.ops.<op>(...) would call)."
+    return "\n".join([header, *bindings, "", "", source])
 
 
 def _boxed_call(name: str, graph_function: str) -> str:

@@ -12,7 +12,13 @@ targets and the code it inlined -- and this module finds where each was reached 
   ``torch.nn.modules.activation``), and those code's own modules;
 - a class attribute, looked up along the MRO (``torch.Tensor.softmax``, resolved on
   ``TensorBase``; ``torch.nn.LayerNorm.forward``): of ``torch.Tensor`` and of every
-  library class of a module the trace reached.
+  library class of a module the trace reached;
+- a registry entry: a key of a mapping a library module holds, a plain dict
+  (``ACT2FN``-style) or a mapping object whose entries live in its own or its class's
+  dicts (``transformers``' ``ALL_ATTENTION_FUNCTIONS["sdpa"]``, which
+  ``AttentionInterface.register`` rebinds). Found by value: the function the trace ran
+  is among the mapping's entries; checked by the mapping's own lookup, so a local
+  override (``ALL_ATTENTION_FUNCTIONS["sdpa"] = k``) counts as much as a registration.
 
 Each path is recorded with the key of the object there (``surface_checks.surface_key``),
 which another process computes alike: a replacement made before load is refused at load,
@@ -27,7 +33,7 @@ import inspect
 import os
 import sys
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -120,6 +126,52 @@ def _row(module: str, cls: str | None, name: str, value: Any) -> dict[str, Any]:
     }
 
 
+#: The keys a registry row can name (a literal another process reads back).
+_ENTRY_KEYS = (str, int)
+
+
+def _registry_tables(holder: Any) -> list[dict[Any, Any]]:
+    """The plain dicts that hold a mapping's entries: a dict itself; of a library
+    mapping object, the dicts among its own attributes and its classes' (looked at
+    directly, never through the mapping's iteration, which may import or compute)."""
+    if isinstance(holder, dict):
+        return [holder]
+    if not isinstance(holder, Mapping) or not _library_class(type(holder)):
+        return []
+    spaces = [getattr(holder, "__dict__", {})]
+    spaces += [vars(c) for c in type(holder).__mro__ if c.__module__ != "builtins"]
+    return [v for space in spaces for v in list(space.values()) if isinstance(v, dict)]
+
+
+def _registry_rows(
+    modules: dict[str, types.ModuleType], hit: Any
+) -> dict[tuple[str, str | None, str], dict[str, Any]]:
+    """A row per registry entry holding a function the trace ran: the mapping by the
+    module attribute that holds it, the key, and the object the mapping's own lookup
+    gives for it (a mapping whose lookup does not give that function is left out: the
+    trace did not reach the function through it)."""
+    rows: dict[tuple[str, str | None, str], dict[str, Any]] = {}
+    for name, module in sorted(modules.items()):
+        for attr, holder in list(vars(module).items()):
+            if attr.startswith("__"):
+                continue
+            for table in _registry_tables(holder):
+                for entry, value in list(dict.items(table)):
+                    if type(entry) not in _ENTRY_KEYS or not hit(value):
+                        continue
+                    try:
+                        found = holder[entry]
+                    except Exception:  # a lookup that fails is no path
+                        continue
+                    if found is not value:
+                        continue
+                    row = _row(name, None, attr, value)
+                    row["entry"] = entry
+                    row["shown"] = f"{public_name(name, attr)}[{entry!r}]"
+                    rows[(name, None, f"{attr}[{entry!r}]")] = row
+    return rows
+
+
 def record_surface(
     called: Iterable[Any],
     codes: Iterable[types.CodeType],
@@ -127,6 +179,7 @@ def record_surface(
     classes: Iterable[Any],
     methods: Iterable[str] = (),
 ) -> list[dict[str, Any]]:
+    codes = list(codes)
     """``LIBRARY_SURFACE``: where each of ``called`` (objects the trace called: builtins,
     bound builtin methods) and ``codes`` (library functions it ran) was resolved, among
     the library modules bound in ``scopes`` (the globals of the code that ran) and the
@@ -151,6 +204,14 @@ def record_surface(
         code = _code_of(value)
         return code is not None and code in ran
 
+    every = set(codes)
+
+    def hit_entry(value: Any) -> bool:
+        # A registry may hold the project's own kernel: registered at capture, it
+        # must stay the one registered.
+        code = _code_of(value)
+        return id(value) in called_ids or (code is not None and code in every)
+
     rows: dict[tuple[str, str | None, str], dict[str, Any]] = {}
     modules: dict[str, types.ModuleType] = {}
     for scope in scopes:
@@ -162,6 +223,7 @@ def record_surface(
         for attr, value in list(vars(module).items()):
             if not attr.startswith("__") and hit(value):
                 rows[(name, None, attr)] = _row(name, None, attr, value)
+    rows.update(_registry_rows(modules, hit_entry))
     leaves = [torch.Tensor, *dict.fromkeys(c for c in classes if _library_class(c))]
     for leaf in leaves:
         seen: set[str] = set()

@@ -21,6 +21,9 @@ def user_path(text: str) -> str:
     import re
 
     text = re.sub(r"\b[LG]\[(['\"])(.+?)\1\]", r"\2", text)
+    # A class attribute read through an instance, as the code spelled it:
+    # ``dict(type(obj).__dict__)['attr']`` -> ``obj.attr``.
+    text = re.sub(r"dict\(type\(([^()]+)\)\.__dict__\)\[(['\"])(\w+)\2\]", r"\1.\3", text)
     text = re.sub(r"\._(?:modules|parameters|buffers)\[(['\"])(.+?)\1\]", r".\2", text)
     text = re.sub(r"\._(?:modules|parameters|buffers)\b", "", text)
     text = re.sub(r"\.__dict__\[(['\"])(.+?)\1\]", r".\2", text)
@@ -79,8 +82,30 @@ def guard_failure_text(raw: str, f_locals: dict[str, Any] | None = None) -> str:
         shown = repr(value)
         return type(value).__name__, shown if len(shown) <= 80 else shown[:77] + "..."
 
+    def replaced_function(name: str, detail: str) -> str | None:
+        """A guard on a function's own attribute (``f.__defaults__``, ``f.__code__``)
+        fails when the function there was replaced: say that, about the function."""
+        match = re.fullmatch(r"(.+)\.(__defaults__|__kwdefaults__|__code__|__closure__)", name)
+        if match is None:
+            return None
+        owner, attr = match.groups()
+        return (
+            f"`{owner}` is not the function the capture traced (its `{attr}` {detail}): "
+            f"the function registered or bound there was replaced. Restore it, or capture "
+            f"again with the new one (re-emit the artifact)"
+        )
+
     def words(text: str) -> str:
         match = re.fullmatch(r"___check_type_id\((.+?), \d+\), type=<class '(.+?)'>", text)
+        if match:
+            live = live_type(match.group(1))
+            said = replaced_function(
+                match.group(1),
+                f"is {typed_value(*live) if live else 'of another type'}, where the "
+                f"capture's was a {match.group(2)}",
+            )
+            if said:
+                return said
         if match:
             name, expected = match.groups()
             live = live_type(name)
@@ -90,6 +115,8 @@ def guard_failure_text(raw: str, f_locals: dict[str, Any] | None = None) -> str:
                 f"capture saw{now}"
             )
         match = re.fullmatch(r"___check_obj_id\((.+?), \d+\)", text)
+        if match and replaced_function(match.group(1), "differs"):
+            return str(replaced_function(match.group(1), "differs"))
         if match:
             return f"`{match.group(1)}` is not the object the capture saw"
         match = re.fullmatch(
@@ -100,6 +127,28 @@ def guard_failure_text(raw: str, f_locals: dict[str, Any] | None = None) -> str:
             name, what, dim, expected, actual = match.groups()
             return f"`{name}` has {what} {actual} at dim {dim}; the capture saw {expected}"
         match = re.fullmatch(
+            r"tensor '(.+?)' dispatch key set mismatch\. expected (.+), actual (.+)", text
+        )
+        if match and "Autograd" in match.group(2) and "Autograd" not in match.group(3):
+            # Autograd keys missing: an inference tensor (or a call's inference mode,
+            # which a served call no longer shows its guards).
+            return (
+                f"`{match.group(1)}` is an inference tensor (made under "
+                f"torch.inference_mode()), and the capture saw an ordinary tensor, which "
+                f"Dynamo's guards tell apart. Make it outside torch.inference_mode() (the "
+                f"artifact may still be called under it), or capture with MakeFxTracer, "
+                f"whose artifacts serve both"
+            )
+        match = re.fullmatch(
+            r"tensor '(.+?)' requires_grad mismatch\. expected requires_grad=(\d)\b.*", text
+        )
+        if match:
+            name, expected = match.group(1), bool(int(match.group(2)))
+            return (
+                f"`{name}` has requires_grad={not expected}; the capture saw "
+                f"requires_grad={expected}"
+            )
+        match = re.fullmatch(
             r"tensor '(.+?)' (\w[\w ]*?) mismatch\. expected (.+), actual (.+)", text
         )
         if match:
@@ -109,11 +158,21 @@ def guard_failure_text(raw: str, f_locals: dict[str, Any] | None = None) -> str:
         if match:
             name, expected, actual = match.groups()
             return f"`{name}` has {actual} dims; the capture saw {expected}"
+        match = re.fullmatch(r"([\w.]+(?:\[[^\]]+\])*) is ([\w.]+(?:\[[^\]]+\])*)", text)
+        if match:
+            # One object Dynamo met at two paths (DUPLICATE_INPUT), traced as one.
+            first, second = match.groups()
+            return (
+                f"`{first}` and `{second}` are two different objects; at capture they were "
+                f"one object, which the trace read through both"
+            )
         match = re.fullmatch(r"\(?type\((.+?)\) is \w+ and __math_isnan\(\1\)\)?", text)
         if match:
             # A NaN equals nothing: Dynamo guards one it specialized on with isnan.
             return f"`{match.group(1)}` is not nan, the value the capture specialized on"
         match = re.fullmatch(r"([\w.\[\]'\" ]+?) == (.+)", text)
+        if match and replaced_function(match.group(1), f"is not {match.group(2)}"):
+            return str(replaced_function(match.group(1), f"is not {match.group(2)}"))
         if match:
             name, value = match.groups()
             shown = name if " " in name else f"`{name}`"

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     # Bound by the artifact prelude (precompile._compat.prelude).
     _DYNAMO_DIM_MARKS: tuple[str, ...] = ()
+    _pytree: Any = None
     _any_autocast_enabled: Callable[[], bool] = bool
     _set_grad_enabled: Callable[[bool], None] = print
     FN_NAME: str = ""
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     PYTHON_VERSION: list[int] = []
     GRAD_MODE: bool = False
     GRAD_MODE_READ: str = ""
+    GRAD_FLAGS: dict[str, Any] = {}
     GLOBAL_STATE: dict[str, Any] = {}
     FUNCTION_SOURCES: list[dict[str, Any]] = []
     DYNAMO_GLOBALS: list[list[str]] = []
@@ -68,15 +70,23 @@ if TYPE_CHECKING:
 
     def build_dependency_check() -> Any: ...
 
+    def _build_surface_check() -> Any: ...
+
     def autocast_state() -> tuple[tuple[str, str], ...]: ...
 
-    def check_ambient_modes(captured: tuple[str, ...]) -> None: ...
+    def check_ambient_modes(captured: tuple[str, ...], modes_see_ops: bool = False) -> None: ...
 
     def _opaque_to_dynamo(fn: Callable[..., Any]) -> Callable[..., Any]: ...
 
+    def _ordinary_dispatch() -> Any: ...
+
     function_mode_depth: Callable[[], int] = int
     dispatch_mode_depth: Callable[[], int] = int
+
+    def disable_dispatch_modes() -> Any: ...
+
     AMBIENT_MODES: list[str] = []
+    MODES_SEE_OPS: bool = False
 
 
 def _strip_dim_marks(values: Any) -> list[tuple[Any, dict[str, Any]]]:
@@ -206,6 +216,17 @@ def _serving_variant(managers: list[Any], f_locals: dict[str, Any]) -> int | Non
     serving and every covers() make. A root's fast path can refuse without running its
     tree once, so each variant is checked twice before the next (plain_guards' checks
     have no such fast path: ``checks_once``)."""
+    if dispatch_mode_depth():
+        # Served under a dispatch mode (MODES_SEE_OPS): the mode puts torch's Python
+        # dispatch key in this thread's state, which the tensor guards would read as
+        # another dispatch key set; eager's Python ran on the same tensors, so the
+        # guards are checked with the modes set aside, and the graph runs under them.
+        with disable_dispatch_modes():
+            return _serving_variant_now(managers, f_locals)
+    return _serving_variant_now(managers, f_locals)
+
+
+def _serving_variant_now(managers: list[Any], f_locals: dict[str, Any]) -> int | None:
     for i, manager in enumerate(managers):
         if manager.check(f_locals) or (
             not getattr(manager, "checks_once", False) and manager.check(f_locals)
@@ -226,9 +247,88 @@ def variant_coverage(managers: list[Any], f_locals: dict[str, Any]) -> dict[str,
 
 def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str:
     """The first guard of a variant that fails for these locals, in the user's words."""
-    info = manager.check_verbose(f_locals)
+    if dispatch_mode_depth():
+        with disable_dispatch_modes():
+            info = manager.check_verbose(f_locals)
+    else:
+        info = manager.check_verbose(f_locals)
     parts = list(getattr(info, "verbose_code_parts", None) or [])
     return guard_failure_text(str(parts[0]), f_locals) if parts else "a guard failed"
+
+
+#: The parameters whose requires_grad a served call set to the captured value, across
+#: this artifact's calls on every thread: id -> [parameter, its own value, calls using
+#: it]. The last call using one puts its own value back.
+_FLIPPED: dict[int, list[Any]] = {}
+
+
+def _grad_flag_stand_ins(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The call as an inference artifact's guards were certified for, where only
+    ``requires_grad`` differs, or None if nothing would change: a tensor argument (or an
+    item of a tuple argument) that requires grad or is an ``nn.Parameter`` is passed as
+    ``t.detach()`` (the same storage and metadata; one stand-in per tensor, so tensors
+    passed twice stay one), and each parameter of a module argument takes the
+    ``requires_grad`` it had at capture (``GRAD_FLAGS["params"]``) for the call. The
+    graphs run with grad off, where neither changes a value; only fn's own reads of
+    those flags would, and an artifact that has one never gets here. Lists and dicts
+    are left as they are (fn may write into them): a tensor there is still refused.
+    Returns (args, kwargs, stand-in id -> original, (parameter, captured flag, its
+    name) to set)."""
+    import torch
+
+    params = GRAD_FLAGS.get("params") or {}
+    originals: dict[int, Any] = {}
+    memo: dict[int, Any] = {}
+    flips: list[tuple[Any, bool, str]] = []
+
+    def tensor(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and (
+            value.requires_grad or type(value) is torch.nn.Parameter
+        ):
+            found = memo.get(id(value))
+            if found is None:
+                found = memo[id(value)] = value.detach()
+                originals[id(found)] = value
+            return found
+        return value
+
+    def stand_in(key: str, value: Any) -> Any:
+        if isinstance(value, torch.nn.Module):
+            wanted = params.get(key)
+            if wanted is not None:
+                wanted_set = set(wanted)
+                for name, p in value.named_parameters():
+                    want = name in wanted_set
+                    if p.is_leaf and (p.requires_grad != want or id(p) in _FLIPPED):
+                        flips.append((p, want, f"{name} of argument {key}"))
+            return value
+        if type(value) is tuple:
+            return tuple(map(tensor, value))
+        return tensor(value)
+
+    new_args = tuple(stand_in(str(i), a) for i, a in enumerate(args))
+    new_kwargs = {k: stand_in(k, v) for k, v in kwargs.items()}
+    if not originals and not flips:
+        return None
+    return new_args, new_kwargs, originals, flips
+
+
+def _refuse_training_flags(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A training artifact's backward computes the gradients of the parameters that
+    required grad at capture: a parameter frozen (or unfrozen) since is refused, in
+    make_fx's words, when the guards miss (this runs only then)."""
+    staged = _grad_flag_stand_ins(args, kwargs)
+    for p, want, name in staged[3] if staged is not None else ():
+        if p.requires_grad == want:
+            continue
+        refuse(
+            f"precompile: parameter {name} has requires_grad={p.requires_grad} but was "
+            f"captured with requires_grad={want}; this training artifact's backward "
+            f"computes the gradients of the parameters that required grad at capture. "
+            f"Restore it with .requires_grad_({want}), or capture again with the model "
+            f"as it is served",
+            2,
+        )
 
 
 def serve_as_captured(entry: Any, check: Any) -> Any:
@@ -242,6 +342,8 @@ def serve_as_captured(entry: Any, check: Any) -> Any:
     it computed; eager would take the other branch). Each call first runs
     ``check(args, kwargs)``: what the trace depended on beyond its guards (hooks,
     module-level functions, objects compared by identity; see build_dependency_check)."""
+    import threading
+
     import torch
 
     def refuse_autocast() -> None:
@@ -305,10 +407,13 @@ def serve_as_captured(entry: Any, check: Any) -> Any:
     # refused naming them, before any other check (Dynamo's own guard on the mode stack
     # would say only ___check_torch_function_mode_stack()).
     captured_modes = tuple(AMBIENT_MODES)
+    # A training capture runs with grad on, which inference mode forbids: such a call is
+    # refused by the grad-mode check below.
+    inference_mode_enabled = torch.is_inference_mode_enabled if not GRAD_MODE else bool
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         if function_mode_depth() or dispatch_mode_depth() or captured_modes:
-            check_ambient_modes(captured_modes)
+            check_ambient_modes(captured_modes, MODES_SEE_OPS)
         check(args, kwargs)
         if torch.get_default_dtype() is not dtype or (
             torch.are_deterministic_algorithms_enabled() != deterministic
@@ -334,10 +439,81 @@ def serve_as_captured(entry: Any, check: Any) -> Any:
                     warn_inference_grad(what)
             _set_grad_enabled(GRAD_MODE)
         try:
-            return entry(*args, **kwargs)
+            if inference_mode_enabled():
+                # Served with grad off, as an inference artifact always is; its guards
+                # and graphs see the dispatch keys of ordinary code (_ordinary_dispatch),
+                # so an ordinary tensor passes the guard the capture made of it.
+                with _ordinary_dispatch():
+                    return _entry_or_stand_ins(args, kwargs)
+            return _entry_or_stand_ins(args, kwargs)
         finally:
             if grad != GRAD_MODE:
                 _set_grad_enabled(grad)
+
+    # An inference capture whose code reads no tensor's requires_grad: its graphs run
+    # with grad off, where the flags change no value, but Dynamo's tensor guards compare
+    # them (and an input's class: an nn.Parameter where a tensor was captured). A call
+    # its entry refuses before anything ran is tried once more with the flags as
+    # captured (_grad_flag_stand_ins); a served call pays nothing for it.
+    stand_ins_apply = not GRAD_MODE and not GRAD_FLAGS.get("read")
+    flip_lock = threading.Lock()
+    # Once a call was served through stand-ins (a frozen model, say: every later call
+    # would miss the guards the same way), later calls build them first; a call that
+    # needs none then runs as it is.
+    stand_ins_first = [False]
+
+    def _entry_or_stand_ins(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if stand_ins_first[0]:
+            with flip_lock:
+                staged = _grad_flag_stand_ins(args, kwargs)
+                if staged is not None:
+                    _set_flags(staged[3])
+            return entry(*args, **kwargs) if staged is None else _run_staged(staged)
+        try:
+            return entry(*args, **kwargs)
+        except RuntimeError as error:
+            # Only a refusal (a PrecompileError) raised before any graph ran.
+            if not hasattr(error, "invariant") or getattr(error, "ran_before_refusal", False):
+                raise
+            if GRAD_MODE:
+                _refuse_training_flags(args, kwargs)
+            if not stand_ins_apply:
+                raise
+            with flip_lock:
+                staged = _grad_flag_stand_ins(args, kwargs)
+                if staged is None:
+                    raise
+                _set_flags(staged[3])
+        out = _run_staged(staged)
+        stand_ins_first[0] = True
+        return out
+
+    def _set_flags(flips: list[tuple[Any, bool, str]]) -> None:
+        for p, want, _name in flips:
+            row = _FLIPPED.get(id(p))
+            if row is None:
+                _FLIPPED[id(p)] = [p, p.requires_grad, 1]
+                p.requires_grad_(want)
+            else:
+                row[2] += 1
+
+    def _run_staged(staged: Any) -> Any:
+        new_args, new_kwargs, originals, flips = staged
+        try:
+            out = entry(*new_args, **new_kwargs)
+        finally:
+            with flip_lock:
+                for p, _want, _name in flips:
+                    row = _FLIPPED[id(p)]
+                    row[2] -= 1
+                    if not row[2]:
+                        del _FLIPPED[id(p)]
+                        p.requires_grad_(row[1])
+        if originals:
+            # An output that is an argument itself is the caller's tensor, as in eager.
+            if any(id(leaf) in originals for leaf in _pytree.tree_leaves(out)):
+                out = _pytree.tree_map(lambda v: originals.get(id(v), v), out)
+        return out
 
     return _opaque_to_dynamo(forward)
 
@@ -410,6 +586,10 @@ def _build_multigraph_forward() -> Any:
 
     check_versions()
     check_function_sources()
+    # A library function or registry entry replaced before load is refused by its name
+    # before the guards are rebuilt: they read what the replacement changed (a
+    # registry entry's defaults) and would fail in Dynamo's words.
+    _build_surface_check()
     # "plain": guards and code objects carried Dynamo-free (plain_guards), so serving
     # never imports torch._dynamo; "dynamo": Dynamo's guard manager, for guards outside
     # plain_guards' whitelist (GUARD_RUNTIME says which, and why).

@@ -37,6 +37,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
+# >>> not emitted: Dynamo artifacts carry state_checks.watches_only among their functions
+from precompile.runtime.state_checks import watches_only
+
+# <<< not emitted
+
 if TYPE_CHECKING:
     # Bound by the artifact prelude (precompile._compat.prelude).
     _dict_version: Callable[[dict[str, Any]], int] = len
@@ -45,6 +50,7 @@ if TYPE_CHECKING:
     MODULE_HOOKS: dict[str, Any] = {}
     GLOBAL_READS: list[dict[str, str]] = []
     ARG_IDENTITIES: list[dict[str, Any]] = []
+    ARG_RELATIONS: list[dict[str, Any]] = []
     FLOAT_ZEROS: list[dict[str, Any]] = []
     ORDERED_DICTS: list[dict[str, Any]] = []
     CLASS_ATTRS: list[dict[str, Any]] = []
@@ -111,8 +117,10 @@ def global_hook_snapshot() -> dict[str, list[str]]:
         "_global_backward_hooks",
     ):
         hooks = getattr(nn_module, attr, None)
-        if hooks:
-            found[attr] = [hook_name(h) for h in hooks.values()]
+        # torch's module trackers' hooks only watch (state_checks.watches_only).
+        names = [hook_name(h) for h in (hooks or {}).values() if not watches_only(h)]
+        if names:
+            found[attr] = names
     return found
 
 
@@ -426,7 +434,7 @@ def build_dependency_check() -> Any:
         if read["scope"] not in scope_index:
             scope_index[read["scope"]] = len(scopes)
             scopes.append(vars(import_user_module(read["scope"])))
-        terms.append(f"(__S{scope_index[read['scope']]}{read['path'][1:]}) is __E[{i}]")
+        terms.append(f"({_scoped(read['path'], scope_index[read['scope']])}) is __E[{i}]")
     source = "def __reads_ok({}):\n    try:\n        return {}\n    except Exception:\n        return False\n".format(
         ", ".join([*(f"__S{i}" for i in range(len(scopes))), "__E"]),
         " and ".join(terms) or "True",
@@ -437,7 +445,8 @@ def build_dependency_check() -> Any:
 
     def bound_now(read: dict[str, str]) -> Any:
         try:
-            return eval("__S" + read["path"][1:], {"__S": scopes[scope_index[read["scope"]]]})
+            index = scope_index[read["scope"]]
+            return eval(_scoped(read["path"], index), {f"__S{index}": scopes[index]})
         except Exception:
             return None
 
@@ -475,7 +484,8 @@ def build_dependency_check() -> Any:
                 if code is not None:
                     now += f" ({code.co_filename}:{code.co_firstlineno})"
             refuse(
-                f"precompile: `{user_path(read['path'])}` (read by module {read['scope']}) is "
+                f"precompile: `{read.get('shown') or user_path(read['path'])}` (read by module "
+                f"{read.get('reader') or read['scope']}) is "
                 f"bound to {now} in this process; the capture traced {captured}, and this "
                 f"artifact serves only that. Restore it, or capture again with the new one "
                 f"(re-emit the artifact)"
@@ -532,6 +542,16 @@ def build_dependency_check() -> Any:
     return check
 
 
+def _scoped(path: str, index: int) -> str:
+    """A global read's access path with every ``G[...]`` (the module's globals, in
+    Dynamo's naming) read from ``__S{index}``: a path may name the globals more than
+    once (a dict entry keyed by the n-th key of a global dict,
+    ``G['m'].D[list(dict.keys(G['m'].D))[7]]``)."""
+    import re
+
+    return re.sub(r"(?<![\w.\]'\"])G\[", f"__S{index}[", path)
+
+
 def _binding_source(signature: Any, missing: Any) -> tuple[list[str], dict[str, Any]]:
     """Lines that bind fn's parameters as locals from ``__a`` (args) and ``__k``
     (kwargs), without inspect, and the namespace they read (``__D``, ``__N``)."""
@@ -567,16 +587,17 @@ def _build_argument_check(signature: Any) -> Any:
     every row's access path; only when it fails does the row-by-row pass run, which
     adopts what resolves now and raises PrecompileError naming the path, what is there
     and what was traced."""
-    if not ARG_IDENTITIES and not FLOAT_ZEROS and not ORDERED_DICTS:
+    if not ARG_IDENTITIES and not FLOAT_ZEROS and not ORDERED_DICTS and not ARG_RELATIONS:
         return None
     missing = object()
     lines, namespace = _binding_source(signature, missing)
     identity_terms, identities_state, recheck_identities = _identity_rows(missing)
     zero_terms, recheck_zeros = _float_zero_rows(namespace)
     order_terms, recheck_orders = _ordered_dict_rows(namespace)
+    relation_terms, recheck_relations = _relation_rows(namespace, missing)
     source = "def __arguments_ok(__a, __k, __E):\n    try:\n{}\n        return {}\n    except Exception:\n        return False\n".format(
         "\n".join("        " + line for line in lines),
-        " and ".join([*identity_terms, *zero_terms, *order_terms]),
+        " and ".join([*identity_terms, *zero_terms, *order_terms, *relation_terms]),
     )
     exec(compile(source, "<precompile argument checks>", "exec"), namespace)
     arguments_ok = namespace["__arguments_ok"]
@@ -593,8 +614,79 @@ def _build_argument_check(signature: Any) -> Any:
         recheck_identities(scope)
         recheck_zeros(scope)
         recheck_orders(scope)
+        recheck_relations(scope)
 
     return check
+
+
+def _relation_rows(namespace: dict[str, Any], missing: Any) -> tuple[list[str], Any]:
+    """The term of ``ARG_RELATIONS`` for the generated check (binding what it reads
+    into ``namespace``), and the row-by-row pass over a call's bound arguments.
+
+    Each row is an access path from fn's arguments (or a module global) to an object
+    the trace compared by identity that no other process can name (a config object
+    ``copy.deepcopy`` keyed by ``id``), or one Dynamo found at two paths
+    (``model.decoder.config`` is ``model.config``). What the trace learnt from those
+    identities is which of the paths held one object, so every call checks exactly
+    that: the objects at paths of one captured group are one object, and those of
+    different groups are not."""
+    if not ARG_RELATIONS:
+        return [], lambda scope: None
+    groups = tuple(row["group"] for row in ARG_RELATIONS)
+    count = len(set(groups))
+    paths = []
+    for i, row in enumerate(ARG_RELATIONS):
+        path = row["path"]
+        if row.get("module"):
+            namespace[f"__R{i}"] = vars(import_user_module(row["module"]))
+            path = f"__R{i}" + path[1:]
+        paths.append(path)
+    compiled = [compile(path, "<precompile relation>", "eval") for path in paths]
+
+    def grouped_as_captured(*values: Any) -> bool:
+        seen: dict[int, int] = {}
+        for value, group in zip(values, groups):
+            if seen.setdefault(id(value), group) != group:
+                return False
+        return len(seen) == count
+
+    namespace["__REL"] = grouped_as_captured
+    term = "__REL({})".format(", ".join(f"({path})" for path in paths))
+
+    def recheck(scope: dict[str, Any]) -> None:
+        values = []
+        for code in compiled:
+            try:
+                values.append(eval(code, namespace, scope))
+            except Exception:
+                values.append(missing)
+        if grouped_as_captured(*values):
+            return
+        for j in range(len(values)):
+            for i in range(j):
+                same = groups[i] == groups[j]
+                if (values[i] is values[j]) == same:
+                    continue
+                a, b = ARG_RELATIONS[i]["shown"], ARG_RELATIONS[j]["shown"]
+                if values[i] is missing or values[j] is missing:
+                    return  # the call's own guards refuse what is not there
+                now = "two different objects" if same else "one object"
+                then = "one object" if same else "two different objects"
+                refuse(
+                    f"precompile: `{a}` and `{b}` are {now} in this call; at capture they "
+                    f"were {then}, and the trace compared them by identity (code such as "
+                    f"`copy.deepcopy` or an `is` test depends on which paths hold one "
+                    f"object), so this artifact serves only calls where they are {then}. "
+                    + (
+                        f"Make `{a}` the same object as `{b}` again (assign it, do not " f"copy it)"
+                        if same
+                        else f"Give `{a}` and `{b}` objects of their own"
+                    )
+                    + ", or capture again with them as they are now (re-emit the artifact)",
+                    1,
+                )
+
+    return [term], recheck
 
 
 def _float_zero_rows(namespace: dict[str, Any]) -> tuple[list[str], Any]:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     dispatch_mode_depth: Callable[[], int] = int
 
     AMBIENT_MODES: list[str] = []
+    MODES_SEE_OPS: bool = False
     BACKEND: str = ""
     FN_NAME: str = ""
     NUM_POSITIONAL_ARGS: int = 0
@@ -51,9 +52,11 @@ if TYPE_CHECKING:
     BUFFER_SHAPES: list[tuple[int, ...]] = []
     BUFFER_DTYPES: list[str] = []
     BUFFER_DEVICES: list[str] = []
-    MODULE_TRAINING: list[list[tuple[str, bool]]] = []
+    MODULE_TRAINING: list[list[tuple[str, bool | None]]] = []
+    MODULE_READS: list[list[list[str] | None]] = []
     GRAD_PARAM_INDICES: list[int] = []
     IN_SPEC: str = ""
+    KEYED_DICTS: list[bool] = []
     OUT_SPEC: str = ""
     USER_INPUT_SHAPES: list[tuple[int | None, ...] | None] = []
     USER_INPUT_DTYPES: list[str | None] = []
@@ -64,6 +67,7 @@ if TYPE_CHECKING:
     USER_INPUT_ALIASES: list[list[Any]] = []
 
     GRAPH_INPUT_STRIDES: list[tuple[int, ...] | None] = []
+    INPUT_LAYOUT_COPY: list[str | None] = []
     TRAINING: bool = False
     USER_INPUT_REQUIRES_GRAD: list[bool | None] = []
     GRAD_ACCESS: list[str] = []
@@ -139,28 +143,53 @@ if TYPE_CHECKING:
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
 
-def check_ambient_modes(captured: tuple[str, ...]) -> None:
-    """Refuse a call made under other torch-function or dispatch modes than the capture
-    ran under (``AMBIENT_MODES``; ``state_checks.ambient_modes``). A mode sees every
-    torch call eager makes under it and may change any result; the graph holds the
-    operations the capture made under its own modes, and cannot tell a mode that
-    changes results from one that only watches (``FlopCounterMode``), so both are
-    refused. Both drivers call this only when a mode is active or was at capture (two C
-    calls per call otherwise), before any other check, so the refusal names the mode."""
+def check_ambient_modes(captured: tuple[str, ...], modes_see_ops: bool = False) -> None:
+    """Refuse a call made under other torch modes than the capture ran under
+    (``AMBIENT_MODES``; ``state_checks.ambient_modes``), except dispatch modes around an
+    artifact whose graphs run eager's own ATen operations (``MODES_SEE_OPS``).
+
+    The rule: a mode is served where it sees, during the served call, exactly what it
+    sees in eager. A ``TorchDispatchMode`` sees each ATen operation dispatched under it;
+    an eager-backend graph (no decompositions, no compiled forward/backward pair) is
+    those very operations, dispatched in eager's order, so the mode sees and changes
+    them as it would in eager: ``FlopCounterMode`` counts the same FLOPs, a mode that
+    doubles ``aten.relu`` doubles the graph's. A ``TorchFunctionMode`` sees Python-level
+    torch calls, which a graph does not make as eager made them, and Inductor's kernels
+    dispatch nothing: both are refused, naming the mode. Both drivers call this only
+    when a mode is active or was at capture (two C calls per call otherwise), before any
+    other check, so the refusal names the mode."""
     live = ambient_modes()
+    if modes_see_ops:
+        live = tuple(m for m in live if not m.endswith("(a TorchDispatchMode)"))
     if live == captured:
         return
 
     def shown(modes: tuple[str, ...]) -> str:
         return "under " + ", ".join(modes) if modes else "under no torch mode"
 
+    if any(m.endswith("(a TorchFunctionMode)") for m in live):
+        why = (
+            "A TorchFunctionMode sees the Python-level torch calls eager makes and may "
+            "change their results; the artifact does not make those calls (its graph "
+            "holds what they computed at capture), so it cannot answer as eager would"
+        )
+    elif any(m.endswith("(a TorchDispatchMode)") for m in live):
+        why = (
+            "A TorchDispatchMode sees every ATen operation eager runs and may change its "
+            "result; this artifact's operations are compiled kernels (Inductor, "
+            "decompositions, or a compiled forward/backward pair) that the mode would "
+            "not see, so it cannot answer as eager would (an artifact of the eager "
+            "backend runs its graph under the mode, which sees what it sees in eager)"
+        )
+    else:
+        why = (
+            "A mode sees every torch call eager makes under it and may change its "
+            "result; the artifact runs the operations captured without it, so it "
+            "cannot answer as eager would"
+        )
     refuse(
         f"precompile: this call runs {shown(live)}, and the capture ran {shown(captured)}. "
-        f"A mode sees every torch call eager makes under it and may change its result; "
-        f"the artifact runs the operations captured without it, so it cannot answer as "
-        f"eager would (a mode that only watches, such as FlopCounterMode, is refused "
-        f"too: the artifact cannot tell it from one that changes results). Call the "
-        f"artifact outside the mode, or run fn eagerly under it",
+        f"{why}. Call the artifact outside the mode, or run fn eagerly under it",
         6,
     )
 
@@ -193,6 +222,17 @@ def warn_inference_grad(what: str, more_fixes: str = "") -> None:
     )
 
 
+def requires_grad_is_captured() -> bool:
+    """Whether the tensors' ``requires_grad`` flags are part of what the graph computes:
+    a training capture (its backward computes the gradients of what required grad), an
+    inference capture that carries the backward of inputs that required grad
+    (``AUTOGRAD``), or fn reading ``.requires_grad`` of an input or parameter. Otherwise
+    the graph runs with grad off, where no flag changes a value: a parameter frozen (or
+    unfrozen) since capture, an ``nn.Parameter`` or a tensor that requires grad passed
+    as an input, is served (docs/serving.md, "Grad mode and inference mode")."""
+    return bool(TRAINING or AUTOGRAD is not None or "requires_grad" in STATE_READS)
+
+
 def lift_live_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[Any]]:
     """Params then buffers of the runtime modules, interned by identity, named like the
     capture named them; also every submodule in walk order (for the training flags)."""
@@ -211,12 +251,47 @@ def lift_live_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[
     return tensors, names, subs
 
 
+def _without_unread_buffers(
+    mods: list[Any], tensors: list[Any], names: list[str], expected: list[str]
+) -> tuple[list[Any], list[str]] | None:
+    """The captured parameters and buffers, in the captured order, when every other one
+    the runtime model has is a buffer added after capture that the trace could not have
+    read: its module's reads were seen (``MODULE_READS``), and they include neither its
+    name nor the module's ``_buffers`` (what ``buffers()``, ``named_buffers()`` and
+    ``state_dict()`` enumerate). None when that is not so (the caller refuses)."""
+    if not MODULE_READS:
+        return None
+    by_name = dict(zip(names, tensors))
+    if not set(expected) <= by_name.keys() or [n for n in names if n in set(expected)] != (
+        expected
+    ):
+        return None
+    multi = len(mods) > 1
+    for name in names:
+        if name in by_name and name in expected:
+            continue
+        mi, path = (int(name.split(".", 1)[0][1:]), name.split(".", 1)[1]) if multi else (0, name)
+        owner, _, leaf = path.rpartition(".")
+        paths = [n for n, _ in mods[mi].named_modules()]
+        if owner not in paths or len(paths) != len(MODULE_READS[mi]):
+            return None
+        own = MODULE_READS[mi][paths.index(owner)]
+        sub = mods[mi].get_submodule(owner)
+        if own is None or "_buffers" in own or leaf in own or leaf not in sub._buffers:
+            return None
+    return [by_name[n] for n in expected], list(expected)
+
+
 def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[Any]]:
     """Raise the precise invariant-2 message for a runtime model that differs from the
     traced one; if it matches, return its lifted state (as ``lift_live_module_state``). Slow
     on purpose: it runs only when the per-call fast check saw a new model or a change."""
     tensors, names, subs = lift_live_module_state(mods)
     expected = list(PARAM_NAMES) + list(BUFFER_NAMES)
+    if names != expected:
+        unread = _without_unread_buffers(mods, tensors, names, expected)
+        if unread is not None:
+            tensors, names = unread
     if names != expected:
         missing = [n for n in expected if n not in names]
         extra = [n for n in names if n not in expected]
@@ -260,7 +335,7 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
         labels = [f"parameter {n!r}" for n in PARAM_NAMES] + [f"buffer {n!r}" for n in BUFFER_NAMES]
         _check_strides(labels, tensors, GRAPH_INPUT_STRIDES)
     for name, t, wanted in zip(names, tensors, PARAM_REQUIRES_GRAD):
-        if bool(t.requires_grad) != wanted:
+        if bool(t.requires_grad) != wanted and requires_grad_is_captured():
             refuse(
                 f"precompile: parameter {name!r} has requires_grad={t.requires_grad} but "
                 f"was captured with requires_grad={wanted}; the capture baked which "
@@ -277,7 +352,9 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
                     f"the traced model had {name!r}; pass a structurally identical model",
                     2,
                 )
-            if flag != aflag:
+            # None: the trace never read this submodule's flag, so its mode changes
+            # nothing the graph computes (a Linear's train()).
+            if flag is not None and flag != aflag:
                 where = f"submodule {name!r}" if name else "the model"
                 mode = "train()" if flag else "eval()"
                 refuse(
@@ -305,8 +382,16 @@ def _checks_layout() -> bool:
     return BACKEND == "inductor" or "layout" in STATE_READS
 
 
-def _check_strides(labels: list[str], tensors: list[Any], expected: list[Any]) -> None:
-    """Raise naming the first tensor whose strides differ from the capture's."""
+def _check_strides(
+    labels: list[str],
+    tensors: list[Any],
+    expected: list[Any],
+    blockers: list[str | None] | None = None,
+) -> None:
+    """Raise naming the first tensor whose strides differ from the capture's. With
+    ``blockers`` (user inputs of an Inductor graph, ``INPUT_LAYOUT_COPY``), a tensor
+    whose blocker is None passes: the call serves it through a copy in the captured
+    layout (``_in_captured_layout``); any other blocker is why it cannot."""
     if BACKEND == "inductor":
         why = (
             "the Inductor backend bakes each tensor's memory layout (invariants 3 and 6). "
@@ -320,13 +405,87 @@ def _check_strides(labels: list[str], tensors: list[Any], expected: list[Any]) -
             f"layout (.contiguous(), or the memory format it had at capture), or make fn "
             f"independent of layout"
         )
-    for label, t, strides in zip(labels, tensors, expected):
+    for k, (label, t, strides) in enumerate(zip(labels, tensors, expected)):
         if strides is not None and tuple(t.stride()) != tuple(strides):
+            if blockers is not None and k < len(blockers):
+                if blockers[k] is None:
+                    continue
+                why = (
+                    f"the Inductor backend bakes each tensor's memory layout, and a call "
+                    f"in another layout is served through a copy in the captured one, "
+                    f"but not this input: {blockers[k]} (invariants 4 and 6). Pass it in "
+                    f"the captured layout (.contiguous(), or the memory format it had at "
+                    f"capture), or use backend='eager'"
+                )
             refuse(
                 f"precompile: {label} has strides {tuple(t.stride())} ({_memory_format(t)} "
                 f"memory format) but was captured with strides {tuple(strides)}; {why}",
                 6,
             )
+
+
+def warn_layout_copy(label: str, strides: tuple[int, ...], captured: Any) -> None:
+    """Say once per artifact, as a LayoutCopyWarning, that a call passed an input in
+    another layout than the one the Inductor kernels were compiled for, and is served
+    through a copy (exact, but a copy per such call). The category is imported at the
+    moment of warning only, and is a plain UserWarning where the package is not
+    installed."""
+    import warnings
+
+    category: type[Warning]
+    try:
+        from precompile.errors import LayoutCopyWarning
+
+        category = LayoutCopyWarning
+    except ImportError:
+        category = UserWarning
+    warnings.warn(
+        f"precompile: {label} has strides {strides} but the Inductor kernels of this "
+        f"artifact were compiled for strides {tuple(captured)}; it is served through a "
+        f"copy in the captured layout, which costs a copy of the tensor on each such "
+        f"call. Pass inputs in the captured layout (.contiguous(), or the memory format "
+        f"they had at capture) to avoid it, or capture with inputs in this layout. Warned "
+        f"once per artifact",
+        category,
+        stacklevel=5,  # the user's call of the loaded runnable
+    )
+
+
+def _keyed_inputs(value: Any, spec: Any, keyed: list[bool], counter: list[int]) -> Any:
+    """``value`` with each dict that fn read only by key (``KEYED_DICTS``, pre-order over
+    the captured spec's dicts) rebuilt in the captured key order, without the keys the
+    capture did not have: eager computes the same from either, and the graph takes
+    its inputs in the captured order. A dict missing a captured key is refused naming
+    it. Anything shaped otherwise is returned as is, for the structure check to name."""
+    if spec.type is dict:
+        index = counter[0]
+        counter[0] += 1
+        if not isinstance(value, dict):
+            return value
+        keys = list(spec.context)
+        if keyed[index] if index < len(keyed) else False:
+            missing = [k for k in keys if k not in value]
+            if missing:
+                refuse(
+                    f"precompile: a dict input has no key {missing[0]!r} (captured with "
+                    f"keys {keys}); fn reads that dict by key, so its order and any other "
+                    f"keys do not matter, but the graph takes the value of every captured "
+                    f"key. Pass a dict with each of them, or capture again without it",
+                    3,
+                )
+            value = {k: value[k] for k in keys}
+        elif list(value) != keys:
+            return value
+        return {
+            k: _keyed_inputs(value[k], child, keyed, counter)
+            for k, child in zip(keys, spec.children())
+        }
+    if spec.type in (list, tuple) and type(value) is spec.type and len(value) == spec.num_children:
+        return spec.type(
+            _keyed_inputs(item, child, keyed, counter)
+            for item, child in zip(value, spec.children())
+        )
+    return value
 
 
 def _key_order_difference(spec: Any, expected: Any) -> str | None:
@@ -346,6 +505,23 @@ def _key_order_difference(spec: Any, expected: Any) -> str | None:
     return None
 
 
+def _key_set_difference(spec: Any, expected: Any) -> str | None:
+    """The first dict in a call's inputs whose keys differ from the captured ones (fn
+    read it beyond values by key: ``KEYED_DICTS``), in words; None when the nesting
+    differs otherwise."""
+    if spec.type is not expected.type:
+        return None
+    if spec.type is dict and list(spec.context) != list(expected.context):
+        return f"a dict input has the keys {list(spec.context)} but was captured with {list(expected.context)}"
+    if spec.num_children != expected.num_children:
+        return None
+    for child, expected_child in zip(spec.children(), expected.children()):
+        found = _key_set_difference(child, expected_child)
+        if found:
+            return found
+    return None
+
+
 def _describe_input_mismatch(
     leaves: list[Any], spec_matches: bool, spec: Any = None, expected_spec: Any = None
 ) -> None:
@@ -357,6 +533,15 @@ def _describe_input_mismatch(
             f"precompile: {order}; the capture flattened it in key order, so its values "
             f"would meet the graph in the wrong places. Pass its keys in the captured "
             f"order, or capture again",
+            3,
+        )
+    keys = None if spec is None else _key_set_difference(spec, expected_spec)
+    if not spec_matches and keys:
+        refuse(
+            f"precompile: {keys}, and fn reads more of it than values by key (it iterates "
+            f"it, takes its length, tests or unpacks its keys, or returns it; or it is "
+            f"held in another container than a list, tuple or dict), so its key set is "
+            f"part of the capture. Pass a dict with the captured keys, or capture again",
             3,
         )
     if not spec_matches:
@@ -444,7 +629,14 @@ def _describe_input_mismatch(
     if _checks_layout():
         n_state = len(PARAM_NAMES) + len(BUFFER_NAMES)
         labels = [f"input {i}" for i, s in enumerate(USER_INPUT_SHAPES) if s is not None]
-        _check_strides(labels, tensor_leaves, GRAPH_INPUT_STRIDES[n_state:])
+        # Only Inductor's inputs may be copied into the captured layout: the eager
+        # graph checks strides only where fn read a layout, and then refuses.
+        _check_strides(
+            labels,
+            tensor_leaves,
+            GRAPH_INPUT_STRIDES[n_state:],
+            list(INPUT_LAYOUT_COPY) if BACKEND == "inductor" else None,
+        )
     for i, leaf in enumerate(leaves):
         if USER_INPUT_SHAPES[i] is None or not leaf.requires_grad:
             continue
@@ -463,16 +655,8 @@ def _describe_input_mismatch(
                 f"this input requiring grad",
                 5,
             )
-        if not TRAINING and AUTOGRAD is None and _torch.is_grad_enabled():
-            refuse(
-                f"precompile: input {i} requires grad, but this artifact was captured for "
-                f"inference with inputs that did not (or under torch.no_grad()): it runs "
-                f"without autograd, so its outputs would carry no gradient and a backward "
-                f"through them would silently leave this input out. Call it under "
-                f"torch.no_grad() or pass x.detach(), or capture again with an input that "
-                f"requires grad (the artifact then carries the backward)",
-                5,
-            )
+        # An inference artifact without a backward serves it with grad off, as it
+        # serves parameters that require grad: forward() says so (InferenceGradWarning).
     if not TRAINING and "requires_grad" in STATE_READS:
         for i, leaf in enumerate(leaves):
             wanted = USER_INPUT_REQUIRES_GRAD[i]
@@ -594,8 +778,6 @@ def _build_single_graph_forward() -> Any:
     """
     from operator import attrgetter
     from operator import is_ as _is
-
-    instance_dict = attrgetter("__dict__")  # vars(), a third cheaper per call
     from typing import cast
 
     # First: a library function replaced before load (at import) is named as such, not
@@ -615,6 +797,7 @@ def _build_single_graph_forward() -> Any:
     module_positions = tuple(MODULE_POSITIONS)
     user_positions = tuple(i for i in range(n_args) if i not in set(module_positions))
     in_spec = _load_spec(IN_SPEC)
+    keyed_dicts = list(KEYED_DICTS) if any(KEYED_DICTS) else []
     out_spec = _load_spec(OUT_SPEC)
     flat_inputs = in_spec == _pytree.tree_structure(tuple(0 for _ in user_positions))
     single_output = out_spec == _pytree.tree_structure(0)
@@ -630,7 +813,14 @@ def _build_single_graph_forward() -> Any:
     has_dynamic = any(s is not None and None in s for s in USER_INPUT_SHAPES) or any(
         USER_INPUT_SHAPE_IDS
     )
-    input_meta = attrgetter("shape", "dtype", "device", "requires_grad")
+    # requires_grad is compared only where the graph depends on it (see
+    # requires_grad_is_captured): otherwise any input's flag is served alike.
+    grad_flags_fixed = requires_grad_is_captured()
+    input_meta = (
+        attrgetter("shape", "dtype", "device", "requires_grad")
+        if grad_flags_fixed
+        else attrgetter("shape", "dtype", "device")
+    )
     reads_requires_grad = "requires_grad" in STATE_READS
     # An inference artifact expecting an input that requires grad serves it only with
     # grad mode off.
@@ -660,16 +850,16 @@ def _build_single_graph_forward() -> Any:
             _torch.Size(cast("tuple[int, ...]", USER_INPUT_SHAPES[i])),
             getattr(_torch, cast(str, USER_INPUT_DTYPES[i]).split(".")[-1]),
             _torch.device(cast(str, USER_INPUT_DEVICES[i])),
-            # Inference: an input that requires grad takes the slow path, which refuses
-            # it under grad mode (eager's outputs would carry its gradient) -- unless fn
-            # reads requires_grad: then the captured value is expected, and grad mode is
-            # checked on its own below. An AUTOGRAD capture expects the captured value
-            # (another one takes the slow path, which serves or refuses it).
+            # Compared only where the graph depends on it (grad_flags_fixed): a training
+            # capture, or an inference one that reads requires_grad (the captured value
+            # is expected, and grad mode is checked on its own below), or carries the
+            # backward (AUTOGRAD: another value takes the slow path, which serves or
+            # refuses it).
             bool(
                 (TRAINING or reads_requires_grad or AUTOGRAD is not None)
                 and USER_INPUT_REQUIRES_GRAD[i]
             ),
-        )
+        )[: 4 if grad_flags_fixed else 3]
         for i in tensor_slots
         if not has_dynamic
     )
@@ -680,6 +870,33 @@ def _build_single_graph_forward() -> Any:
     n_state = len(PARAM_NAMES) + len(BUFFER_NAMES)
     expected_input_strides = tuple(GRAPH_INPUT_STRIDES[n_state:]) if _checks_layout() else ()
     check_input_strides = bool(expected_input_strides) and None not in expected_input_strides
+    # Inductor's kernels read their inputs by the captured strides: an input in another
+    # layout that nothing else ties to the caller's tensor (the graph does not write
+    # it, no output views it: INPUT_LAYOUT_COPY) is copied into the captured layout,
+    # warned once per artifact. The slow path refuses the others.
+    copy_layouts = (
+        check_input_strides
+        and BACKEND == "inductor"
+        and any(reason is None for reason in INPUT_LAYOUT_COPY)
+    )
+    layout_copy_unwarned = [True]
+    empty_strided = _torch.empty_strided
+
+    def _in_captured_layout(tensors_in: Any) -> Any:
+        restrided = list(tensors_in)
+        for k, (t, strides) in enumerate(zip(tensors_in, expected_input_strides)):
+            # Never None here: copy_layouts needs every input's strides fixed.
+            strides = cast("tuple[int, ...]", strides)
+            if tuple(t.stride()) != strides:
+                copy = empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
+                copy.copy_(t)
+                restrided[k] = copy
+                if layout_copy_unwarned[0]:
+                    layout_copy_unwarned[0] = False
+                    slot = tensor_slots[k]
+                    warn_layout_copy(f"input {slot}", tuple(t.stride()), strides)
+        return tuple(restrided)
+
     # One getter for parameters and buffers alike: a buffer's requires_grad is compared
     # against the snapshot too, which only ever makes the fast path more careful.
     tensor_meta = attrgetter("shape", "dtype", "device", "requires_grad")
@@ -766,6 +983,8 @@ def _build_single_graph_forward() -> Any:
     tensors: list[Any] = []
     meta: tuple[Any, ...] = ()
     tensor_guard: Any = None
+    # The user's tensors of the last call that matched the capture, as a C-level guard.
+    input_guard: Any = None
 
     # The torch modes of the capture (almost always none): a call under others is
     # refused naming them, before any other check.
@@ -855,6 +1074,11 @@ def _build_single_graph_forward() -> Any:
                 for cell in f.__closure__ or ():
                     held.append(cell)
                     attrs.append("cell_contents")
+        # One identity pass per call covers both: each holder's instance dict (``m.__dict__
+        # = d`` swaps it without a store into the watched one) beside the functions'
+        # code, defaults and closure cells.
+        held = [*holders, *held]
+        attrs = [*("__dict__" for _ in holders), *attrs]
         func_holders, func_attrs = tuple(held), tuple(attrs)
         func_snapshot = tuple(map(_held, func_holders, func_attrs))
         subs = tuple(sub_list)
@@ -875,7 +1099,6 @@ def _build_single_graph_forward() -> Any:
             and all(map(_is, mods, roots))
             and not any(empty_dicts)
             and tuple(map(_dict_version, dicts)) == versions
-            and all(map(_is, map(instance_dict, holders), holder_dicts))
             and tuple(map(type, subs)) == sub_types
             and tuple(map(training, unwatched)) == flags
             and (
@@ -905,10 +1128,29 @@ def _build_single_graph_forward() -> Any:
                 )
         raise AssertionError("unreachable: some aliased input differs")
 
-    def checked_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
-        """Every check of a call; the graph's flat inputs and the user's tensors."""
+    def _inputs_as_captured(tensors_in: tuple[Any, ...]) -> bool:
+        """Whether the call's tensors have the captured shape, dtype, device (and
+        requires_grad where it is compared) and, where the graph bakes them, strides. First one C-level guard
+        built from the last tensors that passed the comparison below (it checks all of
+        that and more: a pass implies the comparison passes); on a miss, the comparison
+        itself, which rebuilds the guard when it passes."""
+        nonlocal input_guard
+        if input_guard is not None and input_guard.check(*tensors_in):
+            return True
+        if tuple(map(input_meta, tensors_in)) != expected_inputs or (
+            check_input_strides and tuple(map(stride_of, tensors_in)) != expected_input_strides
+        ):
+            return False
+        input_guard = _guard(list(tensors_in))
+        return True
+
+    def checked_inputs(
+        args: tuple[Any, ...], kwargs: dict[str, Any], running: bool = True
+    ) -> tuple[list[Any], Any]:
+        """Every check of a call; the graph's flat inputs and the user's tensors (an
+        input in another layout copied for Inductor only when ``running`` the graph)."""
         if function_mode_depth() or dispatch_mode_depth() or captured_modes:
-            check_ambient_modes(captured_modes)
+            check_ambient_modes(captured_modes, MODES_SEE_OPS)
         if surface_ok is not None:
             surface_ok()
         if builtins_scopes and _dict_version(builtins_scopes[0][0]) != builtins_seen[0]:
@@ -934,17 +1176,17 @@ def _build_single_graph_forward() -> Any:
             leaves = user
         else:
             leaves, spec = _pytree.tree_flatten(user)
+            if spec != in_spec and keyed_dicts:
+                # Dicts fn read only by key, in another key order or with keys fn
+                # never reads: served as the captured dicts.
+                leaves, spec = _pytree.tree_flatten(_keyed_inputs(user, in_spec, keyed_dicts, [0]))
             if spec != in_spec:
                 _describe_input_mismatch(leaves, False, spec, in_spec)
         try:
             tensors_in = pick_tensors(leaves)
             ok = (
                 not has_dynamic
-                and tuple(map(input_meta, tensors_in)) == expected_inputs
-                and (
-                    not check_input_strides
-                    or tuple(map(stride_of, tensors_in)) == expected_input_strides
-                )
+                and _inputs_as_captured(tensors_in)
                 and (
                     not constant_slots
                     or tuple(map(literal_fingerprint, pick_constants(leaves))) == expected_constants
@@ -956,6 +1198,12 @@ def _build_single_graph_forward() -> Any:
         if not ok:
             _describe_input_mismatch(list(leaves), True)
             tensors_in = pick_tensors(leaves)
+            if (
+                running
+                and copy_layouts
+                and tuple(map(stride_of, tensors_in)) != expected_input_strides
+            ):
+                tensors_in = _in_captured_layout(tensors_in)
         if alias_later and not all(map(_is, pick_alias_later(leaves), pick_alias_first(leaves))):
             _refuse_unaliased(list(leaves))
         state = _model_tensors(mods)
@@ -1026,7 +1274,7 @@ def _build_single_graph_forward() -> Any:
         """Whether this artifact serves the call, decided by the very checks a call runs
         (no graph runs): served by its one graph, or the refusal."""
         try:
-            checked_inputs(args, kwargs)
+            checked_inputs(args, kwargs, running=False)
         except Exception as error:
             if type(error).__name__ != "PrecompileError":
                 raise
@@ -1036,11 +1284,27 @@ def _build_single_graph_forward() -> Any:
     def _apply_flat(flat: list[Any]) -> Any:
         return autograd_run(*flat)  # type: ignore[misc]  # set whenever this runs
 
-    # An inference artifact runs without autograd: under grad mode, with parameters
-    # that require grad (each call checks they still do, as captured), eager's outputs
-    # would carry a gradient and these carry none. Said once per artifact, at the first
-    # such call; the flag is the only per-call cost.
-    grad_loss_unwarned = [not TRAINING and autograd_run is None and any(PARAM_REQUIRES_GRAD)]
+    # An inference artifact runs without autograd: under grad mode, with a parameter or
+    # an input that requires grad, eager's outputs would carry a gradient and these
+    # carry none. Said once per artifact, at the first such call; until then a grad-on
+    # call looks at the inputs, and at the parameters once per verified model state
+    # (a requires_grad_ since takes the slow path, which lifts them anew).
+    grad_loss_unwarned = [not TRAINING and autograd_run is None]
+    grad_looked_at: list[Any] = [None]
+
+    def _requiring_grad(tensors_in: Any) -> str:
+        for i, t in enumerate(tensors_in):
+            if t.requires_grad:
+                return f"input {tensor_slots[i]}"
+        if tensors is grad_looked_at[0]:
+            return ""
+        grad_looked_at[0] = tensors
+        names = [n for n, t in zip(PARAM_NAMES, tensors) if t.requires_grad]
+        return (
+            f"parameter {names[0]!r}" + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
+            if names
+            else ""
+        )
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         flat, tensors_in = checked_inputs(args, kwargs)
@@ -1049,14 +1313,14 @@ def _build_single_graph_forward() -> Any:
         run = _apply_flat if through_autograd else call
         if grad_was_enabled and not through_autograd:
             if grad_loss_unwarned[0]:
-                grad_loss_unwarned[0] = False
-                names = [n for n, g in zip(PARAM_NAMES, PARAM_REQUIRES_GRAD) if g]
-                warn_inference_grad(
-                    f"parameter {names[0]!r}"
-                    + (f" (and {len(names) - 1} more)" if len(names) > 1 else ""),
-                    "; or capture with an example input that requires grad (the artifact "
-                    "then carries the backward)",
-                )
+                what = _requiring_grad(tensors_in)
+                if what:
+                    grad_loss_unwarned[0] = False
+                    warn_inference_grad(
+                        what,
+                        "; or capture with an example input that requires grad (the "
+                        "artifact then carries the backward)",
+                    )
             _set_grad_enabled(False)
         try:
             if _any_autocast_enabled():
@@ -1074,6 +1338,20 @@ def _build_single_graph_forward() -> Any:
                 out = list(out)
                 for i in output_detach:
                     out[i] = out[i].detach()
+        except RuntimeError as error:
+            if BACKEND != "eager" or "view size is not compatible" not in str(error):
+                raise
+            # A view the eager graph keeps because its aliasing is observable (an
+            # output views an input, or a write goes through it: graph_layouts) cannot
+            # view this call's layout.
+            refuse(
+                f"precompile: this call passes an input in a memory layout that a view in "
+                f"the captured graph cannot take ({error}); the view is kept because an "
+                f"output or an in-place write goes through it, so the graph cannot copy "
+                f"there instead. Pass the input in the captured layout (.contiguous(), or "
+                f"the memory format it had at capture), or return a .clone() of the view",
+                6,
+            )
         except AssertionError as error:
             # call() consumed its list: rebuild the inputs for the message.
             message = _relabel_layout_error(error, [*tensors, *tensors_in])

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     MODULE_POSITIONS: list[int] = []
     TRAINING: bool = False
     MODULE_STATE: list[list[Any]] = []
+    MODULE_READS: list[list[list[str] | None]] = []
     CLASS_STATE: list[tuple[str, Any]] = []
     READ_NAMES: list[str] = []
     GLOBAL_READS: list[dict[str, Any]] = []
@@ -38,7 +39,11 @@ if TYPE_CHECKING:
     def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any: ...
 
     def module_fingerprint(
-        module: Any, context: dict[str, Any], depth: int = 0, children: bool = True
+        module: Any,
+        context: dict[str, Any],
+        depth: int = 0,
+        children: bool = True,
+        own: Any = None,
     ) -> tuple[Any, ...]: ...
 
     def global_hooks_fingerprint(hooks: tuple[dict[Any, Any], ...]) -> Any: ...
@@ -262,11 +267,15 @@ def check_entry(entry: Any, context: dict[str, Any]) -> None:
 def check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
     """Raise for a module-level value the traced code read that is not what it was."""
     for scope, record in scopes:
+        # The module's file as this process imported it (absolute, as every other
+        # message names a file); the record keeps it relative to the artifact.
+        file = scope.get("__file__") if isinstance(scope, dict) else None
+        where = file if isinstance(file, str) else record["path"]
         for name, recorded in record["values"]:
             live = fingerprint(scope[name], context) if name in scope else ("absent",)
             if live != recorded and recorded == ("absent",):
                 refuse(
-                    f"precompile: module {record['module']} ({record['path']}) binds the "
+                    f"precompile: module {record['module']} ({where}) binds the "
                     f"global `{name}` to {describe_value(live)}; its traced code resolved "
                     f"`{name}` to the builtin, and the graph baked what that did. Remove the "
                     f"global (del {record['module']}.{name}), or capture again with it "
@@ -287,7 +296,7 @@ def check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
                 shown = "no longer defined" if name not in scope else f"{describe_value(now)}"
                 refuse(
                     f"precompile: global {path} of module {record['module']} "
-                    f"({record['path']}) is {shown}, but the traced code read "
+                    f"({where}) is {shown}, but the traced code read "
                     f"{describe_value(then)} and the graph baked it. Restore it, or "
                     f"capture again (re-emit the artifact)",
                     3,
@@ -306,9 +315,13 @@ def check_module_state(mods: list[Any], context: dict[str, Any]) -> None:
     """Raise the precise message for a submodule whose type, read attributes or hooks
     differ from what the trace saw (names, order and count were checked already)."""
     hook_kinds = ("forward pre-hooks", "forward hooks", "backward pre-hooks", "backward hooks")
-    for mi, (m, records) in enumerate(zip(mods, MODULE_STATE)):
-        for (name, sub), record in zip(m.named_modules(), records):
-            live = module_fingerprint(sub, context, children=False)
+    reads = MODULE_READS or [[None] * len(records) for records in MODULE_STATE]
+    for mi, (m, records, row) in enumerate(zip(mods, MODULE_STATE, reads)):
+        for (name, sub), record, own in zip(m.named_modules(), records, row):
+            # The attributes the trace read on this submodule (None: unseen, so those
+            # its code names): an attribute it never read changes nothing served.
+            own_names = None if own is None else frozenset(own)
+            live = module_fingerprint(sub, context, children=False, own=own_names)
             if live == record:
                 continue
             where = f"submodule {name!r}" if name else "the model"

@@ -553,10 +553,15 @@ def hooks_fingerprint(holder: Any, dict_names: tuple[str, ...], flags: Any) -> A
 
 
 def module_fingerprint(
-    module: Any, context: dict[str, Any], depth: int = 0, children: bool = True
+    module: Any,
+    context: dict[str, Any],
+    depth: int = 0,
+    children: bool = True,
+    own: Any = None,
 ) -> tuple[Any, ...]:
     """One module's own state as a trace depends on it: its type, the attributes the
-    trace's code reads (by the names in ``context``), and its hooks. Its children are
+    trace read on it (``own``, when the capture saw its reads) or else those whose names
+    the trace's code reads (``context``), and its hooks. Its children are
     fingerprinted on their own (``children=False``) when the module is a module
     argument; for a module held any other way (a global, an attribute) they are
     included, with the names of its parameters and buffers."""
@@ -572,7 +577,7 @@ def module_fingerprint(
         module._modules,
         *(getattr(module, name) for name in hook_dicts),
     ]
-    names = context["names"]
+    names = context["names"] if own is None else own
     attrs = tuple(
         (k, fingerprint(v, context, depth))
         for k, v in state.items()
@@ -654,12 +659,33 @@ def reached_classes(start: Any, context: dict[str, Any]) -> list[tuple[Any, Any]
     return records
 
 
+def watches_only(hook: Any) -> bool:
+    """Whether a global module hook is one of torch's module trackers' own
+    (``torch.utils.module_tracker.ModuleTracker``, which ``FlopCounterMode`` enters,
+    and ``torch.distributed._tools.mod_tracker.ModTracker``, under ``MemTracker`` and
+    the runtime estimator): a bound method of the tracker whose function torch defines,
+    which returns None and only notes which module runs, so it never changes a result.
+    A graph has no module calls for it to note: during a served call it is not called
+    (the tracker attributes the call to no module), and the result is eager's. A
+    subclass that overrides the hook, or a patched one, is defined elsewhere and
+    counts as any hook."""
+    func = getattr(hook, "__func__", None)
+    return (
+        getattr(hook, "__self__", None) is not None
+        and getattr(func, "__module__", None)
+        in ("torch.utils.module_tracker", "torch.distributed._tools.mod_tracker")
+        and str(getattr(func, "__qualname__", "")).split(".")[0] in ("ModuleTracker", "ModTracker")
+    )
+
+
 def global_hooks_fingerprint(hooks: tuple[dict[Any, Any], ...]) -> Any:
     """torch's global module hooks (``register_module_forward_hook`` and friends): they
-    run around every module call, so a trace bakes them like a module's own. ``hooks``
+    run around every module call, so a trace bakes them like a module's own; those of
+    torch's module trackers only watch (``watches_only``) and are left out. ``hooks``
     is ``(forward_pre, forward, backward_pre, backward, forward_with_kwargs,
     forward_always_called)``, the dicts torch keeps them in."""
-    holder = dict(zip(GLOBAL_HOOK_DICTS, hooks[:4]))
+    kept = tuple({k: h for k, h in d.items() if not watches_only(h)} for d in hooks[:4])
+    holder = dict(zip(GLOBAL_HOOK_DICTS, kept))
 
     def flags(dict_name: str) -> tuple[dict[Any, Any], ...]:
         return hooks[4:6] if dict_name == "_global_forward_hooks" else ()

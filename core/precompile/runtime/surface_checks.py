@@ -8,15 +8,17 @@ sage_attention``, ``nn.LayerNorm.forward = fused_forward``, ``torch.Tensor.softm
 ...``), at import -- before the artifact is loaded -- or later; eager then runs the new
 kernel while the graph runs the old one. ``precompile.capturing.library_surface`` records, at
 capture, every torch (or installed library) function, method and module-class attribute
-the trace called, by where it was resolved (``LIBRARY_SURFACE``: a module attribute, or
-a class attribute looked up along the class's MRO), with a key another process computes
+the trace called, by where it was resolved (``LIBRARY_SURFACE``: a module attribute, a
+class attribute looked up along the class's MRO, or an entry of a library registry --
+``ALL_ATTENTION_FUNCTIONS["sdpa"]`` -- looked up by the registry's own lookup), with a key another process computes
 alike (``surface_key``: module, qualified name and a digest of the code; of a builtin,
 its owner and name). Here:
 
 - at load, each path is resolved and its key compared with the capture's: a function
   replaced before load (the common patch, applied at import) is refused;
 - per call, the version tags of the dicts those paths resolve through (module
-  ``__dict__``s, the class dicts along the MROs) are compared with those at load -- one
+  ``__dict__``s, the class dicts along the MROs, a registry's dicts and its classes')
+  are compared with those at load -- one
   C-level ``map`` -- and only when one changed are the paths resolved again and compared
   by identity with the objects found at load.
 
@@ -124,7 +126,40 @@ def _build_surface_check() -> Any:
                 return d[name]
         return missing
 
-    rows: list[tuple[dict[str, Any], list[dict[str, Any]], Any]] = []
+    def watched_of(row: dict[str, Any], owner: Any) -> tuple[list[dict[str, Any]], Any]:
+        """The dicts whose version tags tell that ``row``'s path may resolve to
+        another object, and what it resolves to now."""
+        if row["class"]:
+            # The class dicts along the MRO down to the one that holds the name: only
+            # those can change what the name resolves to.
+            dicts = []
+            for c in owner.__mro__:
+                if c.__module__ != "builtins":
+                    dicts.append(class_dict(c))
+                    if row["name"] in dicts[-1]:
+                        break
+            return dicts, resolve(dicts, row["name"])
+        dicts = [vars(owner)]
+        if "entry" not in row:
+            return dicts, resolve(dicts, row["name"])
+        # A registry entry: the mapping's own lookup decides, and any dict of the
+        # mapping or of its classes may hold the entry (a local override, a
+        # registration on the class).
+        holder = resolve(dicts, row["name"])
+        if isinstance(holder, dict):
+            dicts.append(holder)
+        elif holder is not missing:
+            spaces = [getattr(holder, "__dict__", {})]
+            spaces += [class_dict(c) for c in type(holder).__mro__ if c.__module__ != "builtins"]
+            dicts += [s for s in spaces if isinstance(s, dict)]
+            dicts += [v for s in spaces for v in list(s.values()) if isinstance(v, dict)]
+        try:
+            return dicts, holder[row["entry"]]
+        except Exception:  # an entry gone is a change like any other
+            return dicts, missing
+
+    rows: list[tuple[dict[str, Any], Any, Any]] = []
+    watched_by_row: list[list[dict[str, Any]]] = []
     for row in LIBRARY_SURFACE:
         try:
             owner = importlib.import_module(row["module"])
@@ -138,18 +173,7 @@ def _build_surface_check() -> Any:
                 f"artifact)",
                 2,
             )
-        if row["class"]:
-            # The class dicts along the MRO down to the one that holds the name: only
-            # those can change what the name resolves to.
-            dicts = []
-            for c in owner.__mro__:
-                if c.__module__ != "builtins":
-                    dicts.append(class_dict(c))
-                    if row["name"] in dicts[-1]:
-                        break
-        else:
-            dicts = [vars(owner)]
-        now = resolve(dicts, row["name"])
+        dicts, now = watched_of(row, owner)
         if now is missing or surface_key(now) != row["key"]:
             shown = "not defined" if now is missing else surface_shown(now)
             refuse(
@@ -161,17 +185,23 @@ def _build_surface_check() -> Any:
                 f"the artifact)",
                 2,
             )
-        rows.append((row, dicts, now))
-    watched = list({id(d): d for _row, dicts, _now in rows for d in dicts}.values())
-    versions = [tuple(map(_dict_version, watched))]
+        rows.append((row, owner, now))
+        watched_by_row.append(dicts)
+
+    def watch() -> list[dict[str, Any]]:
+        return list({id(d): d for dicts in watched_by_row for d in dicts}.values())
+
+    watched = [watch()]
+    versions = [tuple(map(_dict_version, watched[0]))]
 
     def recheck() -> None:
-        for i, (row, dicts, loaded) in enumerate(rows):
-            now = resolve(dicts, row["name"])
+        for i, (row, owner, loaded) in enumerate(rows):
+            dicts, now = watched_of(row, owner)
+            watched_by_row[i] = dicts
             if now is loaded:
                 continue
             if now is not missing and surface_key(now) == row["key"]:
-                rows[i] = (row, dicts, now)  # the same function again (a reload)
+                rows[i] = (row, owner, now)  # the same function again (a reload)
                 continue
             shown = "not defined" if now is missing else surface_shown(now)
             refuse(
@@ -182,10 +212,11 @@ def _build_surface_check() -> Any:
                 f"with the replacement in place (re-emit the artifact)",
                 2,
             )
-        versions[0] = tuple(map(_dict_version, watched))
+        watched[0] = watch()
+        versions[0] = tuple(map(_dict_version, watched[0]))
 
     def check() -> None:
-        if tuple(map(_dict_version, watched)) != versions[0]:
+        if tuple(map(_dict_version, watched[0])) != versions[0]:
             recheck()
 
     return check

@@ -1,0 +1,372 @@
+"""Issue 29: what a served call costs against the eager module and the raw graph.
+
+For each model (the MLP ``Linear(64,128) -> ReLU -> Linear(128,10)`` at batch 8, a
+ResNet-18-shaped net on a 1x3x32x32 input, a GPT-2-block-shaped net with d 64, 2 heads,
+sequence 16), each tracer (make_fx, Dynamo) and backend (eager, Inductor), and grad mode
+on and off, three contenders are timed interleaved in one process with one intra-op
+thread, best of interleaved rounds (``best_per_call_us``):
+
+- ``artifact``: the loaded runnable, as a server calls it;
+- ``eager``: the module itself;
+- ``raw graph``: the artifact's own captured graph(s), called with the very arguments
+  and grad mode the served call passed them (recorded by swapping the graph for a
+  recorder for one call), without any driver around it.
+
+Then a per-call breakdown of the served MLP call: each piece of the driver timed alone
+on its own (the serving wrapper, the surface check, the model-state fast path, the
+input and ambient checks, the dependency and guard checks of Dynamo). Run:
+``python bench/run.py percall`` (about 2-3 minutes), or ``python -m bench.percall``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import precompile
+from bench.harness import table
+from bench.models import ResNet18
+
+
+class GPT2Block(nn.Module):
+    """GPT-2's transformer block (pre-norm causal self-attention, then a GELU MLP), tiny."""
+
+    def __init__(self, d: int = 64, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln_1 = nn.LayerNorm(d)
+        self.c_attn = nn.Linear(d, 3 * d)
+        self.attn_proj = nn.Linear(d, d)
+        self.ln_2 = nn.LayerNorm(d)
+        self.c_fc = nn.Linear(d, 4 * d)
+        self.gelu = nn.GELU(approximate="tanh")
+        self.mlp_proj = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.attn_proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.mlp_proj(self.gelu(self.c_fc(self.ln_2(x))))
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+#: name -> (model factory, input shape, calls per round, rounds): short rounds, many of
+#: them, so that the best round of each contender falls in a quiet moment.
+MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...], int, int]] = {
+    "mlp": (_mlp, (8, 64), 300, 25),
+    "resnet18 (1x3x32x32)": (lambda: ResNet18(10), (1, 3, 32, 32), 10, 7),
+    "gpt2 block (d64, 2 heads, seq 16)": (GPT2Block, (1, 16, 64), 60, 25),
+}
+
+
+def best_per_call_us(
+    contenders: dict[str, Callable[[], Any]], *, rounds: int, calls: int, warmup: int = 20
+) -> dict[str, float]:
+    """Microseconds per call, the contenders interleaved round by round, the best round
+    of each: on a shared machine other load only ever adds time, so the fastest round
+    is the closest to the call's own cost (a median would report the load)."""
+    best = {name: float("inf") for name in contenders}
+    for fn in contenders.values():
+        for _ in range(warmup):
+            fn()
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def serve(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x)
+
+
+def _cells(fn: Any) -> dict[str, Any]:
+    """A closure's free variables by name (the driver's per-call pieces)."""
+    return {
+        name: cell.cell_contents
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ())
+        if _filled(cell)
+    }
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        _ = cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _recorded_graph(run: Any, model: nn.Module, x: torch.Tensor) -> Callable[[], Any]:
+    """The artifact's graph calls of one served call, replayed without the driver: each
+    graph with the arguments and the grad mode the driver gave it."""
+    namespace = run._namespace
+    calls: list[tuple[Callable[..., Any], tuple[Any, ...], bool]] = []
+    if "_BACKEND_FNS" in namespace:  # Dynamo: each backend id is seeded into fn's module
+        scope = vars(sys.modules[serve.__module__])
+        originals = {name: scope[name] for name in namespace["_BACKEND_FNS"] if name in scope}
+
+        def recorder(name: str) -> Any:
+            def record(*args: Any) -> Any:
+                fn = namespace["_BACKEND_FNS"][name]
+                calls.append((fn, args, torch.is_grad_enabled()))
+                return originals[name](*args)
+
+            return record
+
+        scope.update({name: recorder(name) for name in originals})
+        try:
+            run(model, x)
+        finally:
+            scope.update(originals)
+        replays = [(fn, args, grad, False) for fn, args, grad in calls]
+    else:  # make_fx: the graph's boxed call(flat_inputs)
+        graph_call = namespace["call"]
+
+        def record_boxed(flat: list[Any]) -> Any:
+            calls.append((graph_call, tuple(flat), torch.is_grad_enabled()))
+            return graph_call(flat)
+
+        namespace["call"] = record_boxed
+        try:
+            run(model, x)
+        finally:
+            namespace["call"] = graph_call
+        replays = [(fn, args, grad, True) for fn, args, grad in calls]
+    set_grad = torch._C._set_grad_enabled
+
+    def replay() -> Any:
+        previous = torch.is_grad_enabled()
+        out = None
+        try:
+            for fn, args, grad, boxed in replays:
+                set_grad(grad)
+                out = fn(list(args)) if boxed else fn(*args)
+        finally:
+            set_grad(previous)
+        return out
+
+    return replay
+
+
+def _capture(
+    name: str, tracer: str, backend: str, workdir: Path
+) -> tuple[Any, nn.Module, torch.Tensor, int, int]:
+    factory, shape, calls, rounds = MODELS[name]
+    torch.manual_seed(0)
+    model, x = factory().eval(), torch.randn(*shape)
+    stem = workdir / f"{name.split()[0]}-{tracer}-{backend}"
+    with precompile.capture(
+        serve,
+        artifact_path=stem.with_suffix(".py"),
+        cache_path=stem.with_suffix(".cache"),
+        tracer=precompile.MakeFxTracer() if tracer == "make_fx" else precompile.DynamoTracer(),
+        backend=backend,
+    ) as cap:
+        cap(model, x)
+    run = precompile.load(str(stem.with_suffix(".py")), str(stem.with_suffix(".cache")))
+    return run, model, x, calls, rounds
+
+
+def _breakdown(run: Any, model: nn.Module, x: torch.Tensor, raw: Any) -> dict[str, float]:
+    """Each piece of one served call, timed alone (best of interleaved rounds)."""
+    forward = run._forward
+    pieces: dict[str, Callable[[], Any]] = {
+        "served call": lambda: run(model, x),
+        "artifact forward": lambda: forward(model, x),
+        "graph": raw,
+    }
+    if "_BACKEND_FNS" in run._namespace:
+        outer = _cells(forward)
+        check, entry = outer["check"], outer["entry"]
+        pieces["dependency checks"] = lambda: check((model, x), {})
+        # The driver runs the entry under the captured grad mode (it sets it around the
+        # call, which is counted with the state checks below).
+        captured_grad = bool(run._namespace.get("GRAD_MODE", torch.is_grad_enabled()))
+
+        def entry_call() -> Any:
+            previous = torch.is_grad_enabled()
+            torch._C._set_grad_enabled(captured_grad)
+            try:
+                return entry(model, x)
+            finally:
+                torch._C._set_grad_enabled(previous)
+
+        pieces["entry frame (guards + graph)"] = entry_call
+    else:
+        checked = _cells(forward.covers)["checked_inputs"]
+        inner = _cells(checked)
+        model_tensors = inner["_model_tensors"]
+        pieces["all checks"] = lambda: checked((model, x), {})
+        pieces["model tensors + state"] = lambda: model_tensors((model,))
+        if inner.get("surface_ok") is not None:
+            pieces["surface check"] = inner["surface_ok"]
+    us = best_per_call_us(pieces, rounds=25, calls=300)
+    served, fwd, graph = us["served call"], us["artifact forward"], us["graph"]
+    rows = {"serving wrapper (runnable minus forward)": served - fwd}
+    if "entry frame (guards + graph)" in us:
+        entry_us = us["entry frame (guards + graph)"]
+        rows["grad/dtype/autocast/ambient state checks"] = fwd - entry_us - us["dependency checks"]
+        rows["dependency checks (hooks, globals, identities)"] = us["dependency checks"]
+        rows["guards + frame dispatch"] = entry_us - graph
+    else:
+        surface = us.get("surface check", 0.0)
+        rows["surface check"] = surface
+        rows["model tensors + state (fast path)"] = us["model tensors + state"]
+        rows["input, ambient, grad and dtype checks"] = (
+            us["all checks"] - us["model tensors + state"] - surface
+        )
+        rows["forward glue (grad toggle, outputs)"] = fwd - us["all checks"] - graph
+    rows["graph"] = graph
+    rows["total (served call)"] = served
+    return rows
+
+
+def run_percall_section(workdir: Path, runs: int) -> str:
+    """The section of bench/RESULTS.md. ``runs`` is unused: one process times every row."""
+    warnings.simplefilter("ignore")
+    torch._logging.set_logs(dynamo=logging.ERROR)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    started = time.time()
+    rows: list[list[Any]] = []
+    breakdowns: dict[tuple[str, str], dict[str, float]] = {}
+    verdicts: list[str] = []
+    try:
+        for name in MODELS:
+            for tracer in ("make_fx", "dynamo"):
+                for backend in ("eager", "inductor"):
+                    run, model, x, calls, rounds = _capture(name, tracer, backend, workdir)
+                    for grad in (True, False):
+                        with torch.set_grad_enabled(grad):
+                            raw = _recorded_graph(run, model, x)
+                            us = best_per_call_us(
+                                {
+                                    "artifact": partial(run, model, x),
+                                    "eager": partial(model, x),
+                                    "raw": raw,
+                                },
+                                rounds=rounds,
+                                calls=calls,
+                                warmup=max(3, calls // 20),
+                            )
+                            baseline = us["eager"] if backend == "eager" else us["raw"]
+                            rows.append(
+                                [
+                                    name,
+                                    tracer,
+                                    backend,
+                                    "on" if grad else "off",
+                                    us["artifact"],
+                                    us["eager"],
+                                    us["raw"],
+                                    us["artifact"] - us["eager"],
+                                    us["artifact"] - us["raw"],
+                                ]
+                            )
+                            if name == "mlp":
+                                gap = us["artifact"] - baseline
+                                versus = "eager module" if backend == "eager" else "raw graph"
+                                verdicts.append(
+                                    f"{tracer}/{backend}/grad {'on' if grad else 'off'}: "
+                                    f"{gap:+.1f} us vs {versus} "
+                                    f"({'met' if gap <= 3 else 'NOT met'})"
+                                )
+                                column = f"{backend}, grad {'on' if grad else 'off'}"
+                                breakdowns[(tracer, column)] = _breakdown(run, model, x, raw)
+                    run.unload()  # a Dynamo artifact of serve holds its module's names
+    finally:
+        torch.set_num_threads(threads)
+    lines = [
+        "## Per-call cost against eager and the raw graph (issue 29)",
+        "",
+        "Microseconds per call in one process, one intra-op thread "
+        "(`torch.set_num_threads(1)`), the three contenders interleaved round by round "
+        "(best round: other load only adds time; MLP and GPT-2 block 25 rounds of 300 "
+        "and 60 calls, ResNet-18 7 rounds of 10). "
+        "`artifact` = the loaded runnable; `eager` = the module; `raw graph` = the "
+        "artifact's captured graph(s) called with the arguments and grad mode the driver "
+        "gave them, without the driver. Models are captured with grad mode on "
+        "(`precompile.capture`, inference); each row's grad mode is the call's.",
+        "",
+        table(
+            [
+                "model",
+                "tracer",
+                "backend",
+                "grad",
+                "artifact",
+                "eager",
+                "raw graph",
+                "artifact - eager",
+                "artifact - raw",
+            ],
+            rows,
+        ),
+        "",
+        "Targets (MLP): served call <= eager module + 3 us on the eager backend, <= raw "
+        "Inductor call + 3 us on Inductor. " + "; ".join(verdicts) + ".",
+    ]
+    for tracer in ("make_fx", "dynamo"):
+        columns = {column: parts for (t, column), parts in breakdowns.items() if t == tracer}
+        pieces = list(next(iter(columns.values())))
+        lines += [
+            "",
+            f"Where a served MLP call's microseconds go, {tracer} (each piece timed alone, "
+            "best of 25 interleaved rounds of 300 calls; rows that are differences of two "
+            "timings carry the jitter of both):",
+            "",
+            table(
+                ["piece", *columns],
+                [[piece, *(parts[piece] for parts in columns.values())] for piece in pieces],
+            ),
+        ]
+    lines += [
+        "",
+        "Reading: with the eager backend the make_fx graph now calls each ATen op's C++ "
+        "handle (MLP raw graph about 13 -> 10 us), which pays for the driver's checks; "
+        "under grad on the artifact is faster than eager (it runs without autograd). "
+        "Against the raw Inductor call the make_fx driver adds about 4 us, above the 3 us "
+        "target: the model-state fast path (dict version tags of the 13 non-empty dicts "
+        "the MLP's trace read, 18 identities, 4 types, 23 empty dicts, one C-level guard "
+        "over the 4 tensors) is about 2.2 us of it, the surface check 0.3 us, the input "
+        "and ambient checks about 1 us; each of those reads is what proves nothing "
+        "changed, and no cheaper proof exists in Python 3.11 (a function's code and "
+        "defaults, a tensor's requires_grad or `.data` carry no version counter). "
+        "Dynamo artifacts pay more: the dependency checks (about 3.5 us) and the "
+        "dispatch through the rebuilt frame and its guards (8-20 us) are the next work.",
+        "",
+        f"Section wall time: {time.time() - started:.0f} s.",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    # Dynamo artifacts need serve importable: run the section from bench.percall, not
+    # from __main__.
+    from bench import percall
+
+    with tempfile.TemporaryDirectory() as directory:
+        print(percall.run_percall_section(Path(directory), 1))
+
+
+if __name__ == "__main__":
+    main()

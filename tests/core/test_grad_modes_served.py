@@ -1,0 +1,264 @@
+"""The grad / inference-mode class of a call's ambient context (issue 26), both tracers,
+each artifact served in a fresh process and compared with eager.
+
+One rule (docs/serving.md, "Grad mode and inference mode"): an inference artifact
+computes what fn computes under ``torch.no_grad()``, so it serves a call made with grad
+on, under ``no_grad`` and under ``torch.inference_mode()`` alike -- a ViT-shaped encoder
+whose ``nn.MultiheadAttention`` reads the grad mode in torch's own code included -- and
+serves what changes no value there: a model frozen with ``requires_grad_(False)``, an
+``nn.Parameter`` or a grad-requiring tensor passed as an input (with one
+InferenceGradWarning where eager's outputs would carry a gradient). Where the graph does
+depend on it -- the user's own code reads the grad mode, or a training capture computes
+the gradients of parameters now frozen -- the call is refused naming the change and the
+fix.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from typing import Any
+
+import pytest
+import torch
+
+import precompile
+from tests.conftest import capture_pair, run_python, together
+from tests.fixtures import grad_mode_models as g
+
+TRACERS = ("make_fx", "dynamo")
+
+
+def _tracer(name: str) -> Any:
+    return precompile.MakeFxTracer() if name == "make_fx" else precompile.DynamoTracer()
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, tuple[str, str]]]:
+    """Per tracer: the ViT and a model-times-tensor fn captured for inference (under
+    no_grad, as serving code captures), the user-code grad read, and a training step."""
+    out: dict[str, dict[str, tuple[str, str]]] = {}
+    for tracer in TRACERS:
+        directory = tmp_path_factory.mktemp(tracer)
+        pairs: dict[str, tuple[str, str]] = {}
+        vit, image = g.build("vit")
+        linear, x = g.build("linear")
+        with torch.no_grad():
+            pairs["vit"] = capture_pair(
+                g.classify, vit, image, directory=directory, name="vit", tracer=_tracer(tracer)
+            )
+            pairs["scaled"] = capture_pair(
+                g.scaled,
+                linear,
+                x,
+                torch.ones(4),
+                directory=directory,
+                name="scaled",
+                tracer=_tracer(tracer),
+            )
+            pairs["grad_branch"] = capture_pair(
+                g.grad_branch, linear, x, directory=directory, name="gb", tracer=_tracer(tracer)
+            )
+        pairs["train"] = capture_pair(
+            g.train_step,
+            linear,
+            x,
+            directory=directory,
+            name="train",
+            tracer=_tracer(tracer),
+            training=True,
+        )
+        out[tracer] = pairs
+    return out
+
+
+SERVE = """
+import contextlib, json, warnings
+import torch, precompile
+from tests.fixtures import grad_mode_models as g
+warnings.simplefilter("ignore", precompile.ArtifactTrustWarning)
+pairs = {pairs!r}
+out = {{}}
+
+def close(a, b):
+    # Both sides take torch's fast paths where eager does: equal to float rounding.
+    return bool(torch.allclose(a, b, rtol=1e-5, atol=1e-6))
+
+def attempt(name, call, expected, context=contextlib.nullcontext):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with context():
+                got = call()
+        except precompile.PrecompileError as error:
+            out[name] = {{"result": "refused", "message": str(error)}}
+            return None
+    out[name] = {{
+        "result": "exact" if close(got, expected) else "WRONG",
+        "requires_grad": bool(got.requires_grad),
+        "inference": bool(got.is_inference()),
+        "warned": [str(c.message) for c in caught
+                   if c.category is precompile.InferenceGradWarning],
+    }}
+    return got
+
+# 1. The ViT, captured by default: grad on, no_grad, inference_mode.
+vit_run = precompile.load(*pairs["vit"])
+vit, image = g.build("vit")
+with torch.no_grad():
+    expected = vit(image)
+attempt("vit grad on", lambda: vit_run(vit, image), expected)
+attempt("vit grad on/warm", lambda: vit_run(vit, image), expected)
+attempt("vit no_grad", lambda: vit_run(vit, image), expected, torch.no_grad)
+attempt("vit inference_mode", lambda: vit_run(vit, image), expected, torch.inference_mode)
+with torch.inference_mode():
+    eager_inference = vit(image)
+out["eager inference tensor"] = bool(eager_inference.is_inference())
+with torch.inference_mode():
+    made_inside = image.clone()
+attempt("vit inference tensor", lambda: vit_run(vit, made_inside), expected, torch.inference_mode)
+
+# 2. model.requires_grad_(False) before serving, then back.
+vit.requires_grad_(False)
+attempt("vit frozen grad on", lambda: vit_run(vit, image), expected)
+attempt("vit frozen grad on/warm", lambda: vit_run(vit, image), expected)
+attempt("vit frozen inference_mode", lambda: vit_run(vit, image), expected, torch.inference_mode)
+out["frozen flags kept"] = not any(p.requires_grad for p in vit.parameters())
+vit.requires_grad_(True)
+attempt("vit unfrozen again", lambda: vit_run(vit, image), expected)
+
+# 3. An nn.Parameter, or a tensor that requires grad, passed as an input.
+scaled = precompile.load(*pairs["scaled"])
+linear, x = g.build("linear")
+w = torch.linspace(0.5, 2.0, 4)
+with torch.no_grad():
+    expected = g.scaled(linear, x, w)
+linear.requires_grad_(False)  # only the input requires grad: its warning names it
+attempt("parameter input grad on", lambda: scaled(linear, x, torch.nn.Parameter(w.clone())), expected)
+attempt("parameter input no_grad", lambda: scaled(linear, x, torch.nn.Parameter(w.clone())),
+        expected, torch.no_grad)
+attempt("grad input grad on", lambda: scaled(linear, x, w.clone().requires_grad_() * 1), expected)
+parameter = torch.nn.Parameter(w.clone())
+attempt("parameter input inference_mode", lambda: scaled(linear, x, parameter), expected,
+        torch.inference_mode)
+out["parameter kept"] = type(parameter) is torch.nn.Parameter and parameter.requires_grad
+
+# 4. The user's own code reads the grad mode: served in the mode its graph ran in only.
+branch = precompile.load(*pairs["grad_branch"])
+linear, x = g.build("linear")
+with torch.no_grad():
+    expected = g.grad_branch(linear, x)
+attempt("user grad read grad on", lambda: branch(linear, x), expected)
+attempt("user grad read no_grad", lambda: branch(linear, x), expected, torch.no_grad)
+attempt("user grad read inference_mode", lambda: branch(linear, x), expected, torch.inference_mode)
+
+# 5. A training capture of a model frozen since: its backward computes those gradients.
+train = precompile.load(*pairs["train"])
+linear, x = g.build("linear")
+linear.requires_grad_(False)
+attempt("training frozen", lambda: train(linear, x), g.train_step(g.build("linear")[0], x))
+print(json.dumps(out))
+"""
+
+
+def _serve(pairs: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    proc = run_python(textwrap.dedent(SERVE.format(pairs=pairs)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+@pytest.fixture(scope="module")
+def served(artifacts: dict[str, dict[str, tuple[str, str]]]) -> dict[str, dict[str, Any]]:
+    results = together(*(lambda t=t: _serve(artifacts[t]) for t in TRACERS))
+    return dict(zip(TRACERS, results))
+
+
+def _exact(cell: dict[str, Any]) -> None:
+    assert cell["result"] == "exact", cell
+    assert cell["requires_grad"] is False, cell
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_a_vit_captured_for_inference_serves_grad_on_no_grad_and_inference_mode(
+    tracer: str, served: dict[str, dict[str, Any]]
+) -> None:
+    cells = served[tracer]
+    for name in ("vit grad on", "vit grad on/warm", "vit no_grad", "vit inference_mode"):
+        _exact(cells[name])
+    # Said once per artifact: eager's outputs under grad on would carry a gradient.
+    assert len(cells["vit grad on"]["warned"]) == 1, cells["vit grad on"]
+    assert "parameter" in cells["vit grad on"]["warned"][0]
+    assert cells["vit grad on/warm"]["warned"] == [] and cells["vit no_grad"]["warned"] == []
+    # Under inference mode the outputs are inference tensors, as eager's are.
+    assert cells["vit inference_mode"]["inference"] is cells["eager inference tensor"] is True
+
+
+def test_an_inference_tensor_input_is_served_or_refused_in_the_products_words(
+    served: dict[str, dict[str, Any]],
+) -> None:
+    # make_fx's graph runs ATen ops on any tensor; Dynamo's guards tell an inference
+    # tensor from the ordinary one captured: refused, saying so and how to fix it.
+    _exact(served["make_fx"]["vit inference tensor"])
+    cell = served["dynamo"]["vit inference tensor"]
+    assert cell["result"] == "refused", cell
+    message = cell["message"]
+    assert "`x` is an inference tensor" in message and "torch.inference_mode()" in message
+    assert "MakeFxTracer" in message and "DispatchKeySet" not in message, message
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_a_model_frozen_before_serving_is_served_and_keeps_its_flags(
+    tracer: str, served: dict[str, dict[str, Any]]
+) -> None:
+    cells = served[tracer]
+    for name in ("vit frozen grad on", "vit frozen grad on/warm", "vit frozen inference_mode"):
+        _exact(cells[name])
+        assert cells[name]["warned"] == [], cells[name]  # nothing requires grad
+    assert cells["frozen flags kept"] is True
+    _exact(cells["vit unfrozen again"])
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_a_parameter_or_a_grad_requiring_tensor_passed_as_an_input_is_served(
+    tracer: str, served: dict[str, dict[str, Any]]
+) -> None:
+    cells = served[tracer]
+    for name in (
+        "parameter input grad on",
+        "parameter input no_grad",
+        "grad input grad on",
+        "parameter input inference_mode",
+    ):
+        _exact(cells[name])
+    # One rule for both tracers: served under grad on, warned once (the input named).
+    warned = cells["parameter input grad on"]["warned"]
+    named = {"make_fx": "input 1", "dynamo": "argument 2"}[tracer]  # each tracer's numbering
+    assert len(warned) == 1 and named in warned[0], warned
+    assert cells["grad input grad on"]["warned"] == []  # once per artifact
+    assert cells["parameter kept"] is True
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_a_grad_mode_read_in_the_users_code_is_refused_only_in_the_other_mode(
+    tracer: str, served: dict[str, dict[str, Any]]
+) -> None:
+    cells = served[tracer]
+    _exact(cells["user grad read no_grad"])
+    _exact(cells["user grad read inference_mode"])
+    cell = cells["user grad read grad on"]
+    assert cell["result"] == "refused", cell
+    message = cell["message"]
+    assert "torch.is_grad_enabled()" in message and "grad mode" in message, message
+    assert "torch.no_grad()" in message or "set_grad_enabled(False)" in message, message
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_a_training_capture_of_a_model_frozen_since_is_refused_naming_requires_grad(
+    tracer: str, served: dict[str, dict[str, Any]]
+) -> None:
+    cell = served[tracer]["training frozen"]
+    assert cell["result"] == "refused", cell
+    message = cell["message"]
+    assert "requires_grad=False" in message and "requires_grad=True" in message, message
+    for raw in ("L['", "consider using torch._dynamo", "Guard failed"):
+        assert raw not in message, message
