@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +69,12 @@ def _save_envelope(envelope: dict[str, Any], path: Path) -> None:
 
 def test_tampered_python_code_is_refused(pair: tuple[Path, Path], tmp_path: Path) -> None:
     artifact, cache = _copy(pair, tmp_path)
-    artifact.write_text(
-        artifact.read_text().replace("mul.Tensor(addmm, 2)", "mul.Tensor(addmm, 20)")
-    )
+    # The graph's own line (its op spelled as the emitter binds it: an op handle or
+    # the torch.ops path), changed in a way nothing but the hash can tell.
+    text = artifact.read_text()
+    tampered = re.sub(r"(mul\w*[.(](?:Tensor\()?addmm, )2\)", r"\g<1>20)", text, count=1)
+    assert tampered != text, "the artifact's graph line to tamper with was not found"
+    artifact.write_text(tampered)
     with pytest.raises(PrecompileError, match="code_hash") as info:
         precompile.load(artifact, cache)
     assert info.value.invariant == 7

@@ -43,6 +43,8 @@ CELLS: dict[tuple[str, str, str], list[str] | None] = {
     ("square_plus", "dynamo", "inductor"): None,
     ("mask_positions", "make_fx", "inductor"): None,
     ("mask_positions", "dynamo", "inductor"): None,
+    ("causal_mask", "make_fx", "inductor"): None,
+    ("causal_mask", "dynamo", "inductor"): None,
     (
         "encoder",
         "dynamo",

@@ -196,6 +196,19 @@ def _source_range(name: str, node: torch.fx.Node) -> tuple[int, int] | None:
             else:
                 return None
         return (min(0, *ends), max(0, *ends)) if ends else None
+    if name == "iota":
+        # prims.iota(length, start=, step=): what Inductor's decompositions build
+        # arange from (tril's causal mask): start + step * [0, length).
+        length, start, step = node.args[0], node.kwargs.get("start", 0), node.kwargs.get("step", 1)
+        if not (isinstance(start, int) and isinstance(step, int)):
+            return None
+        if isinstance(length, torch.fx.Node) and isinstance(length.meta.get("val"), torch.SymInt):
+            found = _symbol_range(length.meta["val"])
+            length = found[1] if found else _SIZE_BOUND
+        if not isinstance(length, int):
+            return None
+        last = start + step * max(length - 1, 0)
+        return min(start, last), max(start, last)
     if name in ("full", "scalar_tensor"):
         value = node.args[1] if name == "full" and len(node.args) > 1 else node.args[0]
         return (value, value) if isinstance(value, int) else None
