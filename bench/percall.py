@@ -198,7 +198,9 @@ def _breakdown(run: Any, model: nn.Module, x: torch.Tensor, raw: Any) -> dict[st
         outer = _cells(forward)
         check = outer["check"]
         # The entry frame is called through the grad-flag stand-ins' wrapper.
-        entry = outer["entry"] if "entry" in outer else _cells(outer["_entry_or_stand_ins"])["entry"]
+        entry = (
+            outer["entry"] if "entry" in outer else _cells(outer["_entry_or_stand_ins"])["entry"]
+        )
         pieces["dependency checks"] = lambda: check((model, x), {})
         # The driver runs the entry under the captured grad mode (it sets it around the
         # call, which is counted with the state checks below).
