@@ -67,7 +67,7 @@ def dict_keys_by_name(state: Any, records: list[dict[str, Any]]) -> Any:
         return None
 
     def rewrite(source: Any) -> Any:
-        if not dataclasses.is_dataclass(source):
+        if not isinstance(source, Source) or not dataclasses.is_dataclass(source):
             return source
         changes: dict[str, Any] = {}
         index = getattr(source, "index", None)
@@ -80,7 +80,10 @@ def dict_keys_by_name(state: Any, records: list[dict[str, Any]]) -> Any:
                 new = rewrite(value)
                 if new is not value:
                     changes[field.name] = new
-        return dataclasses.replace(source, **changes) if changes else source
+        if not changes:
+            return source
+        node: Any = source  # a frozen Source dataclass (is_dataclass narrowed it to a class too)
+        return dataclasses.replace(node, **changes)
 
     def rewrite_fn(create_fn: Any) -> Any:
         if not isinstance(create_fn, functools.partial):
