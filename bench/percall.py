@@ -196,7 +196,11 @@ def _breakdown(run: Any, model: nn.Module, x: torch.Tensor, raw: Any) -> dict[st
     }
     if "_BACKEND_FNS" in run._namespace:
         outer = _cells(forward)
-        check, entry = outer["check"], outer["entry"]
+        check = outer["check"]
+        # The entry frame is called through the grad-flag stand-ins' wrapper.
+        entry = (
+            outer["entry"] if "entry" in outer else _cells(outer["_entry_or_stand_ins"])["entry"]
+        )
         pieces["dependency checks"] = lambda: check((model, x), {})
         # The driver runs the entry under the captured grad mode (it sets it around the
         # call, which is counted with the state checks below).

@@ -37,8 +37,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
-# >>> not emitted: Dynamo artifacts carry state_checks.watches_only among their functions
-from precompile.runtime.state_checks import watches_only
+# >>> not emitted: Dynamo artifacts carry state_checks.watches_only and
+# state_checks.code_fingerprint among their functions
+from precompile.runtime.state_checks import code_fingerprint, watches_only
 
 # <<< not emitted
 
@@ -126,13 +127,11 @@ def global_hook_snapshot() -> dict[str, list[str]]:
 
 def code_identity(code: Any) -> str:
     """What tells two functions of one qualname apart (two lambdas of one scope, two
-    ``def act`` in the branches of a factory): where the code starts and a digest of its
-    bytecode and plain constants. Computed alike at capture and when serving."""
-    import hashlib
-
-    consts = [c for c in code.co_consts if not hasattr(c, "co_code")]
-    digest = hashlib.sha256(code.co_code + repr(consts).encode()).hexdigest()[:16]
-    return f"{code.co_firstlineno}:{digest}"
+    ``def act`` in the branches of a factory): where the code starts and the one digest
+    of what code does (``state_checks.code_fingerprint``, which make_fx's checks use too:
+    the same in every process, a frozenset constant's order included). Computed alike at
+    capture and when serving."""
+    return f"{code.co_firstlineno}:{code_fingerprint(code)[:16]}"
 
 
 def builtin_name(value: Any) -> str:
