@@ -820,6 +820,11 @@ class DynamoSession:
         for index, (code, c) in enumerate(zip(codes, entry.codes)):
             variants = [(g.guards_state, g.dynamo_code) for g in c.guarded_codes]
             positional = self.dict_key_log.get(code, [])
+            if len(positional) != len(variants):
+                # A record per guard filter call, a variant per guarded code: where they
+                # do not pair up, no record is trusted to describe its variant's guards
+                # (the positional guards stay, as Dynamo wrote them).
+                positional = [[] for _ in variants]
             for (_state, dynamo_code), found in zip(variants, positional):
                 if dict_keys.reads_keys_positionally(dynamo_code):
                     for r in found:
