@@ -33,6 +33,8 @@ from precompile.runtime import (
     refusal,
     single_graph,
     single_graph_checks,
+    single_graph_inputs,
+    single_graph_model_state,
     source_digest,
     state_checks,
     surface_checks,
@@ -67,6 +69,8 @@ class SingleGraph:
             single_graph_checks,
             surface_checks,
             *_REFUSAL,
+            single_graph_inputs,
+            single_graph_model_state,
             single_graph,
         ),
     )
