@@ -238,19 +238,53 @@ def build_dependency_check() -> Any:
     """``check(args, kwargs)``: raise PrecompileError when a call's modules carry other
     hooks than at capture, torch's global module hooks changed, or a module-level
     function or class the frames read is bound to something else. Call it after the
-    frames' import aliases are bound (global reads go through them)."""
+    frames' import aliases are bound (global reads go through them).
+
+    One sub-builder per kind of dependency (the library surface, torch's global hooks,
+    the hooks of the modules the trace reached, global reads, what the arguments reach,
+    the classes and the builtins the frames read), each computing at load what its
+    check needs and returning the closure ``check`` calls (None where the capture
+    recorded nothing of its kind that a call could change)."""
     import inspect
     import operator
-    import weakref
-
-    from torch.nn.modules import module as nn_module
 
     # First: a library function replaced before load (at import) is named as such, not
     # as the global read or class attribute its replacement also changes.
     surface_ok = _build_surface_check()
-    module_type = nn_module.Module
-    instance_dict = operator.attrgetter("__dict__")  # vars(), a third cheaper per call
-    attrs = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+    global_hooks_ok = _build_global_hook_check()
+    entry_fn = operator.attrgetter(FN_NAME)(import_user_module(FN_MODULE))
+    signature = inspect.signature(entry_fn)
+    module_hooks_ok = _build_module_hook_check(signature)
+    reads_ok = _build_global_read_check()
+    arguments_ok = _build_argument_check(signature)
+    classes_ok = _build_class_check()
+    builtins_ok = _build_builtin_check()
+
+    def check(args: Any, kwargs: Any) -> None:
+        if surface_ok is not None:
+            surface_ok()
+        if classes_ok is not None:
+            classes_ok()
+        if builtins_ok is not None:
+            builtins_ok()
+        if arguments_ok is not None:
+            arguments_ok(args, kwargs)
+        global_hooks_ok()
+        if module_hooks_ok is not None:
+            module_hooks_ok(args, kwargs)
+        if reads_ok is not None:
+            reads_ok()
+
+    return check
+
+
+def _build_global_hook_check() -> Callable[[], None]:
+    """``global_hooks_ok()``: refuse when torch's global module hooks
+    (``register_module_forward_hook`` and friends) differ from the capture's. Per call,
+    the version tags of their dicts and of torch's module namespace, and the key order
+    of the non-empty ones; only a change compares the hooks by name."""
+    from torch.nn.modules import module as nn_module
+
     global_attrs = (
         "_global_forward_pre_hooks",
         "_global_forward_hooks",
@@ -282,8 +316,31 @@ def build_dependency_check() -> Any:
         ordered = tuple(d for d in global_dicts[1:] if d)
         global_order[:] = [ordered, tuple(map(tuple, ordered))]
 
-    entry_fn = operator.attrgetter(FN_NAME)(import_user_module(FN_MODULE))
-    signature = inspect.signature(entry_fn)
+    def global_hooks_ok() -> None:
+        if tuple(map(_dict_version, global_dicts)) != global_versions[0] or (
+            global_order[0] and tuple(map(tuple, global_order[0])) != global_order[1]
+        ):
+            check_global_hooks()
+
+    return global_hooks_ok
+
+
+def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | None:
+    """``module_hooks_ok(args, kwargs)``: refuse when a module the trace reached (each
+    root of ``MODULE_HOOKS``, fetched from the call's arguments or a global) carries
+    other hooks than at capture, or an instance ``__dict__`` entry shadows what the
+    trace ran. Per call, the version tags and identities of the hook, ``_modules`` and
+    instance dicts the last check saw; only a change walks the module again. None when
+    the trace reached no module."""
+    import inspect
+    import operator
+    import weakref
+
+    from torch.nn.modules import module as nn_module
+
+    module_type = nn_module.Module
+    instance_dict = operator.attrgetter("__dict__")  # vars(), a third cheaper per call
+    attrs = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
     # (root, id(module)) -> (weakref to the module, its hook and _modules dicts, their
     # version tags when last found as captured): one module may stand for two roots.
     # Then the (path, submodule) pairs, their instance dicts and those dicts' version
@@ -423,6 +480,43 @@ def build_dependency_check() -> Any:
                     2,
                 )
 
+    def module_hooks_ok(args: Any, kwargs: Any) -> None:
+        for fetch, root in fetchers:
+            try:
+                module = fetch(args, kwargs)
+            except Exception:
+                continue  # the call's own guards refuse what is missing
+            if not isinstance(module, module_type):
+                continue
+            cached = cache.get((root["number"], id(module)))
+            if (
+                cached is None
+                or cached[0]() is not module
+                or tuple(map(_dict_version, cached[1])) != cached[2]
+                or not all(map(operator.is_, map(instance_dict, cached[6]), cached[4]))
+                or (cached[7] and tuple(map(tuple, cached[7])) != cached[8])
+            ):
+                check_module(root, module)
+                continue
+            # An instance dict changes whenever an attribute is set (often: a module
+            # that records a step count): only the shadowing check runs again then,
+            # unless a watched dict itself was replaced.
+            versions = tuple(map(_dict_version, cached[4]))
+            if versions != cached[5][0]:
+                if not attribute_dicts_same(cached):
+                    check_module(root, module)
+                    continue
+                check_shadowing(root, cached[3])
+                cached[5][0] = versions
+
+    return module_hooks_ok if fetchers else None
+
+
+def _build_global_read_check() -> Callable[[], None] | None:
+    """``global_reads_ok()``: refuse when a module-level function or class the frames
+    read (``GLOBAL_READS``) is bound to another than the capture traced. A load
+    resolves each access path; every call compares the bindings by identity in one
+    generated function, and only a miss names the change. None without global reads."""
     # Global reads: resolved now, compared by identity per call in one generated function.
     # A path that does not resolve to what the capture saw yet (state a library fills
     # later) is resolved again when a call misses, and adopted once it does; a path
@@ -492,54 +586,11 @@ def build_dependency_check() -> Any:
             )
         reads_args[0] = (*scopes, tuple(expected))
 
-    arguments_ok = _build_argument_check(signature)
-    classes_ok = _build_class_check()
-    builtins_ok = _build_builtin_check()
-
-    def check(args: Any, kwargs: Any) -> None:
-        if surface_ok is not None:
-            surface_ok()
-        if classes_ok is not None:
-            classes_ok()
-        if builtins_ok is not None:
-            builtins_ok()
-        if arguments_ok is not None:
-            arguments_ok(args, kwargs)
-        if tuple(map(_dict_version, global_dicts)) != global_versions[0] or (
-            global_order[0] and tuple(map(tuple, global_order[0])) != global_order[1]
-        ):
-            check_global_hooks()
-        for fetch, root in fetchers:
-            try:
-                module = fetch(args, kwargs)
-            except Exception:
-                continue  # the call's own guards refuse what is missing
-            if not isinstance(module, module_type):
-                continue
-            cached = cache.get((root["number"], id(module)))
-            if (
-                cached is None
-                or cached[0]() is not module
-                or tuple(map(_dict_version, cached[1])) != cached[2]
-                or not all(map(operator.is_, map(instance_dict, cached[6]), cached[4]))
-                or (cached[7] and tuple(map(tuple, cached[7])) != cached[8])
-            ):
-                check_module(root, module)
-                continue
-            # An instance dict changes whenever an attribute is set (often: a module
-            # that records a step count): only the shadowing check runs again then,
-            # unless a watched dict itself was replaced.
-            versions = tuple(map(_dict_version, cached[4]))
-            if versions != cached[5][0]:
-                if not attribute_dicts_same(cached):
-                    check_module(root, module)
-                    continue
-                check_shadowing(root, cached[3])
-                cached[5][0] = versions
+    def global_reads_ok() -> None:
         if not reads_ok(*reads_args[0]):
             recheck_reads()
 
-    return check
+    return global_reads_ok if GLOBAL_READS else None
 
 
 def _scoped(path: str, index: int) -> str:
