@@ -27,9 +27,11 @@ from precompile.runtime import (
     inductor_serving,
     lowered_inputs,
     multigraph,
+    multigraph_argument_checks,
     multigraph_dependencies,
     multigraph_guards,
     multigraph_installed,
+    multigraph_name_checks,
     refusal,
     single_graph,
     single_graph_checks,
@@ -146,6 +148,8 @@ class MultiGraph:
                     else (compat_runtime.dynamo_serving_runtime,)
                 ),
                 surface_checks,
+                multigraph_argument_checks,
+                multigraph_name_checks,
                 multigraph_dependencies,
                 multigraph,
                 *(
