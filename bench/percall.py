@@ -218,7 +218,7 @@ def _breakdown(run: Any, model: nn.Module, x: torch.Tensor, raw: Any) -> dict[st
     else:
         checked = _cells(forward.covers)["checked_inputs"]
         inner = _cells(checked)
-        model_tensors = inner["_model_tensors"]
+        model_tensors = inner["model_tensors"]
         pieces["all checks"] = lambda: checked((model, x), {})
         pieces["model tensors + state"] = lambda: model_tensors((model,))
         if inner.get("surface_ok") is not None:

@@ -13,7 +13,7 @@ from torch import nn
 import precompile
 from precompile import PrecompileError
 from precompile.capturing.fx_lifting import lift_module_state
-from precompile.runtime.single_graph import lift_live_module_state
+from precompile.runtime.single_graph_model_state import lift_live_module_state
 
 
 class Net(nn.Module):

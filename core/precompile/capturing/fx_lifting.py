@@ -1,7 +1,7 @@
 """Invariant 1 at capture: every param and buffer of the module arguments is an input.
 
 The runtime driver re-derives the same list from the live modules on every call
-(``runtime.single_graph.lift_live_module_state``); the two must order and name tensors identically, which
+(``runtime.single_graph_model_state.lift_live_module_state``); the two must order and name tensors identically, which
 a test asserts.
 """
 

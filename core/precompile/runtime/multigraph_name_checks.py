@@ -1,0 +1,359 @@
+"""The names a Dynamo trace's frames resolved, checked per call: module globals
+(``GLOBAL_READS``), the classes' methods and descriptors (``CLASS_ATTRS``) and the
+builtins (``BUILTIN_READS``). Sub-builders of
+``multigraph_dependencies.build_dependency_check``, emitted verbatim into multi-graph
+artifacts (``capturing.carried.MultiGraph.driver``).
+
+Dynamo resolved each of these at capture and guards none of them in its serialized
+guards. A load resolves every recorded name and refuses one bound to another object
+than the capture saw; every call compares what it cheaply can (identities in one
+generated function, dict version tags, MROs) and only a change names what changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    # Bound by the artifact prelude (precompile._compat.prelude).
+    _dict_version: Callable[[dict[str, Any]], int] = len
+    GLOBAL_READS: list[dict[str, str]] = []
+    CLASS_ATTRS: list[dict[str, Any]] = []
+    BUILTIN_READS: list[dict[str, Any]] = []
+
+    # precompile.runtime.refusal and the multi-graph driver's helpers, emitted with it.
+    def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
+
+    def import_user_module(name: str) -> Any: ...
+
+    def user_path(text: str) -> str: ...
+
+    # precompile.runtime.multigraph_dependencies, emitted with this module.
+    def builtin_name(value: Any) -> str: ...
+
+    def builtin_key(value: Any) -> list[str]: ...
+
+    def is_class_behaviour(value: Any) -> bool: ...
+
+    def class_attrs(cls: Any) -> dict[str, str]: ...
+
+
+def build_global_read_check() -> Callable[[], None] | None:
+    """``global_reads_ok()``: refuse when a module-level function or class the frames
+    read (``GLOBAL_READS``) is bound to another than the capture traced. A load
+    resolves each access path; every call compares the bindings by identity in one
+    generated function, and only a miss names the change. None without global reads."""
+    # Global reads: resolved now, compared by identity per call in one generated function.
+    # A path that does not resolve to what the capture saw yet (state a library fills
+    # later) is resolved again when a call misses, and adopted once it does; a path
+    # resolved here stays bound to that object.
+    scopes: list[dict[str, Any]] = []
+    scope_index: dict[str, int] = {}
+    terms = []
+    for i, read in enumerate(GLOBAL_READS):
+        if read["scope"] not in scope_index:
+            scope_index[read["scope"]] = len(scopes)
+            scopes.append(vars(import_user_module(read["scope"])))
+        terms.append(f"({_scoped(read['path'], scope_index[read['scope']])}) is __E[{i}]")
+    source = "def __reads_ok({}):\n    try:\n        return {}\n    except Exception:\n        return False\n".format(
+        ", ".join([*(f"__S{i}" for i in range(len(scopes))), "__E"]),
+        " and ".join(terms) or "True",
+    )
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<precompile global reads>", "exec"), namespace)
+    reads_ok = namespace["__reads_ok"]
+
+    def bound_now(read: dict[str, str]) -> Any:
+        try:
+            index = scope_index[read["scope"]]
+            return eval(_scoped(read["path"], index), {f"__S{index}": scopes[index]})
+        except Exception:
+            return None
+
+    def captured_one(read: dict[str, str], bound: Any) -> bool:
+        target = getattr(bound, "__func__", bound)
+        return (getattr(target, "__module__", None), getattr(target, "__qualname__", None)) == (
+            read["module"],
+            read["qualname"],
+        )
+
+    unresolved = object()
+    expected = [
+        bound if captured_one(read, bound) else unresolved
+        for read, bound in ((read, bound_now(read)) for read in GLOBAL_READS)
+    ]
+    reads_args = [(*scopes, tuple(expected))]
+
+    def recheck_reads() -> None:
+        for i, read in enumerate(GLOBAL_READS):
+            bound = bound_now(read)
+            if bound is expected[i]:
+                continue
+            if expected[i] is unresolved and captured_one(read, bound):
+                expected[i] = bound
+                continue
+            captured = f"{read['module']}.{read['qualname']}"
+            if read.get("location"):
+                captured += f" ({read['location']})"
+            target = getattr(bound, "__func__", bound)
+            code = getattr(target, "__code__", None)
+            if bound is None:
+                now = "nothing (it is not defined)"
+            else:
+                now = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(bound).__qualname__)}"
+                if code is not None:
+                    now += f" ({code.co_filename}:{code.co_firstlineno})"
+            refuse(
+                f"precompile: `{read.get('shown') or user_path(read['path'])}` (read by module "
+                f"{read.get('reader') or read['scope']}) is "
+                f"bound to {now} in this process; the capture traced {captured}, and this "
+                f"artifact serves only that. Restore it, or capture again with the new one "
+                f"(re-emit the artifact)"
+            )
+        reads_args[0] = (*scopes, tuple(expected))
+
+    def global_reads_ok() -> None:
+        if not reads_ok(*reads_args[0]):
+            recheck_reads()
+
+    return global_reads_ok if GLOBAL_READS else None
+
+
+def _scoped(path: str, index: int) -> str:
+    """A global read's access path with every ``G[...]`` (the module's globals, in
+    Dynamo's naming) read from ``__S{index}``: a path may name the globals more than
+    once (a dict entry keyed by the n-th key of a global dict,
+    ``G['m'].D[list(dict.keys(G['m'].D))[7]]``)."""
+    import re
+
+    return re.sub(r"(?<![\w.\]'\"])G\[", f"__S{index}[", path)
+
+
+def build_class_check() -> Any:
+    """``check()`` for ``CLASS_ATTRS``, or None when there are none: the classes the
+    trace went through must hold the methods and descriptors it ran.
+
+    At load, each project class recorded with its attributes is compared with the
+    capture by name (``class_attrs``): one rebound before load is refused here. Per call,
+    the version tags of every class dict along the classes' MROs (any assignment to a
+    class attribute gives its dict a new tag) and the MROs themselves are compared with
+    those at load: two C-level ``map``s. Only when one changed are the methods and
+    descriptors compared by identity with those at load (of a library class, those
+    that held code the trace ran); an unchanged set (a plain class-level value
+    assigned, a method rebound back to the loaded object) is adopted."""
+    import gc
+    import operator
+
+    if not CLASS_ATTRS:
+        return None
+    leaves = []
+    # A class of a module whose class defines __getattr__ (or one of its bases) -> its
+    # names at capture: a new one may shadow a name the trace resolved through it.
+    forwarded: dict[Any, frozenset[str]] = {}
+
+    def check_forwarded(cls: Any) -> None:
+        new = sorted(set(vars(cls)) - forwarded[cls])
+        if new:
+            where = f"{cls.__module__}.{cls.__qualname__}"
+            refuse(
+                f"precompile: class {where} has an attribute {new[0]!r} it did not have at "
+                f"capture; it is (or is a base of) a module class that defines __getattr__, "
+                f"through which the trace may have resolved `.{new[0]}` (eager now reads "
+                f"the class attribute, and no guard compares it). Remove it (del "
+                f"{cls.__qualname__}.{new[0]}), or capture again with it (re-emit the "
+                f"artifact)",
+                2,
+            )
+
+    for row in CLASS_ATTRS:
+        where = f"{row['module']}.{row['qualname']}"
+        try:
+            cls = operator.attrgetter(row["qualname"])(import_user_module(row["module"]))
+        except AttributeError:
+            cls = None
+        if not isinstance(cls, type):
+            refuse(
+                f"precompile: the class {where}, which the trace ran the methods of, is not "
+                f"defined in this process. Restore it, or capture again (re-emit the "
+                f"artifact)",
+                2,
+            )
+        captured = row.get("attrs")
+        if captured is not None:
+            now = class_attrs(cls)
+            for name in sorted(set(captured) | set(now)):
+                if captured.get(name) == now.get(name):
+                    continue
+                if name not in captured:
+                    at_capture = (
+                        f"class {where} did not define it at capture: the trace ran the one "
+                        f"it inherits"
+                    )
+                else:
+                    at_capture = f"the capture traced {captured[name]} there"
+                refuse(
+                    f"precompile: `{cls.__qualname__}.{name}` is "
+                    f"{now.get(name, 'not defined')} in this process; {at_capture} (Dynamo "
+                    f"resolved it on the class while tracing), and this artifact serves only "
+                    f"that. Restore it, or capture again with the new one (re-emit the "
+                    f"artifact)",
+                    2,
+                )
+        names = row.get("names")
+        if names is not None:
+            forwarded[cls] = frozenset(names)
+            check_forwarded(cls)
+        leaves.append(cls)
+    # Every class along the MROs, once; ``object`` and other builtins cannot change.
+    checked = list(
+        dict.fromkeys(c for leaf in leaves for c in leaf.__mro__ if c.__module__ != "builtins")
+    )
+
+    # A project class: every method and descriptor. A library class: the attributes
+    # that held code the trace ran, on any class (a ``__call__`` set on ``Linear``
+    # shadows ``Module.__call__``).
+    project = {cls for cls, row in zip(leaves, CLASS_ATTRS) if row.get("attrs") is not None}
+    traced = frozenset(name for row in CLASS_ATTRS for name in row.get("traced") or ())
+
+    def own(cls: Any) -> dict[str, Any]:
+        return {
+            n: v
+            for n, v in list(vars(cls).items())
+            if is_class_behaviour(v) and (cls in project or n in traced)
+        }
+
+    # A type's __dict__ is a read-only proxy of the dict the class keeps its attributes
+    # in; the proxy refers to that dict, whose version tag any assignment changes.
+    dicts = []
+    for cls in checked:
+        held = [d for d in gc.get_referents(vars(cls)) if isinstance(d, dict)]
+        dicts.append(held[0] if len(held) == 1 else {})
+    loaded = [own(cls) for cls in checked]
+    mro_of = operator.attrgetter("__mro__")
+    mros = tuple(map(mro_of, leaves))
+    versions = [tuple(map(_dict_version, dicts))]
+    missing = object()
+
+    def shown(value: Any) -> str:
+        if value is missing:
+            return "not defined (deleted)"
+        target = getattr(value, "fget", None) or getattr(value, "__func__", value)
+        code = getattr(target, "__code__", None)
+        kind = "a property" if isinstance(value, property) else type(value).__name__
+        name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"
+        where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+        return f"{kind} {name}{where}"
+
+    def inherited(cls: Any, name: str) -> str:
+        for base in cls.__mro__[1:]:
+            if name in vars(base):
+                return f"the one it inherits, {shown(vars(base)[name])}"
+        return "nothing (it was not defined)"
+
+    def recheck() -> None:
+        for cls, at_load in zip(checked, loaded):
+            now = own(cls)
+            for name in sorted(set(at_load) | set(now)):
+                before, after = at_load.get(name, missing), now.get(name, missing)
+                if after is before:
+                    continue
+                ran = shown(before) if before is not missing else inherited(cls, name)
+                refuse(
+                    f"precompile: `{cls.__qualname__}.{name}` was "
+                    f"{'set' if before is missing else 'rebound'} on class "
+                    f"{cls.__module__}.{cls.__qualname__} after this artifact was loaded: it "
+                    f"is {shown(after)} now, and the trace ran {ran} (Dynamo resolved it "
+                    f"on the class at capture; the artifact does not look it up again). "
+                    f"Restore it, or capture again with the new one (re-emit the artifact)",
+                    2,
+                )
+        for cls in forwarded:
+            check_forwarded(cls)
+        for cls, mro in zip(leaves, mros):
+            if cls.__mro__ != mro:
+                refuse(
+                    f"precompile: the bases of class {cls.__module__}.{cls.__qualname__} "
+                    f"changed after this artifact was loaded ({cls.__mro__} now); the trace "
+                    f"ran the methods its bases had. Restore them, or capture again (re-emit "
+                    f"the artifact)",
+                    2,
+                )
+        versions[0] = tuple(map(_dict_version, dicts))
+
+    def check() -> None:
+        if tuple(map(_dict_version, dicts)) != versions[0] or tuple(map(mro_of, leaves)) != mros:
+            recheck()
+
+    return check
+
+
+def build_builtin_check() -> Any:
+    """``check()`` for ``BUILTIN_READS``, or None when there are none: every name the
+    traced code resolved through the builtins (``len``, ``abs``, ``max``) must still
+    resolve there. Dynamo baked what the builtin did (its guard on the builtins dict
+    entry is an identity check, dropped from serialized guards), so a module global of
+    that name bound later (``mymodule.len = ...``), or ``builtins.abs`` patched, changes
+    eager's answer and not the artifact's.
+
+    Per call, the version tags of the modules' globals and builtins dicts are compared
+    with those last found as captured (one C-level ``map``); only when one changed are
+    the names looked up: absent from the module's globals, and in the builtins dict the
+    object loaded (or, when load found another, one named as at capture)."""
+    import builtins as builtins_module
+
+    if not BUILTIN_READS:
+        return None
+    missing = object()
+    rows = []
+    for row in BUILTIN_READS:
+        scope = vars(import_user_module(row["module"]))
+        held = scope.get("__builtins__", builtins_module)
+        table = held if isinstance(held, dict) else vars(held)
+        rows.append((row, scope, table))
+    # (id of a builtins dict, name) -> the object found there as captured.
+    expected: dict[tuple[int, str], Any] = {}
+    for row, _scope, table in rows:
+        for name, captured in row["names"].items():
+            found = table.get(name, missing)
+            if found is not missing and builtin_key(found) == captured:
+                expected.setdefault((id(table), name), found)
+    watched = list({id(d): d for _row, scope, table in rows for d in (scope, table)}.values())
+    versions: list[Any] = [None]
+
+    def recheck() -> None:
+        for row, scope, table in rows:
+            for name, captured in row["names"].items():
+                if name in scope:
+                    bound = scope[name]
+                    refuse(
+                        f"precompile: module {row['module']} binds the global `{name}` (to "
+                        f"{builtin_name(bound)}) in this process; its traced code resolved "
+                        f"`{name}` to the builtin {captured[0]} at capture, and the artifact "
+                        f"runs what that builtin did. Remove the global (del "
+                        f"{row['module']}.{name}), or capture again with it bound (re-emit "
+                        f"the artifact)",
+                        2,
+                    )
+                now = table.get(name, missing)
+                key = (id(table), name)
+                if now is expected.get(key, missing) and now is not missing:
+                    continue
+                if key not in expected and now is not missing and builtin_key(now) == captured:
+                    expected[key] = now
+                    continue
+                shown = "not defined" if now is missing else builtin_name(now)
+                refuse(
+                    f"precompile: builtins.{name} is {shown} in this process; the code of "
+                    f"module {row['module']} the trace ran resolved `{name}` to {captured[0]}, "
+                    f"and the artifact runs what that builtin did. Restore builtins.{name}, "
+                    f"or capture again with the new one (re-emit the artifact)",
+                    2,
+                )
+        versions[0] = tuple(map(_dict_version, watched))
+
+    def check() -> None:
+        if tuple(map(_dict_version, watched)) != versions[0]:
+            recheck()
+
+    return check

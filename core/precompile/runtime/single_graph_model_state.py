@@ -1,0 +1,407 @@
+"""The model-state check of single-graph artifacts: a sub-builder of the driver, emitted as text.
+
+``build_model_state_check`` returns the closure ``single_graph._build_single_graph_forward``
+calls on every call with the module arguments: the model's lifted parameters and
+buffers, after proving that nothing the trace read of the model and of the Python
+state around it changed since the last verified call (a fast path of identities,
+dict version tags, types and one C-level guard), or re-verifying it in full
+(``_checked_module_state`` and ``single_graph_checks``) when something did. Emitted
+whole into every single-graph artifact before ``single_graph``
+(``capturing.carried.SingleGraph.DRIVER``), so like it it imports nothing at module
+level and reads the artifact's names declared below.
+
+INVARIANT: ``lift_live_module_state`` orders and names params and buffers exactly as
+``precompile.capturing.fx_lifting.lift_module_state`` does at capture (params then buffers, over all
+modules, interned by identity, ``m{i}.`` prefixes only with several modules). A test
+holds the two in agreement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    import torch as _torch
+
+    # Bound by the artifact prelude (precompile._compat.prelude).
+    _dict_version: Callable[[dict[str, Any]], int] = len
+    _torch_nn_module: Any = None
+
+    def _global_module_hooks() -> tuple[dict[Any, Any], ...]: ...
+
+    # The artifact's metadata.
+    BUFFER_DEVICES: list[str] = []
+    BUFFER_DTYPES: list[str] = []
+    BUFFER_NAMES: list[str] = []
+    BUFFER_SHAPES: list[tuple[int, ...]] = []
+    GRAD_ACCESS: list[str] = []
+    GRAD_PARAM_INDICES: list[int] = []
+    GRAPH_INPUT_STRIDES: list[tuple[int, ...] | None] = []
+    MODULE_POSITIONS: list[int] = []
+    MODULE_READS: list[list[list[str] | None]] = []
+    MODULE_TRAINING: list[list[tuple[str, bool | None]]] = []
+    PARAM_DEVICES: list[str] = []
+    PARAM_DTYPES: list[str] = []
+    PARAM_NAMES: list[str] = []
+    PARAM_REQUIRES_GRAD: list[bool] = []
+    PARAM_SHAPES: list[tuple[int, ...]] = []
+
+    # precompile.runtime.state_checks, emitted before this module.
+    def shallow_contents(value: Any) -> tuple[Any, ...]: ...
+
+    # single_graph_checks, emitted before this module.
+    def serving_context(identities: dict[str, Any]) -> dict[str, Any]: ...
+
+    def check_entry(entry: Any, context: dict[str, Any]) -> None: ...
+
+    def check_globals(scopes: list[Any], context: dict[str, Any]) -> None: ...
+
+    def check_module_state(mods: list[Any], context: dict[str, Any]) -> None: ...
+
+    def check_class_state(subs: list[Any], context: dict[str, Any]) -> None: ...
+
+    # precompile.runtime.single_graph_inputs and single_graph, emitted with this module.
+    def check_strides(
+        labels: list[str],
+        tensors: list[Any],
+        expected: list[Any],
+        blockers: list[str | None] | None = None,
+    ) -> None: ...
+
+    def checks_layout() -> bool: ...
+
+    def requires_grad_is_captured() -> bool: ...
+
+    def metadata_guard(values: list[Any]) -> Any: ...
+
+    # precompile.runtime.refusal, emitted before this module.
+    def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
+
+
+def lift_live_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[Any]]:
+    """Params then buffers of the runtime modules, interned by identity, named like the
+    capture named them; also every submodule in walk order (for the training flags)."""
+    multi = len(mods) > 1
+    seen: set[int] = set()
+    tensors: list[Any] = []
+    names: list[str] = []
+    for kind in ("named_parameters", "named_buffers"):
+        for mi, m in enumerate(mods):
+            for n, t in getattr(m, kind)(remove_duplicate=False):
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    tensors.append(t)
+                    names.append(f"m{mi}.{n}" if multi else n)
+    subs = [sub for m in mods for sub in m.modules()]
+    return tensors, names, subs
+
+
+def _without_unread_buffers(
+    mods: list[Any], tensors: list[Any], names: list[str], expected: list[str]
+) -> tuple[list[Any], list[str]] | None:
+    """The captured parameters and buffers, in the captured order, when every other one
+    the runtime model has is a buffer added after capture that the trace could not have
+    read: its module's reads were seen (``MODULE_READS``), and they include neither its
+    name nor the module's ``_buffers`` (what ``buffers()``, ``named_buffers()`` and
+    ``state_dict()`` enumerate). None when that is not so (the caller refuses)."""
+    if not MODULE_READS:
+        return None
+    by_name = dict(zip(names, tensors))
+    if not set(expected) <= by_name.keys() or [n for n in names if n in set(expected)] != (
+        expected
+    ):
+        return None
+    multi = len(mods) > 1
+    for name in names:
+        if name in by_name and name in expected:
+            continue
+        mi, path = (int(name.split(".", 1)[0][1:]), name.split(".", 1)[1]) if multi else (0, name)
+        owner, _, leaf = path.rpartition(".")
+        paths = [n for n, _ in mods[mi].named_modules()]
+        if owner not in paths or len(paths) != len(MODULE_READS[mi]):
+            return None
+        own = MODULE_READS[mi][paths.index(owner)]
+        sub = mods[mi].get_submodule(owner)
+        if own is None or "_buffers" in own or leaf in own or leaf not in sub._buffers:
+            return None
+    return [by_name[n] for n in expected], list(expected)
+
+
+def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[Any]]:
+    """Raise the precise invariant-2 message for a runtime model that differs from the
+    traced one; if it matches, return its lifted state (as ``lift_live_module_state``). Slow
+    on purpose: it runs only when the per-call fast check saw a new model or a change."""
+    tensors, names, subs = lift_live_module_state(mods)
+    expected = list(PARAM_NAMES) + list(BUFFER_NAMES)
+    if names != expected:
+        unread = _without_unread_buffers(mods, tensors, names, expected)
+        if unread is not None:
+            tensors, names = unread
+    if names != expected:
+        missing = [n for n in expected if n not in names]
+        extra = [n for n in names if n not in expected]
+        detail = (
+            f"missing {missing}, unexpected {extra}"
+            if missing or extra
+            else f"same names in another order: {names}"
+        )
+        refuse(
+            f"precompile: the runtime model's parameters/buffers differ from the traced "
+            f"model's ({detail}); pass a model with the same structure as the one "
+            f"captured, or capture again",
+            2,
+        )
+    shapes = list(PARAM_SHAPES) + list(BUFFER_SHAPES)
+    dtypes = list(PARAM_DTYPES) + list(BUFFER_DTYPES)
+    devices = list(PARAM_DEVICES) + list(BUFFER_DEVICES)
+    for name, t, shape, dtype, device in zip(names, tensors, shapes, dtypes, devices):
+        if tuple(t.shape) != tuple(shape):
+            refuse(
+                f"precompile: the runtime parameter/buffer {name!r} has shape "
+                f"{tuple(t.shape)} but the traced model's was {tuple(shape)}; the graph "
+                f"is specialized to the traced shapes",
+                2,
+            )
+        if str(t.dtype) != dtype:
+            refuse(
+                f"precompile: the runtime parameter/buffer {name!r} has dtype {t.dtype} "
+                f"but the traced model's was {dtype}; cast the model back (e.g. "
+                f".to({dtype})) or capture again",
+                2,
+            )
+        if str(t.device) != device:
+            refuse(
+                f"precompile: the runtime parameter/buffer {name!r} is on device "
+                f"{t.device} but the traced model's was on {device}; move the model "
+                f"(.to({device!r})) or capture again",
+                2,
+            )
+    if checks_layout():
+        labels = [f"parameter {n!r}" for n in PARAM_NAMES] + [f"buffer {n!r}" for n in BUFFER_NAMES]
+        check_strides(labels, tensors, GRAPH_INPUT_STRIDES)
+    for name, t, wanted in zip(names, tensors, PARAM_REQUIRES_GRAD):
+        if bool(t.requires_grad) != wanted and requires_grad_is_captured():
+            refuse(
+                f"precompile: parameter {name!r} has requires_grad={t.requires_grad} but "
+                f"was captured with requires_grad={wanted}; the capture baked which "
+                f"gradients the graph computes. Restore it with "
+                f".requires_grad_({wanted}) or capture again",
+                2,
+            )
+    for mi, (m, flags) in enumerate(zip(mods, MODULE_TRAINING)):
+        actual = [(n, bool(sub.training)) for n, sub in m.named_modules()]
+        for (name, flag), (aname, aflag) in zip(flags, actual):
+            if name != aname:
+                refuse(
+                    f"precompile: the runtime model's submodule {aname!r} stands where "
+                    f"the traced model had {name!r}; pass a structurally identical model",
+                    2,
+                )
+            # None: the trace never read this submodule's flag, so its mode changes
+            # nothing the graph computes (a Linear's train()).
+            if flag is not None and flag != aflag:
+                where = f"submodule {name!r}" if name else "the model"
+                mode = "train()" if flag else "eval()"
+                refuse(
+                    f"precompile: {where} of module argument {MODULE_POSITIONS[mi]} is in "
+                    f"{'training' if aflag else 'eval'} mode but was captured in "
+                    f"{'training' if flag else 'eval'} mode; the capture baked that mode "
+                    f"(dropout, batch-norm statistics). Call .{mode} on the model or "
+                    f"capture again in this mode",
+                    2,
+                )
+        if len(actual) != len(flags):
+            refuse(
+                f"precompile: module argument {MODULE_POSITIONS[mi]} has {len(actual)} "
+                f"submodules but the traced model had {len(flags)}; pass a structurally "
+                f"identical model",
+                2,
+            )
+    return tensors, names, subs
+
+
+def build_model_state_check(
+    scopes: list[tuple[dict[str, Any], dict[str, Any]]], identities: dict[str, Any], entry: Any
+) -> tuple[Callable[[tuple[Any, ...]], list[Any]], Callable[[list[Any]], None] | None]:
+    """Return ``model_tensors(mods)`` and, where fn reads or writes ``.grad``
+    (``GRAD_ACCESS``), ``check_grads(tensors)`` (else None).
+
+    ``model_tensors`` compares the model and the Python state the trace read (the
+    ``scopes`` of ``global_scopes``, the captured function's ``entry``) by identity, by
+    the version tags of the dicts that hold them, by the types of the submodules, by
+    the contents of the few mutable objects that have no version tag, and by one
+    C-level guard over the model's tensors' metadata, against what the last verified
+    call saw. Only a difference (or a new model) takes the slow path, which names the
+    exact mismatch or re-verifies and refreshes the snapshot. The snapshot holds the
+    most recent model, so it stays alive until a call with another model replaces it.
+    """
+    from operator import attrgetter
+    from operator import is_ as _is
+
+    module_positions = tuple(MODULE_POSITIONS)
+    stride_of = _torch.Tensor.stride if checks_layout() else type
+    # One getter for parameters and buffers alike: a buffer's requires_grad is compared
+    # against the snapshot too, which only ever makes the fast path more careful.
+    tensor_meta = attrgetter("shape", "dtype", "device", "requires_grad")
+    training = attrgetter("training")
+    # The last verified model and state: the module roots, the dicts that hold what the
+    # trace read (each submodule's attribute, parameter, buffer, child and hook dicts,
+    # the dicts of objects its attributes hold, the globals of the user modules the
+    # trace read, torch's global hook dicts) with their version tags, the submodules'
+    # types, mutable objects without a version tag with their contents, the lifted
+    # tensors, their metadata and a C-level guard over that metadata. Any store into
+    # one of those dicts -- a parameter, buffer, child, attribute, hook or global
+    # replaced, added or deleted, a training flag flipped -- changes a version, and the
+    # next call re-verifies from scratch.
+    roots: tuple[Any, ...] | None = None
+    dicts: tuple[dict[str, Any], ...] = ()
+    versions: tuple[int, ...] = ()
+    empty_dicts: tuple[dict[str, Any], ...] = ()
+    unwatched: list[Any] = []
+    flags: tuple[bool, ...] = ()
+    subs: tuple[Any, ...] = ()
+    sub_types: tuple[type, ...] = ()
+    shallow: tuple[Any, ...] = ()
+    shallow_snapshot: tuple[Any, ...] = ()
+    # The objects whose instance dicts are among ``dicts`` (every submodule, each object
+    # an attribute or global holds), with those dicts: ``m.__dict__ = d`` swaps in
+    # another dict without a store into the watched one.
+    holders: tuple[Any, ...] = ()
+    holder_dicts: tuple[Any, ...] = ()
+    # Functions the trace read (helpers, methods, the captured function): the objects
+    # that hold what a call of each reads besides its arguments (the function's code,
+    # defaults and keyword defaults, each closure cell's contents), with the attribute
+    # names to read them by and what they held, compared by identity.
+    func_holders: tuple[Any, ...] = ()
+    func_attrs: tuple[str, ...] = ()
+    func_snapshot: tuple[Any, ...] = ()
+    tensors: list[Any] = []
+    meta: tuple[Any, ...] = ()
+    tensor_guard: Any = None
+
+    def _held(holder: Any, attr: str) -> Any:
+        # An emptied cell reads as the cell itself: never what it held.
+        try:
+            return getattr(holder, attr)
+        except ValueError:
+            return holder
+
+    def _functions_unchanged() -> bool:
+        # One C-level pass over every holder; an emptied cell raises, and is never what
+        # it held, so it takes the slow path like any change.
+        try:
+            return all(map(_is, map(getattr, func_holders, func_attrs), func_snapshot))
+        except ValueError:
+            return False
+
+    def _same_items(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+        return len(a) == len(b) and all(map(_is, a, b))
+
+    def _verify_model(mods: tuple[Any, ...]) -> list[Any]:
+        nonlocal roots, dicts, versions, empty_dicts, unwatched, flags, subs, sub_types, shallow
+        nonlocal shallow_snapshot, tensors, meta, tensor_guard, func_holders, func_attrs
+        nonlocal func_snapshot, holders, holder_dicts
+        roots = None
+        for i, m in zip(module_positions, mods):
+            if not isinstance(m, _torch.nn.Module):
+                refuse(
+                    f"precompile: argument {i} must be the nn.Module the captured function "
+                    f"took there, got {type(m).__name__}",
+                    2,
+                )
+        tensors, _names, sub_list = _checked_module_state(list(mods))
+        context = serving_context(identities)
+        check_module_state(list(mods), context)
+        check_globals(scopes, context)
+        check_entry(entry, context)
+        check_class_state(sub_list, context)
+        # torch's global hook dicts as its module holds them now, and that module's
+        # namespace: a dict replaced whole is a store into it.
+        global_hooks = _global_module_hooks()
+        watched = [
+            *context["dicts"],
+            *(scope for scope, _ in scopes),
+            *global_hooks,
+            vars(_torch_nn_module),
+        ]
+        watched = list({id(d): d for d in watched}.values())
+        # An empty dict's whole state is that it is empty (most hook, buffer and child
+        # dicts): one truth test each, cheaper than reading a version tag.
+        empty_dicts = tuple(d for d in watched if not d)
+        dicts = tuple(d for d in watched if d)
+        versions = tuple(map(_dict_version, dicts))
+        # torch's global hook dicts run their hooks in key order (move_to_end changes it
+        # and not their version tags).
+        ordered_hooks = [d for d in global_hooks if d]
+        found = tuple({id(o): o for o in [*context["shallow"], *ordered_hooks]}.values())
+        shallow = tuple(o for o in found if not hasattr(o, "__closure__"))
+        shallow_snapshot = tuple(map(shallow_contents, shallow))
+        holders = tuple({id(o): o for o in context["holders"]}.values())
+        holder_dicts = tuple(map(vars, holders))
+        held: list[Any] = []
+        attrs: list[str] = []
+        for f in found:
+            # A function without defaults or cells was called with every argument: a
+            # default added later changes no traced call, and cells cannot be added.
+            if hasattr(f, "__closure__") and (f.__defaults__ or f.__kwdefaults__ or f.__closure__):
+                held += [f, f, f]
+                attrs += ["__code__", "__defaults__", "__kwdefaults__"]
+                for cell in f.__closure__ or ():
+                    held.append(cell)
+                    attrs.append("cell_contents")
+        # One identity pass per call covers both: each holder's instance dict (``m.__dict__
+        # = d`` swaps it without a store into the watched one) beside the functions'
+        # code, defaults and closure cells.
+        held = [*holders, *held]
+        attrs = [*("__dict__" for _ in holders), *attrs]
+        func_holders, func_attrs = tuple(held), tuple(attrs)
+        func_snapshot = tuple(map(_held, func_holders, func_attrs))
+        subs = tuple(sub_list)
+        sub_types = tuple(map(type, subs))
+        # A training flag that does not live in the instance dict (a property, say) is
+        # invisible to the versions: compare those flags themselves.
+        unwatched = [sub for sub in subs if "training" not in vars(sub)]
+        flags = tuple(map(training, unwatched))
+        meta = tuple(zip(map(tensor_meta, tensors), map(stride_of, tensors)))
+        tensor_guard = metadata_guard(tensors)
+        roots = mods
+        return tensors
+
+    def _model_tensors(mods: tuple[Any, ...]) -> list[Any]:
+        nonlocal tensor_guard
+        if (
+            roots is not None
+            and all(map(_is, mods, roots))
+            and not any(empty_dicts)
+            and tuple(map(_dict_version, dicts)) == versions
+            and tuple(map(type, subs)) == sub_types
+            and tuple(map(training, unwatched)) == flags
+            and (
+                not shallow
+                or all(map(_same_items, map(shallow_contents, shallow), shallow_snapshot))
+            )
+            and (not func_holders or _functions_unchanged())
+        ):
+            if tensor_guard.check(*tensors):
+                return tensors
+            if tuple(zip(map(tensor_meta, tensors), map(stride_of, tensors))) == meta:
+                tensor_guard = metadata_guard(tensors)
+                return tensors
+        return _verify_model(mods)
+
+    grad_indices = tuple(GRAD_PARAM_INDICES)
+
+    def check_grads(state: list[Any]) -> None:
+        for idx in grad_indices:
+            if state[idx].grad is not None:
+                refuse(
+                    f"precompile: parameter {PARAM_NAMES[idx]!r} already has a .grad, "
+                    f"and fn reads or writes .grad ({GRAD_ACCESS[0]}: gradient "
+                    f"clipping, an optimizer step, zero_grad); the trace saw no "
+                    f"gradients there, so it would compute with the wrong ones. Clear "
+                    f"them first (optimizer.zero_grad(set_to_none=True))",
+                    5,
+                )
+
+    return _model_tensors, (check_grads if GRAD_ACCESS else None)
