@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils import _python_dispatch
 
 #: The import prelude of every emitted artifact: the names the driver reads, bound from
 #: torch under short aliases. Private names appear here as text only.
@@ -99,6 +100,9 @@ dispatch_mode_depth = torch._C._len_torch_dispatch_stack
 
 
 dispatch_mode_at = torch._C._get_dispatch_stack_at
+
+
+disable_dispatch_modes = _python_dispatch._disable_current_modes
 
 
 #: What ``autograd_serving.bind_autograd`` needs besides ARTIFACT_PRELUDE: view replay

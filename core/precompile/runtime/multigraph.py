@@ -25,6 +25,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
+# >>> not emitted: the capture reports which variant serves (``variant_coverage``) with
+# the code the artifact runs; an artifact's prelude binds these and it carries guard_text
+from precompile._compat.prelude import disable_dispatch_modes, dispatch_mode_depth
+from precompile.runtime.guard_text import guard_failure_text
+
+# <<< not emitted
+
 if TYPE_CHECKING:
     import torch as _torch
 
@@ -60,8 +67,6 @@ if TYPE_CHECKING:
 
     GUARD_RUNTIME: dict[str, Any] = {}
 
-    def guard_failure_text(raw: str, f_locals: dict[str, Any] | None = None) -> str: ...
-
     def frame_label(name: str, line: int = 0) -> str: ...
 
     def changed_functions(records: Any, module_text: Any) -> Any: ...
@@ -81,10 +86,6 @@ if TYPE_CHECKING:
     def _ordinary_dispatch() -> Any: ...
 
     function_mode_depth: Callable[[], int] = int
-    dispatch_mode_depth: Callable[[], int] = int
-
-    def disable_dispatch_modes() -> Any: ...
-
     AMBIENT_MODES: list[str] = []
     MODES_SEE_OPS: bool = False
 
