@@ -410,3 +410,21 @@ def test_docs_artifact_format_lists_every_key_of_every_schema() -> None:
         if key not in _documented_keys()
     }
     assert not missing, f"schema keys docs/artifact-format.md does not name: {sorted(missing)}"
+
+
+def test_one_code_digest_identifies_code_for_every_check() -> None:
+    """make_fx's state checks, Dynamo's identity rows and the library surface name a
+    function's code by one digest (``state_checks.code_fingerprint``): what the code does
+    (a constant changed is another function), not where it sits (a function moved by an
+    edit above it is the same one)."""
+    from precompile.runtime import multigraph_dependencies, state_checks, surface_checks
+
+    def code_at(line: int, constant: float) -> Any:
+        source = "\n" * line + f"def shape(t):\n    return t * {constant}\n"
+        return compile(source, "<test>", "exec").co_consts[0]
+
+    digest = state_checks.code_fingerprint
+    assert multigraph_dependencies.code_fingerprint is digest
+    assert surface_checks.code_fingerprint is digest
+    assert digest(code_at(3, 0.5)) == digest(code_at(40, 0.5))
+    assert digest(code_at(3, 0.5)) != digest(code_at(3, 4.0))

@@ -130,6 +130,7 @@ class MultiGraph:
                 state_checks.type_name,
                 state_checks.ambient_modes,
                 state_checks.watches_only,
+                state_checks.code_fingerprint,
                 *_REFUSAL,
                 single_graph.check_ambient_modes,
                 single_graph.warn_inference_grad,

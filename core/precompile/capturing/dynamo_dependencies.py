@@ -68,11 +68,10 @@ from precompile.runtime.guard_text import frame_label, user_path
 from precompile.runtime.multigraph_dependencies import (
     builtin_key,
     class_attrs,
-    code_identity,
     global_hook_snapshot,
     hook_snapshot,
 )
-from precompile.runtime.state_checks import literal_fingerprint
+from precompile.runtime.state_checks import code_fingerprint, literal_fingerprint
 
 #: Dynamo names a guard's access path from its root: a frame local by its name
 #: (``model._modules['fc']``), a global as ``G['name']``.
@@ -773,7 +772,7 @@ class DependencyRecorder:
                 "kind": "code",
                 "module": value.__module__,
                 "qualname": value.__code__.co_qualname,
-                "code": code_identity(value.__code__),
+                "code": code_fingerprint(value.__code__),
             }
         named = _import_name(value)
         if named is not None:
@@ -801,7 +800,7 @@ class DependencyRecorder:
                 "kind": "code",
                 "module": value.__module__,
                 "qualname": value.__code__.co_qualname,
-                "code": code_identity(value.__code__),
+                "code": code_fingerprint(value.__code__),
             }
         return None
 

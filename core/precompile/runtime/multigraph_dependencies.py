@@ -37,8 +37,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
-# >>> not emitted: Dynamo artifacts carry state_checks.watches_only among their functions
-from precompile.runtime.state_checks import watches_only
+# >>> not emitted: Dynamo artifacts carry these functions of state_checks among their own
+from precompile.runtime.state_checks import code_fingerprint, watches_only
 
 # <<< not emitted
 
@@ -122,17 +122,6 @@ def global_hook_snapshot() -> dict[str, list[str]]:
         if names:
             found[attr] = names
     return found
-
-
-def code_identity(code: Any) -> str:
-    """What tells two functions of one qualname apart (two lambdas of one scope, two
-    ``def act`` in the branches of a factory): where the code starts and a digest of its
-    bytecode and plain constants. Computed alike at capture and when serving."""
-    import hashlib
-
-    consts = [c for c in code.co_consts if not hasattr(c, "co_code")]
-    digest = hashlib.sha256(code.co_code + repr(consts).encode()).hexdigest()[:16]
-    return f"{code.co_firstlineno}:{digest}"
 
 
 def builtin_name(value: Any) -> str:
@@ -810,7 +799,7 @@ def _identity_rows(missing: Any) -> tuple[list[str], list[Any], Any]:
             return (
                 getattr(value, "__module__", None),
                 getattr(code, "co_qualname", None),
-                code is not None and code_identity(code),
+                code is not None and code_fingerprint(code),
             ) == (row["module"], row["qualname"], row["code"])
         target = resolve(row)
         return target is not missing and value is target
