@@ -57,6 +57,8 @@ if TYPE_CHECKING:
 
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
+    def import_user_module(name: str) -> Any: ...
+
     def warn_inference_grad(what: str, more_fixes: str = "") -> None: ...
 
     def dynamo_serving_runtime() -> Any: ...
@@ -148,25 +150,6 @@ def check_versions() -> None:
             f"load on torch {torch.__version__}: it carries pickled Dynamo guard state, "
             f"which only the torch build that wrote it can read. Capture it again with "
             f"this torch"
-        )
-
-
-def import_user_module(name: str) -> Any:
-    import importlib
-
-    if name == "__main__":
-        refuse(
-            "precompile: this artifact was captured from a function defined in a script's "
-            "__main__ module, which no other process can import. Capture a function defined "
-            "in an importable module"
-        )
-    try:
-        return importlib.import_module(name)
-    except ImportError as error:
-        refuse(
-            f"precompile: this artifact serves code from module {name!r}, which is not "
-            f"importable here ({error}). Make it importable (sys.path, installed packages) "
-            f"or capture again in this environment"
         )
 
 
