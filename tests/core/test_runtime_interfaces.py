@@ -428,3 +428,31 @@ def test_one_code_digest_identifies_code_for_every_check() -> None:
     assert surface_checks.code_fingerprint is digest
     assert digest(code_at(3, 0.5)) == digest(code_at(40, 0.5))
     assert digest(code_at(3, 0.5)) != digest(code_at(3, 4.0))
+
+
+def test_the_hook_dicts_are_named_in_one_place() -> None:
+    """Both tracers' hook records and checks read the hook dicts' names from one place
+    (``_compat.prelude.MODULE_HOOK_DICTS`` / ``GLOBAL_HOOK_DICTS``, bound in every
+    artifact's prelude): no other module lists them again, so make_fx and Dynamo cannot
+    drift on which hooks count."""
+    from precompile._compat import prelude
+
+    names = set(prelude.MODULE_HOOK_DICTS) | set(prelude.GLOBAL_HOOK_DICTS)
+    root = Path(precompile.__file__).parent
+    listed = []
+    for path in sorted(root.rglob("*.py")):
+        if path == Path(prelude.__file__):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                spelled = [
+                    e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in names
+                ]
+                if len(spelled) >= 2:
+                    listed.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert listed == [], listed
+    assert prelude.GLOBAL_MODULE_HOOK_NAMES[:4] == prelude.GLOBAL_HOOK_DICTS
+    namespace: dict[str, Any] = {}
+    exec(prelude.ARTIFACT_PRELUDE, namespace)
+    assert namespace["MODULE_HOOK_DICTS"] == prelude.MODULE_HOOK_DICTS
+    assert namespace["GLOBAL_HOOK_DICTS"] == prelude.GLOBAL_HOOK_DICTS

@@ -62,6 +62,7 @@ from typing import Any
 import torch
 
 from precompile._compat import dynamo
+from precompile._compat.prelude import MODULE_HOOK_DICTS
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file
 from precompile.runtime.guard_text import frame_label, user_path
@@ -113,8 +114,6 @@ def _location(value: Any) -> str:
     return f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
 
 
-#: Hook dicts: the functions in them are checked by name (``MODULE_HOOKS``).
-_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 #: Where a builtin whose ``__qualname__`` does not resolve (``torch.relu`` is
 #: ``_VariableFunctionsClass.relu``) is looked up by its ``__name__``.
 _BUILTIN_HOMES = (
@@ -512,7 +511,7 @@ class DependencyRecorder:
         if not getattr(e, "has_value", False):
             return
         match = _ROOT.match(e.name)
-        if match is None or not match.group("local") or any(h in e.name for h in _HOOK_DICTS):
+        if match is None or not match.group("local") or any(h in e.name for h in MODULE_HOOK_DICTS):
             return
         value = e.value
         sentinel = e.guard_type == "TYPE_MATCH" and type(value) is object

@@ -37,7 +37,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
-# >>> not emitted: Dynamo artifacts carry these functions of state_checks among their own
+# >>> not emitted: Dynamo artifacts carry these functions of state_checks among their own,
+# and their prelude binds the hook dicts' names
+from precompile._compat.prelude import GLOBAL_HOOK_DICTS, MODULE_HOOK_DICTS
 from precompile.runtime.state_checks import code_fingerprint, watches_only
 
 # <<< not emitted
@@ -93,12 +95,7 @@ def hook_snapshot(root: Any) -> dict[str, dict[str, list[str]]]:
     (the forward, forward-pre, backward and backward-pre hooks of every submodule)."""
     found: dict[str, dict[str, list[str]]] = {}
     for path, module in root.named_modules():
-        for attr in (
-            "_forward_pre_hooks",
-            "_forward_hooks",
-            "_backward_pre_hooks",
-            "_backward_hooks",
-        ):
+        for attr in MODULE_HOOK_DICTS:
             hooks = getattr(module, attr, None)
             if hooks:
                 found.setdefault(path, {})[attr] = [hook_name(h) for h in hooks.values()]
@@ -110,12 +107,7 @@ def global_hook_snapshot() -> dict[str, list[str]]:
     from torch.nn.modules import module as nn_module
 
     found = {}
-    for attr in (
-        "_global_forward_pre_hooks",
-        "_global_forward_hooks",
-        "_global_backward_pre_hooks",
-        "_global_backward_hooks",
-    ):
+    for attr in GLOBAL_HOOK_DICTS:
         hooks = getattr(nn_module, attr, None)
         # torch's module trackers' hooks only watch (state_checks.watches_only).
         names = [hook_name(h) for h in (hooks or {}).values() if not watches_only(h)]
@@ -239,13 +231,8 @@ def build_dependency_check() -> Any:
     surface_ok = _build_surface_check()
     module_type = nn_module.Module
     instance_dict = operator.attrgetter("__dict__")  # vars(), a third cheaper per call
-    attrs = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
-    global_attrs = (
-        "_global_forward_pre_hooks",
-        "_global_forward_hooks",
-        "_global_backward_pre_hooks",
-        "_global_backward_hooks",
-    )
+    attrs = MODULE_HOOK_DICTS
+    global_attrs = GLOBAL_HOOK_DICTS
     captured_global = MODULE_HOOKS.get("global") or {}
     # torch reads the global hook dicts as globals of its module: one replaced there
     # (a store into that module's dict) is fetched again. Non-empty ones are compared by
