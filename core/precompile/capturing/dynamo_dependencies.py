@@ -63,6 +63,7 @@ import torch
 
 from precompile._compat import dynamo
 from precompile._compat.prelude import MODULE_HOOK_DICTS
+from precompile.capturing.bytecode_names import global_loads
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file
 from precompile.runtime.guard_text import frame_label, user_path
@@ -1048,10 +1049,7 @@ def builtin_reads(codes: list[types.CodeType]) -> list[dict[str, Any]]:
         scope = vars(module)
         held = scope.get("__builtins__", builtins)
         table = held if isinstance(held, dict) else vars(held)
-        for ins in dis.get_instructions(code):
-            if ins.opname != "LOAD_GLOBAL":
-                continue
-            loaded = str(ins.argval)
+        for loaded in global_loads(code):
             if loaded in scope or loaded not in table:
                 continue
             by_module.setdefault(name, {})[loaded] = builtin_key(table[loaded])
