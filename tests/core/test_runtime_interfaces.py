@@ -456,3 +456,21 @@ def test_the_hook_dicts_are_named_in_one_place() -> None:
     exec(prelude.ARTIFACT_PRELUDE, namespace)
     assert namespace["MODULE_HOOK_DICTS"] == prelude.MODULE_HOOK_DICTS
     assert namespace["GLOBAL_HOOK_DICTS"] == prelude.GLOBAL_HOOK_DICTS
+
+
+def test_the_prelude_binds_each_name_once_for_artifacts_and_the_capture() -> None:
+    """The names the capture imports from ``_compat.prelude`` to run runtime code in
+    process are the very objects the artifact's prelude text binds: one binding each."""
+    from precompile._compat import prelude
+
+    namespace: dict[str, Any] = {}
+    exec(prelude.ARTIFACT_PRELUDE, namespace)
+    shared = [
+        name
+        for name in namespace
+        if not name.startswith("_") and name in vars(prelude) and name != "torch"
+    ]
+    assert {"dispatch_mode_depth", "disable_dispatch_modes", "MODULE_HOOK_DICTS"} <= set(shared)
+    for name in shared:
+        ours, theirs = getattr(prelude, name), namespace[name]
+        assert ours is theirs or ours == theirs, name
