@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,77 @@ KEYS = (
     "ray-address",
 )
 EXECUTORS = ("local", "ray")
+#: The keys the editor sets too (``settings.Settings``), by their names in the editor.
+EDITOR_NAMES = {
+    "timeout": "timeout",
+    "severity": "severity",
+    "docs-url": "docsUrl",
+    "serving-logs": "servingLogs",
+}
+
+
+def _timeout_problem(value: Any) -> str | None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        return f" must be a finite positive number of seconds (e.g. 120), got {value!r}"
+    return None
+
+
+def _severity_problem(value: Any) -> str | None:
+    if not isinstance(value, dict):
+        return f' must be a table, e.g. {{ PC101 = "error" }}, got {value!r}'
+    for code, level in value.items():
+        if not (isinstance(code, str) and code.startswith("PC")):
+            return f" keys are finding codes like PC101, got {code!r}"
+        if level not in SEVERITIES:
+            return f".{code} must be one of {', '.join(SEVERITIES)}, got {level!r}"
+    return None
+
+
+def _docs_url_problem(value: Any) -> str | None:
+    if not (isinstance(value, str) and value.startswith(("https://", "http://"))):
+        return (
+            " must be the http(s) URL of a hosted docs/diagnostics.md (links add #pc101 and "
+            f"the like), got {value!r}"
+        )
+    return None
+
+
+def _serving_logs_problem(value: Any) -> str | None:
+    globs = [value] if isinstance(value, str) else value
+    if not (isinstance(globs, list) and all(isinstance(v, str) for v in globs)):
+        return f" must be a string or a list of strings, got {value!r}"
+    if not all(v.strip() for v in globs):
+        return f" must be globs of log files, not empty strings, got {value!r}"
+    return None
+
+
+#: The one set of rules for the values the editor and ``[tool.precompile]`` both set:
+#: what is wrong with a value (after its name), or None. ``load_config`` and
+#: ``settings.parse_settings`` both apply them, so a value one refuses the other refuses
+#: in the same words. (Rules that need the workspace, such as serving-log globs leading
+#: out of it, are ``load_config``'s, which every editor value also goes through.)
+VALUE_RULES: dict[str, Callable[[Any], str | None]] = {
+    "timeout": _timeout_problem,
+    "severity": _severity_problem,
+    "docs-url": _docs_url_problem,
+    "serving-logs": _serving_logs_problem,
+}
+
+
+def editor_setting_problem(key: str, value: Any) -> str | None:
+    """What is wrong with an editor setting's value, in the words ``load_config`` uses
+    for it, or None."""
+    problem = VALUE_RULES[key](value)
+    if problem is None:
+        return None
+    return f"the editor setting precompile.{EDITOR_NAMES[key]}{problem} (from the editor)"
+
+
 #: Directory names never searched for targets nor watched: tools' own state, caches.
 SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
 
@@ -223,11 +295,18 @@ class _Table:
     def where(self, key: str) -> str:
         """How the user names ``key``: the editor setting, or the table and its file."""
         if key in self.overridden:
-            return f"the editor setting precompile.{key}"
+            return f"the editor setting precompile.{EDITOR_NAMES.get(key, key)}"
         return f"[tool.precompile] {key}"
 
     def source(self, key: str) -> str:
         return "from the editor" if key in self.overridden else f"in {self.pyproject}"
+
+    def check(self, key: str) -> Any:
+        """The value of ``key``, or a ConfigError by the key's rule (``VALUE_RULES``)."""
+        problem = VALUE_RULES[key](self[key])
+        if problem is not None:
+            raise ConfigError(f"{self.where(key)}{problem} ({self.source(key)})")
+        return self[key]
 
     def error(self, key: str, what: str) -> ConfigError:
         return ConfigError(
@@ -248,18 +327,6 @@ def _choice(table: _Table, key: str, choices: tuple[str, ...]) -> str:
     if table[key] not in choices:
         raise table.error(key, f"must be one of {', '.join(choices)}")
     return str(table[key])
-
-
-def _positive_seconds(table: _Table, key: str) -> float:
-    value = table[key]
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise table.error(key, "must be a finite positive number of seconds (e.g. 120)")
-    return float(value)
 
 
 @functools.lru_cache(maxsize=16)
@@ -352,32 +419,19 @@ def load_config(
     if "tracer" in table:
         kwargs["tracer"] = _choice(table, "tracer", TRACERS)
     if "timeout" in table:
-        kwargs["timeout"] = _positive_seconds(table, "timeout")
+        kwargs["timeout"] = float(table.check("timeout"))
     if "workers" in table:
         workers = table["workers"]
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise table.error("workers", "must be a positive integer")
         kwargs["workers"] = workers
     if "severity" in table:
-        severity = table["severity"]
-        if not isinstance(severity, dict):
-            raise table.error("severity", 'must be a table, e.g. { PC101 = "error" }')
-        for code, level in severity.items():
-            if not (isinstance(code, str) and code.startswith("PC")):
-                raise ConfigError(
-                    f"{table.where('severity')} keys are finding codes like PC101, got "
-                    f"{code!r} ({table.source('severity')})"
-                )
-            if level not in SEVERITIES:
-                raise ConfigError(
-                    f"{table.where('severity')}.{code} must be one of "
-                    f"{', '.join(SEVERITIES)}, got {level!r} ({table.source('severity')})"
-                )
+        severity = table.check("severity")
         kwargs["severity"] = dict(severity)
     if "python" in table:
         kwargs["python"], kwargs["python_probed"] = _interpreter(table, root, gate)
     if "docs-url" in table:
-        kwargs["docs_url"] = _docs_url(table, "docs-url")
+        kwargs["docs_url"] = table.check("docs-url")
     if "fail-on-empty" in table:
         if not isinstance(table["fail-on-empty"], bool):
             raise table.error("fail-on-empty", "must be true or false")
@@ -424,10 +478,9 @@ def _serving_logs(table: _Table, root: Path) -> tuple[str, ...]:
     """Serving-log globs: a relative one must stay inside the workspace (reading a log
     is allowed in an untrusted workspace, so it may not name files elsewhere); an
     absolute one is taken as the user wrote it."""
-    patterns = _strings(table, "serving-logs")
+    value = table.check("serving-logs")
+    patterns = (value,) if isinstance(value, str) else tuple(value)
     for pattern in patterns:
-        if not pattern.strip():
-            raise table.error("serving-logs", "must be globs of log files, not empty strings")
         if os.path.isabs(os.path.expanduser(pattern)):
             continue
         if relative_path(Path(os.path.normpath(root / pattern)), root) is None:
@@ -460,15 +513,3 @@ def _cache_settings(table: _Table, root: Path) -> dict[str, Any]:
             raise table.error("cache-max-mb", "must be a positive number of MiB (e.g. 512)")
         settings["cache_max_bytes"] = int(value * 1024 * 1024)
     return settings
-
-
-def _docs_url(table: _Table, key: str) -> str:
-    """A hosted copy of docs/diagnostics.md: an http(s) URL, to which ``#pc101`` is added."""
-    value = table[key]
-    if not (isinstance(value, str) and value.startswith(("https://", "http://"))):
-        raise table.error(
-            key,
-            "must be the http(s) URL of a hosted docs/diagnostics.md (links add #pc101 and "
-            "the like)",
-        )
-    return value

@@ -17,7 +17,6 @@ naming its first line and the count; nothing in a log makes the reader fail.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -26,6 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from precompile.artifact.pair import file_sha256
 from precompile_lsp.files import shown_path
 from precompile_lsp.findings import Finding, Related, Span
 
@@ -317,10 +317,7 @@ def inside(path: Path, root: Path) -> bool:
 
 def artifact_hash(path: Path) -> str | None:
     """The code hash of the artifact at ``path`` (sha256 of its bytes), None if absent."""
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None
+    return file_sha256(path)
 
 
 @dataclasses.dataclass

@@ -1,14 +1,15 @@
 """Editor settings: from ``initializationOptions`` and ``workspace/configuration``
 (section ``precompile``), camelCase on the wire. A bad value falls back to its default
-and is reported once, never failing the server."""
+and is reported once, never failing the server. The values ``[tool.precompile]`` sets too
+(timeout, severity, docs URL, serving logs) are checked by ``config.VALUE_RULES``, the
+rules and words ``load_config`` uses."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
-from precompile_lsp.config import SEVERITIES
+from precompile_lsp.config import EDITOR_NAMES, editor_setting_problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,10 @@ _FIELDS = {
 }
 
 
+#: Settings fields that are ``[tool.precompile]`` keys too, checked by its rules.
+_ENGINE_KEYS = {_FIELDS[editor]: key for key, editor in EDITOR_NAMES.items()}
+
+
 def parse_settings(raw: Any, base: Settings | None = None) -> tuple[Settings, list[str]]:
     """Settings from a client's dict; unknown keys are ignored (clients send their whole
     section), bad values keep the previous value and are listed in the returned errors."""
@@ -65,40 +70,19 @@ def parse_settings(raw: Any, base: Settings | None = None) -> tuple[Settings, li
                 changes[field] = value
             else:
                 errors.append(f"precompile.{key} must be true or false, got {value!r}")
-        elif field == "timeout":
-            if (
-                isinstance(value, (int, float))
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-                and value > 0
-            ):
+        elif field == "docs_url" and value == "":
+            changes[field] = None  # cleared: back to pyproject.toml or the shipped docs
+        elif field == "serving_logs" and value == []:
+            changes[field] = None  # cleared: back to pyproject.toml
+        else:
+            # The values [tool.precompile] sets too: its rules, in its words.
+            problem = editor_setting_problem(_ENGINE_KEYS[field], value)
+            if problem is not None:
+                errors.append(problem)
+            elif field == "timeout":
                 changes[field] = float(value)
+            elif field == "serving_logs":
+                changes[field] = (value,) if isinstance(value, str) else tuple(value)
             else:
-                errors.append(
-                    f"precompile.timeout must be a positive number of seconds, got {value!r}"
-                )
-        elif field == "docs_url":
-            if value == "":
-                changes[field] = None  # cleared: back to pyproject.toml or the shipped docs
-            elif isinstance(value, str) and value.startswith(("https://", "http://")):
-                changes[field] = value
-            else:
-                errors.append(f"precompile.docsUrl must be an http(s) URL or empty, got {value!r}")
-        elif field == "serving_logs":
-            if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
-                changes[field] = tuple(value) if value else None  # []: back to pyproject.toml
-            else:
-                errors.append(
-                    f'precompile.servingLogs must be a list of globs (e.g. ["logs/*.jsonl"]), '
-                    f"got {value!r}"
-                )
-        elif field == "severity":
-            if isinstance(value, dict) and all(
-                isinstance(k, str) and v in SEVERITIES for k, v in value.items()
-            ):
-                changes[field] = dict(value)
-            else:
-                errors.append(
-                    f"precompile.severity must map codes to one of {', '.join(SEVERITIES)}, got {value!r}"
-                )
+                changes[field] = dict(value) if field == "severity" else value
     return dataclasses.replace(settings, **changes), errors

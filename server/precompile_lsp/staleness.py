@@ -10,11 +10,11 @@ function records fall back to their per-file ``SOURCES`` hashes.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 from pathlib import Path
 
 from precompile.artifact.metadata import inspect_artifact
+from precompile.artifact.pair import file_sha256
 from precompile.errors import PrecompileError
 from precompile.runtime.source_digest import changed_functions
 from precompile.write_policy import pair_paths, refusal
@@ -85,10 +85,6 @@ def artifact_status(artifact: Path, root: Path | None = None) -> ArtifactStatus:
         return ArtifactStatus(exists=True, stale=tuple(stale))
     for record in metadata.get("SOURCES", []):
         path = Path(os.path.normpath(base / record["path"]))
-        try:
-            digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        except OSError:
-            digest = None
-        if digest != record["sha256"]:
+        if file_sha256(path) != record["sha256"]:
             stale.append(StaleSource(path, None))
     return ArtifactStatus(exists=True, stale=tuple(stale))

@@ -242,3 +242,29 @@ print("served the previous pair")
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert "served the previous pair" in proc.stdout
+
+
+def test_the_pair_records_paths_and_file_hashes_one_way(tmp_path: Path) -> None:
+    """Where an artifact records a source (relative to the artifact's folder, with ``/``)
+    and how a file is hashed have one definition each (``artifact.pair``): the capture's
+    records, the engine's staleness and the serving-log code hash all use them."""
+    import hashlib
+
+    from precompile.artifact.pair import artifact_relative, file_sha256
+
+    source = tmp_path / "src" / "pkg" / "mod.py"
+    source.parent.mkdir(parents=True)
+    source.write_bytes(b"x = 1\n")
+    artifact = tmp_path / "artifacts" / "a.py"
+    assert artifact_relative(str(source), str(artifact)) == "../src/pkg/mod.py"
+    assert artifact_relative(None, str(artifact)) is None
+    assert file_sha256(source) == hashlib.sha256(b"x = 1\n").hexdigest()
+    assert file_sha256(tmp_path / "missing.py") is None
+
+    from precompile.capturing import emit, function_records
+    from precompile_lsp import serving_logs, staleness
+    from precompile_lsp.worker import jobs
+
+    assert emit.artifact_relative is function_records.artifact_relative is artifact_relative
+    assert emit.file_sha256 is staleness.file_sha256 is jobs.file_sha256 is file_sha256
+    assert serving_logs.artifact_hash(source) == file_sha256(source)

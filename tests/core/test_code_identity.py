@@ -66,12 +66,3 @@ def test_a_closure_with_a_frozenset_constant_serves_under_any_hash_seed(
     assert result["same closure"] == ["served", 0.0], result
     verdict, message = result["other closure value"]
     assert verdict == "refused" and "model.act" in message, result
-
-
-def test_the_digest_is_one_function_for_both_tracers() -> None:
-    from precompile.runtime import multigraph_dependencies, state_checks
-
-    code = closure_models.make_act("relu").__code__
-    assert multigraph_dependencies.code_identity(code) == (
-        f"{code.co_firstlineno}:{state_checks.code_fingerprint(code)[:16]}"
-    )

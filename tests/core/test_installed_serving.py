@@ -198,3 +198,35 @@ def test_installed_artifact_metadata(installed: dict[str, Any]) -> None:
     meta = precompile.inspect_artifact(installed["cases"]["child_break"]["paths"][0])
     assert meta["SERVING_MODE"] == "installed"
     assert {f["name"] for f in meta["FRAMES"]} >= {"child_break", "forward"}
+
+
+def test_capture_covers_decides_as_the_loaded_artifact(tmp_path: Any) -> None:
+    """An installed capture is not executed in the capture process, so its covers() reads
+    the entry's serialized guards there; the choice is ``runtime.multigraph``'s own
+    (``variant_coverage``), the one a fresh load makes: same variant, same failure text."""
+    from tests.fixtures.installed_models import ChattyNet, child_break
+
+    torch._dynamo.reset()
+    paths = str(tmp_path / "covers.py"), str(tmp_path / "covers.cache")
+    model = ChattyNet().eval()
+    with precompile.capture(
+        child_break, artifact_path=paths[0], cache_path=paths[1], backend="eager"
+    ) as cap:
+        cap(model, torch.randn(4, 8))
+    assert cap.report().serving_mode == "installed"
+    at_capture = [cap.covers(model, torch.randn(4, 8)), cap.covers(model, torch.randn(5, 8))]
+    assert at_capture[0] == {"served_by": 0, "failures": []}
+    assert at_capture[1]["served_by"] is None
+    assert "`x` has size 5 at dim 0; the capture saw 4" in at_capture[1]["failures"][0]["guard"]
+    proc = run_python(
+        f"""
+import logging, torch, warnings, precompile
+torch._logging.set_logs(dynamo=logging.ERROR)
+warnings.simplefilter("ignore")
+from tests.fixtures.installed_models import ChattyNet
+run, model = precompile.load(*{list(paths)!r}), ChattyNet().eval()
+print("COVERS", [run.covers(model, torch.randn(4, 8)), run.covers(model, torch.randn(5, 8))])
+"""
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"COVERS {at_capture!r}" in proc.stdout, proc.stdout

@@ -410,3 +410,67 @@ def test_docs_artifact_format_lists_every_key_of_every_schema() -> None:
         if key not in _documented_keys()
     }
     assert not missing, f"schema keys docs/artifact-format.md does not name: {sorted(missing)}"
+
+
+def test_one_code_digest_identifies_code_for_every_check() -> None:
+    """make_fx's state checks, Dynamo's identity rows and the library surface name a
+    function's code by one digest (``state_checks.code_fingerprint``): what the code does
+    (a constant changed is another function), not where it sits (a function moved by an
+    edit above it is the same one)."""
+    from precompile.runtime import multigraph_argument_checks, state_checks, surface_checks
+
+    def code_at(line: int, constant: float) -> Any:
+        source = "\n" * line + f"def shape(t):\n    return t * {constant}\n"
+        return compile(source, "<test>", "exec").co_consts[0]
+
+    digest = state_checks.code_fingerprint
+    assert multigraph_argument_checks.code_fingerprint is digest
+    assert surface_checks.code_fingerprint is digest
+    assert digest(code_at(3, 0.5)) == digest(code_at(40, 0.5))
+    assert digest(code_at(3, 0.5)) != digest(code_at(3, 4.0))
+
+
+def test_the_hook_dicts_are_named_in_one_place() -> None:
+    """Both tracers' hook records and checks read the hook dicts' names from one place
+    (``_compat.prelude.MODULE_HOOK_DICTS`` / ``GLOBAL_HOOK_DICTS``, bound in every
+    artifact's prelude): no other module lists them again, so make_fx and Dynamo cannot
+    drift on which hooks count."""
+    from precompile._compat import prelude
+
+    names = set(prelude.MODULE_HOOK_DICTS) | set(prelude.GLOBAL_HOOK_DICTS)
+    root = Path(precompile.__file__).parent
+    listed = []
+    for path in sorted(root.rglob("*.py")):
+        if path == Path(prelude.__file__):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                spelled = [
+                    e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in names
+                ]
+                if len(spelled) >= 2:
+                    listed.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert listed == [], listed
+    assert prelude.GLOBAL_MODULE_HOOK_NAMES[:4] == prelude.GLOBAL_HOOK_DICTS
+    namespace: dict[str, Any] = {}
+    exec(prelude.ARTIFACT_PRELUDE, namespace)
+    assert namespace["MODULE_HOOK_DICTS"] == prelude.MODULE_HOOK_DICTS
+    assert namespace["GLOBAL_HOOK_DICTS"] == prelude.GLOBAL_HOOK_DICTS
+
+
+def test_the_prelude_binds_each_name_once_for_artifacts_and_the_capture() -> None:
+    """The names the capture imports from ``_compat.prelude`` to run runtime code in
+    process are the very objects the artifact's prelude text binds: one binding each."""
+    from precompile._compat import prelude
+
+    namespace: dict[str, Any] = {}
+    exec(prelude.ARTIFACT_PRELUDE, namespace)
+    shared = [
+        name
+        for name in namespace
+        if not name.startswith("_") and name in vars(prelude) and name != "torch"
+    ]
+    assert {"dispatch_mode_depth", "disable_dispatch_modes", "MODULE_HOOK_DICTS"} <= set(shared)
+    for name in shared:
+        ours, theirs = getattr(prelude, name), namespace[name]
+        assert ours is theirs or ours == theirs, name

@@ -154,3 +154,69 @@ def test_a_forward_set_on_the_instance_is_refused_in_words(
     assert f"del {where}.forward" in message, message
     for raw in ("___dict_contains", "__dict__)", "L["):
         assert raw not in message, message
+
+
+TRACED_ELSEWHERE = """
+import os
+
+import torch
+
+if os.environ.get("PRECOMPILE_TEST_BREAK_IMPORT"):
+    raise ImportError("broken on purpose")
+
+
+def double(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+"""
+
+
+def test_a_traced_module_not_importable_is_refused_in_one_set_of_words(tmp_path: Path) -> None:
+    """Both tracers reach the user's modules through one import-or-refuse
+    (``runtime.refusal.import_user_module``): a module the trace went through that does
+    not import where the artifact is served is refused naming it, in the same words."""
+    import importlib
+    import sys
+
+    (tmp_path / "traced_elsewhere.py").write_text(TRACED_ELSEWHERE)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        fn = importlib.import_module("traced_elsewhere").double
+        tracers = {"make_fx": precompile.MakeFxTracer(), "dynamo": precompile.DynamoTracer()}
+        pairs = {}
+        for name, tracer in tracers.items():
+            pairs[name] = str(tmp_path / f"{name}.py"), str(tmp_path / f"{name}.cache")
+            with precompile.capture(
+                fn, artifact_path=pairs[name][0], cache_path=pairs[name][1], tracer=tracer
+            ) as cap:
+                cap(torch.ones(3))
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("traced_elsewhere", None)
+    code = """
+import sys, torch, precompile
+sys.path.insert(0, {directory!r})
+try:
+    precompile.load({artifact!r}, {cache!r})(torch.ones(3))
+    print("SERVED")
+except precompile.PrecompileError as error:
+    print("REFUSED", error)
+"""
+    results = together(
+        *(
+            lambda pair=pair: run_python(
+                code.format(directory=str(tmp_path), artifact=pair[0], cache=pair[1]),
+                PRECOMPILE_TEST_BREAK_IMPORT="1",
+            )
+            for pair in pairs.values()
+        )
+    )
+    said = {}
+    for name, proc in zip(pairs, results):
+        assert proc.returncode == 0, proc.stderr
+        said[name] = proc.stdout.split("REFUSED ", 1)[-1].strip()
+        assert proc.stdout.startswith("REFUSED"), (name, proc.stdout)
+    assert said["make_fx"] == said["dynamo"], said
+    assert (
+        "traced through module 'traced_elsewhere', which is not importable here "
+        "(ImportError: broken on purpose)" in said["make_fx"]
+    ), said

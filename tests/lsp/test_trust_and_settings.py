@@ -94,7 +94,10 @@ async def test_settings_apply_without_a_restart(session: Session) -> None:
     await session.until(
         lambda: pc101_severities(session) == [types.DiagnosticSeverity.Warning], "PC101 back"
     )
-    assert any("precompile.timeout must be a positive number" in w for w in warnings(session))
+    assert any(
+        "the editor setting precompile.timeout must be a finite positive number" in w
+        for w in warnings(session)
+    )
     assert (await lens_titles(session, SERVING))[1:3] == ["Emit", "Verify"]
 
     # Disabled: everything is cleared and saves capture nothing; enabled again: rechecked.

@@ -115,6 +115,57 @@ def test_an_unknown_key_is_a_warning_naming_it(tmp_path: Path) -> None:
     assert config.backend == "eager"  # the rest applies
 
 
+#: Values the editor and [tool.precompile] both set, each bad in one way: (the key in
+#: pyproject.toml, its editor name, the value, what the one message says).
+BAD_SHARED_VALUES = [
+    ("timeout", "timeout", -1, "must be a finite positive number of seconds"),
+    ("timeout", "timeout", math.nan, "must be a finite positive number of seconds"),
+    ("timeout", "timeout", True, "must be a finite positive number of seconds"),
+    ("severity", "severity", "error", "must be a table"),
+    ("severity", "severity", {"E501": "error"}, "keys are finding codes like PC101"),
+    ("severity", "severity", {"PC101": "loud"}, ".PC101 must be one of error, warning"),
+    ("docs-url", "docsUrl", "docs/diag.md", "must be the http(s) URL"),
+    ("docs-url", "docsUrl", 3, "must be the http(s) URL"),
+    ("serving-logs", "servingLogs", 3, "must be a string or a list of strings"),
+    ("serving-logs", "servingLogs", ["logs/*.jsonl", ""], "not empty strings"),
+]
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    return json.dumps(value)  # true, numbers, strings and lists are written alike
+
+
+@pytest.mark.parametrize(("key", "editor", "value", "said"), BAD_SHARED_VALUES)
+def test_editor_settings_and_the_table_refuse_alike(
+    tmp_path: Path, key: str, editor: str, value: object, said: str
+) -> None:
+    """One set of rules (``config.VALUE_RULES``): a value the editor sends is refused by
+    the server's settings exactly as ``load_config`` refuses it as an override, and the
+    same value in pyproject.toml is refused for the same reason."""
+    from precompile_lsp.settings import Settings, parse_settings
+
+    root = workspace(tmp_path, "")
+    with pytest.raises(ConfigError) as info:
+        load_config(root, {key: value})
+    kept, errors = parse_settings({editor: value})
+    assert errors == [str(info.value)]
+    assert kept == Settings()
+    assert str(info.value).startswith(
+        f"the editor setting precompile.{editor}{' ' if said[0] != '.' else ''}"
+    )
+    assert said in str(info.value) and "(from the editor)" in str(info.value)
+    in_table = tmp_path / "table"
+    in_table.mkdir()
+    (in_table / "pyproject.toml").write_text(f"[tool.precompile]\n{key} = {_toml(value)}\n")
+    with pytest.raises(ConfigError) as table_info:
+        load_config(in_table)
+    assert said in str(table_info.value) and f"[tool.precompile] {key}" in str(table_info.value)
+
+
 def test_editor_overrides_are_named_as_editor_settings(tmp_path: Path) -> None:
     root = workspace(tmp_path, "")
     with pytest.raises(ConfigError, match=r"the editor setting precompile.timeout"):

@@ -191,8 +191,8 @@ def test_serving_logs_may_not_lead_out_of_the_workspace(tmp_path: Path) -> None:
     assert not config.is_serving_log(root / "src" / "shop" / "rank.py")
     settings, errors = parse_settings({"servingLogs": ["prod/*.jsonl"]})
     assert not errors and settings.engine_overrides()["serving-logs"] == ["prod/*.jsonl"]
-    _, errors = parse_settings({"servingLogs": "prod"})
-    assert "precompile.servingLogs must be a list of globs" in errors[0]
+    _, errors = parse_settings({"servingLogs": ["prod/*.jsonl", " "]})
+    assert "precompile.servingLogs must be globs of log files, not empty strings" in errors[0]
 
 
 def test_an_untrusted_workspace_reads_no_logs_outside_itself(served: Path, tmp_path: Path) -> None:

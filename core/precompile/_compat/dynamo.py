@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from precompile._compat.patching import patched
-from precompile.runtime.guard_text import guard_failure_text, user_path
+from precompile.runtime.guard_text import user_path
 
 #: Guard types whose checks compare object identities: they cannot survive a process.
 UNSERIALIZABLE_GUARD_TYPES = frozenset(
@@ -527,25 +527,17 @@ def builtins_key_of(guards_state: bytes) -> str | None:
     return load_guards_state(guards_state).output_graph.name_of_builtins_dict_key_in_fglobals
 
 
-def check_variants(
-    variants: list[tuple[bytes, Any]],
-    code: types.CodeType,
-    scope: dict[str, Any],
-    f_locals: dict[str, Any],
-) -> dict[str, Any]:
-    """Evaluate each variant's serialized guards against ``f_locals``: which would serve,
-    and the first failing guard of each that would not."""
+def variant_guard_managers(
+    variants: list[tuple[bytes, Any]], code: types.CodeType, scope: dict[str, Any]
+) -> list[Any]:
+    """Each variant's serialized guards rebuilt as the guard manager an artifact checks
+    (``runtime.multigraph.variant_coverage`` chooses among them, as the artifact does)."""
     from torch._dynamo.package import load_guard_manager, load_guards_state
 
-    failures: list[dict[str, Any]] = []
-    for i, (guards_state, _code) in enumerate(variants):
-        manager = load_guard_manager(load_guards_state(guards_state), code, scope)
-        if manager.check(f_locals) or manager.check(f_locals):
-            return {"served_by": i, "failures": failures}
-        parts = list(getattr(manager.check_verbose(f_locals), "verbose_code_parts", None) or [])
-        shown = guard_failure_text(str(parts[0]), f_locals) if parts else "a guard failed"
-        failures.append({"variant": i, "guard": shown})
-    return {"served_by": None, "failures": failures}
+    return [
+        load_guard_manager(load_guards_state(guards_state), code, scope)
+        for guards_state, _code in variants
+    ]
 
 
 def global_state() -> dict[str, Any]:

@@ -8,10 +8,25 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils import _python_dispatch
+
+#: The hook dicts of an ``nn.Module`` whose entries change what its call computes, in the
+#: order torch runs them; and torch's global ones. The one spelling of these names: both
+#: tracers' records and checks read them from here (the capture) or from the prelude
+#: every artifact carries (the runtime, through ``ARTIFACT_PRELUDE``).
+MODULE_HOOK_DICTS = (
+    "_forward_pre_hooks",
+    "_forward_hooks",
+    "_backward_pre_hooks",
+    "_backward_hooks",
+)
+GLOBAL_HOOK_DICTS = tuple("_global" + name for name in MODULE_HOOK_DICTS)
 
 #: The import prelude of every emitted artifact: the names the driver reads, bound from
 #: torch under short aliases. Private names appear here as text only.
-ARTIFACT_PRELUDE = """\
+ARTIFACT_PRELUDE = f"""\
+MODULE_HOOK_DICTS = {MODULE_HOOK_DICTS!r}
+GLOBAL_HOOK_DICTS = {GLOBAL_HOOK_DICTS!r}
 import torch as _torch
 import torch.utils._pytree as _pytree
 import torch.utils._python_dispatch as _python_dispatch
@@ -101,6 +116,9 @@ dispatch_mode_depth = torch._C._len_torch_dispatch_stack
 dispatch_mode_at = torch._C._get_dispatch_stack_at
 
 
+disable_dispatch_modes = _python_dispatch._disable_current_modes
+
+
 #: What ``autograd_serving.bind_autograd`` needs besides ARTIFACT_PRELUDE: view replay
 #: (AOTAutograd turns it on around its forward) and the frame strategy that keeps
 #: Dynamo from compiling the runtime's own frames.
@@ -151,10 +169,7 @@ def _kernel(op):
 #: The names of torch's global module hook dicts, in the order
 #: ``precompile.runtime.state_checks.global_hooks_fingerprint`` reads them.
 GLOBAL_MODULE_HOOK_NAMES = (
-    "_global_forward_pre_hooks",
-    "_global_forward_hooks",
-    "_global_backward_pre_hooks",
-    "_global_backward_hooks",
+    *GLOBAL_HOOK_DICTS,
     "_global_forward_hooks_with_kwargs",
     "_global_forward_hooks_always_called",
 )

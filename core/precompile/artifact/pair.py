@@ -14,6 +14,7 @@ product's own file of the same kind) before ``atomic_write_files`` touches anyth
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import secrets
 import shutil
@@ -264,3 +265,29 @@ def _target_of(error: OSError, temps: list[tuple[str, str]], current: str) -> st
                 return path
         return os.fspath(name)
     return current
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str | None:
+    """The sha256 of a file's bytes, None where it cannot be read: how a source record,
+    an artifact's code hash and a job's imported files are hashed, by capture, engine
+    and worker alike."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def artifact_relative(path: str | None, artifact_path: str) -> str | None:
+    """``path`` as an artifact records it: relative to the artifact's directory, with
+    ``/``, so the record is the same on every machine that checks out the repository
+    (absolute where no relative path exists, another drive on Windows). A load resolves
+    it back against where the artifact is then (``single_graph_checks.recorded_path``)."""
+    if not path:
+        return None
+    base = os.path.dirname(os.path.abspath(artifact_path))
+    try:
+        shown = os.path.relpath(os.path.abspath(path), base)
+    except ValueError:
+        shown = os.path.abspath(path)
+    return shown.replace(os.sep, "/")

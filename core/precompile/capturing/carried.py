@@ -53,8 +53,9 @@ class Carried:
     parts: tuple[Any, ...]
 
 
-#: Every artifact raises through these (``runtime.refusal``).
-_REFUSAL = (refusal.PrecompileError, refusal.refuse)
+#: Every artifact raises through these and reaches the user's modules through the one
+#: import-or-refuse (``runtime.refusal``).
+_REFUSAL = (refusal.PrecompileError, refusal.refuse, refusal.import_user_module)
 
 
 class SingleGraph:

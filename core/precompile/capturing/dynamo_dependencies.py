@@ -62,17 +62,18 @@ from typing import Any
 import torch
 
 from precompile._compat import dynamo
+from precompile._compat.prelude import MODULE_HOOK_DICTS
+from precompile.capturing.bytecode_names import global_loads
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file
 from precompile.runtime.guard_text import frame_label, user_path
 from precompile.runtime.multigraph_dependencies import (
     builtin_key,
     class_attrs,
-    code_identity,
     global_hook_snapshot,
     hook_snapshot,
 )
-from precompile.runtime.state_checks import literal_fingerprint
+from precompile.runtime.state_checks import code_fingerprint, literal_fingerprint
 
 #: Dynamo names a guard's access path from its root: a frame local by its name
 #: (``model._modules['fc']``), a global as ``G['name']``.
@@ -114,8 +115,6 @@ def _location(value: Any) -> str:
     return f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
 
 
-#: Hook dicts: the functions in them are checked by name (``MODULE_HOOKS``).
-_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 #: Where a builtin whose ``__qualname__`` does not resolve (``torch.relu`` is
 #: ``_VariableFunctionsClass.relu``) is looked up by its ``__name__``.
 _BUILTIN_HOMES = (
@@ -513,7 +512,7 @@ class DependencyRecorder:
         if not getattr(e, "has_value", False):
             return
         match = _ROOT.match(e.name)
-        if match is None or not match.group("local") or any(h in e.name for h in _HOOK_DICTS):
+        if match is None or not match.group("local") or any(h in e.name for h in MODULE_HOOK_DICTS):
             return
         value = e.value
         sentinel = e.guard_type == "TYPE_MATCH" and type(value) is object
@@ -773,7 +772,7 @@ class DependencyRecorder:
                 "kind": "code",
                 "module": value.__module__,
                 "qualname": value.__code__.co_qualname,
-                "code": code_identity(value.__code__),
+                "code": code_fingerprint(value.__code__),
             }
         named = _import_name(value)
         if named is not None:
@@ -801,7 +800,7 @@ class DependencyRecorder:
                 "kind": "code",
                 "module": value.__module__,
                 "qualname": value.__code__.co_qualname,
-                "code": code_identity(value.__code__),
+                "code": code_fingerprint(value.__code__),
             }
         return None
 
@@ -1050,10 +1049,7 @@ def builtin_reads(codes: list[types.CodeType]) -> list[dict[str, Any]]:
         scope = vars(module)
         held = scope.get("__builtins__", builtins)
         table = held if isinstance(held, dict) else vars(held)
-        for ins in dis.get_instructions(code):
-            if ins.opname != "LOAD_GLOBAL":
-                continue
-            loaded = str(ins.argval)
+        for loaded in global_loads(code):
             if loaded in scope or loaded not in table:
                 continue
             by_module.setdefault(name, {})[loaded] = builtin_key(table[loaded])

@@ -37,7 +37,7 @@ from precompile.locations import (
     is_user_file,
     traceback_user_stack,
 )
-from precompile.runtime import state_checks
+from precompile.runtime import multigraph, state_checks
 from precompile.tracers import DynamoTracer
 
 
@@ -864,12 +864,10 @@ class DynamoSession:
         entry = self.frames()[0]
         bound = inspect.signature(self.fn).bind(*args, **kwargs)
         bound.apply_defaults()
-        return dynamo.check_variants(
-            entry.variants,
-            self.fn.__code__,
-            vars(sys.modules[self.fn.__module__]),
-            dict(bound.arguments),
+        managers = dynamo.variant_guard_managers(
+            entry.variants, self.fn.__code__, vars(sys.modules[self.fn.__module__])
         )
+        return multigraph.variant_coverage(managers, dict(bound.arguments))
 
     def inductor_artifacts(self, backend_ids: list[str]) -> dict[str, bytes]:
         artifacts = {}

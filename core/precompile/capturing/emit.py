@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import inspect
-import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -21,6 +19,7 @@ import torch
 from precompile._compat import tracing
 from precompile._compat.prelude import ARTIFACT_PRELUDE, SINGLE_GRAPH_STATE_PRELUDE
 from precompile.artifact.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
+from precompile.artifact.pair import artifact_relative, file_sha256
 from precompile.artifact.schema import SingleGraphMetadata
 from precompile.capturing import carried, graph_layouts
 from precompile.capturing.carried import Carried
@@ -94,28 +93,16 @@ def artifact_header(fn_info: dict[str, Any], tracer: str, backend: str) -> str:
     )
 
 
-def file_sha256(path: str) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
-    except OSError:
-        return None
-
-
 def source_records(files: Iterable[str], artifact_path: str) -> list[dict[str, str]]:
     """Each traced user file with its hash, relative to the artifact's directory so the
     record is the same on every machine that checks out the repository."""
-    base = os.path.dirname(os.path.abspath(artifact_path))
     records = []
     for path in sorted(set(files)):
         digest = file_sha256(path)
-        if digest is None:
+        shown = artifact_relative(path, artifact_path)
+        if digest is None or shown is None:
             continue
-        try:
-            shown = os.path.relpath(os.path.abspath(path), base)
-        except ValueError:
-            shown = os.path.abspath(path)
-        records.append({"path": shown.replace(os.sep, "/"), "sha256": digest})
+        records.append({"path": shown, "sha256": digest})
     return records
 
 
@@ -142,17 +129,6 @@ def _source_of(runtime: Any) -> str:
         elif emitted and line != "from __future__ import annotations":
             kept.append(line)
     return "\n".join(kept).strip()
-
-
-def _relative(path: str | None, artifact_path: str) -> str | None:
-    if not path:
-        return None
-    base = os.path.dirname(os.path.abspath(artifact_path))
-    try:
-        shown = os.path.relpath(os.path.abspath(path), base)
-    except ValueError:
-        shown = os.path.abspath(path)
-    return shown.replace(os.sep, "/")
 
 
 def _output_detach(graph: SingleGraph, lowered: LoweredGraph) -> list[int]:
@@ -197,7 +173,7 @@ def _grad_site(site: str, artifact_path: str) -> str:
     """``read at FILE:LINE`` with FILE relative to the artifact (emits stay portable)."""
     what, _, place = site.partition(" at ")
     file, _, line = place.rpartition(":")
-    return f"{what} at {_relative(file, artifact_path)}:{line}"
+    return f"{what} at {artifact_relative(file, artifact_path)}:{line}"
 
 
 def single_graph_metadata(
@@ -315,7 +291,7 @@ def single_graph_metadata(
         "GLOBAL_READS": [
             {
                 "module": read.module,
-                "path": _relative(read.file, artifact_path),
+                "path": artifact_relative(read.file, artifact_path),
                 "values": list(read.values.items()),
             }
             for read in deps.globals
@@ -328,7 +304,7 @@ def single_graph_metadata(
         ],
         "ENTRY": None
         if deps.entry is None
-        else {**deps.entry, "file": _relative(deps.entry["file"], artifact_path)},
+        else {**deps.entry, "file": artifact_relative(deps.entry["file"], artifact_path)},
         "GRAD_ACCESS": [_grad_site(site, artifact_path) for site in graph.grad_access],
         "GRAPH_OPS": graph.op_count(),
         "TORCH_VERSION": str(torch.__version__),

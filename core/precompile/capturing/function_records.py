@@ -9,10 +9,10 @@ so a change to another function in the same file is not a change to this one.
 from __future__ import annotations
 
 import inspect
-import os
 import types
 from typing import Any
 
+from precompile.artifact.pair import artifact_relative
 from precompile.locations import is_project_file
 from precompile.runtime.source_digest import function_source, source_digest
 
@@ -31,7 +31,6 @@ def _module_text(code: types.CodeType) -> tuple[str | None, str | None]:
 def function_records(codes: list[types.CodeType], artifact_path: str) -> list[dict[str, Any]]:
     """One record per distinct project function among ``codes`` (torch is pinned by its
     version check; installed libraries change by version, not by edit)."""
-    base = os.path.dirname(os.path.abspath(artifact_path))
     records: dict[tuple[str, str], dict[str, Any]] = {}
     for code in codes:
         if not is_project_file(code.co_filename):
@@ -44,14 +43,10 @@ def function_records(codes: list[types.CodeType], artifact_path: str) -> list[di
         source = None if text is None else function_source(text, qualname, code.co_firstlineno)
         if module is None or source is None:
             continue
-        try:
-            shown = os.path.relpath(os.path.abspath(code.co_filename), base)
-        except ValueError:
-            shown = os.path.abspath(code.co_filename)
         records[key] = {
             "module": module,
             "function": qualname,
-            "path": shown.replace(os.sep, "/"),
+            "path": artifact_relative(code.co_filename, artifact_path),
             "line": code.co_firstlineno,
             "sha256": source_digest(source),
             # The whole module's: while it is unchanged, no function in it changed, and a

@@ -21,7 +21,6 @@ import _collections_abc
 import builtins
 import contextlib
 import dataclasses
-import dis
 import os
 import random
 import sys
@@ -34,6 +33,7 @@ import torch
 from precompile._compat import patching, tracing
 from precompile._compat.prelude import global_module_hooks
 from precompile.capturing import fx_process_state, library_surface
+from precompile.capturing.bytecode_names import builtin_loads, global_loads, global_names
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file, is_user_file
 from precompile.runtime import state_checks
@@ -331,14 +331,6 @@ def read_names(log: CallLog) -> frozenset[str]:
     return frozenset(names)
 
 
-def _global_loads(code: types.CodeType) -> list[str]:
-    return list(
-        dict.fromkeys(
-            str(ins.argval) for ins in dis.get_instructions(code) if ins.opname == "LOAD_GLOBAL"
-        )
-    )
-
-
 #: torch's Python code that eager runs inside a model's forward as the trace does: its
 #: module library (``torch.nn``: containers, functional) and Tensor's Python methods.
 _TORCH_DIR = os.path.dirname(torch.__file__)  # as code objects name their files
@@ -364,38 +356,8 @@ def _library_builtin_loads(log: CallLog) -> list[str]:
     for code in log.codes:
         if not code.co_filename.startswith(_EAGER_LIBRARY):
             continue
-        found = _builtin_loads_cache.get(code)
-        if found is None:
-            found = _builtin_loads_cache[code] = _builtin_loads(code)
-        names.update(dict.fromkeys(found))
+        names.update(dict.fromkeys(builtin_loads(code)))
     return sorted(names)
-
-
-#: Library code objects (which live as long as their modules) -> the builtins' names
-#: they load: a worker captures many times over the same library code.
-_builtin_loads_cache: dict[types.CodeType, tuple[str, ...]] = {}
-_LOAD_GLOBAL = dis.opmap["LOAD_GLOBAL"]
-
-
-def _builtin_loads(code: types.CodeType) -> tuple[str, ...]:
-    """The builtins' (non-dunder) names ``code`` loads as globals, by a scan of its raw
-    bytecode (``dis.get_instructions`` over all of torch's traced code costs a fifth of
-    a second); only a code that names a builtin at all is scanned."""
-    table = vars(builtins)
-    names = code.co_names
-    if not any(n in table and not n.startswith("__") for n in names):
-        return ()
-    raw = code.co_code
-    found: dict[str, None] = {}
-    extended = 0
-    for i in range(0, len(raw), 2):
-        op, arg = raw[i], raw[i + 1] | extended
-        extended = arg << 8 if op == dis.EXTENDED_ARG else 0
-        if op == _LOAD_GLOBAL:
-            name = names[arg >> 1]  # LOAD_GLOBAL's argument: the name index, shifted
-            if name in table and not name.startswith("__"):
-                found[name] = None
-    return tuple(found)
 
 
 @dataclasses.dataclass
@@ -525,7 +487,7 @@ def _global_values(
         read = by_module.setdefault(module, GlobalRead(module, scope.get("__file__"), {}))
         held = scope.get("__builtins__", builtins)
         table = held if isinstance(held, dict) else vars(held)
-        for name in _global_loads(code):
+        for name in global_loads(code):
             if name not in scope:
                 if name in table:
                     # Resolved through the builtins, whose result the graph baked
@@ -614,7 +576,7 @@ class Snapshot:
             if scope is None or recorded is None:
                 continue
             module, before = recorded
-            for name in _global_names(code):
+            for name in global_names(code):
                 where = f"global {name} of module {module}"
                 if where in changes or (name not in before and name not in scope):
                     continue
@@ -671,14 +633,6 @@ def _contents(value: Any, depth: int) -> Any:
     if isinstance(attrs, dict) and not isinstance(value, torch.nn.Module):
         return (id(value), _contents(attrs, depth - 1))
     return id(value)
-
-
-def _global_names(code: types.CodeType) -> list[str]:
-    """The globals ``code`` reads, rebinds or deletes."""
-    ops = ("LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL")
-    return list(
-        dict.fromkeys(str(ins.argval) for ins in dis.get_instructions(code) if ins.opname in ops)
-    )
 
 
 class ArgumentWatch:

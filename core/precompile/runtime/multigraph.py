@@ -25,6 +25,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
+# >>> not emitted: the capture reports which variant serves (``variant_coverage``) with
+# the code the artifact runs; an artifact's prelude binds these and it carries guard_text
+from precompile._compat.prelude import disable_dispatch_modes, dispatch_mode_depth
+from precompile.runtime.guard_text import guard_failure_text
+
+# <<< not emitted
+
 if TYPE_CHECKING:
     import torch as _torch
 
@@ -50,6 +57,8 @@ if TYPE_CHECKING:
 
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
+    def import_user_module(name: str) -> Any: ...
+
     def warn_inference_grad(what: str, more_fixes: str = "") -> None: ...
 
     def dynamo_serving_runtime() -> Any: ...
@@ -59,8 +68,6 @@ if TYPE_CHECKING:
     def disown_cleanup_hooks(scope: dict[str, Any], name: str) -> None: ...
 
     GUARD_RUNTIME: dict[str, Any] = {}
-
-    def guard_failure_text(raw: str, f_locals: dict[str, Any] | None = None) -> str: ...
 
     def frame_label(name: str, line: int = 0) -> str: ...
 
@@ -81,10 +88,6 @@ if TYPE_CHECKING:
     def _ordinary_dispatch() -> Any: ...
 
     function_mode_depth: Callable[[], int] = int
-    dispatch_mode_depth: Callable[[], int] = int
-
-    def disable_dispatch_modes() -> Any: ...
-
     AMBIENT_MODES: list[str] = []
     MODES_SEE_OPS: bool = False
 
@@ -147,25 +150,6 @@ def check_versions() -> None:
             f"load on torch {torch.__version__}: it carries pickled Dynamo guard state, "
             f"which only the torch build that wrote it can read. Capture it again with "
             f"this torch"
-        )
-
-
-def import_user_module(name: str) -> Any:
-    import importlib
-
-    if name == "__main__":
-        refuse(
-            "precompile: this artifact was captured from a function defined in a script's "
-            "__main__ module, which no other process can import. Capture a function defined "
-            "in an importable module"
-        )
-    try:
-        return importlib.import_module(name)
-    except ImportError as error:
-        refuse(
-            f"precompile: this artifact serves code from module {name!r}, which is not "
-            f"importable here ({error}). Make it importable (sys.path, installed packages) "
-            f"or capture again in this environment"
         )
 
 

@@ -20,6 +20,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NoReturn
 
+# >>> not emitted: Dynamo artifacts carry state_checks.code_fingerprint among their functions
+from precompile.runtime.state_checks import code_fingerprint
+
+# <<< not emitted
+
 if TYPE_CHECKING:
     ARG_IDENTITIES: list[dict[str, Any]] = []
     ARG_RELATIONS: list[dict[str, Any]] = []
@@ -30,9 +35,6 @@ if TYPE_CHECKING:
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
     def import_user_module(name: str) -> Any: ...
-
-    # precompile.runtime.multigraph_dependencies, emitted with this module.
-    def code_identity(code: Any) -> str: ...
 
 
 def _binding_source(signature: Any, missing: Any) -> tuple[list[str], dict[str, Any]]:
@@ -293,7 +295,7 @@ def _identity_rows(missing: Any) -> tuple[list[str], list[Any], Any]:
             return (
                 getattr(value, "__module__", None),
                 getattr(code, "co_qualname", None),
-                code is not None and code_identity(code),
+                code is not None and code_fingerprint(code),
             ) == (row["module"], row["qualname"], row["code"])
         target = resolve(row)
         return target is not missing and value is target

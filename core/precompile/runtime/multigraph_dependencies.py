@@ -23,9 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
-# >>> not emitted: Dynamo artifacts carry state_checks.watches_only and
-# state_checks.code_fingerprint among their functions
-from precompile.runtime.state_checks import code_fingerprint, watches_only
+# >>> not emitted: Dynamo artifacts carry these functions of state_checks among their own,
+# and their prelude binds the hook dicts' names
+from precompile._compat.prelude import GLOBAL_HOOK_DICTS, MODULE_HOOK_DICTS
+from precompile.runtime.state_checks import watches_only
 
 # <<< not emitted
 
@@ -83,12 +84,7 @@ def hook_snapshot(root: Any) -> dict[str, dict[str, list[str]]]:
     (the forward, forward-pre, backward and backward-pre hooks of every submodule)."""
     found: dict[str, dict[str, list[str]]] = {}
     for path, module in root.named_modules():
-        for attr in (
-            "_forward_pre_hooks",
-            "_forward_hooks",
-            "_backward_pre_hooks",
-            "_backward_hooks",
-        ):
+        for attr in MODULE_HOOK_DICTS:
             hooks = getattr(module, attr, None)
             if hooks:
                 found.setdefault(path, {})[attr] = [hook_name(h) for h in hooks.values()]
@@ -100,27 +96,13 @@ def global_hook_snapshot() -> dict[str, list[str]]:
     from torch.nn.modules import module as nn_module
 
     found = {}
-    for attr in (
-        "_global_forward_pre_hooks",
-        "_global_forward_hooks",
-        "_global_backward_pre_hooks",
-        "_global_backward_hooks",
-    ):
+    for attr in GLOBAL_HOOK_DICTS:
         hooks = getattr(nn_module, attr, None)
         # torch's module trackers' hooks only watch (state_checks.watches_only).
         names = [hook_name(h) for h in (hooks or {}).values() if not watches_only(h)]
         if names:
             found[attr] = names
     return found
-
-
-def code_identity(code: Any) -> str:
-    """What tells two functions of one qualname apart (two lambdas of one scope, two
-    ``def act`` in the branches of a factory): where the code starts and the one digest
-    of what code does (``state_checks.code_fingerprint``, which make_fx's checks use too:
-    the same in every process, a frozenset constant's order included). Computed alike at
-    capture and when serving."""
-    return f"{code.co_firstlineno}:{code_fingerprint(code)[:16]}"
 
 
 def builtin_name(value: Any) -> str:
@@ -273,12 +255,7 @@ def _build_global_hook_check() -> Callable[[], None]:
     of the non-empty ones; only a change compares the hooks by name."""
     from torch.nn.modules import module as nn_module
 
-    global_attrs = (
-        "_global_forward_pre_hooks",
-        "_global_forward_hooks",
-        "_global_backward_pre_hooks",
-        "_global_backward_hooks",
-    )
+    global_attrs = GLOBAL_HOOK_DICTS
     captured_global = MODULE_HOOKS.get("global") or {}
     # torch reads the global hook dicts as globals of its module: one replaced there
     # (a store into that module's dict) is fetched again. Non-empty ones are compared by
@@ -328,7 +305,7 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
 
     module_type = nn_module.Module
     instance_dict = operator.attrgetter("__dict__")  # vars(), a third cheaper per call
-    attrs = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+    attrs = MODULE_HOOK_DICTS
     # (root, id(module)) -> (weakref to the module, its hook and _modules dicts, their
     # version tags when last found as captured): one module may stand for two roots.
     # Then the (path, submodule) pairs, their instance dicts and those dicts' version

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
+    def import_user_module(name: str) -> Any: ...
+
     def changed_functions(records: Any, module_text: Any) -> Any: ...
 
     def changed_function_message(record: dict[str, Any], gone: bool, consequence: str) -> str: ...
@@ -75,7 +77,6 @@ def recorded_path(path: str | None) -> str | None:
 def live_module(name: str, path: str | None) -> Any:
     """The module a record names, as this process runs it (imported if it is not yet);
     None for a ``__main__`` that is another script than the one captured from."""
-    import importlib
     import os
     import sys
 
@@ -86,18 +87,7 @@ def live_module(name: str, path: str | None) -> Any:
         if file and recorded and os.path.realpath(file) == os.path.realpath(recorded):
             return main
         return None
-    module = sys.modules.get(name)
-    if module is not None:
-        return module
-    try:
-        return importlib.import_module(name)
-    except Exception as error:
-        refuse(
-            f"precompile: this artifact was traced through module {name!r}, which is not "
-            f"importable here ({type(error).__name__}: {error}), so its code and globals "
-            f"cannot be checked. Make it importable, or capture again in this environment",
-            3,
-        )
+    return import_user_module(name)
 
 
 def check_function_sources_once() -> None:

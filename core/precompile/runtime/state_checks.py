@@ -24,6 +24,8 @@ from typing import Any
 
 # >>> not emitted: artifacts carry this module whole, and their prelude binds these names
 from precompile._compat.prelude import (
+    GLOBAL_HOOK_DICTS,
+    MODULE_HOOK_DICTS,
     dispatch_mode_at,
     dispatch_mode_depth,
     dispatch_tls_local_exclude_set,
@@ -153,22 +155,6 @@ def state_getter(module: str, path: str, call: bool) -> Any:
     if call:
         return operator.attrgetter(path)(owner)
     return functools.partial(operator.attrgetter(path), owner)
-
-
-#: Hook dicts of a module whose entries change what its call computes, with the dicts
-#: that carry per-hook flags.
-MODULE_HOOK_DICTS = (
-    "_forward_pre_hooks",
-    "_forward_hooks",
-    "_backward_pre_hooks",
-    "_backward_hooks",
-)
-GLOBAL_HOOK_DICTS = (
-    "_global_forward_pre_hooks",
-    "_global_forward_hooks",
-    "_global_backward_pre_hooks",
-    "_global_backward_hooks",
-)
 
 
 def new_context(names: Any, training: bool = True) -> dict[str, Any]:
@@ -514,13 +500,10 @@ _MODULE_BOOKKEEPING = frozenset(
         "_parameters",
         "_buffers",
         "_non_persistent_buffers_set",
-        "_backward_pre_hooks",
-        "_backward_hooks",
+        *MODULE_HOOK_DICTS,
         "_is_full_backward_hook",
-        "_forward_hooks",
         "_forward_hooks_with_kwargs",
         "_forward_hooks_always_called",
-        "_forward_pre_hooks",
         "_forward_pre_hooks_with_kwargs",
         "_state_dict_hooks",
         "_state_dict_pre_hooks",

@@ -31,25 +31,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
+# >>> not emitted: both artifact kinds carry state_checks.code_fingerprint, the one code digest
+from precompile.runtime.state_checks import code_fingerprint
+
+# <<< not emitted
+
 if TYPE_CHECKING:
     # Bound by the artifact prelude (precompile._compat.prelude) and its metadata.
     _dict_version: Callable[[dict[str, Any]], int] = len
     LIBRARY_SURFACE: list[dict[str, Any]] = []
 
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
-
-
-def surface_code_digest(code: Any) -> str:
-    """A digest of a function's bytecode and plain constants, the same in every process
-    (a frozenset constant by its sorted items: string hashing differs by process)."""
-    import hashlib
-
-    consts = [
-        sorted(map(repr, c)) if isinstance(c, frozenset) else c
-        for c in code.co_consts
-        if not hasattr(c, "co_code")
-    ]
-    return hashlib.sha256(code.co_code + repr(consts).encode()).hexdigest()[:16]
 
 
 def _torch_wrapper(code: Any) -> bool:
@@ -77,7 +69,7 @@ def surface_key(value: Any) -> list[str]:
         return [
             type(value).__name__,
             f"{getattr(target, '__module__', '?')}.{name}",
-            surface_code_digest(code),
+            code_fingerprint(code),
         ]
     owner = getattr(target, "__objclass__", None)
     if owner is None:

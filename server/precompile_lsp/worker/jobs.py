@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import hashlib
 import importlib
 import importlib.metadata
 import linecache
@@ -35,7 +34,7 @@ import torch
 
 import precompile
 import precompile.targets
-from precompile.artifact.pair import default_cache_path
+from precompile.artifact.pair import default_cache_path, file_sha256
 from precompile.errors import Location, PrecompileError
 from precompile.targets import as_example
 from precompile_lsp import protocol
@@ -50,15 +49,6 @@ from precompile_lsp.protocol import (
     Outcome,
     Stage,
 )
-
-
-def _sha256(path: str) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
-    except OSError:
-        return None
-
 
 #: Where a forked job child reports its stages (a pipe the worker reads), if anywhere.
 STAGE_FD: int | None = None
@@ -270,7 +260,7 @@ def _dependencies(root: str) -> tuple[dict[str, str], dict[str, str]]:
         if not _installed(real) and (
             real.startswith(root_prefix) or not real.startswith(_VERSIONED)
         ):
-            digest = _sha256(real)
+            digest = file_sha256(real)
             if digest:
                 files[real] = digest
         elif _installed(real) and "." not in name:

@@ -1,0 +1,69 @@
+"""The global names a code object loads, rebinds or deletes, read off its bytecode: the one
+scanner both tracers' recorders use (make_fx's global reads and library builtins,
+Dynamo's builtin reads), with one decoding.
+
+The raw instruction stream is decoded here (``co_code``, two bytes an instruction,
+``EXTENDED_ARG`` folded in), not through ``dis.get_instructions``, which builds an object
+per instruction and costs a fifth of a second over the torch code a trace enters. Cache
+entries (opcode ``CACHE``) match no opcode asked for. A code object's nested code
+(comprehensions, lambdas) is its own: callers walk ``co_consts`` where they need it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dis
+import sys
+import types
+from collections.abc import Iterable
+
+_LOAD_GLOBAL = dis.opmap["LOAD_GLOBAL"]
+_STORE_GLOBAL = dis.opmap["STORE_GLOBAL"]
+_DELETE_GLOBAL = dis.opmap["DELETE_GLOBAL"]
+#: From Python 3.11 LOAD_GLOBAL's argument is the name index shifted left by one (the
+#: low bit says whether a NULL is pushed first).
+_LOAD_SHIFT = 1 if sys.version_info >= (3, 11) else 0
+
+
+def _names(code: types.CodeType, ops: Iterable[int]) -> tuple[str, ...]:
+    """The names the instructions ``ops`` of ``code`` take, first use first, once each."""
+    wanted = frozenset(ops)
+    names = code.co_names
+    raw = code.co_code
+    found: dict[str, None] = {}
+    extended = 0
+    for i in range(0, len(raw), 2):
+        op, arg = raw[i], raw[i + 1] | extended
+        extended = arg << 8 if op == dis.EXTENDED_ARG else 0
+        if op in wanted:
+            found[names[arg >> _LOAD_SHIFT if op == _LOAD_GLOBAL else arg]] = None
+    return tuple(found)
+
+
+def global_loads(code: types.CodeType) -> tuple[str, ...]:
+    """The names ``code`` loads as globals (a module global or, absent one, a builtin)."""
+    return _names(code, (_LOAD_GLOBAL,))
+
+
+def global_names(code: types.CodeType) -> tuple[str, ...]:
+    """The globals ``code`` reads, rebinds or deletes."""
+    return _names(code, (_LOAD_GLOBAL, _STORE_GLOBAL, _DELETE_GLOBAL))
+
+
+#: Library code objects (which live as long as their modules) -> the builtins' names
+#: they load: a worker captures many times over the same library code.
+_builtin_loads_cache: dict[types.CodeType, tuple[str, ...]] = {}
+
+
+def builtin_loads(code: types.CodeType) -> tuple[str, ...]:
+    """The builtins' (non-dunder) names ``code`` loads as globals; only a code that names
+    a builtin at all is scanned, and each code once."""
+    found = _builtin_loads_cache.get(code)
+    if found is None:
+        table = vars(builtins)
+        if not any(n in table and not n.startswith("__") for n in code.co_names):
+            found = ()
+        else:
+            found = tuple(n for n in global_loads(code) if n in table and not n.startswith("__"))
+        _builtin_loads_cache[code] = found
+    return found
