@@ -141,9 +141,7 @@ def test_codelens_hover_and_source_actions(launch) -> None:
     # missing-artifact finding clears.
     bench.open_file(SERVE)
     bench.goto(def_line(bench.project, "probability"))
-    bench.command("Source Action...")
-    bench.shot("source-actions")
-    bench.pick("Emit precompile artifact")
+    bench.menu("Source Action...", "Emit precompile artifact", shot="source-actions")
     toast(bench, "Precompile: emitted artifacts/recsys.serve.probability.py", "the emit message")
     bench.show_problems()
     findings(bench, 2)
@@ -152,8 +150,7 @@ def test_codelens_hover_and_source_actions(launch) -> None:
     assert (bench.project / "artifacts" / "recsys.serve.probability.py").is_file()
 
     bench.goto(def_line(bench.project, "probability"))
-    bench.command("Source Action...")
-    bench.pick("Verify artifact")
+    bench.menu("Source Action...", "Verify artifact")
     toast(bench, "Precompile: probability's artifact verified against eager", "the verify message")
     bench.shot("verified")
     assert len(bench.problems() or []) == 2
@@ -251,9 +248,7 @@ def test_stale_artifact_quick_fix(launch) -> None:
 
     bench.open_file(SERVE)
     bench.goto(stale.line, stale.column)
-    bench.command("Quick Fix...")
-    bench.shot("quick-fix")
-    bench.pick("Re-emit precompile artifact")
+    bench.menu("Quick Fix...", "Re-emit precompile artifact", shot="quick-fix")
     toast(bench, "Precompile: emitted artifacts/recsys.serve.probability.py", "the re-emit message")
     after = findings(bench, 2)
     bench.shot("fixed")

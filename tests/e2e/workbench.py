@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from playwright.sync_api import Locator, Page
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 T = TypeVar("T")
 
@@ -248,6 +249,32 @@ class Workbench:
     def show_problems(self) -> None:
         self.command("View: Focus Problems")
         self.page.locator(".markers-panel").first.wait_for()
+
+    def menu(self, command: str, label: str, shot: str | None = None) -> None:
+        """Open an action menu from the palette (``Source Action...``, ``Quick Fix...``)
+        and choose ``label``. A menu that never opens (the palette's Enter lost while the
+        workbench is busy) is opened again, as a person would; a menu that opens without
+        ``label`` fails, naming what it offered."""
+        rows = self.page.locator(".action-widget .monaco-list-row.action")
+        for _ in range(3):
+            self.command(command)
+            try:
+                rows.first.wait_for(timeout=10_000)
+            except PlaywrightTimeout:
+                self.page.keyboard.press("Escape")
+                continue
+            offered = self.wait_for(
+                lambda: [r for r in rows.all_inner_texts() if r.strip()], "the menu's rows", 10
+            )
+            if shot:
+                self.shot(shot)
+            assert any(
+                label in row for row in offered
+            ), f"{command} offered {offered}, not {label!r}"
+            self.pick(label)
+            return
+        self.shot("no-menu")
+        raise AssertionError(f"{command} opened no menu in three tries")
 
     def pick(self, label: str) -> None:
         """Choose an entry of the action menu (Quick Fix, Source Action) by its label."""
