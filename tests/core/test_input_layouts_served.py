@@ -10,9 +10,12 @@ artifact checks what its backend baked, not what the trace touched.
   with one ``LayoutCopyWarning`` per artifact; an input the graph writes in place, or
   that an output views, or one fn branched on the layout of, is refused instead,
   saying why.
-- Dynamo's guards fix each argument's strides (the stride guard is also all that
-  protects a branch its Python took on the layout): another layout is refused naming
-  the stride, and a capture that also saw that layout serves it.
+- Dynamo: a frame whose Python queried no layout drops the stride part of its tensor
+  guards, so the eager backend serves any layout exactly (standalone and installed, an
+  in-place write and an output viewing the input included), and Inductor serves it
+  through one warned copy; Inductor keeps the guard of an input the graph writes or an
+  output views, and any frame that queried a layout (``is_contiguous()``) keeps them
+  all, each refusal naming why.
 - A dict fn reads only by key is served with its keys in another order, or with a key
   fn never reads (both tracers); a missing key, or a read key whose value changes
   shape or dtype, is refused; a dict fn iterates is refused in another order.
@@ -54,12 +57,50 @@ ARTIFACTS: dict[str, tuple[str, str, str, Any, list[str]]] = {
         fx.CASES["x contiguous"],
         ["x contiguous", "x transposed"],
     ),
-    "dynamo eager head": (
-        "head",
+    "dynamo eager head": ("head", "dynamo", "eager", lambda: (fx.image(0),), IMAGES),
+    "dynamo installed head": ("head", "dynamo", "eager", lambda: (fx.image(0),), IMAGES),
+    "dynamo eager mm": ("folded_matmul", "dynamo", "eager", fx.CASES["mm contiguous"], MATRICES),
+    "dynamo eager flattened": (
+        "flattened",
         "dynamo",
         "eager",
-        lambda: (fx.image(0),),
-        ["image contiguous", "image channels_last"],
+        fx.CASES["x contiguous"],
+        ["x contiguous", "x transposed"],
+    ),
+    "dynamo eager in place": (
+        "scaled_in_place",
+        "dynamo",
+        "eager",
+        fx.CASES["x,y contiguous"],
+        ["x,y contiguous", "x,y transposed"],
+    ),
+    "dynamo eager assigned": (
+        "assigned",
+        "dynamo",
+        "eager",
+        fx.CASES["x contiguous"],
+        ["x contiguous", "x transposed"],
+    ),
+    "dynamo eager first row": (
+        "first_row",
+        "dynamo",
+        "eager",
+        fx.CASES["x contiguous"],
+        ["x contiguous", "x transposed"],
+    ),
+    "dynamo eager dim order": (
+        "dim_order_branch",
+        "dynamo",
+        "eager",
+        fx.CASES["x contiguous"],
+        ["x contiguous", "x transposed"],
+    ),
+    "dynamo eager layout branch": (
+        "layout_branch",
+        "dynamo",
+        "eager",
+        fx.CASES["x contiguous"],
+        ["x contiguous", "x transposed"],
     ),
     "fx inductor head": ("head", "fx", "inductor", lambda: (fx.image(0),), IMAGES),
     "fx inductor in place": (
@@ -83,12 +124,34 @@ ARTIFACTS: dict[str, tuple[str, str, str, Any, list[str]]] = {
         fx.CASES["x contiguous"],
         ["x contiguous", "x transposed"],
     ),
-    "dynamo inductor head": (
+    "dynamo inductor head": ("head", "dynamo", "inductor", lambda: (fx.image(0),), IMAGES),
+    "dynamo installed inductor head": (
         "head",
         "dynamo",
         "inductor",
         lambda: (fx.image(0),),
-        ["image contiguous", "image channels_last"],
+        IMAGES,
+    ),
+    "dynamo inductor in place": (
+        "scaled_in_place",
+        "dynamo",
+        "inductor",
+        fx.CASES["x,y contiguous"],
+        ["x,y contiguous", "x,y transposed"],
+    ),
+    "dynamo inductor first row": (
+        "first_row",
+        "dynamo",
+        "inductor",
+        fx.CASES["x contiguous"],
+        ["x contiguous", "x transposed"],
+    ),
+    "dynamo inductor layout branch": (
+        "layout_branch",
+        "dynamo",
+        "inductor",
+        fx.CASES["x contiguous"],
+        ["x contiguous", "x transposed"],
     ),
     "fx by key": ("by_key", "fx", "eager", fx.CASES["dict a,b"], DICTS),
     "dynamo by key": ("by_key", "dynamo", "eager", fx.CASES["dict a,b"], DICTS),
@@ -99,7 +162,10 @@ ARTIFACTS: dict[str, tuple[str, str, str, Any, list[str]]] = {
 
 def _capture(tmp: Path, name: str, fn_name: str, tracer: str, backend: str, args: Any) -> dict:
     fn = getattr(fx, fn_name)
-    model = (fx.conv_head(1),) if fn_name == "head" else ()
+    factory = (
+        ("broken_conv_head" if "installed" in name else "conv_head") if fn_name == "head" else None
+    )
+    model = (getattr(fx, factory)(1),) if factory else ()
     with torch.no_grad():
         paths = capture_pair(
             fn,
@@ -110,7 +176,7 @@ def _capture(tmp: Path, name: str, fn_name: str, tracer: str, backend: str, args
             tracer=precompile.MakeFxTracer() if tracer == "fx" else precompile.DynamoTracer(),
             backend=backend,
         )
-    return {"artifact": paths[0], "cache": paths[1], "fn": fn_name, "model": bool(model)}
+    return {"artifact": paths[0], "cache": paths[1], "fn": fn_name, "model": factory}
 
 
 @pytest.fixture(scope="module")
@@ -179,13 +245,98 @@ def test_inductor_refuses_a_copy_that_would_break_the_promise(served: dict[str, 
     assert "fn reads memory layout (.is_contiguous() at" in branch["x transposed"]["message"]
 
 
-@pytest.mark.parametrize("backend", ["eager", "inductor"])
-def test_dynamo_guards_strides_and_names_them(served: dict[str, Any], backend: str) -> None:
-    cells = served[f"dynamo {backend} head"]
-    assert cells["image contiguous"]["result"] == "exact"
-    assert cells["image channels_last"]["result"] == "refused"
+@pytest.mark.parametrize("serving", ["eager", "installed"])
+def test_dynamo_eager_serves_any_layout_its_python_never_read(
+    served: dict[str, Any], serving: str
+) -> None:
+    # Issue 26 asks for this: these calls were refused by Dynamo's stride guards. The
+    # subgraphs hold torch calls as written (reshape stays reshape) and the Python read
+    # no layout, so the stride part of each tensor guard goes (shape, dtype, device stay).
+    assert _results(served, f"dynamo {serving} head") == dict.fromkeys(IMAGES, "exact")
+    assert served[f"dynamo {serving} head"]["__copy_warning_text__"] is None
+
+
+def test_dynamo_eager_serves_writes_and_views_of_inputs_in_any_layout(
+    served: dict[str, Any],
+) -> None:
+    # The graph runs on the caller's own tensors: an in-place write lands in them and an
+    # output that views an input views the caller's (aliasing compared with eager's).
+    assert _results(served, "dynamo eager mm") == dict.fromkeys(MATRICES, "exact")
+    assert _results(served, "dynamo eager in place") == {
+        "x,y contiguous": "exact",
+        "x,y transposed": "exact",
+    }
+    assert _results(served, "dynamo eager assigned") == {
+        "x contiguous": "exact",
+        "x transposed": "exact",
+    }
+    assert _results(served, "dynamo eager first row") == {
+        "x contiguous": "exact",
+        "x transposed": "exact",
+    }
+    # reshape of a transposed input copies, as eager's does (no view to keep).
+    assert _results(served, "dynamo eager flattened") == {
+        "x contiguous": "exact",
+        "x transposed": "exact",
+    }
+
+
+def test_dynamo_layout_read_keeps_the_stride_guard_and_names_the_read(
+    served: dict[str, Any],
+) -> None:
+    cells = served["dynamo eager layout branch"]
+    assert cells["x contiguous"]["result"] == "exact"
+    assert cells["x transposed"]["result"] == "refused"
+    assert not cells["x transposed"]["covered"]
+    message = cells["x transposed"]["message"]
+    assert "`x` has stride 1 at dim 0; the capture saw 4" in message
+    assert "the traced code reads memory layout (.is_contiguous() at input_layouts.py:" in message
+    # Any tensor method whose answer Dynamo folds into a non-tensor value counts, not a
+    # list of names: dim_order() has no handler of its own in Dynamo.
+    cells = served["dynamo eager dim order"]
+    assert cells["x contiguous"]["result"] == "exact"
+    assert cells["x transposed"]["result"] == "refused"
+    message = cells["x transposed"]["message"]
+    assert "the traced code reads memory layout (.dim_order() at input_layouts.py:" in message
+
+
+@pytest.mark.parametrize("serving", ["inductor", "installed inductor"])
+def test_dynamo_inductor_serves_other_layouts_through_one_warned_copy(
+    served: dict[str, Any], serving: str
+) -> None:
+    # Issue 26: refused by the stride guard until now. Inductor's kernels index by the
+    # captured strides, so the input the graph neither writes nor returns a view of is
+    # copied into the captured layout, with one LayoutCopyWarning per artifact.
+    cells = served[f"dynamo {serving} head"]
+    assert _results(served, f"dynamo {serving} head") == dict.fromkeys(IMAGES, "exact")
+    assert all(cells[case]["covered"] for case in IMAGES)
+    assert cells["image channels_last"]["copy_warnings"] == 1
+    text = cells["__copy_warning_text__"]
+    assert "input `x` has strides (75, 1, 15, 3)" in text
+    assert "compiled for strides (75, 25, 5, 1)" in text
+    assert "costs a copy" in text and "once per artifact" in text
+
+
+def test_dynamo_inductor_refuses_a_copy_that_would_break_the_promise(
+    served: dict[str, Any],
+) -> None:
+    written = served["dynamo inductor in place"]
+    assert written["x,y contiguous"]["result"] == "exact"
+    assert written["x,y transposed"]["result"] == "refused"
+    assert not written["x,y transposed"]["covered"]
+    message = written["x,y transposed"]["message"]
+    assert "`x` has stride 1 at dim 0; the capture saw 4" in message
+    assert "the graph writes it in place, and a copy would take the write" in message
+    viewed = served["dynamo inductor first row"]
+    assert viewed["x contiguous"]["result"] == "exact"
+    assert viewed["x transposed"]["result"] == "refused"
+    assert "an output is it or a view of it" in viewed["x transposed"]["message"]
+    branch = served["dynamo inductor layout branch"]
+    assert branch["x contiguous"]["result"] == "exact"
+    assert branch["x transposed"]["result"] == "refused"
     assert (
-        "`x` has stride 1 at dim 1; the capture saw 25" in cells["image channels_last"]["message"]
+        "the traced code reads memory layout (.is_contiguous() at input_layouts.py:"
+        in branch["x transposed"]["message"]
     )
 
 

@@ -425,6 +425,160 @@ def recording_bypasses(reasons: dict[str, str]) -> Iterator[None]:
         yield
 
 
+#: Tensor methods whose answer Dynamo folds into a constant at trace time and that depends
+#: on where the elements lie (strides, offset, storage): a branch on one is a branch on
+#: the capture's layout. Any other method whose answer is folded into a value that holds
+#: no tensor counts too (Dynamo evaluates an unknown method on the fake tensor and keeps
+#: the answer: ``dim_order()``), unless it is one of ``LAYOUT_FREE_METHODS``.
+LAYOUT_METHODS = frozenset(
+    {
+        "stride",
+        "is_contiguous",
+        "storage_offset",
+        "data_ptr",
+        "const_data_ptr",
+        "untyped_storage",
+        "is_non_overlapping_and_dense",
+        "is_set_to",
+    }
+)
+
+#: Tensor methods answered with a value (not a tensor) that no layout changes: the
+#: shape, the dtype, the device, autograd's bookkeeping, and the protocol methods whose
+#: answer is None or an iterator of tensors (``y[0] = 1``, ``for row in x``). (Element
+#: values, ``item()``, ``tolist()``, are data, not layout.)
+LAYOUT_FREE_METHODS = frozenset(
+    {
+        "size",
+        "dim",
+        "ndimension",
+        "numel",
+        "nelement",
+        "element_size",
+        "is_floating_point",
+        "is_complex",
+        "is_signed",
+        "is_inference",
+        "get_device",
+        "type",
+        "item",
+        "tolist",
+        "__len__",
+        "__bool__",
+        "__int__",
+        "__float__",
+        "__index__",
+        "__contains__",
+        "__complex__",
+        "__setitem__",
+        "__delitem__",
+        "__iter__",
+        "__repr__",
+        "__str__",
+        "__format__",
+        "__hash__",
+        "is_same_size",
+        "backward",
+        "retain_grad",
+        "register_hook",
+        "register_post_accumulate_grad_hook",
+    }
+)
+
+_LAYOUT_READS = "_precompile_layout_reads"
+
+
+def _holds_tensor(value: Any) -> bool:
+    """Whether a traced value is (or holds) a tensor: a result computed in the graph,
+    not an answer folded at trace time."""
+    from torch._dynamo.variables.lists import BaseListVariable
+    from torch._dynamo.variables.tensor import TensorVariable
+    from torch._dynamo.variables.user_defined import UserDefinedTupleVariable
+
+    if isinstance(value, TensorVariable):
+        return True
+    if isinstance(value, UserDefinedTupleVariable):  # torch.return_types, namedtuples
+        value = getattr(value, "_base_vt", None)
+    if isinstance(value, BaseListVariable):
+        return any(_holds_tensor(item) for item in value.items)
+    return False
+
+
+@contextlib.contextmanager
+def relaxing_unread_strides(
+    relax: Callable[[list[str]], dict[Any, str] | None],
+    notes_by_state: dict[bytes, list[list[str | None]]],
+) -> Iterator[None]:
+    """While capturing: record each layout query Dynamo answered for the traced Python
+    (a ``LAYOUT_METHODS`` call on any tensor, or another method but the
+    ``LAYOUT_FREE_METHODS`` folded into a value that holds no tensor; as ``.stride() at
+    file:line``) on the frame being traced; when that frame's guards are built, ``relax(reads)`` decides whether the
+    tensors' stride guards go (their sizes, dtype, device and the rest stay): None keeps
+    them all, else a dict of the sources whose strides stay, with why; the other
+    entries of ``input_source_to_sizes_strides`` become ``None`` strides, what Dynamo's
+    TENSOR_MATCH reads as "not checked" (as for a dynamic stride). The serialized guard
+    state is written from that table, so the artifact, its Dynamo-free guard program and
+    an installed package all check the same. ``notes_by_state`` maps each variant's
+    serialized guard state to why its strides stay: ``[path or None (every tensor),
+    why]`` (for the refusal's text)."""
+    from torch._dynamo import guards
+    from torch._dynamo.output_graph import OutputGraph
+    from torch._dynamo.variables.tensor import TensorVariable
+
+    original_call = TensorVariable.call_method
+    original_init = guards.CheckFunctionManager.__init__
+
+    def record(tx: Any, name: str) -> None:
+        code = getattr(tx, "f_code", None)
+        line = getattr(tx, "lineno", None)
+        where = f"{code.co_filename.rsplit('/', 1)[-1]}:{line}" if code is not None else "?"
+        output = getattr(tx, "output", None)
+        if output is not None:
+            output.__dict__.setdefault(_LAYOUT_READS, []).append(f".{name}() at {where}")
+
+    def call_method(self: Any, tx: Any, name: str, args: Any, kwargs: Any) -> Any:
+        if name in LAYOUT_METHODS:
+            record(tx, name)  # before the call: also when it breaks the graph
+        result = original_call(self, tx, name, args, kwargs)
+        if name not in LAYOUT_METHODS | LAYOUT_FREE_METHODS and not _holds_tensor(result):
+            record(tx, name)
+        return result
+
+    def init(self: Any, f_code: Any, output_graph: Any = None, *args: Any, **kwargs: Any) -> None:
+        notes: list[list[str | None]] | None = None
+        if isinstance(output_graph, OutputGraph):  # a frame just traced, not a load
+            reads = list(dict.fromkeys(output_graph.__dict__.get(_LAYOUT_READS, ())))
+            kept = relax(reads)
+            notes = (
+                [
+                    [
+                        None,
+                        f"the traced code reads memory layout ({reads[0]}), so eager may take "
+                        f"another branch on this layout",
+                    ]
+                ]
+                if reads
+                else []
+            )
+            if kept is not None:
+                table = output_graph.input_source_to_sizes_strides
+                for source, meta in list(table.items()):
+                    if source in kept:
+                        notes.append([source_path(source), kept[source]])
+                    elif "stride" in meta:
+                        table[source] = {**meta, "stride": [None] * len(meta["stride"])}
+        original_init(self, f_code, output_graph, *args, **kwargs)
+        state = getattr(self, "guards_state", None)
+        if notes is not None and state is not None:
+            notes_by_state[state] = notes
+
+    with (
+        patched(TensorVariable, "call_method", call_method),
+        patched(guards.CheckFunctionManager, "__init__", init),
+    ):
+        yield
+
+
 #: The reduce methods of the builtin dict types: an instance whose type keeps one of them
 #: pickles its items as a separate iterator, which can be replaced by the storage order.
 _BUILTIN_DICT_REDUCES = frozenset(
@@ -552,18 +706,39 @@ def autocast_enabled() -> bool:
     return bool(torch._C._is_any_autocast_enabled())
 
 
+def source_path(source: Any) -> str | None:
+    """A Dynamo source as the user would say it (``model.buf``, ``x``)."""
+    name = getattr(source, "name", None)
+    if callable(name):  # a method in some torch versions, a property in 2.13
+        name = name()
+    return user_path(name) if isinstance(name, str) else None
+
+
+def placeholder_source_objects(gm: torch.fx.GraphModule) -> list[Any]:
+    """Each of a Dynamo subgraph's inputs' source (the key of its tensor guard), or None."""
+    return [
+        getattr(node.meta.get("grapharg"), "source", None)
+        for node in gm.graph.find_nodes(op="placeholder")
+    ]
+
+
+def aliasing_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A Dynamo subgraph as ATen operators, not functionalized (an in-place op stays one,
+    a view stays a view), traced on the fake values Dynamo recorded for its inputs: what
+    ``graph_layouts`` reads aliasing from (one placeholder per subgraph input)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fakes = [n.meta["example_value"] for n in gm.graph.find_nodes(op="placeholder")]
+    mode = next((f.fake_mode for f in fakes if hasattr(f, "fake_mode")), None)
+    with torch._guards.tracing(None), mode or contextlib.nullcontext(), torch.no_grad():
+        return make_fx(gm)(*fakes)
+
+
 def placeholder_sources(gm: torch.fx.GraphModule) -> list[str | None]:
     """Where each of a Dynamo subgraph's inputs came from, as the user would say it
     (``model.buf``, ``x``; ``L['x']`` in Dynamo's words), None where Dynamo recorded no
     source (a value carried across a graph break has one: the stack slot)."""
-    names: list[str | None] = []
-    for node in gm.graph.find_nodes(op="placeholder"):
-        source = getattr(node.meta.get("grapharg"), "source", None)
-        name = getattr(source, "name", None)
-        if callable(name):  # a method in some torch versions, a property in 2.13
-            name = name()
-        names.append(user_path(name) if isinstance(name, str) else None)
-    return names
+    return [source_path(source) for source in placeholder_source_objects(gm)]
 
 
 def int_placeholders(gm: torch.fx.GraphModule) -> list[int]:

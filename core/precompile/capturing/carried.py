@@ -141,6 +141,7 @@ class MultiGraph:
                 *_REFUSAL,
                 single_graph.check_ambient_modes,
                 single_graph.warn_inference_grad,
+                single_graph_inputs.warn_layout_copy,
                 source_digest,
                 guard_text,
                 compat_runtime.disown_cleanup_hooks,

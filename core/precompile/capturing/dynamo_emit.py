@@ -151,7 +151,10 @@ def _frame_payload(frames: list[FrameRecord], tag: str) -> list[dict[str, Any]]:
     payload = []
     for frame in frames:
         variants = []
-        for number, (guards_state, dynamo_code) in enumerate(frame.variants):
+        notes = frame.layout_notes or [[] for _ in frame.variants]
+        for number, ((guards_state, dynamo_code), layout_notes) in enumerate(
+            zip(frame.variants, notes)
+        ):
             # The guard state stays as Dynamo's own pickler wrote it, but for its
             # builtins-dict key, renamed in place (see _builtins_key).
             variants.append(
@@ -159,6 +162,7 @@ def _frame_payload(frames: list[FrameRecord], tag: str) -> list[dict[str, Any]]:
                     "guards_state": _rekey_guards_state(guards_state, names),
                     "dynamo_code": _rename_code(dynamo_code, names),
                     "dict_keys": _variant_dict_keys(frame, number, names),
+                    "layout_notes": [list(note) for note in layout_notes],
                 }
             )
         payload.append(
@@ -240,6 +244,7 @@ def _plain_payload(
                     "guards": pickle.loads(_rekey_guards_state(blob, names)),
                     "builtins_key": names.get(key, key) if key else None,
                     "dict_keys": variant["dict_keys"],
+                    "layout_notes": variant["layout_notes"],
                     "dynamo_code": guard_translation.plain_code(
                         _rename_code(variant["dynamo_code"], aliases)
                     ),

@@ -119,6 +119,10 @@ class FrameRecord:
     #: Per variant, the dicts its guards name keys of by position
     #: (``_compat.dict_keys.positional_dicts``), for the load to name them by key.
     dict_keys: list[list[dict[str, Any]]] = dataclasses.field(default_factory=list)
+    #: Per variant, why stride guards stay (``[path or None, why]``: a layout query its
+    #: Python made, an input Inductor cannot take as a copy; ``_compat.dynamo.
+    #: relaxing_unread_strides``).
+    layout_notes: list[list[list[str | None]]] = dataclasses.field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -477,6 +481,13 @@ class DynamoSession:
         self._touched: dict[types.CodeType, bool] = {}
         self.dependencies = DependencyRecorder(self.fn)
         self.installed_globals: dict[types.CodeType, dict[str, Any]] = {}
+        #: serialized guard state -> why its stride guards stay.
+        self.layout_notes: dict[bytes, list[list[str | None]]] = {}
+        #: Whether a subgraph compiled since the last guards were built needs every
+        #: input as captured (it bakes a view of the strides, or nothing copies for it).
+        self._layout_bound_graph = False
+        #: Sources whose strides a subgraph compiled since then needs as captured, and why.
+        self._layout_kept: dict[Any, str] = {}
         # Inductor compiles into a private cache; its files become the kernel cache.
         self.inductor_cache = (
             tempfile.mkdtemp(prefix="precompile-capture-") if backend == "inductor" else None
@@ -506,7 +517,69 @@ class DynamoSession:
             self._touched.clear()
 
     def _eager_backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        from precompile.capturing import graph_layouts
+
+        # A Dynamo subgraph holds torch calls as the code made them (``reshape`` stays
+        # ``reshape``), so it runs on any layout as eager does; one holding an ATen view
+        # that depends on strides (``graph_layouts``) keeps its frame's stride guards.
+        if graph_layouts.kept_views(gm):
+            self._layout_bound_graph = True
         return gm.forward
+
+    def _relax_strides(self, reads: list[str]) -> dict[Any, str] | None:
+        """Which stride guards of the frame whose guards are being built stay (None:
+        all). All stay where the frame's Python queried a layout (Dynamo folded the
+        answer: a branch eager could take otherwise) or a subgraph of it bakes a view of
+        the capture's strides. Else none under the eager backend (FX code runs on any
+        layout); under Inductor, whose kernels index by the captured strides, those of
+        the inputs a copy in the captured layout would not serve (``_layout_copies``),
+        the others being copied per call."""
+        bound, self._layout_bound_graph = self._layout_bound_graph, False
+        kept, self._layout_kept = self._layout_kept, {}
+        return None if reads or bound else kept
+
+    def _layout_copies(self, gm: torch.fx.GraphModule) -> list[list[int] | None]:
+        """Per input of a subgraph Inductor lowers, the strides its kernels are compiled
+        for, where a call's tensor in another layout is served through a copy in that
+        layout (``lowered_inputs.check_inputs``); None where it is not a tensor or a copy
+        would not serve it exactly, whose stride guard then stays, with why: the graph
+        writes it in place or an output views it (``graph_layouts.copy_blockers``), a
+        parameter or buffer (taken as captured, as make_fx artifacts do), symbolic
+        strides."""
+        from precompile.capturing import graph_layouts
+
+        sources = dynamo.placeholder_source_objects(gm)
+        fakes = [n.meta.get("example_value") for n in gm.graph.find_nodes(op="placeholder")]
+        try:
+            blockers = graph_layouts.copy_blockers(dynamo.aliasing_graph(gm), 0)
+        except Exception:  # not traceable as ATen here: every stride guard stays
+            self._layout_bound_graph = True
+            return [None] * len(fakes)
+        layouts: list[list[int] | None] = []
+        for source, fake, blocker in zip(sources, fakes, blockers):
+            if not isinstance(fake, torch.Tensor):
+                layouts.append(None)
+                continue
+            path = dynamo.source_path(source) or ""
+            strides = list(fake.stride())
+            why = (
+                f"a copy in the captured layout would not serve it: {blocker}"
+                if blocker
+                else "Inductor's kernels take parameters and buffers in the captured layout"
+                if "._parameters[" in str(getattr(source, "name", ""))
+                or "._buffers[" in str(getattr(source, "name", ""))
+                or not path
+                else "its strides are symbolic"
+                if not all(isinstance(s, int) for s in strides)
+                else None
+            )
+            if why is not None:
+                if source is not None:
+                    self._layout_kept[source] = why
+                layouts.append(None)
+            else:
+                layouts.append([int(s) for s in strides])
+        return layouts
 
     def _inductor_backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         """Every subgraph becomes inlined Inductor output modules, which a cached load
@@ -521,18 +594,19 @@ class DynamoSession:
         from precompile.runtime import inductor_serving
 
         self.inductor_graphs.append(gm)
+        layouts = self._layout_copies(gm)
         if self.kernel_runtime is None:
             self.kernel_runtime = inductor_serving.inductor_runtime(None)
         if not self.training:
             inlined = inductor_backend.inline_dynamo_subgraph(gm, self.kernel_runtime)
             if inlined is not None:
-                return self._checking_inputs(gm, inlined, inlined.mutated)
+                return self._checking_inputs(gm, inlined, inlined.mutated, layouts)
         try:
             compiled, record = inductor.compile_fx_recorded(gm, example_inputs)
         except Exception:  # compiled again below the way torch.compile does, or refused there
             compiled = inductor.compile_fx(gm, example_inputs)
             mutated = inductor.recorded_mutated_inputs(None, len(example_inputs))
-            return self._checking_inputs(gm, compiled, mutated)
+            return self._checking_inputs(gm, compiled, mutated, layouts)
         inlined_aot = inductor_backend.inline_aot_subgraph(
             record, len(example_inputs), self.kernel_runtime
         )
@@ -540,15 +614,22 @@ class DynamoSession:
         if inlined_aot is None and outputs is not None:
             inlined_aot = inductor_backend.inline_no_grad_subgraph(gm, outputs, self.kernel_runtime)
         if inlined_aot is not None:
-            return self._checking_inputs(gm, inlined_aot, inlined_aot.mutated)
+            return self._checking_inputs(gm, inlined_aot, inlined_aot.mutated, layouts)
         mutated = inductor.recorded_mutated_inputs(record, len(example_inputs))
-        return self._checking_inputs(gm, compiled, mutated)
+        return self._checking_inputs(gm, compiled, mutated, layouts)
 
-    def _checking_inputs(self, gm: torch.fx.GraphModule, compiled: Any, mutated: Any) -> Any:
+    def _checking_inputs(
+        self,
+        gm: torch.fx.GraphModule,
+        compiled: Any,
+        mutated: Any,
+        layouts: list[list[int] | None] | None = None,
+    ) -> Any:
         """Remember what a lowered subgraph assumes of its inputs (which inputs it writes,
-        which are dynamic integers), for the artifact to refuse a call where another
-        input shares the memory of one it writes or an integer does not fit in 64 bits
-        (``precompile.runtime.lowered_inputs``). The capture's own calls of an inlined module
+        which are dynamic integers, which it takes in the captured layout), for the
+        artifact to refuse a call where another input shares the memory of one it writes
+        or an integer does not fit in 64 bits, and to copy a tensor passed in another
+        layout into the captured one (``precompile.runtime.lowered_inputs``). The capture's own calls of an inlined module
         are checked likewise; Inductor's bundled artifact was compiled for the capture's
         own inputs, aliasing included."""
         from precompile._compat import symbolic
@@ -556,9 +637,17 @@ class DynamoSession:
         from precompile.runtime import lowered_inputs
 
         ints = dynamo.int_placeholders(gm)
-        if mutated or ints:
+        copied = layouts if layouts and any(s is not None for s in layouts) else None
+        if copied and not isinstance(compiled, InlinedSubgraph | InlinedAotSubgraph):
+            # Inductor's bundled artifact: the capture's own calls run it unwrapped, so
+            # nothing would copy for them; its frame keeps every stride guard.
+            self._layout_bound_graph = True
+            copied = None
+        if mutated or ints or copied:
             labels = dynamo.placeholder_sources(gm)
             spec: dict[str, Any] = {"mutated": list(mutated), "ints": ints, "labels": labels}
+            if copied:
+                spec["layouts"] = copied
             if ints:
                 exprs, bounded = symbolic.int_expressions(gm, labels)
                 if exprs:
@@ -697,6 +786,7 @@ class DynamoSession:
                     self.dependencies.grad_flag_reads,
                 ),
                 dynamo.recording_compile_only_branches(branches),
+                dynamo.relaxing_unread_strides(self._relax_strides, self.layout_notes),
                 torch.set_grad_enabled(self.training),
                 inductor.inductor_capture_config(self.inductor_cache)
                 if self.inductor_cache
@@ -853,6 +943,9 @@ class DynamoSession:
                     installed_globals=dict(self.installed_globals.get(code, {})),
                     dict_keys=[
                         [dict(r, shown=user_path(r["dict"])) for r in found] for found in positional
+                    ],
+                    layout_notes=[
+                        self.layout_notes.get(g.guards_state, []) for g in c.guarded_codes
                     ],
                 )
             )

@@ -36,6 +36,7 @@ from typing import Any, NoReturn
 import torch as _torch
 
 from precompile.runtime.refusal import refuse
+from precompile.runtime.single_graph_inputs import warn_layout_copy
 
 # <<< not emitted
 
@@ -261,6 +262,34 @@ def refuse_wide_expression(
             )
 
 
+#: One LayoutCopyWarning per artifact (this module is emitted once into each).
+_layout_copy_unwarned = [True]
+
+
+def in_captured_layouts(
+    args: tuple[Any, ...], layouts: Sequence[tuple[int, ...] | None], labels: Sequence[str | None]
+) -> tuple[Any, ...]:
+    """``args`` with each tensor that has a captured layout (``layouts``) but other
+    strides replaced by a copy in the captured layout: the kernels index by those
+    strides. Only inputs the graph neither writes nor returns a view of have one (the
+    copy is then exact); the first copy warns, once per artifact."""
+    copied = None
+    for i, strides in enumerate(layouts):
+        if strides is None:
+            continue
+        t = args[i]
+        if t.stride() != strides:
+            copy = _torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
+            copy.copy_(t)
+            if copied is None:
+                copied = list(args)
+            copied[i] = copy
+            if _layout_copy_unwarned[0]:
+                _layout_copy_unwarned[0] = False
+                warn_layout_copy(f"input `{_name(labels, i)}`", tuple(t.stride()), strides)
+    return args if copied is None else tuple(copied)
+
+
 def check_inputs(
     run: Callable[..., Any],
     mutated: Sequence[int],
@@ -268,15 +297,19 @@ def check_inputs(
     labels: Sequence[str | None],
     int_exprs: Sequence[tuple[Any, str]] = (),
     int_bounded: Sequence[tuple[int, str]] = (),
+    layouts: Sequence[Sequence[int] | None] = (),
 ) -> Callable[..., Any]:
     """``run`` (a lowered subgraph, called with its inputs positionally), refusing a call
     where an input it writes shares memory with another input, or a dynamic integer
     input, or an integer expression the graph computes from those, does not fit in 64
-    bits."""
+    bits; a tensor in another layout than its kernels were compiled for (``layouts``,
+    where the guards let one through) is passed as a copy in the captured layout."""
     mutated = tuple(mutated)
     ints = tuple(ints)
     int_exprs = tuple(int_exprs)
     int_bounded = tuple(int_bounded)
+    captured = tuple(None if s is None else tuple(s) for s in layouts)
+    copies = any(s is not None for s in captured)
 
     def checked(*args: Any) -> Any:
         if ints:
@@ -285,6 +318,8 @@ def check_inputs(
                 refuse_wide_expression(args, int_exprs, int_bounded, labels)
         if mutated:
             check_written_inputs(args, mutated, labels)
+        if copies:
+            args = in_captured_layouts(args, captured, labels)
         return run(*args)
 
     return checked

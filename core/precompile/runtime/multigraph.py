@@ -343,6 +343,22 @@ def _refuse_training_flags(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Non
         )
 
 
+def _layout_note(failure: str, notes: list[list[str | None]]) -> str:
+    """Why a variant still checks the strides a call's tensor failed (``[path or None,
+    why]`` from capture): its Python read a layout, so Dynamo baked the answer; or
+    Inductor's kernels need that tensor as captured and a copy would not serve it. (The
+    eager backend serves any layout where neither holds, Inductor through a copy.)"""
+    if " has stride " not in failure:
+        return ""
+    why = [text for path, text in notes if path is None or f"`{path}` has stride " in failure]
+    if not why:
+        return ""
+    return (
+        f" ({'; '.join(str(w) for w in why)}: pass the input in the captured layout, or "
+        f"capture a call in this one too)"
+    )
+
+
 def serve_as_captured(entry: Any, check: Any) -> Any:
     """Run ``entry`` under the global state the artifact was captured in: the captured grad
     mode, and the default dtype and deterministic mode checked, since Dynamo's own guard
@@ -735,6 +751,7 @@ def _build_multigraph_forward() -> Any:
             return f_locals
 
         managers = [manager for manager, _body in variants]
+        layout_notes = [list(v.get("layout_notes", ())) for v in frame["variants"]]
 
         def dispatch_with(bound: list[Any], closure: Any, args: Any, kwargs: Any) -> Any:
             f_locals = locals_of(closure, args, kwargs)
@@ -777,9 +794,10 @@ def _build_multigraph_forward() -> Any:
                 except RuntimeError as error:
                     _mark_ran_before_refusal(error)
                     raise
+            texts = [_readable_guard_failure(m, f_locals) for m in managers]
             failures = "; ".join(
-                f"variant {i}: {_readable_guard_failure(m, f_locals)}"
-                for i, m in enumerate(managers)
+                f"variant {i}: {text}{_layout_note(text, notes)}"
+                for i, (text, notes) in enumerate(zip(texts, layout_notes))
             )
             refuse(
                 f"precompile: no captured variant of {frame_label(target.co_name)} serves this call "
