@@ -65,37 +65,19 @@ print(json.dumps(rm.serve_cells({paths[0]!r}, {paths[1]!r}, {entry!r}, {kind!r},
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _capture_fresh(directory: Path, entry: str, kind: str) -> tuple[str, str]:
-    """Capture ``entry`` in a fresh process of its own, as a user's capture script does.
-    (One process capturing several ``transformers`` models leaves guards that read a
-    registry of model classes by position, ``_CAN_RECORD_REGISTRY``, which a process
-    that builds only one model does not fill as far.)"""
-    script = f"""
-import json, logging, torch
-from pathlib import Path
-from tests.core.test_dynamo_relations import _capture
-torch._logging.set_logs(dynamo=logging.ERROR)
-print(json.dumps(_capture(Path({str(directory)!r}), {entry!r}, {kind!r})))
-"""
-    proc = run_python(script, timeout=600, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    assert proc.returncode == 0, proc.stderr
-    first, second = json.loads(proc.stdout.strip().splitlines()[-1])
-    return first, second
-
-
 @pytest.fixture(scope="module")
 def encoder_decoders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """T5, BART and Whisper, each captured in a fresh process and served in another:
-    as captured (twice), and with the decoder given a copy of the config."""
+    """T5, BART and Whisper, captured one after another in this process (as a warm worker
+    captures several targets: ``transformers``' registry of model classes,
+    ``_CAN_RECORD_REGISTRY``, then holds all three, and Dynamo's guards name its keys by
+    position), each served in a fresh process that builds only that model: as captured
+    (twice), and with the decoder given a copy of the config."""
     directory = tmp_path_factory.mktemp("encoder-decoders")
     cells = {"baseline": "", "copied_config": "copied_config", "baseline_again": ""}
-
-    def capture_and_serve(entry: str, kind: str) -> Any:
-        return _serve(_capture_fresh(directory, entry, kind), entry, kind, cells)
-
+    captured = {entry: _capture(directory, entry, kind) for entry, kind in rm.ENTRIES.items()}
     served = together(
         *(
-            lambda entry=entry, kind=kind: capture_and_serve(entry, kind)
+            lambda entry=entry, kind=kind: _serve(captured[entry], entry, kind, cells)
             for entry, kind in rm.ENTRIES.items()
         )
     )

@@ -487,14 +487,21 @@ def _leaf(
 
 
 def plain_guard_program(
-    guards_state: bytes, code: types.CodeType, scope: dict[str, Any]
+    guards_state: bytes,
+    code: types.CodeType,
+    scope: dict[str, Any],
+    dict_keys: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The Dynamo-free program of one variant's guards, as Dynamo's builder makes them for
     ``code`` in ``scope`` (where the artifact's globals are bound as they will be at
-    load), or ``UnsupportedGuards``. The program round-trips through pickle unchanged."""
+    load), or ``UnsupportedGuards``. The program round-trips through pickle unchanged.
+    The keys ``dict_keys`` records as named by position are named by key first
+    (``_compat.runtime.dict_keys_by_name``), as a load through Dynamo names them."""
     from torch._dynamo.package import load_guard_manager, load_guards_state
 
-    state = load_guards_state(guards_state)
+    from precompile._compat.runtime import dict_keys_by_name
+
+    state = dict_keys_by_name(load_guards_state(guards_state), dict_keys or [])
     parts = state.shape_code_parts
     shape_expressions = [
         str(e).strip() for e in getattr(getattr(parts, "python_code_parts", None), "exprs", [])

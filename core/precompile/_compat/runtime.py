@@ -3,7 +3,8 @@ verbatim into multi-graph artifacts (``capturing.carried`` says which): each imp
 it needs itself, or reads what the prelude binds (``plain_serving_runtime``, after
 ``prelude.PLAIN_GUARDS_PRELUDE``; declared under ``TYPE_CHECKING``), so the artifact's
 driver reaches torch's internals only through them. Every function here is emitted code;
-the capture side never calls them."""
+the capture side never calls them, but for ``dict_keys_by_name``, which it runs before it
+translates the guards, so that both guard paths check the same."""
 
 from __future__ import annotations
 
@@ -37,6 +38,95 @@ def disown_cleanup_hooks(scope: dict[str, Any], name: str) -> None:
                 hook.scope = {name: None}
 
 
+def dict_keys_by_name(state: Any, records: list[dict[str, Any]]) -> Any:
+    """``state`` (a variant's unpickled Dynamo guards) with every key Dynamo named by
+    position in a dict whose order cannot matter named by the key the capture saw there
+    (``_compat.dict_keys.positional_dicts`` made ``records``): ``D[key]`` for the entry
+    read at ``list(dict.keys(D))[i]``, ``key in D`` for each key the trace read, and
+    neither the other keys' guards nor the dict's length guard, which only Dynamo's
+    positional accessors need. A dict whose order can matter keeps its guards. Emitted
+    into artifacts whose guards Dynamo rebuilds; the capture runs it too, before it
+    translates the guards into a Dynamo-free program, so both paths check the same."""
+    import dataclasses
+    import functools
+
+    from torch._dynamo.guards import GuardBuilder
+    from torch._dynamo.source import ConstDictKeySource
+    from torch._guards import GuardsSet, Source
+    from torch.utils._ordered_set import OrderedSet
+
+    named = {r["dict"]: r for r in records if not r["order"]}
+    if not named:
+        return state
+    keys = {name: dict((p, k) for p, k in r["keys"]) for name, r in named.items()}
+
+    def positional(source: Any) -> Any:
+        """The named dict's record and position when ``source`` is one of its keys."""
+        if isinstance(source, ConstDictKeySource) and source.base.name in named:
+            return source.base.name, source.index
+        return None
+
+    def rewrite(source: Any) -> Any:
+        if not isinstance(source, Source) or not dataclasses.is_dataclass(source):
+            return source
+        changes: dict[str, Any] = {}
+        index = getattr(source, "index", None)
+        at = positional(index)
+        if at is not None and at[1] in keys[at[0]]:
+            changes["index"] = keys[at[0]][at[1]]
+        for field in dataclasses.fields(source):
+            value = getattr(source, field.name, None)
+            if field.name not in changes and isinstance(value, Source):
+                new = rewrite(value)
+                if new is not value:
+                    changes[field.name] = new
+        if not changes:
+            return source
+        node: Any = source  # a frozen Source dataclass (is_dataclass narrowed it to a class too)
+        return dataclasses.replace(node, **changes)
+
+    def rewrite_fn(create_fn: Any) -> Any:
+        if not isinstance(create_fn, functools.partial):
+            return create_fn
+        args = tuple(rewrite(a) if isinstance(a, Source) else a for a in create_fn.args)
+        kwargs = {
+            k: rewrite(v) if isinstance(v, Source) else v for k, v in create_fn.keywords.items()
+        }
+        return functools.partial(create_fn.func, *args, **kwargs)
+
+    graph = state.output_graph
+    guards = []
+    for guard in graph.guards:
+        source = guard.originating_source
+        at = positional(source)
+        if at is not None:  # a guard on a key: the keys read stay, as membership
+            if at[1] in named[at[0]]["read"] and at[1] in keys[at[0]]:
+                membership = functools.partial(GuardBuilder.DICT_CONTAINS, key=keys[at[0]][at[1]])
+                guards.append(
+                    dataclasses.replace(
+                        guard, originating_source=source.base, create_fn=membership, _hash=None
+                    )
+                )
+            continue
+        if source.name in named and guard.create_fn_name() == "SEQUENCE_LENGTH":
+            continue
+        new_source, new_fn = rewrite(source), rewrite_fn(guard.create_fn)
+        if new_source is source and new_fn is guard.create_fn:
+            guards.append(guard)
+        else:
+            guards.append(
+                dataclasses.replace(
+                    guard, originating_source=new_source, create_fn=new_fn, _hash=None
+                )
+            )
+    graph._guards = GuardsSet(OrderedSet(guards))
+    graph.guard_on_key_order = {rewrite(s) for s in graph.guard_on_key_order if s.name not in named}
+    graph.input_source_to_sizes_strides = {
+        rewrite(s): info for s, info in graph.input_source_to_sizes_strides.items()
+    }
+    return state
+
+
 def dynamo_serving_runtime() -> Any:
     """The few Dynamo internals a standalone artifact needs to rebuild its frames."""
     import types as _types
@@ -51,6 +141,7 @@ def dynamo_serving_runtime() -> Any:
         to_code=SerializedCode.to_code_object,
         load_guards_state=load_guards_state,
         load_guard_manager=load_guard_manager,
+        name_dict_keys=dict_keys_by_name,
         builtins_dict=get_builtins_dict,
         bind_locals=bind_locals,
         disable=torch._dynamo.disable,

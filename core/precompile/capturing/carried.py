@@ -140,7 +140,7 @@ class MultiGraph:
                 *(
                     (multigraph_guards, compat_runtime.plain_serving_runtime)
                     if plain_guards
-                    else (compat_runtime.dynamo_serving_runtime,)
+                    else (compat_runtime.dict_keys_by_name, compat_runtime.dynamo_serving_runtime)
                 ),
                 surface_checks,
                 multigraph_dependencies,

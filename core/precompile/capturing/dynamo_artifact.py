@@ -203,6 +203,7 @@ def build_dynamo_artifact(
                 [*session.backend_graphs().values(), *session.inductor_graphs],
                 [*session.traced_codes, *session.dependencies.read_codes],
                 session.dependencies.classes,
+                lowered=session.inductor_graphs,
             ),
         },
     )

@@ -151,13 +151,14 @@ def _frame_payload(frames: list[FrameRecord], tag: str) -> list[dict[str, Any]]:
     payload = []
     for frame in frames:
         variants = []
-        for guards_state, dynamo_code in frame.variants:
+        for number, (guards_state, dynamo_code) in enumerate(frame.variants):
             # The guard state stays as Dynamo's own pickler wrote it, but for its
             # builtins-dict key, renamed in place (see _builtins_key).
             variants.append(
                 {
                     "guards_state": _rekey_guards_state(guards_state, names),
                     "dynamo_code": _rename_code(dynamo_code, names),
+                    "dict_keys": _variant_dict_keys(frame, number, names),
                 }
             )
         payload.append(
@@ -175,6 +176,15 @@ def _frame_payload(frames: list[FrameRecord], tag: str) -> list[dict[str, Any]]:
             }
         )
     return payload
+
+
+def _variant_dict_keys(
+    frame: FrameRecord, number: int, names: dict[str, str]
+) -> list[dict[str, Any]]:
+    """The dicts variant ``number``'s guards name keys of by position
+    (``_compat.dict_keys``), with the guard state's renames applied."""
+    records = frame.dict_keys[number] if number < len(frame.dict_keys) else []
+    return list(pickle.loads(_rekey_guards_state(pickle.dumps(records, protocol=4), names)))
 
 
 def _plain_payload(
@@ -210,7 +220,9 @@ def _plain_payload(
             if key and key not in scope:
                 scope[key] = guard_translation.builtins_of(scope)
             try:
-                program = guard_translation.plain_guard_program(guards_state, frame.code, scope)
+                program = guard_translation.plain_guard_program(
+                    guards_state, frame.code, scope, variant["dict_keys"]
+                )
             except guard_translation.UnsupportedGuards as error:
                 raise guard_translation.UnsupportedGuards(f"{frame.name}: {error}") from error
             except Exception as error:
@@ -227,6 +239,7 @@ def _plain_payload(
                 {
                     "guards": pickle.loads(_rekey_guards_state(blob, names)),
                     "builtins_key": names.get(key, key) if key else None,
+                    "dict_keys": variant["dict_keys"],
                     "dynamo_code": guard_translation.plain_code(
                         _rename_code(variant["dynamo_code"], aliases)
                     ),

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from precompile._compat import dynamo, inductor
+from precompile._compat import dict_keys, dynamo, inductor
 from precompile.capturing.dynamo_dependencies import DependencyRecorder
 from precompile.capturing.function_records import function_records
 from precompile.errors import Location, PrecompileError, generator_input_refusal
@@ -116,6 +116,9 @@ class FrameRecord:
     guards: list[list[GuardDecision]]
     #: Every global Dynamo bound into the frame's module while compiling it.
     installed_globals: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Per variant, the dicts its guards name keys of by position
+    #: (``_compat.dict_keys.positional_dicts``), for the load to name them by key.
+    dict_keys: list[list[dict[str, Any]]] = dataclasses.field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -458,6 +461,10 @@ class DynamoSession:
         self.input_checks: list[tuple[Any, dict[str, Any]]] = []
         self.kernel_runtime: Any = None  # compiles and remembers inlined modules' kernels
         self.guard_log: dict[types.CodeType, list[list[GuardDecision]]] = {}
+        #: Per frame and variant, the dicts whose keys its guards name by position.
+        self.dict_key_log: dict[types.CodeType, list[list[dict[str, Any]]]] = {}
+        #: (dict, key position) where the trace found a traced key (``key in D``).
+        self.sourced_key_reads: set[tuple[str, int | None]] = set()
         self.recompiles: list[dict[str, Any]] = []
         self.bypass_reasons: dict[str, str] = {}
         self._guard_failures: dict[str, list[str]] = {}
@@ -618,6 +625,9 @@ class DynamoSession:
         if code is not None:
             variants = self.guard_log.setdefault(code, [])
             variants.append(decisions)
+            self.dict_key_log.setdefault(code, []).append(
+                dict_keys.positional_dicts(entries, self.sourced_key_reads)
+            )
             failures = self._guard_failures.pop(code.co_name, None)
             if failures:
                 self.recompiles.append(
@@ -680,6 +690,7 @@ class DynamoSession:
                 dynamo.recording_installed_globals(self.installed_globals),
                 dynamo.without_guard_latency_profiling(),
                 dynamo.dict_subclasses_pickled_in_storage_order(),
+                dict_keys.recording_sourced_key_reads(self.sourced_key_reads),
                 dynamo.recording_grad_dependent_reads(
                     self.dependencies.grad_reads,
                     self.dependencies.library_grad_reads,
@@ -798,6 +809,8 @@ class DynamoSession:
                 "with-block before it ends",
                 hint="with precompile.capture(fn, ...) as cap: cap(model, x)",
             )
+        from precompile.runtime.guard_text import user_path
+
         breaks_by_code: dict[str, list[dict[str, Any]]] = {}
         for event in self.break_events:
             breaks_by_code.setdefault(event["code"].co_name, []).append(event)
@@ -806,6 +819,18 @@ class DynamoSession:
         codes = list(self.package._codes)
         for index, (code, c) in enumerate(zip(codes, entry.codes)):
             variants = [(g.guards_state, g.dynamo_code) for g in c.guarded_codes]
+            positional = self.dict_key_log.get(code, [])
+            if len(positional) != len(variants):
+                # A record per guard filter call, a variant per guarded code: where they
+                # do not pair up, no record is trusted to describe its variant's guards
+                # (the positional guards stay, as Dynamo wrote them).
+                positional = [[] for _ in variants]
+            for (_state, dynamo_code), found in zip(variants, positional):
+                if dict_keys.reads_keys_positionally(dynamo_code):
+                    for r in found:
+                        if not r["order"]:
+                            r["order"] = True
+                            r["why"] = "the compiled code reads its keys by position"
             gave_up = [e for e in breaks_by_code.get(code.co_name, []) if not variants]
             eager_reason = _gave_up_reason(gave_up[-1]["message"]) if gave_up else None
             records.append(
@@ -826,6 +851,9 @@ class DynamoSession:
                     truncated=len(variants) >= self.tracer.recompile_limit,
                     guards=self.guard_log.get(code, []),
                     installed_globals=dict(self.installed_globals.get(code, {})),
+                    dict_keys=[
+                        [dict(r, shown=user_path(r["dict"])) for r in found] for found in positional
+                    ],
                 )
             )
         return records

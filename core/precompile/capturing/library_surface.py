@@ -29,6 +29,7 @@ check it.
 
 from __future__ import annotations
 
+import dis
 import inspect
 import os
 import sys
@@ -241,17 +242,50 @@ def record_surface(
     return [rows[k] for k in sorted(rows, key=lambda k: (k[0], k[1] or "", k[2]))]
 
 
+def _body_calls(target: Any) -> list[Any]:
+    """What a library Python function's own body names through its module globals,
+    one level deep: each ``module.attr`` (``torch.relu`` in ``F.relu``) and each global
+    bound to a library callable. Read from the bytecode, so every branch counts (more
+    to check, never less)."""
+    code = _code_of(target)
+    scope = getattr(target, "__globals__", None)
+    if code is None or scope is None or is_project_file(code.co_filename):
+        return []
+    found: list[Any] = []
+    held: Any = None
+    for ins in dis.get_instructions(code):
+        if ins.opname == "LOAD_GLOBAL":
+            held = scope.get(ins.argval)
+            if (
+                callable(held)
+                and not isinstance(held, type)
+                and _library_module(sys.modules.get(str(getattr(held, "__module__", ""))))
+            ):
+                found.append(held)
+        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(held, types.ModuleType):
+            if _library_module(held):
+                value = getattr(held, str(ins.argval), None)
+                if callable(value):
+                    found.append(value)
+            held = None
+        else:
+            held = None
+    return found
+
+
 def record_dynamo_surface(
     fn: types.FunctionType,
     graphs: Iterable[torch.fx.GraphModule],
     codes: Iterable[types.CodeType],
     classes: Iterable[Any],
+    lowered: Iterable[torch.fx.GraphModule] = (),
 ) -> list[dict[str, Any]]:
     """``LIBRARY_SURFACE`` of a Dynamo trace: the torch functions its graphs call
     (``call_function`` targets), the Tensor methods they call (``call_method``) and the
     library functions Dynamo inlined (``codes``), resolved among the library modules
     the globals of fn and of the inlined code hold and the classes of the modules the
-    trace reached (``classes``)."""
+    trace reached (``classes``); for the ``lowered`` graphs also what the bodies of the
+    torch Python functions they call name (``_body_calls``)."""
     called: list[Any] = []
     methods: set[str] = set()
     for gm in graphs:
@@ -260,6 +294,13 @@ def record_dynamo_surface(
                 called.append(node.target)
             elif node.op == "call_method":
                 methods.add(str(node.target))
+    # A lowered graph (Inductor) bakes what a torch Python function in it did at capture,
+    # down to the torch functions its body calls (``F.relu`` calls ``torch.relu``); an
+    # eager graph calls the function itself, which resolves them per call.
+    for gm in lowered:
+        for node in gm.graph.nodes:
+            if node.op == "call_function":
+                called += _body_calls(node.target)
     codes = list(codes)
     scopes = {id(fn.__globals__): fn.__globals__}
     for code in codes:

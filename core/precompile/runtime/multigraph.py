@@ -211,6 +211,34 @@ def rebuild_global(kind: str, data: str) -> Any:
     return pickle.loads(base64.b64decode(data))
 
 
+def check_dict_key_order(records: list[dict[str, Any]], scope: dict[str, Any], frame: Any) -> None:
+    """Refuse, naming the dict, when a module-level dict whose key order the trace could
+    depend on (``_compat.dict_keys``: it iterated the dict, took its length, ...) holds
+    other keys at the positions its guards name than it held at capture: the guards read
+    it by position, and could not be rebuilt or would never hold. A dict only looked up by
+    key is named by key instead, and is not checked here."""
+    for record in records:
+        if not record["order"] or not record["dict"].startswith("G["):
+            continue
+        try:
+            value = eval(record["dict"], {"__builtins__": {}, "G": scope})
+            keys = list(dict.keys(value))
+        except Exception:
+            continue  # the guards refuse what is not there
+        captured = [(p, k) for p, k in record["keys"]]
+        if all(p < len(keys) and keys[p] == k for p, k in captured):
+            continue
+        refuse(
+            f"precompile: module {frame['python_module']}'s dict `{record['shown']}` holds "
+            f"the keys {keys!r:.300} in this process, but at capture it held "
+            f"{[k for _p, k in captured]!r:.300} at positions {[p for p, _k in captured]}; "
+            f"the trace depended on the dict's key order ({record['why']}), so the "
+            f"artifact's guards read it by position. Fill it in the order the capture saw "
+            f"(build or import what registers its keys in that order) before loading, or "
+            f"capture again in a process that fills it as production does"
+        )
+
+
 def _serving_variant(managers: list[Any], f_locals: dict[str, Any]) -> int | None:
     """The variant whose guards pass for these locals: the one choice standalone
     serving and every covers() make. A root's fast path can refuse without running its
@@ -677,10 +705,12 @@ def _build_multigraph_forward() -> Any:
                         f"guards read through; unbind it and load again"
                     )
                 seed(scope, key, builtins)
+            check_dict_key_order(variant.get("dict_keys") or [], scope, frame)
             try:
                 if dynamo_free:
                     manager = rt.guard_manager(variant["guards"], scope)
                 else:
+                    guards_state = rt.name_dict_keys(guards_state, variant.get("dict_keys") or [])
                     manager = rt.load_guard_manager(guards_state, target, scope)
             except Exception as error:
                 # Building a guard manager reads the live objects its guards name (a
