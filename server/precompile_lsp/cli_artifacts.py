@@ -62,7 +62,7 @@ def emit_or_verify(args: argparse.Namespace, kind: str) -> int:
 
             metadata = inspect_artifact(args.artifact)
             decl = _resolve_target(engine, f"{metadata['FN_MODULE']}.{metadata['FN_NAME']}")
-            own = engine.artifact_of(decl)[0]
+            own = engine.emit_paths.artifact_of(decl)[0]
             if own != Path(args.artifact).resolve():
                 # The worker verifies the target's own artifact: verifying (or checking the
                 # signature of) any other file would report on one file and load another.

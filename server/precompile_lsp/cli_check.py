@@ -36,9 +36,11 @@ def _target_rows(engine: Any, keys: set[str] | None = None) -> list[dict[str, An
                 "file": str(state.decl.file),
                 "line": state.decl.definition.line,
                 "summary": report.summary.text if report is not None else None,
-                "tracer": report.tracer if report else engine.options_of(state.decl)["tracer"],
-                "backend": engine.options_of(state.decl)["backend"],
-                "artifact": str(engine.artifact_of(state.decl)[0]),
+                "tracer": report.tracer
+                if report
+                else engine.requests.options_of(state.decl)["tracer"],
+                "backend": engine.requests.options_of(state.decl)["backend"],
+                "artifact": str(engine.emit_paths.artifact_of(state.decl)[0]),
                 "dependencies": sorted(str(p) for p in state.dependencies),
             }
         )
@@ -195,7 +197,7 @@ def _output_guard(engine: Any, output: Path, then: Any) -> Any:
 
     def select(decls: list[Any]) -> list[Any]:
         for state in engine.targets.values():
-            for path, kind in engine.written_paths(state.decl):
+            for path, kind in engine.emit_paths.written_paths(state.decl):
                 if path == wanted:
                     raise _OutputTaken(
                         f"--output {output} is the {kind} path of target "
@@ -217,7 +219,7 @@ def _shard_selector(
     def select(decls: list[Any]) -> list[Any]:
         keys = [d.key for d in decls]
         timed = args.shard_balance == "time" and not args.no_cache
-        seconds = engine.remembered_seconds(decls) if timed else {}
+        seconds = engine.requests.remembered_seconds(decls) if timed else {}
         assignment.update(shards.partition(keys, shard.count, shards.weights(keys, seconds)))
         return [d for d in decls if assignment[d.key] == shard.index]
 

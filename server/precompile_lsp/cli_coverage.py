@@ -78,7 +78,7 @@ def coverage_report(args: argparse.Namespace) -> int:
     for warning in logs.warnings:
         print(f"precompile coverage: warning: {warning}", file=sys.stderr)
     decls = {key: state.decl for key, state in sorted(engine.targets.items())}
-    hashes = {key: artifact_hash(engine.artifact_of(d)[0]) for key, d in decls.items()}
+    hashes = {key: artifact_hash(engine.emit_paths.artifact_of(d)[0]) for key, d in decls.items()}
     found = attribute(logs, hashes)
     findings: dict[Path, list[Any]] = {}
     for key, decl in decls.items():

@@ -12,10 +12,13 @@ from __future__ import annotations
 import ast
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from precompile_lsp.files import MAX_SOURCE_BYTES, SourceRead
+from precompile_lsp.files import MAX_SOURCE_BYTES, SourceRead, read_source
 from precompile_lsp.findings import Finding, Span
+
+if TYPE_CHECKING:
+    from precompile_lsp.config import Config
 
 _MODULES = ("precompile", "precompile.targets")
 
@@ -263,3 +266,21 @@ def discover(path: Path, source: str, module: str | None) -> tuple[list[TargetDe
 
     visit(tree.body, None)
     return targets, findings
+
+
+def scan(
+    paths: list[Path], config: Config
+) -> list[tuple[SourceRead, list[TargetDecl], list[Finding]]]:
+    """Read and parse ``paths`` for targets: each file as read, its targets, and its
+    findings (an unreadable or undecodable file is a finding where the workspace
+    includes it). Thread-safe: it reads files and changes nothing."""
+    scanned: list[tuple[SourceRead, list[TargetDecl], list[Finding]]] = []
+    for path in paths:
+        read = read_source(path)
+        if read.text is None or not config.is_included(path):
+            unread = unreadable_findings(read) if config.is_included(path) else []
+            scanned.append((read, [], unread))
+            continue
+        targets, findings = discover(path, read.text, config.module_of(path))
+        scanned.append((read, targets, findings))
+    return scanned

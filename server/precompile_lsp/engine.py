@@ -24,149 +24,46 @@ the engine is trusted.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import dataclasses
 import itertools
-import json
 import os
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from precompile.artifact.pair import default_cache_path
-from precompile.artifact.signing import default_signature_path
-from precompile.write_policy import pair_collision, pair_paths
-from precompile_lsp import protocol
 from precompile_lsp.config import load_config
-from precompile_lsp.discovery import TargetDecl, discover, unreadable_findings
+from precompile_lsp.discovery import TargetDecl, scan
+from precompile_lsp.emit_paths import EmitPaths
+from precompile_lsp.engine_records import Event, Job, Stats, TargetState, TextStore
 from precompile_lsp.executors import make_executor
-from precompile_lsp.files import MAX_SOURCE_BYTES, SourceRead, read_source, shown_path
+from precompile_lsp.files import MAX_SOURCE_BYTES, SourceRead, read_source
 from precompile_lsp.findings import (
     WRITE_ERRORS,
     Finding,
-    artifact_findings,
-    conflict_finding,
-    emit_failure_finding,
-    findings_from_result,
-    verify_findings,
-    write_refused_finding,
 )
+from precompile_lsp.job_requests import JobRequests, cacheable, import_failed
 from precompile_lsp.protocol import (
     CaptureError,
     JobKind,
-    JobRequest,
     JobResult,
     Outcome,
     Stage,
 )
 from precompile_lsp.result_cache import (
-    CACHE_FORMAT,
     ResultCache,
-    build_identity,
-    distribution_version,
 )
-from precompile_lsp.serving_logs import (
-    Attribution,
-    artifact_hash,
-    attribute,
-    expand,
-    production_findings,
-    read_logs,
-)
-from precompile_lsp.staleness import ArtifactStatus, artifact_status
+from precompile_lsp.serving_logs import Attribution, LogReader
+from precompile_lsp.staleness import artifact_status
+from precompile_lsp.target_findings import configured, target_findings
 from precompile_lsp.trust import TrustGate
 
-
-@dataclasses.dataclass
-class Stats:
-    captures: int = 0
-    cache_hits: int = 0
-    emits: int = 0
-    verifies: int = 0
-    #: Jobs handed to a worker (any kind): what "no job runs" is measured by.
-    jobs: int = 0
-    #: Batches of checks that ran at least one job.
-    rechecks: int = 0
-
-
-@dataclasses.dataclass
-class Job:
-    """A job in flight: cancelled when a newer one for the same target supersedes it,
-    shared when the same work is asked for again."""
-
-    id: str
-    task: asyncio.Task[JobResult]
-    inputs: dict[Path, str | None]
-
-
-@dataclasses.dataclass
-class TargetState:
-    decl: TargetDecl
-    #: The last check result, kept until a newer one replaces it, and the declaration
-    #: as it was when that result was computed (findings anchored to it stay where the
-    #: result put them; a client maps them into newer versions of the file).
-    result: JobResult | None = None
-    result_decl: TargetDecl | None = None
-    #: The last verify outcome, shown until the next check result.
-    verified: JobResult | None = None
-    #: The last emit, when its write was refused or failed (a full disk): shown beside
-    #: the check's findings, not instead of them, until the next check result.
-    emit_failure: JobResult | None = None
-    artifact: ArtifactStatus | None = None
-    findings: list[Finding] = dataclasses.field(default_factory=list)
-    #: Content hashes of the files the result was computed from (what it depends on).
-    dependencies: dict[Path, str] = dataclasses.field(default_factory=dict)
-    jobs: dict[JobKind, Job] = dataclasses.field(default_factory=dict)
-
-
-class TextStore:
-    """Texts of file versions by content hash, so a finding computed against one version
-    of a file can be placed in another (the buffer being edited, the file as saved)."""
-
-    def __init__(self, limit: int = 1024) -> None:
-        self.limit = limit
-        self.texts: collections.OrderedDict[str, str] = collections.OrderedDict()
-
-    def put(self, sha: str | None, text: str | None) -> None:
-        if sha is None or text is None:
-            return
-        self.texts[sha] = text
-        self.texts.move_to_end(sha)
-        while len(self.texts) > self.limit:
-            self.texts.popitem(last=False)
-
-    def get(self, sha: str | None) -> str | None:
-        return None if sha is None else self.texts.get(sha)
-
-
-Event = dict[str, Any]
 _MISSING = object()
 _REFUSAL_HINT = (
     "point artifact= at a new path inside the workspace (e.g. artifacts/NAME.py), or move "
     "the existing file away if you mean to replace it"
 )
-
-#: Fields of a job request that do not change its result: how long it may run (a
-#: result that ran out of time is never cached) and where it keeps its temporary files.
-_NOT_IN_KEY = ("timeout", "scratch")
-#: What the workspace root reads as in a key (not result_cache's mark, which a read expands).
-_ROOT_MARK = "<workspace root>"
-
-
-def _resources(declared: Any) -> dict[str, float]:
-    """A target's literal ``resources=`` as the job asks for them (what is not a dict of
-    names to numbers is the decorator's error, which its job reports)."""
-    if not isinstance(declared, dict):
-        return {}
-    return {
-        str(name): float(amount)
-        for name, amount in declared.items()
-        if isinstance(amount, (int, float)) and not isinstance(amount, bool)
-    }
 
 
 class Engine:
@@ -197,29 +94,22 @@ class Engine:
         self.pool = make_executor(self.config, self.gate)
         self.stats = Stats()
         self.targets: dict[str, TargetState] = {}
+        #: Where each target's emit writes, and the requests and cache keys of its jobs.
+        self.emit_paths = EmitPaths(self.root, self.config, self.targets)
+        self.requests = JobRequests(
+            self.root, self.config, self.emit_paths, self.cache, self.trusted_keys
+        )
         self.discovery_findings: dict[Path, list[Finding]] = {}
         self.texts = TextStore()
         #: The content hash of each file as the engine last read it.
         self.seen: dict[Path, str | None] = {}
         self.skipped: set[Path] = set()  # too big to read; logged once each
         self._deciding = asyncio.Lock()
-        #: Every path a target's emit writes (artifact, cache, signature) -> the targets
-        #: that write it, with what each writes there.
-        self._by_artifact: dict[Path, list[tuple[TargetDecl, str]]] | None = None
         self._job_ids = itertools.count(1)
         #: What the configured serving logs say of each target (None: none configured),
-        #: and what they were read from (re-read only when that changes).
+        #: and the reader that re-reads them only when they changed.
         self.production: Attribution | None = None
-        self._logs_stamp: object = None
-        self.versions = {
-            "python": sys.version.split()[0],
-            # The interpreter's build, not only its version: a shared cache-dir serves
-            # runners whose Pythons differ in implementation, ABI or build.
-            "python-build": build_identity(),
-            "torch": distribution_version("torch"),
-            "torch-precompile": distribution_version("torch-precompile"),
-            "cache": CACHE_FORMAT,
-        }
+        self.log_reader = LogReader(self.root)
 
     @property
     def trusted(self) -> bool:
@@ -235,19 +125,6 @@ class Engine:
 
     # ------------------------------------------------------------ discovery
 
-    def _scan(self, paths: list[Path]) -> list[tuple[SourceRead, list[TargetDecl], list[Finding]]]:
-        """Read and parse ``paths`` for targets (thread-safe: touches no engine state)."""
-        scanned: list[tuple[SourceRead, list[TargetDecl], list[Finding]]] = []
-        for path in paths:
-            read = read_source(path)
-            if read.text is None or not self.config.is_included(path):
-                unread = unreadable_findings(read) if self.config.is_included(path) else []
-                scanned.append((read, [], unread))
-                continue
-            targets, findings = discover(path, read.text, self.config.module_of(path))
-            scanned.append((read, targets, findings))
-        return scanned
-
     def _apply_scan(
         self, scanned: list[tuple[SourceRead, list[TargetDecl], list[Finding]]]
     ) -> list[TargetDecl]:
@@ -255,7 +132,7 @@ class Engine:
         its result, findings and running jobs (its declaration is updated); only a
         target that is gone loses them."""
         found = []
-        self._by_artifact = None
+        self.emit_paths.invalidate()
         for read, targets, findings in scanned:
             path = read.path
             self.seen[path] = read.sha
@@ -288,7 +165,7 @@ class Engine:
         return found
 
     def _forget(self, key: str) -> None:
-        self._by_artifact = None
+        self.emit_paths.invalidate()
         state = self.targets.pop(key)
         for job in state.jobs.values():
             job.task.cancel()
@@ -298,152 +175,14 @@ class Engine:
 
     def discover(self, files: Iterable[Path] | None = None) -> list[TargetDecl]:
         """(Re)discover targets in ``files`` (default: the whole workspace)."""
-        return self._apply_scan(self._scan(self._paths(files)))
+        return self._apply_scan(scan(self._paths(files), self.config))
 
     async def discover_async(self, files: Iterable[Path] | None = None) -> list[TargetDecl]:
         """``discover``, reading and parsing off the event loop."""
         paths = await asyncio.to_thread(self._paths, files)
-        return self._apply_scan(await asyncio.to_thread(self._scan, paths))
+        return self._apply_scan(await asyncio.to_thread(scan, paths, self.config))
 
     # ------------------------------------------------------------ jobs
-
-    def artifact_of(self, decl: TargetDecl) -> tuple[Path, bool]:
-        declared = decl.options.get("artifact")
-        if isinstance(declared, str):
-            # Like every path of the workspace's configuration: relative to its root.
-            return (self.root / declared).resolve(), True
-        return self.config.default_artifact(decl.module, decl.function).resolve(), False
-
-    def written_paths(self, decl: TargetDecl) -> list[tuple[Path, str]]:
-        """Every path an emit of ``decl`` writes or removes, with its kind: the artifact,
-        its ``.cache`` and its ``.sig`` (resolved, so a symlinked folder counts where it
-        leads). Temporaries and backups are random siblings created exclusively."""
-        artifact, _ = self.artifact_of(decl)
-        return [(Path(p).resolve(), kind) for p, kind in pair_paths(str(artifact))]
-
-    def _index(self) -> dict[Path, list[tuple[TargetDecl, str]]]:
-        """Each written path -> the targets that write it (rebuilt when targets or the
-        configuration change: asking for every target must not cost targets squared)."""
-        if self._by_artifact is None:
-            index: dict[Path, list[tuple[TargetDecl, str]]] = {}
-            for key in sorted(self.targets):
-                declared = self.targets[key].decl
-                for path, kind in self.written_paths(declared):
-                    index.setdefault(path, []).append((declared, kind))
-            self._by_artifact = index
-        return self._by_artifact
-
-    def shared_paths(
-        self, decl: TargetDecl
-    ) -> list[tuple[TargetDecl, list[tuple[Path, str, str]]]]:
-        """Each other target that writes one of ``decl``'s paths, with every path they
-        share: ``(path, what decl writes there, what the other writes there)``."""
-        index: dict[str, tuple[TargetDecl, list[tuple[Path, str, str]]]] = {}
-        for path, kind in self.written_paths(decl):
-            for other, other_kind in self._index().get(path, []):
-                if other.key == decl.key:
-                    continue
-                paths = index.setdefault(other.key, (other, []))[1]
-                if paths and paths[0][1:] == ("artifact", "artifact"):
-                    continue  # one artifact path: its .cache and .sig go without saying
-                if all(path != p for p, _, _ in paths):
-                    paths.append((path, kind, other_kind))
-        return list(index.values())
-
-    def conflicts(self, decl: TargetDecl) -> list[TargetDecl]:
-        """Other targets whose emit writes one of the paths ``decl``'s emit writes (the
-        artifact, or its ``.cache`` or ``.sig``): neither may be emitted."""
-        return [other for other, _ in self.shared_paths(decl)]
-
-    def write_refusal(self, decl: TargetDecl) -> str | None:
-        """Why an emit of ``decl`` may not write where its artifact= points, by where the
-        path is: outside the workspace (``../``, an absolute path, a symlinked folder that
-        leads out) unless it is the artifact-dir the workspace's [tool.precompile] names;
-        or a path that is its own cache or signature path. Whether the files there are
-        ours is the write policy's call (``ArtifactStatus.refused``)."""
-        artifact, _ = self.artifact_of(decl)
-        allowed = [self.root, self.config.artifact_dir.resolve()]
-        shown = shown_path(artifact, self.root)
-        for path, _kind in self.written_paths(decl):
-            if not any(path == a or a in path.parents for a in allowed):
-                return (
-                    f"{shown_path(path, self.root)} is outside the workspace {self.root}; "
-                    f"the tools write only inside it (or into the artifact-dir that "
-                    f"[tool.precompile] names)"
-                )
-        collision = pair_collision(str(artifact))
-        if collision is not None:
-            return collision.replace(str(artifact), shown)
-        return None
-
-    def options_of(self, decl: TargetDecl) -> dict[str, Any]:
-        """What the job is run with: literal decorator options over the workspace's."""
-        return {
-            "backend": decl.options.get("backend") or self.config.backend,
-            "tracer": decl.options.get("tracer") or self.config.tracer,
-        }
-
-    def job_request(self, decl: TargetDecl, kind: JobKind) -> JobRequest:
-        artifact, declared = self.artifact_of(decl)
-        options = self.options_of(decl)
-        return JobRequest(
-            kind=kind,
-            module=decl.module,
-            function=decl.function,
-            root=str(self.root),
-            source_roots=[str(r) for r in self.config.source_roots],
-            artifact=str(artifact),
-            artifact_declared=declared,
-            backend=options["backend"],
-            tracer=options["tracer"],
-            timeout=self.config.timeout,
-            trusted_keys=self.trusted_keys if kind is JobKind.VERIFY else [],
-            resources=_resources(decl.options.get("resources")),
-        )
-
-    def _cache_key(self, decl: TargetDecl, kind: JobKind) -> str:
-        """Everything a job's result depends on besides the files and packages it imports
-        (which its cache entry records, with their hashes and versions).
-
-        That is every field of the job request -- so a field added to the request is in
-        the key without anyone remembering to add it -- except those in
-        ``_NOT_IN_KEY``, with workspace paths made relative (a cache restored into
-        another checkout still hits); the interpreter the job runs in; the decorator's
-        literal options; the versions; and the content of every file the request names
-        that the job reads (``_read_inputs``: for a verification the artifact, its
-        ``.cache`` and ``.sig``, each present or absent, and the trusted keys). Reads
-        files: call off the event loop."""
-        asked = protocol.to_json_value(self.job_request(decl, kind))
-        for name in _NOT_IN_KEY:
-            asked.pop(name, None)
-        request = json.dumps(asked, sort_keys=True).replace(
-            json.dumps(str(self.root))[1:-1], _ROOT_MARK
-        )
-        read = {
-            self.cache.portable(str(p)): read_source(p).sha for p in self._read_inputs(decl, kind)
-        }
-        parts = [
-            kind.value,
-            decl.key,
-            request,
-            self.config.python,
-            json.dumps(decl.options, sort_keys=True, default=str),
-            json.dumps(self.versions, sort_keys=True),
-            json.dumps(read, sort_keys=True),
-        ]
-        return "\n".join(parts)
-
-    def _read_inputs(self, decl: TargetDecl, kind: JobKind) -> list[Path]:
-        """The files a job reads because its request names them (the modules it imports
-        are recorded by the job itself). A check captures into a scratch folder, so it
-        reads none; a verification loads the pair, checks its signature against the
-        trusted keys given as files, and its outcome changes with any of their bytes."""
-        if kind is not JobKind.VERIFY:
-            return []
-        artifact = str(self.artifact_of(decl)[0])
-        pair = [artifact, default_cache_path(artifact), default_signature_path(artifact)]
-        keys = [k for k in self.trusted_keys if os.path.isfile(k)]
-        return [Path(p) for p in pair + keys]
 
     def _inputs(self, state: TargetState) -> dict[Path, str | None]:
         """The current content hashes of what ``state``'s target depends on: its own file
@@ -455,7 +194,7 @@ class Engine:
         """Whether the last result was computed from the files as they read now."""
         if state.result is None:
             return False
-        if self.import_failed(state.decl, state.result):
+        if import_failed(state.decl, state.result):
             return False  # it depends on every file (see ``cacheable``)
         recorded = {p: state.dependencies.get(p) for p in self._inputs(state)}
         return recorded == self._inputs(state)
@@ -469,7 +208,9 @@ class Engine:
                 {"kind": "stage", "target": decl.key, "job": kind.value, **attrs.asdict(stage)}
             )
 
-        task = asyncio.create_task(self.pool.run(job_id, self.job_request(decl, kind), progress))
+        task = asyncio.create_task(
+            self.pool.run(job_id, self.requests.job_request(decl, kind), progress)
+        )
         return Job(job_id, task, inputs)
 
     async def run_target(
@@ -489,7 +230,9 @@ class Engine:
             job.task.cancel()
             job = None
         cache_key = (
-            None if kind is JobKind.EMIT else await asyncio.to_thread(self._cache_key, decl, kind)
+            None
+            if kind is JobKind.EMIT
+            else await asyncio.to_thread(self.requests.cache_key, decl, kind)
         )
         if job is None:
             if cache_key is not None:
@@ -497,11 +240,13 @@ class Engine:
                 if cached is not None:
                     self.stats.cache_hits += 1
                     return cached
-            if kind is JobKind.EMIT and self.conflicts(decl):
-                error = CaptureError(message=self._conflict_text(decl), type="ArtifactConflict")
+            if kind is JobKind.EMIT and self.emit_paths.conflicts(decl):
+                error = CaptureError(
+                    message=self.emit_paths.conflict_text(decl), type="ArtifactConflict"
+                )
                 return JobResult(status=Outcome.ERROR, kind=kind, error=error)
             if kind is JobKind.EMIT:
-                refused = await asyncio.to_thread(self._emit_refusal, decl)
+                refused = await asyncio.to_thread(self.emit_paths.emit_refusal, decl)
                 if refused is not None:
                     error = CaptureError(
                         message=refused, type="OverwriteRefusedError", hint=_REFUSAL_HINT
@@ -534,67 +279,13 @@ class Engine:
         else:
             self.stats.verifies += 1
         seconds = self.pool.seconds.pop(job.id, None)
-        if cache_key is not None and self.cacheable(decl, result):
-            warning = await asyncio.to_thread(self._put, cache_key, decl, kind, result, seconds)
+        if cache_key is not None and cacheable(decl, result):
+            warning = await asyncio.to_thread(
+                self.requests.put, cache_key, decl, kind, result, seconds
+            )
             if warning is not None:
                 self.on_event({"kind": "warning", "message": f"precompile: {warning}"})
         return result
-
-    def _put(
-        self,
-        key: str,
-        decl: TargetDecl,
-        kind: JobKind,
-        result: JobResult,
-        seconds: float | None = None,
-    ) -> str | None:
-        """Cache ``result`` under ``key``, the key read before the job ran, unless what
-        the key covers changed while it ran (an artifact rewritten during its
-        verification): the result may be of either version, so it is of neither.
-        Returns the warning of a cache that could not be written (once per engine)."""
-        if self._cache_key(decl, kind) != key:
-            return None
-        return self.cache.put(key, result, seconds)
-
-    @classmethod
-    def cacheable(cls, decl: TargetDecl, result: JobResult) -> bool:
-        """Whether ``result`` may answer for its target again while what it depends on
-        is unchanged. Not when the machinery failed or the job was cancelled, and not
-        when the target's module did not import (its own file is then not among the
-        files the job recorded): what a failed import depends on has no bound -- a
-        module that does not exist yet, anywhere under the source roots or on
-        ``sys.path``, a package installed later, the environment -- so a cached failure
-        would outlive its fix. Not caching it costs one failed import per check, and a
-        demanding user wants the fix seen at once, wherever it was made."""
-        if result.status.failed or result.status is Outcome.CANCELLED:
-            return False
-        return not cls.import_failed(decl, result)
-
-    @staticmethod
-    def import_failed(decl: TargetDecl, result: JobResult) -> bool:
-        """Whether ``result`` is of a job that could not import its target's module:
-        its own file is then not among the files the job recorded."""
-        finished = not result.status.failed and result.status is not Outcome.CANCELLED
-        return finished and str(decl.file) not in result.dependencies
-
-    def _emit_refusal(self, decl: TargetDecl) -> str | None:
-        """Why an emit of ``decl`` may not write at all (reads files: off the loop)."""
-        refused = self.write_refusal(decl)
-        if refused is not None:
-            return refused
-        artifact, _ = self.artifact_of(decl)
-        return artifact_status(artifact, self.root).refused
-
-    def _conflict_text(self, decl: TargetDecl) -> str:
-        shared = "; ".join(
-            f"{o.key} writes {shown_path(path, self.root)} too (as its {theirs})"
-            for o, paths in self.shared_paths(decl)
-            for path, _, theirs in paths
-        )
-        return (
-            f"{decl.key} was not written: {shared}; so neither overwrites the other. Give "
-            f"each target its own artifact= path"
-        )
 
     def reconfigure(self, overrides: dict[str, Any] | None = None) -> None:
         """Reload pyproject.toml with the editor's ``overrides`` (None: keep the current
@@ -608,7 +299,8 @@ class Engine:
             with contextlib.suppress(RuntimeError):  # no loop: nothing was started
                 asyncio.get_running_loop().create_task(previous.close())
         self.pool.config = self.config
-        self._by_artifact = None
+        self.emit_paths.reconfigured(self.config)
+        self.requests.reconfigured(self.config)
         for state in self.targets.values():
             self._derive(state)
 
@@ -618,49 +310,14 @@ class Engine:
 
     def _derive(self, state: TargetState) -> None:
         """A target's findings from its result, artifact status and last verification."""
-        decl = state.decl
-        findings: list[Finding] = []
-        if state.result is not None:
-            versions = dict(state.dependencies)
-            findings += [
-                f.at_versions(versions)
-                for f in findings_from_result(state.result, state.result_decl or decl, self.root)
-            ]
-        decl_version = {decl.file: self.seen.get(decl.file)}
-        artifact, declared = self.artifact_of(decl)
-        shared = self.shared_paths(decl)
-        refused = self.write_refusal(decl)
-        if refused is None and state.artifact is not None:
-            refused = state.artifact.refused
-        if shared:
-            findings.append(conflict_finding(decl, shared, self.root))
-        elif refused is not None:
-            findings.append(write_refused_finding(decl, refused, artifact))
-        elif state.artifact is not None:
-            findings += artifact_findings(state.artifact, decl, artifact, declared, self.root)
-        if state.emit_failure is not None and not (shared or refused):
-            # (A refusal the workspace still shows is said once, above.)
-            findings += emit_failure_finding(state.emit_failure, decl, artifact)
-        if state.verified is not None:
-            findings += verify_findings(state.verified, decl)
-        if self.production is not None:
-            findings += production_findings(
-                decl,
-                self.production.current.get(decl.key),
-                self.production.stale.get(decl.key, []),
-                self.production.hashes.get(decl.key),
-                self.root,
-            )
-        state.findings = [
-            self._configured(
-                f if f.version is not None or f.file != decl.file else f.at_versions(decl_version)
-            )
-            for f in findings
-        ]
-
-    def _configured(self, finding: Finding) -> Finding:
-        """A finding as this workspace shows it: its severity, its documentation link."""
-        return finding.with_severity(self.config.severity).with_docs(self.config.docs_url)
+        state.findings = target_findings(
+            state,
+            self.emit_paths,
+            self.production,
+            self.seen.get(state.decl.file),
+            self.root,
+            self.config,
+        )
 
     def _apply(self, decl: TargetDecl, result: JobResult) -> None:
         state = self.targets.get(decl.key)
@@ -674,7 +331,7 @@ class Engine:
         self._derive(state)
 
     async def _refresh_artifact(self, state: TargetState) -> None:
-        artifact, _ = self.artifact_of(state.decl)
+        artifact, _ = self.emit_paths.artifact_of(state.decl)
         state.artifact = await asyncio.to_thread(artifact_status, artifact, self.root)
 
     async def _snapshot(self, states: list[TargetState]) -> None:
@@ -723,7 +380,9 @@ class Engine:
         artifacts they are matched to, changed since the last read, and re-derive every
         target's findings from them. Returns whether anything was re-read. A log runs
         nothing and starts no job: a change to one never triggers a capture."""
-        artifacts = {s.decl.key: self.artifact_of(s.decl)[0] for s in self.targets.values()}
+        artifacts = {
+            s.decl.key: self.emit_paths.artifact_of(s.decl)[0] for s in self.targets.values()
+        }
         # Reading a log runs nothing, so an untrusted workspace's logs are read -- but
         # only inside it: its own pyproject.toml may not point the server at files
         # elsewhere on the machine (the gate tells the user once what trust enables).
@@ -733,7 +392,7 @@ class Engine:
             if not os.path.isabs(os.path.expanduser(p))
             or self.gate.allows(f"read the serving logs {p!r}, outside the workspace")
         )
-        read = await asyncio.to_thread(self._read_serving_logs, artifacts, patterns)
+        read = await asyncio.to_thread(self.log_reader.read, artifacts, patterns)
         if read is None:
             return False
         self.production, warnings = read
@@ -743,50 +402,10 @@ class Engine:
             self._derive(state)
         return True
 
-    def _read_serving_logs(
-        self, artifacts: dict[str, Path], patterns: tuple[str, ...]
-    ) -> tuple[Attribution | None, list[str]] | None:
-        """The logs ``patterns`` name: their attribution and warnings, or None when
-        nothing they depend on changed (thread-safe: touches no engine state but the
-        stamp)."""
-        if not patterns:
-            if self._logs_stamp is None:
-                return None
-            self._logs_stamp = None
-            return None, []
-        files = sorted({p for found in expand(patterns, self.root).values() for p in found})
-        hashes = {key: artifact_hash(path) for key, path in sorted(artifacts.items())}
-
-        def stat(path: Path) -> tuple[int, int, int] | None:
-            try:
-                info = path.stat()
-            except OSError:
-                return None
-            return info.st_ino, info.st_size, info.st_mtime_ns
-
-        stamp = (patterns, [(p, stat(p)) for p in files], hashes)
-        if stamp == self._logs_stamp:
-            return None
-        self._logs_stamp = stamp
-        logs = read_logs(files, self.root)
-        return attribute(logs, hashes), logs.warnings
-
-    def _cached_checks(self, decls: list[TargetDecl]) -> dict[str, JobResult]:
-        """The check results the cache still holds for ``decls`` (file I/O: one trip off
-        the event loop for the whole batch, not one per target)."""
-        seen = dict(self.seen)
-        distribution_version.cache_clear()  # a package may have been installed meanwhile
-        hits = {}
-        for decl in decls:
-            cached = self.cache.get(self._cache_key(decl, JobKind.CHECK), seen)
-            if cached is not None:
-                hits[decl.key] = cached
-        return hits
-
     async def _finish(self, states: list[TargetState]) -> None:
         """After new results: what the workspace says of each artifact, the findings, and
         the texts they point into (one trip off the event loop for all of ``states``)."""
-        paths = [self.artifact_of(s.decl)[0] for s in states]
+        paths = [self.emit_paths.artifact_of(s.decl)[0] for s in states]
         statuses = await asyncio.to_thread(lambda: [artifact_status(p, self.root) for p in paths])
         for state, status in zip(states, statuses):
             state.artifact = status
@@ -810,7 +429,11 @@ class Engine:
             if working:
                 self.on_event({"kind": "progress", "done": done, "total": total, "target": target})
 
-        hits = {} if emit or verify else await asyncio.to_thread(self._cached_checks, decls)
+        hits = (
+            {}
+            if emit or verify
+            else await asyncio.to_thread(self.requests.cached_checks, decls, dict(self.seen))
+        )
         self.stats.cache_hits += len(hits)
         cached = []
         for key, result in hits.items():
@@ -826,7 +449,9 @@ class Engine:
             # A target that may not write (its paths shared with another target, outside
             # the workspace, or holding a user's file) is not emitted, nor verified: the
             # artifact there is not its own, and its finding says so once.
-            writable = not self.conflicts(decl) and self.write_refusal(decl) is None
+            writable = (
+                not self.emit_paths.conflicts(decl) and self.emit_paths.write_refusal(decl) is None
+            )
             write_failed = None
             if emit and writable:
                 emitted = await self.run_target(decl, JobKind.EMIT, submitted)
@@ -899,7 +524,7 @@ class Engine:
             for s in self.targets.values()
             if changed & set(s.dependencies)
             or s.decl.file in changed
-            or (changed and s.result is not None and self.import_failed(s.decl, s.result))
+            or (changed and s.result is not None and import_failed(s.decl, s.result))
         ]
 
     async def files_changed(self, paths: Iterable[Path]) -> bool:
@@ -935,7 +560,7 @@ class Engine:
             return [s.decl for s in self.targets.values()], True
         python = [r.path for r in changed if r.path.suffix == ".py"]
         had_findings = {p for p in python if p in self.discovery_findings}
-        scanned = await asyncio.to_thread(self._scan, python)
+        scanned = await asyncio.to_thread(scan, python, self.config)
         self._apply_scan(scanned)
         for read in changed:
             self.seen[read.path] = read.sha
@@ -950,12 +575,6 @@ class Engine:
             due.append(decl)
         return due, bool(shown)
 
-    def remembered_seconds(self, decls: Iterable[TargetDecl]) -> dict[str, float | None]:
-        """How long each target's last check took, as the result cache remembers it
-        (None: not remembered), whether or not that result is still current: what a
-        shard split is balanced by. Reads files: call off the event loop."""
-        return {d.key: self.cache.seconds(self._cache_key(d, JobKind.CHECK)) for d in decls}
-
     def findings_by_file(
         self, keys: Iterable[str] | None = None, *, workspace: bool = True
     ) -> dict[Path, list[Finding]]:
@@ -964,7 +583,7 @@ class Engine:
         by_file: dict[Path, list[Finding]] = {}
         if workspace:
             for path, findings in self.discovery_findings.items():
-                by_file.setdefault(path, []).extend(self._configured(f) for f in findings)
+                by_file.setdefault(path, []).extend(configured(f, self.config) for f in findings)
         chosen = None if keys is None else set(keys)
         for state in self.targets.values():
             if chosen is not None and state.decl.key not in chosen:

@@ -489,7 +489,7 @@ def conflict_finding(
 ) -> Finding:
     """A target one of whose paths (artifact, ``.cache``, ``.sig``) another target's emit
     writes too: neither is emitted, since each would overwrite or tear the other's pair.
-    ``shared`` is ``Engine.shared_paths``: each other target with the paths they share,
+    ``shared`` is ``EmitPaths.shared_paths``: each other target with the paths they share,
     and what each of the two writes there."""
 
     def one_path(path: Path, mine: str, theirs: str) -> str:

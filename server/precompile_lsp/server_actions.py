@@ -130,7 +130,7 @@ def command_message(kind: str, decl: Any, result: JobResult, engine: Engine) -> 
     if result.failure is not None:
         return f"Precompile: {kind} of {decl.function} failed: {result.failure.message}"
     if kind == "emit":
-        artifact, _ = engine.artifact_of(decl)
+        artifact, _ = engine.emit_paths.artifact_of(decl)
         return f"Precompile: emitted {shown_path(artifact, engine.root)}"
     failures = result.verify_failures
     state = engine.targets.get(decl.key)

@@ -350,6 +350,43 @@ def attribute(logs: LogSet, hashes: dict[str, str | None]) -> Attribution:
     return out
 
 
+class LogReader:
+    """Reads the serving logs a workspace's configuration names, again only when they or
+    the artifacts they are matched to changed since the last read (a stamp of the
+    patterns, each log file's inode, size and mtime, and the artifacts' hashes)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._stamp: object = None
+
+    def read(
+        self, artifacts: dict[str, Path], patterns: tuple[str, ...]
+    ) -> tuple[Attribution | None, list[str]] | None:
+        """The logs ``patterns`` name: their attribution and warnings, or None when
+        nothing they depend on changed (thread-safe: changes nothing but the stamp)."""
+        if not patterns:
+            if self._stamp is None:
+                return None
+            self._stamp = None
+            return None, []
+        files = sorted({p for found in expand(patterns, self.root).values() for p in found})
+        hashes = {key: artifact_hash(path) for key, path in sorted(artifacts.items())}
+
+        def identity(path: Path) -> tuple[int, int, int] | None:
+            try:
+                info = path.stat()
+            except OSError:
+                return None
+            return info.st_ino, info.st_size, info.st_mtime_ns
+
+        stamp = (patterns, [(p, identity(p)) for p in files], hashes)
+        if stamp == self._stamp:
+            return None
+        self._stamp = stamp
+        logs = read_logs(files, self.root)
+        return attribute(logs, hashes), logs.warnings
+
+
 def _first_line(reason: str) -> str:
     text = reason.splitlines()[0] if reason else "(no reason recorded)"
     return text.removeprefix("precompile: ")

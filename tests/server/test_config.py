@@ -191,10 +191,10 @@ def test_paths_keys_reach_discovery_and_artifacts(tmp_path: Path) -> None:
     found = sorted(d.key for d in engine.discover())
     assert found == ["pkg.targets.plain"]  # include/exclude applied; module from the root
     decl = engine.targets["pkg.targets.plain"].decl
-    artifact, declared = engine.artifact_of(decl)
+    artifact, declared = engine.emit_paths.artifact_of(decl)
     assert artifact == (root / "out" / "arts" / "pkg.targets.plain.py").resolve()
     assert not declared
-    job = engine.job_request(decl, JobKind.EMIT)
+    job = engine.requests.job_request(decl, JobKind.EMIT)
     assert job.artifact == str(artifact)
     assert job.source_roots == [str((root / "src").resolve())]
     # The artifact directory is never searched for targets nor watched.
@@ -211,7 +211,7 @@ def test_run_keys_reach_the_jobs(tmp_path: Path) -> None:
     )
     engine = Engine(root, trusted=True)  # starting a worker runs the workspace's python
     [decl] = engine.discover()
-    job = engine.job_request(decl, JobKind.CHECK)
+    job = engine.requests.job_request(decl, JobKind.CHECK)
     assert (job.backend, job.tracer, job.timeout) == ("eager", "make_fx", 7.5)
     assert engine.config.severity == {"PC101": "error", "PC302": "off"}
     assert engine.config.python == os.path.realpath(sys.executable) or engine.config.python == (
@@ -238,7 +238,7 @@ def test_literal_decorator_options_win_over_the_workspace(tmp_path: Path) -> Non
     )
     engine = Engine(root)
     [decl] = engine.discover()
-    job = engine.job_request(decl, JobKind.CHECK)
+    job = engine.requests.job_request(decl, JobKind.CHECK)
     assert (job.backend, job.tracer) == ("eager", "make_fx")
 
 

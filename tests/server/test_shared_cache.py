@@ -168,16 +168,16 @@ def test_another_python_build_or_torch_build_never_shares_an_entry(
 ) -> None:
     """The key holds the interpreter's build and torch's full version (its +cpu/+cu
     local part too), read from the installed metadata without importing torch."""
-    from precompile_lsp import engine as engine_module
+    from precompile_lsp import job_requests
     from precompile_lsp.engine import Engine
 
     shutil.copytree(FIXTURES / "workspace", tmp_path / "ws")
     here = Engine(tmp_path / "ws")
     decl = here.discover()[0]
-    key = here._cache_key(decl, JobKind.CHECK)
+    key = here.requests.cache_key(decl, JobKind.CHECK)
     import importlib.metadata
 
     assert json.dumps(importlib.metadata.version("torch")) in key  # e.g. "2.13.0+cpu"
-    monkeypatch.setattr(engine_module, "build_identity", lambda: "pypy-3.11 another build")
+    monkeypatch.setattr(job_requests, "build_identity", lambda: "pypy-3.11 another build")
     other = Engine(tmp_path / "ws")
-    assert other._cache_key(other.discover()[0], JobKind.CHECK) != key
+    assert other.requests.cache_key(other.discover()[0], JobKind.CHECK) != key
