@@ -185,13 +185,13 @@ def dispatch_refusal_reason() -> str:
         )
     if AUTOGRAD is not None:
         return (
-            "compiled kernels of a forward/backward pair (AOTAutograd's joint graph), "
+            "a forward/backward pair compiled by AOTAutograd (from its joint graph), "
             "whose backward is not the sequence of operations eager's autograd engine "
             "dispatches: even a mode that only watches (FlopCounterMode) would see "
             "other operations than in eager"
         )
     return (
-        "compiled kernels of a decomposed graph (the tracer's decompositions), other "
+        "a graph of decomposed operations (the tracer's decompositions), other "
         "ATen operations than eager dispatches: even a mode that only watches "
         "(FlopCounterMode) would see other operations than in eager"
     )
