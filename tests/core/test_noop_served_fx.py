@@ -4,7 +4,8 @@
   own parameters (``nn.LSTM``'s ``_flat_weights``, or a user's list of them): the value
   check of such an attribute compares a parameter by shape, dtype and device -- its
   ``requires_grad`` is the parameter's own check, which an inference artifact serves
-  (docs/serving.md) -- and a refusal of such an attribute names what differs;
+  (docs/serving.md) -- and a refusal of such an attribute names what differs; where the
+  forward reads a held parameter's ``requires_grad``, it stays a dependency;
 - a ``TorchDispatchMode`` (``FlopCounterMode``, a recording mode, one that changes
   results) around a training step of the eager backend: make_fx traced the backward as
   eager's autograd engine dispatched it, so the mode sees eager's operations, in eager's
@@ -34,9 +35,12 @@ TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer
 MODELS = {
     "cache": ("pm.ParamCache().eval()", "torch.randn(2, 4)"),
     "lstm": ("pm.LSTMHead().eval()", "torch.randn(2, 5, 4)"),
+    "flag": ("pm.ReadsHeldFlag().eval()", "torch.randn(2, 4)"),
 }
 #: Dynamo does not trace RNNs (it gives up on the frame): the LSTM is make_fx's.
-DYNAMO_MODELS = {"cache"}
+DYNAMO_MODELS = {"cache", "flag"}
+#: Models whose forward reads a held parameter's requires_grad.
+READS_FLAG = {"flag"}
 
 
 def _serve(pairs: dict[str, tuple[str, str]], body: str) -> dict[str, Any]:
@@ -106,7 +110,7 @@ def cached(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 def test_requires_grad_false_on_a_model_holding_its_parameters_is_served(cached: Any) -> None:
     tracer, out = cached
     names = sorted(MODELS) if tracer == "make_fx" else sorted(DYNAMO_MODELS)
-    for name in names:
+    for name in sorted(set(names) - READS_FLAG):
         assert out[f"{name} unchanged"] == "exact", out
         assert out[f"{name} requires_grad_(False)"] == "exact", out
 
@@ -123,6 +127,20 @@ def test_a_refused_held_tensor_is_named_by_what_differs(cached: Any) -> None:
         assert "read a tensor of shape (3, 4), dtype torch.float32 on cpu, not requiring" in grad
     else:
         assert grad == "exact" or grad.startswith("refused: "), out
+
+
+def test_requires_grad_false_is_refused_where_the_forward_reads_the_held_flag(
+    cached: Any,
+) -> None:
+    """Where the forward branches on a held parameter's ``requires_grad``, the flag is
+    a dependency (make_fx: a read of a real tensor's flag is a read of the flag as the
+    caller set it, not of the grad mode), and the frozen model is refused."""
+    tracer, out = cached
+    assert out["flag unchanged"] == "exact", out
+    refusal = out["flag requires_grad_(False)"]
+    assert refusal.startswith("refused: "), out
+    if tracer == "make_fx":
+        assert "parameter 'fc.weight' has requires_grad=False" in refusal, refusal
 
 
 @pytest.mark.parametrize("cached", ["make_fx"], indirect=True)

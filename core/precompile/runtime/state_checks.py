@@ -279,11 +279,12 @@ def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any:
         return ("torch", kind.__name__, str(value))
     if isinstance(value, torch.nn.Parameter):
         # A module attribute holding parameters is often a cache of its own (an LSTM's
-        # _flat_weights): by metadata, without requires_grad -- a parameter's flag is
-        # checked with the parameter, where the graph depends on it
-        # (single_graph.requires_grad_is_captured), so requires_grad_(False) before
-        # serving an inference artifact is served.
-        return ("parameter", tuple(value.shape), str(value.dtype), str(value.device))
+        # _flat_weights): by metadata, and by requires_grad only where the traced code
+        # reads that name -- otherwise a parameter's flag is checked with the parameter,
+        # where the graph depends on it (single_graph.requires_grad_is_captured), so
+        # requires_grad_(False) before serving an inference artifact is served.
+        meta = ("parameter", tuple(value.shape), str(value.dtype), str(value.device))
+        return (*meta, bool(value.requires_grad)) if "requires_grad" in context["names"] else meta
     if isinstance(value, torch.Tensor):
         # By metadata only: a tensor's values reach the graph as an input (buffers,
         # checked on their own) or were refused at capture as a constant.
