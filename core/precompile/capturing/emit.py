@@ -276,11 +276,11 @@ def single_graph_metadata(
         "AUTOCAST": [list(state) for state in graph.autocast],
         "AMBIENT_MODES": list(graph.ambient_modes),
         # A dispatch mode around a call sees eager's own ATen operations in the graph:
-        # eager backend, no decompositions, one inference graph (driver.check_ambient_modes).
-        "MODES_SEE_OPS": backend == "eager"
-        and not graph.training
-        and autograd is None
-        and not graph.decomposed,
+        # eager backend, no decompositions, no compiled forward/backward pair
+        # (driver.check_ambient_modes). A training graph qualifies: make_fx traced the
+        # backward as eager's autograd engine dispatched it (onto .grad None; the driver
+        # refuses a mode around a call onto gradients already held).
+        "MODES_SEE_OPS": backend == "eager" and autograd is None and not graph.decomposed,
         "STATE_READS": {
             kind: _grad_site(site, artifact_path) for kind, site in sorted(graph.reads.items())
         },

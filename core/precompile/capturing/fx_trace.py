@@ -185,7 +185,9 @@ class _RefuseOpaqueAccess(TorchFunctionMode):
         if layout is not None:
             self._note_read("layout", layout)
         elif getattr(func, "__self__", None) is tracing.requires_grad_descriptor:
-            if args and id(args[0]) in self.inputs:
+            if args and (id(args[0]) in self.inputs or not isinstance(args[0], tracing.FakeTensor)):
+                # An input's, or a real tensor's (one fn did not compute: a parameter
+                # a module holds in a plain attribute): its flag as the caller set it.
                 self._note_read("requires_grad", ".requires_grad")
             else:
                 # A tensor fn computed requires grad exactly when grad mode is on and

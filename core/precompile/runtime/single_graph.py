@@ -112,10 +112,14 @@ if TYPE_CHECKING:
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
 
-def check_ambient_modes(captured: tuple[str, ...], modes_see_ops: bool = False) -> None:
+def check_ambient_modes(
+    captured: tuple[str, ...], modes_see_ops: bool = False, kernels: str = ""
+) -> None:
     """Refuse a call made under other torch modes than the capture ran under
     (``AMBIENT_MODES``; ``state_checks.ambient_modes``), except dispatch modes around an
     artifact whose graphs run eager's own ATen operations (``MODES_SEE_OPS``).
+    ``kernels`` says what the artifact runs instead, where a dispatch mode is refused
+    (``dispatch_refusal_reason``).
 
     The rule: a mode is served where it sees, during the served call, exactly what it
     sees in eager. A ``TorchDispatchMode`` sees each ATen operation dispatched under it;
@@ -145,10 +149,14 @@ def check_ambient_modes(captured: tuple[str, ...], modes_see_ops: bool = False) 
     elif any(m.endswith("(a TorchDispatchMode)") for m in live):
         why = (
             "A TorchDispatchMode sees every ATen operation eager runs and may change its "
-            "result; this artifact's operations are compiled kernels (Inductor, "
-            "decompositions, or a compiled forward/backward pair) that the mode would "
-            "not see, so it cannot answer as eager would (an artifact of the eager "
-            "backend runs its graph under the mode, which sees what it sees in eager)"
+            "result; this artifact's operations are "
+            + (
+                kernels
+                or "compiled kernels (Inductor, decompositions, or a compiled "
+                "forward/backward pair) that the mode would not see"
+            )
+            + ", so it cannot answer as eager would (an artifact of the eager backend "
+            "runs its graph under the mode, which sees what it sees in eager)"
         )
     else:
         why = (
@@ -160,6 +168,32 @@ def check_ambient_modes(captured: tuple[str, ...], modes_see_ops: bool = False) 
         f"precompile: this call runs {shown(live)}, and the capture ran {shown(captured)}. "
         f"{why}. Call the artifact outside the mode, or run fn eagerly under it",
         6,
+    )
+
+
+def dispatch_refusal_reason() -> str:
+    """What this artifact runs instead of eager's ATen operations, for the refusal of a
+    dispatch mode (empty where ``MODES_SEE_OPS``): the mode sees a different count
+    and order of operations -- none at all for Inductor's kernels."""
+    if MODES_SEE_OPS:
+        return ""
+    if BACKEND == "inductor":
+        return (
+            "compiled kernels (Inductor's), which dispatch no ATen operation: the mode "
+            "would see none of this call's operations (FlopCounterMode would count 0 "
+            "FLOPs where eager counts them)"
+        )
+    if AUTOGRAD is not None:
+        return (
+            "a forward/backward pair compiled by AOTAutograd (from its joint graph), "
+            "whose backward is not the sequence of operations eager's autograd engine "
+            "dispatches: even a mode that only watches (FlopCounterMode) would see "
+            "other operations than in eager"
+        )
+    return (
+        "a graph of decomposed operations (the tracer's decompositions), other "
+        "ATen operations than eager dispatches: even a mode that only watches "
+        "(FlopCounterMode) would see other operations than in eager"
     )
 
 
@@ -284,9 +318,11 @@ def _build_ambient_checks() -> tuple[Callable[[], None], Callable[[], None]]:
     # refused naming them, before any other check.
     captured_modes = tuple(AMBIENT_MODES)
 
+    kernels = dispatch_refusal_reason()
+
     def check_modes() -> None:
         if function_mode_depth() or dispatch_mode_depth() or captured_modes:
-            check_ambient_modes(captured_modes, MODES_SEE_OPS)
+            check_ambient_modes(captured_modes, MODES_SEE_OPS, kernels)
 
     # fn branched on torch.is_grad_enabled(): the trace saw grad mode on for a training
     # capture and for an inference capture of inputs that require grad (AUTOGRAD).
@@ -483,6 +519,26 @@ def _build_single_graph_forward() -> Any:
     grad_loss_unwarned = [not TRAINING and autograd_run is None]
     grad_looked_at: list[Any] = [None]
 
+    def _check_mode_sees_backward(tensors: list[Any]) -> None:
+        """A training graph holds the backward as eager's autograd engine dispatched it
+        onto parameters whose ``.grad`` was None (each gradient detached into place).
+        A dispatch mode around a call onto parameters that already hold a gradient
+        would see other operations than in eager (eager adds each into ``.grad`` in
+        place as its node runs; the artifact adds them after the graph): refused."""
+        held = [PARAM_NAMES[i] for i in grad_indices if tensors[i].grad is not None]
+        if held:
+            refuse(
+                f"precompile: this call runs under a TorchDispatchMode onto parameters that "
+                f"already hold a gradient ({held[0]!r}"
+                + (f" and {len(held) - 1} more" if len(held) > 1 else "")
+                + "): eager's backward adds each gradient into .grad in place as it runs, "
+                "where the captured graph (traced with .grad None) detaches it, so the mode "
+                "would not see the operations it sees in eager. Set the gradients to None "
+                "first (optimizer.zero_grad(), the default set_to_none=True), or call the "
+                "artifact outside the mode",
+                6,
+            )
+
     def _requiring_grad(tensors_in: Any, tensors: list[Any]) -> str:
         for i, t in enumerate(tensors_in):
             if t.requires_grad:
@@ -499,6 +555,8 @@ def _build_single_graph_forward() -> Any:
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         flat, state, tensors_in = checked_inputs(args, kwargs)
+        if n_grads and MODES_SEE_OPS and dispatch_mode_depth():
+            _check_mode_sees_backward(state)
         grad_was_enabled = _torch.is_grad_enabled()
         through_autograd = grad_was_enabled and autograd_run is not None
         run = _apply_flat if through_autograd else call

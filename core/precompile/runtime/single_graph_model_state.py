@@ -190,8 +190,8 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
                 2,
             )
     for mi, (m, flags) in enumerate(zip(mods, MODULE_TRAINING)):
-        actual = [(n, bool(sub.training)) for n, sub in m.named_modules()]
-        for (name, flag), (aname, aflag) in zip(flags, actual):
+        actual = [(n, bool(sub.training), sub) for n, sub in m.named_modules()]
+        for (name, flag), (aname, aflag, asub) in zip(flags, actual):
             if name != aname:
                 refuse(
                     f"precompile: the runtime model's submodule {aname!r} stands where "
@@ -203,12 +203,17 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
             if flag is not None and flag != aflag:
                 where = f"submodule {name!r}" if name else "the model"
                 mode = "train()" if flag else "eval()"
+                # The trace read the flag: its value went where the trace cannot show
+                # it changed nothing (a branch, or an argument of a torch kernel whose
+                # C++ body decides: nn.LSTM passes it to torch's lstm), so the graph
+                # holds what the captured mode computes.
                 refuse(
-                    f"precompile: {where} of module argument {MODULE_POSITIONS[mi]} is in "
-                    f"{'training' if aflag else 'eval'} mode but was captured in "
-                    f"{'training' if flag else 'eval'} mode; the capture baked that mode "
-                    f"(dropout, batch-norm statistics). Call .{mode} on the model or "
-                    f"capture again in this mode",
+                    f"precompile: {where} ({type(asub).__name__}) of module argument "
+                    f"{MODULE_POSITIONS[mi]} is in {'training' if aflag else 'eval'} mode "
+                    f"but was captured in {'training' if flag else 'eval'} mode; the trace "
+                    f"read its training flag, so the graph holds what that mode computed "
+                    f"(dropout, batch-norm statistics, or a torch kernel the flag is passed "
+                    f"to). Call .{mode} on the model or capture again in this mode",
                     2,
                 )
         if len(actual) != len(flags):

@@ -277,11 +277,17 @@ def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any:
         return literal_fingerprint(value)
     if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
         return ("torch", kind.__name__, str(value))
+    if isinstance(value, torch.nn.Parameter):
+        # A module attribute holding parameters is often a cache of its own (an LSTM's
+        # _flat_weights): by metadata, and by requires_grad only where the traced code
+        # reads that name -- otherwise a parameter's flag is checked with the parameter,
+        # where the graph depends on it (single_graph.requires_grad_is_captured), so
+        # requires_grad_(False) before serving an inference artifact is served.
+        meta = ("parameter", tuple(value.shape), str(value.dtype), str(value.device))
+        return (*meta, bool(value.requires_grad)) if "requires_grad" in context["names"] else meta
     if isinstance(value, torch.Tensor):
-        # By metadata only: a tensor's values reach the graph as an input (parameters
-        # and buffers, checked on their own) or were refused at capture as a constant;
-        # a module attribute holding tensors is often a cache of its parameters (an
-        # LSTM's _flat_weights), which the trace itself refreshes with fake ones.
+        # By metadata only: a tensor's values reach the graph as an input (buffers,
+        # checked on their own) or were refused at capture as a constant.
         return (
             "tensor",
             tuple(value.shape),
@@ -758,8 +764,10 @@ def _readable(fp: Any) -> str:
         return f"{kind} {fp[1]}"
     if kind == "torch":
         return fp[2]
-    if kind == "tensor":
-        return f"a tensor of shape {fp[1]} and dtype {fp[2]}"
+    if kind in ("tensor", "parameter") and len(fp) >= 4:
+        # Every part the fingerprint compares, so two that differ read differently.
+        grad = "" if len(fp) < 5 else (", requiring grad" if fp[4] else ", not requiring grad")
+        return f"a {kind} of shape {fp[1]}, dtype {fp[2]} on {fp[3]}{grad}"
     if kind in ("builtins.list", "builtins.tuple", "builtins.set", "builtins.frozenset"):
         items = ", ".join(_readable(v) for v in fp[1])
         brackets = {"builtins.list": "[]", "builtins.tuple": "()"}.get(kind, "{}")
