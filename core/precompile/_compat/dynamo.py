@@ -579,6 +579,42 @@ def relaxing_unread_strides(
         yield
 
 
+@contextlib.contextmanager
+def relaxing_neutral_guards(
+    names: frozenset[str], prove: Callable[[Any, str, str], str | None]
+) -> Iterator[None]:
+    """While capturing: when a frame's guards are built, each guard on a constant
+    attribute of a module named in ``names`` (``L['model']._modules['act'].inplace``,
+    Dynamo's ``CONSTANT_MATCH``) goes where ``prove(graph, module source, name)``
+    returns None -- the frame's graph shows that other values of it compute the same
+    values (``capturing.neutral_reads``) -- so the serialized guard state, the
+    Dynamo-free guard program and an installed package all accept them. The other
+    guards stay as Dynamo built them."""
+    from torch._dynamo import guards
+    from torch._dynamo.output_graph import OutputGraph
+    from torch._dynamo.source import AttrSource
+
+    original_init = guards.CheckFunctionManager.__init__
+
+    def init(self: Any, f_code: Any, output_graph: Any = None, *args: Any, **kwargs: Any) -> None:
+        if isinstance(output_graph, OutputGraph):  # a frame just traced, not a load
+            kept = output_graph.guards
+            for guard in list(kept):
+                source = guard.originating_source
+                if (
+                    isinstance(source, AttrSource)
+                    and source.member in names
+                    and guard.create_fn_name() == "CONSTANT_MATCH"
+                    and prove(output_graph.graph, source.base.name, source.member) is None
+                ):
+                    kept.inner.discard(guard)
+                    kept.source_to_guards[source].remove(guard)
+        original_init(self, f_code, output_graph, *args, **kwargs)
+
+    with patched(guards.CheckFunctionManager, "__init__", init):
+        yield
+
+
 #: The reduce methods of the builtin dict types: an instance whose type keeps one of them
 #: pickles its items as a separate iterator, which can be replaced by the storage order.
 _BUILTIN_DICT_REDUCES = frozenset(

@@ -55,6 +55,17 @@ def __getattr__(name: str) -> Any:
 requires_grad_descriptor = torch._C.TensorBase.__dict__["requires_grad"]
 
 
+def graph_tail() -> Any:
+    """The last node of the graph make_fx is recording now (None outside a trace): what
+    a read made during the trace is placed after (``capturing.neutral_reads``)."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    mode = get_proxy_mode()
+    if mode is None:
+        return None
+    return next(reversed(mode.tracer.graph.nodes), None)
+
+
 def reparametrized(module: torch.nn.Module, tensors: dict[str, Any]) -> Any:
     """Swap a module's params/buffers for ``tensors`` (by qualified name) for a block."""
     from torch.nn.utils.stateless import _reparametrize_module
