@@ -31,6 +31,7 @@ MODELS = {
     "dropout": ("nm.WithDropout().eval()", "torch.randn(2, 4)"),
     "buffers": ("nm.BufferSum().eval()", "torch.randn(2, 4)"),
     "timm": ("nm.TimmResidual().eval()", "torch.randn(2, 4)"),
+    "reused": ("nm.ReusedRelu().eval()", "torch.randn(2, 4)"),
 }
 
 _PRELUDE = """
@@ -120,8 +121,15 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         # Read by the trace and baked into the graph: refused, naming the change.
         attempt("train() with a Dropout", "dropout", lambda m: m.train())
         attempt("DropPath in training", "residual", lambda m: m.drop_path.train())
+        # Library values whose other values the graph proves harmless: relu's input is
+        # read by nothing after it; padding_idx only shapes a gradient this inference
+        # graph does not compute (issue 26).
         attempt("ReLU.inplace", "residual", lambda m: setattr(m.act, "inplace", True))
         attempt("Embedding.padding_idx", "tagger", lambda m: setattr(m.emb, "padding_idx", 3))
+        attempt("Embedding.scale_grad_by_freq", "tagger",
+                lambda m: setattr(m.emb, "scale_grad_by_freq", True))
+        attempt("ReLU.inplace where relu's input is read again", "reused",
+                lambda m: setattr(m.act, "inplace", True))
         attempt("timm-order DropPath.drop_prob", "timm",
                 lambda m: setattr(m.drop_path, "drop_prob", 0.3))
         # Why ReLU.inplace cannot be served blindly: where relu's input is read again,
@@ -167,6 +175,9 @@ EXACT = [
     "train() without train-dependent modules",
     "train() of a Linear beside a DropPath",
     "extra buffer",
+    "ReLU.inplace",
+    "Embedding.padding_idx",
+    "Embedding.scale_grad_by_freq",
     "RecordingOps",
     "DoublingReluKernel",
     "FlopCounterMode",
@@ -209,10 +220,14 @@ def test_a_dispatch_mode_sees_the_ops_eager_runs(served: Any) -> None:
             "DropPath in training",
             {"make_fx": "submodule 'drop_path'", "dynamo": "model.drop_path.training"},
         ),
-        ("ReLU.inplace", {"make_fx": "inplace = True", "dynamo": "model.act.inplace"}),
         (
-            "Embedding.padding_idx",
-            {"make_fx": "padding_idx = 3", "dynamo": "model.emb.padding_idx"},
+            "ReLU.inplace where relu's input is read again",
+            {
+                "make_fx": "inplace = True but the trace read False; the traced code reads "
+                "it, and the graph baked what it read (relu's input is read again after it "
+                "(add): in-place relu changes eager's result)",
+                "dynamo": "model.act.inplace",
+            },
         ),
         # timm tests drop_prob == 0. before training: the trace read the value.
         (
@@ -235,7 +250,7 @@ def test_a_change_the_graph_read_stays_refused_naming_it(
     tracer, out = served
     assert out[cell].startswith("refused: "), out[cell]
     assert words[tracer] in out[cell], out[cell]
-    if cell == "ReLU.inplace":
+    if cell == "ReLU.inplace where relu's input is read again":
         assert out["inplace changes a result"] is True
 
 
@@ -252,14 +267,50 @@ def test_inductor_serves_unread_changes_and_refuses_modes_it_cannot_show(
         attempt("eval DropPath.drop_prob", "residual",
                 lambda m: setattr(m.drop_path, "drop_prob", 0.3))
         attempt("train() of a Linear", "residual", lambda m: m.fc1.train())
+        attempt("ReLU.inplace", "residual", lambda m: setattr(m.act, "inplace", True))
         attempt("DropPath in training", "residual", lambda m: m.drop_path.train())
         attempt("DoublingReluKernel", "residual", mode=am.DoublingReluKernel)
         attempt("FlopCounterMode", "residual", mode=lambda: FlopCounterMode(display=False))
         """,
     )
     assert out["eval DropPath.drop_prob"] == out["train() of a Linear"] == "exact", out
+    assert out["ReLU.inplace"] == "exact", out
     assert "submodule 'drop_path'" in out["DropPath in training"], out
     for cell in ("DoublingReluKernel", "FlopCounterMode"):
         assert out[cell].startswith("refused: "), out
         assert "(a TorchDispatchMode)" in out[cell], out
         assert "compiled kernels" in out[cell], out
+
+
+def test_padding_idx_is_served_by_inference_artifacts_only(tmp_path: Path) -> None:
+    """``padding_idx`` shapes only the embedding's gradient: a training artifact (its
+    backward baked it) keeps refusing another value, naming it; both tracers."""
+    pairs = {}
+    for tracer, make in TRACERS.items():
+        torch.manual_seed(0)
+        model, ids = nm.Tagger().eval(), torch.tensor([[0, 1, 2, 5]])
+        pairs[f"tagger-{tracer}"] = capture_pair(
+            nm.train_step,
+            model,
+            ids,
+            directory=tmp_path,
+            name=f"grad-{tracer}",
+            tracer=make(),
+            training=True,
+        )
+    out = _serve(
+        pairs,
+        """
+        for tracer in ("make_fx", "dynamo"):
+            model, ids = nm.Tagger().eval(), torch.tensor([[0, 1, 2, 5]])
+            model.emb.padding_idx = 3
+            try:
+                RUN[f"tagger-{tracer}"](model, ids)
+                out[tracer] = "served"
+            except precompile.PrecompileError as error:
+                out[tracer] = str(error)
+        """,
+    )
+    assert "padding_idx = 3" in out["make_fx"], out
+    assert "padding_idx shapes the gradient" in out["make_fx"], out
+    assert "model.emb.padding_idx" in out["dynamo"], out

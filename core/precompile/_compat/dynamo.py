@@ -579,13 +579,17 @@ def relaxing_unread_strides(
         yield
 
 
+#: The guards Dynamo puts on a constant's value (and its type, for ``EQUALS_MATCH``).
+_VALUE_GUARDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH", "TYPE_MATCH", "ID_MATCH"})
+
+
 @contextlib.contextmanager
 def relaxing_neutral_guards(
     names: frozenset[str], prove: Callable[[Any, str, str], str | None]
 ) -> Iterator[None]:
     """While capturing: when a frame's guards are built, each guard on a constant
     attribute of a module named in ``names`` (``L['model']._modules['act'].inplace``,
-    Dynamo's ``CONSTANT_MATCH``) goes where ``prove(graph, module source, name)``
+    Dynamo's ``CONSTANT_MATCH``, ``EQUALS_MATCH`` and the type guard beside it) goes where ``prove(graph, module source, name)``
     returns None -- the frame's graph shows that other values of it compute the same
     values (``capturing.neutral_reads``) -- so the serialized guard state, the
     Dynamo-free guard program and an installed package all accept them. The other
@@ -604,7 +608,7 @@ def relaxing_neutral_guards(
                 if (
                     isinstance(source, AttrSource)
                     and source.member in names
-                    and guard.create_fn_name() == "CONSTANT_MATCH"
+                    and guard.create_fn_name() in _VALUE_GUARDS
                     and prove(output_graph.graph, source.base.name, source.member) is None
                 ):
                     kept.inner.discard(guard)

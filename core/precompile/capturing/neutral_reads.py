@@ -146,7 +146,7 @@ def prove_in_graph(
     if rule.kind == BACKWARD_ONLY and not inference:
         return (
             f"{name} shapes the gradient, and this artifact holds a backward that baked "
-            f"it (a training capture)"
+            f"it (a training capture, or parameters or inputs that require grad)"
         )
     nodes = list(graph.nodes)
     try:
