@@ -1,9 +1,11 @@
 """What the graph depends on, not what the trace touched (issue 26): changes serving code
 makes that cannot alter a result are served exactly -- a library module's attribute the
 trace never read, ``train()`` on a model whose modules never read their flag, an extra
-buffer, a dispatch mode or module tracker that only watches -- while the changes whose
-value the trace did read (``ReLU.inplace``, ``Embedding.padding_idx``, a Dropout's
-``train()``) and the modes that change results stay refused, naming the change. Each
+buffer, a dispatch mode or module tracker that only watches, ``ReLU.inplace`` where the
+graph proves relu's input is not read again, ``Embedding.padding_idx`` in an inference
+artifact -- while the changes whose value reached the graph (``ReLU.inplace`` where the
+input is reused, a Dropout's ``train()``) and the modes that change results stay
+refused, naming the change and why. Each
 artifact is served in a fresh process and compared with eager on the changed model, for
 both tracers; one Inductor artifact shows the mechanism holds there."""
 
