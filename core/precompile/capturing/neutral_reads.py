@@ -35,6 +35,7 @@ the read stays checked.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 from typing import Any
 
@@ -123,7 +124,10 @@ def _op_name(node: Any) -> str | None:
 
 
 def _aliases(node: Any) -> bool:
-    """Whether an ATen node's result is a view or an in-place result of an argument."""
+    """Whether an ATen node's result is a view or an in-place result of an argument
+    (an item of a multi-result operator, ``batch_norm``'s output: that operator's)."""
+    if node.target is operator.getitem:
+        return getattr(node.args[0], "op", None) != "call_function" or _aliases(node.args[0])
     schema = getattr(node.target, "_schema", None)
     if schema is None:
         return True  # not an ATen operator: nothing says it aliases nothing
@@ -140,8 +144,8 @@ def prove_in_graph(
         if not training:
             return None
         return (
-            f"the module was in training at capture, where its in-place form overwrites "
-            f"its input; the graph baked the out-of-place one"
+            "the module was in training at capture, where its in-place form overwrites "
+            "its input; the graph baked the out-of-place one"
         )
     if rule.kind == BACKWARD_ONLY and not inference:
         return (
@@ -177,7 +181,7 @@ def _in_place_harmless(
             f"{opname}'s input is one of fn's inputs, a parameter or a buffer: in-place "
             f"{opname} changes a tensor the caller sees"
         )
-    if getattr(source, "op", None) != "call_function" or aliases(source):
+    if source is None or getattr(source, "op", None) != "call_function" or aliases(source):
         return (
             f"{opname}'s input is a view or an in-place result of another tensor: "
             f"in-place {opname} changes that tensor too"
