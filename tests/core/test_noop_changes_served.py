@@ -34,6 +34,7 @@ MODELS = {
     "buffers": ("nm.BufferSum().eval()", "torch.randn(2, 4)"),
     "timm": ("nm.TimmResidual().eval()", "torch.randn(2, 4)"),
     "reused": ("nm.ReusedRelu().eval()", "torch.randn(2, 4)"),
+    "reused_dropout": ("nm.ReusedDropout().eval()", "torch.randn(2, 4)"),
 }
 
 _PRELUDE = """
@@ -132,6 +133,8 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
                 lambda m: setattr(m.emb, "scale_grad_by_freq", True))
         attempt("ReLU.inplace where relu's input is read again", "reused",
                 lambda m: setattr(m.act, "inplace", True))
+        attempt("Dropout.inplace in eval, its input read again", "reused_dropout",
+                lambda m: setattr(m.drop, "inplace", True))
         attempt("timm-order DropPath.drop_prob", "timm",
                 lambda m: setattr(m.drop_path, "drop_prob", 0.3))
         # Why ReLU.inplace cannot be served blindly: where relu's input is read again,
@@ -180,6 +183,7 @@ EXACT = [
     "ReLU.inplace",
     "Embedding.padding_idx",
     "Embedding.scale_grad_by_freq",
+    "Dropout.inplace in eval, its input read again",
     "RecordingOps",
     "DoublingReluKernel",
     "FlopCounterMode",
@@ -228,7 +232,8 @@ def test_a_dispatch_mode_sees_the_ops_eager_runs(served: Any) -> None:
                 "make_fx": "inplace = True but the trace read False; the traced code reads "
                 "it, and the graph baked what it read (relu's input is read again after it "
                 "(add): in-place relu changes eager's result)",
-                "dynamo": "model.act.inplace",
+                "dynamo": "(relu's input is read again after it (add): in-place relu "
+                "changes eager's result)",
             },
         ),
         # timm tests drop_prob == 0. before training: the trace read the value.
@@ -254,6 +259,8 @@ def test_a_change_the_graph_read_stays_refused_naming_it(
     assert words[tracer] in out[cell], out[cell]
     if cell == "ReLU.inplace where relu's input is read again":
         assert out["inplace changes a result"] is True
+        named = {"make_fx": "submodule 'act'", "dynamo": "`model.act.inplace` is not False"}
+        assert named[tracer] in out[cell], out[cell]
 
 
 def test_inductor_serves_unread_changes_and_refuses_modes_it_cannot_show(

@@ -585,7 +585,9 @@ _VALUE_GUARDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH", "TYPE_MATCH", "ID_M
 
 @contextlib.contextmanager
 def relaxing_neutral_guards(
-    names: frozenset[str], prove: Callable[[Any, str, str], str | None]
+    names: frozenset[str],
+    prove: Callable[[Any, str, str], str | None],
+    notes_by_state: dict[bytes, list[list[str | None]]],
 ) -> Iterator[None]:
     """While capturing: when a frame's guards are built, each guard on a constant
     attribute of a module named in ``names`` (``L['model']._modules['act'].inplace``,
@@ -593,7 +595,9 @@ def relaxing_neutral_guards(
     returns None -- the frame's graph shows that other values of it compute the same
     values (``capturing.neutral_reads``) -- so the serialized guard state, the
     Dynamo-free guard program and an installed package all accept them. The other
-    guards stay as Dynamo built them."""
+    guards stay as Dynamo built them, and why they stay is added to the variant's
+    notes (``notes_by_state``, as ``relaxing_unread_strides`` keeps them: ``[the
+    attribute as the user says it, why]``) for the refusal to say."""
     from torch._dynamo import guards
     from torch._dynamo.output_graph import OutputGraph
     from torch._dynamo.source import AttrSource
@@ -601,19 +605,27 @@ def relaxing_neutral_guards(
     original_init = guards.CheckFunctionManager.__init__
 
     def init(self: Any, f_code: Any, output_graph: Any = None, *args: Any, **kwargs: Any) -> None:
+        notes: dict[str, str] = {}
         if isinstance(output_graph, OutputGraph):  # a frame just traced, not a load
             kept = output_graph.guards
             for guard in list(kept):
                 source = guard.originating_source
-                if (
+                if not (
                     isinstance(source, AttrSource)
                     and source.member in names
                     and guard.create_fn_name() in _VALUE_GUARDS
-                    and prove(output_graph.graph, source.base.name, source.member) is None
                 ):
+                    continue
+                why = prove(output_graph.graph, source.base.name, source.member)
+                if why is None:
                     kept.inner.discard(guard)
                     kept.source_to_guards[source].remove(guard)
+                else:
+                    notes[source_path(source) or source.member] = why
         original_init(self, f_code, output_graph, *args, **kwargs)
+        state = getattr(self, "guards_state", None)
+        if notes and state is not None:
+            notes_by_state.setdefault(state, []).extend([p, w] for p, w in notes.items())
 
     with patched(guards.CheckFunctionManager, "__init__", init):
         yield

@@ -122,7 +122,8 @@ class FrameRecord:
     dict_keys: list[list[dict[str, Any]]] = dataclasses.field(default_factory=list)
     #: Per variant, why stride guards stay (``[path or None, why]``: a layout query its
     #: Python made, an input Inductor cannot take as a copy; ``_compat.dynamo.
-    #: relaxing_unread_strides``).
+    #: relaxing_unread_strides``), and why a library value's guard stays (``[path,
+    #: why]``: ``_compat.dynamo.relaxing_neutral_guards``).
     layout_notes: list[list[list[str | None]]] = dataclasses.field(default_factory=list)
 
     @property
@@ -791,7 +792,7 @@ class DynamoSession:
                 # ReLU.inplace where relu's input is not read again, padding_idx in a
                 # graph with no grad: guards on values the graph proves harmless go.
                 dynamo.relaxing_neutral_guards(
-                    neutral_reads.NAMES, neutral_reads.prove_dynamo_guard
+                    neutral_reads.NAMES, neutral_reads.prove_dynamo_guard, self.layout_notes
                 ),
                 torch.set_grad_enabled(self.training),
                 inductor.inductor_capture_config(self.inductor_cache)

@@ -81,14 +81,14 @@ RULES: dict[tuple[str, str], Rule] = {
     (_ACT + "Threshold", "inplace"): _in_place("threshold"),
     (_ACT + "RReLU", "inplace"): _in_place("rrelu_with_noise", functions=("rrelu",)),
     **{
-        (_DROP + name, "inplace"): Rule(IN_PLACE_IN_EVAL)
-        for name in (
-            "Dropout",
-            "Dropout1d",
-            "Dropout2d",
-            "Dropout3d",
-            "AlphaDropout",
-            "FeatureAlphaDropout",
+        (_DROP + name, "inplace"): Rule(IN_PLACE_IN_EVAL, functions=(function,))
+        for name, function in (
+            ("Dropout", "dropout"),
+            ("Dropout1d", "dropout1d"),
+            ("Dropout2d", "dropout2d"),
+            ("Dropout3d", "dropout3d"),
+            ("AlphaDropout", "alpha_dropout"),
+            ("FeatureAlphaDropout", "feature_alpha_dropout"),
         )
     },
     **{
@@ -178,8 +178,9 @@ def _in_place_harmless(
     source = op.args[0] if op.args else None
     if getattr(source, "op", None) == "placeholder":
         return (
-            f"{opname}'s input is one of fn's inputs, a parameter or a buffer: in-place "
-            f"{opname} changes a tensor the caller sees"
+            f"{opname}'s input comes from outside the graph (one of fn's inputs, a "
+            f"parameter or a buffer, or a value carried across a graph break): in-place "
+            f"{opname} changes a tensor the caller or later code may read"
         )
     if source is None or getattr(source, "op", None) != "call_function" or aliases(source):
         return (
@@ -270,8 +271,17 @@ def prove_dynamo_guard(graph: Any, module_source: str, name: str) -> str | None:
         return "the capture cannot find where the trace used it in the graph"
     op, kind = inside[0]
     rule = class_rule(kind, name) if isinstance(kind, type) else None
-    if rule is None or rule.kind == IN_PLACE_IN_EVAL:
+    if rule is None:
         return "no rule shows its value harmless here"
+    if rule.kind == IN_PLACE_IN_EVAL:
+        # F.dropout(input, p, training, inplace): the identity either way in eval.
+        training = op.kwargs.get("training", op.args[2] if len(op.args) > 2 else True)
+        if getattr(op.target, "__name__", None) in rule.functions and training is False:
+            return None
+        return (
+            "the module was in training at capture, where its in-place form overwrites "
+            "its input; the graph baked the out-of-place one"
+        )
     if rule.kind == BACKWARD_ONLY:
         grads = any(
             getattr(n.meta.get("example_value"), "requires_grad", False)
