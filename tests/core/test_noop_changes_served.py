@@ -323,3 +323,24 @@ def test_padding_idx_is_served_by_inference_artifacts_only(tmp_path: Path) -> No
     assert "padding_idx = 3" in out["make_fx"], out
     assert "padding_idx shapes the gradient" in out["make_fx"], out
     assert "model.emb.padding_idx" in out["dynamo"], out
+
+
+def test_dynamo_inductor_serves_a_proven_inplace_flag_and_refuses_a_reused_input(
+    tmp_path: Path,
+) -> None:
+    """The guard on ``model.act.inplace`` goes before serialization where the frame's
+    graph proves it harmless, whatever the backend: an Inductor artifact serves the
+    flipped flag exactly, and keeps refusing it, saying why, where relu's input is
+    read again."""
+    pairs = _capture("dynamo", tmp_path, backend="inductor", only={"residual", "reused"})
+    out = _serve(
+        pairs,
+        """
+        attempt("ReLU.inplace", "residual", lambda m: setattr(m.act, "inplace", True))
+        attempt("reused", "reused", lambda m: setattr(m.act, "inplace", True))
+        """,
+    )
+    assert out["ReLU.inplace"] == "exact", out
+    assert out["reused"].startswith("refused: "), out
+    assert "`model.act.inplace` is not False" in out["reused"], out
+    assert "relu's input is read again after it" in out["reused"], out

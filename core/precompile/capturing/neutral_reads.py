@@ -39,6 +39,8 @@ import operator
 import re
 from typing import Any
 
+from precompile._compat import tracing
+
 IN_PLACE = "in_place"
 IN_PLACE_IN_EVAL = "in_place_in_eval"
 BACKWARD_ONLY = "backward_only"
@@ -128,10 +130,8 @@ def _aliases(node: Any) -> bool:
     (an item of a multi-result operator, ``batch_norm``'s output: that operator's)."""
     if node.target is operator.getitem:
         return getattr(node.args[0], "op", None) != "call_function" or _aliases(node.args[0])
-    schema = getattr(node.target, "_schema", None)
-    if schema is None:
-        return True  # not an ATen operator: nothing says it aliases nothing
-    return any(r.alias_info is not None for r in schema.returns)
+    aliases = tracing.op_result_aliases(node.target)
+    return aliases is not False  # not an ATen operator: nothing says it aliases nothing
 
 
 def prove_in_graph(
@@ -242,9 +242,9 @@ def settle_fx_reads(
 def _torch_level_aliases(node: Any) -> bool:
     """Whether a Dynamo graph node's result may share memory with another tensor: a
     view (its example value says so) or an in-place method or function (``add_``)."""
-    value = node.meta.get("example_value")
+    view = tracing.is_view(node.meta.get("example_value"))
     target = getattr(node.target, "__name__", str(node.target))
-    return not hasattr(value, "_is_view") or value._is_view() or target.endswith("_")
+    return view is not False or target.endswith("_")
 
 
 def _module_path(source_name: str) -> str:
