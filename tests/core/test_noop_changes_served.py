@@ -291,7 +291,7 @@ def test_inductor_serves_unread_changes_and_refuses_modes_it_cannot_show(
         assert "compiled kernels" in out[cell], out
 
 
-def test_padding_idx_is_served_by_inference_artifacts_only(tmp_path: Path) -> None:
+def test_padding_idx_stays_refused_by_a_training_artifact_saying_why(tmp_path: Path) -> None:
     """``padding_idx`` shapes only the embedding's gradient: a training artifact (its
     backward baked it) keeps refusing another value, naming it; both tracers."""
     pairs = {}
