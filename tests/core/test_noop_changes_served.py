@@ -35,6 +35,7 @@ MODELS = {
     "timm": ("nm.TimmResidual().eval()", "torch.randn(2, 4)"),
     "reused": ("nm.ReusedRelu().eval()", "torch.randn(2, 4)"),
     "reused_dropout": ("nm.ReusedDropout().eval()", "torch.randn(2, 4)"),
+    "branches": ("nm.BranchesOnInplace().eval()", "torch.randn(2, 4)"),
 }
 
 _PRELUDE = """
@@ -135,6 +136,8 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
                 lambda m: setattr(m.act, "inplace", True))
         attempt("Dropout.inplace in eval, its input read again", "reused_dropout",
                 lambda m: setattr(m.drop, "inplace", True))
+        attempt("ReLU.inplace that user code branches on", "branches",
+                lambda m: setattr(m.act, "inplace", True))
         attempt("timm-order DropPath.drop_prob", "timm",
                 lambda m: setattr(m.drop_path, "drop_prob", 0.3))
         # Why ReLU.inplace cannot be served blindly: where relu's input is read again,
@@ -234,6 +237,17 @@ def test_a_dispatch_mode_sees_the_ops_eager_runs(served: Any) -> None:
                 "(add): in-place relu changes eager's result)",
                 "dynamo": "(relu's input is read again after it (add): in-place relu "
                 "changes eager's result)",
+            },
+        ),
+        # The proof covers the library forward's read only: user code that branches on
+        # the flag baked its branch.
+        (
+            "ReLU.inplace that user code branches on",
+            {
+                "make_fx": "BranchesOnInplace.forward (noop_models.py) reads inplace too, "
+                "outside the module's forward",
+                "dynamo": "BranchesOnInplace.forward (noop_models.py) reads inplace too, "
+                "outside the module's forward",
             },
         ),
         # timm tests drop_prob == 0. before training: the trace read the value.

@@ -280,7 +280,7 @@ def unrecorded(manager: Any) -> Iterator[Any]:
 @contextlib.contextmanager
 def recording_module_reads(
     modules: list[torch.nn.Module],
-    positions: dict[tuple[int, str], list[Any]] | None = None,
+    positions: dict[tuple[int, str], list[tuple[Any, types.CodeType]]] | None = None,
 ) -> Iterator[dict[int, set[str] | None]]:
     """The attribute names read on each submodule of ``modules`` while active, by
     ``id``: what the trace actually read, not every name its code could load (a
@@ -296,8 +296,10 @@ def recording_module_reads(
     sees them all, for the duration of the trace only.
 
     ``positions`` receives, for each read of an attribute ``neutral_reads`` has a rule
-    for, the graph's last node at that moment: the operator that used the value is the
-    next one (``neutral_reads.prove_in_graph``); a module called twice reads it twice."""
+    for, the graph's last node at that moment (the operator that used the value is the
+    next one: ``neutral_reads.prove_in_graph``) and the code that read it (a read by
+    other code than the library's forward may branch on it); a module called twice
+    reads it twice."""
     reads: dict[int, set[str] | None] = {}
     for m in modules:
         for sub in m.modules():
@@ -312,7 +314,9 @@ def recording_module_reads(
             if name != "__dict__":
                 seen.add(name)
                 if positions is not None and name in neutral_reads.NAMES:
-                    positions.setdefault((id(self), name), []).append(tracing.graph_tail())
+                    positions.setdefault((id(self), name), []).append(
+                        (tracing.graph_tail(), getframe(1).f_code)
+                    )
             elif getframe(1).f_code is not _MODULE_GETATTR_CODE:
                 reads[id(self)] = None
         return get(self, name)

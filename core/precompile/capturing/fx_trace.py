@@ -718,7 +718,7 @@ def trace_single_graph(
         fakes = [fake_mode.from_tensor(t) for t in state_tensors]
         fakes += [fake_mode.from_tensor(leaves[i]) for i in tensor_slots]
     before = fx_dependencies.Snapshot(modules)
-    neutral_positions: dict[tuple[int, str], list[Any]] = {}
+    neutral_positions: dict[tuple[int, str], list[tuple[Any, types.CodeType]]] = {}
     autocast = state_checks.autocast_state()
     ambient_modes = state_checks.ambient_modes()
     try:

@@ -203,11 +203,28 @@ def _in_place_harmless(
     return None
 
 
+def _forward_codes(kind: type) -> frozenset[Any]:
+    """The code of the library ``forward`` a module of ``kind`` runs: the only reader of
+    a ruled value whose use the graph shows (other code may branch on it)."""
+    forward = getattr(kind, "forward", None)
+    code = getattr(forward, "__code__", None)
+    return frozenset() if code is None else frozenset({code})
+
+
+def _read_elsewhere(reader: Any, name: str) -> str:
+    where = getattr(reader, "co_qualname", None) or getattr(reader, "co_name", "unknown code")
+    file = str(getattr(reader, "co_filename", "")).rsplit("/", 1)[-1]
+    return (
+        f"{where} ({file}) reads {name} too, outside the module's forward: what it does "
+        f"with the value is baked in the graph"
+    )
+
+
 def settle_fx_reads(
     graph: Any,
     modules: list[Any],
     reads: dict[int, set[str] | None],
-    positions: dict[tuple[int, str], list[Any]],
+    positions: dict[tuple[int, str], list[tuple[Any, Any]]],
     *,
     inference: bool,
 ) -> list[list[Any]]:
@@ -226,10 +243,14 @@ def settle_fx_reads(
                 if rule is None:
                     continue
                 why = None
-                for after in positions.get((id(sub), name), [None]):
-                    why = prove_in_graph(
-                        graph, after, rule, name, training=sub.training, inference=inference
-                    )
+                library = _forward_codes(type(sub))
+                for after, reader in positions.get((id(sub), name), [(None, None)]):
+                    if reader not in library:
+                        why = _read_elsewhere(reader, name)
+                    else:
+                        why = prove_in_graph(
+                            graph, after, rule, name, training=sub.training, inference=inference
+                        )
                     if why is not None:
                         break
                 if why is None:
@@ -253,11 +274,19 @@ def _module_path(source_name: str) -> str:
     return re.sub(r"\._modules\['([^']+)'\]", r".\1", source_name)
 
 
-def prove_dynamo_guard(graph: Any, module_source: str, name: str) -> str | None:
+def prove_dynamo_guard(
+    graph: Any, module_source: str, name: str, readers: list[tuple[type, Any]]
+) -> str | None:
     """None where a Dynamo frame's graph proves that other values of the module
     attribute ``module_source.name`` (a constant Dynamo guards) compute the same values;
     else why not. The module's first operator is the first node of the graph traced
-    inside it (``nn_module_stack``), named as a torch function."""
+    inside it (``nn_module_stack``), named as a torch function. ``readers``: the
+    (module class, code) of each traced read; each must be the library's forward."""
+    if not readers:
+        return "the capture did not see which code read it"
+    for kind, reader in readers:
+        if reader not in _forward_codes(kind):
+            return _read_elsewhere(reader, name)
     path = _module_path(module_source)
     nodes = list(graph.nodes)
     inside = []
