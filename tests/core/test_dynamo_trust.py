@@ -262,20 +262,22 @@ def issue26_expectations(name: str, training: bool) -> dict[str, tuple[str, ...]
 
 #: Cells that fail on main today (fixes pending); the next commit puts them back.
 _NOT_YET = {
-    "conv": ("inference_mode", "relu inplace"),
+    "conv": ("inference_mode",),
     "block": ("FlopCounterMode", "ModuleTracker"),
-    "train": ("parameter input", "relu inplace"),
+    "train": ("parameter input",),
     "child": (
         "parameter input",
         "FlopCounterMode",
         "ModuleTracker",
         "requires_grad_(False)",
         "inference_mode",
+        # relu's input crosses Chatty.forward's graph break: a placeholder of the resume
+        # frame, which its graph cannot show unaliased (refused, the guard kept).
         "relu inplace",
     ),
     "attn_self": (),
     "attn_cross": (),
-    "keyed": ("parameter input", "relu inplace"),
+    "keyed": ("parameter input",),
     "bert": (),
     "block@inductor": ("FlopCounterMode", "ModuleTracker"),
 }

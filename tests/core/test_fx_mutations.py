@@ -222,14 +222,6 @@ def issue26_expectations(
     return expected
 
 
-#: Cells that fail on main today (fixes pending); the next commit puts them back.
-_NOT_YET = {
-    ("convbn", "eager"): ("relu inplace",),
-    ("train_step", "eager"): ("relu inplace",),
-    ("dict", "eager"): ("relu inplace",),
-}
-
-
 def check_served_or_named(
     results: dict[str, dict[str, str]], expected: dict[str, tuple[str, ...] | None]
 ) -> None:
@@ -256,8 +248,6 @@ def test_library_context_and_no_op_changes_are_served_exactly_or_refused_naming_
     module, name = copy_fixture(tmp_path)
     paths = capture_model(module, model, tmp_path, backend=backend)
     expected = issue26_expectations(model, training=module.MODELS[model][3], backend=backend)
-    for cell in _NOT_YET.get((model, backend), ()):
-        expected.pop(cell)
     results = run_cells(tmp_path, name, model, paths, ["unchanged", *expected])
     assert results["unchanged"]["result"] == "exact", results["unchanged"]
     check_served_or_named(results, expected)

@@ -1,9 +1,11 @@
 """What the graph depends on, not what the trace touched (issue 26): changes serving code
 makes that cannot alter a result are served exactly -- a library module's attribute the
 trace never read, ``train()`` on a model whose modules never read their flag, an extra
-buffer, a dispatch mode or module tracker that only watches -- while the changes whose
-value the trace did read (``ReLU.inplace``, ``Embedding.padding_idx``, a Dropout's
-``train()``) and the modes that change results stay refused, naming the change. Each
+buffer, a dispatch mode or module tracker that only watches, ``ReLU.inplace`` where the
+graph proves relu's input is not read again, ``Embedding.padding_idx`` in an inference
+artifact -- while the changes whose value reached the graph (``ReLU.inplace`` where the
+input is reused, a Dropout's ``train()``) and the modes that change results stay
+refused, naming the change and why. Each
 artifact is served in a fresh process and compared with eager on the changed model, for
 both tracers; one Inductor artifact shows the mechanism holds there."""
 
@@ -31,6 +33,9 @@ MODELS = {
     "dropout": ("nm.WithDropout().eval()", "torch.randn(2, 4)"),
     "buffers": ("nm.BufferSum().eval()", "torch.randn(2, 4)"),
     "timm": ("nm.TimmResidual().eval()", "torch.randn(2, 4)"),
+    "reused": ("nm.ReusedRelu().eval()", "torch.randn(2, 4)"),
+    "reused_dropout": ("nm.ReusedDropout().eval()", "torch.randn(2, 4)"),
+    "branches": ("nm.BranchesOnInplace().eval()", "torch.randn(2, 4)"),
 }
 
 _PRELUDE = """
@@ -120,8 +125,19 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         # Read by the trace and baked into the graph: refused, naming the change.
         attempt("train() with a Dropout", "dropout", lambda m: m.train())
         attempt("DropPath in training", "residual", lambda m: m.drop_path.train())
+        # Library values whose other values the graph proves harmless: relu's input is
+        # read by nothing after it; padding_idx only shapes a gradient this inference
+        # graph does not compute (issue 26).
         attempt("ReLU.inplace", "residual", lambda m: setattr(m.act, "inplace", True))
         attempt("Embedding.padding_idx", "tagger", lambda m: setattr(m.emb, "padding_idx", 3))
+        attempt("Embedding.scale_grad_by_freq", "tagger",
+                lambda m: setattr(m.emb, "scale_grad_by_freq", True))
+        attempt("ReLU.inplace where relu's input is read again", "reused",
+                lambda m: setattr(m.act, "inplace", True))
+        attempt("Dropout.inplace in eval, its input read again", "reused_dropout",
+                lambda m: setattr(m.drop, "inplace", True))
+        attempt("ReLU.inplace that user code branches on", "branches",
+                lambda m: setattr(m.act, "inplace", True))
         attempt("timm-order DropPath.drop_prob", "timm",
                 lambda m: setattr(m.drop_path, "drop_prob", 0.3))
         # Why ReLU.inplace cannot be served blindly: where relu's input is read again,
@@ -167,6 +183,10 @@ EXACT = [
     "train() without train-dependent modules",
     "train() of a Linear beside a DropPath",
     "extra buffer",
+    "ReLU.inplace",
+    "Embedding.padding_idx",
+    "Embedding.scale_grad_by_freq",
+    "Dropout.inplace in eval, its input read again",
     "RecordingOps",
     "DoublingReluKernel",
     "FlopCounterMode",
@@ -209,10 +229,26 @@ def test_a_dispatch_mode_sees_the_ops_eager_runs(served: Any) -> None:
             "DropPath in training",
             {"make_fx": "submodule 'drop_path'", "dynamo": "model.drop_path.training"},
         ),
-        ("ReLU.inplace", {"make_fx": "inplace = True", "dynamo": "model.act.inplace"}),
         (
-            "Embedding.padding_idx",
-            {"make_fx": "padding_idx = 3", "dynamo": "model.emb.padding_idx"},
+            "ReLU.inplace where relu's input is read again",
+            {
+                "make_fx": "inplace = True but the trace read False; the traced code reads "
+                "it, and the graph baked what it read (relu's input is read again after it "
+                "(add): in-place relu changes eager's result)",
+                "dynamo": "(relu's input is read again after it (add): in-place relu "
+                "changes eager's result)",
+            },
+        ),
+        # The proof covers the library forward's read only: user code that branches on
+        # the flag baked its branch.
+        (
+            "ReLU.inplace that user code branches on",
+            {
+                "make_fx": "BranchesOnInplace.forward (noop_models.py) reads inplace too, "
+                "outside the module's forward",
+                "dynamo": "BranchesOnInplace.forward (noop_models.py) reads inplace too, "
+                "outside the module's forward",
+            },
         ),
         # timm tests drop_prob == 0. before training: the trace read the value.
         (
@@ -235,8 +271,10 @@ def test_a_change_the_graph_read_stays_refused_naming_it(
     tracer, out = served
     assert out[cell].startswith("refused: "), out[cell]
     assert words[tracer] in out[cell], out[cell]
-    if cell == "ReLU.inplace":
+    if cell == "ReLU.inplace where relu's input is read again":
         assert out["inplace changes a result"] is True
+        named = {"make_fx": "submodule 'act'", "dynamo": "`model.act.inplace` is not False"}
+        assert named[tracer] in out[cell], out[cell]
 
 
 def test_inductor_serves_unread_changes_and_refuses_modes_it_cannot_show(
@@ -252,14 +290,71 @@ def test_inductor_serves_unread_changes_and_refuses_modes_it_cannot_show(
         attempt("eval DropPath.drop_prob", "residual",
                 lambda m: setattr(m.drop_path, "drop_prob", 0.3))
         attempt("train() of a Linear", "residual", lambda m: m.fc1.train())
+        attempt("ReLU.inplace", "residual", lambda m: setattr(m.act, "inplace", True))
         attempt("DropPath in training", "residual", lambda m: m.drop_path.train())
         attempt("DoublingReluKernel", "residual", mode=am.DoublingReluKernel)
         attempt("FlopCounterMode", "residual", mode=lambda: FlopCounterMode(display=False))
         """,
     )
     assert out["eval DropPath.drop_prob"] == out["train() of a Linear"] == "exact", out
+    assert out["ReLU.inplace"] == "exact", out
     assert "submodule 'drop_path'" in out["DropPath in training"], out
     for cell in ("DoublingReluKernel", "FlopCounterMode"):
         assert out[cell].startswith("refused: "), out
         assert "(a TorchDispatchMode)" in out[cell], out
         assert "compiled kernels" in out[cell], out
+
+
+def test_padding_idx_stays_refused_by_a_training_artifact_saying_why(tmp_path: Path) -> None:
+    """``padding_idx`` shapes only the embedding's gradient: a training artifact (its
+    backward baked it) keeps refusing another value, naming it; both tracers."""
+    pairs = {}
+    for tracer, make in TRACERS.items():
+        torch.manual_seed(0)
+        model, ids = nm.Tagger().eval(), torch.tensor([[0, 1, 2, 5]])
+        pairs[f"tagger-{tracer}"] = capture_pair(
+            nm.train_step,
+            model,
+            ids,
+            directory=tmp_path,
+            name=f"grad-{tracer}",
+            tracer=make(),
+            training=True,
+        )
+    out = _serve(
+        pairs,
+        """
+        for tracer in ("make_fx", "dynamo"):
+            model, ids = nm.Tagger().eval(), torch.tensor([[0, 1, 2, 5]])
+            model.emb.padding_idx = 3
+            try:
+                RUN[f"tagger-{tracer}"](model, ids)
+                out[tracer] = "served"
+            except precompile.PrecompileError as error:
+                out[tracer] = str(error)
+        """,
+    )
+    assert "padding_idx = 3" in out["make_fx"], out
+    assert "padding_idx shapes the gradient" in out["make_fx"], out
+    assert "model.emb.padding_idx" in out["dynamo"], out
+
+
+def test_dynamo_inductor_serves_a_proven_inplace_flag_and_refuses_a_reused_input(
+    tmp_path: Path,
+) -> None:
+    """The guard on ``model.act.inplace`` goes before serialization where the frame's
+    graph proves it harmless, whatever the backend: an Inductor artifact serves the
+    flipped flag exactly, and keeps refusing it, saying why, where relu's input is
+    read again."""
+    pairs = _capture("dynamo", tmp_path, backend="inductor", only={"residual", "reused"})
+    out = _serve(
+        pairs,
+        """
+        attempt("ReLU.inplace", "residual", lambda m: setattr(m.act, "inplace", True))
+        attempt("reused", "reused", lambda m: setattr(m.act, "inplace", True))
+        """,
+    )
+    assert out["ReLU.inplace"] == "exact", out
+    assert out["reused"].startswith("refused: "), out
+    assert "`model.act.inplace` is not False" in out["reused"], out
+    assert "relu's input is read again after it" in out["reused"], out

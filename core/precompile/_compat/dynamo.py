@@ -579,6 +579,92 @@ def relaxing_unread_strides(
         yield
 
 
+#: The guards Dynamo puts on a constant's value (and its type, for ``EQUALS_MATCH``).
+_VALUE_GUARDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH", "TYPE_MATCH", "ID_MATCH"})
+
+
+@contextlib.contextmanager
+def relaxing_neutral_guards(
+    names: frozenset[str],
+    prove: Callable[[Any, str, str, list[tuple[type, Any]]], str | None],
+    notes_by_state: dict[bytes, list[list[str | None]]],
+) -> Iterator[None]:
+    """While capturing: when a frame's guards are built, each guard on a constant
+    attribute of a module named in ``names`` (``L['model']._modules['act'].inplace``,
+    Dynamo's ``CONSTANT_MATCH``, ``EQUALS_MATCH`` and the type guard beside it)
+    goes where ``prove(graph, module source, name, readers)`` returns None; ``readers``
+    are the (module class, code) of every traced read of it, noted as Dynamo reads a
+    module's attribute (other code than the library's forward may branch on it) goes where ``prove(graph, module source, name)``
+    returns None -- the frame's graph shows that other values of it compute the same
+    values (``capturing.neutral_reads``) -- so the serialized guard state, the
+    Dynamo-free guard program and an installed package all accept them. The other
+    guards stay as Dynamo built them, and why they stay is added to the variant's
+    notes (``notes_by_state``, as ``relaxing_unread_strides`` keeps them: ``[the
+    attribute as the user says it, why]``) for the refusal to say."""
+    from torch._dynamo import guards
+    from torch._dynamo.output_graph import OutputGraph
+    from torch._dynamo.source import AttrSource
+    from torch._dynamo.variables import nn_module
+
+    original_init = guards.CheckFunctionManager.__init__
+
+    def reading(original: Callable[..., Any]) -> Callable[..., Any]:
+        def var_getattr(self: Any, tx: Any, name: str) -> Any:
+            source = getattr(self, "source", None)
+            output = getattr(tx, "output", None)
+            if name in names and source is not None and output is not None:
+                kind = getattr(self, "module_type", None) or type(getattr(self, "value", None))
+                output.__dict__.setdefault(_NEUTRAL_READERS, {}).setdefault(
+                    (source.name, name), []
+                ).append((kind, getattr(tx, "f_code", None)))
+            return original(self, tx, name)
+
+        return var_getattr
+
+    def init(self: Any, f_code: Any, output_graph: Any = None, *args: Any, **kwargs: Any) -> None:
+        notes: dict[str, str] = {}
+        if isinstance(output_graph, OutputGraph):  # a frame just traced, not a load
+            kept = output_graph.guards
+            for guard in list(kept):
+                source = guard.originating_source
+                if not (
+                    isinstance(source, AttrSource)
+                    and source.member in names
+                    and guard.create_fn_name() in _VALUE_GUARDS
+                ):
+                    continue
+                readers = output_graph.__dict__.get(_NEUTRAL_READERS, {}).get(
+                    (source.base.name, source.member), []
+                )
+                why = prove(output_graph.graph, source.base.name, source.member, readers)
+                if why is None:
+                    kept.inner.discard(guard)
+                    kept.source_to_guards[source].remove(guard)
+                else:
+                    notes[source_path(source) or source.member] = why
+        original_init(self, f_code, output_graph, *args, **kwargs)
+        state = getattr(self, "guards_state", None)
+        if notes and state is not None:
+            notes_by_state.setdefault(state, []).extend([p, w] for p, w in notes.items())
+
+    with (
+        patched(guards.CheckFunctionManager, "__init__", init),
+        patched(
+            nn_module.NNModuleVariable,
+            "var_getattr",
+            reading(nn_module.NNModuleVariable.var_getattr),
+        ),
+        patched(
+            nn_module.UnspecializedNNModuleVariable,
+            "var_getattr",
+            reading(nn_module.UnspecializedNNModuleVariable.var_getattr),
+        ),
+    ):
+        yield
+
+
+_NEUTRAL_READERS = "_precompile_neutral_readers"
+
 #: The reduce methods of the builtin dict types: an instance whose type keeps one of them
 #: pickles its items as a separate iterator, which can be replaced by the storage order.
 _BUILTIN_DICT_REDUCES = frozenset(

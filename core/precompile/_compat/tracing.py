@@ -55,6 +55,32 @@ def __getattr__(name: str) -> Any:
 requires_grad_descriptor = torch._C.TensorBase.__dict__["requires_grad"]
 
 
+def graph_tail() -> Any:
+    """The last node of the graph make_fx is recording now (None outside a trace): what
+    a read made during the trace is placed after (``capturing.neutral_reads``)."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    mode = get_proxy_mode()
+    if mode is None:
+        return None
+    return next(reversed(mode.tracer.graph.nodes), None)
+
+
+def op_result_aliases(target: Any) -> bool | None:
+    """Whether an ATen operator's result is a view or an in-place result of one of its
+    arguments (its schema's alias annotations); None for a target with no schema."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return None
+    return any(r.alias_info is not None for r in schema.returns)
+
+
+def is_view(value: Any) -> bool | None:
+    """Whether a (fake) tensor is a view of another; None for a value that is not one."""
+    check = getattr(value, "_is_view", None)
+    return None if check is None else bool(check())
+
+
 def reparametrized(module: torch.nn.Module, tensors: dict[str, Any]) -> Any:
     """Swap a module's params/buffers for ``tensors`` (by qualified name) for a block."""
     from torch.nn.utils.stateless import _reparametrize_module

@@ -47,6 +47,7 @@ class SingleGraphMetadata(_Common):
     BUFFER_DEVICES: list[str]
     MODULE_TRAINING: list[Any]
     MODULE_READS: list[Any]
+    MODULE_READ_NOTES: list[Any]
     TRAINING: bool
     GRAD_PARAM_INDICES: list[int]
     IN_SPEC: str

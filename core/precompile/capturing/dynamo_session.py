@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from precompile._compat import dict_keys, dynamo, inductor
+from precompile.capturing import neutral_reads
 from precompile.capturing.dynamo_dependencies import DependencyRecorder
 from precompile.capturing.function_records import function_records
 from precompile.errors import Location, PrecompileError, generator_input_refusal
@@ -121,7 +122,8 @@ class FrameRecord:
     dict_keys: list[list[dict[str, Any]]] = dataclasses.field(default_factory=list)
     #: Per variant, why stride guards stay (``[path or None, why]``: a layout query its
     #: Python made, an input Inductor cannot take as a copy; ``_compat.dynamo.
-    #: relaxing_unread_strides``).
+    #: relaxing_unread_strides``), and why a library value's guard stays (``[path,
+    #: why]``: ``_compat.dynamo.relaxing_neutral_guards``).
     layout_notes: list[list[list[str | None]]] = dataclasses.field(default_factory=list)
 
     @property
@@ -787,6 +789,11 @@ class DynamoSession:
                 ),
                 dynamo.recording_compile_only_branches(branches),
                 dynamo.relaxing_unread_strides(self._relax_strides, self.layout_notes),
+                # ReLU.inplace where relu's input is not read again, padding_idx in a
+                # graph with no grad: guards on values the graph proves harmless go.
+                dynamo.relaxing_neutral_guards(
+                    neutral_reads.NAMES, neutral_reads.prove_dynamo_guard, self.layout_notes
+                ),
                 torch.set_grad_enabled(self.training),
                 inductor.inductor_capture_config(self.inductor_cache)
                 if self.inductor_cache

@@ -288,6 +288,7 @@ def single_graph_metadata(
         "CLASS_STATE": deps.classes,
         "READ_NAMES": sorted(deps.names),
         "MODULE_READS": deps.module_reads,
+        "MODULE_READ_NOTES": deps.read_notes,
         "GLOBAL_READS": [
             {
                 "module": read.module,

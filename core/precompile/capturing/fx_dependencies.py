@@ -32,7 +32,7 @@ import torch
 
 from precompile._compat import patching, tracing
 from precompile._compat.prelude import global_module_hooks
-from precompile.capturing import fx_process_state, library_surface
+from precompile.capturing import fx_process_state, library_surface, neutral_reads
 from precompile.capturing.bytecode_names import builtin_loads, global_loads, global_names
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file, is_user_file
@@ -280,6 +280,7 @@ def unrecorded(manager: Any) -> Iterator[Any]:
 @contextlib.contextmanager
 def recording_module_reads(
     modules: list[torch.nn.Module],
+    positions: dict[tuple[int, str], list[tuple[Any, types.CodeType]]] | None = None,
 ) -> Iterator[dict[int, set[str] | None]]:
     """The attribute names read on each submodule of ``modules`` while active, by
     ``id``: what the trace actually read, not every name its code could load (a
@@ -292,7 +293,13 @@ def recording_module_reads(
     Every read of an attribute of an ``nn.Module`` goes through its type's
     ``__getattribute__`` (plain attributes, properties, and, on a miss, ``__getattr__``
     for parameters, buffers and children), so a recorder installed on ``nn.Module``
-    sees them all, for the duration of the trace only."""
+    sees them all, for the duration of the trace only.
+
+    ``positions`` receives, for each read of an attribute ``neutral_reads`` has a rule
+    for, the graph's last node at that moment (the operator that used the value is the
+    next one: ``neutral_reads.prove_in_graph``) and the code that read it (a read by
+    other code than the library's forward may branch on it); a module called twice
+    reads it twice."""
     reads: dict[int, set[str] | None] = {}
     for m in modules:
         for sub in m.modules():
@@ -306,6 +313,10 @@ def recording_module_reads(
         if seen is not None and not _PAUSED[0]:
             if name != "__dict__":
                 seen.add(name)
+                if positions is not None and name in neutral_reads.NAMES:
+                    positions.setdefault((id(self), name), []).append(
+                        (tracing.graph_tail(), getframe(1).f_code)
+                    )
             elif getframe(1).f_code is not _MODULE_GETATTR_CODE:
                 reads[id(self)] = None
         return get(self, name)
@@ -392,6 +403,9 @@ class Dependencies:
     #: Per module argument, per submodule: the attribute names the trace read on it,
     #: or None where every name in ``names`` counts (``MODULE_READS``).
     module_reads: list[list[list[str] | None]] = dataclasses.field(default_factory=list)
+    #: Ruled reads the graph could not show harmless, with why (``MODULE_READ_NOTES``):
+    #: ``[module argument index, submodule path, attribute, why]``.
+    read_notes: list[list[Any]] = dataclasses.field(default_factory=list)
 
 
 def _context(

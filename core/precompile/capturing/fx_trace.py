@@ -22,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 
 from precompile._compat import tracing
 from precompile._compat.tracing import pytree
-from precompile.capturing import fx_dependencies, fx_keyed_inputs
+from precompile.capturing import fx_dependencies, fx_keyed_inputs, neutral_reads
 from precompile.capturing.fx_dependencies import Dependencies, param_free
 from precompile.capturing.fx_lifting import LiftedState, lift_module_state, module_training_flags
 from precompile.errors import Location, PrecompileError, generator_input_refusal
@@ -720,6 +720,7 @@ def trace_single_graph(
         fakes = [fake_mode.from_tensor(t) for t in state_tensors]
         fakes += [fake_mode.from_tensor(leaves[i]) for i in tensor_slots]
     before = fx_dependencies.Snapshot(modules)
+    neutral_positions: dict[tuple[int, str], list[tuple[Any, types.CodeType]]] = {}
     autocast = state_checks.autocast_state()
     ambient_modes = state_checks.ambient_modes()
     try:
@@ -729,7 +730,7 @@ def trace_single_graph(
                 lambda frame: frame.f_code.co_filename != __file__
             ) as grad_access,
             fx_dependencies.recording_calls() as ran,
-            fx_dependencies.recording_module_reads(modules) as module_reads,
+            fx_dependencies.recording_module_reads(modules, neutral_positions) as module_reads,
         ):
             with fake_mode, opaque, torch.set_grad_enabled(training or grad_inputs):
                 gm = tracing.make_fx(
@@ -806,9 +807,20 @@ def trace_single_graph(
         tracing.insert_runtime_asserts(gm, fake_mode)
     if grad_inputs:
         _check_grad_inputs_capture(grad_param_indices, dynamic_dims, where)
+    # Library-module values whose other values the graph proves cannot change its
+    # result (ReLU.inplace where relu's input is not read again, padding_idx in an
+    # inference graph) leave the reads; the others keep why (MODULE_READ_NOTES).
+    read_notes = neutral_reads.settle_fx_reads(
+        gm.graph,
+        modules,
+        module_reads,
+        neutral_positions,
+        inference=not training and not grad_inputs,
+    )
     recorded = fx_dependencies.record_dependencies(
         modules, ran, training, fn, where, reads=module_reads
     )
+    recorded.read_notes = read_notes
     fx_dependencies.refuse_unnamed_sentinels(recorded, where)
     return SingleGraph(
         graph_module=gm,

@@ -349,9 +349,13 @@ def _layout_note(failure: str, notes: list[list[str | None]]) -> str:
     """Why a variant still checks the strides a call's tensor failed (``[path or None,
     why]`` from capture): its Python read a layout, so Dynamo baked the answer; or
     Inductor's kernels need that tensor as captured and a copy would not serve it. (The
-    eager backend serves any layout where neither holds, Inductor through a copy.)"""
+    eager backend serves any layout where neither holds, Inductor through a copy.)
+    Likewise why a library module's value (``model.act.inplace``) is still checked."""
     if " has stride " not in failure:
-        return ""
+        # A library value kept checked because the graph could not show its other
+        # values harmless (``capturing.neutral_reads``): why.
+        kept = [text for path, text in notes if path and f"`{path}` is not " in failure]
+        return f" ({'; '.join(str(w) for w in kept)})" if kept else ""
     why = [text for path, text in notes if path is None or f"`{path}` has stride " in failure]
     if not why:
         return ""

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     TRAINING: bool = False
     MODULE_STATE: list[list[Any]] = []
     MODULE_READS: list[list[list[str] | None]] = []
+    MODULE_READ_NOTES: list[list[Any]] = []
     CLASS_STATE: list[tuple[str, Any]] = []
     READ_NAMES: list[str] = []
     GLOBAL_READS: list[dict[str, Any]] = []
@@ -355,9 +356,16 @@ def check_module_state(mods: list[Any], context: dict[str, Any]) -> None:
                     path, then, now = first_difference(old[attr], new[attr], attr)
                     state = f"has {path} = {describe_value(now)}"
                     state += f" but the trace read {describe_value(then)}"
+                # A library value other values of which could have been served, had
+                # the graph allowed it: why it did not (``neutral_reads`` at capture).
+                why = "".join(
+                    f" ({note[3]})"
+                    for note in MODULE_READ_NOTES
+                    if note[0] == mi and note[1] == name and note[2] == attr
+                )
                 refuse(
                     f"precompile: {where} {state}; the traced code reads it, and the graph "
-                    f"baked what it read. {fix}, or capture again (re-emit the "
+                    f"baked what it read{why}. {fix}, or capture again (re-emit the "
                     f"artifact)",
                     2,
                 )

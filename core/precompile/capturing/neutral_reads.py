@@ -1,0 +1,327 @@
+"""Library-module values the trace read whose other values cannot change what the graph
+computes (issue 26, "what the graph depends on, not what the trace touched").
+
+A module's ``inplace`` flag and an embedding's ``padding_idx`` are read by the traced
+forward, so a read-recorder counts them as dependencies. But which value they hold
+changes only *how* eager computes, not *what*: ``relu_(h)`` and ``relu(h)`` give the same
+values unless ``h`` is read again; ``padding_idx`` only masks a gradient. Whether that
+holds is a property of the graph, so the capture proves it per read, from the graph, and
+drops the read where the proof holds; where it does not, the read stays checked and the
+refusal says why (``MODULE_READ_NOTES``).
+
+``RULES`` is the one table of such values: a new member of the class is a row, not a new
+code path. Each row says which kind of proof applies:
+
+- ``in_place``: the flag chooses between an operator and its in-place form. Harmless iff
+  the operator's input is a tensor the graph itself made (not fn's input, a parameter or
+  a buffer: a tensor the caller sees), made by an operator whose result aliases nothing
+  (not a view, not an in-place result), and read by nothing after the operator (no later
+  operator, no output, no backward).
+- ``in_place_in_eval``: the flag of a module that is the identity when not training
+  (Dropout): harmless iff the module was in eval at capture; its ``training`` flag was
+  read, so a call in training is refused anyway.
+- ``backward_only``: an operator argument that only its backward uses (``aten.embedding``'s
+  ``padding_idx``, ``scale_grad_by_freq``, ``sparse``): harmless iff the artifact holds no
+  backward (an inference capture, served with outputs that carry no grad). A training
+  artifact baked the value into its backward and keeps the check.
+
+The operator is the first one the trace recorded after the value was read (the module's
+forward reads its attributes, then calls the operator): a make_fx graph names it as an
+ATen operator (``ops``), a Dynamo graph as a torch function (``functions``). Anything
+else found there -- another operator, a decomposition, no operator -- proves nothing, and
+the read stays checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import re
+from typing import Any
+
+from precompile._compat import tracing
+
+IN_PLACE = "in_place"
+IN_PLACE_IN_EVAL = "in_place_in_eval"
+BACKWARD_ONLY = "backward_only"
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """How one library module's attribute can be shown not to change the graph's values."""
+
+    kind: str
+    #: ATen operators (overload packet names) the forward calls with the value (make_fx).
+    ops: tuple[str, ...] = ()
+    #: torch functions (``__name__``) the forward calls with the value (Dynamo's graph).
+    functions: tuple[str, ...] = ()
+
+
+def _in_place(*ops: str, functions: tuple[str, ...] = ()) -> Rule:
+    return Rule(IN_PLACE, ops=ops, functions=functions or ops[:1])
+
+
+_ACT = "torch.nn.modules.activation."
+_DROP = "torch.nn.modules.dropout."
+_SPARSE = "torch.nn.modules.sparse."
+
+#: (module class, attribute) -> its rule. A subclass that keeps the class's ``forward``
+#: inherits the row; one with its own forward does not (its forward may use the value
+#: otherwise).
+RULES: dict[tuple[str, str], Rule] = {
+    (_ACT + "ReLU", "inplace"): _in_place("relu"),
+    (_ACT + "ReLU6", "inplace"): _in_place("hardtanh", "relu6", functions=("relu6", "hardtanh")),
+    (_ACT + "Hardtanh", "inplace"): _in_place("hardtanh"),
+    (_ACT + "LeakyReLU", "inplace"): _in_place("leaky_relu"),
+    (_ACT + "ELU", "inplace"): _in_place("elu"),
+    (_ACT + "SELU", "inplace"): _in_place("elu", "selu", functions=("selu",)),
+    (_ACT + "CELU", "inplace"): _in_place("elu", "celu", functions=("celu",)),
+    (_ACT + "SiLU", "inplace"): _in_place("silu"),
+    (_ACT + "Mish", "inplace"): _in_place("mish"),
+    (_ACT + "Hardswish", "inplace"): _in_place("hardswish"),
+    (_ACT + "Hardsigmoid", "inplace"): _in_place("hardsigmoid"),
+    (_ACT + "Threshold", "inplace"): _in_place("threshold"),
+    (_ACT + "RReLU", "inplace"): _in_place("rrelu_with_noise", functions=("rrelu",)),
+    **{
+        (_DROP + name, "inplace"): Rule(IN_PLACE_IN_EVAL, functions=(function,))
+        for name, function in (
+            ("Dropout", "dropout"),
+            ("Dropout1d", "dropout1d"),
+            ("Dropout2d", "dropout2d"),
+            ("Dropout3d", "dropout3d"),
+            ("AlphaDropout", "alpha_dropout"),
+            ("FeatureAlphaDropout", "feature_alpha_dropout"),
+        )
+    },
+    **{
+        (_SPARSE + "Embedding", name): Rule(
+            BACKWARD_ONLY, ops=("embedding",), functions=("embedding",)
+        )
+        for name in ("padding_idx", "scale_grad_by_freq", "sparse")
+    },
+}
+
+#: Every attribute name some rule covers: what the read recorder notes the position of.
+NAMES = frozenset(name for _, name in RULES)
+
+
+def rule_for(module: Any, name: str) -> Rule | None:
+    """The rule for ``name`` read on ``module``: that of the first class in its MRO with
+    a row, if ``module``'s class runs that class's own ``forward``."""
+    return class_rule(type(module), name)
+
+
+def class_rule(kind: type, name: str) -> Rule | None:
+    """``rule_for`` by the module's class."""
+    for cls in kind.__mro__:
+        rule = RULES.get((f"{cls.__module__}.{cls.__qualname__}", name))
+        if rule is not None:
+            return rule if getattr(kind, "forward", None) is getattr(cls, "forward", None) else None
+    return None
+
+
+def _op_name(node: Any) -> str | None:
+    packet = getattr(node.target, "overloadpacket", None)
+    return getattr(packet, "__name__", None)
+
+
+def _aliases(node: Any) -> bool:
+    """Whether an ATen node's result is a view or an in-place result of an argument
+    (an item of a multi-result operator, ``batch_norm``'s output: that operator's)."""
+    if node.target is operator.getitem:
+        return getattr(node.args[0], "op", None) != "call_function" or _aliases(node.args[0])
+    aliases = tracing.op_result_aliases(node.target)
+    return aliases is not False  # not an ATen operator: nothing says it aliases nothing
+
+
+def prove_in_graph(
+    graph: Any, after: Any, rule: Rule, name: str, *, training: bool, inference: bool
+) -> str | None:
+    """None where the graph proves that other values of ``name`` compute the same
+    values; else why not, in words a refusal can show. ``after`` is the graph's last
+    node when the value was read (the operator that used it comes next)."""
+    if rule.kind == IN_PLACE_IN_EVAL:
+        if not training:
+            return None
+        return (
+            "the module was in training at capture, where its in-place form overwrites "
+            "its input; the graph baked the out-of-place one"
+        )
+    if rule.kind == BACKWARD_ONLY and not inference:
+        return (
+            f"{name} shapes the gradient, and this artifact holds a backward that baked "
+            f"it (a training capture, or parameters or inputs that require grad)"
+        )
+    nodes = list(graph.nodes)
+    try:
+        start = nodes.index(after) + 1 if after is not None else 0
+    except ValueError:
+        return "the capture cannot find where the trace used it in the graph"
+    op = next((n for n in nodes[start:] if n.op == "call_function"), None)
+    found = None if op is None else _op_name(op)
+    if found not in rule.ops:
+        wanted = " or ".join(f"aten.{o}" for o in rule.ops)
+        got = f"aten.{found}" if found else "no ATen operator"
+        return (
+            f"the trace used it in {got}, not {wanted} (a decomposed or replaced "
+            f"forward); the capture cannot show the graph's values do not depend on it"
+        )
+    if rule.kind == BACKWARD_ONLY:
+        return None
+    return _in_place_harmless(nodes, op, str(found))
+
+
+def _in_place_harmless(
+    nodes: list[Any], op: Any, opname: str, aliases: Any = _aliases
+) -> str | None:
+    """Whether ``op`` run in place on its input changes nothing anything else sees."""
+    source = op.args[0] if op.args else None
+    if getattr(source, "op", None) == "placeholder":
+        return (
+            f"{opname}'s input comes from outside the graph (one of fn's inputs, a "
+            f"parameter or a buffer, or a value carried across a graph break): in-place "
+            f"{opname} changes a tensor the caller or later code may read"
+        )
+    if source is None or getattr(source, "op", None) != "call_function" or aliases(source):
+        return (
+            f"{opname}'s input is a view or an in-place result of another tensor: "
+            f"in-place {opname} changes that tensor too"
+        )
+    position = {n: i for i, n in enumerate(nodes)}
+    for user in source.users:
+        if user is op or position[user] < position[op]:
+            continue
+        if user.op == "output":
+            return (
+                f"{opname}'s input is also returned by fn: in-place {opname} changes "
+                f"what eager returns"
+            )
+        return (
+            f"{opname}'s input is read again after it ({user.name}): in-place {opname} "
+            f"changes eager's result"
+        )
+    return None
+
+
+def _forward_codes(kind: type) -> frozenset[Any]:
+    """The code of the library ``forward`` a module of ``kind`` runs: the only reader of
+    a ruled value whose use the graph shows (other code may branch on it)."""
+    forward = getattr(kind, "forward", None)
+    code = getattr(forward, "__code__", None)
+    return frozenset() if code is None else frozenset({code})
+
+
+def _read_elsewhere(reader: Any, name: str) -> str:
+    where = getattr(reader, "co_qualname", None) or getattr(reader, "co_name", "unknown code")
+    file = str(getattr(reader, "co_filename", "")).rsplit("/", 1)[-1]
+    return (
+        f"{where} ({file}) reads {name} too, outside the module's forward: what it does "
+        f"with the value is baked in the graph"
+    )
+
+
+def settle_fx_reads(
+    graph: Any,
+    modules: list[Any],
+    reads: dict[int, set[str] | None],
+    positions: dict[tuple[int, str], list[tuple[Any, Any]]],
+    *,
+    inference: bool,
+) -> list[list[Any]]:
+    """A make_fx capture's ruled reads: each one the graph proves harmless (at every
+    place the trace read it) leaves ``reads``, so the artifact accepts any value of it;
+    the others stay, and are returned as ``MODULE_READ_NOTES`` rows ``[module argument
+    index, submodule path, attribute, why]`` for the refusal to say why."""
+    notes: list[list[Any]] = []
+    for mi, m in enumerate(modules):
+        for path, sub in m.named_modules():
+            seen = reads.get(id(sub))
+            if not seen:
+                continue
+            for name in sorted(seen & NAMES):
+                rule = rule_for(sub, name)
+                if rule is None:
+                    continue
+                why = None
+                library = _forward_codes(type(sub))
+                for after, reader in positions.get((id(sub), name), [(None, None)]):
+                    if reader not in library:
+                        why = _read_elsewhere(reader, name)
+                    else:
+                        why = prove_in_graph(
+                            graph, after, rule, name, training=sub.training, inference=inference
+                        )
+                    if why is not None:
+                        break
+                if why is None:
+                    seen.discard(name)
+                else:
+                    notes.append([mi, path, name, why])
+    return notes
+
+
+def _torch_level_aliases(node: Any) -> bool:
+    """Whether a Dynamo graph node's result may share memory with another tensor: a
+    view (its example value says so) or an in-place method or function (``add_``)."""
+    view = tracing.is_view(node.meta.get("example_value"))
+    target = getattr(node.target, "__name__", str(node.target))
+    return view is not False or target.endswith("_")
+
+
+def _module_path(source_name: str) -> str:
+    """A Dynamo source's name as ``nn_module_stack`` spells the module's path:
+    ``L['model']._modules['act']`` is ``L['model'].act``."""
+    return re.sub(r"\._modules\['([^']+)'\]", r".\1", source_name)
+
+
+def prove_dynamo_guard(
+    graph: Any, module_source: str, name: str, readers: list[tuple[type, Any]]
+) -> str | None:
+    """None where a Dynamo frame's graph proves that other values of the module
+    attribute ``module_source.name`` (a constant Dynamo guards) compute the same values;
+    else why not. The module's first operator is the first node of the graph traced
+    inside it (``nn_module_stack``), named as a torch function. ``readers``: the
+    (module class, code) of each traced read; each must be the library's forward."""
+    if not readers:
+        return "the capture did not see which code read it"
+    for kind, reader in readers:
+        if reader not in _forward_codes(kind):
+            return _read_elsewhere(reader, name)
+    path = _module_path(module_source)
+    nodes = list(graph.nodes)
+    inside = []
+    for node in nodes:
+        stack = node.meta.get("nn_module_stack") or {}
+        if node.op == "call_function" and stack:
+            innermost = list(stack.values())[-1]
+            if innermost[0] == path:
+                inside.append((node, innermost[1]))
+    if not inside:
+        return "the capture cannot find where the trace used it in the graph"
+    op, kind = inside[0]
+    rule = class_rule(kind, name) if isinstance(kind, type) else None
+    if rule is None:
+        return "no rule shows its value harmless here"
+    if rule.kind == IN_PLACE_IN_EVAL:
+        # F.dropout(input, p, training, inplace): the identity either way in eval.
+        training = op.kwargs.get("training", op.args[2] if len(op.args) > 2 else True)
+        if getattr(op.target, "__name__", None) in rule.functions and training is False:
+            return None
+        return (
+            "the module was in training at capture, where its in-place form overwrites "
+            "its input; the graph baked the out-of-place one"
+        )
+    if rule.kind == BACKWARD_ONLY:
+        grads = any(
+            getattr(n.meta.get("example_value"), "requires_grad", False)
+            for n in nodes
+            if n.op == "call_function"
+        )
+        if grads:
+            return f"{name} shapes the gradient, and this graph computes values that require grad"
+    found = getattr(op.target, "__name__", None)
+    if found not in rule.functions:
+        return f"the trace used it in {found}, not {' or '.join(rule.functions)}"
+    if rule.kind == BACKWARD_ONLY:
+        return None
+    return _in_place_harmless(nodes, op, str(found), _torch_level_aliases)
