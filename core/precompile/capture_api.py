@@ -108,7 +108,7 @@ class Capture:
         self._session: Any = None
         self._warned_risky = False
         self._warned_main = False
-        from precompile.capturing.fx_trace import describe_fn
+        from precompile.capturing.fx_inputs import describe_fn
 
         self._fn_info = describe_fn(fn)
         self._report = CaptureReport(target=self._fn_info, tracer=tracer.name, backend=self.backend)

@@ -10,7 +10,12 @@ import types
 
 import torch
 
-from precompile.capturing import bytecode_names, dynamo_dependencies, fx_dependencies
+from precompile.capturing import (
+    bytecode_names,
+    dynamo_dependencies,
+    fx_dependencies,
+    fx_side_effects,
+)
 
 
 def _codes() -> list[types.CodeType]:
@@ -59,7 +64,7 @@ def test_the_scanner_names_what_dis_names() -> None:
 
 def test_both_tracers_read_names_through_it() -> None:
     assert fx_dependencies.global_loads is bytecode_names.global_loads
-    assert fx_dependencies.global_names is bytecode_names.global_names
+    assert fx_side_effects.global_names is bytecode_names.global_names
     assert fx_dependencies.builtin_loads is bytecode_names.builtin_loads
     assert dynamo_dependencies.global_loads is bytecode_names.global_loads
     assert not hasattr(fx_dependencies, "_global_loads")

@@ -15,6 +15,8 @@ per role:
 - ``guard_translation``: Dynamo's guards as a Dynamo-free program (capture side) and
   what an artifact serving it binds instead of Dynamo (prelude text and a runtime
   function emitted verbatim), so it loads without importing ``torch._dynamo``.
+- ``guard_recorder``: the record of every call Dynamo's guard builder makes on the C++
+  guard managers, which ``guard_translation`` turns into that program (capture side).
 - ``kernel_platform``: what a compiled kernel needs of the machine, and whether this
   one has it (cheap probes, no compiler).
 - ``patching``: how a capture swaps a torch function for the length of a block.

@@ -9,10 +9,11 @@ TENSOR_MATCH, ...) do not: they are plain C++ objects, callable on a value.
 
 So at capture, with Dynamo present, each variant's guard tree is rebuilt exactly as the
 artifact would rebuild it today, while every call Dynamo's builder makes on the C++
-managers is recorded. The record becomes a *program*: the path from the frame's locals
-to each guarded value (an accessor per step: frame local, module global, dict item,
-attribute, instance ``__dict__``, tuple item, a dict's n-th key or value), and at each
-value the leaf guards Dynamo attached, with the arguments it attached them with. At load
+managers is recorded (``guard_recorder``). The record becomes a *program*: the path
+from the frame's locals to each guarded value (an accessor per step: frame local, module
+global, dict item, attribute, instance ``__dict__``, tuple item, a dict's n-th key or
+value), and at each value the leaf guards Dynamo attached, with the arguments it
+attached them with. At load
 (``runtime.multigraph_guards.PlainGuards``) the accessors run as Python written to match the C++
 accessors, and the leaves are the same C++ leaf classes built with the same arguments,
 so each leaf decides exactly as Dynamo's does.
@@ -26,14 +27,13 @@ from __future__ import annotations
 
 import ast
 import builtins
-import contextlib
 import importlib
-import threading
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from precompile._compat.guard_recorder import GuardRecorder
 
 #: The one Dynamo module transformed bytecode may name on the Dynamo-free path, what it
 #: may read from it, and what the payload names instead (``_DynamoUtilsStandIn``).
@@ -89,87 +89,6 @@ _LEAVES = {
 _PLAIN_VALUES = (str, int, float, bool, type(None))
 
 _SAVED_TENSORS_HOOKS = "torch._functorch.aot_autograd.utils.top_saved_tensors_hooks ids == None"
-
-_recording = threading.Lock()
-
-
-class _Recorder:
-    """Every call Dynamo's guard builder makes on the C++ managers while it is active
-    (methods patched on the pybind classes, restored on exit)."""
-
-    def __init__(self) -> None:
-        self.log: list[tuple[int | None, str, tuple[Any, ...], dict[str, Any], int | None, str]]
-        self.log = []
-        self._ids: dict[int, int] = {}
-        self._alive: list[Any] = []
-        self._saved: list[tuple[Any, str, Any]] = []
-
-    @property
-    def ids(self) -> dict[int, int]:
-        """Recorder node id by ``id()`` of each manager it saw."""
-        return self._ids
-
-    def node(self, manager: Any) -> int:
-        if id(manager) not in self._ids:
-            self._ids[id(manager)] = len(self._ids)
-            self._alive.append(manager)  # ids stay unique while the record lives
-        return self._ids[id(manager)]
-
-    def _patch(self, owner: Any, name: str) -> None:
-        original = getattr(owner, name)
-        self._saved.append((owner, name, original))
-        classes = torch._C._dynamo.guards
-
-        def recorded(this: Any, *args: Any, **kwargs: Any) -> Any:
-            made = original(this, *args, **kwargs)
-            child = self.node(made) if isinstance(made, classes.GuardManager) else None
-            self.log.append((self.node(this), name, args, kwargs, child, type(made).__name__))
-            return made
-
-        setattr(owner, name, recorded)
-
-    def _patch_free(self, module: Any, name: str) -> None:
-        original = getattr(module, name)
-        self._saved.append((module, name, original))
-
-        classes = torch._C._dynamo.guards
-
-        def as_nodes(value: Any) -> Any:
-            if isinstance(value, classes.GuardManager):
-                return ("node", self.node(value))
-            if isinstance(value, list):
-                return [as_nodes(v) for v in value]
-            return value
-
-        def recorded(*args: Any, **kwargs: Any) -> Any:
-            self.log.append((None, name, tuple(as_nodes(a) for a in args), kwargs, None, ""))
-            return original(*args, **kwargs)
-
-        setattr(module, name, recorded)
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[_Recorder]:
-        import torch._dynamo.guards as dynamo_guards
-
-        classes = torch._C._dynamo.guards
-        with _recording:
-            try:
-                for name in dir(classes.GuardManager):
-                    if name.startswith(("add_", "mark_")) or (
-                        name.endswith("_manager") and name != "get_child_managers"
-                    ):
-                        self._patch(classes.GuardManager, name)
-                for name in ("get_key_manager", "get_value_manager"):
-                    self._patch(classes.DictGuardManager, name)
-                self._patch(classes.RootGuardManager, "add_epilogue_lambda_guard")
-                for name in dir(dynamo_guards):
-                    if name.startswith("install_") and name.endswith("_guard"):
-                        self._patch_free(dynamo_guards, name)
-                yield self
-            finally:
-                for owner, name, original in reversed(self._saved):
-                    setattr(owner, name, original)
-                self._saved.clear()
 
 
 def _importable(obj: Any) -> list[str]:
@@ -506,7 +425,7 @@ def plain_guard_program(
     shape_expressions = [
         str(e).strip() for e in getattr(getattr(parts, "python_code_parts", None), "exprs", [])
     ]
-    recorder = _Recorder()
+    recorder = GuardRecorder()
     with recorder.active():
         wrapper = load_guard_manager(state, code, scope)
     root = recorder.node(wrapper.root)
@@ -521,7 +440,7 @@ def _leaf_class(leaf: list[Any]) -> str:
     )
 
 
-def _check_complete(root: Any, program: dict[str, Any], recorder: _Recorder) -> None:
+def _check_complete(root: Any, program: dict[str, Any], recorder: GuardRecorder) -> None:
     """Make the program exactly the tree Dynamo built, or refuse it: every manager must be
     a program node with the same leaf guards by kind (a relational guard is a leaf of
     each manager it spans) and as many children, and the root as many epilogue guards. A

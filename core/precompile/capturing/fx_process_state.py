@@ -2,7 +2,7 @@
 
 make_fx runs fn's Python once: a branch on a torch setting -- deterministic algorithms,
 the float32 matmul precision, the thread count, a ``torch.backends`` flag -- bakes the
-branch of the value the capture saw. ``fx_dependencies.recording_calls`` hands this module
+branch of the value the capture saw. ``fx_watch.recording_calls`` hands this module
 each profile event of the trace; it keeps the reads user code made, each named as a public
 expression another process evaluates again (``state_checks.state_getter``), so an
 artifact compares the live value per call, only for what fn read.

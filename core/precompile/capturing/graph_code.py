@@ -11,7 +11,8 @@ import torch
 
 from precompile._compat.prelude import FX_GRAPH_GLOBALS
 from precompile._compat.tracing import op_overload_qualname
-from precompile.capturing.fx_trace import SingleGraph, is_literal_constant
+from precompile.capturing.fx_refusals import is_literal_constant
+from precompile.capturing.fx_trace import SingleGraph
 from precompile.errors import PrecompileError
 
 #: Names FX-generated code may reference; FX_GRAPH_GLOBALS defines every one of them.

@@ -3,7 +3,7 @@ tracers: every torch (or installed library) function, method and module-class at
 the trace called, by the path it was resolved through.
 
 The tracers tell what was called -- make_fx by the profile hook of
-``precompile.capturing.fx_dependencies`` (the builtins called and the library functions entered from
+``precompile.capturing.fx_watch`` (the builtins called and the library functions entered from
 eager code: the user's, ``torch.nn``'s, an installed library's), Dynamo by its graphs'
 targets and the code it inlined -- and this module finds where each was reached from:
 

@@ -1,0 +1,192 @@
+"""What a single-graph trace itself changed in Python: side effects an artifact, which
+runs no Python, would not repeat, refused at capture.
+
+``Snapshot`` holds the state before the trace (module attributes and training flags,
+the globals of the project's modules, by the identity of what they hold);
+``ArgumentWatch`` holds fn's arguments as the trace passed them (containers appended
+to, a tensor's ``requires_grad`` flipped). ``refuse_trace_side_effects`` names every
+change found.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+import torch
+
+from precompile._compat import tracing
+from precompile.capturing.bytecode_names import global_names
+from precompile.capturing.fx_watch import CallLog
+from precompile.errors import PrecompileError
+from precompile.locations import is_project_file
+from precompile.runtime import state_checks
+
+
+class _Everything:
+    """A name set that holds every name: fingerprints everything an object has."""
+
+    def __contains__(self, name: object) -> bool:
+        return True
+
+
+class Snapshot:
+    """The state before a trace, to tell what the trace itself changed: Python side
+    effects that an artifact, which runs no Python, would not repeat -- module
+    attributes and training flags, and the globals of the project's modules (the ones
+    the traced code read or wrote are compared afterwards, with the objects they hold)."""
+
+    def __init__(self, modules: list[torch.nn.Module]) -> None:
+        self.modules = [
+            [(name, _attr_fps(sub)) for name, sub in m.named_modules()] for m in modules
+        ]
+        self.training = [[(n, sub.training) for n, sub in m.named_modules()] for m in modules]
+        self.scopes = {
+            id(vars(module)): (name, _scope_contents(vars(module)))
+            for name, module in list(sys.modules.items())
+            if _is_project_module(module)
+        }
+
+    def changed_during(
+        self, modules: list[torch.nn.Module], names: frozenset[str], log: CallLog | None = None
+    ) -> list[str]:
+        changes = []
+        multi = len(modules) > 1
+        for mi, (m, before) in enumerate(zip(modules, self.modules)):
+            prefix = f"m{mi}." if multi else ""
+            after = [(name, _attr_fps(sub)) for name, sub in m.named_modules()]
+            for (name, old), (_, new) in zip(before, after):
+                for attr in sorted((old.keys() | new.keys()) & names):
+                    if old.get(attr) != new.get(attr):
+                        owner = prefix + name
+                        changes.append(f"{owner + '.' if owner else ''}{attr}")
+            for (name, flag), (_, sub) in zip(self.training[mi], m.named_modules()):
+                owner = prefix + name
+                where = f"{owner + '.' if owner else ''}training"
+                if sub.training != flag and where not in changes:
+                    changes.append(where)
+        if log is not None:
+            changes += self._globals_changed(log)
+        return changes
+
+    def _globals_changed(self, log: CallLog) -> list[str]:
+        """The module globals the traced project code named that the trace rebound, or
+        whose list, dict, set or plain object it changed in place."""
+        changes: list[str] = []
+        for code in log.project_codes():
+            scope = log.scopes.get(code)
+            recorded = self.scopes.get(id(scope)) if scope is not None else None
+            if scope is None or recorded is None:
+                continue
+            module, before = recorded
+            for name in global_names(code):
+                where = f"global {name} of module {module}"
+                if where in changes or (name not in before and name not in scope):
+                    continue
+                if name not in before or name not in scope:
+                    changes.append(where)
+                elif _contents(scope[name], _DEPTH) != before[name]:
+                    changes.append(where)
+        return changes
+
+
+#: How deep a global's contents are compared (CALLS[0], CFG.stats["n"]).
+_DEPTH = 3
+#: Containers longer than this are compared by identity and length only.
+_WIDTH = 10_000
+
+
+def _is_project_module(module: object) -> bool:
+    file = getattr(module, "__file__", None)
+    return isinstance(module, types.ModuleType) and isinstance(file, str) and is_project_file(file)
+
+
+def _scope_contents(scope: dict[str, Any]) -> dict[str, Any]:
+    return {
+        name: _contents(value, _DEPTH)
+        for name, value in list(scope.items())
+        if not name.startswith("__")
+    }
+
+
+def _contents(value: Any, depth: int) -> Any:
+    """What a global holds, by identity: the object, and for a list, tuple, dict, set,
+    bytearray or plain object (its ``__dict__``) the objects inside, ``depth`` levels
+    down. Equal results mean no rebinding and no in-place change the trace could make
+    through Python (a tensor's data is not Python state: it is read as a constant)."""
+    if depth <= 0 or isinstance(value, (types.ModuleType, type, types.FunctionType, torch.Tensor)):
+        return id(value)
+    if isinstance(value, (list, tuple)):
+        if len(value) > _WIDTH:
+            return (id(value), len(value))
+        return (id(value), tuple(_contents(v, depth - 1) for v in value))
+    if isinstance(value, dict):
+        if len(value) > _WIDTH:
+            return (id(value), len(value))
+        return (id(value), tuple((k, _contents(v, depth - 1)) for k, v in list(value.items())))
+    if isinstance(value, (set, frozenset)):
+        return (
+            (id(value), len(value))
+            if len(value) > _WIDTH
+            else (id(value), frozenset(map(id, value)))
+        )
+    if isinstance(value, bytearray):
+        return (id(value), bytes(value))
+    attrs = getattr(value, "__dict__", None)
+    if isinstance(attrs, dict) and not isinstance(value, torch.nn.Module):
+        return (id(value), _contents(attrs, depth - 1))
+    return id(value)
+
+
+class ArgumentWatch:
+    """fn's arguments as the trace passed them, to tell what fn's Python did to them: a
+    list appended to or a dict stored into (the trace passes containers rebuilt from
+    the caller's, so the caller's are never changed at capture, and an artifact would
+    not change them either), a tensor's ``requires_grad`` flipped (a parameter's, an
+    input's: the trace flips its stand-in)."""
+
+    def __init__(
+        self,
+        tensors: list[tuple[str, torch.Tensor]],
+        arguments: list[tuple[int, Any]],
+    ) -> None:
+        self.tensors = tensors
+        self.flags = [bool(t.requires_grad) for _, t in tensors]
+        self.arguments = arguments
+        self.before = [tracing.pytree.tree_flatten(value) for _, value in arguments]
+
+    def changes(self) -> list[str]:
+        found = [
+            f"{label}.requires_grad"
+            for (label, t), flag in zip(self.tensors, self.flags)
+            if bool(t.requires_grad) != flag
+        ]
+        for (position, value), (leaves, spec) in zip(self.arguments, self.before):
+            now, now_spec = tracing.pytree.tree_flatten(value)
+            if now_spec != spec or len(now) != len(leaves) or any(map(_is_not, now, leaves)):
+                found.append(f"the {type(value).__name__} passed as fn's argument {position}")
+        return found
+
+
+def _is_not(a: object, b: object) -> bool:
+    return a is not b
+
+
+def _attr_fps(module: torch.nn.Module) -> dict[str, Any]:
+    context = state_checks.new_context(_Everything())
+    record = state_checks.module_fingerprint(module, context, children=False)
+    return dict(record[1]) | {"<hooks>": record[2], "<type>": record[0]}
+
+
+def refuse_trace_side_effects(changes: list[str], where: Any) -> None:
+    if changes:
+        raise PrecompileError(
+            f"fn changed state in Python while it was traced ({', '.join(changes)}); an "
+            f"artifact runs no Python, so served calls would not repeat that change",
+            invariant=4,
+            location=where,
+            hint="return the value from fn instead of storing it (into an argument or a "
+            "global), keep per-call state in tensors (a registered buffer updated in "
+            "place), or make the change outside fn",
+        )
