@@ -12,7 +12,7 @@ import torch
 
 from precompile.capturing import (
     bytecode_names,
-    dynamo_dependencies,
+    dynamo_name_records,
     fx_dependencies,
     fx_side_effects,
 )
@@ -66,6 +66,6 @@ def test_both_tracers_read_names_through_it() -> None:
     assert fx_dependencies.global_loads is bytecode_names.global_loads
     assert fx_side_effects.global_names is bytecode_names.global_names
     assert fx_dependencies.builtin_loads is bytecode_names.builtin_loads
-    assert dynamo_dependencies.global_loads is bytecode_names.global_loads
+    assert dynamo_name_records.global_loads is bytecode_names.global_loads
     assert not hasattr(fx_dependencies, "_global_loads")
     assert not hasattr(fx_dependencies, "_builtin_loads")

@@ -6,10 +6,10 @@ import types
 from typing import Any
 
 from precompile._compat.kernel_platform import kernel_platform
-from precompile.capturing.dynamo_emit import (
+from precompile.capturing.dynamo_emit import emit_dynamo
+from precompile.capturing.dynamo_graph_sections import (
     backend_order,
     eager_graph_section,
-    emit_dynamo,
     graph_source,
     inductor_graph_section,
 )

@@ -1,0 +1,299 @@
+"""The names a Dynamo trace's frames resolved, recorded at capture: module globals
+(``GLOBAL_READS``), the classes it went through (``CLASS_ATTRS``) and the builtins
+(``BUILTIN_READS``). Checked per call by ``runtime.multigraph_name_checks``.
+
+- **Module-level functions and classes** the frames read (a helper, a namedtuple class,
+  ``F.gelu``): Dynamo guards them by identity, and the guard is dropped (an identity does
+  not survive a process). They are recorded by access path with the module and qualified
+  name of what was bound there. Serving resolves each path and refuses one bound to
+  something else; every call then checks the bindings by identity. Their code (the
+  project's functions among them, with every function Dynamo traced) joins
+  ``FUNCTION_SOURCES``, checked at load.
+- **The classes the trace went through**: of every module it reached and of every
+  method or property it inlined, with their bases. Dynamo resolves ``Net.__call__``,
+  ``Net.forward``, ``Net.encode`` and a property's getter on the class and guards none
+  of it, so a rebinding on the class would be served as traced. ``CLASS_ATTRS`` records
+  each class by module and qualified name, with a project class's methods and
+  descriptors (and, of a library class, the attributes bound to code the trace ran);
+  serving checks them at load and per call.
+- **Builtins** the traced code loaded (``len``, ``abs``): ``builtin_reads``.
+
+``import_name`` and ``location`` (how another process names an object, and where a
+function was defined) serve the other Dynamo recorders too.
+"""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+import os
+import re
+import sys
+import types
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from precompile._compat import dynamo
+from precompile.capturing.bytecode_names import global_loads
+from precompile.locations import is_project_file
+from precompile.runtime.guard_text import user_path
+from precompile.runtime.multigraph_dependencies import builtin_key, class_attrs
+
+
+def _qualified(value: Any) -> tuple[str, str] | None:
+    """(module, qualname) of a function, class or builtin; None for anything else."""
+    if isinstance(value, types.ModuleType):
+        return None
+    if not isinstance(
+        value, (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+    ) and not callable(value):
+        return None
+    target = getattr(value, "__func__", value)
+    module, qualname = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        return None
+    return module, qualname
+
+
+def location(value: Any) -> str:
+    """``file.py:line`` of a function's definition ('' for a class or builtin)."""
+    code = getattr(getattr(value, "__func__", value), "__code__", None)
+    if code is None:
+        return ""
+    return f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
+
+
+#: Where a builtin whose ``__qualname__`` does not resolve (``torch.relu`` is
+#: ``_VariableFunctionsClass.relu``) is looked up by its ``__name__``.
+_BUILTIN_HOMES = (
+    "torch",
+    "torch.nn.functional",
+    "torch.special",
+    "torch.linalg",
+    "torch.fft",
+    "math",
+    "operator",
+    "builtins",
+)
+
+
+def _resolves(module: str, qualname: str, value: Any) -> bool:
+    owner: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        owner = getattr(owner, part, None)
+    return owner is value
+
+
+def import_name(value: Any) -> tuple[str, str] | None:
+    """(module, qualname) by which another process imports ``value`` (a function, class
+    or builtin), or None."""
+    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str) and _resolves(module, qualname, value):
+        return module, qualname
+    name = getattr(value, "__name__", None)
+    if isinstance(name, str):
+        for home in (module, *_BUILTIN_HOMES) if isinstance(module, str) else _BUILTIN_HOMES:
+            if getattr(sys.modules.get(home), name, None) is value:
+                return home, name
+    return None
+
+
+class NameRecorder:
+    """The module globals, classes and code a trace's frames resolved by name."""
+
+    def __init__(self) -> None:
+        #: (frame module, access path) -> (module, qualname, location) of what was bound.
+        self.reads: dict[tuple[str, str], tuple[str, str, str]] = {}
+        #: (frame module, access path) -> the read in the words of the code that made
+        #: it (``gm.F.gelu``), where Dynamo named it through another module's global.
+        self.read_shown: dict[tuple[str, str], tuple[str, str]] = {}
+        #: The code of every function read that way (its source is checked at load).
+        self.read_codes: dict[types.CodeType, None] = {}
+        #: The classes of every module the trace reached (their methods, properties and
+        #: ``__call__`` were resolved on the class while tracing; ``CLASS_ATTRS``).
+        self.classes: dict[type, None] = {}
+
+    def observe_modules(self, modules: Iterable[torch.nn.Module]) -> None:
+        """The classes of the modules a frame's guards reached, and of their submodules."""
+        for module in modules:
+            for sub in module.modules():
+                self.classes.setdefault(type(sub), None)
+
+    def observe(self, module_name: str, entries: list[Any]) -> None:
+        """The module globals a frame of ``module_name`` read and compared by identity."""
+        for e in entries:
+            if not (getattr(e, "is_global", False) and getattr(e, "has_value", False)):
+                continue
+            if not dynamo.compares_identity(e) or "__builtins_dict__" in e.name:
+                continue
+            qualified = _qualified(e.value)
+            if qualified is None or not e.name.startswith("G["):
+                continue
+            self.reads.setdefault((module_name, e.name), (*qualified, location(e.value)))
+            shown = _reached_as(e, module_name)
+            if shown is not None:
+                self.read_shown.setdefault((module_name, e.name), shown)
+            read_code = getattr(getattr(e.value, "__func__", e.value), "__code__", None)
+            if isinstance(read_code, types.CodeType):
+                self.read_codes.setdefault(read_code, None)
+
+    def class_rows(self, traced: list[types.CodeType]) -> list[dict[str, Any]]:
+        """``CLASS_ATTRS``: the classes the trace went through -- of every module it
+        reached, and those defining a method or property it inlined (``traced``, by
+        qualified name) -- with their bases. A project class carries its methods and
+        descriptors (``class_attrs``), compared at load and checked per call, all of
+        them. A library class (torch, an installed package) changes by version: only
+        the attributes bound to code the trace ran (``traced``: ``Module.__call__``,
+        ``Linear.forward``) are checked, from load on -- torch itself rebinds others
+        (Dynamo patches ``Module.__init__`` when its frame evaluator first runs). A class
+        defined inside a function has no name another process resolves, and is left
+        out."""
+        classes = dict(self.classes)
+        ran = set(traced)
+        for code in traced:
+            owner = _code_class(code)
+            if owner is not None:
+                classes.setdefault(owner, None)
+        rows: dict[tuple[str, str], dict[str, Any]] = {}
+        # A class defining its own __getattr__ resolves the names it lacks through it;
+        # a plain value set later on it or a base would be read instead, and is guarded
+        # by nothing: all the names of its classes are recorded ("names").
+        forwarding = {
+            base
+            for cls in classes
+            if isinstance(cls, type)
+            and issubclass(cls, torch.nn.Module)
+            and cls.__getattr__ is not torch.nn.Module.__getattr__
+            for base in cls.__mro__
+        }
+        for cls in classes:
+            for base in cls.__mro__:
+                named = import_name(base)
+                if base.__module__ == "builtins" or named is None or named in rows:
+                    continue
+                source = getattr(sys.modules.get(base.__module__), "__file__", None) or ""
+                project = is_project_file(source)
+                rows[named] = {
+                    "module": named[0],
+                    "qualname": named[1],
+                    "attrs": class_attrs(base) if project else None,
+                    "traced": sorted(
+                        name for name, value in vars(base).items() if _code_of(value) in ran
+                    ),
+                }
+                if project and base in forwarding:
+                    rows[named]["names"] = sorted(vars(base))
+        return list(rows.values())
+
+    def rows(self) -> list[dict[str, Any]]:
+        """``GLOBAL_READS``, as artifact literals."""
+        return [
+            {"scope": scope, "path": path, "module": m, "qualname": q, "location": where}
+            | (
+                dict(zip(("shown", "reader"), self.read_shown[scope, path]))
+                if (scope, path) in self.read_shown
+                else {}
+            )
+            for (scope, path), (m, q, where) in sorted(self.reads.items())
+        ]
+
+
+def builtin_reads(codes: list[types.CodeType]) -> list[dict[str, Any]]:
+    """``BUILTIN_READS``: per module, the names its traced code (``codes`` and the code
+    nested in it: comprehensions, lambdas) loads as globals and that resolved through
+    the builtins at capture (absent from the module's globals), with what the builtins
+    dict held (``builtin_key``). Dynamo baked what each did -- ``len(xs)`` became a
+    constant, ``abs`` ran at trace time -- and its identity guard on the builtins dict
+    entry is not serialized, so serving checks the names itself."""
+    by_module: dict[str, dict[str, list[str]]] = {}
+    pending = list(codes)
+    seen: set[types.CodeType] = set()
+    while pending:
+        code = pending.pop()
+        if code in seen:
+            continue
+        seen.add(code)
+        pending.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+        module = inspect.getmodule(code)
+        name = getattr(module, "__name__", None)
+        if module is None or not isinstance(name, str) or name == "__main__":
+            continue
+        if name == "torch._dynamo" or name.startswith("torch._dynamo."):
+            # Dynamo's polyfills stand in for builtins while tracing; eager never runs
+            # them (the user's code that called the builtin is recorded itself).
+            continue
+        scope = vars(module)
+        held = scope.get("__builtins__", builtins)
+        table = held if isinstance(held, dict) else vars(held)
+        for loaded in global_loads(code):
+            if loaded in scope or loaded not in table:
+                continue
+            by_module.setdefault(name, {})[loaded] = builtin_key(table[loaded])
+    return [
+        {"module": module, "names": dict(sorted(names.items()))}
+        for module, names in sorted(by_module.items())
+    ]
+
+
+def _reached_as(entry: Any, frame_module: str) -> tuple[str, str] | None:
+    """A module-global read in the words of the code that made it.
+
+    Dynamo names an object by the first path it met it through: ``F.gelu`` read in the
+    user's module after ``Linear.forward`` read ``F.linear`` is guarded as
+    ``torch.nn.modules.linear.F.gelu`` (one module object, two globals named ``F``).
+    The user's line (the guard's user stack) says which module read it; a global of
+    that module bound to the object at the path's first step names it as the user's
+    code reached it (``gm.F.gelu``), with that module's name. None when the path is
+    already that module's, or no such global exists."""
+    stack = getattr(getattr(entry, "orig_guard", None), "user_stack", None)
+    if not stack:
+        return None
+    filename = getattr(stack[-1], "filename", None)
+    reader = next(
+        (
+            m
+            for m in list(sys.modules.values())
+            if isinstance(getattr(m, "__file__", None), str) and m.__file__ == filename
+        ),
+        None,
+    )
+    match = re.match(r"G\[(['\"])(?P<name>.+?)\1\](?P<first>\.\w+)?(?P<rest>.*)$", entry.name)
+    frame = sys.modules.get(frame_module)
+    if reader is None or match is None or frame is None or not match.group("first"):
+        return None
+    root = vars(frame).get(match.group("name"))
+    if root is reader:
+        return None  # named through the reading module already
+    held = getattr(root, match.group("first")[1:], _MISSING)
+    for name, bound in list(vars(reader).items()):
+        if bound is held and held is not _MISSING and not name.startswith("__"):
+            return f"{reader.__name__}.{name}{user_path(match.group('rest'))}", reader.__name__
+    return None
+
+
+def _code_of(value: Any) -> types.CodeType | None:
+    """The code a class attribute runs: a function's, a static or class method's, a
+    property getter's."""
+    target = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
+    code = getattr(target, "__code__", None)
+    return code if isinstance(code, types.CodeType) else None
+
+
+def _code_class(code: types.CodeType) -> type | None:
+    """The class a method's (or a property accessor's) code was defined in, by its
+    qualified name (``Net.encode`` -> ``Net``); None for a function outside a class."""
+    qualname = getattr(code, "co_qualname", code.co_name)
+    owner_name, _, _ = qualname.rpartition(".")
+    if not owner_name or "<locals>" in owner_name:
+        return None
+    module = inspect.getmodule(code)
+    owner: Any = module
+    for part in owner_name.split("."):
+        owner = getattr(owner, part, None)
+    return owner if isinstance(owner, type) else None
+
+
+#: What a path that cannot be evaluated evaluates to.
+_MISSING = object()
