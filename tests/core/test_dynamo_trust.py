@@ -304,6 +304,53 @@ def test_library_context_and_no_op_changes_are_served_exactly_or_refused_naming_
     assert not problems, "\n".join(problems)
 
 
+def test_a_refused_second_load_leaves_the_installed_artifact_serving(tmp_path: Path) -> None:
+    """A second load of an installed artifact in one process is refused (two installed
+    artifacts cannot share a function); the one already loaded must go on serving the
+    unchanged call exactly, not refuse it as needing a new compile."""
+    model, x = dynamo_trust_models.build("child", seed=0)
+    paths = capture_pair(
+        dynamo_trust_models.child_step,
+        model,
+        x,
+        directory=tmp_path,
+        name="child",
+        tracer=precompile.DynamoTracer(),
+    )
+    code = f"""
+import json, warnings, torch, precompile
+warnings.simplefilter("ignore")
+from tests.fixtures import dynamo_trust_models as m
+model, x = m.build("child", seed=1)
+run = precompile.load(*{paths!r})
+with torch.no_grad():
+    expected = m.child_step(model, x)
+out = {{"installed": run.installed}}
+def attempt(name, call):
+    try:
+        got = call()
+    except precompile.PrecompileError as error:
+        out[name] = "refused: " + str(error)
+    else:
+        out[name] = "exact" if torch.allclose(got, expected) else "WRONG"
+attempt("first", lambda: run(model, x))
+try:
+    precompile.load(*{paths!r})
+    out["second load"] = "loaded"
+except precompile.PrecompileError as error:
+    out["second load"] = "refused: " + str(error)
+attempt("after", lambda: run(model, x))
+print(json.dumps(out))
+"""
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["installed"] is True, out
+    assert out["first"] == "exact", out
+    assert out["second load"].startswith("refused: ") and "unload" in out["second load"], out
+    assert out["after"] == "exact", out
+
+
 # ---------------------------------------------------------------- structured values
 
 

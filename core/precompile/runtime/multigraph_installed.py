@@ -67,7 +67,7 @@ def _build_installed_forward() -> Any:
         )
     state = pickle.loads(base64.b64decode(_PACKAGE))
     try:
-        package = rt.CompilePackage(fn, state)
+        package = rt.package_for(fn, state)
     except Exception as error:
         refuse(
             f"precompile: this artifact could not be installed onto {FN_MODULE}.{FN_NAME} "
