@@ -27,8 +27,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 # >>> not emitted: the capture reports which variant serves (``variant_coverage``) with
 # the code the artifact runs; an artifact's prelude binds these and it carries guard_text
-from precompile._compat.prelude import disable_dispatch_modes, dispatch_mode_depth
+from precompile._compat.prelude import (
+    GLOBAL_HOOK_DICTS,
+    disable_dispatch_modes,
+    dispatch_mode_depth,
+)
 from precompile.runtime.guard_text import guard_failure_text
+from precompile.runtime.state_checks import watches_only
 
 # <<< not emitted
 
@@ -343,6 +348,52 @@ def _refuse_training_flags(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Non
         )
 
 
+def _watchers_aside() -> Any:
+    """Set torch's module trackers' global hooks aside for one served call (what undoes
+    it), or None when there is nothing to set aside (no global hook: the per-call cost
+    is four dict truth tests) or a hook that is not a tracker's (left for the guards
+    and the dependency check to refuse, naming it). A tracker's hooks only watch
+    (``state_checks.watches_only``): a graph has no module calls for them to note, so
+    the served call is eager's with or without them -- but Dynamo's guards compare the
+    hook dicts with the capture's (empty), and an installed artifact's frames would
+    meet the hooks' own Python (``weakref``) as frames no variant covers. Set aside,
+    the guards see the capture's state; the tracker attributes the call to no module,
+    as docs/trust.md says. Taken out of and put back into the same dicts, in order."""
+    import torch.nn.modules.module as hooks_module
+
+    held = [
+        (d, list(d.items()))
+        for d in (getattr(hooks_module, name) for name in GLOBAL_HOOK_DICTS)
+        if d
+    ]
+    if not held or not all(watches_only(h) for _d, items in held for _k, h in items):
+        return None
+    ids = {k for _d, items in held for k, _h in items}
+    # The flags torch keeps per hook id (forward hooks' always_call / with_kwargs).
+    flag_dicts = [
+        d
+        for d in (
+            getattr(hooks_module, "_global_forward_hooks_always_called", None),
+            getattr(hooks_module, "_global_forward_hooks_with_kwargs", None),
+        )
+        if d
+    ]
+    held += [(d, list(d.items())) for d in flag_dicts if any(k in ids for k in d)]
+    for d, items in held:
+        for k, _v in items:
+            if k in ids:
+                d.pop(k, None)
+
+    def restore() -> None:
+        for d, items in held:
+            kept = [(k, v) for k, v in d.items() if (k, v) not in items]
+            d.clear()
+            d.update(items)
+            d.update(kept)  # hooks registered during the call stay, after the others
+
+    return restore
+
+
 def _layout_note(failure: str, notes: list[list[str | None]]) -> str:
     """Why a variant still checks the strides a call's tensor failed (``[path or None,
     why]`` from capture): its Python read a layout, so Dynamo baked the answer; or
@@ -466,6 +517,7 @@ def serve_as_captured(entry: Any, check: Any) -> Any:
                     grad_loss_unwarned[0] = False
                     warn_inference_grad(what)
             _set_grad_enabled(GRAD_MODE)
+        aside = _watchers_aside()
         try:
             if inference_mode_enabled():
                 # Served with grad off, as an inference artifact always is; its guards
@@ -475,6 +527,8 @@ def serve_as_captured(entry: Any, check: Any) -> Any:
                     return _entry_or_stand_ins(args, kwargs)
             return _entry_or_stand_ins(args, kwargs)
         finally:
+            if aside is not None:
+                aside()
             if grad != GRAD_MODE:
                 _set_grad_enabled(grad)
 

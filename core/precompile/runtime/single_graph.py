@@ -147,8 +147,10 @@ def check_ambient_modes(captured: tuple[str, ...], modes_see_ops: bool = False) 
             "A TorchDispatchMode sees every ATen operation eager runs and may change its "
             "result; this artifact's operations are compiled kernels (Inductor, "
             "decompositions, or a compiled forward/backward pair) that the mode would "
-            "not see, so it cannot answer as eager would (an artifact of the eager "
-            "backend runs its graph under the mode, which sees what it sees in eager)"
+            "not see, or frames of an installed artifact, which Dynamo enters checking "
+            "its guards under the mode's dispatch state, not the capture's, so it cannot "
+            "answer as eager would (a standalone artifact of the eager backend runs its "
+            "graph under the mode, which sees what it sees in eager)"
         )
     else:
         why = (
