@@ -279,28 +279,37 @@ def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str:
 _FLIPPED: dict[int, list[Any]] = {}
 
 
-def _grad_flag_stand_ins(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The call as an inference artifact's guards were certified for, where only
-    ``requires_grad`` differs, or None if nothing would change: a tensor argument (or an
-    item of a tuple argument) that requires grad or is an ``nn.Parameter`` is passed as
-    ``t.detach()`` (the same storage and metadata; one stand-in per tensor, so tensors
-    passed twice stay one), and each parameter of a module argument takes the
-    ``requires_grad`` it had at capture (``GRAD_FLAGS["params"]``) for the call. The
-    graphs run with grad off, where neither changes a value; only fn's own reads of
-    those flags would, and an artifact that has one never gets here. Lists and dicts
-    are left as they are (fn may write into them): a tensor there is still refused.
-    Returns (args, kwargs, stand-in id -> original, (parameter, captured flag, its
-    name) to set)."""
+def _grad_flag_stand_ins(
+    args: tuple[Any, ...], kwargs: dict[str, Any], training: bool = False
+) -> Any:
+    """The call as the guards were certified for, where only ``requires_grad`` or the
+    ``nn.Parameter`` class differs, or None if nothing would change. For an inference
+    artifact: a tensor argument (or an item of a tuple, list or dict argument) that
+    requires grad or is an ``nn.Parameter`` is passed as ``t.detach()`` (the same
+    storage and metadata; one stand-in per tensor, so tensors passed twice stay one),
+    and each parameter of a module argument takes the ``requires_grad`` it had at
+    capture (``GRAD_FLAGS["params"]``) for the call. The graphs run with grad off, where
+    neither changes a value; only fn's own reads of those flags (or of a tensor
+    argument's class) would, and an artifact that has one never gets here. For a training artifact (``training``) only an
+    ``nn.Parameter`` that does not require grad stands in: no gradient flows to it in
+    eager either (one that requires grad is left to the guards, which name it; a
+    frozen parameter to ``_refuse_training_flags``). A list or dict argument is not
+    copied (fn may write into it): its items are swapped in place for the call and put
+    back after it where fn left the stand-in. Returns (args, kwargs, stand-in id ->
+    original, (parameter, captured flag, its name) to set, (list or dict, key,
+    stand-in, original) to swap)."""
     import torch
 
-    params = GRAD_FLAGS.get("params") or {}
+    params = {} if training else GRAD_FLAGS.get("params") or {}
     originals: dict[int, Any] = {}
     memo: dict[int, Any] = {}
     flips: list[tuple[Any, bool, str]] = []
+    swaps: list[tuple[Any, Any, Any, Any]] = []
 
     def tensor(value: Any) -> Any:
         if isinstance(value, torch.Tensor) and (
-            value.requires_grad or type(value) is torch.nn.Parameter
+            (value.requires_grad and not training)
+            or (type(value) is torch.nn.Parameter and not (training and value.requires_grad))
         ):
             found = memo.get(id(value))
             if found is None:
@@ -321,13 +330,19 @@ def _grad_flag_stand_ins(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             return value
         if type(value) is tuple:
             return tuple(map(tensor, value))
+        if type(value) in (list, dict):
+            for k, item in list(value.items() if type(value) is dict else enumerate(value)):
+                found = tensor(item)
+                if found is not item:
+                    swaps.append((value, k, found, item))
+            return value
         return tensor(value)
 
     new_args = tuple(stand_in(str(i), a) for i, a in enumerate(args))
     new_kwargs = {k: stand_in(k, v) for k, v in kwargs.items()}
     if not originals and not flips:
         return None
-    return new_args, new_kwargs, originals, flips
+    return new_args, new_kwargs, originals, flips, swaps
 
 
 def _refuse_training_flags(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -410,7 +425,7 @@ def _layout_note(failure: str, notes: list[list[str | None]]) -> str:
     )
 
 
-def serve_as_captured(entry: Any, check: Any) -> Any:
+def serve_as_captured(entry: Any, check: Any, installed: bool = False) -> Any:
     """Run ``entry`` under the global state the artifact was captured in: the captured grad
     mode, and the default dtype and deterministic mode checked, since Dynamo's own guard
     on them is left to this driver (it also bundles the thread count, which an artifact
@@ -532,22 +547,27 @@ def serve_as_captured(entry: Any, check: Any) -> Any:
             if grad != GRAD_MODE:
                 _set_grad_enabled(grad)
 
-    # An inference capture whose code reads no tensor's requires_grad: its graphs run
-    # with grad off, where the flags change no value, but Dynamo's tensor guards compare
-    # them (and an input's class: an nn.Parameter where a tensor was captured). A call
-    # its entry refuses before anything ran is tried once more with the flags as
-    # captured (_grad_flag_stand_ins); a served call pays nothing for it.
-    stand_ins_apply = not GRAD_MODE and not GRAD_FLAGS.get("read")
+    # An inference capture's graphs run with grad off, where requires_grad changes no
+    # value, but Dynamo's tensor guards compare it (and an input's class: an
+    # nn.Parameter where a tensor was captured; a training capture serves that too
+    # where the parameter does not require grad). A call its entry refuses before
+    # anything ran is tried once more with the flags as captured
+    # (_grad_flag_stand_ins); a served call pays nothing for it. Not where the traced
+    # code read a flag or the class of a tensor it was passed (GRAD_FLAGS["read"]:
+    # isinstance(x, nn.Parameter) would take the other branch in eager).
+    stand_ins_apply = not GRAD_FLAGS.get("read")
     flip_lock = threading.Lock()
     # Once a call was served through stand-ins (a frozen model, say: every later call
     # would miss the guards the same way), later calls build them first; a call that
-    # needs none then runs as it is.
-    stand_ins_first = [False]
+    # needs none then runs as it is. An installed artifact builds them first from the
+    # start: Dynamo refuses a frame as it is entered, which may be after other frames
+    # ran, so a refused call cannot be tried again.
+    stand_ins_first = [installed and stand_ins_apply]
 
     def _entry_or_stand_ins(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if stand_ins_first[0]:
             with flip_lock:
-                staged = _grad_flag_stand_ins(args, kwargs)
+                staged = _grad_flag_stand_ins(args, kwargs, GRAD_MODE)
                 if staged is not None:
                     _set_flags(staged[3])
             return entry(*args, **kwargs) if staged is None else _run_staged(staged)
@@ -562,7 +582,7 @@ def serve_as_captured(entry: Any, check: Any) -> Any:
             if not stand_ins_apply:
                 raise
             with flip_lock:
-                staged = _grad_flag_stand_ins(args, kwargs)
+                staged = _grad_flag_stand_ins(args, kwargs, GRAD_MODE)
                 if staged is None:
                     raise
                 _set_flags(staged[3])
@@ -580,10 +600,15 @@ def serve_as_captured(entry: Any, check: Any) -> Any:
                 row[2] += 1
 
     def _run_staged(staged: Any) -> Any:
-        new_args, new_kwargs, originals, flips = staged
+        new_args, new_kwargs, originals, flips, swaps = staged
+        for container, key, found, _original in swaps:
+            container[key] = found
         try:
             out = entry(*new_args, **new_kwargs)
         finally:
+            for container, key, found, original in swaps:
+                if container[key] is found:
+                    container[key] = original
             with flip_lock:
                 for p, _want, _name in flips:
                     row = _FLIPPED[id(p)]
