@@ -117,6 +117,7 @@ out["eager inference tensor"] = bool(eager_inference.is_inference())
 with torch.inference_mode():
     made_inside = image.clone()
 attempt("vit inference tensor", lambda: vit_run(vit, made_inside), expected, torch.inference_mode)
+attempt("vit inference tensor outside", lambda: vit_run(vit, made_inside), expected)
 
 # 2. model.requires_grad_(False) before serving, then back.
 vit.requires_grad_(False)
@@ -196,10 +197,16 @@ def test_a_vit_captured_for_inference_serves_grad_on_no_grad_and_inference_mode(
 def test_an_inference_tensor_input_is_served_or_refused_in_the_products_words(
     served: dict[str, dict[str, Any]],
 ) -> None:
-    # make_fx's graph runs ATen ops on any tensor; Dynamo's guards tell an inference
-    # tensor from the ordinary one captured: refused, saying so and how to fix it.
-    _exact(served["make_fx"]["vit inference tensor"])
-    cell = served["dynamo"]["vit inference tensor"]
+    # Under torch.inference_mode() both serve it: make_fx's graph runs ATen ops on any
+    # tensor, and a Dynamo artifact shows its guards an inference tensor's ordinary keys
+    # there (the keys a tensor made during the call has, too).
+    for tracer in TRACERS:
+        _exact(served[tracer]["vit inference tensor"])
+        assert served[tracer]["vit inference tensor"]["inference"] is True
+    # Outside it Dynamo's guards tell an inference tensor from the ordinary one captured:
+    # refused, saying so and how to fix it.
+    _exact(served["make_fx"]["vit inference tensor outside"])
+    cell = served["dynamo"]["vit inference tensor outside"]
     assert cell["result"] == "refused", cell
     message = cell["message"]
     assert "`x` is an inference tensor" in message and "torch.inference_mode()" in message
