@@ -279,6 +279,28 @@ def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str:
 _FLIPPED: dict[int, list[Any]] = {}
 
 
+#: id(module) -> (a weak reference to it, its named parameters): what
+#: ``_grad_flag_stand_ins`` walks on every call of an installed artifact, listed once per
+#: module (``named_parameters()`` recurses through every submodule: hundreds of
+#: microseconds on a ResNet). A parameter replaced since is missed, so its flag is not
+#: set for the call: the guards then refuse, as they would without stand-ins.
+_NAMED_PARAMETERS: dict[int, tuple[Any, list[tuple[str, Any]]]] = {}
+
+
+def _named_parameters(module: Any) -> list[tuple[str, Any]]:
+    import weakref
+
+    found = _NAMED_PARAMETERS.get(id(module))
+    if found is None or found[0]() is not module:
+        if len(_NAMED_PARAMETERS) > 16:
+            _NAMED_PARAMETERS.clear()
+        found = _NAMED_PARAMETERS[id(module)] = (
+            weakref.ref(module),
+            list(module.named_parameters()),
+        )
+    return found[1]
+
+
 def _grad_flag_stand_ins(
     args: tuple[Any, ...], kwargs: dict[str, Any], training: bool = False
 ) -> Any:
@@ -323,9 +345,9 @@ def _grad_flag_stand_ins(
             wanted = params.get(key)
             if wanted is not None:
                 wanted_set = set(wanted)
-                for name, p in value.named_parameters():
+                for name, p in _named_parameters(value):
                     want = name in wanted_set
-                    if p.is_leaf and (p.requires_grad != want or id(p) in _FLIPPED):
+                    if (p.requires_grad != want or id(p) in _FLIPPED) and p.is_leaf:
                         flips.append((p, want, f"{name} of argument {key}"))
             return value
         if type(value) is tuple:
