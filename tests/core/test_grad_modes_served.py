@@ -304,6 +304,9 @@ parameter = torch.nn.Parameter(x.clone())
 with torch.no_grad():
     expected = g.class_branch(linear, parameter)
 call("class read", "class_branch", linear, parameter, expected=expected)
+with torch.no_grad():
+    expected = g.tensor_check(linear, parameter)
+call("class test both pass", "tensor_check", linear, parameter, expected=expected)
 # A training capture: a Parameter that does not require grad is served (no gradient
 # flows to it in eager either), with the model's gradients as eager's.
 eager_model, served_model = g.build("linear")[0], g.build("linear")[0]
@@ -344,11 +347,16 @@ def test_a_parameter_input_is_served_where_eager_computes_the_same(
         pairs["class_branch"] = capture_pair(
             g.class_branch, linear, x, directory=tmp_path, name="cb", tracer=_tracer(tracer)
         )
+        pairs["tensor_check"] = capture_pair(
+            g.tensor_check, linear, x, directory=tmp_path, name="tc", tracer=_tracer(tracer)
+        )
     proc = run_python(textwrap.dedent(PARAMETER_INPUTS.format(pairs=pairs)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["dict of parameters"] == "exact" and out["dict kept"] is True, out
     assert out["training: a Parameter not requiring grad"] == "exact", out
+    # isinstance(x, torch.Tensor) holds for a Parameter too: nothing to refuse.
+    assert out["class test both pass"] == "exact", out
     assert out["training grads"] is True, out
     cell = "training: a Parameter requiring grad"
     assert out[cell] == "exact" or out[cell].startswith("refused: "), (cell, out)

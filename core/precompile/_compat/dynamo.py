@@ -365,7 +365,15 @@ def recording_grad_dependent_reads(
     original_type = BuiltinVariable.call_type
 
     def call_isinstance(self: Any, tx: Any, arg: Any, *rest: Any) -> Any:
-        class_read(tx, arg, "isinstance")
+        # Only a test whose answer a Parameter changes (isinstance(x, torch.Tensor),
+        # the common one in library code, holds for both).
+        try:
+            classes = rest[0].as_python_constant()
+            differs = issubclass(torch.nn.Parameter, classes) != issubclass(torch.Tensor, classes)
+        except Exception:
+            differs = True
+        if differs:
+            class_read(tx, arg, "isinstance")
         return original_isinstance(self, tx, arg, *rest)
 
     def call_type(self: Any, tx: Any, obj: Any, *rest: Any) -> Any:
