@@ -232,6 +232,21 @@ NO_OPS = [
 INFERENCE_NO_OPS = ["requires_grad_(False)", "inference_mode", "no_grad"]
 #: Models with no module whose forward depends on ``training``.
 NOTHING_TRAIN_DEPENDENT = {"child", "attn_self", "attn_cross", "keyed"}
+#: Cells refused, naming the change and why (the graph cannot show an in-place flag
+#: harmless across a graph break; docs/trust.md). Modes refused, naming the mode and why (docs/trust.md "Torch modes and module trackers
+#: around a call", as make_fx refuses them): a dispatch mode sees none of Inductor's
+#: kernels, and an installed artifact's frames are entered by Dynamo, whose guards see the
+#: mode's dispatch state. (Everywhere else FlopCounterMode is served: its counts are
+#: eager's, test_module_trackers_and_flop_counts_are_served_as_eager_serves_them.)
+MODE_REFUSALS: dict[str, dict[str, tuple[str, ...]]] = {
+    "block@inductor": {"FlopCounterMode": ("FlopCounterMode", "compiled kernels")},
+    "child": {
+        "FlopCounterMode": ("FlopCounterMode", "installed artifact"),
+        # relu's input crosses Chatty.forward's graph break: a placeholder of the resume
+        # frame, which its graph cannot show unaliased, so the flag's guard is kept.
+        "relu inplace": ("inplace",),
+    },
+}
 
 
 def issue26_expectations(name: str, training: bool) -> dict[str, tuple[str, ...] | None]:
@@ -255,32 +270,8 @@ def issue26_expectations(name: str, training: bool) -> dict[str, tuple[str, ...]
     no_ops += ["relu inplace"] if model in ("conv", "train", "child", "keyed") else []
     no_ops += ["train() no-op"] if model in NOTHING_TRAIN_DEPENDENT else []
     expected.update(dict.fromkeys(no_ops))
-    for cell in _NOT_YET.get(name, ()):
-        expected.pop(cell, None)
+    expected.update(MODE_REFUSALS.get(name, {}))
     return expected
-
-
-#: Cells that fail on main today (fixes pending); the next commit puts them back.
-_NOT_YET = {
-    "conv": ("inference_mode",),
-    "block": ("FlopCounterMode", "ModuleTracker"),
-    "train": ("parameter input",),
-    "child": (
-        "parameter input",
-        "FlopCounterMode",
-        "ModuleTracker",
-        "requires_grad_(False)",
-        "inference_mode",
-        # relu's input crosses Chatty.forward's graph break: a placeholder of the resume
-        # frame, which its graph cannot show unaliased (refused, the guard kept).
-        "relu inplace",
-    ),
-    "attn_self": (),
-    "attn_cross": (),
-    "keyed": ("parameter input",),
-    "bert": (),
-    "block@inductor": ("FlopCounterMode", "ModuleTracker"),
-}
 
 
 @pytest.mark.parametrize("model", [*dynamo_trust_models.MODELS, *ISSUE26_EXTRA])
@@ -304,6 +295,124 @@ def test_library_context_and_no_op_changes_are_served_exactly_or_refused_naming_
         wanted = "exact" if words is None else f"exact or a refusal naming {words}"
         problems.append(f"{cell}: expected {wanted}, got {got['result']}: {got['message'][:800]}")
     assert not problems, "\n".join(problems)
+
+
+def test_module_trackers_and_flop_counts_are_served_as_eager_serves_them(tmp_path: Path) -> None:
+    """torch's module trackers only watch (``state_checks.watches_only``): a call under
+    ``ModuleTracker`` or ``FlopCounterMode`` is served exactly, standalone and installed,
+    though Dynamo's guards compare the global hook dicts the trackers fill (the block was
+    captured with a forward hook of its own, so they are guarded) -- and the standalone
+    eager-backend artifact's graph runs under the counter, which counts eager's FLOPs.
+    The trackers' hooks are back after each call; a hook that is not a tracker's is still
+    refused under a tracker; FlopCounterMode around an installed artifact is refused
+    naming it and why."""
+    pairs = {}
+    for name in ("block", "child"):
+        entry = dynamo_trust_models.spec(name)[0]
+        pairs[name] = capture_pair(
+            entry,
+            *dynamo_trust_models.build(name, seed=0),
+            directory=tmp_path,
+            name=name,
+            tracer=precompile.DynamoTracer(),
+        )
+    code = f"""
+import json, warnings, torch, precompile
+from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.module_tracker import ModuleTracker
+warnings.simplefilter("ignore")
+from tests.fixtures import dynamo_trust_models as m
+hooks = torch.nn.modules.module
+out = {{}}
+run = {{n: precompile.load(*p) for n, p in {pairs!r}.items()}}
+def attempt(cell, name, mode, count=False):
+    model, x = m.build(name, seed=1)
+    entry = m.spec(name)[0]
+    with mode() as eager_mode, torch.no_grad():
+        expected = entry(model, x)
+    try:
+        with mode() as served_mode:
+            before = [dict(getattr(hooks, d)) for d in hooks.__dict__ if d.startswith("_global_")
+                      and isinstance(getattr(hooks, d), dict)]
+            got = run[name](model, x)
+            after = [dict(getattr(hooks, d)) for d in hooks.__dict__ if d.startswith("_global_")
+                     and isinstance(getattr(hooks, d), dict)]
+    except precompile.PrecompileError as error:
+        out[cell] = "refused: " + str(error)
+        return
+    out[cell] = "exact" if torch.equal(got, expected) else "WRONG"
+    out[cell + " hooks kept"] = before == after and any(before)
+    if count:
+        out[cell + " flops"] = [served_mode.get_total_flops(), eager_mode.get_total_flops()]
+attempt("block FlopCounterMode", "block", lambda: FlopCounterMode(display=False), count=True)
+attempt("block ModuleTracker", "block", ModuleTracker)
+attempt("child ModuleTracker", "child", ModuleTracker)
+attempt("child FlopCounterMode", "child", lambda: FlopCounterMode(display=False))
+handle = hooks.register_module_forward_hook(lambda mod, i, o: o * 2)
+attempt("block ModuleTracker and a doubling hook", "block", ModuleTracker)
+handle.remove()
+print(json.dumps(out))
+"""
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for cell in ("block FlopCounterMode", "block ModuleTracker", "child ModuleTracker"):
+        assert out[cell] == "exact", out
+        assert out[cell + " hooks kept"] is True, out
+    served_flops, eager_flops = out["block FlopCounterMode flops"]
+    assert served_flops == eager_flops > 0, out
+    installed = out["child FlopCounterMode"]
+    assert installed.startswith("refused: ") and "_FlopCounterMode" in installed, out
+    assert "installed artifact" in installed, out
+    doubled = out["block ModuleTracker and a doubling hook"]
+    assert doubled.startswith("refused: ") and "global hook" in doubled, out
+
+
+def test_a_refused_second_load_leaves_the_installed_artifact_serving(tmp_path: Path) -> None:
+    """A second load of an installed artifact in one process is refused (two installed
+    artifacts cannot share a function); the one already loaded must go on serving the
+    unchanged call exactly, not refuse it as needing a new compile."""
+    model, x = dynamo_trust_models.build("child", seed=0)
+    paths = capture_pair(
+        dynamo_trust_models.child_step,
+        model,
+        x,
+        directory=tmp_path,
+        name="child",
+        tracer=precompile.DynamoTracer(),
+    )
+    code = f"""
+import json, warnings, torch, precompile
+warnings.simplefilter("ignore")
+from tests.fixtures import dynamo_trust_models as m
+model, x = m.build("child", seed=1)
+run = precompile.load(*{paths!r})
+with torch.no_grad():
+    expected = m.child_step(model, x)
+out = {{"installed": run.installed}}
+def attempt(name, call):
+    try:
+        got = call()
+    except precompile.PrecompileError as error:
+        out[name] = "refused: " + str(error)
+    else:
+        out[name] = "exact" if torch.allclose(got, expected) else "WRONG"
+attempt("first", lambda: run(model, x))
+try:
+    precompile.load(*{paths!r})
+    out["second load"] = "loaded"
+except precompile.PrecompileError as error:
+    out["second load"] = "refused: " + str(error)
+attempt("after", lambda: run(model, x))
+print(json.dumps(out))
+"""
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["installed"] is True, out
+    assert out["first"] == "exact", out
+    assert out["second load"].startswith("refused: ") and "unload" in out["second load"], out
+    assert out["after"] == "exact", out
 
 
 # ---------------------------------------------------------------- structured values

@@ -117,6 +117,7 @@ out["eager inference tensor"] = bool(eager_inference.is_inference())
 with torch.inference_mode():
     made_inside = image.clone()
 attempt("vit inference tensor", lambda: vit_run(vit, made_inside), expected, torch.inference_mode)
+attempt("vit inference tensor outside", lambda: vit_run(vit, made_inside), expected)
 
 # 2. model.requires_grad_(False) before serving, then back.
 vit.requires_grad_(False)
@@ -196,10 +197,16 @@ def test_a_vit_captured_for_inference_serves_grad_on_no_grad_and_inference_mode(
 def test_an_inference_tensor_input_is_served_or_refused_in_the_products_words(
     served: dict[str, dict[str, Any]],
 ) -> None:
-    # make_fx's graph runs ATen ops on any tensor; Dynamo's guards tell an inference
-    # tensor from the ordinary one captured: refused, saying so and how to fix it.
-    _exact(served["make_fx"]["vit inference tensor"])
-    cell = served["dynamo"]["vit inference tensor"]
+    # Under torch.inference_mode() both serve it: make_fx's graph runs ATen ops on any
+    # tensor, and a Dynamo artifact shows its guards an inference tensor's ordinary keys
+    # there (the keys a tensor made during the call has, too).
+    for tracer in TRACERS:
+        _exact(served[tracer]["vit inference tensor"])
+        assert served[tracer]["vit inference tensor"]["inference"] is True
+    # Outside it Dynamo's guards tell an inference tensor from the ordinary one captured:
+    # refused, saying so and how to fix it.
+    _exact(served["make_fx"]["vit inference tensor outside"])
+    cell = served["dynamo"]["vit inference tensor outside"]
     assert cell["result"] == "refused", cell
     message = cell["message"]
     assert "`x` is an inference tensor" in message and "torch.inference_mode()" in message
@@ -262,3 +269,99 @@ def test_a_training_capture_of_a_model_frozen_since_is_refused_naming_requires_g
     assert "requires_grad=False" in message and "requires_grad=True" in message, message
     for raw in ("L['", "consider using torch._dynamo", "Guard failed"):
         assert raw not in message, message
+
+
+PARAMETER_INPUTS = """
+import json, warnings
+import torch, precompile
+from tests.fixtures import grad_mode_models as g
+warnings.simplefilter("ignore")
+pairs = {pairs!r}
+out = {{}}
+
+linear, x = g.build("linear")
+w = torch.linspace(0.5, 2.0, 4)
+run = {{n: precompile.load(*p) for n, p in pairs.items()}}
+
+def call(name, fn, *args, expected):
+    try:
+        got = run[fn](*args)
+    except precompile.PrecompileError as error:
+        out[name] = "refused: " + str(error)
+        return
+    out[name] = "exact" if torch.equal(got, expected) else "WRONG"
+
+# A dict argument holding nn.Parameters (one requiring grad, one not).
+batch = {{"x": torch.nn.Parameter(x.clone(), requires_grad=False),
+          "w": torch.nn.Parameter(w.clone())}}
+with torch.no_grad():
+    expected = g.keyed_scaled(linear, batch)
+held = dict(batch)
+call("dict of parameters", "keyed", linear, batch, expected=expected)
+out["dict kept"] = all(batch[k] is held[k] for k in held) and list(batch) == ["x", "w"]
+# fn reads the input's class: eager takes the other branch for a Parameter.
+parameter = torch.nn.Parameter(x.clone())
+with torch.no_grad():
+    expected = g.class_branch(linear, parameter)
+call("class read", "class_branch", linear, parameter, expected=expected)
+with torch.no_grad():
+    expected = g.tensor_check(linear, parameter)
+call("class test both pass", "tensor_check", linear, parameter, expected=expected)
+# A training capture: a Parameter that does not require grad is served (no gradient
+# flows to it in eager either), with the model's gradients as eager's.
+eager_model, served_model = g.build("linear")[0], g.build("linear")[0]
+frozen_input = torch.nn.Parameter(x.clone(), requires_grad=False)
+expected = g.train_step(eager_model, frozen_input)
+call("training: a Parameter not requiring grad", "train", served_model, frozen_input,
+     expected=expected)
+out["training grads"] = all(
+    a.grad is not None and b.grad is not None and torch.equal(a.grad, b.grad)
+    for a, b in zip(eager_model.parameters(), served_model.parameters())
+)
+call("training: a Parameter requiring grad", "train", g.build("linear")[0],
+     torch.nn.Parameter(x.clone()), expected=expected)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_a_parameter_input_is_served_where_eager_computes_the_same(
+    tracer: str, artifacts: dict[str, dict[str, tuple[str, str]]], tmp_path: Any
+) -> None:
+    """An ``nn.Parameter`` where a plain tensor was captured: served in a dict argument
+    too (its items swapped back after the call), and by a training capture where the
+    Parameter does not require grad (gradients as eager's); refused where fn reads the
+    input's class (eager branches on it) or a training capture would owe the Parameter
+    a gradient -- never a silently wrong answer."""
+    linear, x = g.build("linear")
+    pairs = {"train": artifacts[tracer]["train"]}
+    with torch.no_grad():
+        pairs["keyed"] = capture_pair(
+            g.keyed_scaled,
+            linear,
+            {"x": x, "w": torch.ones(4)},
+            directory=tmp_path,
+            name="keyed",
+            tracer=_tracer(tracer),
+        )
+        pairs["class_branch"] = capture_pair(
+            g.class_branch, linear, x, directory=tmp_path, name="cb", tracer=_tracer(tracer)
+        )
+        pairs["tensor_check"] = capture_pair(
+            g.tensor_check, linear, x, directory=tmp_path, name="tc", tracer=_tracer(tracer)
+        )
+    proc = run_python(textwrap.dedent(PARAMETER_INPUTS.format(pairs=pairs)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["dict of parameters"] == "exact" and out["dict kept"] is True, out
+    assert out["training: a Parameter not requiring grad"] == "exact", out
+    # isinstance(x, torch.Tensor) holds for a Parameter too: nothing to refuse.
+    assert out["class test both pass"] == "exact", out
+    assert out["training grads"] is True, out
+    cell = "training: a Parameter requiring grad"
+    assert out[cell] == "exact" or out[cell].startswith("refused: "), (cell, out)
+    if tracer == "dynamo":
+        # Dynamo records the read (GRAD_FLAGS["read"]): its type guard refuses, naming
+        # it. (make_fx sees no isinstance call on a traced input; its case is open.)
+        assert out["class read"].startswith("refused: "), out
+        assert "`x` is a torch.nn.parameter.Parameter" in out["class read"], out

@@ -302,6 +302,7 @@ def recording_grad_dependent_reads(
     its graphs run under (docs/serving.md, "Grad mode and inference mode"). The user's
     reads of those attributes of a tensor fn was passed (an input, a parameter: its
     guards fix them) go to ``flag_reads``: they make the flags part of what fn computes."""
+    from torch._dynamo.variables.builtin import BuiltinVariable
     from torch._dynamo.variables.tensor import TensorVariable
     from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
 
@@ -340,9 +341,55 @@ def recording_grad_dependent_reads(
             note(tx, "torch.is_grad_enabled()")
         return original_call(self, tx, *args, **kwargs)
 
+    def class_read(tx: Any, value: Any, how: str) -> None:
+        # The class of a tensor fn was passed, read (isinstance, type()): an
+        # nn.Parameter passed where a plain tensor was captured then takes the other
+        # branch in eager, so serving must not pass it as a plain stand-in. Any code's
+        # read counts (torch's too); a parameter's class is the same at every call.
+        source = getattr(value, "source", None)
+        if (
+            flag_reads is None
+            or source is None
+            or not isinstance(value, TensorVariable)
+            or value.python_type() is torch.nn.Parameter
+        ):
+            return
+        code = getattr(tx, "f_code", None)
+        where = code.co_filename.rsplit("/", 1)[-1] if code is not None else "?"
+        name_of = user_path(source.name) if hasattr(source, "name") else "a tensor"
+        flag_reads.append(
+            f"the class of `{name_of}` ({how}), at {where}:{getattr(tx, 'lineno', '?')}"
+        )
+
+    original_isinstance = BuiltinVariable.call_isinstance
+    original_type = BuiltinVariable.call_type
+
+    def call_isinstance(self: Any, tx: Any, arg: Any, *rest: Any) -> Any:
+        # Only a test whose answer a Parameter changes (isinstance(x, torch.Tensor),
+        # the common one in library code, holds for both).
+        try:
+            classes = rest[0].as_python_constant()
+            differs = issubclass(torch.nn.Parameter, classes) != issubclass(torch.Tensor, classes)
+        except Exception:
+            differs = True
+        if differs:
+            class_read(tx, arg, "isinstance")
+        return original_isinstance(self, tx, arg, *rest)
+
+    def call_type(self: Any, tx: Any, obj: Any, *rest: Any) -> Any:
+        class_read(tx, obj, "type()")
+        return original_type(self, tx, obj, *rest)
+
+    def var_getattr_or_class(self: Any, tx: Any, name: str) -> Any:
+        if name == "__class__":
+            class_read(tx, self, "__class__")
+        return var_getattr(self, tx, name)
+
     with (
-        patched(TensorVariable, "var_getattr", var_getattr),
+        patched(TensorVariable, "var_getattr", var_getattr_or_class),
         patched(TorchInGraphFunctionVariable, "call_function", call_function),
+        patched(BuiltinVariable, "call_isinstance", call_isinstance),
+        patched(BuiltinVariable, "call_type", call_type),
     ):
         yield
 

@@ -63,6 +63,14 @@ with _torch.inference_mode():
     _INFERENCE_EXCLUDE = _torch._C._dispatch_tls_local_exclude_set() - _ORDINARY_EXCLUDE
     _INFERENCE_INCLUDE = _ORDINARY_INCLUDE - _torch._C._dispatch_tls_local_include_set()
 del _ORDINARY_INCLUDE, _ORDINARY_EXCLUDE
+# An inference tensor is an ordinary one without the autograd keys: with autograd's
+# functionality in the included keys (each tensor adds its own backend), a tensor made
+# during the call -- one a graph returns and the next frame is passed -- has the keys
+# of the ordinary tensor the capture saw, to its guards and to the kernels (grad mode
+# is off: autograd records nothing, as in ordinary no_grad code).
+_INFERENCE_INCLUDE = _INFERENCE_INCLUDE | _torch._C.DispatchKeySet(
+    _torch._C.DispatchKey.AutogradFunctionality
+)
 
 
 def _ordinary_dispatch():

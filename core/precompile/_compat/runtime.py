@@ -280,6 +280,16 @@ def dynamo_installed_runtime() -> Any:
         def after_deserialization(self) -> Any:
             return self.fn
 
+    def package_for(fn: Any, state: Any) -> Any:
+        """A CompilePackage of ``state`` for ``fn``, leaving the process as it is:
+        ``CompilePackage(fn, state)`` also uninstalls whatever serves ``fn`` now (its
+        constructor resets the code's precompile entries), which would leave an artifact
+        loaded earlier refusing every call after this load was refused for it."""
+        package = CompilePackage(None)
+        package.initialize(fn, state)
+        package.validate()
+        return package
+
     def target_codes(package: Any) -> list[Any]:
         return [_lookup_code(e) if e.code_source else c for c, e in package._codes.items()]
 
@@ -295,6 +305,7 @@ def dynamo_installed_runtime() -> Any:
 
     return _types.SimpleNamespace(
         CompilePackage=CompilePackage,
+        package_for=package_for,
         OptimizeContext=OptimizeContext,
         optimize=torch._dynamo.optimize,
         config=torch._dynamo.config,

@@ -130,14 +130,15 @@ def guard_failure_text(raw: str, f_locals: dict[str, Any] | None = None) -> str:
             r"tensor '(.+?)' dispatch key set mismatch\. expected (.+), actual (.+)", text
         )
         if match and "Autograd" in match.group(2) and "Autograd" not in match.group(3):
-            # Autograd keys missing: an inference tensor (or a call's inference mode,
-            # which a served call no longer shows its guards).
+            # Autograd keys missing: an inference tensor passed to a call made outside
+            # inference mode (under it, a served call shows its guards the tensor's
+            # ordinary keys: _compat.prelude._ordinary_dispatch).
             return (
                 f"`{match.group(1)}` is an inference tensor (made under "
                 f"torch.inference_mode()), and the capture saw an ordinary tensor, which "
-                f"Dynamo's guards tell apart. Make it outside torch.inference_mode() (the "
-                f"artifact may still be called under it), or capture with MakeFxTracer, "
-                f"whose artifacts serve both"
+                f"Dynamo's guards tell apart outside inference mode. Call the artifact "
+                f"under torch.inference_mode(), make the tensor outside it, or capture "
+                f"with MakeFxTracer, whose artifacts serve both"
             )
         match = re.fullmatch(
             r"tensor '(.+?)' requires_grad mismatch\. expected requires_grad=(\d)\b.*", text

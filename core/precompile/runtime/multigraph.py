@@ -27,8 +27,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 # >>> not emitted: the capture reports which variant serves (``variant_coverage``) with
 # the code the artifact runs; an artifact's prelude binds these and it carries guard_text
-from precompile._compat.prelude import disable_dispatch_modes, dispatch_mode_depth
+from precompile._compat.prelude import (
+    GLOBAL_HOOK_DICTS,
+    disable_dispatch_modes,
+    dispatch_mode_depth,
+)
 from precompile.runtime.guard_text import guard_failure_text
+from precompile.runtime.state_checks import watches_only
 
 # <<< not emitted
 
@@ -276,28 +281,59 @@ def _readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str:
 _FLIPPED: dict[int, list[Any]] = {}
 
 
-def _grad_flag_stand_ins(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The call as an inference artifact's guards were certified for, where only
-    ``requires_grad`` differs, or None if nothing would change: a tensor argument (or an
-    item of a tuple argument) that requires grad or is an ``nn.Parameter`` is passed as
-    ``t.detach()`` (the same storage and metadata; one stand-in per tensor, so tensors
-    passed twice stay one), and each parameter of a module argument takes the
-    ``requires_grad`` it had at capture (``GRAD_FLAGS["params"]``) for the call. The
-    graphs run with grad off, where neither changes a value; only fn's own reads of
-    those flags would, and an artifact that has one never gets here. Lists and dicts
-    are left as they are (fn may write into them): a tensor there is still refused.
-    Returns (args, kwargs, stand-in id -> original, (parameter, captured flag, its
-    name) to set)."""
+#: id(module) -> (a weak reference to it, its named parameters): what
+#: ``_grad_flag_stand_ins`` walks on every call of an installed artifact, listed once per
+#: module (``named_parameters()`` recurses through every submodule: hundreds of
+#: microseconds on a ResNet). A parameter replaced since is missed, so its flag is not
+#: set for the call: the guards then refuse, as they would without stand-ins.
+_NAMED_PARAMETERS: dict[int, tuple[Any, list[tuple[str, Any]]]] = {}
+
+
+def _named_parameters(module: Any) -> list[tuple[str, Any]]:
+    import weakref
+
+    found = _NAMED_PARAMETERS.get(id(module))
+    if found is None or found[0]() is not module:
+        if len(_NAMED_PARAMETERS) > 16:
+            _NAMED_PARAMETERS.clear()
+        found = _NAMED_PARAMETERS[id(module)] = (
+            weakref.ref(module),
+            list(module.named_parameters()),
+        )
+    return found[1]
+
+
+def _grad_flag_stand_ins(
+    args: tuple[Any, ...], kwargs: dict[str, Any], training: bool = False
+) -> Any:
+    """The call as the guards were certified for, where only ``requires_grad`` or the
+    ``nn.Parameter`` class differs, or None if nothing would change. For an inference
+    artifact: a tensor argument (or an item of a tuple, list or dict argument) that
+    requires grad or is an ``nn.Parameter`` is passed as ``t.detach()`` (the same
+    storage and metadata; one stand-in per tensor, so tensors passed twice stay one),
+    and each parameter of a module argument takes the ``requires_grad`` it had at
+    capture (``GRAD_FLAGS["params"]``) for the call. The graphs run with grad off, where
+    neither changes a value; only fn's own reads of those flags (or of a tensor
+    argument's class) would, and an artifact that has one never gets here. For a training artifact (``training``) only an
+    ``nn.Parameter`` that does not require grad stands in: no gradient flows to it in
+    eager either (one that requires grad is left to the guards, which name it; a
+    frozen parameter to ``_refuse_training_flags``). A list or dict argument is not
+    copied (fn may write into it): its items are swapped in place for the call and put
+    back after it where fn left the stand-in. Returns (args, kwargs, stand-in id ->
+    original, (parameter, captured flag, its name) to set, (list or dict, key,
+    stand-in, original) to swap)."""
     import torch
 
-    params = GRAD_FLAGS.get("params") or {}
+    params = {} if training else GRAD_FLAGS.get("params") or {}
     originals: dict[int, Any] = {}
     memo: dict[int, Any] = {}
     flips: list[tuple[Any, bool, str]] = []
+    swaps: list[tuple[Any, Any, Any, Any]] = []
 
     def tensor(value: Any) -> Any:
         if isinstance(value, torch.Tensor) and (
-            value.requires_grad or type(value) is torch.nn.Parameter
+            (value.requires_grad and not training)
+            or (type(value) is torch.nn.Parameter and not (training and value.requires_grad))
         ):
             found = memo.get(id(value))
             if found is None:
@@ -311,20 +347,26 @@ def _grad_flag_stand_ins(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             wanted = params.get(key)
             if wanted is not None:
                 wanted_set = set(wanted)
-                for name, p in value.named_parameters():
+                for name, p in _named_parameters(value):
                     want = name in wanted_set
-                    if p.is_leaf and (p.requires_grad != want or id(p) in _FLIPPED):
+                    if (p.requires_grad != want or id(p) in _FLIPPED) and p.is_leaf:
                         flips.append((p, want, f"{name} of argument {key}"))
             return value
         if type(value) is tuple:
             return tuple(map(tensor, value))
+        if type(value) in (list, dict):
+            for k, item in list(value.items() if type(value) is dict else enumerate(value)):
+                found = tensor(item)
+                if found is not item:
+                    swaps.append((value, k, found, item))
+            return value
         return tensor(value)
 
     new_args = tuple(stand_in(str(i), a) for i, a in enumerate(args))
     new_kwargs = {k: stand_in(k, v) for k, v in kwargs.items()}
     if not originals and not flips:
         return None
-    return new_args, new_kwargs, originals, flips
+    return new_args, new_kwargs, originals, flips, swaps
 
 
 def _refuse_training_flags(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -343,6 +385,52 @@ def _refuse_training_flags(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Non
             f"as it is served",
             2,
         )
+
+
+def _watchers_aside() -> Any:
+    """Set torch's module trackers' global hooks aside for one served call (what undoes
+    it), or None when there is nothing to set aside (no global hook: the per-call cost
+    is four dict truth tests) or a hook that is not a tracker's (left for the guards
+    and the dependency check to refuse, naming it). A tracker's hooks only watch
+    (``state_checks.watches_only``): a graph has no module calls for them to note, so
+    the served call is eager's with or without them -- but Dynamo's guards compare the
+    hook dicts with the capture's (empty), and an installed artifact's frames would
+    meet the hooks' own Python (``weakref``) as frames no variant covers. Set aside,
+    the guards see the capture's state; the tracker attributes the call to no module,
+    as docs/trust.md says. Taken out of and put back into the same dicts, in order."""
+    import torch.nn.modules.module as hooks_module
+
+    held = [
+        (d, list(d.items()))
+        for d in (getattr(hooks_module, name) for name in GLOBAL_HOOK_DICTS)
+        if d
+    ]
+    if not held or not all(watches_only(h) for _d, items in held for _k, h in items):
+        return None
+    ids = {k for _d, items in held for k, _h in items}
+    # The flags torch keeps per hook id (forward hooks' always_call / with_kwargs).
+    flag_dicts = [
+        d
+        for d in (
+            getattr(hooks_module, "_global_forward_hooks_always_called", None),
+            getattr(hooks_module, "_global_forward_hooks_with_kwargs", None),
+        )
+        if d
+    ]
+    held += [(d, list(d.items())) for d in flag_dicts if any(k in ids for k in d)]
+    for d, items in held:
+        for k, _v in items:
+            if k in ids:
+                d.pop(k, None)
+
+    def restore() -> None:
+        for d, items in held:
+            kept = [(k, v) for k, v in d.items() if (k, v) not in items]
+            d.clear()
+            d.update(items)
+            d.update(kept)  # hooks registered during the call stay, after the others
+
+    return restore
 
 
 def _layout_note(failure: str, notes: list[list[str | None]]) -> str:
@@ -365,7 +453,7 @@ def _layout_note(failure: str, notes: list[list[str | None]]) -> str:
     )
 
 
-def serve_as_captured(entry: Any, check: Any) -> Any:
+def serve_as_captured(entry: Any, check: Any, installed: bool = False) -> Any:
     """Run ``entry`` under the global state the artifact was captured in: the captured grad
     mode, and the default dtype and deterministic mode checked, since Dynamo's own guard
     on them is left to this driver (it also bundles the thread count, which an artifact
@@ -472,6 +560,7 @@ def serve_as_captured(entry: Any, check: Any) -> Any:
                     grad_loss_unwarned[0] = False
                     warn_inference_grad(what)
             _set_grad_enabled(GRAD_MODE)
+        aside = _watchers_aside()
         try:
             if inference_mode_enabled():
                 # Served with grad off, as an inference artifact always is; its guards
@@ -481,25 +570,32 @@ def serve_as_captured(entry: Any, check: Any) -> Any:
                     return _entry_or_stand_ins(args, kwargs)
             return _entry_or_stand_ins(args, kwargs)
         finally:
+            if aside is not None:
+                aside()
             if grad != GRAD_MODE:
                 _set_grad_enabled(grad)
 
-    # An inference capture whose code reads no tensor's requires_grad: its graphs run
-    # with grad off, where the flags change no value, but Dynamo's tensor guards compare
-    # them (and an input's class: an nn.Parameter where a tensor was captured). A call
-    # its entry refuses before anything ran is tried once more with the flags as
-    # captured (_grad_flag_stand_ins); a served call pays nothing for it.
-    stand_ins_apply = not GRAD_MODE and not GRAD_FLAGS.get("read")
+    # An inference capture's graphs run with grad off, where requires_grad changes no
+    # value, but Dynamo's tensor guards compare it (and an input's class: an
+    # nn.Parameter where a tensor was captured; a training capture serves that too
+    # where the parameter does not require grad). A call its entry refuses before
+    # anything ran is tried once more with the flags as captured
+    # (_grad_flag_stand_ins); a served call pays nothing for it. Not where the traced
+    # code read a flag or the class of a tensor it was passed (GRAD_FLAGS["read"]:
+    # isinstance(x, nn.Parameter) would take the other branch in eager).
+    stand_ins_apply = not GRAD_FLAGS.get("read")
     flip_lock = threading.Lock()
     # Once a call was served through stand-ins (a frozen model, say: every later call
     # would miss the guards the same way), later calls build them first; a call that
-    # needs none then runs as it is.
-    stand_ins_first = [False]
+    # needs none then runs as it is. An installed artifact builds them first from the
+    # start: Dynamo refuses a frame as it is entered, which may be after other frames
+    # ran, so a refused call cannot be tried again.
+    stand_ins_first = [installed and stand_ins_apply]
 
     def _entry_or_stand_ins(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if stand_ins_first[0]:
             with flip_lock:
-                staged = _grad_flag_stand_ins(args, kwargs)
+                staged = _grad_flag_stand_ins(args, kwargs, GRAD_MODE)
                 if staged is not None:
                     _set_flags(staged[3])
             return entry(*args, **kwargs) if staged is None else _run_staged(staged)
@@ -514,7 +610,7 @@ def serve_as_captured(entry: Any, check: Any) -> Any:
             if not stand_ins_apply:
                 raise
             with flip_lock:
-                staged = _grad_flag_stand_ins(args, kwargs)
+                staged = _grad_flag_stand_ins(args, kwargs, GRAD_MODE)
                 if staged is None:
                     raise
                 _set_flags(staged[3])
@@ -532,10 +628,15 @@ def serve_as_captured(entry: Any, check: Any) -> Any:
                 row[2] += 1
 
     def _run_staged(staged: Any) -> Any:
-        new_args, new_kwargs, originals, flips = staged
+        new_args, new_kwargs, originals, flips, swaps = staged
+        for container, key, found, _original in swaps:
+            container[key] = found
         try:
             out = entry(*new_args, **new_kwargs)
         finally:
+            for container, key, found, original in swaps:
+                if container[key] is found:
+                    container[key] = original
             with flip_lock:
                 for p, _want, _name in flips:
                     row = _FLIPPED[id(p)]

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     def dynamo_installed_runtime() -> Any: ...
 
-    def serve_as_captured(entry: Any, check: Any) -> Any: ...
+    def serve_as_captured(entry: Any, check: Any, installed: bool = False) -> Any: ...
 
     def build_dependency_check() -> Any: ...
 
@@ -67,7 +67,7 @@ def _build_installed_forward() -> Any:
         )
     state = pickle.loads(base64.b64decode(_PACKAGE))
     try:
-        package = rt.CompilePackage(fn, state)
+        package = rt.package_for(fn, state)
     except Exception as error:
         refuse(
             f"precompile: this artifact could not be installed onto {FN_MODULE}.{FN_NAME} "
@@ -141,7 +141,7 @@ def _build_installed_forward() -> Any:
     except BaseException:
         unload()  # a refused load leaves the process as it found it
         raise
-    forward = serve_as_captured(entry, check)
+    forward = serve_as_captured(entry, check, installed=True)
     signature = inspect.signature(fn)
 
     def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:

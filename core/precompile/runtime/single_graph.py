@@ -153,10 +153,12 @@ def check_ambient_modes(
             + (
                 kernels
                 or "compiled kernels (Inductor, decompositions, or a compiled "
-                "forward/backward pair) that the mode would not see"
+                "forward/backward pair) that the mode would not see, or frames of an "
+                "installed artifact, which Dynamo enters checking its guards under the "
+                "mode's dispatch state, not the capture's"
             )
-            + ", so it cannot answer as eager would (an artifact of the eager backend "
-            "runs its graph under the mode, which sees what it sees in eager)"
+            + ", so it cannot answer as eager would (a standalone artifact of the eager "
+            "backend runs its graph under the mode, which sees what it sees in eager)"
         )
     else:
         why = (
