@@ -360,8 +360,78 @@ def test_a_parameter_input_is_served_where_eager_computes_the_same(
     assert out["training grads"] is True, out
     cell = "training: a Parameter requiring grad"
     assert out[cell] == "exact" or out[cell].startswith("refused: "), (cell, out)
+    # Both tracers record the read and refuse, naming it: Dynamo's type guard
+    # (GRAD_FLAGS["read"]); make_fx the class check in STATE_READS.
+    assert out["class read"].startswith("refused: "), out
     if tracer == "dynamo":
-        # Dynamo records the read (GRAD_FLAGS["read"]): its type guard refuses, naming
-        # it. (make_fx sees no isinstance call on a traced input; its case is open.)
-        assert out["class read"].startswith("refused: "), out
         assert "`x` is a torch.nn.parameter.Parameter" in out["class read"], out
+    else:
+        assert "torch.nn.parameter.Parameter" in out["class read"], out
+        assert "isinstance(..., nn.Parameter)" in out["class read"], out
+
+
+CLASS_READS = """
+import json, warnings
+warnings.simplefilter("ignore")
+import torch, precompile
+from tests.fixtures import grad_mode_models as g
+linear, x = g.build("linear")
+out = {{}}
+for name, paths in {pairs!r}.items():
+    run = precompile.load(*paths)
+    fn = getattr(g, name)
+    for kind, value in (("tensor", x.clone()), ("parameter", torch.nn.Parameter(x.clone()))):
+        with torch.no_grad():
+            expected = fn(linear, value)
+        try:
+            got = run(linear, value)
+        except precompile.PrecompileError as error:
+            out[f"{{name}} {{kind}}"] = "refused: " + str(error)
+        else:
+            out[f"{{name}} {{kind}}"] = "exact" if torch.equal(got, expected) else "WRONG"
+print(json.dumps(out))
+"""
+
+
+def test_make_fx_refuses_a_parameter_where_fn_reads_its_inputs_classes(tmp_path: Any) -> None:
+    """make_fx traces every input as a plain tensor (a fake tensor is never an
+    ``nn.Parameter``): where fn reads an input's class -- ``isinstance``, ``type()``,
+    ``.__class__`` -- a Parameter input would take another branch in eager, so it is
+    refused when served (it was served with the plain tensor's branch: a silent wrong
+    answer), and refused at capture where the example input is one (the trace took the
+    plain tensor's branch there too). A plain tensor is still served exactly."""
+    linear, x = g.build("linear")
+    pairs = {}
+    with torch.no_grad():
+        for name in ("class_branch", "type_branch", "dunder_class_branch"):
+            pairs[name] = capture_pair(
+                getattr(g, name),
+                linear,
+                x,
+                directory=tmp_path,
+                name=name,
+                tracer=precompile.MakeFxTracer(),
+            )
+        with pytest.raises(precompile.PrecompileError) as refused:
+            capture_pair(
+                g.class_branch,
+                linear,
+                torch.nn.Parameter(x.clone()),
+                directory=tmp_path,
+                name="at_capture",
+                tracer=precompile.MakeFxTracer(),
+            )
+    assert "reads the class of its inputs" in str(refused.value)
+    assert "nn.Parameter" in str(refused.value) and "DynamoTracer" in str(refused.value)
+    proc = run_python(textwrap.dedent(CLASS_READS.format(pairs=pairs)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, what in (
+        ("class_branch", "isinstance(..., nn.Parameter)"),
+        ("type_branch", "type()"),
+        ("dunder_class_branch", ".__class__"),
+    ):
+        assert out[f"{name} tensor"] == "exact", out
+        refusal = out[f"{name} parameter"]
+        assert refusal.startswith("refused: ") and what in refusal, (name, out)
+        assert "torch.nn.parameter.Parameter" in refusal, (name, out)

@@ -248,6 +248,24 @@ def fake_mode(**kwargs: Any) -> Any:
 
 
 @contextlib.contextmanager
+def recording_parameter_checks(on_check: Callable[[Any, types.FrameType], None]) -> Iterator[None]:
+    """Call ``on_check(instance, frame)`` for each ``isinstance(x, nn.Parameter)`` made
+    while active (``frame``: the code that asked), then answer it as torch does. The
+    test goes through ``nn.Parameter``'s metaclass, whose ``__instancecheck__`` is Python
+    code; a trace's fake tensors are never Parameters, so an input's answer in the trace
+    can differ from eager's."""
+    meta = type(torch.nn.Parameter)
+    native = meta.__dict__["__instancecheck__"]
+
+    def instancecheck(cls: Any, instance: Any) -> bool:
+        on_check(instance, sys._getframe(1))
+        return bool(native(cls, instance))
+
+    with patched(meta, "__instancecheck__", instancecheck):
+        yield
+
+
+@contextlib.contextmanager
 def recording_grad_access(counts: Callable[[types.FrameType], bool]) -> Iterator[list[str]]:
     """Record reads and writes of ``.grad`` on fake tensors made by code for which
     ``counts(frame)`` is true, while active. A trace starts with no gradients on its fake

@@ -29,6 +29,7 @@ from precompile.capturing import (
     fx_watch,
     neutral_reads,
 )
+from precompile.capturing.bytecode_names import builtin_loads
 from precompile.capturing.fx_dependencies import Dependencies
 from precompile.capturing.fx_inputs import (
     LITERAL_TYPES,
@@ -181,6 +182,16 @@ class _RefuseOpaqueAccess(TorchFunctionMode):
             frame = frame.f_back  # type: ignore[assignment]  # None ends the walk
         if frame is not None and is_user_file(frame.f_code.co_filename):
             self.reads[kind] = f"{what} at {frame.f_code.co_filename}:{frame.f_lineno}"
+
+    def note_class_check(self, instance: Any, frame: types.FrameType) -> None:
+        """``isinstance(x, nn.Parameter)`` asked by user code of one of fn's inputs: the
+        trace's fake input is never a Parameter, so the answer is the plain tensor's."""
+        if "class" not in self.reads and id(instance) in self.inputs:
+            if is_user_file(frame.f_code.co_filename):
+                self.reads["class"] = (
+                    f"isinstance(..., nn.Parameter) of an input at "
+                    f"{frame.f_code.co_filename}:{frame.f_lineno}"
+                )
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         layout = self._LAYOUT_READS.get(func)
@@ -376,6 +387,7 @@ def trace_single_graph(
             ) as grad_access,
             fx_watch.recording_calls() as ran,
             fx_watch.recording_module_reads(modules, neutral_positions) as module_reads,
+            tracing.recording_parameter_checks(opaque.note_class_check),
         ):
             with fake_mode, opaque, torch.set_grad_enabled(training or grad_inputs):
                 gm = tracing.make_fx(
@@ -399,6 +411,30 @@ def trace_single_graph(
         before.changed_during(modules, names, ran) + argument_changes, where
     )
     reads = {**ran.reads, **opaque.reads}
+    if "class" not in reads:
+        # type(x) and x.__class__ name no tensor the trace can see: any in the project's
+        # code that ran counts as a read of its inputs' classes (more refusals, never
+        # fewer; a library's isinstance of an input is seen above).
+        for code in ran.project_codes():
+            what = "type()" if "type" in builtin_loads(code) else None
+            what = ".__class__" if "__class__" in code.co_names else what
+            if what is not None:
+                reads["class"] = (
+                    f"{what} in {code.co_qualname} at {code.co_filename}:{code.co_firstlineno}"
+                )
+                break
+    parameter_inputs = [i for i in tensor_slots if type(leaves[i]) is not torch.Tensor]
+    if "class" in reads and parameter_inputs:
+        raise PrecompileError(
+            f"fn reads the class of its inputs ({reads['class']}) and input "
+            f"{parameter_inputs[0]} is an nn.Parameter; make_fx traces every input as a "
+            f"plain tensor, so the trace took a plain tensor's branch where eager takes "
+            f"the Parameter's",
+            invariant=3,
+            location=where,
+            hint="pass a plain tensor (x.detach()) at capture and when serving, or "
+            "capture with DynamoTracer, which traces the Parameter as one",
+        )
     if "environ" in reads:
         raise PrecompileError(
             f"fn reads the process environment ({reads['environ']}); the value it read at "

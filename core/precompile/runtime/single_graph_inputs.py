@@ -275,6 +275,14 @@ def _describe_input_mismatch(
                 f"traced there",
                 3,
             )
+        if type(leaf) is not _torch.Tensor and "class" in STATE_READS:
+            refuse(
+                f"precompile: input {i} is a {type(leaf).__module__}.{type(leaf).__name__} "
+                f"and fn reads its inputs' classes ({STATE_READS['class']}); the trace "
+                f"took a plain tensor's branch there, where eager may take another. Pass "
+                f"a plain tensor (x.detach()), or capture with DynamoTracer",
+                3,
+            )
         actual = tuple(leaf.shape)
         bounds = USER_INPUT_BOUNDS[i] or {}
         if len(actual) != len(shape) or any(
@@ -426,10 +434,14 @@ def build_input_check() -> (
     # requires_grad is compared only where the graph depends on it (see
     # requires_grad_is_captured): otherwise any input's flag is served alike.
     grad_flags_fixed = requires_grad_is_captured()
-    input_meta = (
-        attrgetter("shape", "dtype", "device", "requires_grad")
-        if grad_flags_fixed
-        else attrgetter("shape", "dtype", "device")
+    # Where fn reads its inputs' classes, each must be a plain tensor, as the trace saw.
+    reads_class = "class" in STATE_READS
+    input_meta = attrgetter(
+        "shape",
+        "dtype",
+        "device",
+        *(("requires_grad",) if grad_flags_fixed else ()),
+        *(("__class__",) if reads_class else ()),
     )
     reads_requires_grad = "requires_grad" in STATE_READS
     # An inference artifact expecting an input that requires grad serves it only with
@@ -458,6 +470,7 @@ def build_input_check() -> (
                 and USER_INPUT_REQUIRES_GRAD[i]
             ),
         )[: 4 if grad_flags_fixed else 3]
+        + ((_torch.Tensor,) if reads_class else ())
         for i in tensor_slots
         if not has_dynamic
     )
