@@ -17,8 +17,8 @@ from torch import nn
 
 import precompile
 from precompile import PrecompileError
-from tests.conftest import capture_pair, run_python
 from tests.fixtures import ambient_models
+from tests.harness import capture_pair, run_python
 
 TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
 

@@ -15,7 +15,7 @@ from torch import nn
 
 import precompile
 from precompile import ArtifactTrustWarning, CacheFallbackWarning, PrecompileError
-from tests.conftest import run_python
+from tests.harness import run_python
 
 
 def double(model: nn.Module, x: torch.Tensor) -> torch.Tensor:

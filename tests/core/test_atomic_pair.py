@@ -18,7 +18,7 @@ from torch import nn
 import precompile
 from precompile import PrecompileError
 from precompile.artifact.pair import atomic_write_files
-from tests.conftest import run_python
+from tests.harness import run_python
 
 
 def double(model: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import capture_pair, run_python
 from tests.fixtures import closure_models
+from tests.harness import capture_pair, run_python
 
 SERVE = """
 import json, sys, warnings

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import precompile
-from tests.conftest import run_python
+from tests.harness import run_python
 
 
 def double(model: nn.Module, x: torch.Tensor) -> torch.Tensor:

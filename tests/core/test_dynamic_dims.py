@@ -13,8 +13,8 @@ from torch._dynamo.decorators import mark_unbacked
 
 import precompile
 from precompile import PrecompileError
-from tests.conftest import run_python
 from tests.fixtures.models import MLP
+from tests.harness import run_python
 
 
 def scored(model: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

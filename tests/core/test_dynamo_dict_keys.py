@@ -23,8 +23,8 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import run_python
 from tests.fixtures import registry_dicts as rd
+from tests.harness import run_python
 
 ENTRIES = ("by_key", "by_key_on_device", "finds", "iterates")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 import precompile
-from tests.conftest import REPO, run_python
 from tests.fixtures import dynamo_free_models as models
+from tests.harness import REPO, run_python
 
 
 def _capture(fn, calls, directory: Path) -> tuple[str, str]:  # type: ignore[no-untyped-def]

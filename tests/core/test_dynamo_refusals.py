@@ -16,9 +16,9 @@ import torch
 
 import precompile
 from precompile import PrecompileError
-from tests.conftest import run_python
 from tests.fixtures import dynamo_models
 from tests.fixtures.models import MLP
+from tests.harness import run_python
 
 
 @pytest.fixture(autouse=True)

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import run_python, together
 from tests.fixtures import relation_models as rm
+from tests.harness import run_python, together
 
 #: What a message in the user's words never holds.
 RAW = ("L['", "G['", "___", "_modules[", "0x", "__dict__")

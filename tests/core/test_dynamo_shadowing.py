@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 import precompile
-from tests.conftest import capture_pair, run_job
 from tests.fixtures import dynamo_shadowing as s
+from tests.harness import capture_pair, run_job
 
 #: The refusal of an OrderedDict reordered after capture, for the argument ``cfg``.
 MOVED = ("`cfg` is an OrderedDict", "['mul', 'add']", "move_to_end")

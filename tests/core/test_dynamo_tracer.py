@@ -15,10 +15,10 @@ import torch
 
 import precompile
 from precompile import EagerFallbackWarning, PrecompileError
-from tests.conftest import assert_same, run_python, serve_fresh, together, watched_load
 from tests.fixtures import dynamo_models
 from tests.fixtures.dynamo_models import CASES
 from tests.fixtures.models import MLP, observe, serve
+from tests.harness import assert_same, run_python, serve_fresh, together, watched_load
 
 BACKENDS = ["eager", "inductor"]
 #: A .item() value crossing a break is pinned by the capture (a value guard): such a
@@ -106,7 +106,7 @@ def test_fresh_process_compiles_nothing(dynamo_captured: dict[str, Any]) -> None
     assert dynamo_captured["torch_compile"]["__dynamo_frames_compiled__"] > 0  # the check can fail
 
 
-#: Serves a Dynamo test case in a watched load (tests.conftest.watched_load).
+#: Serves a Dynamo test case in a watched load (tests.harness.watched_load).
 SERVE_CASE = """
 from tests.fixtures.dynamo_models import CASES
 case = CASES[{case!r}]

@@ -31,8 +31,8 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import REPO, assert_same, capture_pair, fresh_env, run_python, together
 from tests.fixtures import dynamo_trust_models
+from tests.harness import REPO, assert_same, capture_pair, fresh_env, run_python, together
 
 MODULE = "precompile_trust_models"
 CELLS = [
@@ -325,7 +325,7 @@ def test_structured_inputs_and_outputs_serve_from_a_fresh_process(tmp_path: Path
         ), name
     script = f"""
 import dataclasses, torch, warnings, precompile
-from tests.conftest import assert_same
+from tests.harness import assert_same
 from tests.fixtures import structured_io
 warnings.simplefilter("ignore", precompile.ArtifactTrustWarning)
 
@@ -593,7 +593,7 @@ def test_entry_defaults_are_compared_by_value_and_another_device_is_refused(
         cap(torch.nn.Linear(4, 4), torch.ones(2, 4))
     code = f"""
 import torch, warnings, precompile
-from tests.conftest import assert_same
+from tests.harness import assert_same
 from tests.fixtures import dynamo_identity_models as ids
 warnings.simplefilter("ignore")
 run = precompile.load(*{paths!r})

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 import precompile
-from tests.conftest import capture_pair, run_python
+from tests.harness import capture_pair, run_python
 
 
 class Net(nn.Module):

@@ -19,8 +19,8 @@ import torch
 
 import precompile
 from precompile import PrecompileError
-from tests.conftest import REPO, capture_pair, fresh_env, watched_load
 from tests.fixtures import fx_grad_inputs as cases
+from tests.harness import REPO, capture_pair, fresh_env, watched_load
 
 SERVED = [("mlp", "eager"), ("conv", "eager"), ("custom", "eager"), ("two_inputs", "eager")]
 SERVED += [("mlp", "inductor"), ("conv", "inductor")]

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 import precompile
-from tests.conftest import capture_pair, run_python
 from tests.fixtures.fx_trust_models import layout_fn
+from tests.harness import capture_pair, run_python
 
 SERVE = """
 import json, warnings, torch, precompile

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, capture_pair, run_job
+from tests.harness import REPO, capture_pair, run_job
 
 FIXTURE = REPO / "tests" / "fixtures" / "fx_trust_models.py"
 

@@ -16,8 +16,8 @@ from torch import nn
 
 import precompile
 from precompile import PrecompileError
-from tests.conftest import capture_pair, run_python
 from tests.fixtures import fx_trust_models
+from tests.harness import capture_pair, run_python
 
 capture = capture_pair
 

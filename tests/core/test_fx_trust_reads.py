@@ -17,8 +17,8 @@ from torch import nn
 
 import precompile
 from precompile import PrecompileError
-from tests.conftest import REPO, capture_pair, fresh_env, run_job, run_python
 from tests.fixtures import fx_trust_reads
+from tests.harness import REPO, capture_pair, fresh_env, run_job, run_python
 
 #: case -> {cell: words the refusal must contain, or None: served exactly}
 EXPECTED: dict[str, dict[str, tuple[str, ...] | None]] = {

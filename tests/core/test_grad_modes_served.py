@@ -23,8 +23,8 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import capture_pair, run_python, together
 from tests.fixtures import grad_mode_models as g
+from tests.harness import capture_pair, run_python, together
 
 TRACERS = ("make_fx", "dynamo")
 

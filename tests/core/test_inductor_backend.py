@@ -14,8 +14,8 @@ import torch
 
 import precompile
 from precompile import CacheFallbackWarning, PrecompileError
-from tests.conftest import run_python, watched_load
 from tests.fixtures.models import ConvBN, convbn_fn
+from tests.harness import run_python, watched_load
 
 
 @pytest.fixture(scope="module")

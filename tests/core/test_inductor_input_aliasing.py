@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import run_job
 from tests.fixtures import aliasing_models as models
+from tests.harness import run_job
 
 #: artifact name -> (function, tracer, how its arguments are built, capture arguments)
 ARTIFACTS: dict[str, tuple[str, str, str, list[tuple[Any, ...]]]] = {

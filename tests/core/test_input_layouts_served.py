@@ -33,8 +33,8 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import capture_pair, run_job
 from tests.fixtures import input_layouts as fx
+from tests.harness import capture_pair, run_job
 
 IMAGES = [
     "image contiguous",

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import assert_same, run_python, serve_fresh, together
 from tests.fixtures.installed_models import CASES
 from tests.fixtures.models import observe, serve
+from tests.harness import assert_same, run_python, serve_fresh, together
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import capture_pair, run_python
+from tests.harness import capture_pair, run_python
 
 
 class Block(nn.Module):

@@ -20,9 +20,9 @@ import torch
 
 import precompile
 from precompile.artifact.envelope import blob_digests
-from tests.conftest import run_python
 from tests.fixtures.dynamo_models import CASES, train_step_aliased
 from tests.fixtures.models import plain_fn
+from tests.harness import run_python
 
 #: A shared object whose loading is visible: its constructor runs at dlopen, before any
 #: Python module init, and writes the file named by PRECOMPILE_TEST_MARKER.

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 import precompile
-from tests.conftest import capture_pair, run_job
 from tests.fixtures import library_branches
+from tests.harness import capture_pair, run_job
 
 TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import precompile
-from tests.conftest import capture_pair, run_job
 from tests.fixtures import library_surface
+from tests.harness import capture_pair, run_job
 
 #: case -> what its refusal must name, in the user's words.
 NAMES = {

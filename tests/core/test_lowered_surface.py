@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import capture_pair, run_python
 from tests.fixtures import lowered_surface
+from tests.harness import capture_pair, run_python
 
 SERVE = """
 import json, warnings

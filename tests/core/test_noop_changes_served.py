@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import capture_pair, run_python
 from tests.fixtures import noop_models as nm
+from tests.harness import capture_pair, run_python
 
 TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
 

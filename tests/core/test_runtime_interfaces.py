@@ -27,8 +27,8 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import capture_pair
 from tests.fixtures import dynamo_models, fx_grad_inputs, installed_models, models
+from tests.harness import capture_pair
 
 CORE = Path(precompile.__file__).resolve().parent
 

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import capture_pair, fresh_env, run_python, together
 from tests.fixtures import serving_models as m
+from tests.harness import capture_pair, fresh_env, run_python, together
 
 TRACERS = ["make_fx", "dynamo"]
 BACKENDS = ["eager", "inductor"]

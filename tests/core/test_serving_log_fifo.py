@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from tests.conftest import capture_pair, run_python
 from tests.fixtures import serving_models as m
+from tests.harness import capture_pair, run_python
 
 
 def test_a_fifo_serving_log_warns_once_and_blocks_nothing(tmp_path: Path) -> None:

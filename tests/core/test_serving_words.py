@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import run_python, together
 from tests.fixtures import serving_words as w
+from tests.harness import run_python, together
 
 SERVE = """
 import json, warnings, torch, precompile

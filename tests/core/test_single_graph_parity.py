@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import assert_same, serve_fresh
 from tests.fixtures.models import CASES, observe, serve
+from tests.harness import assert_same, serve_fresh
 
 BACKENDS = ["eager", "inductor"]
 

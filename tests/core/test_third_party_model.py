@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import REPO, assert_same, fresh_env, together
 from tests.fixtures.gpt2_entry import build_model, input_ids, next_token_logprobs
+from tests.harness import REPO, assert_same, fresh_env, together
 
 BACKENDS = ["eager", "inductor"]
 SERVE_SEEDS = [1, 2]  # other token values, same shape as the captured call

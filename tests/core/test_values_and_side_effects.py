@@ -16,8 +16,8 @@ import torch
 
 import precompile
 from precompile import PrecompileError
-from tests.conftest import capture_pair, run_job
 from tests.fixtures import values_side_effects as v
+from tests.harness import capture_pair, run_job
 
 #: (tracer, captured cell) -> {served cell: words the refusal must contain, or None: exact}
 EXPECTED: dict[tuple[str, str], dict[str, tuple[str, ...] | None]] = {

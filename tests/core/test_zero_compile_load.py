@@ -3,7 +3,7 @@
 Real shapes, not a tiny Linear: a ResNet-18 laid out as torchvision's (inference at two
 batch sizes, so a second, dynamic variant exists; and a training step) and a small
 transformer block. Each loads in a fresh process with an empty TORCHINDUCTOR_CACHE_DIR
-and an empty TMPDIR, under a spy on process creation (tests.conftest.watched_load): the
+and an empty TMPDIR, under a spy on process creation (tests.harness.watched_load): the
 answer (for training: loss, every gradient and every buffer) matches eager, no process
 starts -- not even ``g++ --version`` -- and neither Inductor's code generator and
 compiler nor AOTAutograd is imported.
@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 import precompile
-from tests.conftest import run_python, watched_load
 from tests.fixtures import zero_compile_models as models
+from tests.harness import run_python, watched_load
 
 #: Modules whose import means the load reached Inductor's code generator or compiler, or
 #: AOTAutograd's compile path. (``import torch`` alone imports

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, fresh_env
+from tests.harness import REPO, fresh_env
 
 FIXTURES = REPO / "tests" / "fixtures"
 

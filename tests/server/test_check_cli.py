@@ -13,7 +13,7 @@ import pytest
 
 from precompile_lsp.findings import Finding, Span
 from precompile_lsp.formats import github
-from tests.conftest import documented_heading
+from tests.doc_links import documented_heading
 from tests.server.conftest import check_json, precompile_cli
 
 
@@ -217,7 +217,7 @@ def test_emit_shows_its_stages_on_a_terminal_only(shop: Path, tmp_path: Path) ->
     import subprocess
     import sys
 
-    from tests.conftest import fresh_env
+    from tests.harness import fresh_env
 
     workspace = tmp_path / "shop"
     shutil.copytree(shop, workspace)
@@ -261,7 +261,7 @@ def test_the_engine_and_the_server_never_import_torch(shop: Path, checked: dict[
     """With the result cache warm, a check runs no worker at all: in a fresh interpreter
     that imports the language server and runs `check`, torch is never imported (nor the
     worker package, nor precompile's capture side)."""
-    from tests.conftest import run_python
+    from tests.harness import run_python
 
     proc = run_python(
         "import sys, json\n"

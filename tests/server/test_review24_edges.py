@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import fresh_env
+from tests.harness import fresh_env
 from tests.server.conftest import precompile_cli
 
 TARGETS = """import torch

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from precompile_lsp.shards import ShardError, fingerprint, parse_shard, partition, weights
-from tests.conftest import fresh_env
+from tests.harness import fresh_env
 from tests.server.conftest import FIXTURES, precompile_cli
 
 EXTRA = """\

@@ -74,7 +74,7 @@ def test_without_fork_each_job_runs_in_a_fresh_interpreter(tmp_path: Path) -> No
     import subprocess
     import sys
 
-    from tests.conftest import fresh_env
+    from tests.harness import fresh_env
 
     workspace = tmp_path / "rogue"
     shutil.copytree(FIXTURES / "misbehaving", workspace)
@@ -188,7 +188,7 @@ def test_a_spawned_jobs_slow_start_is_not_its_capture_timing_out(tmp_path: Path)
     import subprocess
     import sys
 
-    from tests.conftest import REPO, fresh_env
+    from tests.harness import REPO, fresh_env
 
     workspace = tmp_path / "rogue"
     shutil.copytree(FIXTURES / "misbehaving", workspace)
