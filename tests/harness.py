@@ -20,7 +20,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,22 +38,30 @@ def together(*calls: Callable[[], T]) -> list[T]:
         return [future.result() for future in futures]
 
 
-def fresh_env(**extra: str) -> dict[str, str]:
-    """This process's environment with the repository first on ``PYTHONPATH`` (so a child
-    imports the worktree's ``tests`` and sources), plus ``extra``."""
+def fresh_env(*, pythonpath: Sequence[Path] = (), **extra: str) -> dict[str, str]:
+    """This process's environment with ``pythonpath`` and then the repository first on
+    ``PYTHONPATH`` (so a child imports the worktree's ``tests`` and sources), plus
+    ``extra``."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [*map(str, pythonpath), str(REPO), env.get("PYTHONPATH", "")]
+    ).rstrip(os.pathsep)
     env.update(extra)
     return env
 
 
 def _spawn(
-    argv: list[str], *, cwd: Path | None, timeout: float, env: dict[str, str]
+    argv: list[str],
+    *,
+    cwd: Path | None,
+    timeout: float,
+    pythonpath: Sequence[Path],
+    env: dict[str, str],
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, *argv],
         cwd=cwd or REPO,
-        env=fresh_env(**env),
+        env=fresh_env(pythonpath=pythonpath, **env),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -61,10 +69,48 @@ def _spawn(
 
 
 def run_python(
-    code: str, *, cwd: Path | None = None, timeout: float = 300, **env: str
+    code: str,
+    *,
+    cwd: Path | None = None,
+    timeout: float = 300,
+    pythonpath: Sequence[Path] = (),
+    **env: str,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter; the caller asserts on the result."""
-    return _spawn(["-c", code], cwd=cwd, timeout=timeout, env=env)
+    return _spawn(["-c", code], cwd=cwd, timeout=timeout, pythonpath=pythonpath, env=env)
+
+
+def run_script(
+    script: Path,
+    *args: str,
+    cwd: Path | None = None,
+    timeout: float = 300,
+    pythonpath: Sequence[Path] = (),
+    **env: str,
+) -> subprocess.CompletedProcess[str]:
+    """Run the file ``script`` with ``args`` (so its code is ``__main__``, as a user's
+    capture script is) in a fresh interpreter; the caller asserts on the result."""
+    return _spawn([str(script), *args], cwd=cwd, timeout=timeout, pythonpath=pythonpath, env=env)
+
+
+def run_module(
+    module: str,
+    *args: str,
+    cwd: Path | None = None,
+    timeout: float = 300,
+    pythonpath: Sequence[Path] = (),
+    **env: str,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m module ARGS`` in a fresh interpreter; the caller asserts on the result."""
+    argv = ["-m", module, *args]
+    return _spawn(argv, cwd=cwd, timeout=timeout, pythonpath=pythonpath, env=env)
+
+
+def precompile_cli(
+    *args: str, cwd: Path, timeout: float = 900, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``precompile ARGS`` in a fresh process, as a user runs it."""
+    return run_module("precompile_lsp.cli", *args, cwd=cwd, timeout=timeout, **env)
 
 
 def last_json(proc: subprocess.CompletedProcess[str]) -> Any:
@@ -74,16 +120,35 @@ def last_json(proc: subprocess.CompletedProcess[str]) -> Any:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_json(code: str, *, cwd: Path | None = None, timeout: float = 300, **env: str) -> Any:
+def run_json(
+    code: str,
+    *,
+    cwd: Path | None = None,
+    timeout: float = 300,
+    pythonpath: Sequence[Path] = (),
+    **env: str,
+) -> Any:
     """Run ``code`` in a fresh interpreter that must succeed; its result (``last_json``)."""
-    return last_json(run_python(code, cwd=cwd, timeout=timeout, **env))
+    return last_json(run_python(code, cwd=cwd, timeout=timeout, pythonpath=pythonpath, **env))
 
 
 def run_job(module: str, job: dict[str, Any], path: Path, timeout: float = 300, **env: str) -> Any:
     """Run ``python -m module path`` in a fresh interpreter on ``job`` (written to
     ``path`` as JSON); its result (``last_json``)."""
     path.write_text(json.dumps(job))
-    return last_json(_spawn(["-m", module, str(path)], cwd=None, timeout=timeout, env=env))
+    return last_json(run_module(module, str(path), timeout=timeout, **env))
+
+
+def run_saving_job(
+    module: str, job: dict[str, Any], path: Path, timeout: float = 600, **env: str
+) -> Any:
+    """``run_job`` for a child whose results hold tensors: the job names an ``output``
+    file next to ``path`` that the child writes with ``torch.save``; what it saved."""
+    import torch
+
+    output = path.with_suffix(".pt")
+    run_job(module, {**job, "output": str(output)}, path, timeout, **env)
+    return torch.load(output, weights_only=False)
 
 
 def serve_fresh(
@@ -91,17 +156,14 @@ def serve_fresh(
 ) -> dict[str, Any]:
     """Serve artifacts in one fresh process (see tests/fixtures/serve_artifacts.py); the
     outputs it saved."""
-    import torch
-
     job = tmp_path / f"job-{len(list(tmp_path.iterdir()))}.json"
-    output = job.with_suffix(".pt")
-    run_job(
-        "tests.fixtures.serve_artifacts",
-        {"entries": entries, "output": str(output), "without_precompile": without_precompile},
-        job,
-        timeout=600,
+    return dict(
+        run_saving_job(
+            "tests.fixtures.serve_artifacts",
+            {"entries": entries, "without_precompile": without_precompile},
+            job,
+        )
     )
-    return torch.load(output, weights_only=False)
 
 
 #: A fresh process that records every process it starts (and every fork), loads an

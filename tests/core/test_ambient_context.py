@@ -5,7 +5,6 @@ served in a fresh process and compared with eager, or refused naming the cause."
 
 from __future__ import annotations
 
-import json
 import textwrap
 import warnings
 from pathlib import Path
@@ -18,7 +17,7 @@ from torch import nn
 import precompile
 from precompile import PrecompileError
 from tests.fixtures import ambient_models
-from tests.harness import capture_pair, run_python
+from tests.harness import capture_pair, run_json
 
 TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
 
@@ -51,9 +50,7 @@ def _serve(pair: tuple[str, str], body: str) -> dict[str, Any]:
         + textwrap.dedent(body)
         + "\nprint(json.dumps(out))\n"
     )
-    proc = run_python(code)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_json(code)
 
 
 def _model() -> nn.Module:

@@ -15,7 +15,7 @@ from torch import nn
 
 import precompile
 from precompile import ArtifactTrustWarning, CacheFallbackWarning, PrecompileError
-from tests.harness import run_python
+from tests.harness import run_json, run_python
 
 
 def double(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -255,11 +255,11 @@ print(json.dumps({{
 
 
 def _spy_load(artifact: Path, cache: Path | None) -> dict[str, Any]:
-    proc = run_python(
-        _SPY_COMPILE.format(artifact=str(artifact), cache=None if cache is None else str(cache))
+    return dict(
+        run_json(
+            _SPY_COMPILE.format(artifact=str(artifact), cache=None if cache is None else str(cache))
+        )
     )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_load_executes_the_cached_bytecode_instead_of_compiling(

@@ -6,14 +6,12 @@ refuses another closure value or another function."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 import precompile
 from tests.fixtures import closure_models
-from tests.harness import capture_pair, run_python
+from tests.harness import capture_pair, run_json
 
 SERVE = """
 import json, sys, warnings
@@ -60,9 +58,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, str]:
 def test_a_closure_with_a_frozenset_constant_serves_under_any_hash_seed(
     pair: tuple[str, str, str], seed: str
 ) -> None:
-    proc = run_python(SERVE.format(paths=list(pair)), PYTHONHASHSEED=seed)
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_json(SERVE.format(paths=list(pair)), PYTHONHASHSEED=seed)
     assert result["same closure"] == ["served", 0.0], result
     verdict, message = result["other closure value"]
     assert verdict == "refused" and "model.act" in message, result

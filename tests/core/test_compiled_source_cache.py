@@ -7,7 +7,6 @@ compiled again from the text, never run."""
 from __future__ import annotations
 
 import io
-import json
 import marshal
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import torch
 from torch import nn
 
 import precompile
-from tests.harness import run_python
+from tests.harness import run_json
 
 
 def double(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -92,11 +91,9 @@ print(json.dumps({{
 
 
 def _spy_load(artifact: Path, cache: Path | None) -> dict[str, Any]:
-    proc = run_python(
+    return run_json(
         _SPY_LOAD.format(artifact=str(artifact), cache=None if cache is None else str(cache))
     )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _codes(envelope: dict[str, Any]) -> dict[str, bytes]:

@@ -13,7 +13,6 @@ Both guard paths: the Dynamo-free guards and Dynamo's own guard manager.
 
 from __future__ import annotations
 
-import json
 import logging
 import warnings
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 
 import precompile
 from tests.fixtures import registry_dicts as rd
-from tests.harness import run_python
+from tests.harness import run_json, run_python
 
 ENTRIES = ("by_key", "by_key_on_device", "finds", "iterates")
 
@@ -85,9 +84,7 @@ print(json.dumps({{"results": results, "dynamo": "torch._dynamo" in sys.modules}
 
 
 def _serve(paths: dict[str, tuple[str, str]], fills: list[Any]) -> dict[str, Any]:
-    proc = run_python(SERVE.format(paths=paths, fills=fills))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return dict(run_json(SERVE.format(paths=paths, fills=fills)))
 
 
 @pytest.fixture(scope="module")
@@ -176,9 +173,7 @@ for kind in ("bert", "gpt2"):
 from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
 print(json.dumps(list(_CAN_RECORD_REGISTRY)))
 """
-    proc = run_python(script, timeout=600, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    registry = json.loads(proc.stdout.strip().splitlines()[-1])
+    registry = run_json(script, timeout=600, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     assert [k.rsplit(".", 1)[-1] for k in registry] == ["BertModel'>", "GPT2Model'>"]
     assert "_CAN_RECORD_REGISTRY))[1]" in (tmp_path / "gpt2.py").read_text()
     for kinds in (["gpt2"], ["gpt2", "bert"]):

@@ -11,7 +11,6 @@ torch.no_grad():`` block carried across a graph break is served too.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import warnings
@@ -23,7 +22,7 @@ import torch
 
 import precompile
 from tests.fixtures import relation_models as rm
-from tests.harness import run_python, together
+from tests.harness import run_json, together
 
 #: What a message in the user's words never holds.
 RAW = ("L['", "G['", "___", "_modules[", "0x", "__dict__")
@@ -60,9 +59,7 @@ import json
 from tests.fixtures import relation_models as rm
 print(json.dumps(rm.serve_cells({paths[0]!r}, {paths[1]!r}, {entry!r}, {kind!r}, {cells!r})))
 """
-    proc = run_python(script, timeout=600, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_json(script, timeout=600, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +205,7 @@ def _words_capture(tmp_path: Path, tracer: Any) -> tuple[str, str]:
 def _words_refusal(paths: tuple[str, str], change: str) -> str:
     """The refusal a fresh process gets after ``change`` (Python run after load)."""
     script = f"""
-import types, warnings, torch, precompile
+import json, types, warnings, torch, precompile
 warnings.simplefilter("ignore")
 from tests.fixtures import words_models as wm
 model = wm.Net()
@@ -217,13 +214,11 @@ run(model, torch.randn(2, 4))
 {change}
 try:
     run(model, torch.randn(2, 4))
-    print("SERVED")
+    print(json.dumps("SERVED"))
 except precompile.PrecompileError as error:
-    print(str(error).replace(chr(10), " "))
+    print(json.dumps(str(error).replace(chr(10), " ")))
 """
-    proc = run_python(script)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip().splitlines()[-1]
+    return str(run_json(script))
 
 
 def test_a_read_in_the_users_module_is_named_where_the_users_code_reached_it(

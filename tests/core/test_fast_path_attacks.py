@@ -12,7 +12,6 @@ changes eager itself cannot run with must be refused."""
 from __future__ import annotations
 
 import copy
-import json
 import textwrap
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +21,7 @@ import torch
 from torch import nn
 
 import precompile
-from tests.harness import capture_pair, run_python
+from tests.harness import capture_pair, run_json
 
 
 class Net(nn.Module):
@@ -179,9 +178,10 @@ def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         artifact, cache = capture_pair(
             serve, Net().eval(), torch.randn(3, 8), directory=directory, tracer=tracer
         )
-    proc = run_python(textwrap.dedent(CHILD.format(artifact=artifact, cache=cache)))
-    assert proc.returncode == 0, proc.stderr
-    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "tracer": request.param}
+    return {
+        **run_json(textwrap.dedent(CHILD.format(artifact=artifact, cache=cache))),
+        "tracer": request.param,
+    }
 
 
 @pytest.mark.parametrize("change", sorted(CHANGES))

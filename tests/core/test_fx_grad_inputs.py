@@ -6,10 +6,7 @@ serve exactly is refused at capture (or, for a double backward, when it runs).""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +17,7 @@ import torch
 import precompile
 from precompile import PrecompileError
 from tests.fixtures import fx_grad_inputs as cases
-from tests.harness import REPO, capture_pair, fresh_env, watched_load
+from tests.harness import capture_pair, run_saving_job, watched_load
 
 SERVED = [("mlp", "eager"), ("conv", "eager"), ("custom", "eager"), ("two_inputs", "eager")]
 SERVED += [("mlp", "inductor"), ("conv", "inductor")]
@@ -60,28 +57,14 @@ def served(
         ) as cap:
             captured = cap(model, *inputs)
         expected = cases.FUNCTIONS[case](reference, *ref_inputs)
-        job = directory / "job.json"
-        job.write_text(
-            json.dumps(
-                {
-                    "artifact": out[0],
-                    "cache": out[1],
-                    "case": case,
-                    "output": str(directory / "result.pt"),
-                }
-            )
+        fresh = run_saving_job(
+            "tests.fixtures.fx_grad_inputs",
+            {"artifact": out[0], "cache": out[1], "case": case},
+            directory / "job.json",
+            TORCHINDUCTOR_CACHE_DIR=str(inductor_cache),
         )
-        proc = subprocess.run(
-            [sys.executable, "-m", "tests.fixtures.fx_grad_inputs", str(job)],
-            cwd=REPO,
-            env=fresh_env(TORCHINDUCTOR_CACHE_DIR=str(inductor_cache)),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert proc.returncode == 0, proc.stderr
         results[(case, backend)] = {
-            "fresh": torch.load(directory / "result.pt", weights_only=False),
+            "fresh": fresh,
             "captured": captured,
             "expected": expected,
             "paths": out,

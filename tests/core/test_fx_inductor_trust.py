@@ -5,7 +5,6 @@ input or a Parameter object where eager returns a new tensor."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from torch import nn
 
 import precompile
 from tests.fixtures.fx_trust_models import layout_fn
-from tests.harness import capture_pair, run_python
+from tests.harness import capture_pair, run_json
 
 SERVE = """
 import json, warnings, torch, precompile
@@ -81,12 +80,10 @@ def test_layouts_are_checked_whatever_size_asserts_said_at_capture(tmp_path: Pat
         ) as cap,
     ):
         cap(nn.Linear(4, 4), torch.randn(4, 4))
-    proc = run_python(
+    results = run_json(
         SERVE.format(artifact=paths[0], cache=paths[1]),
         TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "serve-cache"),
     )
-    assert proc.returncode == 0, proc.stderr
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert results["contiguous"]["result"] == "exact"
     assert results["input with a storage offset"]["result"] == "exact"
     assert results["transposed input"]["result"] == "refused"
@@ -133,6 +130,4 @@ def test_random_ops_draw_eagers_numbers(tmp_path: Path, tracer: str) -> None:
         name="random",
         tracer=precompile.DynamoTracer() if tracer == "dynamo" else None,
     )
-    proc = run_python(SERVE_RANDOM.format(artifact=artifact, cache=cache))
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"exact": [True, True]}
+    assert run_json(SERVE_RANDOM.format(artifact=artifact, cache=cache)) == {"exact": [True, True]}

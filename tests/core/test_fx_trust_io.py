@@ -6,7 +6,6 @@ kernel, nested tensors, values of tensors that are not inputs, Python side effec
 from __future__ import annotations
 
 import collections
-import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -17,7 +16,7 @@ from torch import nn
 import precompile
 from precompile import PrecompileError
 from tests.fixtures import fx_trust_models
-from tests.harness import capture_pair, run_python
+from tests.harness import capture_pair, run_json
 
 capture = capture_pair
 
@@ -30,9 +29,7 @@ def refused(fn: Any, *args: Any, directory: Path, training: bool = False) -> Pre
 
 def fresh(code: str, **env: str) -> Any:
     """Run ``code`` in a fresh process (warnings off); it prints one JSON line."""
-    proc = run_python("import warnings; warnings.simplefilter('ignore')\n" + code, **env)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_json("import warnings; warnings.simplefilter('ignore')\n" + code, **env)
 
 
 # ---------------------------------------------------------------- containers

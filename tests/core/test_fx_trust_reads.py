@@ -5,10 +5,6 @@ served exactly or refused naming it, in a fresh process, on the first served cal
 from __future__ import annotations
 
 import functools
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +14,7 @@ from torch import nn
 import precompile
 from precompile import PrecompileError
 from tests.fixtures import fx_trust_reads
-from tests.harness import REPO, capture_pair, fresh_env, run_job, run_python
+from tests.harness import capture_pair, run_job, run_json, run_python, run_script
 
 #: case -> {cell: words the refusal must contain, or None: served exactly}
 EXPECTED: dict[str, dict[str, tuple[str, ...] | None]] = {
@@ -329,24 +325,9 @@ def test_a_script_function_with_baked_values_is_checked_only_from_that_script(
         "        cap(nn.Linear(4, 4), torch.randn(2, 4))\n"
     )
     paths = str(tmp_path / "s.py"), str(tmp_path / "s.cache")
-    made = subprocess.run(
-        [sys.executable, str(script), *paths],
-        cwd=REPO,
-        env=fresh_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    made = run_script(script, *paths)
     assert made.returncode == 0, made.stderr
-    load = f"import precompile; precompile.load({paths[0]!r}, {paths[1]!r})"
-    other = subprocess.run(
-        [sys.executable, "-c", load],
-        cwd=REPO,
-        env=fresh_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    other = run_python(f"import precompile; precompile.load({paths[0]!r}, {paths[1]!r})")
     assert other.returncode != 0
     assert "ran as __main__ at capture" in other.stderr, other.stderr
     assert "Move the function into an importable module" in other.stderr
@@ -396,16 +377,7 @@ def test_a_sentinel_a_capture_script_imports_is_named_by_its_module(
         "                        tracer=precompile.MakeFxTracer(), backend='eager') as cap:\n"
         "    cap(Net().eval(), torch.randn(2, 4))\n"
     )
-    env = fresh_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
-    made = subprocess.run(
-        [sys.executable, str(tmp_path / "capture_script.py"), *paths],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    made = run_script(tmp_path / "capture_script.py", *paths, pythonpath=[tmp_path])
     assert made.returncode == 0, made.stderr
     serve = (
         "import json, torch, precompile, sentinel_mod as m\n"
@@ -421,16 +393,7 @@ def test_a_sentinel_a_capture_script_imports_is_named_by_its_module(
         "    out['swapped'] = str(e)\n"
         "print(json.dumps(out))\n"
     )
-    served = subprocess.run(
-        [sys.executable, "-c", serve],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert served.returncode == 0, served.stderr
-    result = json.loads(served.stdout.strip().splitlines()[-1])
+    result = run_json(serve, pythonpath=[tmp_path])
     assert result["unchanged"] is True
     shown = "builtins.object" if kind == "object" else "sentinel_mod.Marker"
     assert f"mode = the {shown} bound to sentinel_mod.SLOW" in result["swapped"]
@@ -465,8 +428,6 @@ def test_a_project_module_held_as_an_attribute_is_checked_per_call(tmp_path: Pat
     artifact, cache = capture_pair(
         module_held_step, ModuleHeld(), torch.randn(2, 4), directory=tmp_path, name="held"
     )
-    proc = run_python(SERVE_MODULE_HELD.format(artifact=artifact, cache=cache))
-    assert proc.returncode == 0, proc.stderr
-    cells = json.loads(proc.stdout.strip().splitlines()[-1])
+    cells = run_json(SERVE_MODULE_HELD.format(artifact=artifact, cache=cache))
     assert cells["unchanged"] == "exact" and cells["restored"] == "exact", cells
     assert cells["changed"].startswith("refused") and "SCALE" in cells["changed"], cells

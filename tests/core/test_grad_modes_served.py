@@ -15,7 +15,6 @@ fix.
 
 from __future__ import annotations
 
-import json
 import textwrap
 from typing import Any
 
@@ -24,7 +23,7 @@ import torch
 
 import precompile
 from tests.fixtures import grad_mode_models as g
-from tests.harness import capture_pair, run_python, together
+from tests.harness import capture_pair, run_json, together
 
 TRACERS = ("make_fx", "dynamo")
 
@@ -162,9 +161,7 @@ print(json.dumps(out))
 
 
 def _serve(pairs: dict[str, tuple[str, str]]) -> dict[str, Any]:
-    proc = run_python(textwrap.dedent(SERVE.format(pairs=pairs)))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return dict(run_json(textwrap.dedent(SERVE.format(pairs=pairs))))
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ gets past them; a signature does not let that through."""
 from __future__ import annotations
 
 import io
-import json
 import logging
 import shutil
 import subprocess
@@ -22,7 +21,7 @@ import precompile
 from precompile.artifact.envelope import blob_digests
 from tests.fixtures.dynamo_models import CASES, train_step_aliased
 from tests.fixtures.models import plain_fn
-from tests.harness import run_python
+from tests.harness import run_json
 
 #: A shared object whose loading is visible: its constructor runs at dlopen, before any
 #: Python module init, and writes the file named by PRECOMPILE_TEST_MARKER.
@@ -86,13 +85,11 @@ def _load_fresh(
     tmp_path.mkdir(parents=True, exist_ok=True)
     marker = tmp_path / "marker-ran"
     code = _LOAD.format(artifact=str(artifact), cache=str(cache), keys=keys, serve=serve)
-    proc = run_python(
+    result = run_json(
         code,
         TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor-cache"),
         PRECOMPILE_TEST_MARKER=str(marker),
-    )
-    assert proc.returncode == 0, proc.stderr  # no crash, whatever the cache holds
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    )  # no crash, whatever the cache holds
     result["marker_ran"] = marker.exists()
     return result
 

@@ -7,14 +7,12 @@ refused naming it, never wrong."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 import precompile
 from tests.fixtures import lowered_surface
-from tests.harness import capture_pair, run_python
+from tests.harness import capture_pair, run_json
 
 SERVE = """
 import json, warnings
@@ -65,9 +63,7 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 def test_a_torch_function_inside_a_lowered_call_replaced_is_never_served_wrong(
     pair: list[str], when: str
 ) -> None:
-    proc = run_python(SERVE.format(args=[*pair, when]))
-    assert proc.returncode == 0, proc.stderr
-    verdict, detail = json.loads(proc.stdout.strip().splitlines()[-1])
+    verdict, detail = run_json(SERVE.format(args=[*pair, when]))
     if verdict == "served":
         assert detail == 0.0, f"served a wrong answer (max diff {detail})"
     else:

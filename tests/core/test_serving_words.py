@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import torch
 
 import precompile
 from tests.fixtures import serving_words as w
-from tests.harness import run_python, together
+from tests.harness import run_json, run_python, together
 
 SERVE = """
 import json, warnings, torch, precompile
@@ -100,9 +99,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]
         )
 
     def serve(code: str) -> dict[str, Any]:
-        proc = run_python(code)
-        assert proc.returncode == 0, proc.stderr
-        return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+        return dict(run_json(code))
 
     results = together(*(lambda c=code: serve(c) for code in scripts.values()))
     return dict(zip(scripts, results))

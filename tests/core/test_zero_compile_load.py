@@ -11,7 +11,6 @@ compiler nor AOTAutograd is imported.
 
 from __future__ import annotations
 
-import json
 import re
 import textwrap
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 
 import precompile
 from tests.fixtures import zero_compile_models as models
-from tests.harness import run_python, watched_load
+from tests.harness import run_json, watched_load
 
 #: Modules whose import means the load reached Inductor's code generator or compiler, or
 #: AOTAutograd's compile path. (``import torch`` alone imports
@@ -185,14 +184,12 @@ def test_a_cache_without_one_kernel_warns_once_naming_the_graph(
     torch.save(envelope, partial)
     serve = SERVE_TRAIN.format(build="block()", fn="block_train_step", args="(m.tokens(2),)")
     (tmp_path / "inductor").mkdir()
-    proc = run_python(
+    result = run_json(
         WARNINGS_LOAD.format(
             artifact=artifact, cache=str(partial), serve=textwrap.indent(serve, "    ")
         ),
         TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
     )
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["error"] == 0.0
     assert len(result["warnings"]) == 1, result["warnings"]
     message = result["warnings"][0]

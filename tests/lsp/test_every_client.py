@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 from lsprotocol import types
 
-from tests.harness import REPO
+from tests.harness import REPO, precompile_cli
 from tests.lsp.conftest import Session
-from tests.server.conftest import precompile_cli
 
 DEMO = REPO / "examples" / "demo_project"
 SERVE = "src/recsys/serve.py"

@@ -14,7 +14,8 @@ import pytest
 from precompile_lsp.findings import Finding, Span
 from precompile_lsp.formats import github
 from tests.doc_links import documented_heading
-from tests.server.conftest import check_json, precompile_cli
+from tests.harness import precompile_cli
+from tests.server.conftest import check_json
 
 
 @pytest.fixture(scope="module")
@@ -261,9 +262,9 @@ def test_the_engine_and_the_server_never_import_torch(shop: Path, checked: dict[
     """With the result cache warm, a check runs no worker at all: in a fresh interpreter
     that imports the language server and runs `check`, torch is never imported (nor the
     worker package, nor precompile's capture side)."""
-    from tests.harness import run_python
+    from tests.harness import run_json
 
-    proc = run_python(
+    outcome = run_json(
         "import sys, json\n"
         "import precompile_lsp.server\n"
         "from precompile_lsp.cli import main\n"
@@ -274,8 +275,6 @@ def test_the_engine_and_the_server_never_import_torch(shop: Path, checked: dict[
         "print(json.dumps({'code': code, 'heavy': heavy}))\n",
         cwd=shop,
     )
-    assert proc.returncode == 0, proc.stderr
-    outcome = json.loads(proc.stdout.strip().splitlines()[-1])
     assert outcome == {"code": 1, "heavy": []}
     report = json.loads((shop / "report.json").read_text())
     assert report["stats"]["captures"] == 0 and report["stats"]["cache_hits"] == 4

@@ -14,8 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.harness import fresh_env
-from tests.server.conftest import precompile_cli
+from tests.harness import fresh_env, precompile_cli
 
 TARGETS = """import torch
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from precompile_lsp.shards import ShardError, fingerprint, parse_shard, partition, weights
-from tests.harness import fresh_env
-from tests.server.conftest import FIXTURES, precompile_cli
+from tests.harness import fresh_env, precompile_cli
+from tests.server.conftest import FIXTURES
 
 EXTRA = """\
 import precompile

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.server.conftest import FIXTURES, precompile_cli
+from tests.harness import precompile_cli
+from tests.server.conftest import FIXTURES
 
 
 @pytest.fixture(scope="module")
