@@ -71,7 +71,7 @@ def test_hugging_face_model_output_serves_and_config_changes_are_refused(tmp_pat
 import json, torch, precompile
 run = precompile.load({paths[0]!r}, {paths[1]!r})
 from tests.fixtures.gpt2_entry import build_model, input_ids
-from tests.core.test_fx_trust_io import trust_models_gpt2_fn as fn
+from tests.core.capturing.test_fx_trust_io import trust_models_gpt2_fn as fn
 model, ids = build_model(1).eval(), input_ids(1)
 out, ref = run(model, ids), fn(model, ids)
 served = type(out).__name__ == type(ref).__name__ and torch.allclose(out.logits, ref.logits, atol=1e-5)
@@ -134,7 +134,7 @@ def test_containers_another_process_cannot_rebuild_are_refused_at_capture(tmp_pa
 def test_an_input_that_requires_grad_serves_with_grad_or_without(tmp_path: Path) -> None:
     model, x = nn.Linear(3, 2), torch.randn(4, 3, requires_grad=True)
     # Captured under grad mode, the artifact carries the backward: its outputs carry
-    # grad like eager's (tests/core/test_fx_grad_inputs.py serves the gradients).
+    # grad like eager's (tests/core/capturing/test_fx_grad_inputs.py serves the gradients).
     (tmp_path / "grad").mkdir()
     paths = capture(lambda m, x: m(x), model, x, directory=tmp_path / "grad")
     with_grad = fresh(

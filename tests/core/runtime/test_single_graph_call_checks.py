@@ -174,7 +174,7 @@ def test_parameter_device(runnable: Any) -> None:
 def test_requires_grad(runnable: Any) -> None:
     # An inference artifact's graph runs with grad off, where a parameter's
     # requires_grad changes no value: a model frozen since capture is served (a training
-    # capture refuses it: tests/core/test_grad_modes_served.py).
+    # capture refuses it: tests/core/runtime/test_grad_modes_served.py).
     model, b = Net().eval(), batch()
     model.lin.weight.requires_grad_(False)
     with torch.no_grad():

@@ -87,7 +87,7 @@ def test_a_call_under_a_torch_mode_is_refused_naming_it(tracer: str, tmp_path: P
     # A dispatch mode sees the eager backend's graph run the very ATen operations eager
     # runs (issue 26): served, and compared with eager under the same mode -- one that
     # changes results changes the graph's as it changes eager's. Inductor refuses it
-    # (tests/core/test_noop_changes_served.py).
+    # (tests/core/runtime/test_noop_changes_served.py).
     assert out["DoublingReluKernel"] == out["flops"] == "exact", out
 
 

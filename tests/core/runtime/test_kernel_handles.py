@@ -54,7 +54,7 @@ CASES = {"mlp": (_mlp, (8, 64)), "block": (Block, (2, 5, 16))}
 CHILD = """
 import torch, torch._ops, warnings
 warnings.simplefilter("ignore")
-from tests.core.test_kernel_handles import CASES
+from tests.core.runtime.test_kernel_handles import CASES
 wrapped = [0]
 original = torch._ops.OpOverload.__call__
 def counting(self, /, *args, **kwargs):

@@ -69,7 +69,7 @@ def test_served_at_three_sizes_in_a_fresh_process(dynamic_artifact: tuple[Path, 
     code = f"""
 import torch, warnings, precompile
 warnings.simplefilter("ignore")
-from tests.core.test_dynamic_dims import scored
+from tests.core.capturing.test_dynamic_dims import scored
 from tests.fixtures.models import MLP
 run = precompile.load({str(dynamic_artifact[0])!r}, {str(dynamic_artifact[1])!r})
 model = MLP().eval()

@@ -61,7 +61,7 @@ import ast, builtins, json, warnings
 import torch
 from torch import nn
 import precompile
-from tests.core.test_compiled_source_cache import double
+from tests.core.artifact.test_compiled_source_cache import double
 warnings.simplefilter("ignore", precompile.ArtifactTrustWarning)
 compiled = []
 real_compile = builtins.compile

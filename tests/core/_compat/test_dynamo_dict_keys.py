@@ -65,7 +65,7 @@ import json, sys, warnings
 import torch
 import precompile
 from tests.fixtures import registry_dicts as rd
-from tests.core.test_dynamo_dict_keys import _args
+from tests.core._compat.test_dynamo_dict_keys import _args
 warnings.simplefilter("ignore")
 paths = {paths!r}
 results = {{}}

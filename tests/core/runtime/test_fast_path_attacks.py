@@ -114,7 +114,7 @@ CHILD = """
 import json, torch, warnings
 warnings.simplefilter("ignore")
 import precompile
-from tests.core.test_fast_path_attacks import attack
+from tests.core.runtime.test_fast_path_attacks import attack
 print(json.dumps(attack({artifact!r}, {cache!r})))
 """
 
