@@ -7,7 +7,7 @@ root with the worktree first on ``PYTHONPATH`` (``fresh_env``). Its result has o
 format: the last line it prints is one JSON value (``last_json`` parses it, after
 asserting the child exited 0 and showing its stderr if not). A fixture module that reports
 per cell prints an object keyed by cell, each cell an object with ``"result"``
-(``"exact"``, ``"WRONG"``, ``"refused"`` or ``"error"``) and, for a refusal, the
+(``"exact"``, ``"wrong"``, ``"refused"`` or ``"error"``) and, for a refusal, the
 ``"message"``. Where tensors must come back (``serve_fresh``) the child also writes them with
 ``torch.save`` to the ``output`` path its job names: a payload next to the result, not a
 second format. ``run_python`` alone hands back the raw process, for tests that assert on a

@@ -413,9 +413,9 @@ for label in ("unchanged", "changed", "restored"):
     cfg.SCALE = {{"unchanged": 2.0, "changed": 5.0, "restored": 2.0}}[label]
     try:
         exact = torch.equal(run(model, x), module_held_step(model, x).detach())
-        cells[label] = "exact" if exact else "WRONG"
+        cells[label] = {{"result": "exact" if exact else "wrong", "message": ""}}
     except precompile.PrecompileError as error:
-        cells[label] = "refused: " + str(error)
+        cells[label] = {{"result": "refused", "message": str(error)}}
 print(json.dumps(cells))
 """
 
@@ -429,5 +429,6 @@ def test_a_project_module_held_as_an_attribute_is_checked_per_call(tmp_path: Pat
         module_held_step, ModuleHeld(), torch.randn(2, 4), directory=tmp_path, name="held"
     )
     cells = run_json(SERVE_MODULE_HELD.format(artifact=artifact, cache=cache))
-    assert cells["unchanged"] == "exact" and cells["restored"] == "exact", cells
-    assert cells["changed"].startswith("refused") and "SCALE" in cells["changed"], cells
+    assert cells["unchanged"]["result"] == cells["restored"]["result"] == "exact", cells
+    assert cells["changed"]["result"] == "refused", cells
+    assert "SCALE" in cells["changed"]["message"], cells

@@ -93,7 +93,7 @@ def attempt(name, call, expected, context=contextlib.nullcontext):
             out[name] = {{"result": "refused", "message": str(error)}}
             return None
     out[name] = {{
-        "result": "exact" if close(got, expected) else "WRONG",
+        "result": "exact" if close(got, expected) else "wrong",
         "requires_grad": bool(got.requires_grad),
         "inference": bool(got.is_inference()),
         "warned": [str(c.message) for c in caught
