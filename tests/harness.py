@@ -1,17 +1,20 @@
 """The one fresh-process harness: every test that loads an artifact where the capture did
-not happen runs a child interpreter through here.
+not happen, or runs the CLI as a user does, starts its child interpreter through here.
 
-A child is either code (``run_python``, ``run_json``) or a fixture module run as
-``python -m tests.fixtures.<name> job.json`` (``run_job``); it runs from the repository
-root with the worktree first on ``PYTHONPATH`` (``fresh_env``). Its result has one
-format: the last line it prints is one JSON value (``last_json`` parses it, after
-asserting the child exited 0 and showing its stderr if not). A fixture module that reports
-per cell prints an object keyed by cell, each cell an object with ``"result"``
-(``"exact"``, ``"wrong"``, ``"refused"`` or ``"error"``) and, for a refusal, the
-``"message"``. Where tensors must come back (``serve_fresh``) the child also writes them with
-``torch.save`` to the ``output`` path its job names: a payload next to the result, not a
-second format. ``run_python`` alone hands back the raw process, for tests that assert on a
-child that fails (its exit status, its stderr).
+A child is code (``run_python``, ``run_json``), a script file run as ``__main__``
+(``run_script``), a module (``run_module``; ``precompile_cli`` for the CLI) or a fixture
+module run on a JSON job, ``python -m tests.fixtures.<name> job.json`` (``run_job``). It
+runs from the repository root with the worktree first on ``PYTHONPATH`` (``fresh_env``;
+``pythonpath`` puts more folders before it). Its result has one format: the last line it
+prints is one JSON value (``last_json`` parses it, after asserting the child exited 0 and
+showing its stderr if not). A child that reports per cell prints an object keyed by cell,
+each cell an object with ``"result"`` (``"exact"``, ``"wrong"``, ``"refused"`` or
+``"error"``) and ``"message"`` (the refusal's words). Where tensors must come back
+(``run_saving_job``, ``serve_fresh``) the child also writes them with ``torch.save`` to the
+``output`` path its job names: a payload next to the result, not a second format.
+``watched_load`` is a load under a spy on process creation and compilation. The raw
+runners (``run_python``, ``run_script``, ``run_module``) hand back the process, for tests
+that assert on a child that fails (its exit status, its stderr).
 """
 
 from __future__ import annotations
@@ -132,22 +135,37 @@ def run_json(
     return last_json(run_python(code, cwd=cwd, timeout=timeout, pythonpath=pythonpath, **env))
 
 
-def run_job(module: str, job: dict[str, Any], path: Path, timeout: float = 300, **env: str) -> Any:
+def run_job(
+    module: str,
+    job: dict[str, Any],
+    path: Path,
+    timeout: float = 300,
+    *,
+    pythonpath: Sequence[Path] = (),
+    **env: str,
+) -> Any:
     """Run ``python -m module path`` in a fresh interpreter on ``job`` (written to
     ``path`` as JSON); its result (``last_json``)."""
     path.write_text(json.dumps(job))
-    return last_json(run_module(module, str(path), timeout=timeout, **env))
+    proc = run_module(module, str(path), timeout=timeout, pythonpath=pythonpath, **env)
+    return last_json(proc)
 
 
 def run_saving_job(
-    module: str, job: dict[str, Any], path: Path, timeout: float = 600, **env: str
+    module: str,
+    job: dict[str, Any],
+    path: Path,
+    timeout: float = 600,
+    *,
+    pythonpath: Sequence[Path] = (),
+    **env: str,
 ) -> Any:
     """``run_job`` for a child whose results hold tensors: the job names an ``output``
     file next to ``path`` that the child writes with ``torch.save``; what it saved."""
     import torch
 
     output = path.with_suffix(".pt")
-    run_job(module, {**job, "output": str(output)}, path, timeout, **env)
+    run_job(module, {**job, "output": str(output)}, path, timeout, pythonpath=pythonpath, **env)
     return torch.load(output, weights_only=False)
 
 
