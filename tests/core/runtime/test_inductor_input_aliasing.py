@@ -46,7 +46,7 @@ ARTIFACTS: dict[str, tuple[str, str, str, list[tuple[Any, ...]]]] = {
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, dict[str, str]]]:
     """Every artifact captured here (Inductor), then served in one fresh process."""
     import os
 
@@ -73,6 +73,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]
     return run_job("tests.fixtures.aliasing_cells", job, directory / "job.json", timeout=600)
 
 
+#: A cell served exactly (the harness's cell format: docs/architecture.md, "Tests").
+EXACT = {"result": "exact", "message": ""}
+
 WRITES = {
     "fx write": ("argument 'a'", "argument 'b'"),
     "dynamo write": ("a", "b"),
@@ -83,11 +86,12 @@ WRITES = {
 @pytest.mark.parametrize("artifact", sorted(WRITES))
 @pytest.mark.parametrize("case", ["same", "sliced", "viewed", "overlapping"])
 def test_an_input_sharing_memory_with_a_written_one_is_refused(
-    served: dict[str, dict[str, str]], artifact: str, case: str
+    served: dict[str, dict[str, dict[str, str]]], artifact: str, case: str
 ) -> None:
-    result = served[artifact][case]
+    cell = served[artifact][case]
     written, other = WRITES[artifact]
-    assert result.startswith("refused: "), result
+    assert cell["result"] == "refused", cell
+    result = cell["message"]
     if case == "same" and artifact.startswith("dynamo"):
         # Dynamo's own guard tells one object passed twice from two objects.
         assert "are one tensor" in result, result
@@ -99,20 +103,20 @@ def test_an_input_sharing_memory_with_a_written_one_is_refused(
 @pytest.mark.parametrize("artifact", sorted(WRITES))
 @pytest.mark.parametrize("case", ["distinct", "disjoint"])
 def test_inputs_in_disjoint_memory_are_served_exactly(
-    served: dict[str, dict[str, str]], artifact: str, case: str
+    served: dict[str, dict[str, dict[str, str]]], artifact: str, case: str
 ) -> None:
-    assert served[artifact][case] == "exact"
+    assert served[artifact][case] == EXACT
 
 
 @pytest.mark.parametrize("artifact", ["fx read-only", "dynamo read-only"])
 def test_a_graph_writing_no_input_serves_aliased_inputs(
-    served: dict[str, dict[str, str]], artifact: str
+    served: dict[str, dict[str, dict[str, str]]], artifact: str
 ) -> None:
     results = dict(served[artifact])
     if artifact.startswith("dynamo"):
         # One object passed twice is a different call to Dynamo (its guards refuse it).
-        assert "are one tensor" in results.pop("same")
-    assert set(results.values()) == {"exact"}, results
+        assert "are one tensor" in results.pop("same")["message"]
+    assert {cell["result"] for cell in results.values()} == {"exact"}, results
 
 
 @pytest.mark.parametrize(
@@ -123,36 +127,39 @@ def test_a_graph_writing_no_input_serves_aliased_inputs(
     ],
 )
 def test_an_input_sharing_memory_with_a_written_buffer_is_refused(
-    served: dict[str, dict[str, str]], artifact: str, names: tuple[str, str]
+    served: dict[str, dict[str, dict[str, str]]], artifact: str, names: tuple[str, str]
 ) -> None:
     results = served[artifact]
-    assert results["distinct"] == "exact"
+    assert results["distinct"] == EXACT
     for case in ("the buffer", "a view of the buffer"):
-        assert results[case].startswith("refused: "), results[case]
+        assert results[case]["result"] == "refused", results[case]
+        message = results[case]["message"]
         if case == "the buffer" and artifact.startswith("dynamo"):
-            assert "are one tensor" in results[case], results[case]  # Dynamo's guard
+            assert "are one tensor" in message, message  # Dynamo's guard
             continue
-        assert f"writes {names[0]} in place, and {names[1]} shares memory" in results[case]
+        assert f"writes {names[0]} in place, and {names[1]} shares memory" in message
 
 
-def test_a_dynamic_int_past_int64_is_refused(served: dict[str, dict[str, str]]) -> None:
+def test_a_dynamic_int_past_int64_is_refused(served: dict[str, dict[str, dict[str, str]]]) -> None:
     results = served["dynamo int"]
-    assert results["k=7"] == "exact"
-    assert results["k=2**62"] == "exact"
+    assert results["k=7"] == EXACT
+    assert results["k=2**62"] == EXACT
     for case in ("k=2**63", "k=-2**63-1"):
-        assert results[case].startswith("refused: precompile: k is "), results[case]
-        assert "signed 64-bit range" in results[case]
+        assert results[case]["result"] == "refused", results[case]
+        assert results[case]["message"].startswith("precompile: k is "), results[case]
+        assert "signed 64-bit range" in results[case]["message"]
 
 
-def test_an_int_expression_past_int64_is_refused(served: dict[str, dict[str, str]]) -> None:
+def test_an_int_expression_past_int64_is_refused(
+    served: dict[str, dict[str, dict[str, str]]],
+) -> None:
     """``x + k * 4`` with k dynamic: the kernel computes ``4*k`` in int64, which wraps
     for k = 2**61 (served -9.2e18 where eager gives +9.2e18) though k itself fits."""
     results = served["dynamo int expression"]
     for case in ("k=7", "k=2**40", "k=2**60", "k=-2**61"):
-        assert results[case] == "exact", (case, results[case])
+        assert results[case] == EXACT, (case, results[case])
     for case in ("k=2**61", "k=-2**61-1", "k=2**62"):
-        assert results[case].startswith("refused: precompile: the captured graph computes 4 * k"), (
-            case,
-            results[case],
-        )
-        assert "signed 64-bit range" in results[case], results[case]
+        assert results[case]["result"] == "refused", (case, results[case])
+        message = results[case]["message"]
+        assert message.startswith("precompile: the captured graph computes 4 * k"), (case, message)
+        assert "signed 64-bit range" in message, message
