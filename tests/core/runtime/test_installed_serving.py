@@ -14,7 +14,7 @@ import torch
 import precompile
 from tests.fixtures.installed_models import CASES
 from tests.fixtures.models import observe, serve
-from tests.harness import assert_same, run_python, serve_fresh, together
+from tests.harness import assert_same, run_json, run_python, serve_fresh, together
 
 
 @pytest.fixture(autouse=True)
@@ -96,7 +96,7 @@ def test_breaks_are_reported_where_they_happen(installed: dict[str, Any]) -> Non
 
 
 SERVE_TIME = """
-import logging, torch, warnings, precompile
+import json, logging, torch, warnings, precompile
 torch._logging.set_logs(dynamo=logging.ERROR)
 warnings.simplefilter("ignore")
 from torch._dynamo.utils import counters
@@ -111,9 +111,10 @@ try:
     x = torch.randn(4, 8).double()
     result = run(model.double(), x)
     torch.testing.assert_close(result, child_break(model, x))
-    print("SERVED", counters["frames"]["total"] - before)
+    cell = {{"result": "exact", "message": ""}}
 except precompile.PrecompileError as error:
-    print("REFUSED", counters["frames"]["total"] - before, error)
+    cell = {{"result": "refused", "message": str(error)}}
+print(json.dumps({{**cell, "compiled_frames": counters["frames"]["total"] - before}}))
 """
 
 
@@ -121,20 +122,17 @@ def test_serve_time_compile_refused_then_allowed_and_counted(installed: dict[str
     artifact, cache = installed["cases"]["child_break"]["paths"]
     refused, allowed = together(
         *(
-            lambda allow=allow: run_python(
+            lambda allow=allow: run_json(
                 SERVE_TIME.format(artifact=artifact, cache=cache, allow=allow)
             )
             for allow in (False, True)
         )
     )
-    assert refused.returncode == 0, refused.stderr
-    assert (
-        "REFUSED 0" in refused.stdout and "no captured variant serves this call" in refused.stdout
-    )
-    assert "allow_serve_time_compiles=True" in refused.stdout
-    assert allowed.returncode == 0, allowed.stderr
-    compiled = int(allowed.stdout.split("SERVED")[1].split()[0])
-    assert compiled > 0, allowed.stdout
+    assert refused["result"] == "refused" and refused["compiled_frames"] == 0, refused
+    assert "no captured variant serves this call" in refused["message"], refused
+    assert "allow_serve_time_compiles=True" in refused["message"], refused
+    assert allowed["result"] == "exact", allowed
+    assert allowed["compiled_frames"] > 0, allowed
 
 
 def test_a_process_that_compiled_the_function_is_refused(installed: dict[str, Any]) -> None:
