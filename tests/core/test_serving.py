@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -20,8 +18,8 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import capture_pair, fresh_env, run_python, together
 from tests.fixtures import serving_models as m
+from tests.harness import capture_pair, run_json, run_python, together
 
 TRACERS = ["make_fx", "dynamo"]
 BACKENDS = ["eager", "inductor"]
@@ -62,9 +60,7 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]
 
 
 def _serve(code: str, **env: str) -> dict[str, Any]:
-    proc = run_python(PRELUDE + textwrap.dedent(code), **env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_json(PRELUDE + textwrap.dedent(code), **env)
 
 
 # -- 1. the fallback -------------------------------------------------------------------------
@@ -234,10 +230,7 @@ def test_serving_log_from_two_processes_at_once_parses_line_by_line(
     artifact, cache = pairs["mlp_make_fx"]
     log = tmp_path / "serving.jsonl"
     script = PRELUDE + LOG_WRITER.format(artifact=artifact, cache=cache, log=str(log), n=40)
-    procs = together(*[lambda: run_python(script) for _ in range(2)])
-    for proc in procs:
-        assert proc.returncode == 0, proc.stderr[-2000:]
-    pids = {json.loads(p.stdout.strip().splitlines()[-1])["pid"] for p in procs}
+    pids = {result["pid"] for result in together(*[lambda: run_json(script) for _ in range(2)])}
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert {r["pid"] for r in records} == pids
     for r in records:
@@ -380,9 +373,9 @@ def test_serving_arguments_are_validated(pairs: dict[str, tuple[str, str]]) -> N
 
 
 def test_import_precompile_stays_light() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", "import sys, precompile.serving, precompile.loading;"
-         "print(any(n.startswith('torch') for n in sys.modules))"],
-        env=fresh_env(), capture_output=True, text=True, check=True,
-    )  # fmt: skip
+    proc = run_python(
+        "import sys, precompile.serving, precompile.loading;"
+        "print(any(n.startswith('torch') for n in sys.modules))"
+    )
+    assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"

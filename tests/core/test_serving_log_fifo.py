@@ -3,15 +3,14 @@ is down) never blocks a call or the process exit: one warning, calls served."""
 
 from __future__ import annotations
 
-import json
 import os
 import textwrap
 from pathlib import Path
 
 import torch
 
-from tests.conftest import capture_pair, run_python
 from tests.fixtures import serving_models as m
+from tests.harness import capture_pair, run_json
 
 
 def test_a_fifo_serving_log_warns_once_and_blocks_nothing(tmp_path: Path) -> None:
@@ -33,9 +32,7 @@ def test_a_fifo_serving_log_warns_once_and_blocks_nothing(tmp_path: Path) -> Non
         print(json.dumps({{"stats": run.stats(),
                            "warnings": [w for w in caught if "serving log" in w]}}))
     """)
-    proc = run_python(code, timeout=120)  # before the fix: never returned
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_json(code, timeout=120)  # before the fix: never returned
     assert out["stats"]["served"] + out["stats"]["fallback"] == 3, out["stats"]
     assert len(out["warnings"]) == 1, out["warnings"]
     assert "is not a regular file" in out["warnings"][0] or "No such device" in out["warnings"][0]

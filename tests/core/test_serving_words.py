@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +18,8 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import run_python, together
 from tests.fixtures import serving_words as w
+from tests.harness import run_json, together
 
 SERVE = """
 import json, warnings, torch, precompile
@@ -100,9 +99,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]
         )
 
     def serve(code: str) -> dict[str, Any]:
-        proc = run_python(code)
-        assert proc.returncode == 0, proc.stderr
-        return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+        return dict(run_json(code))
 
     results = together(*(lambda c=code: serve(c) for code in scripts.values()))
     return dict(zip(scripts, results))
@@ -193,17 +190,17 @@ def test_a_traced_module_not_importable_is_refused_in_one_set_of_words(tmp_path:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("traced_elsewhere", None)
     code = """
-import sys, torch, precompile
+import json, sys, torch, precompile
 sys.path.insert(0, {directory!r})
 try:
     precompile.load({artifact!r}, {cache!r})(torch.ones(3))
-    print("SERVED")
+    print(json.dumps({{"result": "exact", "message": ""}}))
 except precompile.PrecompileError as error:
-    print("REFUSED", error)
+    print(json.dumps({{"result": "refused", "message": str(error)}}))
 """
     results = together(
         *(
-            lambda pair=pair: run_python(
+            lambda pair=pair: run_json(
                 code.format(directory=str(tmp_path), artifact=pair[0], cache=pair[1]),
                 PRECOMPILE_TEST_BREAK_IMPORT="1",
             )
@@ -211,10 +208,9 @@ except precompile.PrecompileError as error:
         )
     )
     said = {}
-    for name, proc in zip(pairs, results):
-        assert proc.returncode == 0, proc.stderr
-        said[name] = proc.stdout.split("REFUSED ", 1)[-1].strip()
-        assert proc.stdout.startswith("REFUSED"), (name, proc.stdout)
+    for name, cell in zip(pairs, results):
+        assert cell["result"] == "refused", (name, cell)
+        said[name] = cell["message"].strip()
     assert said["make_fx"] == said["dynamo"], said
     assert (
         "traced through module 'traced_elsewhere', which is not importable here "

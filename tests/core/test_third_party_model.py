@@ -6,10 +6,7 @@ model call, so the artifact serves standalone."""
 
 from __future__ import annotations
 
-import json
 import logging
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -18,8 +15,8 @@ import pytest
 import torch
 
 import precompile
-from tests.conftest import REPO, assert_same, fresh_env, together
 from tests.fixtures.gpt2_entry import build_model, input_ids, next_token_logprobs
+from tests.harness import assert_same, run_saving_job, together
 
 BACKENDS = ["eager", "inductor"]
 SERVE_SEEDS = [1, 2]  # other token values, same shape as the captured call
@@ -27,18 +24,15 @@ SERVE_SEEDS = [1, 2]  # other token values, same shape as the captured call
 
 def _serve_fresh(job: dict[str, Any], directory: Path) -> dict[str, Any]:
     job_file = directory / f"job-{len(list(directory.iterdir()))}.json"
-    job = {**job, "output": str(job_file.with_suffix(".pt"))}
-    job_file.write_text(json.dumps(job))
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.fixtures.gpt2_entry", str(job_file)],
-        cwd=REPO,
-        env=fresh_env(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    return dict(
+        run_saving_job(
+            "tests.fixtures.gpt2_entry",
+            job,
+            job_file,
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+        )
     )
-    assert proc.returncode == 0, proc.stderr
-    return torch.load(job["output"], weights_only=False)
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import torch
 
 import precompile
 from precompile.write_policy import OverwriteRefusedError, is_artifact, is_cache, is_signature
-from tests.conftest import run_python
+from tests.harness import run_python
 
 README = b"# My project\n\nNotes I would hate to lose.\n"
 

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, sync_playwright
 
-from tests.conftest import REPO
 from tests.e2e.workbench import Workbench, settings_json
+from tests.harness import REPO
 
 E2E = REPO / ".e2e"
 CODE_SERVER = E2E / "code-server" / "node_modules" / "code-server"

@@ -18,7 +18,7 @@ import pytest_asyncio
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
-from tests.conftest import REPO, fresh_env
+from tests.harness import REPO, fresh_env
 
 WORKSPACE = REPO / "tests" / "fixtures" / "lsp_workspace"
 WAIT = float(

@@ -9,7 +9,8 @@ import re
 import pytest
 from lsprotocol import types
 
-from tests.conftest import REPO, documented_heading, run_python
+from tests.doc_links import documented_heading
+from tests.harness import REPO, run_python
 from tests.lsp.conftest import Session, line_of
 
 PROFILES = ["visual-studio-code", "neovim"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from lsprotocol import types
 
-from tests.conftest import documented_heading
+from tests.doc_links import documented_heading
 from tests.lsp.conftest import Session, column_in, line_of
 
 PROFILES = ["visual-studio-code", "neovim"]

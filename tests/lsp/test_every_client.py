@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 from lsprotocol import types
 
-from tests.conftest import REPO
+from tests.harness import REPO, precompile_cli
 from tests.lsp.conftest import Session
-from tests.server.conftest import precompile_cli
 
 DEMO = REPO / "examples" / "demo_project"
 SERVE = "src/recsys/serve.py"
@@ -141,7 +140,7 @@ async def test_saving_a_target_file_keeps_its_findings_until_replaced(
 
 async def test_the_daemon_reports_one_edit_once_then_idles(workspace: Path) -> None:
     """``precompile daemon``: a first report, one edit -> one new report, then nothing."""
-    from tests.conftest import fresh_env
+    from tests.harness import fresh_env
 
     process = await asyncio.create_subprocess_exec(
         *[str(a) for a in (REPO / ".venv" / "bin" / "python",)]

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
-from tests.conftest import fresh_env
+from tests.harness import fresh_env
 
 
 def _send(stdin: IO[bytes], message: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lsprotocol import types
 
-from tests.conftest import fresh_env
+from tests.harness import fresh_env
 from tests.lsp.conftest import Session
 
 BROKEN = "def broken(:\n    pass\n"

@@ -17,7 +17,7 @@ from typing import Any
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig
 
-from tests.conftest import fresh_env
+from tests.harness import fresh_env
 from tests.lsp.conftest import Session, _read_code_actions_as_sent, alive, descendants
 
 #: Loaded by ``site`` in the server (it is on PYTHONPATH): logs, as JSON lines, every

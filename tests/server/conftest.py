@@ -1,32 +1,17 @@
-"""Fixture workspaces, copied to a temporary directory, and a CLI runner."""
+"""Fixture workspaces, copied to a temporary directory, and the check's JSON document."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, fresh_env
+from tests.harness import REPO, precompile_cli
 
 FIXTURES = REPO / "tests" / "fixtures"
-
-
-def precompile_cli(
-    *args: str, cwd: Path, timeout: float = 900, **env: str
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "precompile_lsp.cli", *args],
-        cwd=cwd,
-        env=fresh_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def check_json(workspace: Path, *args: str) -> tuple[int, dict[str, Any]]:

@@ -13,8 +13,9 @@ import pytest
 
 from precompile_lsp.findings import Finding, Span
 from precompile_lsp.formats import github
-from tests.conftest import documented_heading
-from tests.server.conftest import check_json, precompile_cli
+from tests.doc_links import documented_heading
+from tests.harness import precompile_cli
+from tests.server.conftest import check_json
 
 
 @pytest.fixture(scope="module")
@@ -217,7 +218,7 @@ def test_emit_shows_its_stages_on_a_terminal_only(shop: Path, tmp_path: Path) ->
     import subprocess
     import sys
 
-    from tests.conftest import fresh_env
+    from tests.harness import fresh_env
 
     workspace = tmp_path / "shop"
     shutil.copytree(shop, workspace)
@@ -261,9 +262,9 @@ def test_the_engine_and_the_server_never_import_torch(shop: Path, checked: dict[
     """With the result cache warm, a check runs no worker at all: in a fresh interpreter
     that imports the language server and runs `check`, torch is never imported (nor the
     worker package, nor precompile's capture side)."""
-    from tests.conftest import run_python
+    from tests.harness import run_json
 
-    proc = run_python(
+    outcome = run_json(
         "import sys, json\n"
         "import precompile_lsp.server\n"
         "from precompile_lsp.cli import main\n"
@@ -274,8 +275,6 @@ def test_the_engine_and_the_server_never_import_torch(shop: Path, checked: dict[
         "print(json.dumps({'code': code, 'heavy': heavy}))\n",
         cwd=shop,
     )
-    assert proc.returncode == 0, proc.stderr
-    outcome = json.loads(proc.stdout.strip().splitlines()[-1])
     assert outcome == {"code": 1, "heavy": []}
     report = json.loads((shop / "report.json").read_text())
     assert report["stats"]["captures"] == 0 and report["stats"]["cache_hits"] == 4

@@ -11,8 +11,7 @@ from typing import Any
 
 import yaml
 
-from tests.conftest import REPO
-from tests.server.conftest import precompile_cli
+from tests.harness import REPO, precompile_cli
 
 WORKFLOW = REPO / "examples" / "ci" / "precompile.yml"
 

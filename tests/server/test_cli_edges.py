@@ -13,7 +13,7 @@ import pytest
 
 from precompile_lsp.cli import build_parser
 from precompile_lsp.files import MAX_SOURCE_BYTES
-from tests.server.conftest import precompile_cli
+from tests.harness import precompile_cli
 
 PYPROJECT = '[project]\nname = "edge"\nversion = "0"\n\n[tool.precompile]\nsource-roots = ["src"]\n'
 

@@ -18,7 +18,7 @@ from precompile_lsp.config import Config, ConfigError, load_config
 from precompile_lsp.engine import Engine
 from precompile_lsp.protocol import JobKind
 from precompile_lsp.trust import TrustGate
-from tests.server.conftest import precompile_cli
+from tests.harness import precompile_cli
 
 TARGETS = """import torch
 from torch import nn

@@ -15,7 +15,8 @@ from precompile_lsp.doclinks import DIAGNOSTICS, doc_link, page_link
 from precompile_lsp.engine import Engine
 from precompile_lsp.findings import CODES
 from precompile_lsp.settings import Settings, parse_settings
-from tests.conftest import REPO, documented_heading
+from tests.doc_links import documented_heading
+from tests.harness import REPO
 
 HOSTED = "https://docs.example.org/precompile/diagnostics.html"
 

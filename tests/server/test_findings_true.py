@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.server.conftest import precompile_cli
+from tests.harness import precompile_cli
 
 MODULE = """import torch
 from torch import nn

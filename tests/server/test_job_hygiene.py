@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from precompile_lsp.engine import Engine
-from tests.server.conftest import precompile_cli
+from tests.harness import precompile_cli
 
 TARGETS = """import multiprocessing
 import os

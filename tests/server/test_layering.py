@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.harness import REPO
 
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 

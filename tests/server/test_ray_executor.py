@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.server.conftest import precompile_cli
+from tests.harness import precompile_cli
 
 MODELS = """
 import torch

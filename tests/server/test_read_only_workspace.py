@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.harness import precompile_cli
 from tests.read_only import read_only_copy
-from tests.server.conftest import FIXTURES, precompile_cli
+from tests.server.conftest import FIXTURES
 
 
 def test_a_read_only_workspace_is_checked_with_one_warning(tmp_path: Path) -> None:

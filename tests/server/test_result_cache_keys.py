@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from precompile_lsp.engine import Engine
-from tests.server.conftest import check_json, precompile_cli
+from tests.harness import precompile_cli
+from tests.server.conftest import check_json
 
 _MODEL = """\
 import torch

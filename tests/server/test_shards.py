@@ -11,15 +11,14 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from precompile_lsp.shards import ShardError, fingerprint, parse_shard, partition, weights
-from tests.conftest import fresh_env
-from tests.server.conftest import FIXTURES, precompile_cli
+from tests.harness import precompile_cli, run_python
+from tests.server.conftest import FIXTURES
 
 EXTRA = """\
 import precompile
@@ -244,14 +243,11 @@ def test_the_partition_does_not_depend_on_the_hash_seed() -> None:
         "secs = {k: (len(k) % 3) * 0.5 for k in keys}\n"
         "print(fingerprint(partition(list(keys), 4, weights(list(keys), secs))))\n"
     )
-    prints = {
-        subprocess.run(
-            [sys.executable, "-c", code],
-            env=fresh_env(PYTHONHASHSEED=seed),
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        for seed in ("0", "1", "12345")
-    }
+
+    def printed(seed: str) -> str:
+        proc = run_python(code, PYTHONHASHSEED=seed)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    prints = {printed(seed) for seed in ("0", "1", "12345")}
     assert len(prints) == 1, prints

@@ -17,7 +17,7 @@ import pytest
 from precompile_lsp.config import ConfigError, load_config
 from precompile_lsp.protocol import JobKind, JobResult, Outcome
 from precompile_lsp.result_cache import ResultCache
-from tests.conftest import fresh_env
+from tests.harness import fresh_env
 from tests.server.conftest import FIXTURES
 
 SHOP_TARGETS = 4  # clean, with_gap, stale, with_helper_break (the method is not a target)

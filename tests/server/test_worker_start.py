@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tests.server.conftest import precompile_cli
+from tests.harness import precompile_cli
 
 TARGETS = """import torch
 

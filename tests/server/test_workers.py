@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.server.conftest import FIXTURES, precompile_cli
+from tests.harness import precompile_cli
+from tests.server.conftest import FIXTURES
 
 
 @pytest.fixture(scope="module")
@@ -71,22 +72,18 @@ def test_the_next_job_still_runs(rogue: dict[str, Any]) -> None:
 def test_without_fork_each_job_runs_in_a_fresh_interpreter(tmp_path: Path) -> None:
     """Where fork is unavailable (forced here), jobs run in fresh interpreters with the
     same results, timeouts and clean-up."""
-    import subprocess
-    import sys
-
-    from tests.conftest import fresh_env
-
     workspace = tmp_path / "rogue"
     shutil.copytree(FIXTURES / "misbehaving", workspace)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    proc = subprocess.run(
-        [sys.executable, "-m", "precompile_lsp.cli", "check", "--format", "json", "--no-cache"],
+    proc = precompile_cli(
+        "check",
+        "--format",
+        "json",
+        "--no-cache",
         cwd=workspace,
-        env=fresh_env(PRECOMPILE_WORKER_SPAWN="1", TMPDIR=str(scratch)),
-        capture_output=True,
-        text=True,
-        timeout=900,
+        PRECOMPILE_WORKER_SPAWN="1",
+        TMPDIR=str(scratch),
     )
     assert proc.returncode == 1, proc.stderr
     doc = json.loads(proc.stdout)
@@ -185,10 +182,8 @@ def test_a_spawned_jobs_slow_start_is_not_its_capture_timing_out(tmp_path: Path)
     than the capture timeout (8 s here) still captures: the timeout measures the capture,
     as it does for a forked child, which starts with torch imported."""
     import os
-    import subprocess
-    import sys
 
-    from tests.conftest import REPO, fresh_env
+    from tests.harness import REPO
 
     workspace = tmp_path / "rogue"
     shutil.copytree(FIXTURES / "misbehaving", workspace)
@@ -201,15 +196,14 @@ def test_a_spawned_jobs_slow_start_is_not_its_capture_timing_out(tmp_path: Path)
         "        if 'targets.fine' in f.read():\n"
         "            time.sleep(10)\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "precompile_lsp.cli", "check", "--format", "json", "--no-cache"],
+    proc = precompile_cli(
+        "check",
+        "--format",
+        "json",
+        "--no-cache",
         cwd=workspace,
-        env=fresh_env(
-            PRECOMPILE_WORKER_SPAWN="1", PYTHONPATH=os.pathsep.join([str(slow), str(REPO)])
-        ),
-        capture_output=True,
-        text=True,
-        timeout=900,
+        PRECOMPILE_WORKER_SPAWN="1",
+        PYTHONPATH=os.pathsep.join([str(slow), str(REPO)]),
     )
     doc = json.loads(proc.stdout)
     fine = [f for f in doc["findings"] if f["target"] == "rogue.targets.fine"]

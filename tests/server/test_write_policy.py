@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.server.conftest import precompile_cli
+from tests.harness import precompile_cli
 
 USER_BYTES = b"# the user's own file: not an artifact\nvalue = 1\n"
 

@@ -3,7 +3,7 @@
 One record type per kind (``SERVING_MODE`` says which): the emitters build their metadata
 as these (mypy checks each key they write), the runtime modules read them as the
 ``TYPE_CHECKING`` constants they declare, and docs/artifact-format.md documents every key
-(tests/core/test_runtime_interfaces.py checks all three agree with what artifacts carry).
+(tests/core/runtime/test_runtime_interfaces.py checks all three agree with what artifacts carry).
 Values are literals (``metadata.render_assignment``): what ``ast.literal_eval`` gives back.
 A table of keys rather than behaviour, so it stays one module however many keys it grows.
 """

@@ -6,7 +6,7 @@ An artifact carries its runtime as text (``emit.runtime_source``): whole modules
 class per artifact kind and one ``Carried`` per section of the artifact; the emitters
 take a ``Carried`` and nothing else (``runtime_source`` accepts no other argument), so
 adding runtime code to an artifact is an edit of this module, and
-tests/core/test_runtime_interfaces.py checks that every module of ``precompile.runtime``
+tests/core/runtime/test_runtime_interfaces.py checks that every module of ``precompile.runtime``
 is carried by some kind.
 
 Order matters only where a section's top-level code runs at load (``runtime_setup``,
@@ -181,7 +181,7 @@ class CaptureTime:
     )
 
 
-#: Every declared section, for the checks (tests/core/test_runtime_interfaces.py).
+#: Every declared section, for the checks (tests/core/runtime/test_runtime_interfaces.py).
 def every_section() -> list[Carried]:
     sections = [
         value

@@ -7,6 +7,6 @@ Dynamo's; the rest is carried by both (``refusal``, ``state_checks``, ``surface_
 per artifact kind, which of them an artifact carries. These modules import nothing but
 typing names at module level: an artifact runs where this package is not installed, and
 what one module uses of another is declared under ``TYPE_CHECKING`` and checked
-(tests/core/test_runtime_interfaces.py). The capture side imports them to run the same
+(tests/core/runtime/test_runtime_interfaces.py). The capture side imports them to run the same
 code in process.
 """

@@ -1,0 +1,85 @@
+"""The library surface a trace went through (issue 26): a torch Python API replaced
+before or after ``load`` -- ``F.scaled_dot_product_attention``, ``F.gelu`` under
+``nn.GELU``, ``torch.relu``, ``torch.Tensor.softmax``, ``nn.LayerNorm.forward``, and a library
+registry's entry (``AttentionInterface.register("sdpa", kernel)`` or
+``ALL_ATTENTION_FUNCTIONS["sdpa"] = kernel`` under a tiny ``transformers`` BertModel) --
+is refused naming the replaced function, never served as the graph baked it; served
+unchanged (and after a no-op ``eval()``, or the same kernel registered again), every
+artifact is exact. Both tracers, the eager backend, and ``Tensor.softmax`` under Inductor; each cell
+kind in one fresh process (``tests/fixtures/library_surface.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import precompile
+from tests.fixtures import library_surface
+from tests.harness import capture_pair, run_job
+
+#: case -> what its refusal must name, in the user's words.
+NAMES = {
+    "sdpa": "torch.nn.functional.scaled_dot_product_attention",
+    "gelu": "torch.nn.functional.gelu",
+    "relu": "torch.relu",
+    "softmax": "torch.Tensor.softmax",
+    "layernorm": "torch.nn.LayerNorm.forward",
+    # A library registry's entry, by the mapping the library looks it up in.
+    "registry": "transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS['sdpa']",
+    "registry_local": "transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS['sdpa']",
+}
+TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    directory = tmp_path_factory.mktemp("surface")
+    captured: dict[str, Any] = {}
+    cells = [(case, tracer, "eager") for case in NAMES for tracer in TRACERS]
+    cells += [("softmax", tracer, "inductor") for tracer in TRACERS]
+    for case, tracer, backend in cells:
+        name = f"{case}-{tracer}-{backend}"
+        model, x = library_surface.build(case)
+        paths = capture_pair(
+            library_surface.call,
+            model,
+            x,
+            directory=directory,
+            name=name,
+            tracer=TRACERS[tracer](),
+            backend=backend,
+        )
+        captured[name] = (list(paths), case)
+    return directory, captured
+
+
+def serve(cell: str, artifacts: tuple[Path, dict[str, Any]]) -> dict[str, Any]:
+    directory, captured = artifacts
+    job = {"cell": cell, "artifacts": captured}
+    return run_job("tests.fixtures.library_surface", job, directory / f"{cell}.json")
+
+
+@pytest.mark.parametrize("cell", ["before", "after"])
+def test_a_replaced_library_function_is_refused_naming_it(
+    cell: str, artifacts: tuple[Path, dict[str, Any]]
+) -> None:
+    results = serve(cell, artifacts)
+    problems = []
+    for name, (_paths, case) in artifacts[1].items():
+        got = results[name]
+        if got["result"] != "refused" or f"`{NAMES[case]}`" not in got["message"]:
+            problems.append(f"{name} ({cell}): expected a refusal naming {NAMES[case]}, got {got}")
+        elif "was replaced" not in got["message"]:
+            problems.append(f"{name} ({cell}): the refusal does not say what happened: {got}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("cell", ["unchanged", "noop"])
+def test_an_unpatched_library_serves_exactly(
+    cell: str, artifacts: tuple[Path, dict[str, Any]]
+) -> None:
+    results = serve(cell, artifacts)
+    problems = [f"{name}: {got}" for name, got in results.items() if got["result"] != "exact"]
+    assert not problems, "\n".join(problems)

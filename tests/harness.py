@@ -1,0 +1,300 @@
+"""The one fresh-process harness: every test that loads an artifact where the capture did
+not happen, or runs the CLI as a user does, starts its child interpreter through here.
+
+A child is code (``run_python``, ``run_json``), a script file run as ``__main__``
+(``run_script``), a module (``run_module``; ``precompile_cli`` for the CLI) or a fixture
+module run on a JSON job, ``python -m tests.fixtures.<name> job.json`` (``run_job``). It
+runs from the repository root with the worktree first on ``PYTHONPATH`` (``fresh_env``;
+``pythonpath`` puts more folders before it). Its result has one format: the last line it
+prints is one JSON value (``last_json`` parses it, after asserting the child exited 0 and
+showing its stderr if not). A child that reports per cell prints an object keyed by cell,
+each cell an object with ``"result"`` (``"exact"``, ``"wrong"``, ``"refused"`` or
+``"error"``) and ``"message"`` (the refusal's words). Where tensors must come back
+(``run_saving_job``, ``serve_fresh``) the child also writes them with ``torch.save`` to the
+``output`` path its job names: a payload next to the result, not a second format.
+``watched_load`` is a load under a spy on process creation and compilation. The raw
+runners (``run_python``, ``run_script``, ``run_module``) hand back the process, for tests
+that assert on a child that fails (its exit status, its stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+REPO = Path(__file__).resolve().parent.parent
+
+T = TypeVar("T")
+
+
+def together(*calls: Callable[[], T]) -> list[T]:
+    """Run independent calls that each wait on a fresh process at the same time: where a
+    core is free they overlap, and the results (or the first error) come back in order."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [future.result() for future in futures]
+
+
+def fresh_env(*, pythonpath: Sequence[Path] = (), **extra: str) -> dict[str, str]:
+    """This process's environment with ``pythonpath`` and then the repository first on
+    ``PYTHONPATH`` (so a child imports the worktree's ``tests`` and sources), plus
+    ``extra``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [*map(str, pythonpath), str(REPO), env.get("PYTHONPATH", "")]
+    ).rstrip(os.pathsep)
+    env.update(extra)
+    return env
+
+
+def _spawn(
+    argv: list[str],
+    *,
+    cwd: Path | None,
+    timeout: float,
+    pythonpath: Sequence[Path],
+    env: dict[str, str],
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *argv],
+        cwd=cwd or REPO,
+        env=fresh_env(pythonpath=pythonpath, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_python(
+    code: str,
+    *,
+    cwd: Path | None = None,
+    timeout: float = 300,
+    pythonpath: Sequence[Path] = (),
+    **env: str,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter; the caller asserts on the result."""
+    return _spawn(["-c", code], cwd=cwd, timeout=timeout, pythonpath=pythonpath, env=env)
+
+
+def run_script(
+    script: Path,
+    *args: str,
+    cwd: Path | None = None,
+    timeout: float = 300,
+    pythonpath: Sequence[Path] = (),
+    **env: str,
+) -> subprocess.CompletedProcess[str]:
+    """Run the file ``script`` with ``args`` (so its code is ``__main__``, as a user's
+    capture script is) in a fresh interpreter; the caller asserts on the result."""
+    return _spawn([str(script), *args], cwd=cwd, timeout=timeout, pythonpath=pythonpath, env=env)
+
+
+def run_module(
+    module: str,
+    *args: str,
+    cwd: Path | None = None,
+    timeout: float = 300,
+    pythonpath: Sequence[Path] = (),
+    **env: str,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m module ARGS`` in a fresh interpreter; the caller asserts on the result."""
+    argv = ["-m", module, *args]
+    return _spawn(argv, cwd=cwd, timeout=timeout, pythonpath=pythonpath, env=env)
+
+
+def precompile_cli(
+    *args: str, cwd: Path, timeout: float = 900, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``precompile ARGS`` in a fresh process, as a user runs it."""
+    return run_module("precompile_lsp.cli", *args, cwd=cwd, timeout=timeout, **env)
+
+
+def last_json(proc: subprocess.CompletedProcess[str]) -> Any:
+    """The child's result: it exited 0 (else its stderr is the failure) and the last line
+    it printed, parsed as JSON."""
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_json(
+    code: str,
+    *,
+    cwd: Path | None = None,
+    timeout: float = 300,
+    pythonpath: Sequence[Path] = (),
+    **env: str,
+) -> Any:
+    """Run ``code`` in a fresh interpreter that must succeed; its result (``last_json``)."""
+    return last_json(run_python(code, cwd=cwd, timeout=timeout, pythonpath=pythonpath, **env))
+
+
+def run_job(
+    module: str,
+    job: dict[str, Any],
+    path: Path,
+    timeout: float = 300,
+    *,
+    pythonpath: Sequence[Path] = (),
+    **env: str,
+) -> Any:
+    """Run ``python -m module path`` in a fresh interpreter on ``job`` (written to
+    ``path`` as JSON); its result (``last_json``)."""
+    path.write_text(json.dumps(job))
+    proc = run_module(module, str(path), timeout=timeout, pythonpath=pythonpath, **env)
+    return last_json(proc)
+
+
+def run_saving_job(
+    module: str,
+    job: dict[str, Any],
+    path: Path,
+    timeout: float = 600,
+    *,
+    pythonpath: Sequence[Path] = (),
+    **env: str,
+) -> Any:
+    """``run_job`` for a child whose results hold tensors: the job names an ``output``
+    file next to ``path`` that the child writes with ``torch.save``; what it saved."""
+    import torch
+
+    output = path.with_suffix(".pt")
+    run_job(module, {**job, "output": str(output)}, path, timeout, pythonpath=pythonpath, **env)
+    return torch.load(output, weights_only=False)
+
+
+def serve_fresh(
+    entries: list[dict[str, Any]], tmp_path: Path, *, without_precompile: bool = False
+) -> dict[str, Any]:
+    """Serve artifacts in one fresh process (see tests/fixtures/serve_artifacts.py); the
+    outputs it saved."""
+    job = tmp_path / f"job-{len(list(tmp_path.iterdir()))}.json"
+    return dict(
+        run_saving_job(
+            "tests.fixtures.serve_artifacts",
+            {"entries": entries, "without_precompile": without_precompile},
+            job,
+        )
+    )
+
+
+#: A fresh process that records every process it starts (and every fork), loads an
+#: artifact, serves it (the ``serve`` code sets ``error``) and prints what the load did, as
+#: JSON -- so a test can assert that a load compiled nothing.
+_WATCHED_LOAD = """
+import glob, json, os, subprocess, sys, traceback, warnings
+spawned, first_stack = [], []
+def _first(what):
+    spawned.append(what)
+    if not first_stack:
+        first_stack.append("".join(traceback.format_stack()[-14:-2]))
+_popen = subprocess.Popen.__init__
+def _record(self, *args, **kwargs):
+    _first(str(args[0] if args else kwargs.get("args")))
+    return _popen(self, *args, **kwargs)
+subprocess.Popen.__init__ = _record
+for _name in ("fork", "posix_spawn", "posix_spawnp"):
+    def _wrap(*a, _orig=getattr(os, _name), _n=_name, **k):
+        _first(_n)
+        return _orig(*a, **k)
+    setattr(os, _name, _wrap)
+import ast, builtins
+compiled_text = []
+_compile = builtins.compile
+def _spy_compile(source, filename, mode, flags=0, *args, **kwargs):
+    if not flags & ast.PyCF_ONLY_AST and str(filename).startswith("<precompile"):
+        compiled_text.append(str(filename))
+    return _compile(source, filename, mode, flags, *args, **kwargs)
+builtins.compile = _spy_compile
+import torch, precompile
+warnings.simplefilter("error", precompile.CacheFallbackWarning)
+warnings.simplefilter("ignore", precompile.ArtifactTrustWarning)
+run = precompile.load({artifact!r}, {cache!r})
+{serve}
+modules = sorted(sys.modules)
+caches = [os.environ["TORCHINDUCTOR_CACHE_DIR"]]
+caches += glob.glob(os.path.join(os.environ["TMPDIR"], "torchinductor_*"))
+print(json.dumps({{
+    "error": error,
+    "spawned": spawned,
+    "first_stack": first_stack[0] if first_stack else None,
+    "modules": modules,
+    "compiled_text": compiled_text,
+    "cache_files": [os.path.join(d, f) for c in caches for d, _, fs in os.walk(c) for f in fs],
+}}))
+"""
+
+
+def watched_load(artifact: str, cache: str, serve: str, inductor_cache: Path) -> dict[str, Any]:
+    """Load and serve an artifact in a fresh process whose TORCHINDUCTOR_CACHE_DIR is the
+    empty ``inductor_cache`` and whose TMPDIR is empty too -- Inductor keeps precompiled
+    headers in a folder of its own there, whatever TORCHINDUCTOR_CACHE_DIR says, and a
+    machine that never compiled has none. Returns its serving error, the processes it
+    started (and the stack that started the first), the modules it imported, the files
+    it wrote into either Inductor folder and the ``<precompile ...>`` text it compiled."""
+    inductor_cache.mkdir()
+    temp = inductor_cache.with_name(f"{inductor_cache.name}-tmp")
+    temp.mkdir()
+    return dict(
+        run_json(
+            _WATCHED_LOAD.format(artifact=artifact, cache=cache, serve=serve),
+            TORCHINDUCTOR_CACHE_DIR=str(inductor_cache),
+            TMPDIR=str(temp),
+        )
+    )
+
+
+def capture_pair(
+    fn: Any,
+    *args: Any,
+    directory: Path,
+    name: str = "a",
+    tracer: Any = None,
+    training: bool = False,
+    backend: str = "eager",
+) -> tuple[str, str]:
+    """Capture ``fn`` called once with ``args`` into ``directory/name.{py,cache}``
+    (make_fx unless another tracer is given); the pair's paths."""
+    import precompile
+
+    paths = str(directory / f"{name}.py"), str(directory / f"{name}.cache")
+    with precompile.capture(
+        fn,
+        artifact_path=paths[0],
+        cache_path=paths[1],
+        tracer=tracer or precompile.MakeFxTracer(),
+        backend=backend,
+        training=training,
+    ) as cap:
+        cap(*args)
+    return paths
+
+
+def assert_same(actual: Any, expected: Any, path: str = "") -> None:
+    """Deep comparison: tensors numerically (torch's default tolerances), everything else
+    exactly, including which entries are None."""
+    import torch
+
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), f"{path}: expected a tensor, got {actual!r}"
+        torch.testing.assert_close(actual, expected, msg=lambda m: f"{path}: {m}")
+    elif isinstance(expected, dict):
+        assert (
+            isinstance(actual, dict) and actual.keys() == expected.keys()
+        ), f"{path}: keys {sorted(actual) if isinstance(actual, dict) else actual!r} != {sorted(expected)}"
+        for k in expected:
+            assert_same(actual[k], expected[k], f"{path}.{k}")
+    elif isinstance(expected, (list, tuple)):
+        assert type(actual) is type(expected) and len(actual) == len(
+            expected
+        ), f"{path}: {actual!r} != {expected!r}"
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert_same(a, e, f"{path}[{i}]")
+    else:
+        assert actual == expected, f"{path}: {actual!r} != {expected!r}"
