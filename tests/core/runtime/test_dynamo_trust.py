@@ -32,6 +32,7 @@ import torch
 
 import precompile
 from tests.fixtures import dynamo_trust_models
+from tests.fixtures.serving_changes import CONTEXT, INFERENCE_NO_OPS, LIBRARY, NO_OPS
 from tests.harness import REPO, assert_same, capture_pair, fresh_env, run_python, together
 
 MODULE = "precompile_trust_models"
@@ -192,15 +193,6 @@ ISSUE26_EXTRA = {
     "bert": "eager",
     "block@inductor": "inductor",
 }
-#: library case (tests/fixtures/library_surface.py) -> the name a refusal gives its function.
-LIBRARY = {
-    "gelu": "torch.nn.functional.gelu",
-    "relu": "torch.relu",
-    "sdpa": "torch.nn.functional.scaled_dot_product_attention",
-    "softmax": "torch.Tensor.softmax",
-    "layernorm": "torch.nn.LayerNorm.forward",
-    "registry": "ALL_ATTENTION_FUNCTIONS['sdpa']",
-}
 #: model -> the library functions its eager call may reach: replacing one of them is served
 #: exactly or refused naming it; replacing any other must serve.
 REACHES = {
@@ -213,32 +205,15 @@ REACHES = {
     "keyed": {"relu", "layernorm"},
     "bert": {"gelu", "sdpa", "softmax", "layernorm", "registry"},
 }
-#: The call's context changed: exact, or refused with these words.
-CONTEXT: dict[str, tuple[str, ...]] = {
-    "function mode": ("DoublingLinear",),
-    "dispatch mode": ("DoublingMatmulKernel",),
-    "autocast": ("autocast",),
-    "deterministic": ("deterministic",),
-    "default dtype": ("default dtype",),
-}
-NO_OPS = [
-    "mode again",
-    "parameter input",
-    "restrided input",
-    "unused buffer",
-    "FlopCounterMode",
-    "ModuleTracker",
-]
-INFERENCE_NO_OPS = ["requires_grad_(False)", "inference_mode", "no_grad"]
 #: Models with no module whose forward depends on ``training``.
 NOTHING_TRAIN_DEPENDENT = {"child", "attn_self", "attn_cross", "keyed"}
-#: Cells refused, naming the change and why (the graph cannot show an in-place flag
-#: harmless across a graph break; docs/trust.md). Modes refused, naming the mode and why (docs/trust.md "Torch modes and module trackers
-#: around a call", as make_fx refuses them): a dispatch mode sees none of Inductor's
-#: kernels, and an installed artifact's frames are entered by Dynamo, whose guards see the
-#: mode's dispatch state. (Everywhere else FlopCounterMode is served: its counts are
-#: eager's, test_module_trackers_and_flop_counts_are_served_as_eager_serves_them.)
-MODE_REFUSALS: dict[str, dict[str, tuple[str, ...]]] = {
+#: Cells refused, naming the change and why. Modes (docs/trust.md "Torch modes and
+#: module trackers around a call", as make_fx refuses them): a dispatch mode sees none of
+#: Inductor's kernels, and an installed artifact's frames are entered by Dynamo, whose
+#: guards see the mode's dispatch state (everywhere else FlopCounterMode is served: its
+#: counts are eager's, test_module_trackers_and_flop_counts_are_served_as_eager_serves_them).
+#: An in-place flag the graph cannot show harmless (docs/trust.md).
+REFUSALS: dict[str, dict[str, tuple[str, ...]]] = {
     "block@inductor": {"FlopCounterMode": ("FlopCounterMode", "compiled kernels")},
     "child": {
         "FlopCounterMode": ("FlopCounterMode", "installed artifact"),
@@ -270,7 +245,7 @@ def issue26_expectations(name: str, training: bool) -> dict[str, tuple[str, ...]
     no_ops += ["relu inplace"] if model in ("conv", "train", "child", "keyed") else []
     no_ops += ["train() no-op"] if model in NOTHING_TRAIN_DEPENDENT else []
     expected.update(dict.fromkeys(no_ops))
-    expected.update(MODE_REFUSALS.get(name, {}))
+    expected.update(REFUSALS.get(name, {}))
     return expected
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.serving_changes import CONTEXT, INFERENCE_NO_OPS, LIBRARY, NO_OPS
 from tests.harness import REPO, capture_pair, run_job
 
 FIXTURE = REPO / "tests" / "fixtures" / "fx_trust_models.py"
@@ -146,15 +147,6 @@ def test_a_hook_present_at_capture_must_be_present_when_serving(tmp_path: Path) 
 
 # ---------------------------------------------------------------- issue 26
 
-#: library case (tests/fixtures/library_surface.py) -> the name a refusal gives its function.
-LIBRARY = {
-    "gelu": "torch.nn.functional.gelu",
-    "relu": "torch.relu",
-    "sdpa": "torch.nn.functional.scaled_dot_product_attention",
-    "softmax": "torch.Tensor.softmax",
-    "layernorm": "torch.nn.LayerNorm.forward",
-    "registry": "ALL_ATTENTION_FUNCTIONS['sdpa']",
-}
 #: model -> the library functions its eager call may reach: replacing one of them is served
 #: exactly or refused naming it; replacing any other must serve (the graph never went there).
 REACHES = {
@@ -167,24 +159,6 @@ REACHES = {
     "dict": {"relu", "layernorm"},
     "bert": {"gelu", "sdpa", "softmax", "layernorm", "registry"},
 }
-#: Changes to the call's context or inputs: exact, or refused with these words.
-CONTEXT: dict[str, tuple[str, ...]] = {
-    "function mode": ("DoublingLinear",),
-    "dispatch mode": ("DoublingMatmulKernel",),
-    "autocast": ("autocast",),
-    "deterministic": ("deterministic",),
-    "default dtype": ("default dtype",),
-}
-#: Changes that cannot alter the result: every model must serve them exactly.
-NO_OPS = [
-    "mode again",
-    "parameter input",
-    "restrided input",
-    "unused buffer",
-    "FlopCounterMode",
-    "ModuleTracker",
-]
-INFERENCE_NO_OPS = ["requires_grad_(False)", "inference_mode", "no_grad"]
 #: Models with no module whose forward depends on ``training`` (no dropout, norm statistics, RNN).
 NOTHING_TRAIN_DEPENDENT = {"self_attention", "cross_attention", "dict"}
 ISSUE26_MODELS = list(REACHES)
