@@ -308,7 +308,7 @@ class Capture:
 
         started = time.perf_counter()
         artifact, report, collect_bundle = build_dynamo_artifact(
-            self._session, fn_info=self._fn_info, artifact_path=self.artifact_path
+            self._session.finish(), fn_info=self._fn_info, artifact_path=self.artifact_path
         )
         self._report.timings["emit_s"] = time.perf_counter() - started
         for field in (

@@ -15,6 +15,7 @@ import hashlib
 import pickle
 import re
 import sys
+import types
 from typing import Any
 
 import torch
@@ -27,7 +28,8 @@ from precompile._compat.prelude import (
 from precompile.artifact.metadata import ARTIFACT_FORMAT, ARTIFACT_FORMAT_VERSION, render_metadata
 from precompile.artifact.schema import MultiGraphDependencies, MultiGraphMetadata
 from precompile.capturing import carried
-from precompile.capturing.dynamo_session import FrameRecord, global_recipe
+from precompile.capturing.dynamo_capture import DynamoCapture
+from precompile.capturing.dynamo_frames import FrameRecord, function_sources, guards_summary
 from precompile.capturing.emit import Artifact, artifact_header, runtime_source, source_records
 from precompile.errors import PrecompileError
 from precompile.runtime import state_checks
@@ -101,6 +103,49 @@ def helper_globals(frames: list[FrameRecord]) -> list[tuple[FrameRecord, str, An
             if name in used or re.search(re.escape(name.encode()) + rb"(?!\d)", blobs):
                 found.append((frame, name, value))
     return found
+
+
+def global_recipe(name: str, value: Any, frame: str) -> list[str]:
+    """How a serving process rebuilds a global Dynamo bound for a frame's bytecode or
+    guards (``[kind, data]``): a module by name, a module's globals dict, a function or
+    class by module and qualified name, or a small container of such values by pickled
+    value. Anything else is refused: an artifact must not depend on a global it cannot
+    recreate."""
+    import base64
+    import pickle
+
+    if isinstance(value, types.ModuleType):
+        return ["module", value.__name__]
+    if isinstance(value, dict):
+        module = sys.modules.get(str(value.get("__name__", "")))
+        if module is not None and vars(module) is value:
+            return ["module_dict", module.__name__]
+    if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
+        module_name = getattr(value, "__module__", None)
+        qualname = getattr(value, "__qualname__", "")
+        owner: Any = sys.modules.get(module_name or "")
+        for part in qualname.split("."):
+            owner = getattr(owner, part, None)
+        if owner is value:
+            return ["object", f"{module_name}:{qualname}"]
+    elif isinstance(value, (dict, list, tuple)):
+        try:
+            blob = pickle.dumps(value, protocol=4)
+            same = pickle.loads(blob) == value
+        except Exception:
+            same = False
+        if same:
+            return ["value", base64.b64encode(blob).decode("ascii")]
+    from precompile.runtime.guard_text import frame_label
+
+    raise PrecompileError(
+        f"Dynamo bound a helper global ({type(value).__qualname__}) into the module of "
+        f"{frame_label(frame)} that its compiled code reads, and an artifact cannot "
+        f"recreate it in another process",
+        hint="report the model; as a workaround, move the construct that needs it "
+        "(see the capture report's graph breaks) out of the captured function",
+        details=f"global {name!r} = {value!r}"[:2000],
+    )
 
 
 def _guard_visible(old: str) -> bool:
@@ -359,28 +404,13 @@ def _encode(value: Any) -> str:
     return base64.b64encode(pickle.dumps(value, protocol=4)).decode("ascii")
 
 
-def emit_dynamo(
-    *,
-    frames: list[FrameRecord],
-    graph_sources: list[str],
-    graph_section: Any,
-    fn: Any,
-    fn_info: dict[str, Any],
-    backend: str,
-    artifact_path: str,
-    grad_mode: bool,
-    global_state: dict[str, Any],
-    ambient_modes: tuple[str, ...],
-    function_sources: list[dict[str, Any]],
-    source_files: list[str],
-    guards_summary: list[dict[str, Any]],
-    serving_mode: str = "standalone",
-    package: Any = None,
-    dependencies: dict[str, Any] | None = None,
-) -> Artifact:
-    """``graph_section(names)`` renders the backend's graphs under the normalized names.
+def emit_dynamo(capture: DynamoCapture, *, fn_info: dict[str, Any], artifact_path: str) -> Artifact:
+    """The artifact of a finished capture. Its graphs section is rendered by
+    ``capture.graphs.section(names)`` under the names normalized from the content tag.
     An ``installed`` artifact carries the renamed package (``_PACKAGE``) instead of frame
     records, and installs it at load."""
+    fn, frames, backend = capture.fn, capture.frames, capture.backend
+    serving_mode, package = capture.serving_mode, capture.package
     binding = {"defaults": fn.__defaults__, "kwdefaults": fn.__kwdefaults__}
     try:
         encoded_binding = _encode(binding)
@@ -389,7 +419,7 @@ def emit_dynamo(
             f"{fn.__qualname__}'s default arguments cannot be pickled into the artifact ({error})",
             hint="use defaults that are plain Python values",
         ) from error
-    tag = content_tag(frames, graph_sources, fn_info)
+    tag = content_tag(frames, capture.graphs.sources, fn_info)
     guard_path, payload = guard_runtime(frames, _frame_payload(frames, tag), tag, serving_mode)
     plain = guard_path["path"] == "plain"
     names = _name_map(frames, tag)
@@ -406,9 +436,9 @@ def emit_dynamo(
         "FN_NAME": fn_info["name"],
         "FN_MODULE": fn_info["module"],
         "ARTIFACT_TAG": tag,
-        "GRAD_MODE": grad_mode,
-        "GLOBAL_STATE": global_state,
-        "AMBIENT_MODES": list(ambient_modes),
+        "GRAD_MODE": capture.training,
+        "GLOBAL_STATE": capture.global_state,
+        "AMBIENT_MODES": list(capture.ambient_modes),
         # The eager backend runs each graph's torch calls as eager does: a dispatch
         # mode around a call sees its ATen operations (driver.check_ambient_modes).
         # (Installed serving leaves guards to Dynamo, which reads a dispatch mode as
@@ -417,14 +447,14 @@ def emit_dynamo(
         "FRAMES": [
             f.summary() | {"resume_names": p["resume_names"]} for f, p in zip(frames, payload)
         ],
-        "GUARDS": guards_summary,
+        "GUARDS": guards_summary(frames),
         "GUARD_RUNTIME": guard_path,
         "DYNAMO_GLOBALS": helpers,
-        **_renamed_dependencies(dependencies, names),
-        "FUNCTION_SOURCES": function_sources,
+        **_renamed_dependencies(capture.dependencies, names),
+        "FUNCTION_SOURCES": function_sources(fn, frames, artifact_path, capture.codes),
         "TORCH_VERSION": str(torch.__version__),
         "PYTHON_VERSION": list(sys.version_info[:2]),
-        "SOURCES": source_records(source_files, artifact_path),
+        "SOURCES": source_records(capture.source_files, artifact_path),
     }
     if serving_mode == "installed":
         metadata["EAGER_FRAMES"] = [
@@ -460,7 +490,7 @@ def emit_dynamo(
             runtime_source(carried.MultiGraph.BYTECODE),
             "",
             "",
-            graph_section(names),
+            capture.graphs.section(names),
             "",
             "# ---- runtime driver (emitted verbatim: precompile.capturing.carried.MultiGraph.driver)",
             driver_source,

@@ -15,7 +15,7 @@ import torch
 
 from precompile._compat.prelude import FX_GRAPH_GLOBALS, INDUCTOR_PRELUDE
 from precompile.capturing import carried
-from precompile.capturing.dynamo_session import FrameRecord
+from precompile.capturing.dynamo_frames import FrameRecord
 from precompile.capturing.emit import runtime_source
 from precompile.errors import PrecompileError
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from precompile.capturing.dynamo_session import FrameRecord, GuardDecision
+from precompile.capturing.dynamo_frames import FrameRecord, GuardDecision
 from precompile.runtime.guard_text import frame_label, user_path
 
 #: Guard types whose checks carry shapes; listed first among risky drops.

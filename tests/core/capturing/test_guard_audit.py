@@ -15,7 +15,7 @@ import torch
 import precompile
 from precompile import PrecompileError, RiskyGuardWarning
 from precompile.capturing.dynamo_artifact import summarize
-from precompile.capturing.dynamo_session import FrameRecord
+from precompile.capturing.dynamo_frames import FrameRecord
 from tests.fixtures import dynamo_models
 from tests.fixtures.models import MLP
 
