@@ -1,7 +1,8 @@
 """The import prelude every emitted artifact carries, as text: the private names its
 runtime reads, bound from torch under short aliases (artifacts run without this
-package). Where the capture process runs the same runtime modules (``state_checks``), it
-imports their bindings from here: one binding each, in the artifact and in this process."""
+package). Where the capture process runs the same runtime modules (``state_checks``,
+``value_fingerprints``), it imports their bindings from here: one binding each, in the
+artifact and in this process."""
 
 from __future__ import annotations
 
@@ -175,7 +176,7 @@ def _kernel(op):
 
 
 #: The names of torch's global module hook dicts, in the order
-#: ``precompile.runtime.state_checks.global_hooks_fingerprint`` reads them.
+#: ``precompile.runtime.value_fingerprints.global_hooks_fingerprint`` reads them.
 GLOBAL_MODULE_HOOK_NAMES = (
     *GLOBAL_HOOK_DICTS,
     "_global_forward_hooks_with_kwargs",

@@ -1,7 +1,7 @@
 """The capture side: runs a tracer on the user's function and turns what it saw into an
 artifact. Named by tracer: ``fx_*`` is make_fx's (single-graph artifacts), ``dynamo_*``
 Dynamo's (multi-graph artifacts); each recorder pairs with the runtime check that reads
-its record (``fx_dependencies`` -> ``runtime.single_graph_checks``/``runtime.state_checks``,
+its record (``fx_dependencies`` -> ``runtime.single_graph_checks``/``runtime.value_fingerprints``,
 ``dynamo_dependencies`` -> ``runtime.multigraph_dependencies``, which composes
 ``dynamo_name_records`` -> ``runtime.multigraph_name_checks`` and
 ``dynamo_identity_records``/``dynamo_value_records`` ->

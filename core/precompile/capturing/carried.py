@@ -23,6 +23,7 @@ from precompile._compat import runtime as compat_runtime
 from precompile.artifact import bytecode
 from precompile.runtime import (
     autograd_serving,
+    fingerprint_differences,
     guard_text,
     inductor_serving,
     lowered_inputs,
@@ -34,12 +35,15 @@ from precompile.runtime import (
     multigraph_name_checks,
     refusal,
     single_graph,
+    single_graph_ambient,
     single_graph_checks,
     single_graph_inputs,
     single_graph_model_state,
     source_digest,
     state_checks,
     surface_checks,
+    value_fingerprints,
+    version_watch,
 )
 
 
@@ -68,12 +72,16 @@ class SingleGraph:
         (
             source_digest,
             state_checks,
+            value_fingerprints,
+            fingerprint_differences,
             guard_text.typed_value,
             single_graph_checks,
+            version_watch,
             surface_checks,
             *_REFUSAL,
             single_graph_inputs,
             single_graph_model_state,
+            single_graph_ambient,
             single_graph,
         ),
     )
@@ -136,11 +144,11 @@ class MultiGraph:
                 state_checks.autocast_state,
                 state_checks.type_name,
                 state_checks.ambient_modes,
-                state_checks.watches_only,
+                value_fingerprints.watches_only,
                 state_checks.code_fingerprint,
                 *_REFUSAL,
-                single_graph.check_ambient_modes,
-                single_graph.warn_inference_grad,
+                single_graph_ambient.check_ambient_modes,
+                single_graph_ambient.warn_inference_grad,
                 single_graph_inputs.warn_layout_copy,
                 source_digest,
                 guard_text,
@@ -150,6 +158,7 @@ class MultiGraph:
                     if plain_guards
                     else (compat_runtime.dict_keys_by_name, compat_runtime.dynamo_serving_runtime)
                 ),
+                version_watch,
                 surface_checks,
                 multigraph_argument_checks,
                 multigraph_name_checks,

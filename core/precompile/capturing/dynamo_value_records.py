@@ -28,7 +28,7 @@ from precompile.capturing.dynamo_argument_paths import (
 )
 from precompile.errors import PrecompileError
 from precompile.runtime.guard_text import frame_label, user_path
-from precompile.runtime.state_checks import literal_fingerprint
+from precompile.runtime.value_fingerprints import literal_fingerprint
 
 
 def _both_zeros(row: dict[str, Any], other: tuple[str, str]) -> tuple[str, str]:

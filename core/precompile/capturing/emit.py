@@ -26,7 +26,7 @@ from precompile.capturing.carried import Carried
 from precompile.capturing.function_records import function_records
 from precompile.capturing.fx_trace import SingleGraph
 from precompile.runtime import (
-    state_checks,
+    value_fingerprints,
 )
 from precompile.version import __version__
 
@@ -261,7 +261,8 @@ def single_graph_metadata(
         "USER_INPUT_BOUNDS": bounds,
         "USER_INPUT_SHAPE_IDS": shape_ids,
         "USER_INPUT_CONSTANTS": [
-            None if t else state_checks.literal_fingerprint(leaf) for leaf, t in zip(leaves, tensor)
+            None if t else value_fingerprints.literal_fingerprint(leaf)
+            for leaf, t in zip(leaves, tensor)
         ],
         "USER_INPUT_ALIASES": aliases,
         "USER_INPUT_REQUIRES_GRAD": [

@@ -4,7 +4,7 @@ make_fx runs the user's Python once and keeps only tensor operations, so every p
 value that Python read is baked in: a module's type and attributes (``eps``, a user's
 ``self.scale``), module-level values the traced functions read, the hooks around each
 module call. ``fx_watch`` watches the trace (which code ran, which globals it read);
-this module records fingerprints of that state (``precompile.runtime.state_checks``),
+this module records fingerprints of that state (``precompile.runtime.value_fingerprints``),
 which the artifact recomputes from the live objects to refuse a call whose state
 differs (``fx_side_effects`` refuses what the trace itself changed).
 
@@ -34,7 +34,7 @@ from precompile.capturing.bytecode_names import builtin_loads, global_loads
 from precompile.capturing.fx_watch import CallLog, read_names
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file
-from precompile.runtime import state_checks
+from precompile.runtime import state_checks, value_fingerprints
 
 #: torch's Python code that eager runs inside a model's forward as the trace does: its
 #: module library (``torch.nn``: containers, functional) and Tensor's Python methods.
@@ -108,7 +108,7 @@ def _context(
     """A fingerprinting context that looks for the names of identity-only objects in
     the traced code's modules first (``near``), collecting the user classes it reaches
     into ``classes`` (shared by the contexts of one capture)."""
-    context = state_checks.new_context(names, training)
+    context = value_fingerprints.new_context(names, training)
     context["near"] = near
     if classes is not None:
         context["classes"] = classes
@@ -150,7 +150,7 @@ def _module_records(
     context = _context(names, training, near, classes)
     return [
         [
-            state_checks.module_fingerprint(
+            value_fingerprints.module_fingerprint(
                 sub, context, children=False, own=None if own is None else frozenset(own)
             )
             for (_, sub), own in zip(m.named_modules(), row)
@@ -172,7 +172,7 @@ def _class_records(
     subs = dict.fromkeys(type(sub) for m in modules for sub in m.modules())
     return [
         (state_checks.type_name(c), record)
-        for c, record in state_checks.reached_classes(subs, context)
+        for c, record in value_fingerprints.reached_classes(subs, context)
     ]
 
 
@@ -203,19 +203,19 @@ def _global_values(
                     # builtin must stay what it was (``builtins.abs`` patched).
                     read.values[name] = ("absent",)
                     shared = by_module.setdefault("builtins", GlobalRead("builtins", None, {}))
-                    shared.values[name] = state_checks.fingerprint(table[name], context)
+                    shared.values[name] = value_fingerprints.fingerprint(table[name], context)
                 continue
             if isinstance(scope[name], types.ModuleType):
                 pending.append(scope[name])
             else:
-                read.values[name] = state_checks.fingerprint(scope[name], context)
+                read.values[name] = value_fingerprints.fingerprint(scope[name], context)
     table = vars(builtins)
     library = [n for n in _library_builtin_loads(log) if n in table]
     if library:
         shared = by_module.setdefault("builtins", GlobalRead("builtins", None, {}))
         for name in library:
             if name not in shared.values:
-                shared.values[name] = state_checks.fingerprint(table[name], context)
+                shared.values[name] = value_fingerprints.fingerprint(table[name], context)
     seen: set[str] = set()
     while pending:
         module_value = pending.pop()
@@ -231,7 +231,7 @@ def _global_values(
             if isinstance(value, types.ModuleType):
                 pending.append(value)  # ``pkg.cfgmod.SCALE``
             elif name not in read.values:
-                read.values[name] = state_checks.fingerprint(value, context)
+                read.values[name] = value_fingerprints.fingerprint(value, context)
     return [r for _, r in sorted(by_module.items()) if r.values]
 
 
@@ -261,7 +261,7 @@ def entry_record(
         "module": str(func.__module__),
         "file": func.__globals__.get("__file__"),
         "qualname": func.__qualname__,
-        "fingerprint": state_checks.fingerprint(func, context),
+        "fingerprint": value_fingerprints.fingerprint(func, context),
     }
 
 
@@ -278,7 +278,7 @@ def _partial_entry_record(
     inner = getattr(fn.func, "__func__", fn.func)
     home = str(getattr(inner, "__module__", None) or "")
     context = _context(names, training, (home, *near), classes)
-    named = state_checks.identity_name(fn, context)
+    named = value_fingerprints.identity_name(fn, context)
     if not named:
         raise PrecompileError(
             f"the captured function is a functools.partial of {getattr(inner, '__qualname__', inner)!r} "
@@ -295,7 +295,7 @@ def _partial_entry_record(
         "module": module_name,
         "file": getattr(module, "__file__", None),
         "qualname": name,
-        "fingerprint": state_checks.fingerprint(fn, context),
+        "fingerprint": value_fingerprints.fingerprint(fn, context),
     }
 
 
@@ -362,7 +362,7 @@ def record_dependencies(
         modules=module_records,
         classes=_class_records(modules, names, training, near, classes),
         globals=global_records,
-        global_hooks=state_checks.global_hooks_fingerprint(global_module_hooks()),
+        global_hooks=value_fingerprints.global_hooks_fingerprint(global_module_hooks()),
         process_state=_process_state_records(log),
         surface=surface_record(modules, log),
         module_reads=read_rows,
@@ -390,7 +390,7 @@ def surface_record(modules: list[torch.nn.Module], log: CallLog) -> list[dict[st
 def _process_state_records(log: CallLog) -> list[list[Any]]:
     """Each torch setting user code read, with its value as the artifact's per-call
     check reads it again (``state_checks.state_getter``)."""
-    context = state_checks.new_context(frozenset())
+    context = value_fingerprints.new_context(frozenset())
     records = []
     for read, site in sorted(log.state.items(), key=lambda item: item[0].expression):
         value = state_checks.state_getter(read.module, read.path, read.call)()
@@ -400,7 +400,7 @@ def _process_state_records(log: CallLog) -> list[list[Any]]:
                 read.path,
                 read.call,
                 f"{read.expression} at {site}",
-                state_checks.fingerprint(value, context),
+                value_fingerprints.fingerprint(value, context),
             ]
         )
     return records

@@ -21,7 +21,7 @@ from precompile.capturing.bytecode_names import global_names
 from precompile.capturing.fx_watch import CallLog
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file
-from precompile.runtime import state_checks
+from precompile.runtime import value_fingerprints
 
 
 class _Everything:
@@ -174,8 +174,8 @@ def _is_not(a: object, b: object) -> bool:
 
 
 def _attr_fps(module: torch.nn.Module) -> dict[str, Any]:
-    context = state_checks.new_context(_Everything())
-    record = state_checks.module_fingerprint(module, context, children=False)
+    context = value_fingerprints.new_context(_Everything())
+    record = value_fingerprints.module_fingerprint(module, context, children=False)
     return dict(record[1]) | {"<hooks>": record[2], "<type>": record[0]}
 
 

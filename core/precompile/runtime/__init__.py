@@ -1,8 +1,9 @@
 """The runtime: every module here is emitted into artifacts as text and runs there.
 
 Named by artifact kind: ``single_graph*`` for make_fx's artifacts, ``multigraph*`` for
-Dynamo's; the rest is carried by both (``refusal``, ``state_checks``, ``surface_checks``,
-``source_digest``, ``guard_text``) or by artifacts with lowered graphs
+Dynamo's; the rest is carried by both (``refusal``, ``state_checks``, ``value_fingerprints``,
+``fingerprint_differences``, ``version_watch``, ``surface_checks``, ``source_digest``,
+``guard_text``) or by artifacts with lowered graphs
 (``inductor_serving``, ``autograd_serving``, ``lowered_inputs``). ``capturing.carried`` declares,
 per artifact kind, which of them an artifact carries. These modules import nothing but
 typing names at module level: an artifact runs where this package is not installed, and

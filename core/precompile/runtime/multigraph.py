@@ -33,7 +33,7 @@ from precompile._compat.prelude import (
     dispatch_mode_depth,
 )
 from precompile.runtime.guard_text import guard_failure_text
-from precompile.runtime.state_checks import watches_only
+from precompile.runtime.value_fingerprints import watches_only
 
 # <<< not emitted
 
@@ -392,7 +392,7 @@ def _watchers_aside() -> Any:
     it), or None when there is nothing to set aside (no global hook: the per-call cost
     is four dict truth tests) or a hook that is not a tracker's (left for the guards
     and the dependency check to refuse, naming it). A tracker's hooks only watch
-    (``state_checks.watches_only``): a graph has no module calls for them to note, so
+    (``value_fingerprints.watches_only``): a graph has no module calls for them to note, so
     the served call is eager's with or without them -- but Dynamo's guards compare the
     hook dicts with the capture's (empty), and an installed artifact's frames would
     meet the hooks' own Python (``weakref``) as frames no variant covers. Set aside,

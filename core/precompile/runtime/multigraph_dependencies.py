@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
-# >>> not emitted: Dynamo artifacts carry these functions of state_checks among their own,
-# and their prelude binds the hook dicts' names
+# >>> not emitted: Dynamo artifacts carry these functions of value_fingerprints among their
+# own, and their prelude binds the hook dicts' names
 from precompile._compat.prelude import GLOBAL_HOOK_DICTS, MODULE_HOOK_DICTS
-from precompile.runtime.state_checks import watches_only
+from precompile.runtime.value_fingerprints import watches_only
 
 # <<< not emitted
 
@@ -55,6 +55,15 @@ if TYPE_CHECKING:
     def build_class_check() -> Any: ...
 
     def build_builtin_check() -> Any: ...
+
+    # precompile.runtime.version_watch, emitted before this module.
+    def watch_dicts(
+        watched: Callable[[], list[Any]],
+        recheck: Callable[[], None],
+        checked: bool = True,
+        key: Callable[[Any], Any] | None = None,
+        keyed: Callable[[list[Any]], Any] | None = None,
+    ) -> Callable[[], None]: ...
 
 
 def hook_name(hook: Any) -> str:
@@ -98,7 +107,7 @@ def global_hook_snapshot() -> dict[str, list[str]]:
     found = {}
     for attr in GLOBAL_HOOK_DICTS:
         hooks = getattr(nn_module, attr, None)
-        # torch's module trackers' hooks only watch (state_checks.watches_only).
+        # torch's module trackers' hooks only watch (value_fingerprints.watches_only).
         names = [hook_name(h) for h in (hooks or {}).values() if not watches_only(h)]
         if names:
             found[attr] = names
@@ -261,9 +270,12 @@ def _build_global_hook_check() -> Callable[[], None]:
     # (a store into that module's dict) is fetched again. Non-empty ones are compared by
     # their keys in order too (``move_to_end`` changes no version).
     nn_scope = vars(nn_module)
-    global_dicts = [nn_scope, *(getattr(nn_module, attr) for attr in global_attrs)]
-    global_versions: list[Any] = [None]
-    global_order: list[Any] = [(), ()]
+
+    def global_dicts() -> list[Any]:
+        return [nn_scope, *(getattr(nn_module, attr) for attr in global_attrs)]
+
+    def ordered(dicts: list[Any]) -> tuple[Any, ...]:
+        return tuple(d for d in dicts[1:] if d)
 
     def check_global_hooks() -> None:
         now = global_hook_snapshot()
@@ -276,18 +288,9 @@ def _build_global_hook_check() -> Callable[[], None]:
                     hook_locations([nn_module], global_attrs),
                 )
                 refuse(f"precompile: {change}")
-        global_dicts[1:] = [getattr(nn_module, attr) for attr in global_attrs]
-        global_versions[0] = tuple(map(_dict_version, global_dicts))
-        ordered = tuple(d for d in global_dicts[1:] if d)
-        global_order[:] = [ordered, tuple(map(tuple, ordered))]
 
-    def global_hooks_ok() -> None:
-        if tuple(map(_dict_version, global_dicts)) != global_versions[0] or (
-            global_order[0] and tuple(map(tuple, global_order[0])) != global_order[1]
-        ):
-            check_global_hooks()
-
-    return global_hooks_ok
+    # Not compared at load: the first call does.
+    return watch_dicts(global_dicts, check_global_hooks, False, tuple, ordered)
 
 
 def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | None:

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     # Bound by the artifact prelude (precompile._compat.prelude).
-    _dict_version: Callable[[dict[str, Any]], int] = len
     GLOBAL_READS: list[dict[str, str]] = []
     CLASS_ATTRS: list[dict[str, Any]] = []
     BUILTIN_READS: list[dict[str, Any]] = []
@@ -37,6 +36,15 @@ if TYPE_CHECKING:
     def is_class_behaviour(value: Any) -> bool: ...
 
     def class_attrs(cls: Any) -> dict[str, str]: ...
+
+    # precompile.runtime.version_watch, emitted before this module.
+    def watch_dicts(
+        watched: Callable[[], list[Any]],
+        recheck: Callable[[], None],
+        checked: bool = True,
+        key: Callable[[Any], Any] | None = None,
+        keyed: Callable[[list[Any]], Any] | None = None,
+    ) -> Callable[[], None]: ...
 
 
 def build_global_read_check() -> Callable[[], None] | None:
@@ -232,7 +240,6 @@ def build_class_check() -> Any:
     loaded = [own(cls) for cls in checked]
     mro_of = operator.attrgetter("__mro__")
     mros = tuple(map(mro_of, leaves))
-    versions = [tuple(map(_dict_version, dicts))]
     missing = object()
 
     def shown(value: Any) -> str:
@@ -279,13 +286,8 @@ def build_class_check() -> Any:
                     f"the artifact)",
                     2,
                 )
-        versions[0] = tuple(map(_dict_version, dicts))
 
-    def check() -> None:
-        if tuple(map(_dict_version, dicts)) != versions[0] or tuple(map(mro_of, leaves)) != mros:
-            recheck()
-
-    return check
+    return watch_dicts(lambda: dicts, recheck, True, mro_of, lambda _dicts: leaves)
 
 
 def build_builtin_check() -> Any:
@@ -319,7 +321,6 @@ def build_builtin_check() -> Any:
             if found is not missing and builtin_key(found) == captured:
                 expected.setdefault((id(table), name), found)
     watched = list({id(d): d for _row, scope, table in rows for d in (scope, table)}.values())
-    versions: list[Any] = [None]
 
     def recheck() -> None:
         for row, scope, table in rows:
@@ -350,10 +351,6 @@ def build_builtin_check() -> Any:
                     f"or capture again with the new one (re-emit the artifact)",
                     2,
                 )
-        versions[0] = tuple(map(_dict_version, watched))
 
-    def check() -> None:
-        if tuple(map(_dict_version, watched)) != versions[0]:
-            recheck()
-
-    return check
+    # Not compared at load: the first call does.
+    return watch_dicts(lambda: watched, recheck, False)

@@ -5,7 +5,7 @@ recorded, with a message that names what changed and how to fix it.
 
 Runtime, emitted whole into single-graph artifacts before ``single_graph`` (which calls these
 at load and on a call that misses its fast path); the fingerprints are
-``state_checks``'s. The names read from the artifact's namespace are declared under
+``value_fingerprints``'s, their differences ``fingerprint_differences``'s. The names read from the artifact's namespace are declared under
 TYPE_CHECKING.
 """
 

@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     USER_INPUT_SHAPE_IDS: list[dict[int, str] | None] = []
     USER_INPUT_SHAPES: list[tuple[int | None, ...] | None] = []
 
-    # precompile.runtime.state_checks, emitted before this module.
+    # precompile.runtime.value_fingerprints and fingerprint_differences, emitted before
+    # this module.
     def literal_fingerprint(value: Any) -> tuple[str, Any]: ...
 
     def describe_value(fp: Any) -> str: ...

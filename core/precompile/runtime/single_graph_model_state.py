@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     PARAM_REQUIRES_GRAD: list[bool] = []
     PARAM_SHAPES: list[tuple[int, ...]] = []
 
-    # precompile.runtime.state_checks, emitted before this module.
+    # precompile.runtime.value_fingerprints, emitted before this module.
     def shallow_contents(value: Any) -> tuple[Any, ...]: ...
 
     # single_graph_checks, emitted before this module.

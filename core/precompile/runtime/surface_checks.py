@@ -38,10 +38,18 @@ from precompile.runtime.state_checks import code_fingerprint
 
 if TYPE_CHECKING:
     # Bound by the artifact prelude (precompile._compat.prelude) and its metadata.
-    _dict_version: Callable[[dict[str, Any]], int] = len
     LIBRARY_SURFACE: list[dict[str, Any]] = []
 
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
+
+    # precompile.runtime.version_watch, emitted before this module.
+    def watch_dicts(
+        watched: Callable[[], list[Any]],
+        recheck: Callable[[], None],
+        checked: bool = True,
+        key: Callable[[Any], Any] | None = None,
+        keyed: Callable[[list[Any]], Any] | None = None,
+    ) -> Callable[[], None]: ...
 
 
 def _torch_wrapper(code: Any) -> bool:
@@ -183,9 +191,6 @@ def _build_surface_check() -> Any:
     def watch() -> list[dict[str, Any]]:
         return list({id(d): d for dicts in watched_by_row for d in dicts}.values())
 
-    watched = [watch()]
-    versions = [tuple(map(_dict_version, watched[0]))]
-
     def recheck() -> None:
         for i, (row, owner, loaded) in enumerate(rows):
             dicts, now = watched_of(row, owner)
@@ -204,11 +209,5 @@ def _build_surface_check() -> Any:
                 f"with the replacement in place (re-emit the artifact)",
                 2,
             )
-        watched[0] = watch()
-        versions[0] = tuple(map(_dict_version, watched[0]))
 
-    def check() -> None:
-        if tuple(map(_dict_version, watched[0])) != versions[0]:
-            recheck()
-
-    return check
+    return watch_dicts(watch, recheck)

@@ -1,0 +1,557 @@
+"""Fingerprints of the Python state a single-graph trace read, computed the same way at
+capture and when serving.
+
+A make_fx trace runs the user's Python once and keeps only tensor operations: every
+plain value it read on the way (a module's ``eps``, a user attribute, a module-level
+float, the hooks on a module, which function an attribute holds) is baked into the
+graph. The capture records a fingerprint of each such value; the artifact recomputes it
+from the live objects whenever a watched dict changes and refuses a call whose state
+differs. Both sides call these functions -- the capture imports this module, artifacts
+carry its functions verbatim -- so "the same state" means the same thing to both.
+
+A fingerprint is a literal (nested tuples of str, int, bool, None, bytes), so it renders
+into the metadata section and compares with ``==``. Mutable containers are watched:
+each dict reached is returned for its version tag to be watched; each other mutable
+object (a list, a set, an object with ``__slots__``) is returned for a per-call identity
+comparison of its direct contents (``shallow_contents``). Where two fingerprints differ,
+in words, is ``fingerprint_differences``; names and code digests come from
+``state_checks`` (``type_name``, ``code_fingerprint``), carried before this module.
+
+Imports nothing at module level and nothing but torch and the standard library inside.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# >>> not emitted: artifacts carry this module whole after state_checks, and their prelude
+# binds the hook dicts' names
+from precompile._compat.prelude import GLOBAL_HOOK_DICTS, MODULE_HOOK_DICTS
+from precompile.runtime.state_checks import code_fingerprint, type_name
+
+# <<< not emitted
+
+
+def new_context(names: Any, training: bool = True) -> dict[str, Any]:
+    """What one fingerprinting pass needs and collects: the attribute names the trace's
+    code reads (``names``), which module hooks count (backward hooks only when the
+    capture ran a backward), and -- filled in -- the dicts to watch by version and the
+    other mutable objects to compare by identity of their contents."""
+    return {
+        "names": names,
+        "hook_dicts": MODULE_HOOK_DICTS if training else MODULE_HOOK_DICTS[:2],
+        "dicts": [],
+        "shallow": [],
+        # Objects whose instance ``__dict__`` is among ``dicts``: that dict can be
+        # replaced whole (``m.__dict__ = d``) without a store into the watched one, so
+        # the driver compares ``vars(holder)`` with it by identity too.
+        "holders": [],
+        "path": set(),
+        # Objects told apart by identity only: id -> (their module-level name, the
+        # object). Serving fills it with the names the capture recorded, resolved.
+        "known": {},
+        # Modules to look in first for such an object's name (capture: those of the
+        # traced code), and the names found so far.
+        "near": (),
+        "named": {},
+        # Whether this process's __main__ is the capture's, where such a name may be.
+        "main": True,
+        # Whether to look in every module (capture). Serving looks only where the
+        # recorded names are: an object found nowhere there matches none of them.
+        "everywhere": True,
+        # User classes the fingerprints reached (a global class, the class of an object
+        # an attribute holds): their class-level values are checked too
+        # (``class_fingerprint``), a class attribute being as baked as an instance one.
+        "classes": {},
+    }
+
+
+def shallow_contents(value: Any) -> tuple[Any, ...]:
+    """The direct contents of a mutable object that has no version tag: compared by
+    identity per call (nested mutables are watched on their own). Functions, which
+    ``fingerprint`` collects too, are compared by the driver attribute by attribute. An
+    OrderedDict (the only dicts collected here) by its keys in iteration order:
+    ``move_to_end`` and ``popitem(last=False)`` reorder it without changing its version
+    tag."""
+    if isinstance(value, (list, set, bytearray, dict)):
+        return tuple(value)
+    missing = shallow_contents
+    return tuple(getattr(value, slot, missing) for slot in _slots_of(type(value)))
+
+
+def _slots_of(cls: Any) -> tuple[str, ...]:
+    slots: list[str] = []
+    for klass in getattr(cls, "__mro__", ()):
+        declared = klass.__dict__.get("__slots__", ())
+        if isinstance(declared, str):
+            declared = (declared,)
+        slots += [s for s in declared if s not in ("__dict__", "__weakref__")]
+    return tuple(dict.fromkeys(slots))
+
+
+def _is_library_class(cls: Any) -> bool:
+    """A class of the standard library or of torch: pinned by their versions, and their
+    large class dicts are not watched (a user's classes are)."""
+    import sys
+
+    top = str(getattr(cls, "__module__", "")).split(".")[0]
+    return top == "torch" or top in sys.stdlib_module_names
+
+
+def _note_class(cls: Any, context: dict[str, Any]) -> None:
+    """Record a user class whose class-level values the traced code may read."""
+    if not _is_library_class(cls):
+        context["classes"].setdefault(cls, None)
+
+
+def _is_stdlib_class(cls: Any) -> bool:
+    """Objects of standard-library classes keep private bookkeeping (a logger's level
+    cache) that changes as they are used: only their type is recorded, except for the
+    classes that exist to hold configuration."""
+    import sys
+    import types
+
+    if cls in (types.SimpleNamespace,) or type_name(cls) == "argparse.Namespace":
+        return False
+    return str(getattr(cls, "__module__", "")).split(".")[0] in sys.stdlib_module_names
+
+
+_LITERAL_KINDS = (type(None), bool, int, str, bytes, float, complex)
+
+
+def literal_fingerprint(value: Any) -> tuple[str, Any]:
+    """A Python literal's fingerprint: its exact type's name and its value, a float or
+    complex by ``repr``, which tells apart what ``==`` does not (``0.0 == -0.0`` yet
+    ``x / 0.0`` and ``x / -0.0`` differ; a NaN equals nothing, yet it is the NaN the
+    capture saw) and has a literal form where the value has none (``nan``, ``inf``).
+    Two fingerprints are equal exactly when the values are, and only for the same type.
+    For a value of another type (a subclass of a literal type among them), a tag no
+    literal's fingerprint equals."""
+    kind = type(value)
+    if kind is float or kind is complex:
+        return (kind.__name__, repr(value))
+    if kind in _LITERAL_KINDS:
+        return (kind.__name__, value)
+    return ("not a literal", type_name(kind))
+
+
+def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any:
+    """A literal that changes whenever ``value`` would make the traced code behave
+    differently, as far as a Python value can: literals by type and exact value
+    (floats by ``repr``), containers element by element, functions by module, name and
+    code, classes and modules by name, objects by type and the attributes the trace's
+    code reads, tensors by their metadata (their values are graph inputs, or were
+    refused at capture as constants)."""
+    import enum
+    import types
+
+    import torch
+
+    kind = type(value)
+    if kind in _LITERAL_KINDS:
+        return literal_fingerprint(value)
+    if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return ("torch", kind.__name__, str(value))
+    if isinstance(value, torch.nn.Parameter):
+        # A module attribute holding parameters is often a cache of its own (an LSTM's
+        # _flat_weights): by metadata, and by requires_grad only where the traced code
+        # reads that name -- otherwise a parameter's flag is checked with the parameter,
+        # where the graph depends on it (single_graph.requires_grad_is_captured), so
+        # requires_grad_(False) before serving an inference artifact is served.
+        meta = ("parameter", tuple(value.shape), str(value.dtype), str(value.device))
+        return (*meta, bool(value.requires_grad)) if "requires_grad" in context["names"] else meta
+    if isinstance(value, torch.Tensor):
+        # By metadata only: a tensor's values reach the graph as an input (buffers,
+        # checked on their own) or were refused at capture as a constant.
+        return (
+            "tensor",
+            tuple(value.shape),
+            str(value.dtype),
+            str(value.device),
+            bool(value.requires_grad),
+        )
+    if isinstance(value, type):
+        # By name here; the values the trace may read through it (``Settings.k``) are
+        # checked with its class record.
+        _note_class(value, context)
+        return ("class", type_name(value))
+    if isinstance(value, types.ModuleType):
+        if not _is_project_module(value):
+            return ("module", value.__name__)
+        # A project module held as a value (``self.cfg = cfgmod``): the attributes the
+        # trace may read through it are its state, as a global module's would be.
+        state = vars(value)
+        context["dicts"].append(state)
+        read = sorted(k for k in state if k in context["names"] and not k.startswith("__"))
+        return (
+            "module",
+            value.__name__,
+            tuple((k, fingerprint(state[k], context, depth + 1)) for k in read),
+        )
+    if isinstance(value, enum.Enum):
+        return ("enum", type_name(kind), value.name)
+    if depth > 8 or id(value) in context["path"]:
+        return ("deep", type_name(kind))
+    context["path"].add(id(value))
+    try:
+        return _fingerprint_container(value, kind, context, depth + 1)
+    finally:
+        context["path"].discard(id(value))
+
+
+def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth: int) -> Any:
+    import collections
+    import functools
+    import numbers
+    import types
+
+    import torch
+
+    def fp(v: Any) -> Any:
+        return fingerprint(v, context, depth)
+
+    if isinstance(value, (list, tuple)):
+        if not isinstance(value, tuple):
+            context["shallow"].append(value)
+        return (type_name(kind), tuple(fp(v) for v in value))
+    if isinstance(value, dict):
+        context["dicts"].append(value)
+        if isinstance(value, collections.OrderedDict):
+            context["shallow"].append(value)
+        return (type_name(kind), tuple((fp(k), fp(v)) for k, v in value.items()))
+    if isinstance(value, (set, frozenset)):
+        if isinstance(value, set):
+            context["shallow"].append(value)
+        return (type_name(kind), tuple(sorted((fp(v) for v in value), key=repr)))
+    if isinstance(value, (bytearray, range, slice)):
+        if isinstance(value, bytearray):
+            context["shallow"].append(value)
+        return (type_name(kind), repr(value))
+    if isinstance(value, types.FunctionType):
+        # Its code, defaults and cells are attributes no watched dict holds: the
+        # driver compares them per call by identity.
+        context["shallow"].append(value)
+        cells = []
+        for name, cell in zip(value.__code__.co_freevars, value.__closure__ or ()):
+            try:
+                cells.append((name, fp(cell.cell_contents)))
+            except ValueError:
+                cells.append((name, ("empty cell",)))
+        return (
+            "function",
+            str(value.__module__),
+            value.__qualname__,
+            code_fingerprint(value.__code__),
+            fp(value.__defaults__),
+            fp(value.__kwdefaults__),
+            tuple(cells),
+        )
+    if isinstance(value, types.MethodType):
+        return ("method", fp(value.__func__), fp(value.__self__))
+    if isinstance(value, property):
+        # A property's behaviour is its functions: one replaced by another property
+        # of the same type must not look the same.
+        return ("property", fp(value.fget), fp(value.fset), fp(value.fdel))
+    if isinstance(value, (staticmethod, classmethod)):
+        return (type(value).__name__, fp(value.__func__))
+    if isinstance(value, functools.cached_property):
+        return ("cached_property", fp(value.func))
+    if isinstance(value, functools.partial):
+        return ("partial", fp(value.func), fp(value.args), fp(value.keywords))
+    if type_name(kind) in ("torch._ops.OpOverload", "torch._ops.OpOverloadPacket"):
+        return ("op", str(value))
+    if callable(value) and not hasattr(value, "__dict__") and hasattr(value, "__qualname__"):
+        # Builtins, method descriptors, torch ops: named by where they live.
+        owner = getattr(value, "__module__", None) or type_name(
+            type(getattr(value, "__self__", None))
+        )
+        return ("builtin", str(owner), value.__qualname__)
+    if isinstance(value, numbers.Number):
+        return ("number", type_name(kind), repr(value))
+    if isinstance(value, torch.nn.Module):
+        _note_class(kind, context)
+        return ("nn.Module", *module_fingerprint(value, context, depth))
+    return _fingerprint_object(value, kind, context, depth)
+
+
+def _is_project_module(module: Any) -> bool:
+    """A module of the user's project: not torch's, not the standard library's or an
+    installed package's (which change by version, not by edit)."""
+    import sys
+
+    path = getattr(module, "__file__", None)
+    if not path or module.__name__.split(".")[0] == "torch":
+        return False
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    return "site-packages" not in path and not any(path.startswith(r) for r in roots if r)
+
+
+def identity_name(value: Any, context: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The one module-level name (module, name) by which another process finds an object
+    that only its identity tells apart (a sentinel such as ``FAST = object()``,
+    ``dataclasses.MISSING``), or ``()`` when no module binds it.
+
+    Serving looks it up among the names the capture recorded, resolved in this process
+    (``context["known"]``): the check is that the recorded name still holds this very
+    object. Otherwise -- at capture, or for an object that is not the one recorded --
+    the name is searched for, in an order that does not depend on the process: the
+    module that defines its class, the modules of the traced code (serving: of the
+    recorded names), every other module by name (capture only), and ``__main__`` last
+    (a script importing ``FAST`` binds it there too, and another process runs another
+    ``__main__``)."""
+    import sys
+
+    hit = context["known"].get(id(value))
+    if hit is not None and hit[1] is value:
+        return (hit[0],)
+    named = context["named"]
+    found = named.get(id(value))
+    if found is not None and found[1] is value:
+        return found[0]
+    modules = sys.modules
+    first = [str(getattr(type(value), "__module__", "")), *context["near"]]
+    rest = sorted(n for n in list(modules) if n not in first) if context["everywhere"] else []
+    result: tuple[tuple[str, str], ...] = ()
+    main = modules.get("__main__")
+    for module_name in [*first, *rest]:
+        module = modules.get(module_name)
+        if module_name == "__main__" or module is main:  # __mp_main__ is __main__
+            continue
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict):
+            keys = sorted(k for k, v in list(namespace.items()) if v is value)
+            if keys:
+                result = ((module_name, keys[0]),)
+                break
+    if not result and context["main"]:
+        # Serving looks in __main__ only when it is the script captured from.
+        namespace = getattr(modules.get("__main__"), "__dict__", None) or {}
+        keys = sorted(k for k, v in list(namespace.items()) if v is value)
+        result = (("__main__", keys[0]),) if keys else ()
+    named[id(value)] = (result, value)
+    return result
+
+
+def _fingerprint_object(value: Any, kind: Any, context: dict[str, Any], depth: int) -> Any:
+    names = context["names"]
+    if kind is object or (
+        getattr(value, "__dict__", None) is None
+        and "__slots__" in getattr(kind, "__dict__", {})
+        and not _slots_of(kind)
+    ):
+        # No state at all: only its identity tells it apart, named by the module
+        # global bound to it. One that no global holds is refused at capture.
+        return ("sentinel", type_name(kind), identity_name(value, context))
+    if _is_stdlib_class(kind):
+        # Its state is not compared (see _is_stdlib_class): one a module-level name
+        # holds (dataclasses.MISSING) is told apart by that name.
+        named = identity_name(value, context)
+        return ("sentinel", type_name(kind), named) if named else ("object", type_name(kind))
+    # Its class-level values (a config's ``scale = 2.0``, a method) are read through it.
+    _note_class(kind, context)
+    attrs: list[Any] = []
+    state = getattr(value, "__dict__", None)
+    if isinstance(state, dict):
+        context["dicts"].append(state)
+        context["holders"].append(value)
+        attrs += [(k, fingerprint(v, context, depth)) for k, v in state.items() if k in names]
+    slots = [s for s in _slots_of(kind) if s in names]
+    if slots:
+        context["shallow"].append(value)
+        for slot in slots:
+            if hasattr(value, slot):
+                attrs.append((slot, fingerprint(getattr(value, slot), context, depth)))
+    if not attrs:
+        # The trace read none of its state, so it can only have compared it by
+        # identity (``self.mode is FAST`` with ``class Marker: pass``): one a
+        # module-level name holds is told apart by that name. One no name holds is
+        # never the object a global names, at capture or when served.
+        named = identity_name(value, context)
+        if named:
+            return ("sentinel", type_name(kind), named)
+    return ("object", type_name(kind), tuple(sorted(attrs)))
+
+
+#: Instance attributes every nn.Module has: its bookkeeping, each checked on its own
+#: (parameters, buffers, children and training flags by the model checks, hooks by
+#: ``hooks_fingerprint``) or irrelevant to what a call computes.
+_MODULE_BOOKKEEPING = frozenset(
+    {
+        "training",
+        "_parameters",
+        "_buffers",
+        "_non_persistent_buffers_set",
+        *MODULE_HOOK_DICTS,
+        "_is_full_backward_hook",
+        "_forward_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+        "_forward_pre_hooks_with_kwargs",
+        "_state_dict_hooks",
+        "_state_dict_pre_hooks",
+        "_load_state_dict_pre_hooks",
+        "_load_state_dict_post_hooks",
+        "_modules",
+        "_compiled_call_impl",
+    }
+)
+
+
+def hooks_fingerprint(holder: Any, dict_names: tuple[str, ...], flags: Any) -> Any:
+    """The hooks in ``holder``'s hook dicts, in order, each by function identity and its
+    registration flags (with kwargs, always called). Handle ids are left out: they come
+    from a per-process counter."""
+    context = new_context(frozenset())
+    result = []
+    for dict_name in dict_names:
+        if isinstance(holder, dict):
+            hooks = holder[dict_name]
+        else:
+            hooks = getattr(holder, dict_name, None) or {}
+        result.append(
+            tuple(
+                (fingerprint(hook, context), tuple(bool(f.get(key)) for f in flags(dict_name)))
+                for key, hook in hooks.items()
+            )
+        )
+    return tuple(result)
+
+
+def module_fingerprint(
+    module: Any,
+    context: dict[str, Any],
+    depth: int = 0,
+    children: bool = True,
+    own: Any = None,
+) -> tuple[Any, ...]:
+    """One module's own state as a trace depends on it: its type, the attributes the
+    trace read on it (``own``, when the capture saw its reads) or else those whose names
+    the trace's code reads (``context``), and its hooks. Its children are
+    fingerprinted on their own (``children=False``) when the module is a module
+    argument; for a module held any other way (a global, an attribute) they are
+    included, with the names of its parameters and buffers."""
+    state = vars(module)
+    hook_dicts = context["hook_dicts"]
+    context["holders"].append(module)
+    # Hook dicts are OrderedDicts: their order is the order the hooks run in.
+    context["shallow"] += [d for d in map(vars(module).get, hook_dicts) if d]
+    context["dicts"] += [
+        state,
+        module._parameters,
+        module._buffers,
+        module._modules,
+        *(getattr(module, name) for name in hook_dicts),
+    ]
+    names = context["names"] if own is None else own
+    attrs = tuple(
+        (k, fingerprint(v, context, depth))
+        for k, v in state.items()
+        if k in names and k not in _MODULE_BOOKKEEPING
+    )
+
+    def flags(dict_name: str) -> tuple[dict[Any, Any], ...]:
+        if dict_name == "_forward_hooks":
+            return (module._forward_hooks_with_kwargs, module._forward_hooks_always_called)
+        if dict_name == "_forward_pre_hooks":
+            return (module._forward_pre_hooks_with_kwargs,)
+        return ()
+
+    hooks = hooks_fingerprint(module, hook_dicts, flags)
+    if not children:
+        return (type_name(type(module)), attrs, hooks)
+    kids = tuple(
+        (name, None if child is None else fingerprint(child, context, depth))
+        for name, child in module._modules.items()
+    )
+    tensors = (tuple(module._parameters), tuple(module._buffers))
+    return (type_name(type(module)), attrs, hooks, kids, tensors)
+
+
+#: Special methods Python calls implicitly (no traced code names them): how an instance
+#: is called, how its attributes resolve, its truth and container protocol.
+PROTOCOL_DUNDERS = frozenset(
+    {
+        "__call__",
+        "__getattr__",
+        "__getattribute__",
+        "__setattr__",
+        "__delattr__",
+        "__get__",
+        "__bool__",
+        "__len__",
+        "__getitem__",
+        "__contains__",
+        "__iter__",
+        "__eq__",
+        "__hash__",
+    }
+)
+
+
+def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]:
+    """The class-level values the traced code may read through an instance of ``cls``
+    or through ``cls`` itself (a method, a class attribute ``scale = 2.0``, a property,
+    ``__call__``), first match along the MRO, by the names in ``context`` and the
+    special methods Python calls implicitly. Each class's own dict is watched: a method
+    monkeypatched or a class attribute set at run time changes its version."""
+    import gc
+
+    names = context["names"]
+    found: dict[str, Any] = {}
+    for klass in cls.__mro__[:-1]:  # every class but object
+        namespace = vars(klass)
+        context["dicts"] += [r for r in gc.get_referents(namespace) if isinstance(r, dict)]
+        for key, value in namespace.items():
+            if key in found:
+                continue
+            if key in PROTOCOL_DUNDERS or (key in names and not key.startswith("__")):
+                found[key] = value
+    return tuple((key, fingerprint(value, context)) for key, value in sorted(found.items()))
+
+
+def reached_classes(start: Any, context: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """Each class of ``start`` (the submodules' classes) and each user class the
+    fingerprints in ``context`` reached -- a class attribute holding an object reaches
+    its class too -- with its ``class_fingerprint``, in the order first reached."""
+    order = list(dict.fromkeys([*start, *context["classes"]]))
+    records = []
+    i = 0
+    while i < len(order):
+        cls = order[i]
+        i += 1
+        records.append((cls, class_fingerprint(cls, context)))
+        order += [c for c in context["classes"] if c not in order]
+    return records
+
+
+def watches_only(hook: Any) -> bool:
+    """Whether a global module hook is one of torch's module trackers' own
+    (``torch.utils.module_tracker.ModuleTracker``, which ``FlopCounterMode`` enters,
+    and ``torch.distributed._tools.mod_tracker.ModTracker``, under ``MemTracker`` and
+    the runtime estimator): a bound method of the tracker whose function torch defines,
+    which returns None and only notes which module runs, so it never changes a result.
+    A graph has no module calls for it to note: during a served call it is not called
+    (the tracker attributes the call to no module), and the result is eager's. A
+    subclass that overrides the hook, or a patched one, is defined elsewhere and
+    counts as any hook."""
+    func = getattr(hook, "__func__", None)
+    return (
+        getattr(hook, "__self__", None) is not None
+        and getattr(func, "__module__", None)
+        in ("torch.utils.module_tracker", "torch.distributed._tools.mod_tracker")
+        and str(getattr(func, "__qualname__", "")).split(".")[0] in ("ModuleTracker", "ModTracker")
+    )
+
+
+def global_hooks_fingerprint(hooks: tuple[dict[Any, Any], ...]) -> Any:
+    """torch's global module hooks (``register_module_forward_hook`` and friends): they
+    run around every module call, so a trace bakes them like a module's own; those of
+    torch's module trackers only watch (``watches_only``) and are left out. ``hooks``
+    is ``(forward_pre, forward, backward_pre, backward, forward_with_kwargs,
+    forward_always_called)``, the dicts torch keeps them in."""
+    kept = tuple({k: h for k, h in d.items() if not watches_only(h)} for d in hooks[:4])
+    holder = dict(zip(GLOBAL_HOOK_DICTS, kept))
+
+    def flags(dict_name: str) -> tuple[dict[Any, Any], ...]:
+        return hooks[4:6] if dict_name == "_global_forward_hooks" else ()
+
+    return hooks_fingerprint(holder, GLOBAL_HOOK_DICTS, flags)
