@@ -818,7 +818,7 @@ def variant_guard_managers(
     variants: list[tuple[bytes, Any]], code: types.CodeType, scope: dict[str, Any]
 ) -> list[Any]:
     """Each variant's serialized guards rebuilt as the guard manager an artifact checks
-    (``runtime.multigraph.variant_coverage`` chooses among them, as the artifact does)."""
+    (``runtime.multigraph_variants.variant_coverage`` chooses among them, as the artifact does)."""
     from torch._dynamo.package import load_guard_manager, load_guards_state
 
     return [

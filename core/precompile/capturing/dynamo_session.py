@@ -49,7 +49,7 @@ from precompile.locations import (
     is_project_file,
     traceback_user_stack,
 )
-from precompile.runtime import multigraph, state_checks
+from precompile.runtime import multigraph_variants, state_checks
 from precompile.tracers import DynamoTracer
 
 
@@ -395,7 +395,7 @@ class DynamoSession:
         managers = dynamo.variant_guard_managers(
             entry.variants, self.fn.__code__, vars(sys.modules[self.fn.__module__])
         )
-        return multigraph.variant_coverage(managers, dict(bound.arguments))
+        return multigraph_variants.variant_coverage(managers, dict(bound.arguments))
 
     def finish(self) -> DynamoCapture:
         """What the capture recorded, as the one record its artifact and report are made
