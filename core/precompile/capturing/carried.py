@@ -33,6 +33,8 @@ from precompile.runtime import (
     multigraph_guards,
     multigraph_installed,
     multigraph_name_checks,
+    multigraph_serving,
+    multigraph_variants,
     refusal,
     single_graph,
     single_graph_ambient,
@@ -163,6 +165,8 @@ class MultiGraph:
                 multigraph_argument_checks,
                 multigraph_name_checks,
                 multigraph_dependencies,
+                multigraph_variants,
+                multigraph_serving,
                 multigraph,
                 *(
                     (compat_runtime.dynamo_installed_runtime, multigraph_installed)

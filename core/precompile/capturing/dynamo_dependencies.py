@@ -168,7 +168,7 @@ class DependencyRecorder:
         self.grad_mode_read = ""
         #: The grad-mode reads the user's code made (``torch.is_grad_enabled()``,
         #: grad-dependent attributes), appended while tracing
-        #: (``_compat.dynamo.recording_grad_dependent_reads``).
+        #: (``_compat.dynamo_recording.recording_grad_dependent_reads``).
         self.grad_reads: list[str] = []
         #: Those made in torch's own code (nn.MultiheadAttention's fast-path test, say):
         #: evaluated against the grad mode the graphs run under, never a refusal.

@@ -106,7 +106,7 @@ class FrameRecord:
     #: Per variant, why stride guards stay (``[path or None, why]``: a layout query its
     #: Python made, an input Inductor cannot take as a copy; ``_compat.dynamo.
     #: relaxing_unread_strides``), and why a library value's guard stays (``[path,
-    #: why]``: ``_compat.dynamo.relaxing_neutral_guards``).
+    #: why]``: ``_compat.dynamo_guard_relaxing.relaxing_neutral_guards``).
     layout_notes: list[list[list[str | None]]] = dataclasses.field(default_factory=list)
 
     @property

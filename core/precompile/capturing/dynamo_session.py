@@ -16,7 +16,13 @@ from typing import Any
 
 import torch
 
-from precompile._compat import dict_keys, dynamo, inductor
+from precompile._compat import (
+    dict_keys,
+    dynamo,
+    dynamo_guard_relaxing,
+    dynamo_recording,
+    inductor,
+)
 from precompile.capturing import neutral_reads
 from precompile.capturing.dynamo_backends import DynamoBackends
 from precompile.capturing.dynamo_capture import DynamoCapture
@@ -49,7 +55,7 @@ from precompile.locations import (
     is_project_file,
     traceback_user_stack,
 )
-from precompile.runtime import multigraph, state_checks
+from precompile.runtime import multigraph_variants, state_checks
 from precompile.tracers import DynamoTracer
 
 
@@ -204,22 +210,24 @@ class DynamoSession:
         try:
             with (
                 dynamo.dynamo_config(self.tracer.recompile_limit),
-                dynamo.recording_graph_breaks() as events,
-                dynamo.recording_bypasses(self.bypass_reasons),
-                dynamo.recording_installed_globals(self.installed_globals),
+                dynamo_recording.recording_graph_breaks() as events,
+                dynamo_recording.recording_bypasses(self.bypass_reasons),
+                dynamo_recording.recording_installed_globals(self.installed_globals),
                 dynamo.without_guard_latency_profiling(),
                 dynamo.dict_subclasses_pickled_in_storage_order(),
                 dict_keys.recording_sourced_key_reads(self.sourced_key_reads),
-                dynamo.recording_grad_dependent_reads(
+                dynamo_recording.recording_grad_dependent_reads(
                     self.dependencies.grad_reads,
                     self.dependencies.library_grad_reads,
                     self.dependencies.grad_flag_reads,
                 ),
-                dynamo.recording_compile_only_branches(branches),
-                dynamo.relaxing_unread_strides(self.backends.relax_strides, self.layout_notes),
+                dynamo_recording.recording_compile_only_branches(branches),
+                dynamo_guard_relaxing.relaxing_unread_strides(
+                    self.backends.relax_strides, self.layout_notes
+                ),
                 # ReLU.inplace where relu's input is not read again, padding_idx in a
                 # graph with no grad: guards on values the graph proves harmless go.
-                dynamo.relaxing_neutral_guards(
+                dynamo_guard_relaxing.relaxing_neutral_guards(
                     neutral_reads.NAMES, neutral_reads.prove_dynamo_guard, self.layout_notes
                 ),
                 torch.set_grad_enabled(self.training),
@@ -395,7 +403,7 @@ class DynamoSession:
         managers = dynamo.variant_guard_managers(
             entry.variants, self.fn.__code__, vars(sys.modules[self.fn.__module__])
         )
-        return multigraph.variant_coverage(managers, dict(bound.arguments))
+        return multigraph_variants.variant_coverage(managers, dict(bound.arguments))
 
     def finish(self) -> DynamoCapture:
         """What the capture recorded, as the one record its artifact and report are made

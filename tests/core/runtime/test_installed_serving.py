@@ -200,7 +200,7 @@ def test_installed_artifact_metadata(installed: dict[str, Any]) -> None:
 
 def test_capture_covers_decides_as_the_loaded_artifact(tmp_path: Any) -> None:
     """An installed capture is not executed in the capture process, so its covers() reads
-    the entry's serialized guards there; the choice is ``runtime.multigraph``'s own
+    the entry's serialized guards there; the choice is ``runtime.multigraph_variants``'s own
     (``variant_coverage``), the one a fresh load makes: same variant, same failure text."""
     from tests.fixtures.installed_models import ChattyNet, child_break
 

@@ -1,0 +1,255 @@
+"""What the multi-graph capture records while Dynamo compiles, as context managers over
+Dynamo's private compile machinery: the graph breaks it took, the reads of grad-dependent
+tensor attributes and of the grad mode it baked, the branches it took only because it
+was compiling, the frames it bypassed, and the globals it installed."""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from precompile._compat.patching import patched
+from precompile.runtime.guard_text import user_path
+
+
+@contextlib.contextmanager
+def recording_graph_breaks() -> Iterator[list[dict[str, Any]]]:
+    """Record every graph break Dynamo logs while active: its type, full message, the
+    code being translated, and the user stack (FrameSummaries with 3.11 columns)."""
+    from torch._dynamo.symbolic_convert import InstructionTranslatorBase
+
+    events: list[dict[str, Any]] = []
+    original = InstructionTranslatorBase.log_graph_break
+
+    def log_graph_break(self: Any, code_options: Any, reason: str, exc: Any) -> None:
+        if not getattr(exc, "logged", False):
+            events.append(
+                {
+                    "gb_type": getattr(exc, "gb_type", None),
+                    "message": str(exc),
+                    "reason": reason,
+                    "code": self.f_code,
+                    "stack": list(getattr(exc, "real_stack", None) or []),
+                }
+            )
+        return original(self, code_options, reason, exc)
+
+    with patched(InstructionTranslatorBase, "log_graph_break", log_graph_break):
+        yield events
+
+
+#: Tensor attributes whose value for a tensor the trace computed (one with no source)
+#: depends on the grad mode the trace ran in: Dynamo bakes them as constants, guarded
+#: by nothing.
+GRAD_DEPENDENT_TENSOR_ATTRS = frozenset({"requires_grad", "grad_fn", "is_leaf"})
+
+
+@contextlib.contextmanager
+def recording_grad_dependent_reads(
+    reads: list[str], library_reads: list[str] | None = None, flag_reads: list[str] | None = None
+) -> Iterator[None]:
+    """Record (as ``what at file:line``) each read of the grad mode the trace made: a
+    ``torch.is_grad_enabled()`` call, and each read of a GRAD_DEPENDENT_TENSOR_ATTRS
+    attribute of a tensor the trace computed (an input's are checked by its guards; an
+    intermediate's were baked from the capture's grad mode). Reads made in torch's own
+    code go to ``library_reads``: they pick how to compute (a fast path, whether to
+    record autograd), not what, and the artifact evaluates them against the grad mode
+    its graphs run under (docs/serving.md, "Grad mode and inference mode"). The user's
+    reads of those attributes of a tensor fn was passed (an input, a parameter: its
+    guards fix them) go to ``flag_reads``: they make the flags part of what fn computes."""
+    from torch._dynamo.variables.builtin import BuiltinVariable
+    from torch._dynamo.variables.tensor import TensorVariable
+    from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
+
+    from precompile.locations import is_user_file
+
+    def note(tx: Any, what: str) -> None:
+        code = getattr(tx, "f_code", None)
+        line = getattr(tx, "lineno", None)
+        filename = code.co_filename if code is not None else ""
+        where = f"{filename.rsplit('/', 1)[-1]}:{line}" if code is not None else "?"
+        if is_user_file(filename) or code is None:
+            reads.append(f"{what}, at {where}")
+        elif library_reads is not None:
+            library_reads.append(f"{what}, at {where}")
+
+    original = TensorVariable.var_getattr
+    original_call = TorchInGraphFunctionVariable.call_function
+
+    def var_getattr(self: Any, tx: Any, name: str) -> Any:
+        if name in GRAD_DEPENDENT_TENSOR_ATTRS:
+            source = getattr(self, "source", None)
+            if source is None:
+                note(tx, f"`.{name}` of a tensor fn computes")
+            elif flag_reads is not None:
+                code = getattr(tx, "f_code", None)
+                if code is None or is_user_file(code.co_filename):
+                    where = code.co_filename.rsplit("/", 1)[-1] if code is not None else "?"
+                    name_of = user_path(source.name) if hasattr(source, "name") else "a tensor"
+                    flag_reads.append(
+                        f"`{name_of}.{name}`, at {where}:{getattr(tx, 'lineno', '?')}"
+                    )
+        return original(self, tx, name)
+
+    def call_function(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "value", None) is torch.is_grad_enabled:
+            note(tx, "torch.is_grad_enabled()")
+        return original_call(self, tx, *args, **kwargs)
+
+    def class_read(tx: Any, value: Any, how: str) -> None:
+        # The class of a tensor fn was passed, read (isinstance, type()): an
+        # nn.Parameter passed where a plain tensor was captured then takes the other
+        # branch in eager, so serving must not pass it as a plain stand-in. Any code's
+        # read counts (torch's too); a parameter's class is the same at every call.
+        source = getattr(value, "source", None)
+        if (
+            flag_reads is None
+            or source is None
+            or not isinstance(value, TensorVariable)
+            or value.python_type() is torch.nn.Parameter
+        ):
+            return
+        code = getattr(tx, "f_code", None)
+        where = code.co_filename.rsplit("/", 1)[-1] if code is not None else "?"
+        name_of = user_path(source.name) if hasattr(source, "name") else "a tensor"
+        flag_reads.append(
+            f"the class of `{name_of}` ({how}), at {where}:{getattr(tx, 'lineno', '?')}"
+        )
+
+    original_isinstance = BuiltinVariable.call_isinstance
+    original_type = BuiltinVariable.call_type
+
+    def call_isinstance(self: Any, tx: Any, arg: Any, *rest: Any) -> Any:
+        # Only a test whose answer a Parameter changes (isinstance(x, torch.Tensor),
+        # the common one in library code, holds for both).
+        try:
+            classes = rest[0].as_python_constant()
+            differs = issubclass(torch.nn.Parameter, classes) != issubclass(torch.Tensor, classes)
+        except Exception:
+            differs = True
+        if differs:
+            class_read(tx, arg, "isinstance")
+        return original_isinstance(self, tx, arg, *rest)
+
+    def call_type(self: Any, tx: Any, obj: Any, *rest: Any) -> Any:
+        class_read(tx, obj, "type()")
+        return original_type(self, tx, obj, *rest)
+
+    def var_getattr_or_class(self: Any, tx: Any, name: str) -> Any:
+        if name == "__class__":
+            class_read(tx, self, "__class__")
+        return var_getattr(self, tx, name)
+
+    with (
+        patched(TensorVariable, "var_getattr", var_getattr_or_class),
+        patched(TorchInGraphFunctionVariable, "call_function", call_function),
+        patched(BuiltinVariable, "call_isinstance", call_isinstance),
+        patched(BuiltinVariable, "call_type", call_type),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def recording_compile_only_branches(sites: list[dict[str, Any]]) -> Iterator[None]:
+    """Record each "am I being traced?" probe (``torch.compiler.is_compiling()``,
+    ``nn.MultiheadAttention``'s ``_is_make_fx_tracing()``, ...) that Dynamo answered
+    differently from eager, where the traced code then
+    kept the answer (a conditional jump on it, or a store: anything but returning it
+    from a helper, which is followed to the helper's caller): ``{"probe", "code", "file", "line", "returned"}``
+    -- the function that branched, and the library helpers the answer came through."""
+    from torch._dynamo.variables import torch as dynamo_torch
+
+    cls = dynamo_torch.TorchInGraphFunctionVariable
+    original = cls.call_function
+    answers = dynamo_torch.tracing_state_functions()
+    differ = {
+        f
+        for f, answer in answers.items()
+        if answer and f is not torch.compiler.is_exporting  # read from a flag: eager's
+    }
+
+    def branch_site(tx: Any) -> tuple[Any, list[str]] | None:
+        returned: list[str] = []
+        while tx is not None:
+            instructions = getattr(tx, "instructions", None)
+            at = getattr(tx, "instruction_pointer", None)
+            if instructions is None or at is None or at >= len(instructions):
+                return None
+            op = instructions[at].opname
+            while op in ("UNARY_NOT", "NOP", "COPY", "TO_BOOL") and at + 1 < len(instructions):
+                at += 1
+                op = instructions[at].opname
+            if op in ("RETURN_VALUE", "RETURN_CONST"):
+                returned.append(tx.f_code.co_qualname)
+                tx = getattr(tx, "parent", None)
+                continue
+            # A jump on it; or kept (stored, combined): it may be branched on later.
+            return tx, returned
+        return None
+
+    def call_function(self: Any, tx: Any, args: Any, kwargs: Any) -> Any:
+        if self.value in differ and not args and not kwargs:
+            found = branch_site(tx)
+            if found is not None:
+                where, returned = found
+                code = where.f_code
+                name = getattr(self.value, "__qualname__", None) or repr(self.value)
+                module = getattr(self.value, "__module__", None) or "?"
+                sites.append(
+                    {
+                        "probe": f"{module}.{name}()",
+                        "code": code.co_qualname,
+                        "file": code.co_filename,
+                        "line": int(getattr(where, "lineno", 0) or 0),
+                        "returned": returned,
+                    }
+                )
+        return original(self, tx, args, kwargs)
+
+    with patched(cls, "call_function", call_function):
+        yield
+
+
+@contextlib.contextmanager
+def recording_bypasses(reasons: dict[str, str]) -> Iterator[None]:
+    """Record why Dynamo left a frame out of the package (frame name -> reason)."""
+    from torch._dynamo.output_graph import OutputGraph
+
+    original = OutputGraph.bypass_package
+
+    def bypass_package(self: Any, reason: str = "", **kwargs: Any) -> None:
+        code = getattr(getattr(self, "root_tx", None), "f_code", None)
+        if code is not None and self.package is not None:
+            reasons[code.co_name] = reason
+        return original(self, reason, **kwargs)
+
+    with patched(OutputGraph, "bypass_package", bypass_package):
+        yield
+
+
+@contextlib.contextmanager
+def recording_installed_globals(
+    installed: dict[types.CodeType, dict[str, Any]],
+) -> Iterator[None]:
+    """Record every global Dynamo binds into a compiled frame's module while active
+    (frame code -> {name: value}): besides compiled subgraphs, resume functions and
+    import aliases, which the package records, Dynamo binds helpers its bytecode and
+    guards read -- a module it imports under ``___module_<name>_<id>_c<n>`` (e.g. to
+    build an ``OrderedDict``), the globals dict of a function it inlined that has no
+    module (a namedtuple's ``__new__``) -- and the package records none of them."""
+    from torch._dynamo.output_graph import OutputGraph
+
+    original = OutputGraph.install_global_unsafe
+
+    def install_global_unsafe(self: Any, name: str, value: Any) -> None:
+        code = getattr(getattr(self, "root_tx", None), "f_code", None)
+        if code is not None:
+            installed.setdefault(code, {})[name] = value
+        return original(self, name, value)
+
+    with patched(OutputGraph, "install_global_unsafe", install_global_unsafe):
+        yield
