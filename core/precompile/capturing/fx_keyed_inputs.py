@@ -11,7 +11,7 @@ can change the result, and the call must match the capture.
 ``watch_dicts`` hands fn, during the trace, every plain ``dict`` of its inputs as a
 ``_KeyedDict`` that records such observations; the artifact's ``KEYED_DICTS`` lists,
 per dict of the input spec (pre-order), whether fn read it only by key. The driver
-(``runtime.single_graph_inputs._keyed_inputs``) rebuilds such dicts of a call in the captured key order,
+(``runtime.single_graph_keyed_inputs.keyed_inputs``) rebuilds such dicts of a call in the captured key order,
 dropping the extra keys, before it compares the call's structure with the capture's.
 """
 
