@@ -19,10 +19,8 @@ leaves the process's Dynamo state as it found it.
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,7 @@ import torch
 import precompile
 from tests.fixtures import dynamo_trust_models
 from tests.fixtures.serving_changes import CONTEXT, INFERENCE_NO_OPS, LIBRARY, NO_OPS
-from tests.harness import REPO, assert_same, capture_pair, fresh_env, run_python, together
+from tests.harness import assert_same, capture_pair, run_job, run_json, run_python, together
 
 MODULE = "precompile_trust_models"
 CELLS = [
@@ -93,35 +91,18 @@ def copied(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def _serve_cells(
     model: str, paths: tuple[str, str], cells: list[str], directory: Path, source: Path
 ) -> dict[str, dict[str, str]]:
-    job = directory / f"job-{model}.json"
-    output = directory / f"out-{model}.json"
-    job.write_text(
-        json.dumps(
-            {
-                "model": model,
-                "artifact": paths[0],
-                "cache": paths[1],
-                "cells": cells,
-                "output": str(output),
-            }
-        )
-    )
     # A source of its own: cells edit it, and the models are served side by side.
     own = directory / f"src-{model}"
     own.mkdir()
     shutil.copy(source / f"{MODULE}.py", own / f"{MODULE}.py")
-    env = fresh_env()
-    env["PYTHONPATH"] = f"{own}:{env['PYTHONPATH']}"
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.fixtures.dynamo_trust_cells", str(job)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    job = {"model": model, "artifact": paths[0], "cache": paths[1], "cells": cells}
+    return run_job(
+        "tests.fixtures.dynamo_trust_cells",
+        job,
+        directory / f"job-{model}.json",
+        600,
+        pythonpath=[own],
     )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(output.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -328,9 +309,7 @@ attempt("block ModuleTracker and a doubling hook", "block", ModuleTracker)
 handle.remove()
 print(json.dumps(out))
 """
-    proc = run_python(code)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_json(code)
     for cell in ("block FlopCounterMode", "block ModuleTracker", "child ModuleTracker"):
         assert out[cell] == "exact", out
         assert out[cell + " hooks kept"] is True, out
@@ -381,9 +360,7 @@ except precompile.PrecompileError as error:
 attempt("after", lambda: run(model, x))
 print(json.dumps(out))
 """
-    proc = run_python(code)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_json(code)
     assert out["installed"] is True, out
     assert out["first"] == "exact", out
     assert out["second load"].startswith("refused: ") and "unload" in out["second load"], out
@@ -467,9 +444,9 @@ with torch.no_grad():
     torch.testing.assert_close(compiled(model, x), m.conv_step(model, x))
 print(json.dumps({{"compiled_frames": counters["frames"]["total"] - before}}))
 """
-    proc = run_python(script, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["compiled_frames"] >= 2
+    assert (
+        run_json(script, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))["compiled_frames"] >= 2
+    )
     serve = f"""
 import torch, warnings, precompile
 from tests.fixtures import dynamo_trust_models as m
@@ -565,9 +542,7 @@ from tests.fixtures import dynamo_identity_models as ids
 warnings.simplefilter("ignore", precompile.ArtifactTrustWarning)
 print(json.dumps(ids.serve_cells({paths[0]!r}, {paths[1]!r}, {entry!r}, {model!r})))
 """
-    proc = run_python(script)
-    assert proc.returncode == 0, proc.stderr
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return dict(run_json(script))
 
 
 def test_identity_grad_mode_autocast_and_defaults_are_served_exactly_or_refused(
@@ -707,9 +682,7 @@ from tests.fixtures import dynamo_identity_models as ids
 warnings.simplefilter("ignore", precompile.ArtifactTrustWarning)
 print(json.dumps(ids.serve_changes({paths[0]!r}, {paths[1]!r}, {entry!r}, {model!r}, {cells!r})))
 """
-    proc = run_python(script)
-    assert proc.returncode == 0, proc.stderr
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return dict(run_json(script))
 
 
 #: entry -> (model, {cell: change}, {cell: what a refusal names}). Every swap stores
@@ -801,9 +774,7 @@ from tests.fixtures import dynamo_class_models as classes
 warnings.simplefilter("ignore")
 print(json.dumps(classes.{function}({paths[0]!r}, {paths[1]!r}, {entry!r}, *{more!r})))
 """
-    proc = run_python(script)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_json(script)
 
 
 #: Cell -> the class attribute its refusal must name.

@@ -11,7 +11,6 @@ both tracers; one Inductor artifact shows the mechanism holds there."""
 
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import torch
 
 import precompile
 from tests.fixtures import noop_models as nm
-from tests.harness import capture_pair, run_python
+from tests.harness import capture_pair, run_json
 
 TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
 
@@ -63,9 +62,9 @@ def attempt(cell, name, change=lambda m: None, mode=None):
             with mode() as m:
                 got = RUN[name](model, x.clone())
     except precompile.PrecompileError as error:
-        out[cell] = "refused: " + str(error)
+        out[cell] = {"result": "refused", "message": str(error)}
         return
-    out[cell] = "exact" if torch.equal(got, expected) else "WRONG"
+    out[cell] = {"result": "exact" if torch.equal(got, expected) else "wrong", "message": ""}
 """
 
 
@@ -78,9 +77,7 @@ def _serve(pairs: dict[str, tuple[str, str]], body: str) -> dict[str, Any]:
         + textwrap.dedent(body)
         + "\nprint(json.dumps(out))\n"
     )
-    proc = run_python(code)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_json(code)
 
 
 def _capture(tracer: str, directory: Path, backend: str = "eager", only: Any = None):
@@ -160,7 +157,7 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
             with FlopCounterMode(display=False) as served_flops:
                 RUN["block"](model, x)
         except precompile.PrecompileError as error:
-            out["same ops"] = out["flops"] = "refused: " + str(error)
+            out["same ops"] = out["flops"] = {"result": "refused", "message": str(error)}
         else:
             with nm.RecordingOps() as eager_ops:
                 nm.call_no_grad(model, x)
@@ -198,17 +195,18 @@ EXACT = [
 @pytest.mark.parametrize("cell", EXACT)
 def test_a_change_the_graph_does_not_depend_on_is_served_exactly(served: Any, cell: str) -> None:
     _, out = served
-    assert out[cell] == "exact", out[cell]
+    assert out[cell]["result"] == "exact", out[cell]
 
 
 def test_an_extra_buffer_is_served_unless_the_forward_enumerates_buffers(served: Any) -> None:
     tracer, out = served
-    assert out["extra buffer"] == out["extra buffer on a BatchNorm"] == "exact", out
+    assert out["extra buffer"]["result"] == "exact", out
+    assert out["extra buffer on a BatchNorm"]["result"] == "exact", out
     # ``self.buffers()`` in forward: the new buffer changes eager's result.
     enumerated = out["extra buffer the forward enumerates"]
-    assert enumerated.startswith("refused: "), out
+    assert enumerated["result"] == "refused", out
     words = {"make_fx": "unexpected ['extra']", "dynamo": "`model` does not"}[tracer]
-    assert words in enumerated, enumerated
+    assert words in enumerated["message"], enumerated
 
 
 def test_a_dispatch_mode_sees_the_ops_eager_runs(served: Any) -> None:
@@ -269,12 +267,12 @@ def test_a_change_the_graph_read_stays_refused_naming_it(
     served: Any, cell: str, words: dict[str, str]
 ) -> None:
     tracer, out = served
-    assert out[cell].startswith("refused: "), out[cell]
-    assert words[tracer] in out[cell], out[cell]
+    assert out[cell]["result"] == "refused", out[cell]
+    assert words[tracer] in out[cell]["message"], out[cell]
     if cell == "ReLU.inplace where relu's input is read again":
         assert out["inplace changes a result"] is True
         named = {"make_fx": "submodule 'act'", "dynamo": "`model.act.inplace` is not False"}
-        assert named[tracer] in out[cell], out[cell]
+        assert named[tracer] in out[cell]["message"], out[cell]
 
 
 def test_inductor_serves_unread_changes_and_refuses_modes_it_cannot_show(
@@ -296,13 +294,15 @@ def test_inductor_serves_unread_changes_and_refuses_modes_it_cannot_show(
         attempt("FlopCounterMode", "residual", mode=lambda: FlopCounterMode(display=False))
         """,
     )
-    assert out["eval DropPath.drop_prob"] == out["train() of a Linear"] == "exact", out
-    assert out["ReLU.inplace"] == "exact", out
-    assert "submodule 'drop_path'" in out["DropPath in training"], out
+    assert out["eval DropPath.drop_prob"]["result"] == "exact", out
+    assert out["train() of a Linear"]["result"] == "exact", out
+    assert out["ReLU.inplace"]["result"] == "exact", out
+    assert out["DropPath in training"]["result"] == "refused", out
+    assert "submodule 'drop_path'" in out["DropPath in training"]["message"], out
     for cell in ("DoublingReluKernel", "FlopCounterMode"):
-        assert out[cell].startswith("refused: "), out
-        assert "(a TorchDispatchMode)" in out[cell], out
-        assert "compiled kernels" in out[cell], out
+        assert out[cell]["result"] == "refused", out
+        assert "(a TorchDispatchMode)" in out[cell]["message"], out
+        assert "compiled kernels" in out[cell]["message"], out
 
 
 def test_padding_idx_stays_refused_by_a_training_artifact_saying_why(tmp_path: Path) -> None:
@@ -329,14 +329,15 @@ def test_padding_idx_stays_refused_by_a_training_artifact_saying_why(tmp_path: P
             model.emb.padding_idx = 3
             try:
                 RUN[f"tagger-{tracer}"](model, ids)
-                out[tracer] = "served"
+                out[tracer] = {"result": "served", "message": ""}
             except precompile.PrecompileError as error:
-                out[tracer] = str(error)
+                out[tracer] = {"result": "refused", "message": str(error)}
         """,
     )
-    assert "padding_idx = 3" in out["make_fx"], out
-    assert "padding_idx shapes the gradient" in out["make_fx"], out
-    assert "model.emb.padding_idx" in out["dynamo"], out
+    assert out["make_fx"]["result"] == out["dynamo"]["result"] == "refused", out
+    assert "padding_idx = 3" in out["make_fx"]["message"], out
+    assert "padding_idx shapes the gradient" in out["make_fx"]["message"], out
+    assert "model.emb.padding_idx" in out["dynamo"]["message"], out
 
 
 def test_dynamo_inductor_serves_a_proven_inplace_flag_and_refuses_a_reused_input(
@@ -354,7 +355,7 @@ def test_dynamo_inductor_serves_a_proven_inplace_flag_and_refuses_a_reused_input
         attempt("reused", "reused", lambda m: setattr(m.act, "inplace", True))
         """,
     )
-    assert out["ReLU.inplace"] == "exact", out
-    assert out["reused"].startswith("refused: "), out
-    assert "`model.act.inplace` is not False" in out["reused"], out
-    assert "relu's input is read again after it" in out["reused"], out
+    assert out["ReLU.inplace"]["result"] == "exact", out
+    assert out["reused"]["result"] == "refused", out
+    assert "`model.act.inplace` is not False" in out["reused"]["message"], out
+    assert "relu's input is read again after it" in out["reused"]["message"], out
