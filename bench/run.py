@@ -48,6 +48,11 @@ SECTIONS: dict[str, Callable[[Path, int], str]] = {
 }
 
 
+#: Sections measured by a command of their own (an A/B between two source trees, which
+#: run.py cannot check out), kept as written: bench/results/<name>.md.
+RECORDED = ("restructure",)
+
+
 def machine() -> str:
     import torch
 
@@ -59,7 +64,7 @@ def assemble() -> None:
         "# Benchmark results",
         "Reproduce with `make bench` (or `python bench/run.py [SECTION ...]`).",
     ]
-    for name in SECTIONS:
+    for name in (*SECTIONS, *RECORDED):
         path = HERE / "results" / f"{name}.md"
         if path.exists():
             parts.append(path.read_text().strip())
