@@ -171,6 +171,9 @@ class _RefuseOpaqueAccess(TorchFunctionMode):
         #: ids of the traced function's tensor inputs (parameters, buffers, user
         #: tensors): the requires_grad of any other tensor follows the grad mode.
         self.inputs: set[int] = set()
+        #: ids of fn's own tensor arguments (not the model's state): the ones a caller
+        #: may pass as an nn.Parameter.
+        self.user_inputs: set[int] = set()
 
     def _note_read(self, kind: str, what: str) -> None:
         """Record ``kind`` when user code itself made the read (torch's own code reads
@@ -186,7 +189,7 @@ class _RefuseOpaqueAccess(TorchFunctionMode):
     def note_class_check(self, instance: Any, frame: types.FrameType) -> None:
         """``isinstance(x, nn.Parameter)`` asked by user code of one of fn's inputs: the
         trace's fake input is never a Parameter, so the answer is the plain tensor's."""
-        if "class" not in self.reads and id(instance) in self.inputs:
+        if "class" not in self.reads and id(instance) in self.user_inputs:
             if is_user_file(frame.f_code.co_filename):
                 self.reads["class"] = (
                     f"isinstance(..., nn.Parameter) of an input at "
@@ -287,6 +290,7 @@ def trace_single_graph(
     def flat_fn(*flat: torch.Tensor) -> list[Any]:
         state, user_tensors = flat[:n_state], flat[n_state:]
         opaque.inputs = set(map(id, flat))
+        opaque.user_inputs = set(map(id, user_tensors))
         call_leaves = list(leaves)
         for slot, t in zip(tensor_slots, user_tensors):
             call_leaves[slot] = t

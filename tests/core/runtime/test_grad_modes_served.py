@@ -400,7 +400,7 @@ def test_make_fx_refuses_a_parameter_where_fn_reads_its_inputs_classes(tmp_path:
     linear, x = g.build("linear")
     pairs = {}
     with torch.no_grad():
-        for name in ("class_branch", "type_branch", "dunder_class_branch"):
+        for name in ("class_branch", "type_branch", "dunder_class_branch", "state_class_check"):
             pairs[name] = capture_pair(
                 getattr(g, name),
                 linear,
@@ -430,3 +430,7 @@ def test_make_fx_refuses_a_parameter_where_fn_reads_its_inputs_classes(tmp_path:
         refusal = out[f"{name} parameter"]
         assert refusal["result"] == "refused" and what in refusal["message"], (name, out)
         assert "torch.nn.parameter.Parameter" in refusal["message"], (name, out)
+    # A class read of the model's own parameter is no read of an input's class: a
+    # Parameter input is served (the isinstance hook counts fn's tensor arguments only).
+    assert out["state_class_check tensor"]["result"] == "exact", out
+    assert out["state_class_check parameter"]["result"] == "exact", out
