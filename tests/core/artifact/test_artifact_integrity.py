@@ -3,7 +3,6 @@ validation, metadata inspection, versions, reproducibility and import weight."""
 
 from __future__ import annotations
 
-import io
 import json
 import re
 from pathlib import Path
@@ -15,6 +14,7 @@ from torch import nn
 
 import precompile
 from precompile import ArtifactTrustWarning, CacheFallbackWarning, PrecompileError
+from tests.core.artifact.pair_files import copy_pair, read_envelope, write_envelope
 from tests.harness import run_json, run_python
 
 
@@ -50,25 +50,8 @@ def other_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return _capture(triple, tmp_path_factory.mktemp("other"), "triple")
 
 
-def _copy(pair: tuple[Path, Path], directory: Path) -> tuple[Path, Path]:
-    out = directory / "copy.py", directory / "copy.cache"
-    out[0].write_bytes(pair[0].read_bytes())
-    out[1].write_bytes(pair[1].read_bytes())
-    return out
-
-
-def _envelope(path: Path) -> dict[str, Any]:
-    return torch.load(path, weights_only=True)
-
-
-def _save_envelope(envelope: dict[str, Any], path: Path) -> None:
-    buffer = io.BytesIO()
-    torch.save(envelope, buffer)
-    path.write_bytes(buffer.getvalue())
-
-
 def test_tampered_python_code_is_refused(pair: tuple[Path, Path], tmp_path: Path) -> None:
-    artifact, cache = _copy(pair, tmp_path)
+    artifact, cache = copy_pair(pair, tmp_path)
     # The graph's own line (its op spelled as the emitter binds it: an op handle or
     # the torch.ops path), changed in a way nothing but the hash can tell.
     text = artifact.read_text()
@@ -91,10 +74,10 @@ def test_cache_from_another_capture_is_refused(
 def test_cache_for_another_backend_or_tracer_is_refused(
     pair: tuple[Path, Path], tmp_path: Path, field: str, value: str
 ) -> None:
-    artifact, cache = _copy(pair, tmp_path)
-    envelope = _envelope(cache)
+    artifact, cache = copy_pair(pair, tmp_path)
+    envelope = read_envelope(cache)
     envelope[field] = value
-    _save_envelope(envelope, cache)
+    write_envelope(envelope, cache)
     with pytest.raises(PrecompileError, match=f"{field} '{value}'"):
         precompile.load(artifact, cache)
 
@@ -103,14 +86,14 @@ def test_cache_for_another_backend_or_tracer_is_refused(
     ("doctor", "why"),
     [
         (lambda p: p.write_bytes(b"\x00garbage" * 10), "unreadable"),
-        (lambda p: _save_envelope({"format": "something-else"}, p), "not a torch-precompile cache"),
-        (lambda p: _save_envelope({**_envelope(p), "version": 99}, p), "format version 99"),
+        (lambda p: write_envelope({"format": "something-else"}, p), "not a torch-precompile cache"),
+        (lambda p: write_envelope({**read_envelope(p), "version": 99}, p), "format version 99"),
     ],
 )
 def test_unusable_cache_warns_and_serves_identically(
     pair: tuple[Path, Path], tmp_path: Path, doctor: Any, why: str
 ) -> None:
-    artifact, cache = _copy(pair, tmp_path)
+    artifact, cache = copy_pair(pair, tmp_path)
     doctor(cache)
     model, x = nn.Linear(3, 2), torch.randn(4, 3)
     with pytest.warns(CacheFallbackWarning, match=why):
@@ -266,7 +249,7 @@ def test_load_executes_the_cached_bytecode_instead_of_compiling(
     pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
     # Moved elsewhere: the bytecode runs under the name of the file that was loaded.
-    artifact, cache = _copy(pair, tmp_path)
+    artifact, cache = copy_pair(pair, tmp_path)
     with_cache = _spy_load(artifact, cache)
     assert with_cache == {"artifact_compiles": 0, "code_file": str(artifact), "exact": True}
     # Without the cache the same spy sees the source compiled: the spy works.
@@ -276,10 +259,10 @@ def test_load_executes_the_cached_bytecode_instead_of_compiling(
 def test_bytecode_of_another_interpreter_is_not_executed(
     pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    artifact, cache = _copy(pair, tmp_path)
-    envelope = _envelope(cache)
+    artifact, cache = copy_pair(pair, tmp_path)
+    envelope = read_envelope(cache)
     envelope["bundle"]["python_bytecode"]["tag"] = "0d0d0d0a"
-    _save_envelope(envelope, cache)
+    write_envelope(envelope, cache)
     assert _spy_load(artifact, cache) == {
         "artifact_compiles": 1,
         "code_file": str(artifact),
@@ -292,10 +275,12 @@ def test_altered_bytecode_is_never_executed(
 ) -> None:
     # The other capture's bytecode (it multiplies by 3) swapped in: the digest the
     # envelope records no longer matches, so the cache is ignored with a warning.
-    artifact, cache = _copy(pair, tmp_path)
-    envelope = _envelope(cache)
-    envelope["bundle"]["python_bytecode"] = _envelope(other_pair[1])["bundle"]["python_bytecode"]
-    _save_envelope(envelope, cache)
+    artifact, cache = copy_pair(pair, tmp_path)
+    envelope = read_envelope(cache)
+    envelope["bundle"]["python_bytecode"] = read_envelope(other_pair[1])["bundle"][
+        "python_bytecode"
+    ]
+    write_envelope(envelope, cache)
     model, x = nn.Linear(3, 2), torch.randn(4, 3)
     with pytest.warns(CacheFallbackWarning, match="the artifact's cached bytecode failed"):
         run = precompile.load(artifact, cache)

@@ -6,7 +6,6 @@ compiled again from the text, never run."""
 
 from __future__ import annotations
 
-import io
 import marshal
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import torch
 from torch import nn
 
 import precompile
+from tests.core.artifact.pair_files import copy_pair, read_envelope, write_envelope
 from tests.harness import run_json
 
 
@@ -37,23 +37,6 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     ) as cap:
         cap(nn.Linear(3, 2), torch.ones(4, 3))
     return paths
-
-
-def _copy(pair: tuple[Path, Path], directory: Path) -> tuple[Path, Path]:
-    out = directory / "copy.py", directory / "copy.cache"
-    out[0].write_bytes(pair[0].read_bytes())
-    out[1].write_bytes(pair[1].read_bytes())
-    return out
-
-
-def _envelope(path: Path) -> dict[str, Any]:
-    return torch.load(path, weights_only=True)
-
-
-def _save_envelope(envelope: dict[str, Any], path: Path) -> None:
-    buffer = io.BytesIO()
-    torch.save(envelope, buffer)
-    path.write_bytes(buffer.getvalue())
 
 
 _SPY_LOAD = """
@@ -107,8 +90,8 @@ def _always_holds() -> bytes:
 
 
 def test_the_guard_check_comes_from_the_cache(pair: tuple[Path, Path], tmp_path: Path) -> None:
-    artifact, cache = _copy(pair, tmp_path)
-    assert _codes(_envelope(cache)), "the capture cached no compiled source"
+    artifact, cache = copy_pair(pair, tmp_path)
+    assert _codes(read_envelope(cache)), "the capture cached no compiled source"
     served = {"exact": True, "refused": True, "warnings": []}
     assert _spy_load(artifact, cache) == {"guard_compiles": 0, **served}
     # Without the cache the same spy sees the check compiled: the spy works.
@@ -118,10 +101,10 @@ def test_the_guard_check_comes_from_the_cache(pair: tuple[Path, Path], tmp_path:
 def test_compiled_sources_of_another_interpreter_are_compiled_again(
     pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    artifact, cache = _copy(pair, tmp_path)
-    envelope = _envelope(cache)
+    artifact, cache = copy_pair(pair, tmp_path)
+    envelope = read_envelope(cache)
     envelope["bundle"]["compiled_sources"]["tag"] = "0d0d0d0a"
-    _save_envelope(envelope, cache)
+    write_envelope(envelope, cache)
     assert _spy_load(artifact, cache) == {
         "guard_compiles": 1,
         "exact": True,
@@ -134,12 +117,12 @@ def test_an_altered_cached_check_is_never_run(pair: tuple[Path, Path], tmp_path:
     # A check that passes everything swapped in: its digest no longer matches the one the
     # envelope records, so the whole cache is ignored, with a warning naming the entry,
     # and the real check compiled from the artifact's text still refuses a foreign shape.
-    artifact, cache = _copy(pair, tmp_path)
-    envelope = _envelope(cache)
+    artifact, cache = copy_pair(pair, tmp_path)
+    envelope = read_envelope(cache)
     codes = _codes(envelope)
     for key in codes:
         codes[key] = _always_holds()
-    _save_envelope(envelope, cache)
+    write_envelope(envelope, cache)
     result = _spy_load(artifact, cache)
     assert result["guard_compiles"] == 1 and result["exact"] and result["refused"], result
     assert len(result["warnings"]) == 1, result["warnings"]
@@ -154,14 +137,14 @@ def test_an_unreadable_cached_check_is_compiled_again(
     # compiles the check from the text rather than fail or run anything else.
     import hashlib
 
-    artifact, cache = _copy(pair, tmp_path)
-    envelope = _envelope(cache)
+    artifact, cache = copy_pair(pair, tmp_path)
+    envelope = read_envelope(cache)
     codes = _codes(envelope)
     for key in codes:
         codes[key] = b"\xff not marshal"
         name = f"compiled_sources/codes/{key}"
         envelope["digests"][name] = hashlib.sha256(codes[key]).hexdigest()
-    _save_envelope(envelope, cache)
+    write_envelope(envelope, cache)
     assert _spy_load(artifact, cache) == {
         "guard_compiles": 1,
         "exact": True,
