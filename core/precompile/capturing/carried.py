@@ -149,6 +149,8 @@ class MultiGraph:
                 state_checks.type_name,
                 state_checks.ambient_modes,
                 value_fingerprints.watches_only,
+                value_fingerprints._marks_output,
+                value_fingerprints.marks_grad_only,
                 state_checks.code_fingerprint,
                 *_REFUSAL,
                 single_graph_ambient.check_ambient_modes,

@@ -91,6 +91,8 @@ class DynamoSession:
         self.ambient_modes: tuple[str, ...] | None = None
         self._touched: dict[types.CodeType, bool] = {}
         self.dependencies = DependencyRecorder(self.fn)
+        # An inference artifact serves forward hooks that only mark grad (hook_snapshot).
+        self.dependencies.hooks.inference = not training
         self.installed_globals: dict[types.CodeType, dict[str, Any]] = {}
         #: serialized guard state -> why its stride guards stay.
         self.layout_notes: dict[bytes, list[list[str | None]]] = {}
