@@ -213,13 +213,14 @@ def relaxing_neutral_guards(
     def _flag_guarded(guard: Any) -> tuple[Any, str] | None:
         """(module source, attribute) of a guard on what reading an attribute of a
         module saw: its value on the instance (``M.name``, a value guard), its absence
-        from the instance's ``__dict__`` and its value on a class of the MRO
+        from the instance's ``__dict__`` or from the instance (``getattr(M, "name",
+        default)``), and its value on a class of the MRO
         (``dict(type(M).__mro__[i].__dict__)['name']``) when the class holds it."""
         source = guard.originating_source
         kind = guard.create_fn_name()
         if isinstance(source, AttrSource) and kind in _VALUE_GUARDS:
             return source.base, source.member
-        if kind == "NOT_PRESENT_IN_GENERIC_DICT":
+        if kind in ("NOT_PRESENT_IN_GENERIC_DICT", "HASATTR"):
             attr = getattr(guard.create_fn, "keywords", {}).get("attr")
             return (source, attr) if isinstance(attr, str) else None
         if isinstance(source, DictGetItemSource) and kind in _VALUE_GUARDS:

@@ -150,6 +150,7 @@ class MultiGraph:
                 state_checks.ambient_modes,
                 value_fingerprints.watches_only,
                 value_fingerprints._marks_output,
+                value_fingerprints._instructions,
                 value_fingerprints.marks_grad_only,
                 state_checks.code_fingerprint,
                 *_REFUSAL,

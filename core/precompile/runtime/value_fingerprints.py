@@ -565,27 +565,30 @@ def marks_grad_only(hook: Any) -> bool:
     None and changes no value, only whether autograd records what follows. An inference
     artifact computes no gradient and serves outputs without one, so for it such a hook
     changes nothing a served call returns (in eager under ``no_grad`` the outputs carry
-    no grad either). Proved by the hook's code being that of ``_marks_output`` (same
-    bytecode, names and constants; any parameter names, a docstring allowed): a hook
-    doing anything more, a closure, or a callable that is not a plain function counts
-    as any hook."""
+    no grad either). Proved by the hook's instructions being those of ``_marks_output``
+    (any parameter names, a docstring allowed): a hook doing anything more, a closure,
+    ``*args``, or a callable that is not a plain function counts as any hook."""
     code = getattr(hook, "__code__", None)
-    mark = _marks_output.__code__
     if code is None or getattr(hook, "__self__", None) is not None:
         return False
-    consts = code.co_consts
-    if consts and isinstance(consts[0], str) and consts[0] not in mark.co_consts:
-        consts = (None, *consts[1:])  # a docstring
-    return (
-        code.co_code == mark.co_code
-        and code.co_names == mark.co_names
-        and consts == mark.co_consts
-        and code.co_argcount == 3
-        and code.co_kwonlyargcount == 0
-        # no *args, **kwargs, generator or coroutine (CO_VARARGS ... CO_ASYNC_GENERATOR)
-        and not code.co_flags & 0x3AC
-        and not code.co_freevars
+    # three positional parameters; no *args, **kwargs, generator or coroutine flags
+    if code.co_argcount != 3 or code.co_kwonlyargcount or code.co_freevars:
+        return False
+    return not code.co_flags & 0x3AC and _instructions(code) == _instructions(
+        _marks_output.__code__
     )
+
+
+def _instructions(code: Any) -> list[tuple[str, Any]]:
+    """``code``'s instructions as (operation, operand): locals by slot, so parameter
+    names do not count; inline caches and no-ops left out."""
+    import dis
+
+    return [
+        (i.opname, i.arg if "FAST" in i.opname else i.argval)
+        for i in dis.get_instructions(code)
+        if i.opname not in ("CACHE", "NOP", "RESUME", "EXTENDED_ARG")
+    ]
 
 
 def global_hooks_fingerprint(hooks: tuple[dict[Any, Any], ...]) -> Any:
