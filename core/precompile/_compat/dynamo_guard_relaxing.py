@@ -268,7 +268,11 @@ def relaxing_neutral_guards(
             for guard in list(kept):
                 source = guard.originating_source
                 flag = _flag_guarded(guard)
-                if flag is not None and flag[1] not in names and _training_only(output_graph, *flag):
+                if (
+                    flag is not None
+                    and flag[1] not in names
+                    and _training_only(output_graph, *flag)
+                ):
                     kept.inner.discard(guard)
                     kept.source_to_guards[source].remove(guard)
                     training = AttrSource(flag[0], "training")

@@ -414,7 +414,7 @@ def _read_only_under_training(code: Any, name: str) -> bool:
             after = j + 1
         else:
             continue
-        if owner not in arguments or owner in rebound:
+        if not isinstance(owner, str) or owner not in arguments or owner in rebound:
             return False
         if not _training_guarded_at(ins, after, owner):
             return False
