@@ -168,3 +168,35 @@ def test_a_flag_that_decides_in_eval_or_a_hook_that_changes_values_stays_refused
     cell = out["hook that also scales"]
     assert cell["result"] == "refused", cell
     assert "scale_output" in cell["message"], cell
+
+
+def test_inductor_serves_training_only_flags_and_grad_marking_hooks(tmp_path: Path) -> None:
+    # The rules are the capture's and the checks' (not the backend's): one small
+    # Inductor artifact per tracer shows they hold there, and that train() is refused.
+    pairs = {}
+    for tracer in sorted(TRACERS):
+        torch.manual_seed(0)
+        pairs[tracer] = capture_pair(
+            tf.call_no_grad,
+            tf.GatedNet().eval(),
+            torch.randn(2, 4),
+            directory=tmp_path,
+            name=f"gated-{tracer}-inductor",
+            tracer=TRACERS[tracer](),
+            backend="inductor",
+        )
+    body = """
+    def change(m):
+        m.block.recompute = True
+        m.block.offload = True
+        m.emb.register_forward_hook(tf.mark_grad)
+    for tracer in list(PAIRS):
+        RUN["gated"] = RUN[tracer]
+        attempt(f"{tracer} served", "gated", change)
+        attempt(f"{tracer} in train()", "gated", lambda m: (change(m), m.block.train()))
+    """
+    out = _serve(pairs, body)
+    for tracer in TRACERS:
+        assert out[f"{tracer} served"]["result"] == "exact", out
+        assert out[f"{tracer} in train()"]["result"] == "refused", out
+        assert "training" in out[f"{tracer} in train()"]["message"], out
