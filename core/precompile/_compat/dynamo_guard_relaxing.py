@@ -175,6 +175,7 @@ def relaxing_neutral_guards(
     names: frozenset[str],
     prove: Callable[[Any, str, str, list[tuple[type, Any]]], str | None],
     notes_by_state: dict[bytes, list[list[str | None]]],
+    under_training: Callable[[Any, str], bool] | None = None,
 ) -> Iterator[None]:
     """While capturing: when a frame's guards are built, each guard on a constant
     attribute of a module named in ``names`` (``L['model']._modules['act'].inplace``,
@@ -187,13 +188,60 @@ def relaxing_neutral_guards(
     Dynamo-free guard program and an installed package all accept them. The other
     guards stay as Dynamo built them, and why they stay is added to the variant's
     notes (``notes_by_state``, as ``relaxing_unread_strides`` keeps them: ``[the
-    attribute as the user says it, why]``) for the refusal to say."""
+    attribute as the user says it, why]``) for the refusal to say.
+
+    A value guard on any other module attribute goes too where every traced read of it
+    was made, on a module in eval, by code that ``under_training(code, name)`` shows reads
+    it only as ``x.name and x.training`` (a flag that decides nothing in eval:
+    ``neutral_reads.read_only_under_training``); a guard that the module's ``training``
+    is still False takes its place, so a call in training is refused."""
     from torch._dynamo import guards
+    from torch._dynamo.guards import GuardBuilder
     from torch._dynamo.output_graph import OutputGraph
-    from torch._dynamo.source import AttrSource
+    from torch._dynamo.source import (
+        AttrSource,
+        DictGetItemSource,
+        GetItemSource,
+        TypeDictSource,
+        TypeMROSource,
+        TypeSource,
+    )
     from torch._dynamo.variables import nn_module
 
     original_init = guards.CheckFunctionManager.__init__
+
+    def _flag_guarded(guard: Any) -> tuple[Any, str] | None:
+        """(module source, attribute) of a guard on what reading an attribute of a
+        module saw: its value on the instance (``M.name``, a value guard), its absence
+        from the instance's ``__dict__`` or from the instance (``getattr(M, "name",
+        default)``), and its value on a class of the MRO
+        (``dict(type(M).__mro__[i].__dict__)['name']``) when the class holds it."""
+        source = guard.originating_source
+        kind = guard.create_fn_name()
+        if isinstance(source, AttrSource) and kind in _VALUE_GUARDS:
+            return source.base, source.member
+        if kind in ("NOT_PRESENT_IN_GENERIC_DICT", "HASATTR"):
+            attr = getattr(guard.create_fn, "keywords", {}).get("attr")
+            return (source, attr) if isinstance(attr, str) else None
+        if isinstance(source, DictGetItemSource) and kind in _VALUE_GUARDS:
+            chain = source.base
+            for step in (TypeDictSource, GetItemSource, TypeMROSource, TypeSource):
+                if not isinstance(chain, step):
+                    return None
+                chain = chain.base
+            return (chain, source.index) if isinstance(source.index, str) else None
+        return None
+
+    def _training_only(output_graph: Any, module: Any, name: str) -> bool:
+        """Whether every traced read of ``module``'s attribute ``name`` was a flag read
+        only under ``training`` on a module in eval."""
+        if under_training is None:
+            return False
+        readers = output_graph.__dict__.get(_FLAG_READERS, {}).get((module.name, name), [])
+        return bool(readers) and all(
+            training is False and code is not None and under_training(code, name)
+            for code, training in readers
+        )
 
     def reading(original: Callable[..., Any]) -> Callable[..., Any]:
         def var_getattr(self: Any, tx: Any, name: str) -> Any:
@@ -204,6 +252,11 @@ def relaxing_neutral_guards(
                 output.__dict__.setdefault(_NEUTRAL_READERS, {}).setdefault(
                     (source.name, name), []
                 ).append((kind, getattr(tx, "f_code", None)))
+            if under_training is not None and source is not None and output is not None:
+                module = getattr(self, "value", None)
+                output.__dict__.setdefault(_FLAG_READERS, {}).setdefault(
+                    (source.name, name), []
+                ).append((getattr(tx, "f_code", None), getattr(module, "training", None)))
             return original(self, tx, name)
 
         return var_getattr
@@ -214,6 +267,18 @@ def relaxing_neutral_guards(
             kept = output_graph.guards
             for guard in list(kept):
                 source = guard.originating_source
+                flag = _flag_guarded(guard)
+                if (
+                    flag is not None
+                    and flag[1] not in names
+                    and _training_only(output_graph, *flag)
+                ):
+                    kept.inner.discard(guard)
+                    kept.source_to_guards[source].remove(guard)
+                    training = AttrSource(flag[0], "training")
+                    if not kept.source_to_guards.get(training):
+                        kept.add(training.make_guard(GuardBuilder.CONSTANT_MATCH))
+                    continue
                 if not (
                     isinstance(source, AttrSource)
                     and source.member in names
@@ -251,3 +316,4 @@ def relaxing_neutral_guards(
 
 
 _NEUTRAL_READERS = "_precompile_neutral_readers"
+_FLAG_READERS = "_precompile_flag_readers"

@@ -68,6 +68,10 @@ class HookRecorder:
         #: Root key -> {dotted path of a submodule whose class defines its own
         #: ``__getattr__``: the names its instance ``__dict__`` held at every trace}.
         self.open_keys: dict[tuple[str, str, str], dict[str, set[str]]] = {}
+        #: Whether the artifact is an inference one (set by the session): its hook
+        #: snapshots leave out forward hooks that only mark their output as requiring
+        #: grad (``hook_snapshot``).
+        self.inference = False
 
     def observe(
         self, modules: dict[str, torch.nn.Module], is_entry: bool, module_name: str
@@ -85,7 +89,7 @@ class HookRecorder:
             if kind == "global":
                 self.global_modules[user_path(name)] = module
             self._observe_open_modules(key, module)
-            snapshot = hook_snapshot(module)
+            snapshot = hook_snapshot(module, self.inference)
             if self.roots.setdefault(key, snapshot) != snapshot:
                 self.conflicts.append(
                     f"the hooks on `{user_path(name)}` changed between captured calls"
@@ -145,7 +149,7 @@ class HookRecorder:
             else:
                 row["module"] = owner
             roots.append(row)
-        return {"roots": roots, "global": self.global_hooks or {}}
+        return {"roots": roots, "global": self.global_hooks or {}, "inference": self.inference}
 
 
 class DependencyRecorder:

@@ -91,6 +91,8 @@ class DynamoSession:
         self.ambient_modes: tuple[str, ...] | None = None
         self._touched: dict[types.CodeType, bool] = {}
         self.dependencies = DependencyRecorder(self.fn)
+        # An inference artifact serves forward hooks that only mark grad (hook_snapshot).
+        self.dependencies.hooks.inference = not training
         self.installed_globals: dict[types.CodeType, dict[str, Any]] = {}
         #: serialized guard state -> why its stride guards stay.
         self.layout_notes: dict[bytes, list[list[str | None]]] = {}
@@ -228,7 +230,11 @@ class DynamoSession:
                 # ReLU.inplace where relu's input is not read again, padding_idx in a
                 # graph with no grad: guards on values the graph proves harmless go.
                 dynamo_guard_relaxing.relaxing_neutral_guards(
-                    neutral_reads.NAMES, neutral_reads.prove_dynamo_guard, self.layout_notes
+                    neutral_reads.NAMES,
+                    neutral_reads.prove_dynamo_guard,
+                    self.layout_notes,
+                    # gradient_checkpointing-style flags: read only under training.
+                    neutral_reads.read_only_under_training_cached,
                 ),
                 torch.set_grad_enabled(self.training),
                 inductor.inductor_capture_config(self.backends.inductor_cache)

@@ -381,6 +381,7 @@ def trace_single_graph(
         fakes += [fake_mode.from_tensor(leaves[i]) for i in tensor_slots]
     before = fx_side_effects.Snapshot(modules)
     neutral_positions: dict[tuple[int, str], list[tuple[Any, types.CodeType]]] = {}
+    flag_readers: dict[tuple[int, str], set[types.CodeType]] = {}
     autocast = state_checks.autocast_state()
     ambient_modes = state_checks.ambient_modes()
     try:
@@ -390,7 +391,9 @@ def trace_single_graph(
                 lambda frame: frame.f_code.co_filename != __file__
             ) as grad_access,
             fx_watch.recording_calls() as ran,
-            fx_watch.recording_module_reads(modules, neutral_positions) as module_reads,
+            fx_watch.recording_module_reads(
+                modules, neutral_positions, flag_readers
+            ) as module_reads,
             tracing.recording_parameter_checks(opaque.note_class_check),
         ):
             with fake_mode, opaque, torch.set_grad_enabled(training or grad_inputs):
@@ -494,7 +497,10 @@ def trace_single_graph(
         check_grad_inputs_capture(grad_param_indices, dynamic_dims, where)
     # Library-module values whose other values the graph proves cannot change its
     # result (ReLU.inplace where relu's input is not read again, padding_idx in an
-    # inference graph) leave the reads; the others keep why (MODULE_READ_NOTES).
+    # inference graph) leave the reads; the others keep why (MODULE_READ_NOTES). A flag
+    # read only as ``self.flag and self.training`` on a module in eval decides nothing:
+    # its training flag is checked instead (transformers' gradient_checkpointing).
+    neutral_reads.settle_training_only_reads(modules, module_reads, flag_readers)
     read_notes = neutral_reads.settle_fx_reads(
         gm.graph,
         modules,

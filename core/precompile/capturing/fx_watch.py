@@ -263,6 +263,7 @@ def unrecorded(manager: Any) -> Iterator[Any]:
 def recording_module_reads(
     modules: list[torch.nn.Module],
     positions: dict[tuple[int, str], list[tuple[Any, types.CodeType]]] | None = None,
+    readers: dict[tuple[int, str], set[types.CodeType]] | None = None,
 ) -> Iterator[dict[int, set[str] | None]]:
     """The attribute names read on each submodule of ``modules`` while active, by
     ``id``: what the trace actually read, not every name its code could load (a
@@ -281,7 +282,9 @@ def recording_module_reads(
     for, the graph's last node at that moment (the operator that used the value is the
     next one: ``neutral_reads.prove_in_graph``) and the code that read it (a read by
     other code than the library's forward may branch on it); a module called twice
-    reads it twice."""
+    reads it twice. ``readers`` receives the code of every read of every name (a flag
+    read only as ``x.flag and x.training`` decides nothing in eval:
+    ``neutral_reads.settle_training_only_reads``)."""
     reads: dict[int, set[str] | None] = {}
     for m in modules:
         for sub in m.modules():
@@ -295,6 +298,8 @@ def recording_module_reads(
         if seen is not None and not _PAUSED[0]:
             if name != "__dict__":
                 seen.add(name)
+                if readers is not None:
+                    readers.setdefault((id(self), name), set()).add(getframe(1).f_code)
                 if positions is not None and name in neutral_reads.NAMES:
                     positions.setdefault((id(self), name), []).append(
                         (tracing.graph_tail(), getframe(1).f_code)

@@ -325,3 +325,132 @@ def prove_dynamo_guard(
     if rule.kind == BACKWARD_ONLY:
         return None
     return _in_place_harmless(nodes, op, str(found), _torch_level_aliases)
+
+
+# -- Flags that only matter when the module trains ---------------------------------------
+#
+# ``if self.gradient_checkpointing and self.training and ...:`` reads the flag first, so
+# the trace records the flag (and, with the flag False, never reads ``training``). Yet with
+# ``training`` False the condition is False for every value of the flag: the flag decides
+# nothing. Whether a read has that shape is a property of the reading code, proved from
+# its bytecode for every place it reads the name; the dependency then moves from the flag
+# to the module's ``training`` flag, which the artifact checks per call (a call in training
+# is refused, naming it). No attribute is named here: any flag read this way is covered.
+
+#: Instructions that carry no meaning for the pattern (inline caches, no-ops, 3.13's
+#: explicit truth test before a conditional jump).
+_FILLER = frozenset({"CACHE", "NOP", "EXTENDED_ARG", "TO_BOOL"})
+_JUMP_IF_FALSE = frozenset(
+    {"POP_JUMP_IF_FALSE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_FALSE"}
+)
+_LOAD_ATTRS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+
+
+def _attr_name(ins: Any) -> str | None:
+    """The attribute a ``LOAD_ATTR`` loads (3.12 packs a method flag into its argval)."""
+    if ins.opname not in _LOAD_ATTRS:
+        return None
+    value = ins.argval
+    return value if isinstance(value, str) else None
+
+
+def _training_guarded_at(ins: list[Any], i: int, owner: str) -> bool:
+    """Whether ``ins[i]`` is a conditional jump on the flag's truth (``if flag and ...``)
+    followed by ``owner.training`` jumping to the same place when False: then with
+    ``training`` False both outcomes of the flag reach the same instruction."""
+    if i >= len(ins) or ins[i].opname not in _JUMP_IF_FALSE:
+        return False
+    target = ins[i].argval
+    rest = ins[i + 1 : i + 4]
+    return (
+        len(rest) == 3
+        and rest[0].opname == "LOAD_FAST"
+        and rest[0].argval == owner
+        and _attr_name(rest[1]) == "training"
+        and rest[2].opname in _JUMP_IF_FALSE
+        and rest[2].argval == target
+    )
+
+
+def read_only_under_training(code: Any, name: str) -> bool:
+    """Whether every read of the attribute ``name`` in ``code`` is the first operand of a
+    condition ``x.name and x.training`` (or ``getattr(x, "name", default) and
+    x.training``) on one of ``code``'s own arguments ``x`` that it never rebinds: with
+    ``x.training`` False, the condition is False whatever the flag holds. Any other use
+    of the name -- a branch on it alone, ``or``, a value kept (``y = x.name and ...``),
+    the name as a string anywhere else -- proves nothing."""
+    if not isinstance(code, type(read_only_under_training.__code__)):
+        return False
+    return _read_only_under_training(code, name)
+
+
+def _read_only_under_training(code: Any, name: str) -> bool:
+    import dis
+
+    ins = [i for i in dis.get_instructions(code) if i.opname not in _FILLER]
+    arguments = set(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
+    rebound = {i.argval for i in ins if i.opname in ("STORE_FAST", "DELETE_FAST")}
+    found = False
+    for k, one in enumerate(ins):
+        if _attr_name(one) == name:
+            owner = ins[k - 1].argval if k and ins[k - 1].opname == "LOAD_FAST" else None
+            after = k + 1
+        elif one.opname == "LOAD_CONST" and one.argval == name:
+            # getattr(x, "name") or getattr(x, "name", default), called at once.
+            owner = ins[k - 1].argval if k and ins[k - 1].opname == "LOAD_FAST" else None
+            j = k + 1
+            if j < len(ins) and ins[j].opname == "LOAD_CONST":
+                j += 1
+            while j < len(ins) and ins[j].opname == "PRECALL":
+                j += 1
+            if not (
+                k >= 2
+                and ins[k - 2].opname == "LOAD_GLOBAL"
+                and ins[k - 2].argval == "getattr"
+                and j < len(ins)
+                and ins[j].opname == "CALL"
+            ):
+                return False
+            after = j + 1
+        else:
+            continue
+        if not isinstance(owner, str) or owner not in arguments or owner in rebound:
+            return False
+        if not _training_guarded_at(ins, after, owner):
+            return False
+        found = True
+    return found
+
+
+_UNDER_TRAINING: dict[tuple[Any, str], bool] = {}
+
+
+def read_only_under_training_cached(code: Any, name: str) -> bool:
+    """``read_only_under_training``, once per code and name per capture process."""
+    key = (code, name)
+    if key not in _UNDER_TRAINING:
+        _UNDER_TRAINING[key] = read_only_under_training(code, name)
+    return _UNDER_TRAINING[key]
+
+
+def settle_training_only_reads(
+    modules: list[Any],
+    reads: dict[int, set[str] | None],
+    readers: dict[tuple[int, str], set[Any]],
+) -> None:
+    """A make_fx capture's reads of flags that only matter in training: on a submodule
+    in eval at capture, a name every reader of which reads it only as ``x.name and
+    x.training`` (``read_only_under_training``) leaves ``reads`` and ``training`` joins
+    them, so the artifact accepts any value of the flag and checks the training flag
+    (``MODULE_TRAINING``) per call instead. ``readers``: the code of each read, by
+    (submodule id, name)."""
+    for m in modules:
+        for sub in m.modules():
+            seen = reads.get(id(sub))
+            if not seen or sub.training:
+                continue
+            for name in sorted(seen - {"training"}):
+                codes = readers.get((id(sub), name))
+                if codes and all(read_only_under_training_cached(c, name) for c in codes):
+                    seen.discard(name)
+                    seen.add("training")

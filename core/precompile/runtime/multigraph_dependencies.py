@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 # >>> not emitted: Dynamo artifacts carry these functions of value_fingerprints among their
 # own, and their prelude binds the hook dicts' names
 from precompile._compat.prelude import GLOBAL_HOOK_DICTS, MODULE_HOOK_DICTS
-from precompile.runtime.value_fingerprints import watches_only
+from precompile.runtime.value_fingerprints import marks_grad_only, watches_only
 
 # <<< not emitted
 
@@ -88,15 +88,24 @@ def hook_locations(modules: Any, attrs: Any) -> dict[str, str]:
     return found
 
 
-def hook_snapshot(root: Any) -> dict[str, dict[str, list[str]]]:
+def hook_snapshot(root: Any, inference: bool = False) -> dict[str, dict[str, list[str]]]:
     """Submodule path -> hook dict -> hook names, for the hooks present under ``root``
-    (the forward, forward-pre, backward and backward-pre hooks of every submodule)."""
+    (the forward, forward-pre, backward and backward-pre hooks of every submodule). An
+    ``inference`` artifact leaves out forward hooks that only mark their output as
+    requiring grad (``value_fingerprints.marks_grad_only``): they change no value it
+    returns."""
     found: dict[str, dict[str, list[str]]] = {}
     for path, module in root.named_modules():
         for attr in MODULE_HOOK_DICTS:
             hooks = getattr(module, attr, None)
             if hooks:
-                found.setdefault(path, {})[attr] = [hook_name(h) for h in hooks.values()]
+                names = [
+                    hook_name(h)
+                    for h in hooks.values()
+                    if not (inference and attr == "_forward_hooks" and marks_grad_only(h))
+                ]
+                if names:
+                    found.setdefault(path, {})[attr] = names
     return found
 
 
@@ -350,8 +359,10 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
 
         fetchers.append((fetch, root))
 
+    inference = bool(MODULE_HOOKS.get("inference"))
+
     def check_module(root: dict[str, Any], module: Any) -> None:
-        now = hook_snapshot(module)
+        now = hook_snapshot(module, inference)
         captured = root["hooks"]
         for sub in sorted(set(captured) | set(now)):
             where = user_path(root["path"]) + (f".{sub}" if sub else "")

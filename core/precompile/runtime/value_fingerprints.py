@@ -40,6 +40,9 @@ def new_context(names: Any, training: bool = True) -> dict[str, Any]:
     return {
         "names": names,
         "hook_dicts": MODULE_HOOK_DICTS if training else MODULE_HOOK_DICTS[:2],
+        # An inference artifact leaves out forward hooks that only mark their output as
+        # requiring grad (``marks_grad_only``): they change no value it computes.
+        "training": training,
         "dicts": [],
         "shallow": [],
         # Objects whose instance ``__dict__`` is among ``dicts``: that dict can be
@@ -396,10 +399,12 @@ _MODULE_BOOKKEEPING = frozenset(
 )
 
 
-def hooks_fingerprint(holder: Any, dict_names: tuple[str, ...], flags: Any) -> Any:
+def hooks_fingerprint(
+    holder: Any, dict_names: tuple[str, ...], flags: Any, skip: Any = None
+) -> Any:
     """The hooks in ``holder``'s hook dicts, in order, each by function identity and its
     registration flags (with kwargs, always called). Handle ids are left out: they come
-    from a per-process counter."""
+    from a per-process counter. ``skip(dict name, hook)`` leaves a hook out."""
     context = new_context(frozenset())
     result = []
     for dict_name in dict_names:
@@ -411,6 +416,7 @@ def hooks_fingerprint(holder: Any, dict_names: tuple[str, ...], flags: Any) -> A
             tuple(
                 (fingerprint(hook, context), tuple(bool(f.get(key)) for f in flags(dict_name)))
                 for key, hook in hooks.items()
+                if skip is None or not skip(dict_name, hook)
             )
         )
     return tuple(result)
@@ -455,7 +461,9 @@ def module_fingerprint(
             return (module._forward_pre_hooks_with_kwargs,)
         return ()
 
-    hooks = hooks_fingerprint(module, hook_dicts, flags)
+    hooks = hooks_fingerprint(
+        module, hook_dicts, flags, None if context.get("training", True) else _grad_mark
+    )
     if not children:
         return (type_name(type(module)), attrs, hooks)
     kids = tuple(
@@ -540,6 +548,47 @@ def watches_only(hook: Any) -> bool:
         in ("torch.utils.module_tracker", "torch.distributed._tools.mod_tracker")
         and str(getattr(func, "__qualname__", "")).split(".")[0] in ("ModuleTracker", "ModTracker")
     )
+
+
+def _grad_mark(dict_name: str, hook: Any) -> bool:
+    return dict_name == "_forward_hooks" and marks_grad_only(hook)
+
+
+def _marks_output(module: Any, args: Any, output: Any) -> None:
+    output.requires_grad_(True)
+
+
+def marks_grad_only(hook: Any) -> bool:
+    """Whether a module forward hook's whole body is ``output.requires_grad_(True)`` on
+    its output (``transformers``' ``enable_input_require_grads``, which
+    ``gradient_checkpointing_enable()`` registers on the input embeddings): it returns
+    None and changes no value, only whether autograd records what follows. An inference
+    artifact computes no gradient and serves outputs without one, so for it such a hook
+    changes nothing a served call returns (in eager under ``no_grad`` the outputs carry
+    no grad either). Proved by the hook's instructions being those of ``_marks_output``
+    (any parameter names, a docstring allowed): a hook doing anything more, a closure,
+    ``*args``, or a callable that is not a plain function counts as any hook."""
+    code = getattr(hook, "__code__", None)
+    if code is None or getattr(hook, "__self__", None) is not None:
+        return False
+    # three positional parameters; no *args, **kwargs, generator or coroutine flags
+    if code.co_argcount != 3 or code.co_kwonlyargcount or code.co_freevars:
+        return False
+    return not code.co_flags & 0x3AC and _instructions(code) == _instructions(
+        _marks_output.__code__
+    )
+
+
+def _instructions(code: Any) -> list[tuple[str, Any]]:
+    """``code``'s instructions as (operation, operand): locals by slot, so parameter
+    names do not count; inline caches and no-ops left out."""
+    import dis
+
+    return [
+        (i.opname, i.arg if "FAST" in i.opname else i.argval)
+        for i in dis.get_instructions(code)
+        if i.opname not in ("CACHE", "NOP", "RESUME", "EXTENDED_ARG")
+    ]
 
 
 def global_hooks_fingerprint(hooks: tuple[dict[Any, Any], ...]) -> Any:
