@@ -292,14 +292,6 @@ def build_model_state_check(
         except ValueError:
             return holder
 
-    def _functions_unchanged() -> bool:
-        # One C-level pass over every holder; an emptied cell raises, and is never what
-        # it held, so it takes the slow path like any change.
-        try:
-            return all(map(_is, map(getattr, func_holders, func_attrs), func_snapshot))
-        except ValueError:
-            return False
-
     def _same_items(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
         return len(a) == len(b) and all(map(_is, a, b))
 
@@ -373,27 +365,54 @@ def build_model_state_check(
         roots = mods
         return tensors
 
-    def _model_tensors(mods: tuple[Any, ...]) -> list[Any]:
+    def _model_rest(mods: tuple[Any, ...]) -> list[Any]:
+        """The fast path without the comparison of ``dicts``' version tags, for a caller
+        that has just compared those tags itself against ``recorded()`` (the driver's
+        per-call epoch, folded with other checks' dicts); everything else the fast path
+        compares is compared here, and any difference re-verifies."""
         nonlocal tensor_guard
         if (
             roots is not None
             and all(map(_is, mods, roots))
             and not any(empty_dicts)
-            and tuple(map(_dict_version, dicts)) == versions
             and tuple(map(type, subs)) == sub_types
-            and tuple(map(training, unwatched)) == flags
+            and (not unwatched or tuple(map(training, unwatched)) == flags)
             and (
                 not shallow
                 or all(map(_same_items, map(shallow_contents, shallow), shallow_snapshot))
             )
-            and (not func_holders or _functions_unchanged())
         ):
-            if tensor_guard.check(*tensors):
-                return tensors
-            if tuple(zip(map(tensor_meta, tensors), map(stride_of, tensors))) == meta:
-                tensor_guard = metadata_guard(tensors)
-                return tensors
+            try:
+                # Each holder's instance dict, each function's code, defaults and
+                # closure cells, by identity; an emptied cell raises, and is never what
+                # it held, so it takes the slow path like any change.
+                unchanged = not func_holders or all(
+                    map(_is, map(getattr, func_holders, func_attrs), func_snapshot)
+                )
+            except ValueError:
+                unchanged = False
+            if unchanged:
+                if tensor_guard.check(*tensors):
+                    return tensors
+                if tuple(zip(map(tensor_meta, tensors), map(stride_of, tensors))) == meta:
+                    tensor_guard = metadata_guard(tensors)
+                    return tensors
         return _verify_model(mods)
+
+    def _model_tensors(mods: tuple[Any, ...]) -> list[Any]:
+        if roots is not None and tuple(map(_dict_version, dicts)) == versions:
+            return _model_rest(mods)
+        return _verify_model(mods)
+
+    def _recorded() -> tuple[tuple[dict[str, Any], ...], tuple[int, ...]] | None:
+        # The watched non-empty dicts and the version tags the last verification
+        # recorded (None before one passed): what ``_model_rest`` relies on unchanged.
+        return (dicts, versions) if roots is not None else None
+
+    # A new list of tensors is returned after each verification, the same list while
+    # the snapshot stands: a caller keying on it sees when ``recorded()`` changed.
+    _model_tensors.rest = _model_rest  # type: ignore[attr-defined]  # read by single_graph
+    _model_tensors.recorded = _recorded  # type: ignore[attr-defined]
 
     grad_indices = tuple(GRAD_PARAM_INDICES)
 
