@@ -240,6 +240,10 @@ def build_model_state_check(
     call saw. Only a difference (or a new model) takes the slow path, which names the
     exact mismatch or re-verifies and refreshes the snapshot. The snapshot holds the
     most recent model, so it stays alive until a call with another model replaces it.
+
+    ``model_tensors.recorded()`` gives the watched dicts and their recorded tags, and
+    ``model_tensors.rest(mods)`` the same fast path without comparing them: the driver
+    folds them into its per-call epoch with other checks' dicts (``single_graph``).
     """
     from operator import attrgetter
     from operator import is_ as _is
