@@ -165,7 +165,9 @@ def _build_single_graph_forward() -> Any:
     # model's tensors list of that verification. While every tag matches, a call runs
     # those checks' other comparisons only (one C-level map over the dicts instead of
     # three, shared dicts read once); any difference runs the checks as they are.
-    epoch: list[Any] = [None, (), None]
+    # One tuple (dicts, tags, tensors list), replaced whole: a call on another thread
+    # reads one consistent epoch or none.
+    epoch: list[Any] = [None]
     # The model-state fast path without its own dict comparison (the full check where
     # a builder offers none; then no epoch forms).
     model_rest: Callable[[tuple[Any, ...]], list[Any]] = getattr(
@@ -203,9 +205,11 @@ def _build_single_graph_forward() -> Any:
                 # compares each on its own.
                 return
             seen[id(d)] = (d, v)
-        epoch[1] = tuple(v for _, v in seen.values())
-        epoch[2] = state
-        epoch[0] = tuple(d for d, _ in seen.values())
+        epoch[0] = (
+            tuple(d for d, _ in seen.values()),
+            tuple(v for _, v in seen.values()),
+            state,
+        )
 
     def checked_inputs(
         args: tuple[Any, ...], kwargs: dict[str, Any], running: bool = True
@@ -214,12 +218,13 @@ def _build_single_graph_forward() -> Any:
         user's tensors (an input in another layout copied for Inductor only when
         ``running`` the graph)."""
         check_modes()
-        if epoch[0] is not None and tuple(map(_dict_version, epoch[0])) == epoch[1]:
+        held = epoch[0]
+        if held is not None and tuple(map(_dict_version, held[0])) == held[1]:
             # No dict the surface, builtins and model-state checks watch changed since
             # each verified it: those checks' own comparisons of them would pass.
             mods, tensors_in = checked_call(args, kwargs, running)
             state = model_rest(mods)
-            if state is not epoch[2]:
+            if state is not held[2]:
                 _new_epoch(state)
         else:
             epoch[0] = None

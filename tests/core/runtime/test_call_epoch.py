@@ -113,8 +113,8 @@ def _epoch_dicts(run: Any) -> int | None:
     names = run._forward.covers.__code__.co_freevars
     inner = dict(zip(names, (c.cell_contents for c in checked)))["checked_inputs"]
     cells = dict(zip(inner.__code__.co_freevars, inner.__closure__))
-    epoch = cells["epoch"].cell_contents
-    return None if epoch[0] is None else len(epoch[0])
+    held = cells["epoch"].cell_contents[0]
+    return None if held is None else len(held[0])
 
 
 def attack(artifact: str, cache: str) -> dict[str, Any]:
