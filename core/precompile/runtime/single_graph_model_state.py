@@ -343,14 +343,22 @@ def build_model_state_check(
         held: list[Any] = []
         attrs: list[str] = []
         for f in found:
-            # A function without defaults or cells was called with every argument: a
-            # default added later changes no traced call, and cells cannot be added.
-            if hasattr(f, "__closure__") and (f.__defaults__ or f.__kwdefaults__ or f.__closure__):
-                held += [f, f, f]
-                attrs += ["__code__", "__defaults__", "__kwdefaults__"]
-                for cell in f.__closure__ or ():
-                    held.append(cell)
-                    attrs.append("cell_contents")
+            if not hasattr(f, "__closure__"):
+                continue
+            # Its code, always: ``f.__code__ = g.__code__`` (IPython's autoreload, a hot
+            # patch) changes what a call computes without a store into any watched dict.
+            # Its defaults and keyword defaults where it has them: where it had none,
+            # every traced call passed every argument, so defaults added later change
+            # no traced call. Its cells' contents (cells cannot be added).
+            held.append(f)
+            attrs.append("__code__")
+            for name in ("__defaults__", "__kwdefaults__"):
+                if getattr(f, name) is not None:
+                    held.append(f)
+                    attrs.append(name)
+            for cell in f.__closure__ or ():
+                held.append(cell)
+                attrs.append("cell_contents")
         # One identity pass per call covers both: each holder's instance dict (``m.__dict__
         # = d`` swaps it without a store into the watched one) beside the functions'
         # code, defaults and closure cells.

@@ -27,16 +27,21 @@ from tests.harness import capture_pair, run_json
 SCALE = 1.5
 
 
+def _shift(t: torch.Tensor) -> torch.Tensor:
+    # No defaults, no cells: only its code says what it computes.
+    return t + 1.0
+
+
 class EpochNet(nn.Module):
     """Reads a torch function (the surface check), a builtin (the builtins check), a
-    module global and its own state (the model-state check)."""
+    module global, a helper function and its own state (the model-state check)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.fc = nn.Linear(8, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.gelu(self.fc(x)) * abs(-SCALE)
+        return _shift(F.gelu(self.fc(x))) * abs(-SCALE)
 
 
 def serve(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -87,6 +92,8 @@ CHANGES: dict[str, Callable[[EpochNet], Callable[[], None]]] = {
     "torch function replaced": lambda m: _patch(F, "gelu", lambda t, approximate="none": t * 2),
     "builtin replaced": lambda m: _patch(builtins, "abs", lambda v: 3.0),
     "module global changed": lambda m: _set_scale(2.5),
+    # What IPython's autoreload does to an edited function.
+    "helper's code replaced": lambda m: _patch(_shift, "__code__", (lambda t: t + 2.0).__code__),
     "forward hook added": _hook,
     "instance dict replaced": _dict_replaced,
     "class swapped": lambda m: _patch(m.fc, "__class__", type("Doubling", (nn.Linear,), {})),
@@ -175,6 +182,7 @@ NAMED = {
     "torch function replaced": "gelu",
     "builtin replaced": "abs",
     "module global changed": "SCALE",
+    "helper's code replaced": "_shift",
 }
 
 
@@ -191,8 +199,14 @@ def test_each_change_after_the_epoch_is_caught(outcomes: dict[str, Any], change:
 
 
 def test_changes_eager_computes_differently_are_refused(outcomes: dict[str, Any]) -> None:
-    """The graph holds gelu, abs(-1.5) and no hook: these cannot be served as eager."""
-    for change in ("torch function replaced", "builtin replaced", "module global changed"):
+    """The graph holds gelu, abs(-1.5), _shift's + 1.0 and no hook: these cannot be
+    served as eager."""
+    for change in (
+        "torch function replaced",
+        "builtin replaced",
+        "module global changed",
+        "helper's code replaced",
+    ):
         assert outcomes[change][0] == "refused", (change, outcomes[change])
 
 
