@@ -7,7 +7,8 @@ between two source trees, for refactors that must keep per-call speed (issue 25)
         PYTHONPATH=$PWD/core python bench/forward_ab.py $PWD
     done
 
-Each run captures the MLP of ``bench.percall`` with make_fx and Dynamo (eager backend)
+Each run captures the MLP of ``bench.percall`` with make_fx and Dynamo (eager backend;
+``python bench/forward_ab.py TREE inductor make_fx`` picks the backend and the tracers)
 and times ``run._forward`` against the raw graph, interleaved, best of 120 rounds of 100
 calls (short rounds: on a loaded machine the best falls in a quiet moment). Prints one
 JSON object; compare the best of the runs of each side.
@@ -24,7 +25,7 @@ from functools import partial
 from pathlib import Path
 
 
-def main(tree: str) -> None:
+def main(tree: str, backend: str = "eager", tracers: str = "make_fx,dynamo") -> None:
     sys.path.insert(0, tree)  # the tree's bench package (its percall helpers)
     import torch
 
@@ -35,12 +36,12 @@ def main(tree: str) -> None:
     torch.set_num_threads(1)
     out: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as workdir:
-        for tracer in ("make_fx", "dynamo"):
-            run, model, x, _calls, _rounds = percall._capture("mlp", tracer, "eager", Path(workdir))
+        for tracer in tracers.split(","):
+            run, model, x, _calls, _rounds = percall._capture("mlp", tracer, backend, Path(workdir))
             for grad in (False, True):
                 with torch.set_grad_enabled(grad):
                     raw = percall._recorded_graph(run, model, x)
-                    out[f"{tracer}/eager/grad {'on' if grad else 'off'}"] = (
+                    out[f"{tracer}/{backend}/grad {'on' if grad else 'off'}"] = (
                         percall.best_per_call_us(
                             {"forward": partial(run._forward, model, x), "raw": raw},
                             rounds=120,
@@ -53,4 +54,4 @@ def main(tree: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:4])

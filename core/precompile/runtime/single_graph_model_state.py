@@ -240,6 +240,10 @@ def build_model_state_check(
     call saw. Only a difference (or a new model) takes the slow path, which names the
     exact mismatch or re-verifies and refreshes the snapshot. The snapshot holds the
     most recent model, so it stays alive until a call with another model replaces it.
+
+    ``model_tensors.recorded()`` gives the watched dicts and their recorded tags, and
+    ``model_tensors.rest(mods)`` the same fast path without comparing them: the driver
+    folds them into its per-call epoch with other checks' dicts (``single_graph``).
     """
     from operator import attrgetter
     from operator import is_ as _is
@@ -292,14 +296,6 @@ def build_model_state_check(
         except ValueError:
             return holder
 
-    def _functions_unchanged() -> bool:
-        # One C-level pass over every holder; an emptied cell raises, and is never what
-        # it held, so it takes the slow path like any change.
-        try:
-            return all(map(_is, map(getattr, func_holders, func_attrs), func_snapshot))
-        except ValueError:
-            return False
-
     def _same_items(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
         return len(a) == len(b) and all(map(_is, a, b))
 
@@ -347,14 +343,22 @@ def build_model_state_check(
         held: list[Any] = []
         attrs: list[str] = []
         for f in found:
-            # A function without defaults or cells was called with every argument: a
-            # default added later changes no traced call, and cells cannot be added.
-            if hasattr(f, "__closure__") and (f.__defaults__ or f.__kwdefaults__ or f.__closure__):
-                held += [f, f, f]
-                attrs += ["__code__", "__defaults__", "__kwdefaults__"]
-                for cell in f.__closure__ or ():
-                    held.append(cell)
-                    attrs.append("cell_contents")
+            if not hasattr(f, "__closure__"):
+                continue
+            # Its code, always: ``f.__code__ = g.__code__`` (IPython's autoreload, a hot
+            # patch) changes what a call computes without a store into any watched dict.
+            # Its defaults and keyword defaults where it has them: where it had none,
+            # every traced call passed every argument, so defaults added later change
+            # no traced call. Its cells' contents (cells cannot be added).
+            held.append(f)
+            attrs.append("__code__")
+            for name in ("__defaults__", "__kwdefaults__"):
+                if getattr(f, name) is not None:
+                    held.append(f)
+                    attrs.append(name)
+            for cell in f.__closure__ or ():
+                held.append(cell)
+                attrs.append("cell_contents")
         # One identity pass per call covers both: each holder's instance dict (``m.__dict__
         # = d`` swaps it without a store into the watched one) beside the functions'
         # code, defaults and closure cells.
@@ -373,27 +377,54 @@ def build_model_state_check(
         roots = mods
         return tensors
 
-    def _model_tensors(mods: tuple[Any, ...]) -> list[Any]:
+    def _model_rest(mods: tuple[Any, ...]) -> list[Any]:
+        """The fast path without the comparison of ``dicts``' version tags, for a caller
+        that has just compared those tags itself against ``recorded()`` (the driver's
+        per-call epoch, folded with other checks' dicts); everything else the fast path
+        compares is compared here, and any difference re-verifies."""
         nonlocal tensor_guard
         if (
             roots is not None
             and all(map(_is, mods, roots))
             and not any(empty_dicts)
-            and tuple(map(_dict_version, dicts)) == versions
             and tuple(map(type, subs)) == sub_types
-            and tuple(map(training, unwatched)) == flags
+            and (not unwatched or tuple(map(training, unwatched)) == flags)
             and (
                 not shallow
                 or all(map(_same_items, map(shallow_contents, shallow), shallow_snapshot))
             )
-            and (not func_holders or _functions_unchanged())
         ):
-            if tensor_guard.check(*tensors):
-                return tensors
-            if tuple(zip(map(tensor_meta, tensors), map(stride_of, tensors))) == meta:
-                tensor_guard = metadata_guard(tensors)
-                return tensors
+            try:
+                # Each holder's instance dict, each function's code, defaults and
+                # closure cells, by identity; an emptied cell raises, and is never what
+                # it held, so it takes the slow path like any change.
+                unchanged = not func_holders or all(
+                    map(_is, map(getattr, func_holders, func_attrs), func_snapshot)
+                )
+            except ValueError:
+                unchanged = False
+            if unchanged:
+                if tensor_guard.check(*tensors):
+                    return tensors
+                if tuple(zip(map(tensor_meta, tensors), map(stride_of, tensors))) == meta:
+                    tensor_guard = metadata_guard(tensors)
+                    return tensors
         return _verify_model(mods)
+
+    def _model_tensors(mods: tuple[Any, ...]) -> list[Any]:
+        if roots is not None and tuple(map(_dict_version, dicts)) == versions:
+            return _model_rest(mods)
+        return _verify_model(mods)
+
+    def _recorded() -> tuple[tuple[dict[str, Any], ...], tuple[int, ...]] | None:
+        # The watched non-empty dicts and the version tags the last verification
+        # recorded (None before one passed): what ``_model_rest`` relies on unchanged.
+        return (dicts, versions) if roots is not None else None
+
+    # A new list of tensors is returned after each verification, the same list while
+    # the snapshot stands: a caller keying on it sees when ``recorded()`` changed.
+    _model_tensors.rest = _model_rest  # type: ignore[attr-defined]  # read by single_graph
+    _model_tensors.recorded = _recorded  # type: ignore[attr-defined]
 
     grad_indices = tuple(GRAD_PARAM_INDICES)
 

@@ -12,6 +12,10 @@ not see (the order of an OrderedDict's keys, which ``move_to_end`` changes witho
 store; a class's MRO) is compared per call too, as ``key`` of each of the ``keyed``
 objects.
 
+An unkeyed ``check`` also carries ``check.recorded()``: the dicts and the tags it last
+verified, so that a driver can fold them into one comparison with other checks' dicts
+(``single_graph``'s per-call epoch) and call ``check`` only when that comparison fails.
+
 Nothing here imports precompile.
 """
 
@@ -58,6 +62,13 @@ def watch_dicts(
             if tuple(map(_dict_version, dicts)) != versions:
                 refresh()
 
+        def recorded() -> tuple[list[Any], Any]:
+            # The dicts and the tags the last passing check verified (None before the
+            # first when ``checked`` is False): a caller may compare them itself, as
+            # part of one wider comparison, instead of calling ``check``.
+            return dicts, versions
+
+        check.recorded = recorded  # type: ignore[attr-defined]  # read by single_graph
         return check
     by = key
 
