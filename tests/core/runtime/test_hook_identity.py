@@ -1,0 +1,89 @@
+"""Hooks are identified one way by both tracers: by the function a hook is (its code,
+closure and defaults) and its registration flags, in order -- not by its name.
+
+A hook made by a factory keeps its qualified name whatever it closes over, so a hook
+replaced by one of the same name that computes something else (``make_hook(3)`` for
+``make_hook(2)``, ``flex`` registered with kwargs, two hooks swapped, a global module
+hook from a factory) must be refused naming the hook, or served with eager's numbers,
+by make_fx and Dynamo artifacts alike, in a fresh process, the change made before
+``load`` and after a first served call. A hook made again equal to the captured one is
+served (tests/fixtures/hook_identity.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import precompile
+from tests.fixtures import hook_identity
+from tests.harness import capture_pair, run_json, together
+
+TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
+
+
+def _capture(tmp_path: Path, tracer: str) -> dict[str, tuple[str, str]]:
+    import torch.nn.modules.module as nn_module
+
+    model, x, _handles = hook_identity.build(seed=0)
+    pairs = {
+        "module": capture_pair(
+            hook_identity.step,
+            model,
+            x,
+            directory=tmp_path,
+            name=f"{tracer}_module",
+            tracer=TRACERS[tracer](),
+        )
+    }
+    plain, x, _ = hook_identity.build(seed=0, hooks=False)
+    handle = nn_module.register_module_forward_hook(hook_identity.make_global_hook(2.0))
+    try:
+        pairs["global"] = capture_pair(
+            hook_identity.step,
+            plain,
+            x,
+            directory=tmp_path,
+            name=f"{tracer}_global",
+            tracer=TRACERS[tracer](),
+        )
+    finally:
+        handle.remove()
+    return pairs
+
+
+def _serve(pairs: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    code = f"""
+import json, warnings, precompile
+warnings.simplefilter("ignore")
+from tests.fixtures import hook_identity
+print(json.dumps(hook_identity.serve_cells({pairs!r})))
+"""
+    return dict(run_json(code))
+
+
+def test_a_hook_replaced_by_one_of_the_same_name_is_refused_by_both_tracers(
+    tmp_path: Path,
+) -> None:
+    captured = {tracer: _capture(tmp_path, tracer) for tracer in TRACERS}
+    results = together(*(lambda p=pairs: _serve(p) for pairs in captured.values()))
+    problems = []
+    for tracer, cells in zip(captured, results):
+        for cell, (_kind, _change, words) in hook_identity.CHANGES.items():
+            for when in ("before load", "after load"):
+                got = cells[f"{cell} {when}"]
+                ok = got == "exact" if words is None else got.startswith("refused: ")
+                if ok and words is not None:
+                    ok = words in got and "hook" in got
+                if not ok:
+                    wanted = "exact" if words is None else f"a refusal naming {words}"
+                    problems.append(f"{tracer} {cell} {when}: expected {wanted}, got {got}")
+        for cell, (_kind, _change, words) in hook_identity.FLAG_ONLY.items():
+            for when in ("before load", "after load"):
+                got = cells[f"{cell} {when}"]
+                if got != "exact" and not (got.startswith("refused: ") and words in got):
+                    problems.append(f"{tracer} {cell} {when}: expected exact or refused, {got}")
+    assert not problems, "\n".join(problems)
+    assert torch.nn.modules.module._global_forward_hooks == {}
