@@ -25,6 +25,7 @@ from precompile.runtime import (
     autograd_serving,
     fingerprint_differences,
     guard_text,
+    hook_words,
     inductor_serving,
     lowered_inputs,
     multigraph,
@@ -75,6 +76,7 @@ class SingleGraph:
         (
             source_digest,
             state_checks,
+            hook_words,
             value_fingerprints,
             fingerprint_differences,
             guard_text.typed_value,
@@ -148,8 +150,10 @@ class MultiGraph:
                 state_checks.autocast_state,
                 state_checks.type_name,
                 state_checks.ambient_modes,
-                value_fingerprints.watches_only,
                 state_checks.code_fingerprint,
+                # How both tracers identify a hook (hooks_fingerprint), and watches_only.
+                hook_words,
+                value_fingerprints,
                 *_REFUSAL,
                 single_graph_ambient.check_ambient_modes,
                 single_graph_ambient.warn_inference_grad,

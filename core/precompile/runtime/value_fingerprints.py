@@ -24,9 +24,10 @@ from __future__ import annotations
 
 from typing import Any
 
-# >>> not emitted: artifacts carry this module whole after state_checks, and their prelude
-# binds the hook dicts' names
+# >>> not emitted: artifacts carry this module whole after state_checks and hook_words, and
+# their prelude binds the hook dicts' names
 from precompile._compat.prelude import GLOBAL_HOOK_DICTS, MODULE_HOOK_DICTS
+from precompile.runtime.hook_words import hook_name
 from precompile.runtime.state_checks import code_fingerprint, type_name
 
 # <<< not emitted
@@ -396,17 +397,25 @@ _MODULE_BOOKKEEPING = frozenset(
 )
 
 
-def hooks_fingerprint(holder: Any, dict_names: tuple[str, ...], flags: Any) -> Any:
-    """The hooks in ``holder``'s hook dicts, in order, each by function identity and its
-    registration flags (with kwargs, always called). Handle ids are left out: they come
-    from a per-process counter."""
+def _hook_dict(holder: Any, dict_name: str) -> Any:
+    if isinstance(holder, dict):
+        return holder[dict_name]
+    return getattr(holder, dict_name, None) or {}
+
+
+def hooks_fingerprint(holder: Any, dict_names: tuple[str, ...], flags: Any, path: Any = ()) -> Any:
+    """The hooks in ``holder``'s hook dicts, in order, each by function identity
+    (``fingerprint``: code, closure, defaults) and its registration flags (with kwargs,
+    always called). Handle ids are left out: they come from a per-process counter. What
+    both tracers identify a hook by (make_fx in ``module_fingerprint`` and
+    ``global_hooks_fingerprint``, Dynamo through ``named_hooks``). ``path``: the objects
+    being fingerprinted already (a hook that is a bound method of its own module
+    reaches that module again)."""
     context = new_context(frozenset())
+    context["path"] = set(path)
     result = []
     for dict_name in dict_names:
-        if isinstance(holder, dict):
-            hooks = holder[dict_name]
-        else:
-            hooks = getattr(holder, dict_name, None) or {}
+        hooks = _hook_dict(holder, dict_name)
         result.append(
             tuple(
                 (fingerprint(hook, context), tuple(bool(f.get(key)) for f in flags(dict_name)))
@@ -414,6 +423,32 @@ def hooks_fingerprint(holder: Any, dict_names: tuple[str, ...], flags: Any) -> A
             )
         )
     return tuple(result)
+
+
+def named_hooks(holder: Any, dict_names: tuple[str, ...], flags: Any) -> dict[str, Any]:
+    """Hook dict -> ``(hook_name, identity)`` per hook, in order, for the non-empty hook
+    dicts of ``holder``: the identities are ``hooks_fingerprint``'s, the names only say
+    which hook differs."""
+    found = {}
+    for dict_name, identities in zip(dict_names, hooks_fingerprint(holder, dict_names, flags)):
+        if identities:
+            hooks = _hook_dict(holder, dict_name).values()
+            found[dict_name] = tuple(zip(map(hook_name, hooks), identities))
+    return found
+
+
+def module_hook_flags(module: Any) -> Any:
+    """``flags(dict_name)`` of a module: the dicts that hold its hooks' registration
+    flags (forward hooks: with kwargs, always called; forward pre-hooks: with kwargs)."""
+
+    def flags(dict_name: str) -> tuple[dict[Any, Any], ...]:
+        if dict_name == "_forward_hooks":
+            return (module._forward_hooks_with_kwargs, module._forward_hooks_always_called)
+        if dict_name == "_forward_pre_hooks":
+            return (module._forward_pre_hooks_with_kwargs,)
+        return ()
+
+    return flags
 
 
 def module_fingerprint(
@@ -448,14 +483,7 @@ def module_fingerprint(
         if k in names and k not in _MODULE_BOOKKEEPING
     )
 
-    def flags(dict_name: str) -> tuple[dict[Any, Any], ...]:
-        if dict_name == "_forward_hooks":
-            return (module._forward_hooks_with_kwargs, module._forward_hooks_always_called)
-        if dict_name == "_forward_pre_hooks":
-            return (module._forward_pre_hooks_with_kwargs,)
-        return ()
-
-    hooks = hooks_fingerprint(module, hook_dicts, flags)
+    hooks = hooks_fingerprint(module, hook_dicts, module_hook_flags(module), context["path"])
     if not children:
         return (type_name(type(module)), attrs, hooks)
     kids = tuple(
@@ -542,16 +570,25 @@ def watches_only(hook: Any) -> bool:
     )
 
 
-def global_hooks_fingerprint(hooks: tuple[dict[Any, Any], ...]) -> Any:
-    """torch's global module hooks (``register_module_forward_hook`` and friends): they
-    run around every module call, so a trace bakes them like a module's own; those of
-    torch's module trackers only watch (``watches_only``) and are left out. ``hooks``
-    is ``(forward_pre, forward, backward_pre, backward, forward_with_kwargs,
+def global_hook_holder(hooks: tuple[dict[Any, Any], ...]) -> tuple[dict[str, Any], Any]:
+    """torch's global module hooks as a holder of hook dicts (by ``GLOBAL_HOOK_DICTS``)
+    and its ``flags``, without those that only watch (``watches_only``). ``hooks`` is
+    ``(forward_pre, forward, backward_pre, backward, forward_with_kwargs,
     forward_always_called)``, the dicts torch keeps them in."""
     kept = tuple({k: h for k, h in d.items() if not watches_only(h)} for d in hooks[:4])
-    holder = dict(zip(GLOBAL_HOOK_DICTS, kept))
 
     def flags(dict_name: str) -> tuple[dict[Any, Any], ...]:
         return hooks[4:6] if dict_name == "_global_forward_hooks" else ()
 
-    return hooks_fingerprint(holder, GLOBAL_HOOK_DICTS, flags)
+    return dict(zip(GLOBAL_HOOK_DICTS, kept)), flags
+
+
+def global_hooks_fingerprint(hooks: tuple[dict[Any, Any], ...]) -> dict[str, Any]:
+    """torch's global module hooks (``register_module_forward_hook`` and friends), as
+    ``named_hooks`` gives a module's: they run around every module call, so a trace bakes
+    them like a module's own; those of torch's module trackers only watch
+    (``watches_only``) and are left out. ``hooks`` as ``global_hook_holder`` takes them.
+    Both tracers record and compare this (make_fx's ``GLOBAL_HOOKS``, Dynamo's
+    ``MODULE_HOOKS["global"]``)."""
+    holder, flags = global_hook_holder(hooks)
+    return named_hooks(holder, GLOBAL_HOOK_DICTS, flags)
