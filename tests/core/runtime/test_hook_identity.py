@@ -87,3 +87,42 @@ def test_a_hook_replaced_by_one_of_the_same_name_is_refused_by_both_tracers(
                     problems.append(f"{tracer} {cell} {when}: expected exact or refused, {got}")
     assert not problems, "\n".join(problems)
     assert torch.nn.modules.module._global_forward_hooks == {}
+
+
+def test_a_hook_bound_to_its_own_module_is_served_by_both_tracers(tmp_path: Path) -> None:
+    """A module whose hook is a bound method of itself: identifying the hook reaches the
+    module, whose hooks hold that method again -- captured and served exactly by both
+    tracers in a fresh process (make_fx's capture recursed without end), and a changed
+    value the hook reads is refused."""
+    torch.manual_seed(0)
+    gate, x = hook_identity.Gate(), torch.randn(2, 4)
+    pairs = {
+        tracer: capture_pair(
+            hook_identity.step, gate, x, directory=tmp_path, name=f"gate_{tracer}", tracer=make()
+        )
+        for tracer, make in TRACERS.items()
+    }
+    code = f"""
+import json, warnings, torch, precompile
+warnings.simplefilter("ignore")
+from tests.fixtures import hook_identity
+out = {{}}
+for tracer, pair in {pairs!r}.items():
+    torch.manual_seed(0)
+    gate, x = hook_identity.Gate(), torch.randn(2, 4)
+    run = precompile.load(*pair)
+    with torch.no_grad():
+        out[tracer] = torch.equal(run(gate, x), hook_identity.step(gate, x))
+        gate.k = 5.0
+        try:
+            run(gate, x)
+            out[tracer + " k"] = "served"
+        except precompile.PrecompileError as error:
+            out[tracer + " k"] = str(error)
+    run.unload()
+print(json.dumps(out))
+"""
+    out = run_json(code)
+    for tracer in TRACERS:
+        assert out[tracer] is True, out
+        assert "k" in out[tracer + " k"] and "3.0" in out[tracer + " k"], out
