@@ -84,7 +84,9 @@ def hook_snapshot(root: Any) -> dict[str, dict[str, Any]]:
     defaults -- and its registration flags); its name only words the message."""
     found: dict[str, dict[str, Any]] = {}
     for path, module in root.named_modules():
-        hooks = named_hooks(module, MODULE_HOOK_DICTS, module_hook_flags(module))
+        # Dynamo guards what a hook read in its closure's containers, which change as a
+        # hook stores into them (activations): those count by type (``contents``).
+        hooks = named_hooks(module, MODULE_HOOK_DICTS, module_hook_flags(module), False)
         if hooks:
             found[path] = hooks
     return found
@@ -97,7 +99,7 @@ def global_hook_snapshot() -> dict[str, Any]:
     from torch.nn.modules import module as nn_module
 
     return global_hooks_fingerprint(
-        tuple(getattr(nn_module, name) for name in GLOBAL_MODULE_HOOK_NAMES)
+        tuple(getattr(nn_module, name) for name in GLOBAL_MODULE_HOOK_NAMES), False
     )
 
 

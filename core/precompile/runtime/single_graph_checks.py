@@ -50,7 +50,9 @@ if TYPE_CHECKING:
         own: Any = None,
     ) -> tuple[Any, ...]: ...
 
-    def global_hooks_fingerprint(hooks: tuple[dict[Any, Any], ...]) -> dict[str, Any]: ...
+    def global_hooks_fingerprint(
+        hooks: tuple[dict[Any, Any], ...], contents: bool = True
+    ) -> dict[str, Any]: ...
 
     # precompile.runtime.hook_words, carried before value_fingerprints.
     def hook_change(

@@ -64,6 +64,8 @@ def new_context(names: Any, training: bool = True) -> dict[str, Any]:
         # an attribute holds): their class-level values are checked too
         # (``class_fingerprint``), a class attribute being as baked as an instance one.
         "classes": {},
+        # Whether mutable containers count by contents (``hooks_fingerprint``).
+        "contents": True,
     }
 
 
@@ -211,6 +213,8 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
     def fp(v: Any) -> Any:
         return fingerprint(v, context, depth)
 
+    if not context["contents"] and isinstance(value, (list, dict, set, bytearray)):
+        return (type_name(kind), "contents guarded by the tracer")
     if isinstance(value, (list, tuple)):
         if not isinstance(value, tuple):
             context["shallow"].append(value)
@@ -398,21 +402,22 @@ _MODULE_BOOKKEEPING = frozenset(
 
 
 def _hook_dict(holder: Any, dict_name: str) -> Any:
-    if isinstance(holder, dict):
-        return holder[dict_name]
-    return getattr(holder, dict_name, None) or {}
+    return holder[dict_name] if isinstance(holder, dict) else getattr(holder, dict_name, None) or {}
 
 
-def hooks_fingerprint(holder: Any, dict_names: tuple[str, ...], flags: Any, path: Any = ()) -> Any:
+def hooks_fingerprint(
+    holder: Any, dict_names: tuple[str, ...], flags: Any, path: Any = (), contents: bool = True
+) -> Any:
     """The hooks in ``holder``'s hook dicts, in order, each by function identity
     (``fingerprint``: code, closure, defaults) and its registration flags (with kwargs,
-    always called). Handle ids are left out: they come from a per-process counter. What
-    both tracers identify a hook by (make_fx in ``module_fingerprint`` and
-    ``global_hooks_fingerprint``, Dynamo through ``named_hooks``). ``path``: the objects
-    being fingerprinted already (a hook that is a bound method of its own module
-    reaches that module again)."""
+    always called), not by handle id (a per-process counter): how both tracers identify
+    a hook. ``path``: objects being fingerprinted already (a hook bound to its own module
+    reaches it again). ``contents``: whether the mutable containers (list, dict, set) a
+    hook reaches count by contents: make_fx bakes what a hook read in them; Dynamo
+    guards that, and a hook storing activations into one stays the same hook."""
     context = new_context(frozenset())
     context["path"] = set(path)
+    context["contents"] = contents
     result = []
     for dict_name in dict_names:
         hooks = _hook_dict(holder, dict_name)
@@ -425,12 +430,14 @@ def hooks_fingerprint(holder: Any, dict_names: tuple[str, ...], flags: Any, path
     return tuple(result)
 
 
-def named_hooks(holder: Any, dict_names: tuple[str, ...], flags: Any) -> dict[str, Any]:
-    """Hook dict -> ``(hook_name, identity)`` per hook, in order, for the non-empty hook
-    dicts of ``holder``: the identities are ``hooks_fingerprint``'s, the names only say
-    which hook differs."""
+def named_hooks(
+    holder: Any, dict_names: tuple[str, ...], flags: Any, contents: bool = True
+) -> dict[str, Any]:
+    """Non-empty hook dict -> ``(hook_name, identity)`` per hook, in order: identities by
+    ``hooks_fingerprint``, names for messages (``hook_words``)."""
     found = {}
-    for dict_name, identities in zip(dict_names, hooks_fingerprint(holder, dict_names, flags)):
+    identified = hooks_fingerprint(holder, dict_names, flags, (), contents)
+    for dict_name, identities in zip(dict_names, identified):
         if identities:
             hooks = _hook_dict(holder, dict_name).values()
             found[dict_name] = tuple(zip(map(hook_name, hooks), identities))
@@ -571,10 +578,9 @@ def watches_only(hook: Any) -> bool:
 
 
 def global_hook_holder(hooks: tuple[dict[Any, Any], ...]) -> tuple[dict[str, Any], Any]:
-    """torch's global module hooks as a holder of hook dicts (by ``GLOBAL_HOOK_DICTS``)
-    and its ``flags``, without those that only watch (``watches_only``). ``hooks`` is
-    ``(forward_pre, forward, backward_pre, backward, forward_with_kwargs,
-    forward_always_called)``, the dicts torch keeps them in."""
+    """torch's global module hooks ``(forward_pre, forward, backward_pre, backward,
+    forward_with_kwargs, forward_always_called)`` as a holder of hook dicts and its
+    ``flags``, less those that only watch (``watches_only``)."""
     kept = tuple({k: h for k, h in d.items() if not watches_only(h)} for d in hooks[:4])
 
     def flags(dict_name: str) -> tuple[dict[Any, Any], ...]:
@@ -583,12 +589,12 @@ def global_hook_holder(hooks: tuple[dict[Any, Any], ...]) -> tuple[dict[str, Any
     return dict(zip(GLOBAL_HOOK_DICTS, kept)), flags
 
 
-def global_hooks_fingerprint(hooks: tuple[dict[Any, Any], ...]) -> dict[str, Any]:
-    """torch's global module hooks (``register_module_forward_hook`` and friends), as
-    ``named_hooks`` gives a module's: they run around every module call, so a trace bakes
-    them like a module's own; those of torch's module trackers only watch
-    (``watches_only``) and are left out. ``hooks`` as ``global_hook_holder`` takes them.
-    Both tracers record and compare this (make_fx's ``GLOBAL_HOOKS``, Dynamo's
-    ``MODULE_HOOKS["global"]``)."""
+def global_hooks_fingerprint(
+    hooks: tuple[dict[Any, Any], ...], contents: bool = True
+) -> dict[str, Any]:
+    """torch's global module hooks (``register_module_forward_hook`` and friends), which
+    run around every module call, as ``named_hooks`` gives a module's, less torch's
+    module trackers' (``global_hook_holder``); what both tracers record and compare
+    (make_fx's ``GLOBAL_HOOKS``, Dynamo's ``MODULE_HOOKS["global"]``)."""
     holder, flags = global_hook_holder(hooks)
-    return named_hooks(holder, GLOBAL_HOOK_DICTS, flags)
+    return named_hooks(holder, GLOBAL_HOOK_DICTS, flags, contents)

@@ -126,3 +126,57 @@ print(json.dumps(out))
     for tracer in TRACERS:
         assert out[tracer] is True, out
         assert "k" in out[tracer + " k"] and "3.0" in out[tracer + " k"], out
+
+
+def test_a_hook_storing_activations_in_its_closure_is_served_by_dynamo(tmp_path: Path) -> None:
+    """A hook that stores each output into a dict it closes over, captured by Dynamo at
+    two shapes: the dict's contents change with every call (Dynamo guards what the hook
+    reads of it, and replays the store), so the hook stays the one captured -- served
+    exactly in a fresh process, the dict holding eager's output after each call. make_fx
+    cannot replay the store (an artifact runs no Python): its artifact refuses the call,
+    naming the hook."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    hook, _seen = hook_identity.make_recorder()
+    model.register_forward_hook(hook)
+    paths = str(tmp_path / "rec.py"), str(tmp_path / "rec.cache")
+    with precompile.capture(
+        hook_identity.step,
+        artifact_path=paths[0],
+        cache_path=paths[1],
+        tracer=precompile.DynamoTracer(),
+        backend="eager",
+    ) as cap:
+        cap(model, torch.randn(2, 4))
+        cap(model, torch.randn(3, 4))
+    fx_paths = capture_pair(
+        hook_identity.step, model, torch.randn(2, 4), directory=tmp_path, name="rec_fx"
+    )
+    code = f"""
+import json, warnings, torch, precompile
+warnings.simplefilter("ignore")
+from tests.fixtures import hook_identity
+out = {{}}
+for tracer, paths in (("dynamo", {paths!r}), ("make_fx", {fx_paths!r})):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    hook, seen = hook_identity.make_recorder()
+    model.register_forward_hook(hook)
+    run = precompile.load(*paths)
+    out[tracer] = []
+    try:
+        with torch.no_grad():
+            for n in (2, 3, 2) if tracer == "dynamo" else (2,):
+                x = torch.randn(n, 4)
+                got = run(model, x)
+                stored = seen["out"]
+                exact = torch.equal(got, hook_identity.step(model, x))
+                out[tracer].append(exact and torch.equal(stored, got))
+    except precompile.PrecompileError as error:
+        out[tracer].append(str(error))
+print(json.dumps(out))
+"""
+    out = run_json(code)
+    assert out["dynamo"] == [True, True, True], out
+    (refusal,) = out["make_fx"]
+    assert "make_recorder.<locals>.record" in refusal and "hook" in refusal, out
