@@ -84,8 +84,8 @@ def hook_snapshot(root: Any) -> dict[str, dict[str, Any]]:
     defaults -- and its registration flags); its name only words the message."""
     found: dict[str, dict[str, Any]] = {}
     for path, module in root.named_modules():
-        # Dynamo guards what a hook read in its closure's containers, which change as a
-        # hook stores into them (activations): those count by type (``contents``).
+        # The tensors a hook stores into its closure's lists and dicts (activations)
+        # change with every call, and Dynamo guards what it reads there: left out.
         hooks = named_hooks(module, MODULE_HOOK_DICTS, module_hook_flags(module), False)
         if hooks:
             found[path] = hooks

@@ -64,8 +64,7 @@ def new_context(names: Any, training: bool = True) -> dict[str, Any]:
         # an attribute holds): their class-level values are checked too
         # (``class_fingerprint``), a class attribute being as baked as an instance one.
         "classes": {},
-        # Whether mutable containers count by contents (``hooks_fingerprint``).
-        "contents": True,
+        "contents": True,  # whether tensors in lists and dicts count (hooks_fingerprint)
     }
 
 
@@ -213,8 +212,11 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
     def fp(v: Any) -> Any:
         return fingerprint(v, context, depth)
 
-    if not context["contents"] and isinstance(value, (list, dict, set, bytearray)):
-        return (type_name(kind), "contents guarded by the tracer")
+    if not context["contents"] and isinstance(value, (list, dict)):
+        # Less the tensors a hook stores (activations): they change with every call.
+        pairs = value.items() if isinstance(value, dict) else ((None, v) for v in value)
+        kept = tuple((fp(k), fp(v)) for k, v in pairs if not isinstance(v, torch.Tensor))
+        return (type_name(kind), kept)
     if isinstance(value, (list, tuple)):
         if not isinstance(value, tuple):
             context["shallow"].append(value)
@@ -412,9 +414,8 @@ def hooks_fingerprint(
     (``fingerprint``: code, closure, defaults) and its registration flags (with kwargs,
     always called), not by handle id (a per-process counter): how both tracers identify
     a hook. ``path``: objects being fingerprinted already (a hook bound to its own module
-    reaches it again). ``contents``: whether the mutable containers (list, dict, set) a
-    hook reaches count by contents: make_fx bakes what a hook read in them; Dynamo
-    guards that, and a hook storing activations into one stays the same hook."""
+    reaches it again). ``contents`` False (Dynamo): the tensors in lists and dicts a hook
+    reaches are left out -- a hook storing activations into one stays the same hook."""
     context = new_context(frozenset())
     context["path"] = set(path)
     context["contents"] = contents
@@ -445,8 +446,7 @@ def named_hooks(
 
 
 def module_hook_flags(module: Any) -> Any:
-    """``flags(dict_name)`` of a module: the dicts that hold its hooks' registration
-    flags (forward hooks: with kwargs, always called; forward pre-hooks: with kwargs)."""
+    """``flags(dict_name)``: the dicts holding a module's hooks' registration flags."""
 
     def flags(dict_name: str) -> tuple[dict[Any, Any], ...]:
         if dict_name == "_forward_hooks":
