@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from precompile._compat.patching import patched
+from precompile._compat.prelude import GLOBAL_MODULE_HOOK_NAMES
 from precompile.runtime.guard_text import user_path
 
 #: Guard types whose checks compare object identities: they cannot survive a process.
@@ -71,6 +72,26 @@ def duplicate_of(entry: Any) -> str | None:
 #: and deterministic mode (checked per call) with the thread count, which an artifact
 #: must not depend on.
 DRIVER_ENFORCED_GUARD_TYPES = frozenset({"GLOBAL_STATE"})
+
+
+def on_global_hooks(entry: Any) -> bool:
+    """Whether a guard entry reads torch's global module hook dicts
+    (``torch.nn.modules.module._global_forward_hooks`` and friends, reached through the
+    alias Dynamo binds for that module, or by attribute). Dynamo guards them by handle id
+    (``DICT_KEYS_MATCH``, ``[11].__closure__...``), which comes from a per-process
+    counter: such a guard cannot be rebuilt in another process. The driver checks these
+    hooks itself (``MODULE_HOOKS["global"]``, by what each hook is), so they are driver
+    enforced."""
+    name = str(getattr(entry, "name", ""))
+    for holder in ("torch_dot_nn_dot_modules_dot_module']", "torch.nn.modules.module"):
+        at = name.find(holder + "._global_")
+        if at >= 0:
+            attr = name[at + len(holder) + 1 :]
+            return any(
+                attr == hooks or attr.startswith((hooks + "[", hooks + "."))
+                for hooks in GLOBAL_MODULE_HOOK_NAMES
+            )
+    return False
 
 
 def new_package(fn: Callable[..., Any]) -> Any:

@@ -22,12 +22,20 @@ MODULE_HOOK_DICTS = (
     "_backward_hooks",
 )
 GLOBAL_HOOK_DICTS = tuple("_global" + name for name in MODULE_HOOK_DICTS)
+#: The names of torch's global module hook dicts, in the order
+#: ``precompile.runtime.value_fingerprints.global_hooks_fingerprint`` reads them.
+GLOBAL_MODULE_HOOK_NAMES = (
+    *GLOBAL_HOOK_DICTS,
+    "_global_forward_hooks_with_kwargs",
+    "_global_forward_hooks_always_called",
+)
 
 #: The import prelude of every emitted artifact: the names the driver reads, bound from
 #: torch under short aliases. Private names appear here as text only.
 ARTIFACT_PRELUDE = f"""\
 MODULE_HOOK_DICTS = {MODULE_HOOK_DICTS!r}
 GLOBAL_HOOK_DICTS = {GLOBAL_HOOK_DICTS!r}
+GLOBAL_MODULE_HOOK_NAMES = {GLOBAL_MODULE_HOOK_NAMES!r}
 import torch as _torch
 import torch.utils._pytree as _pytree
 import torch.utils._python_dispatch as _python_dispatch
@@ -174,14 +182,6 @@ def _kernel(op):
     return getattr(op, "_op", op)
 """
 
-
-#: The names of torch's global module hook dicts, in the order
-#: ``precompile.runtime.value_fingerprints.global_hooks_fingerprint`` reads them.
-GLOBAL_MODULE_HOOK_NAMES = (
-    *GLOBAL_HOOK_DICTS,
-    "_global_forward_hooks_with_kwargs",
-    "_global_forward_hooks_always_called",
-)
 
 #: Bound in single-graph artifacts: the module holding torch's global module hook dicts,
 #: and a function reading them from it on each check (``m._global_forward_hooks = {...}``

@@ -72,7 +72,7 @@ class SingleGraphMetadata(_Common):
     MODULE_STATE: list[Any]
     CLASS_STATE: list[Any]
     READ_NAMES: list[str]
-    GLOBAL_HOOKS: tuple[Any, ...]
+    GLOBAL_HOOKS: dict[str, Any]
     PROCESS_STATE: list[list[Any]]
     ENTRY: dict[str, Any] | None
     GRAD_ACCESS: list[Any]

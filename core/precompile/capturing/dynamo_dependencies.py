@@ -10,8 +10,10 @@ kind of dependency, each beside the runtime check that reads its record:
   forward, forward-pre, backward and backward-pre hooks of every module the trace
   reached (found from the guards on module-valued access paths, walked to every
   submodule) and torch's global module hooks: a hook added or removed after capture
-  changes the answer, so the artifact records which hooks were there (by
-  ``module.qualname``) and refuses a call that meets others.
+  changes the answer, so the artifact records which hooks were there -- each by what it
+  is, as make_fx records them (``value_fingerprints.hooks_fingerprint``: code, closure,
+  defaults, registration flags), with its ``module.qualname`` for messages -- and
+  refuses a call that meets others.
 - **The names the frames resolved**: module globals, classes, builtins
   (``dynamo_name_records``; ``runtime.multigraph_name_checks``).
 - **What fn's arguments reach** (``runtime.multigraph_argument_checks``): objects compared
@@ -62,8 +64,8 @@ class HookRecorder:
         #: ``ArgumentPaths``, which checks a later frame's module has no twin there).
         self.global_modules = global_modules
         #: (root kind, module or parameter, access path) -> hook snapshot.
-        self.roots: dict[tuple[str, str, str], dict[str, dict[str, list[str]]]] = {}
-        self.global_hooks: dict[str, list[str]] | None = None
+        self.roots: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
+        self.global_hooks: dict[str, Any] | None = None
         self.conflicts: list[str] = []
         #: Root key -> {dotted path of a submodule whose class defines its own
         #: ``__getattr__``: the names its instance ``__dict__`` held at every trace}.

@@ -70,7 +70,8 @@ class GuardDecision:
     name: str
     guard_type: str
     kept: bool
-    dropped_by: str | None  # "default" (identity guard), "driver" (global state), "user"
+    dropped_by: str | None  # "default" (identity guard), "driver" (global state or
+    # torch's global module hooks, which the driver checks itself), "user"
     value: str | None
     compare_key: Any = None
     unpicklable: bool = False

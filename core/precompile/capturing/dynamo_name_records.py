@@ -128,6 +128,8 @@ class NameRecorder:
                 continue
             if not dynamo.compares_identity(e) or "__builtins_dict__" in e.name:
                 continue
+            if dynamo.on_global_hooks(e):
+                continue  # a global module hook: checked as one (MODULE_HOOKS["global"])
             qualified = _qualified(e.value)
             if qualified is None or not e.name.startswith("G["):
                 continue

@@ -130,7 +130,9 @@ class DynamoSession:
             dropped_by = None
             if dynamo.compares_identity(entry):
                 dropped_by = "default"
-            elif entry.guard_type in dynamo.DRIVER_ENFORCED_GUARD_TYPES:
+            elif entry.guard_type in dynamo.DRIVER_ENFORCED_GUARD_TYPES or (
+                dynamo.on_global_hooks(entry)
+            ):
                 dropped_by = "driver"
             elif not user_says:
                 dropped_by = "user"

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from precompile._compat.prelude import GLOBAL_MODULE_HOOK_NAMES
 from precompile.locations import is_project_file, is_user_file
 from precompile.runtime.surface_checks import surface_key, surface_shown
 
@@ -129,6 +130,10 @@ def _row(module: str, cls: str | None, name: str, value: Any) -> dict[str, Any]:
 
 #: The keys a registry row can name (a literal another process reads back).
 _ENTRY_KEYS = (str, int)
+#: torch's global module hooks are not a registry: they are keyed by handle ids, which
+#: come from a per-process counter, and both tracers check them as hooks (by what each
+#: hook is: ``value_fingerprints.hooks_fingerprint``).
+_HOOKS_MODULE = "torch.nn.modules.module"
 
 
 def _registry_tables(holder: Any) -> list[dict[Any, Any]]:
@@ -154,7 +159,9 @@ def _registry_rows(
     rows: dict[tuple[str, str | None, str], dict[str, Any]] = {}
     for name, module in sorted(modules.items()):
         for attr, holder in list(vars(module).items()):
-            if attr.startswith("__"):
+            if attr.startswith("__") or (
+                name == _HOOKS_MODULE and attr in GLOBAL_MODULE_HOOK_NAMES
+            ):
                 continue
             for table in _registry_tables(holder):
                 for entry, value in list(dict.items(table)):

@@ -8,7 +8,8 @@ each computing at load what its check needs and returning the closure every call
 - Hooks (``MODULE_HOOKS``: on every module the trace reached, and torch's global module
   hooks), here: the version tags of the hook dicts (and of each module's ``_modules``,
   so a swapped submodule is walked again) are compared on the fast path; only when a
-  tag changed are the hooks walked and compared by name.
+  tag changed are the hooks walked and compared by what each is
+  (``value_fingerprints.hooks_fingerprint``, as make_fx compares them).
 - What the arguments reach (``ARG_IDENTITIES``, ``FLOAT_ZEROS``, ``ORDERED_DICTS``,
   ``ARG_RELATIONS``): ``multigraph_argument_checks``.
 - The names the frames resolved (``GLOBAL_READS``, ``CLASS_ATTRS``, ``BUILTIN_READS``):
@@ -23,10 +24,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
-# >>> not emitted: Dynamo artifacts carry these functions of value_fingerprints among their
-# own, and their prelude binds the hook dicts' names
-from precompile._compat.prelude import GLOBAL_HOOK_DICTS, MODULE_HOOK_DICTS
-from precompile.runtime.value_fingerprints import marks_grad_only, watches_only
+# >>> not emitted: Dynamo artifacts carry value_fingerprints before this module, and their
+# prelude binds the hook dicts' names
+from precompile._compat.prelude import (
+    GLOBAL_HOOK_DICTS,
+    GLOBAL_MODULE_HOOK_NAMES,
+    MODULE_HOOK_DICTS,
+)
+from precompile.runtime.hook_words import hook_change, hook_locations
+from precompile.runtime.value_fingerprints import (
+    global_hooks_fingerprint,
+    inference_skip,
+    module_hook_flags,
+    named_hooks,
+)
 
 # <<< not emitted
 
@@ -66,61 +77,40 @@ if TYPE_CHECKING:
     ) -> Callable[[], None]: ...
 
 
-def hook_name(hook: Any) -> str:
-    """``module.qualname`` of a hook (of the function a partial or bound method wraps)."""
-    target = getattr(hook, "func", hook)
-    target = getattr(target, "__func__", target)
-    if not hasattr(target, "__qualname__"):
-        target = type(target)
-    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"
-
-
-def hook_locations(modules: Any, attrs: Any) -> dict[str, str]:
-    """Hook name -> ``file:line`` of its definition, for the hooks on ``modules``."""
-    found = {}
-    for module in modules:
-        for attr in attrs:
-            for hook in (getattr(module, attr, None) or {}).values():
-                target = getattr(hook, "func", hook)
-                code = getattr(getattr(target, "__func__", target), "__code__", None)
-                if code is not None:
-                    found[hook_name(hook)] = f"{code.co_filename}:{code.co_firstlineno}"
-    return found
-
-
-def hook_snapshot(root: Any, inference: bool = False) -> dict[str, dict[str, list[str]]]:
-    """Submodule path -> hook dict -> hook names, for the hooks present under ``root``
-    (the forward, forward-pre, backward and backward-pre hooks of every submodule). An
+def hook_snapshot(root: Any, inference: bool = False) -> dict[str, dict[str, Any]]:
+    """Submodule path -> hook dict -> ``(hook_name, identity)`` per hook, in order, for the
+    hooks present under ``root`` (the forward, forward-pre, backward and backward-pre
+    hooks of every submodule). A hook is identified as make_fx identifies it
+    (``value_fingerprints.hooks_fingerprint``: the function it is -- code, closure,
+    defaults -- and its registration flags); its name only words the message. An
     ``inference`` artifact leaves out forward hooks that only mark their output as
-    requiring grad (``value_fingerprints.marks_grad_only``): they change no value it
+    requiring grad (``hook_kinds.marks_grad_only``): they change no value it
     returns."""
-    found: dict[str, dict[str, list[str]]] = {}
+    found: dict[str, dict[str, Any]] = {}
     for path, module in root.named_modules():
-        for attr in MODULE_HOOK_DICTS:
-            hooks = getattr(module, attr, None)
-            if hooks:
-                names = [
-                    hook_name(h)
-                    for h in hooks.values()
-                    if not (inference and attr == "_forward_hooks" and marks_grad_only(h))
-                ]
-                if names:
-                    found.setdefault(path, {})[attr] = names
+        # The tensors a hook stores into its closure's lists and dicts (activations)
+        # change with every call, and Dynamo guards what it reads there: left out.
+        hooks = named_hooks(
+            module,
+            MODULE_HOOK_DICTS,
+            module_hook_flags(module),
+            False,
+            inference_skip(not inference),
+        )
+        if hooks:
+            found[path] = hooks
     return found
 
 
-def global_hook_snapshot() -> dict[str, list[str]]:
-    """torch's global module hooks present: hook dict -> hook names."""
+def global_hook_snapshot() -> dict[str, Any]:
+    """torch's global module hooks present, as ``hook_snapshot`` records a module's: hook
+    dict -> ``(hook_name, identity)`` per hook, without torch's module trackers' hooks,
+    which only watch (``hook_kinds.watches_only``)."""
     from torch.nn.modules import module as nn_module
 
-    found = {}
-    for attr in GLOBAL_HOOK_DICTS:
-        hooks = getattr(nn_module, attr, None)
-        # torch's module trackers' hooks only watch (value_fingerprints.watches_only).
-        names = [hook_name(h) for h in (hooks or {}).values() if not watches_only(h)]
-        if names:
-            found[attr] = names
-    return found
+    return global_hooks_fingerprint(
+        tuple(getattr(nn_module, name) for name in GLOBAL_MODULE_HOOK_NAMES), False
+    )
 
 
 def builtin_name(value: Any) -> str:
@@ -178,48 +168,6 @@ def class_attrs(cls: Any) -> dict[str, str]:
         else:
             found[name] = f"a {kind.__module__}.{kind.__qualname__}"
     return found
-
-
-def _hook_change(
-    captured: dict[str, list[str]],
-    now: dict[str, list[str]],
-    where: str,
-    located: dict[str, str] | None = None,
-) -> str:
-    """The first hook difference between two snapshots of one module, in words
-    (``located``: where the hooks present now are defined)."""
-    words = {
-        "_forward_pre_hooks": "forward pre-hook",
-        "_forward_hooks": "forward hook",
-        "_backward_pre_hooks": "backward pre-hook",
-        "_backward_hooks": "backward hook",
-    }
-    for attr in sorted(set(captured) | set(now)):
-        kind = words.get(attr.replace("_global", ""), attr)
-        before, after = captured.get(attr, []), now.get(attr, [])
-        added = [h for h in after if h not in before]
-        removed = [h for h in before if h not in after]
-        if added:
-            at = (located or {}).get(added[0])
-            return (
-                f"a {kind} `{added[0]}`{f' ({at})' if at else ''} was added to {where} after "
-                f"capture; the artifact did "
-                f"not trace it, so it cannot serve it. Remove the hook, or capture with the "
-                f"hook registered (re-emit the artifact)"
-            )
-        if removed:
-            return (
-                f"the {kind} `{removed[0]}` that {where} had at capture is gone; the artifact "
-                f"runs it as traced. Register it again, or capture without it (re-emit the "
-                f"artifact)"
-            )
-        if before != after:
-            return (
-                f"the {kind}s of {where} run in another order than at capture "
-                f"({', '.join(after)}; captured: {', '.join(before)}). Register them as at "
-                f"capture, or re-emit the artifact"
-            )
-    return ""
 
 
 def build_dependency_check() -> Any:
@@ -290,7 +238,7 @@ def _build_global_hook_check() -> Callable[[], None]:
         now = global_hook_snapshot()
         for attr in sorted(set(captured_global) | set(now)):
             if captured_global.get(attr, []) != now.get(attr, []):
-                change = _hook_change(
+                change = hook_change(
                     {attr.replace("_global", ""): captured_global.get(attr, [])},
                     {attr.replace("_global", ""): now.get(attr, [])},
                     "every module (a global hook, torch.nn.modules.module.register_module_*)",
@@ -366,7 +314,7 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
         captured = root["hooks"]
         for sub in sorted(set(captured) | set(now)):
             where = user_path(root["path"]) + (f".{sub}" if sub else "")
-            change = _hook_change(
+            change = hook_change(
                 captured.get(sub, {}),
                 now.get(sub, {}),
                 f"`{where}`",

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 # >>> not emitted: an artifact's prelude binds these and it carries state_checks'
 # watches_only
 from precompile._compat.prelude import GLOBAL_HOOK_DICTS, dispatch_mode_depth
-from precompile.runtime.value_fingerprints import watches_only
+from precompile.runtime.hook_kinds import watches_only
 
 # <<< not emitted
 
@@ -168,7 +168,7 @@ def _watchers_aside() -> Any:
     it), or None when there is nothing to set aside (no global hook: the per-call cost
     is four dict truth tests) or a hook that is not a tracker's (left for the guards
     and the dependency check to refuse, naming it). A tracker's hooks only watch
-    (``value_fingerprints.watches_only``): a graph has no module calls for them to note, so
+    (``hook_kinds.watches_only``): a graph has no module calls for them to note, so
     the served call is eager's with or without them -- but Dynamo's guards compare the
     hook dicts with the capture's (empty), and an installed artifact's frames would
     meet the hooks' own Python (``weakref``) as frames no variant covers. Set aside,

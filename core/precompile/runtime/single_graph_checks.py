@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     CLASS_STATE: list[tuple[str, Any]] = []
     READ_NAMES: list[str] = []
     GLOBAL_READS: list[dict[str, Any]] = []
-    GLOBAL_HOOKS: Any = ()
+    GLOBAL_HOOKS: dict[str, Any] = {}
+    GLOBAL_HOOK_DICTS: tuple[str, ...] = ()
     FUNCTION_SOURCES: list[dict[str, Any]] = []
     PROCESS_STATE: list[list[Any]] = []
     ENTRY: dict[str, Any] | None = None
@@ -49,7 +50,19 @@ if TYPE_CHECKING:
         own: Any = None,
     ) -> tuple[Any, ...]: ...
 
-    def global_hooks_fingerprint(hooks: tuple[dict[Any, Any], ...]) -> Any: ...
+    def global_hooks_fingerprint(
+        hooks: tuple[dict[Any, Any], ...], contents: bool = True
+    ) -> dict[str, Any]: ...
+
+    # precompile.runtime.hook_words, carried before value_fingerprints.
+    def hook_change(
+        captured: dict[str, Any],
+        now: dict[str, Any],
+        where: str,
+        located: dict[str, str] | None = None,
+    ) -> str: ...
+
+    def hook_locations(modules: Any, attrs: Any) -> dict[str, str]: ...
 
     def reached_classes(start: Any, context: dict[str, Any]) -> list[tuple[Any, Any]]: ...
 
@@ -292,12 +305,21 @@ def check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
                     f"capture again (re-emit the artifact)",
                     3,
                 )
-    if global_hooks_fingerprint(_global_module_hooks()) != GLOBAL_HOOKS:
+    live_hooks = global_hooks_fingerprint(_global_module_hooks())
+    if live_hooks != GLOBAL_HOOKS:
+        # Compared as Dynamo artifacts compare them, and worded alike (hook_words).
+        import torch.nn.modules.module as nn_module
+
+        change = hook_change(
+            GLOBAL_HOOKS,
+            live_hooks,
+            "every module (a global hook, torch.nn.modules.module.register_module_*)",
+            hook_locations([nn_module], GLOBAL_HOOK_DICTS),
+        )
         refuse(
             "precompile: torch's global module hooks (register_module_forward_hook and "
-            "friends) differ from those registered at capture; the trace baked the hooks "
-            "present then. Register the same hooks, or capture again with these "
-            "(re-emit the artifact)",
+            f"friends) differ from those registered at capture, and the trace baked the "
+            f"hooks present then: {change}",
             2,
         )
 

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 from typing import Any
 
-# >>> not emitted: artifacts carry this module whole after state_checks, and their prelude
-# binds the hook dicts' names
+# >>> not emitted: artifacts carry this module whole after state_checks, hook_kinds and
+# hook_words, and their prelude binds the hook dicts' names
 from precompile._compat.prelude import GLOBAL_HOOK_DICTS, MODULE_HOOK_DICTS
+from precompile.runtime.hook_kinds import global_hook_holder, inference_skip
+from precompile.runtime.hook_words import hook_name
 from precompile.runtime.state_checks import code_fingerprint, type_name
 
 # <<< not emitted
@@ -66,6 +68,7 @@ def new_context(names: Any, training: bool = True) -> dict[str, Any]:
         # an attribute holds): their class-level values are checked too
         # (``class_fingerprint``), a class attribute being as baked as an instance one.
         "classes": {},
+        "contents": True,  # whether tensors in lists and dicts count (hooks_fingerprint)
     }
 
 
@@ -213,6 +216,11 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
     def fp(v: Any) -> Any:
         return fingerprint(v, context, depth)
 
+    if not context["contents"] and isinstance(value, (list, dict)):
+        # Less the tensors a hook stores (activations): they change with every call.
+        pairs = value.items() if isinstance(value, dict) else ((None, v) for v in value)
+        kept = tuple((fp(k), fp(v)) for k, v in pairs if not isinstance(v, torch.Tensor))
+        return (type_name(kind), kept)
     if isinstance(value, (list, tuple)):
         if not isinstance(value, tuple):
             context["shallow"].append(value)
@@ -399,19 +407,31 @@ _MODULE_BOOKKEEPING = frozenset(
 )
 
 
+def _hook_dict(holder: Any, dict_name: str) -> Any:
+    return holder[dict_name] if isinstance(holder, dict) else getattr(holder, dict_name, None) or {}
+
+
 def hooks_fingerprint(
-    holder: Any, dict_names: tuple[str, ...], flags: Any, skip: Any = None
+    holder: Any,
+    dict_names: tuple[str, ...],
+    flags: Any,
+    path: Any = (),
+    contents: bool = True,
+    skip: Any = None,
 ) -> Any:
-    """The hooks in ``holder``'s hook dicts, in order, each by function identity and its
-    registration flags (with kwargs, always called). Handle ids are left out: they come
-    from a per-process counter. ``skip(dict name, hook)`` leaves a hook out."""
+    """The hooks in ``holder``'s hook dicts, in order, each by function identity
+    (``fingerprint``: code, closure, defaults) and its registration flags (with kwargs,
+    always called), not by handle id (a per-process counter): how both tracers identify
+    a hook. ``path``: objects being fingerprinted already (a hook bound to its own module
+    reaches it again). ``contents`` False (Dynamo): the tensors in lists and dicts a hook
+    reaches are left out -- a hook storing activations into one stays the same hook.
+    ``skip(dict name, hook)`` leaves a hook out (``inference_skip``)."""
     context = new_context(frozenset())
+    context["path"] = set(path)
+    context["contents"] = contents
     result = []
     for dict_name in dict_names:
-        if isinstance(holder, dict):
-            hooks = holder[dict_name]
-        else:
-            hooks = getattr(holder, dict_name, None) or {}
+        hooks = _hook_dict(holder, dict_name)
         result.append(
             tuple(
                 (fingerprint(hook, context), tuple(bool(f.get(key)) for f in flags(dict_name)))
@@ -420,6 +440,37 @@ def hooks_fingerprint(
             )
         )
     return tuple(result)
+
+
+def named_hooks(
+    holder: Any, dict_names: tuple[str, ...], flags: Any, contents: bool = True, skip: Any = None
+) -> dict[str, Any]:
+    """Non-empty hook dict -> ``(hook_name, identity)`` per hook, in order: identities by
+    ``hooks_fingerprint``, names for messages (``hook_words``); ``skip`` as there."""
+    found = {}
+    identified = hooks_fingerprint(holder, dict_names, flags, (), contents, skip)
+    for dict_name, identities in zip(dict_names, identified):
+        if identities:
+            hooks = [
+                h
+                for h in _hook_dict(holder, dict_name).values()
+                if skip is None or not skip(dict_name, h)
+            ]
+            found[dict_name] = tuple(zip(map(hook_name, hooks), identities))
+    return found
+
+
+def module_hook_flags(module: Any) -> Any:
+    """``flags(dict_name)``: the dicts holding a module's hooks' registration flags."""
+
+    def flags(dict_name: str) -> tuple[dict[Any, Any], ...]:
+        if dict_name == "_forward_hooks":
+            return (module._forward_hooks_with_kwargs, module._forward_hooks_always_called)
+        if dict_name == "_forward_pre_hooks":
+            return (module._forward_pre_hooks_with_kwargs,)
+        return ()
+
+    return flags
 
 
 def module_fingerprint(
@@ -454,15 +505,12 @@ def module_fingerprint(
         if k in names and k not in _MODULE_BOOKKEEPING
     )
 
-    def flags(dict_name: str) -> tuple[dict[Any, Any], ...]:
-        if dict_name == "_forward_hooks":
-            return (module._forward_hooks_with_kwargs, module._forward_hooks_always_called)
-        if dict_name == "_forward_pre_hooks":
-            return (module._forward_pre_hooks_with_kwargs,)
-        return ()
-
     hooks = hooks_fingerprint(
-        module, hook_dicts, flags, None if context.get("training", True) else _grad_mark
+        module,
+        hook_dicts,
+        module_hook_flags(module),
+        context["path"],
+        skip=inference_skip(context.get("training", True)),
     )
     if not children:
         return (type_name(type(module)), attrs, hooks)
@@ -531,76 +579,12 @@ def reached_classes(start: Any, context: dict[str, Any]) -> list[tuple[Any, Any]
     return records
 
 
-def watches_only(hook: Any) -> bool:
-    """Whether a global module hook is one of torch's module trackers' own
-    (``torch.utils.module_tracker.ModuleTracker``, which ``FlopCounterMode`` enters,
-    and ``torch.distributed._tools.mod_tracker.ModTracker``, under ``MemTracker`` and
-    the runtime estimator): a bound method of the tracker whose function torch defines,
-    which returns None and only notes which module runs, so it never changes a result.
-    A graph has no module calls for it to note: during a served call it is not called
-    (the tracker attributes the call to no module), and the result is eager's. A
-    subclass that overrides the hook, or a patched one, is defined elsewhere and
-    counts as any hook."""
-    func = getattr(hook, "__func__", None)
-    return (
-        getattr(hook, "__self__", None) is not None
-        and getattr(func, "__module__", None)
-        in ("torch.utils.module_tracker", "torch.distributed._tools.mod_tracker")
-        and str(getattr(func, "__qualname__", "")).split(".")[0] in ("ModuleTracker", "ModTracker")
-    )
-
-
-def _grad_mark(dict_name: str, hook: Any) -> bool:
-    return dict_name == "_forward_hooks" and marks_grad_only(hook)
-
-
-def _marks_output(module: Any, args: Any, output: Any) -> None:
-    output.requires_grad_(True)
-
-
-def marks_grad_only(hook: Any) -> bool:
-    """Whether a module forward hook's whole body is ``output.requires_grad_(True)`` on
-    its output (``transformers``' ``enable_input_require_grads``, which
-    ``gradient_checkpointing_enable()`` registers on the input embeddings): it returns
-    None and changes no value, only whether autograd records what follows. An inference
-    artifact computes no gradient and serves outputs without one, so for it such a hook
-    changes nothing a served call returns (in eager under ``no_grad`` the outputs carry
-    no grad either). Proved by the hook's instructions being those of ``_marks_output``
-    (any parameter names, a docstring allowed): a hook doing anything more, a closure,
-    ``*args``, or a callable that is not a plain function counts as any hook."""
-    code = getattr(hook, "__code__", None)
-    if code is None or getattr(hook, "__self__", None) is not None:
-        return False
-    # three positional parameters; no *args, **kwargs, generator or coroutine flags
-    if code.co_argcount != 3 or code.co_kwonlyargcount or code.co_freevars:
-        return False
-    return not code.co_flags & 0x3AC and _instructions(code) == _instructions(
-        _marks_output.__code__
-    )
-
-
-def _instructions(code: Any) -> list[tuple[str, Any]]:
-    """``code``'s instructions as (operation, operand): locals by slot, so parameter
-    names do not count; inline caches and no-ops left out."""
-    import dis
-
-    return [
-        (i.opname, i.arg if "FAST" in i.opname else i.argval)
-        for i in dis.get_instructions(code)
-        if i.opname not in ("CACHE", "NOP", "RESUME", "EXTENDED_ARG")
-    ]
-
-
-def global_hooks_fingerprint(hooks: tuple[dict[Any, Any], ...]) -> Any:
-    """torch's global module hooks (``register_module_forward_hook`` and friends): they
-    run around every module call, so a trace bakes them like a module's own; those of
-    torch's module trackers only watch (``watches_only``) and are left out. ``hooks``
-    is ``(forward_pre, forward, backward_pre, backward, forward_with_kwargs,
-    forward_always_called)``, the dicts torch keeps them in."""
-    kept = tuple({k: h for k, h in d.items() if not watches_only(h)} for d in hooks[:4])
-    holder = dict(zip(GLOBAL_HOOK_DICTS, kept))
-
-    def flags(dict_name: str) -> tuple[dict[Any, Any], ...]:
-        return hooks[4:6] if dict_name == "_global_forward_hooks" else ()
-
-    return hooks_fingerprint(holder, GLOBAL_HOOK_DICTS, flags)
+def global_hooks_fingerprint(
+    hooks: tuple[dict[Any, Any], ...], contents: bool = True
+) -> dict[str, Any]:
+    """torch's global module hooks (``register_module_forward_hook`` and friends), which
+    run around every module call, as ``named_hooks`` gives a module's, less torch's
+    module trackers' (``global_hook_holder``); what both tracers record and compare
+    (make_fx's ``GLOBAL_HOOKS``, Dynamo's ``MODULE_HOOKS["global"]``)."""
+    holder, flags = global_hook_holder(hooks)
+    return named_hooks(holder, GLOBAL_HOOK_DICTS, flags, contents)

@@ -254,7 +254,7 @@ def test_library_context_and_no_op_changes_are_served_exactly_or_refused_naming_
 
 
 def test_module_trackers_and_flop_counts_are_served_as_eager_serves_them(tmp_path: Path) -> None:
-    """torch's module trackers only watch (``value_fingerprints.watches_only``): a call under
+    """torch's module trackers only watch (``hook_kinds.watches_only``): a call under
     ``ModuleTracker`` or ``FlopCounterMode`` is served exactly, standalone and installed,
     though Dynamo's guards compare the global hook dicts the trackers fill (the block was
     captured with a forward hook of its own, so they are guarded) -- and the standalone

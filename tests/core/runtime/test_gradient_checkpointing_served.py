@@ -8,7 +8,7 @@
   refused, and a flag that decides in eval too (``or``, alone) stays refused;
 - a forward hook whose whole body is ``output.requires_grad_(True)``
   (``enable_input_require_grads``) changes nothing an inference artifact returns
-  (``value_fingerprints.marks_grad_only``); a hook that does more stays refused.
+  (``hook_kinds.marks_grad_only``); a hook that does more stays refused.
 
 Each cell is served in a fresh process, with the change made before ``load`` and after
 it, and compared with eager on the changed model."""
