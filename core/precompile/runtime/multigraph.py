@@ -66,6 +66,8 @@ if TYPE_CHECKING:
     # multigraph_variants: which variant serves, and why the others refused.
     def serving_variant(managers: list[Any], f_locals: dict[str, Any]) -> int | None: ...
 
+    def variant_chooser(managers: list[Any]) -> Any: ...
+
     def variant_coverage(managers: list[Any], f_locals: dict[str, Any]) -> dict[str, Any]: ...
 
     def readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str: ...
@@ -389,11 +391,12 @@ def _build_multigraph_forward() -> Any:
             return f_locals
 
         managers = [manager for manager, _body in variants]
+        choose = variant_chooser(managers)
         layout_notes = [list(v.get("layout_notes", ())) for v in frame["variants"]]
 
         def dispatch_with(bound: list[Any], closure: Any, args: Any, kwargs: Any) -> Any:
             f_locals = locals_of(closure, args, kwargs)
-            chosen = serving_variant(managers, f_locals)
+            chosen = choose(f_locals)
             if chosen is None:
                 # A tensor still carrying mark_unbacked / mark_dynamic marks (the
                 # capture's example passed again) fails the rebuilt guards' marking
