@@ -68,6 +68,8 @@ if TYPE_CHECKING:
 
     def variant_chooser(managers: list[Any]) -> Any: ...
 
+    def dispatch_mode_depth() -> int: ...
+
     def variant_coverage(managers: list[Any], f_locals: dict[str, Any]) -> dict[str, Any]: ...
 
     def readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str: ...
@@ -471,9 +473,31 @@ def _build_multigraph_forward() -> Any:
 
             return factory
         bound = bind(None)
+        only = getattr(choose, "only", None)
+        if only is not None and plain_signature:
+            # One variant, called with exactly its positional parameters and no dispatch
+            # mode (almost every call): what dispatch_with, locals_of and choose would do
+            # for it, in this one frame; any other call (and a miss) goes through them.
+            first, count = bound[0], len(positional)
 
-        def dispatch(*args: Any, **kwargs: Any) -> Any:
-            return dispatch_with(bound, None, args, kwargs)
+            def dispatch(*args: Any, **kwargs: Any) -> Any:
+                if (
+                    not kwargs
+                    and len(args) == count
+                    and not dispatch_mode_depth()
+                    and only(dict(zip(positional, args)))
+                ):
+                    try:
+                        return first(*args)
+                    except RuntimeError as error:
+                        _mark_ran_before_refusal(error)
+                        raise
+                return dispatch_with(bound, None, args, kwargs)
+
+        else:
+
+            def dispatch(*args: Any, **kwargs: Any) -> Any:
+                return dispatch_with(bound, None, args, kwargs)
 
         dispatch.coverage = coverage  # type: ignore[attr-defined]  # covers() reads it off the entry
         return dispatch

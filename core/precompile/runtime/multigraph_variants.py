@@ -82,6 +82,7 @@ def variant_chooser(managers: list[Any]) -> Any:
             return serving_variant(managers, f_locals)
         return 0 if check(f_locals) else None
 
+    choose.only = check  # type: ignore[attr-defined]  # the dispatcher's own fast path
     return choose
 
 
