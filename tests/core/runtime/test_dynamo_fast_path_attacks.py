@@ -147,7 +147,7 @@ def attack(artifact: str, cache: str) -> dict[str, list[Any]]:
             with change(model):
                 try:
                     got: Any = run(model, x)
-                except precompile.PrecompileError as error:
+                except Exception as error:  # a refusal, or anything else (a row's failure)
                     got = error
                 try:
                     want: Any = model(x)
@@ -155,6 +155,9 @@ def attack(artifact: str, cache: str) -> dict[str, list[Any]]:
                     want = error
             if isinstance(got, precompile.PrecompileError):
                 outcomes[name] = ["refused", str(got)]
+            elif isinstance(got, Exception):
+                outcomes[name] = ["failed otherwise", repr(got)]
+                continue
             elif isinstance(want, Exception):
                 outcomes[name] = ["served where eager fails", repr(want)]
             else:
@@ -177,6 +180,8 @@ def attack(artifact: str, cache: str) -> dict[str, list[Any]]:
             outcomes["input of another width"] = ["served", False]
         except precompile.PrecompileError as error:
             outcomes["input of another width"] = ["refused", str(error)]
+        except Exception as error:
+            outcomes["input of another width"] = ["failed otherwise", repr(error)]
         # the pregraph profiler range, skipped only with the profiler off
         with torch.profiler.profile() as profiled:
             got = run(model, x)
