@@ -44,6 +44,7 @@ _DisableAutocast = _torch._C._DisableAutocast
 _any_autocast_enabled = _torch._C._is_any_autocast_enabled
 _set_grad_enabled = _torch._C._set_grad_enabled
 _dict_version = _torch._C._dynamo.guards.dict_version
+_deterministic_enabled = _torch._C._get_deterministic_algorithms
 _TensorGuards = _torch._C._dynamo.guards.TensorGuards
 dispatch_tls_local_exclude_set = _torch._C._dispatch_tls_local_exclude_set
 privateuse1_backend_name = _torch._C._get_privateuse1_backend_name
@@ -223,21 +224,20 @@ class _DynamoUtilsStandIn:
     # bytecode ahead of a graph when the profiler is on, and a tensor's size, stride and
     # storage offset read for a dynamic dimension.
 
+    # With the profiler off (every served call but a profiled one) there is no range:
+    # enter answers None and exit does nothing, with no context object made per call.
     @staticmethod
     def record_pregraph_bytecode_enter():
-        import contextlib
-
-        cm = (
-            _torch._C._profiler._RecordFunctionFast("Pregraph bytecode")
-            if _torch.autograd.profiler._is_profiler_enabled
-            else contextlib.nullcontext()
-        )
+        if not _torch.autograd.profiler._is_profiler_enabled:
+            return None
+        cm = _torch._C._profiler._RecordFunctionFast("Pregraph bytecode")
         cm.__enter__()
         return cm
 
     @staticmethod
     def record_pregraph_bytecode_exit(cm):
-        cm.__exit__(None, None, None)
+        if cm is not None:
+            cm.__exit__(None, None, None)
 
     @staticmethod
     def call_size(x, i):

@@ -66,6 +66,10 @@ if TYPE_CHECKING:
     # multigraph_variants: which variant serves, and why the others refused.
     def serving_variant(managers: list[Any], f_locals: dict[str, Any]) -> int | None: ...
 
+    def variant_chooser(managers: list[Any]) -> Any: ...
+
+    def dispatch_mode_depth() -> int: ...
+
     def variant_coverage(managers: list[Any], f_locals: dict[str, Any]) -> dict[str, Any]: ...
 
     def readable_guard_failure(manager: Any, f_locals: dict[str, Any]) -> str: ...
@@ -389,11 +393,12 @@ def _build_multigraph_forward() -> Any:
             return f_locals
 
         managers = [manager for manager, _body in variants]
+        choose = variant_chooser(managers)
         layout_notes = [list(v.get("layout_notes", ())) for v in frame["variants"]]
 
         def dispatch_with(bound: list[Any], closure: Any, args: Any, kwargs: Any) -> Any:
             f_locals = locals_of(closure, args, kwargs)
-            chosen = serving_variant(managers, f_locals)
+            chosen = choose(f_locals)
             if chosen is None:
                 # A tensor still carrying mark_unbacked / mark_dynamic marks (the
                 # capture's example passed again) fails the rebuilt guards' marking
@@ -468,9 +473,31 @@ def _build_multigraph_forward() -> Any:
 
             return factory
         bound = bind(None)
+        only = getattr(choose, "only", None)
+        if only is not None and plain_signature:
+            # One variant, called with exactly its positional parameters and no dispatch
+            # mode (almost every call): what dispatch_with, locals_of and choose would do
+            # for it, in this one frame; any other call (and a miss) goes through them.
+            first, count = bound[0], len(positional)
 
-        def dispatch(*args: Any, **kwargs: Any) -> Any:
-            return dispatch_with(bound, None, args, kwargs)
+            def dispatch(*args: Any, **kwargs: Any) -> Any:
+                if (
+                    not kwargs
+                    and len(args) == count
+                    and not dispatch_mode_depth()
+                    and only(dict(zip(positional, args)))
+                ):
+                    try:
+                        return first(*args)
+                    except RuntimeError as error:
+                        _mark_ran_before_refusal(error)
+                        raise
+                return dispatch_with(bound, None, args, kwargs)
+
+        else:
+
+            def dispatch(*args: Any, **kwargs: Any) -> Any:
+                return dispatch_with(bound, None, args, kwargs)
 
         dispatch.coverage = coverage  # type: ignore[attr-defined]  # covers() reads it off the entry
         return dispatch

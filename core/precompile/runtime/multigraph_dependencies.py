@@ -76,6 +76,8 @@ if TYPE_CHECKING:
         keyed: Callable[[list[Any]], Any] | None = None,
     ) -> Callable[[], None]: ...
 
+    def watch_together(checks: list[Callable[[], None]]) -> Callable[[], None]: ...
+
 
 def hook_snapshot(root: Any, inference: bool = False) -> dict[str, dict[str, Any]]:
     """Submodule path -> hook dict -> ``(hook_name, identity)`` per hook, in order, for the
@@ -196,16 +198,17 @@ def build_dependency_check() -> Any:
     classes_ok = build_class_check()
     builtins_ok = build_builtin_check()
 
+    # The checks that watch dicts by version tag (the library surface, the classes, the
+    # builtins, torch's global hooks) are compared as one (``watch_together``): an
+    # unchanged world costs one C-level read of all their tags. When a tag changed, each
+    # of them runs (in this order) and refuses as it would alone, before the others.
+    watchers = [c for c in (surface_ok, classes_ok, builtins_ok, global_hooks_ok) if c]
+    watched_ok = watch_together(watchers)
+
     def check(args: Any, kwargs: Any) -> None:
-        if surface_ok is not None:
-            surface_ok()
-        if classes_ok is not None:
-            classes_ok()
-        if builtins_ok is not None:
-            builtins_ok()
+        watched_ok()
         if arguments_ok is not None:
             arguments_ok(args, kwargs)
-        global_hooks_ok()
         if module_hooks_ok is not None:
             module_hooks_ok(args, kwargs)
         if reads_ok is not None:

@@ -220,6 +220,7 @@ class _Node:
             self.type = _named(*spec["type"])
             self.size = spec["size"]
             self.keys_call = spec["keys_call"]
+        self.leaf_specs: list[list[Any]] = spec["leaves"]
         self.leaves = [_leaf(leaf, root) for leaf in spec["leaves"]]
         children = [_Node(c, scope, root) for c in spec["children"]]
         self.children = [c for c in children if not c.is_positional]
@@ -271,6 +272,43 @@ class _Verdict:
         self.verbose_code_parts = [] if failure is None else [failure]
 
 
+#: Leaves whose C++ check is one identity or exact-type test, written inline by the
+#: compiled check (a call into a pybind leaf costs ~0.1 us; the test itself a few ns).
+#: Each decides exactly as its C++ class: TYPE_MATCH compares ``Py_TYPE(value)`` with the
+#: class; NONE/TRUE/FALSE_MATCH compare ``value`` with the singleton; EQUALS_MATCH of a
+#: ``str`` or ``int`` checks the exact type first, then ``==`` (which for those types has
+#: no user code and no identity shortcut that could differ). Anything else, or another
+#: EQUALS_MATCH value, is called as the C++ leaf (DICT_CONTAINS and LAMBDA_GUARD: see
+#: ``_inline_leaf``); ``check_verbose`` always walks the C++
+#: leaves, so a refusal is worded by them.
+_SINGLETON_LEAVES = {"NONE_MATCH": None, "TRUE_MATCH": True, "FALSE_MATCH": False}
+
+
+def _inline_leaf(spec: list[Any], var: str, const: Any) -> str | None:
+    """The inline Python test equivalent to the C++ leaf ``spec`` describes, or None."""
+    if spec[0] == "type":
+        return f"type({var}) is {const(_named(*spec[1]))}"
+    if spec[0] == "lambda":
+        # LAMBDA_GUARD calls this Python check and takes its truth (an exception fails):
+        # called directly, without the C++ leaf between.
+        form = spec[1]
+        check = _hooks_check if form[0] == "saved_tensors_hooks_none" else _expression(form[1])
+        return f"{const(check)}({var})"
+    if spec[0] != "leaf":
+        return None
+    name, args = spec[1], spec[2]
+    if name in _SINGLETON_LEAVES:
+        return f"{var} is {_SINGLETON_LEAVES[name]!r}"
+    if name == "DICT_CONTAINS" and type(args[0]) is bool:
+        # PyDict_Check and PyDict_Contains (a dict subclass's __contains__ is not asked;
+        # a value that is no dict contains nothing), compared with the captured answer.
+        found = f"(isinstance({var}, dict) and _dict_contains({var}, {const(args[1])}))"
+        return f"{found} is {args[0]!r}"
+    if name == "EQUALS_MATCH" and type(args[0]) in (str, int):
+        return f"(type({var}) is {type(args[0]).__name__} and {var} == {const(args[0])})"
+    return None
+
+
 def _fast_source(
     node: _Node, var: str, emit: Any, const: Any, fresh: Any, watched: set[int]
 ) -> None:
@@ -284,8 +322,9 @@ def _fast_source(
         emit(f"if _dict_len({var}) != {node.size!r}: return False")
         if node.size == 0:
             return
-    for leaf, _verbose, _explain in node.leaves:
-        emit(f"if not {const(leaf)}({var}): return False")
+    for (leaf, _verbose, _explain), spec in zip(node.leaves, node.leaf_specs):
+        test = _inline_leaf(spec, var, const)
+        emit(f"if not {test or f'{const(leaf)}({var})'}: return False")
     for child in node.children:
         value = fresh()
         step, *arg = child.step
@@ -329,6 +368,12 @@ def _fast_check(tree: _Node, watched: set[int], scope: dict[str, Any]) -> Any:
         "_object_getattribute": object.__getattribute__,
         "_tuple_getitem": tuple.__getitem__,
         "getattr": getattr,
+        "type": type,
+        "isinstance": isinstance,
+        "dict": dict,
+        "_dict_contains": dict.__contains__,
+        "str": str,
+        "int": int,
     }
     counter = [0]
 
@@ -360,6 +405,23 @@ def _fast_check(tree: _Node, watched: set[int], scope: dict[str, Any]) -> Any:
     return namespace["fast"]
 
 
+def _epilogue_check(texts: list[str], scope: dict[str, Any]) -> Any:
+    """``holds(f_locals) -> bool``: the epilogue guards ``texts`` (expressions over ``L``,
+    the frame locals, and ``G``, the module's globals) compiled into one function that
+    decides as ``_tail_failure``'s ``eval`` of each does: no builtins, ``L`` and ``G``
+    the only names, any exception a failure."""
+    # Each text on lines of its own: a trailing comment ends with its line.
+    lines = [f"        if not (\n{text}\n        ): return False" for text in texts] or [
+        "        pass"
+    ]
+    head = ["def holds(L):", "    try:"]
+    tail = ["    except Exception:", "        return False", "    return True"]
+    source = "\n".join([*head, *lines, *tail])
+    namespace: dict[str, Any] = {"__builtins__": {}, "G": scope}
+    exec(compiled_source(source, "<precompile guards>"), namespace)
+    return namespace["holds"]
+
+
 class PlainGuards:
     """One variant's guards: ``check(f_locals)`` and ``check_verbose(f_locals)``, as on
     Dynamo's guard manager."""
@@ -382,6 +444,7 @@ class PlainGuards:
         self._relations = program.get("relations", [])
         self._watched = {i for relation in self._relations for i in relation["nodes"]}
         self._fast = _fast_check(self._tree, self._watched, scope)
+        self._epilogue_holds = _epilogue_check([text for text, _v in program["epilogue"]], scope)
         # Reentrant: an accessor may run user code (a property) that calls the artifact
         # again on this thread; the root's snapshot is this thread's either way.
         self._lock = threading.RLock()
@@ -415,9 +478,13 @@ class PlainGuards:
 
     def check(self, f_locals: dict[str, Any]) -> bool:
         """The compiled tree, then what follows it in ``_first_failure``; a refusal is
-        explained by ``check_verbose``, which walks the tree itself."""
+        explained by ``check_verbose``, which walks the tree itself. Without relational
+        guards (most variants) the epilogue is one compiled function, not an ``eval``
+        per guard."""
         with self._lock:
             self._root.check(f_locals)
+            if not self._relations:
+                return bool(self._fast(f_locals, None)) and self._epilogue_holds(f_locals)
             reached: dict[int, Any] = dict.fromkeys(self._watched, _MISSING)
             return bool(self._fast(f_locals, reached)) and (
                 self._tail_failure(f_locals, reached) is None

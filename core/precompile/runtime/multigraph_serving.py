@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     _pytree: Any = None
     _any_autocast_enabled: Callable[[], bool] = bool
     _set_grad_enabled: Callable[[bool], None] = print
+    _deterministic_enabled: Callable[[], bool] = bool
     GRAD_MODE: bool = False
     GRAD_MODE_READ: str = ""
     GRAD_FLAGS: dict[str, Any] = {}
@@ -163,6 +164,11 @@ def _refuse_training_flags(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Non
         )
 
 
+#: [torch.nn.modules.module's globals, what reads its four global hook dicts from them],
+#: filled by the first call of ``_watchers_aside``.
+_GLOBAL_HOOKS: list[Any] = []
+
+
 def _watchers_aside() -> Any:
     """Set torch's module trackers' global hooks aside for one served call (what undoes
     it), or None when there is nothing to set aside (no global hook: the per-call cost
@@ -174,6 +180,16 @@ def _watchers_aside() -> Any:
     meet the hooks' own Python (``weakref``) as frames no variant covers. Set aside,
     the guards see the capture's state; the tracker attributes the call to no module,
     as docs/trust.md says. Taken out of and put back into the same dicts, in order."""
+    if not _GLOBAL_HOOKS:
+        import operator
+
+        import torch.nn.modules.module as hooks_module
+
+        # torch reads the hook dicts as its module's globals: read there, per call.
+        _GLOBAL_HOOKS.extend((vars(hooks_module), operator.itemgetter(*GLOBAL_HOOK_DICTS)))
+    scope, hook_dicts = _GLOBAL_HOOKS
+    if not any(hook_dicts(scope)):
+        return None  # no global hook: one C-level read of the four dicts
     import torch.nn.modules.module as hooks_module
 
     held = [
@@ -289,7 +305,10 @@ def serve_as_captured(entry: Any, check: Any, installed: bool = False) -> Any:
     # refused by the grad-mode check below.
     inference_mode_enabled = torch.is_inference_mode_enabled if not GRAD_MODE else bool
 
-    def forward(*args: Any, **kwargs: Any) -> Any:
+    def _check_ambient_state(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The ambient checks one by one, in the order their refusals are said: the
+        torch modes, what the trace depended on (``check``), then the default dtype,
+        deterministic mode and autocast."""
         if function_mode_depth() or dispatch_mode_depth() or captured_modes:
             check_ambient_modes(captured_modes, MODES_SEE_OPS)
         check(args, kwargs)
@@ -306,6 +325,25 @@ def serve_as_captured(entry: Any, check: Any, installed: bool = False) -> Any:
             )
         if _any_autocast_enabled():
             refuse_autocast()
+
+    # The ambient state of an ordinary call: no torch-function or dispatch mode, the
+    # captured default dtype and deterministic mode, no autocast. A call in that state
+    # (read as one tuple of C calls) skips the checks of each; any other, or an artifact
+    # captured under modes (never equal: None), runs them in order.
+    ordinary = None if captured_modes else (0, 0, dtype, deterministic, False)
+    default_dtype = torch.get_default_dtype
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if (
+            function_mode_depth(),
+            dispatch_mode_depth(),
+            default_dtype(),
+            _deterministic_enabled(),
+            _any_autocast_enabled(),
+        ) == ordinary:
+            check(args, kwargs)
+        else:
+            _check_ambient_state(args, kwargs)
         grad = torch.is_grad_enabled()
         if grad != GRAD_MODE:
             if GRAD_MODE_READ:

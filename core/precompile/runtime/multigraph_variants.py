@@ -67,6 +67,25 @@ def serving_variant(managers: list[Any], f_locals: dict[str, Any]) -> int | None
     return _serving_variant_now(managers, f_locals)
 
 
+def variant_chooser(managers: list[Any]) -> Any:
+    """``choose(f_locals) -> int | None``: ``serving_variant`` over ``managers``, bound
+    once per frame. A frame of one variant whose guards decide in one check (most
+    frames: a capture with one specialization) is chosen by that check alone, with no
+    search and no second try; under a dispatch mode it takes ``serving_variant``'s path."""
+    only = managers[0] if len(managers) == 1 else None
+    if only is None or not getattr(only, "checks_once", False):
+        return lambda f_locals: serving_variant(managers, f_locals)
+    check = only.check
+
+    def choose(f_locals: dict[str, Any]) -> int | None:
+        if dispatch_mode_depth():
+            return serving_variant(managers, f_locals)
+        return 0 if check(f_locals) else None
+
+    choose.only = check  # type: ignore[attr-defined]  # the dispatcher's own fast path
+    return choose
+
+
 def _serving_variant_now(managers: list[Any], f_locals: dict[str, Any]) -> int | None:
     for i, manager in enumerate(managers):
         if manager.check(f_locals) or (

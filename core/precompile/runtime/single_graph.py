@@ -174,7 +174,7 @@ def _build_single_graph_forward() -> Any:
         model_tensors, "rest", model_tensors
     )
     model_recorded = getattr(model_tensors, "recorded", None)
-    surface_recorded = getattr(surface_ok, "recorded", None) if surface_ok is not None else None
+    surface_snapshot = getattr(surface_ok, "snapshot", None) if surface_ok is not None else None
 
     def _new_epoch(state: list[Any]) -> None:
         """Fold the checks' recorded dicts and tags into the epoch, or leave it unset
@@ -182,12 +182,13 @@ def _build_single_graph_forward() -> Any:
         epoch[0] = None
         if model_recorded is None or model_rest is model_tensors:
             return
-        if surface_ok is not None and surface_recorded is None:
+        if surface_ok is not None and surface_snapshot is None:
             return
         pairs: list[tuple[Any, Any]] = []
-        if surface_recorded is not None:
-            dicts, versions = surface_recorded()
-            if versions is None:
+        if surface_snapshot is not None:
+            dicts, versions, key, items, _keys = surface_snapshot()
+            if versions is None or (key is not None and items):
+                # Never verified, or keyed objects whose keys a tag does not see.
                 return
             pairs += zip(dicts, versions)
         if builtins_scopes:

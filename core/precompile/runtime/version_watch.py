@@ -12,9 +12,11 @@ not see (the order of an OrderedDict's keys, which ``move_to_end`` changes witho
 store; a class's MRO) is compared per call too, as ``key`` of each of the ``keyed``
 objects.
 
-An unkeyed ``check`` also carries ``check.recorded()``: the dicts and the tags it last
-verified, so that a driver can fold them into one comparison with other checks' dicts
-(``single_graph``'s per-call epoch) and call ``check`` only when that comparison fails.
+Each ``check`` also carries ``check.snapshot()``: what it last verified (the dicts, their
+tags, and its keyed objects with their keys), so that a driver can fold several checks
+into one comparison and call them only when it fails: ``watch_together`` for Dynamo
+artifacts, ``single_graph``'s per-call epoch (which folds in the model-state fast path's
+dicts too) for make_fx ones.
 
 Nothing here imports precompile.
 """
@@ -56,19 +58,18 @@ def watch_dicts(
             items = keyed(dicts)
             keys = tuple(map(key, items))
 
+    def snapshot() -> tuple[Any, ...]:
+        """What the last passing check saw (for ``watch_together``): the dicts, their
+        tags (None: not yet checked), and ``key`` with the keyed objects and their keys."""
+        return dicts, versions, key, items, keys
+
     if key is None:
 
         def check() -> None:
             if tuple(map(_dict_version, dicts)) != versions:
                 refresh()
 
-        def recorded() -> tuple[list[Any], Any]:
-            # The dicts and the tags the last passing check verified (None before the
-            # first when ``checked`` is False): a caller may compare them itself, as
-            # part of one wider comparison, instead of calling ``check``.
-            return dicts, versions
-
-        check.recorded = recorded  # type: ignore[attr-defined]  # read by single_graph
+        check.snapshot = snapshot  # type: ignore[attr-defined]
         return check
     by = key
 
@@ -78,4 +79,48 @@ def watch_dicts(
         ):
             refresh()
 
+    check_keyed.snapshot = snapshot  # type: ignore[attr-defined]
     return check_keyed
+
+
+def watch_together(checks: list[Callable[[], None]]) -> Callable[[], None]:
+    """``check()``: the ``watch_dicts`` checks ``checks`` as one. Per call, the tags of
+    all their dicts are read in one C-level ``map`` and compared with the concatenation of
+    what each check last saw (and each keyed object's key with its own): equal, every
+    one of the checks would have found nothing changed, so none is called. Otherwise
+    each is called, in order (each rechecks what changed of its own and refuses as it
+    would alone), and the combined snapshot is taken again from theirs."""
+    if len(checks) == 1:
+        return checks[0]
+    dicts: list[Any] = []
+    versions: Any = None
+    keyed: list[tuple[Any, Any, Any]] = []
+
+    def take() -> None:
+        nonlocal versions
+        dicts.clear()
+        keyed.clear()
+        seen: list[Any] = []
+        for check in checks:
+            own_dicts, own_versions, key, items, keys = check.snapshot()  # type: ignore[attr-defined]
+            if own_versions is None:  # not checked yet: the next call calls it
+                versions = None
+                return
+            dicts.extend(own_dicts)
+            seen.extend(own_versions)
+            if key is not None and items:
+                keyed.append((key, items, keys))
+        versions = tuple(seen)
+
+    take()
+
+    def check() -> None:
+        if tuple(map(_dict_version, dicts)) == versions and (
+            not keyed or all(tuple(map(key, items)) == keys for key, items, keys in keyed)
+        ):
+            return
+        for each in checks:
+            each()
+        take()
+
+    return check

@@ -1,0 +1,244 @@
+"""Issue 29, the Dynamo driver: each per-call fast path is attacked by changing what it
+skips after calls already took it, in a fresh process, and the change is still caught.
+
+The fast paths: the guard check writes identity and exact-type leaves inline and the
+epilogue as one function (``multigraph_guards``); a frame of one variant is chosen by
+its one check (``variant_chooser``); the ambient state (modes, default dtype,
+deterministic mode, autocast) is one tuple compare (``serve_as_captured``); the checks
+that watch dicts by version tag are one compare of all their tags (``watch_together``);
+torch's global hook dicts are one read (``_watchers_aside``); the pregraph profiler
+range is skipped with the profiler off. After two served calls, each change below is
+made and the next call must answer as eager does on the changed state or refuse with a
+PrecompileError -- never answer from the stale state; where eager's answer changes, it
+must refuse (or match it)."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import precompile
+from tests.harness import capture_pair, run_json
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.act = nn.ReLU()
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class DoublingLinear(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 2
+
+
+def serve(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x)
+
+
+CHILD = """
+import json, torch, warnings
+warnings.simplefilter("ignore")
+from tests.core.runtime.test_dynamo_fast_path_attacks import attack
+print(json.dumps(attack({artifact!r}, {cache!r})))
+"""
+
+
+def attack(artifact: str, cache: str) -> dict[str, list[Any]]:
+    """In this process: per change, a fresh model served twice (the fast paths taken),
+    the change made (a context: undone after the call), the next call's outcome:
+    ["served", equal to eager under the change] or ["refused", message]."""
+    import contextlib
+    import copy
+
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    run = precompile.load(artifact, cache)
+    torch.manual_seed(1)
+    base = Net().eval()
+    x = torch.randn(3, 8)
+
+    @contextlib.contextmanager
+    def setting(owner: Any, name: str, value: Any) -> Any:
+        before = getattr(owner, name)
+        setattr(owner, name, value)
+        try:
+            yield
+        finally:
+            setattr(owner, name, before)
+
+    @contextlib.contextmanager
+    def default_dtype(dtype: torch.dtype) -> Any:
+        torch.set_default_dtype(dtype)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(torch.float32)
+
+    @contextlib.contextmanager
+    def deterministic() -> Any:
+        torch.use_deterministic_algorithms(True)
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(False)
+
+    @contextlib.contextmanager
+    def global_hook() -> Any:
+        handle = nn.modules.module.register_module_forward_hook(lambda m, i, o: o)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    class Watching(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+            return func(*args, **(kwargs or {}))
+
+    class Dispatching(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+            return func(*args, **(kwargs or {}))
+
+    def doubled_relu(value: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+        return torch.relu(value) * 2
+
+    def tripled_forward(self: Any, value: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(value, self.weight, self.bias) * 3
+
+    changes: dict[str, Any] = {
+        # the guard tree's inline leaves (TYPE_MATCH of a submodule, EQUALS_MATCH of
+        # the _modules keys) and its tensor leaves
+        "submodule class swapped": lambda m: setting(m.fc2, "__class__", DoublingLinear),
+        "submodule replaced by another class": lambda m: setting(m, "act", nn.Tanh()),
+        "_modules keys renamed": lambda m: setting(
+            m, "_modules", {("first" if k == "fc1" else k): v for k, v in m._modules.items()}
+        ),
+        "weight of another shape": lambda m: setting(
+            m.fc1, "weight", nn.Parameter(torch.randn(16, 9))
+        ),
+        # the ambient state, one tuple compare
+        "default dtype float64": lambda m: default_dtype(torch.float64),
+        "deterministic algorithms on": lambda m: deterministic(),
+        "autocast on": lambda m: torch.autocast("cpu", dtype=torch.bfloat16),
+        "a torch function mode": lambda m: Watching(),
+        "a torch dispatch mode": lambda m: Dispatching(),
+        # the dicts watched together (library surface, classes, global hooks)
+        "library function rebound": lambda m: setting(F, "relu", doubled_relu),
+        "class method rebound": lambda m: setting(nn.Linear, "forward", tripled_forward),
+        "global forward hook": lambda m: global_hook(),
+    }
+    outcomes: dict[str, list[Any]] = {}
+    with torch.no_grad():
+        for name, change in changes.items():
+            model = copy.deepcopy(base)
+            for _ in range(2):
+                torch.testing.assert_close(run(model, x), model(x))
+            with change(model):
+                try:
+                    got: Any = run(model, x)
+                except Exception as error:  # a refusal, or anything else (a row's failure)
+                    got = error
+                try:
+                    want: Any = model(x)
+                except Exception as error:
+                    want = error
+            if isinstance(got, precompile.PrecompileError):
+                outcomes[name] = ["refused", str(got)]
+            elif isinstance(got, Exception):
+                outcomes[name] = ["failed otherwise", repr(got)]
+                continue
+            elif isinstance(want, Exception):
+                outcomes[name] = ["served where eager fails", repr(want)]
+            else:
+                same = got.dtype == want.dtype and torch.allclose(got, want.to(got.dtype))
+                outcomes[name] = ["served", bool(same and got.dtype == want.dtype)]
+            # Undone: served again, and a second change after it caught too (each
+            # fast path took its snapshot again after the refusal).
+            torch.testing.assert_close(run(model, x), model(x))
+        model = copy.deepcopy(base)
+        run(model, x)
+        with setting(F, "relu", doubled_relu):
+            try:
+                run(model, x)
+                outcomes["changed again after a restore"] = ["served", False]
+            except precompile.PrecompileError as error:
+                outcomes["changed again after a restore"] = ["refused", str(error)]
+        # one variant chosen by its one check: another input is refused in its words
+        try:
+            run(model, torch.randn(3, 9))
+            outcomes["input of another width"] = ["served", False]
+        except precompile.PrecompileError as error:
+            outcomes["input of another width"] = ["refused", str(error)]
+        except Exception as error:
+            outcomes["input of another width"] = ["failed otherwise", repr(error)]
+        # the pregraph profiler range, skipped only with the profiler off
+        with torch.profiler.profile() as profiled:
+            got = run(model, x)
+        names = {event.name for event in profiled.events()}
+        outcomes["profiled"] = [
+            "served",
+            bool(torch.allclose(got, model(x)) and "Pregraph bytecode" in names),
+        ]
+    return outcomes
+
+
+#: Each change whose eager answer differs from the captured one (or that eager cannot
+#: run): the artifact must refuse it, naming what changed.
+MUST_REFUSE = {
+    "submodule class swapped": "",
+    "submodule replaced by another class": "",
+    "_modules keys renamed": "",
+    "weight of another shape": "",
+    "default dtype float64": "default dtype",
+    "deterministic algorithms on": "deterministic algorithms off; this process has torch.float32 and on",
+    "autocast on": "torch.autocast",
+    "library function rebound": "relu",
+    "class method rebound": "forward",
+    "global forward hook": "global hook",
+    "changed again after a restore": "relu",
+    "input of another width": "no captured variant",
+}
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
+    torch.manual_seed(0)
+    with torch.no_grad():
+        artifact, cache = capture_pair(
+            serve,
+            Net().eval(),
+            torch.randn(3, 8),
+            directory=tmp_path_factory.mktemp("dynamo"),
+            tracer=precompile.DynamoTracer(),
+        )
+    return dict(run_json(textwrap.dedent(CHILD.format(artifact=artifact, cache=cache))))
+
+
+@pytest.mark.parametrize("change", sorted(MUST_REFUSE))
+def test_a_change_behind_a_fast_path_is_refused_in_its_words(
+    outcomes: dict[str, list[Any]], change: str
+) -> None:
+    kind, detail = outcomes[change]
+    assert kind == "refused", (change, kind, detail)
+    assert MUST_REFUSE[change] in detail, (change, detail)
+
+
+@pytest.mark.parametrize("change", ["a torch function mode", "a torch dispatch mode", "profiled"])
+def test_a_change_that_may_be_served_is_served_as_eager_or_refused(
+    outcomes: dict[str, list[Any]], change: str
+) -> None:
+    kind, detail = outcomes[change]
+    assert kind in ("served", "refused"), (change, kind, detail)
+    if kind == "served" or change == "profiled":
+        assert [kind, detail] == ["served", True], (change, kind, detail)
