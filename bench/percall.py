@@ -260,6 +260,18 @@ def _breakdown(run: Any, model: nn.Module, x: torch.Tensor, raw: Any) -> dict[st
     return rows
 
 
+def _checks_alone(run: Any, model: nn.Module, x: torch.Tensor) -> float:
+    """Microseconds of a call's checks alone, no graph: make_fx's ``checked_inputs`` (the
+    input, aliasing, ambient, surface, model-state and grad checks) or Dynamo's per-call
+    dependency check (hooks, globals, identities, surface, classes, builtins). For models
+    whose graph's jitter swamps a difference of two timings."""
+    if "_BACKEND_FNS" in run._namespace:
+        check = _cells(run._forward)["check"]
+        return best_per_call_us({"c": lambda: check((model, x), {})}, rounds=25, calls=300)["c"]
+    checked = _cells(run._forward.covers)["checked_inputs"]
+    return best_per_call_us({"c": lambda: checked((model, x), {})}, rounds=25, calls=300)["c"]
+
+
 def run_percall_section(workdir: Path, runs: int) -> str:
     """The section of bench/RESULTS.md. ``runs`` is unused: one process times every row."""
     warnings.simplefilter("ignore")
@@ -269,6 +281,7 @@ def run_percall_section(workdir: Path, runs: int) -> str:
     started = time.time()
     rows: list[list[Any]] = []
     breakdowns: dict[tuple[str, str], dict[str, float]] = {}
+    alone: list[list[Any]] = []
     verdicts: list[str] = []
     try:
         for name in MODELS:
@@ -312,6 +325,8 @@ def run_percall_section(workdir: Path, runs: int) -> str:
                                 )
                                 column = f"{backend}, grad {'on' if grad else 'off'}"
                                 breakdowns[(tracer, column)] = _breakdown(run, model, x, raw)
+                            if backend == "eager" and not grad:
+                                alone.append([name, tracer, _checks_alone(run, model, x)])
                     run.unload()  # a Dynamo artifact of serve holds its module's names
     finally:
         torch.set_num_threads(threads)
@@ -359,6 +374,17 @@ def run_percall_section(workdir: Path, runs: int) -> str:
                 [[piece, *(parts[piece] for parts in columns.values())] for piece in pieces],
             ),
         ]
+    lines += [
+        "",
+        "The checks of a call alone, no graph (eager backend, grad off; best of 25 "
+        "interleaved rounds of 300 calls): make_fx's `checked_inputs` (inputs and their "
+        "aliasing, ambient context, library surface, builtins, model state, grads) and "
+        "Dynamo's per-call dependency check (hooks, globals, identities, library surface, "
+        "classes, builtins; its ambient state and tensor guards run in the frame), per "
+        "model: the same checks over more parameters, buffers and modules:",
+        "",
+        table(["model", "tracer", "checks alone (us)"], alone),
+    ]
     lines += [
         "",
         "Reading: with the eager backend the make_fx graph now calls each ATen op's C++ "
