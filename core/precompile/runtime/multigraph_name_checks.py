@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     GLOBAL_READS: list[dict[str, str]] = []
     CLASS_ATTRS: list[dict[str, Any]] = []
     BUILTIN_READS: list[dict[str, Any]] = []
+    TRACED_FUNCS: list[dict[str, str]] = []
+
+    # precompile.runtime.state_checks, emitted before this module.
+    def code_fingerprint(code: Any) -> str: ...
 
     # precompile.runtime.refusal and the multi-graph driver's helpers, emitted with it.
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
@@ -126,6 +130,122 @@ def build_global_read_check() -> Callable[[], None] | None:
             recheck_reads()
 
     return global_reads_ok if GLOBAL_READS else None
+
+
+def build_code_check() -> Callable[[], None] | None:
+    """``code_ok()``: refuse when a function the trace ran (``TRACED_FUNCS``: helpers,
+    methods, and the functions their closure cells hold) has other code, defaults or
+    closure cells than the trace saw. Dynamo guards a function by identity, and
+    ``f.__code__ = g.__code__`` (IPython's autoreload, a hot patch) keeps the identity.
+
+    At load each function is resolved by module and qualified name, and its code
+    compared with the capture's digest (a swap made before load). Per call, one
+    identity pass (``map(getattr, holders, attrs)`` against a snapshot) over each one's
+    ``__code__``, ``__defaults__`` and ``__kwdefaults__`` where it had them, and its
+    cells' contents; only a miss looks closer. None when the trace ran no such function."""
+    import operator
+
+    found: dict[int, tuple[Any, dict[str, str]]] = {}
+
+    def resolve(row: dict[str, str]) -> Any:
+        try:
+            owner: Any = import_user_module(row["module"])
+            for part in row["qualname"].split("."):
+                owner = vars(owner).get(part, None) if isinstance(owner, type) else getattr(owner, part)
+        except Exception:
+            return None
+        owner = getattr(owner, "__func__", owner)
+        return owner if hasattr(owner, "__code__") and hasattr(owner, "__closure__") else None
+
+    def add(fn: Any, row: dict[str, str]) -> None:
+        if id(fn) in found:
+            return
+        found[id(fn)] = (fn, row)
+        # A function a closure cell holds runs with what it holds, as its maker does.
+        for cell in fn.__closure__ or ():
+            try:
+                held = cell.cell_contents
+            except ValueError:
+                continue
+            if hasattr(held, "__code__") and hasattr(held, "__closure__"):
+                add(held, {**row, "qualname": held.__qualname__, "code": code_fingerprint(held.__code__)})
+
+    def named(row: dict[str, str]) -> str:
+        where = f" ({row['location']})" if row.get("location") else ""
+        return f"function {row['module']}.{row['qualname']}{where}"
+
+    for row in TRACED_FUNCS:
+        fn = resolve(row)
+        if fn is None:
+            continue  # the name checks refuse a name that is gone
+        if code_fingerprint(fn.__code__) != row["code"]:
+            refuse(
+                f"precompile: {named(row)} has other code in this process than the capture "
+                f"traced (its __code__ was replaced, by a hot patch or IPython's autoreload, "
+                f"and its source file was not edited); this artifact serves only the traced "
+                f"code. Restore the function, or capture again with the new code (re-emit "
+                f"the artifact)"
+            )
+        add(fn, row)
+    if not found:
+        return None
+
+    held: list[Any] = []
+    attrs: list[str] = []
+    rows: list[dict[str, str]] = []
+    for fn, row in found.values():
+        held.append(fn)
+        attrs.append("__code__")
+        rows.append(row)
+        # Where it had none, every traced call passed every argument: defaults added
+        # later change no traced call.
+        for name in ("__defaults__", "__kwdefaults__"):
+            if getattr(fn, name) is not None:
+                held.append(fn)
+                attrs.append(name)
+                rows.append(row)
+        for cell in fn.__closure__ or ():
+            held.append(cell)
+            attrs.append("cell_contents")
+            rows.append(row)
+    holders, names = tuple(held), tuple(attrs)
+
+    def now(holder: Any, attr: str) -> Any:
+        # An emptied cell reads as the cell itself: never what it held.
+        try:
+            return getattr(holder, attr)
+        except ValueError:
+            return holder
+
+    snapshot = tuple(map(now, holders, names))
+    same = operator.is_
+
+    def recheck() -> None:
+        for holder, attr, row, was in zip(holders, names, rows, snapshot):
+            value = now(holder, attr)
+            if value is was:
+                continue
+            what = {
+                "__code__": "its code (__code__ replaced)",
+                "__defaults__": "its default arguments (__defaults__)",
+                "__kwdefaults__": "its keyword defaults (__kwdefaults__)",
+            }.get(attr, "a value its closure holds (a cell's contents)")
+            refuse(
+                f"precompile: {named(row)}, which the trace ran, changed in place since "
+                f"the last verified call: {what}; eager would run the new one and this "
+                f"artifact serves only what the capture traced. Restore it, or capture "
+                f"again (re-emit the artifact)"
+            )
+
+    def code_ok() -> None:
+        try:
+            if all(map(same, map(getattr, holders, names), snapshot)):
+                return
+        except ValueError:
+            pass
+        recheck()
+
+    return code_ok
 
 
 def _scoped(path: str, index: int) -> str:
