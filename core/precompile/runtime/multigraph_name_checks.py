@@ -151,7 +151,9 @@ def build_code_check() -> Callable[[], None] | None:
         try:
             owner: Any = import_user_module(row["module"])
             for part in row["qualname"].split("."):
-                owner = vars(owner).get(part, None) if isinstance(owner, type) else getattr(owner, part)
+                owner = (
+                    vars(owner).get(part, None) if isinstance(owner, type) else getattr(owner, part)
+                )
         except Exception:
             return None
         owner = getattr(owner, "__func__", owner)
@@ -168,7 +170,10 @@ def build_code_check() -> Callable[[], None] | None:
             except ValueError:
                 continue
             if hasattr(held, "__code__") and hasattr(held, "__closure__"):
-                add(held, {**row, "qualname": held.__qualname__, "code": code_fingerprint(held.__code__)})
+                add(
+                    held,
+                    {**row, "qualname": held.__qualname__, "code": code_fingerprint(held.__code__)},
+                )
 
     def named(row: dict[str, str]) -> str:
         where = f" ({row['location']})" if row.get("location") else ""
@@ -217,13 +222,31 @@ def build_code_check() -> Callable[[], None] | None:
         except ValueError:
             return holder
 
-    snapshot = tuple(map(now, holders, names))
+    snapshot = [tuple(map(now, holders, names))]
     same = operator.is_
+    plain = (int, float, complex, str, bytes, bool, type(None))
+
+    def unchanged(was: Any, value: Any) -> bool:
+        """Whether a default or a cell's new contents is the old value again: an equal
+        plain value of the same type (``n = n + 0``, a float recomputed), or a tuple of
+        such (defaults reassigned as they were)."""
+        if type(was) is not type(value):
+            return False
+        if isinstance(was, tuple):
+            return len(was) == len(value) and all(map(unchanged, was, value))
+        return isinstance(was, plain) and bool(was == value)
 
     def recheck() -> None:
-        for holder, attr, row, was in zip(holders, names, rows, snapshot):
+        for holder, attr, row, was in zip(holders, names, rows, snapshot[0]):
             value = now(holder, attr)
             if value is was:
+                continue
+            if attr == "__code__":
+                # The same code compiled again (autoreload recompiles every function of
+                # a saved file, edited or not) computes what the trace did.
+                if code_fingerprint(value) == row["code"]:
+                    continue
+            elif value is not holder and unchanged(was, value):
                 continue
             what = {
                 "__code__": "its code (__code__ replaced)",
@@ -236,10 +259,12 @@ def build_code_check() -> Callable[[], None] | None:
                 f"artifact serves only what the capture traced. Restore it, or capture "
                 f"again (re-emit the artifact)"
             )
+        # Every difference computes what the trace did: adopt what is held now.
+        snapshot[0] = tuple(map(now, holders, names))
 
     def code_ok() -> None:
         try:
-            if all(map(same, map(getattr, holders, names), snapshot)):
+            if all(map(same, map(getattr, holders, names), snapshot[0])):
                 return
         except ValueError:
             pass

@@ -98,6 +98,19 @@ CHANGES: dict[str, tuple[Callable[[], Callable[[], None]], str]] = {
     "closure cell changed": (lambda: _cell(_add, 3.0), "_add"),
 }
 
+#: Changes that compute what the trace did: served, as eager. Autoreload recompiles
+#: every function of a saved file (the same code, at other lines); defaults reassigned
+#: as they were; a cell given an equal value.
+SERVED: dict[str, Callable[[], Callable[[], None]]] = {
+    "same code compiled again": lambda: _patch(
+        _shift,
+        "__code__",
+        _shift.__code__.replace(co_firstlineno=_shift.__code__.co_firstlineno + 7),
+    ),
+    "equal defaults reassigned": lambda: _patch(_scaled, "__defaults__", (float("2.0"),)),
+    "cell given an equal value": lambda: _cell(_add, float("0.5")),
+}
+
 CHILD = """
 import json, warnings
 warnings.simplefilter("ignore")
@@ -125,7 +138,10 @@ def attack(artifact: str, cache: str) -> dict[str, Any]:
         finally:
             undo()
         run = precompile.load(artifact, cache)
-        for name, (change, _named) in CHANGES.items():
+        for name, (change, _named) in [
+            *CHANGES.items(),
+            *((name, (change, "")) for name, change in SERVED.items()),
+        ]:
             for _ in range(2):
                 torch.testing.assert_close(run(model, x), model(x))
             undo = change()
@@ -175,3 +191,8 @@ def test_a_code_swap_before_load_is_refused(outcomes: dict[str, Any]) -> None:
     kind, detail = outcomes["before load"]
     assert kind == "refused", detail
     assert "_shift" in detail and "code" in detail, detail
+
+
+@pytest.mark.parametrize("change", sorted(SERVED))
+def test_a_change_that_computes_the_same_is_served(outcomes: dict[str, Any], change: str) -> None:
+    assert outcomes[change] == ["served", True, True], (change, outcomes[change])
