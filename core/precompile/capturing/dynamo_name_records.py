@@ -318,6 +318,7 @@ def traced_function_rows(codes: Iterable[types.CodeType]) -> list[dict[str, str]
     for code in dict.fromkeys(codes):
         if not is_project_file(code.co_filename):
             continue
+        digest = code_fingerprint(code)
         for holder in gc.get_referrers(code):
             if not isinstance(holder, types.FunctionType) or holder.__code__ is not code:
                 continue
@@ -327,8 +328,19 @@ def traced_function_rows(codes: Iterable[types.CodeType]) -> list[dict[str, str]
             rows[named] = {
                 "module": named[0],
                 "qualname": named[1],
-                "code": code_fingerprint(code),
+                "code": digest,
                 "location": location(holder),
+            }
+        if not any(row["code"] == digest for row in rows.values()):
+            # No name reaches it (a function a factory made, held in a closure or an
+            # attribute): its digest still marks its code as traced.
+            qualname = getattr(code, "co_qualname", code.co_name)
+            rows["", f"{qualname}@{digest}"] = {
+                "module": "",
+                "qualname": qualname,
+                "code": digest,
+                "location": f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}",
+                "nameless": "1",
             }
     return list(rows.values())
 

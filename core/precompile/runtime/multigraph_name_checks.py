@@ -134,18 +134,22 @@ def build_global_read_check() -> Callable[[], None] | None:
 
 def build_code_check() -> Callable[[], None] | None:
     """``code_ok()``: refuse when a function the trace ran (``TRACED_FUNCS``: helpers,
-    methods, and the functions their closure cells hold) has other code, defaults or
-    closure cells than the trace saw. Dynamo guards a function by identity, and
+    methods, functions held in attributes, and the functions their closure cells hold)
+    has other code than the trace saw. Dynamo guards a function by identity, and
     ``f.__code__ = g.__code__`` (IPython's autoreload, a hot patch) keeps the identity.
 
     At load each function is resolved by module and qualified name, and its code
-    compared with the capture's digest (a swap made before load). Per call, one
-    identity pass (``map(getattr, holders, attrs)`` against a snapshot) over each one's
-    ``__code__``, ``__defaults__`` and ``__kwdefaults__`` where it had them, and its
-    cells' contents; only a miss looks closer. None when the trace ran no such function."""
+    compared with the capture's digest (a swap made before load, the source file
+    unchanged). Per call, one identity pass over their ``__code__`` against the code
+    last verified; only a miss compares digests (the same code recompiled is adopted).
+    None when the trace ran no such function."""
     import operator
 
     found: dict[int, tuple[Any, dict[str, str]]] = {}
+    # The digests of every project function the trace ran, named or not: a function a
+    # closure cell holds is watched only where the trace ran its code.
+    traced = {row["code"] for row in TRACED_FUNCS}
+    nameless = {row["qualname"]: row["location"] for row in TRACED_FUNCS if row.get("nameless")}
 
     def resolve(row: dict[str, str]) -> Any:
         try:
@@ -169,106 +173,65 @@ def build_code_check() -> Callable[[], None] | None:
                 held = cell.cell_contents
             except ValueError:
                 continue
-            if hasattr(held, "__code__") and hasattr(held, "__closure__"):
-                add(
-                    held,
-                    {**row, "qualname": held.__qualname__, "code": code_fingerprint(held.__code__)},
+            if not (hasattr(held, "__code__") and hasattr(held, "__closure__")):
+                continue
+            digest = code_fingerprint(held.__code__)
+            if digest in traced:
+                add(held, {**row, "qualname": held.__qualname__, "code": digest})
+            elif held.__qualname__ in nameless:
+                # The trace ran a function of that name held there, with other code.
+                changed(
+                    {**row, "qualname": held.__qualname__, "location": nameless[held.__qualname__]}
                 )
 
     def named(row: dict[str, str]) -> str:
         where = f" ({row['location']})" if row.get("location") else ""
         return f"function {row['module']}.{row['qualname']}{where}"
 
+    def changed(row: dict[str, str]) -> None:
+        refuse(
+            f"precompile: {named(row)} has other code in this process than the capture "
+            f"traced (its __code__ was replaced, by a hot patch or IPython's autoreload, "
+            f"and its source file was not edited); this artifact serves only the traced "
+            f"code. Restore the function, or capture again with the new code (re-emit "
+            f"the artifact)"
+        )
+
     for row in TRACED_FUNCS:
-        fn = resolve(row)
+        fn = None if row.get("nameless") else resolve(row)
         if fn is None:
             continue  # the name checks refuse a name that is gone
         if code_fingerprint(fn.__code__) != row["code"]:
-            refuse(
-                f"precompile: {named(row)} has other code in this process than the capture "
-                f"traced (its __code__ was replaced, by a hot patch or IPython's autoreload, "
-                f"and its source file was not edited); this artifact serves only the traced "
-                f"code. Restore the function, or capture again with the new code (re-emit "
-                f"the artifact)"
-            )
+            changed(row)
         add(fn, row)
     if not found:
         return None
 
-    held: list[Any] = []
-    attrs: list[str] = []
-    rows: list[dict[str, str]] = []
-    for fn, row in found.values():
-        held.append(fn)
-        attrs.append("__code__")
-        rows.append(row)
-        # Where it had none, every traced call passed every argument: defaults added
-        # later change no traced call.
-        for name in ("__defaults__", "__kwdefaults__"):
-            if getattr(fn, name) is not None:
-                held.append(fn)
-                attrs.append(name)
-                rows.append(row)
-        for cell in fn.__closure__ or ():
-            held.append(cell)
-            attrs.append("cell_contents")
-            rows.append(row)
-    holders, names = tuple(held), tuple(attrs)
-
-    def now(holder: Any, attr: str) -> Any:
-        # An emptied cell reads as the cell itself: never what it held.
-        try:
-            return getattr(holder, attr)
-        except ValueError:
-            return holder
-
-    snapshot = [tuple(map(now, holders, names))]
+    # Only the code: Dynamo's own guards compare what an inlined call read of its
+    # defaults, keyword defaults and cells by value (each read has a source, and is
+    # guarded there), but a function only by identity, which ``f.__code__ = ...`` keeps.
+    functions = tuple(fn for fn, _row in found.values())
+    rows = tuple(row for _fn, row in found.values())
+    codes = [tuple(fn.__code__ for fn in functions)]
+    code_of = operator.attrgetter("__code__")
     same = operator.is_
-    plain = (int, float, complex, str, bytes, bool, type(None))
-
-    def unchanged(was: Any, value: Any) -> bool:
-        """Whether a default or a cell's new contents is the old value again: an equal
-        plain value of the same type (``n = n + 0``, a float recomputed), or a tuple of
-        such (defaults reassigned as they were)."""
-        if type(was) is not type(value):
-            return False
-        if isinstance(was, tuple):
-            return len(was) == len(value) and all(map(unchanged, was, value))
-        return isinstance(was, plain) and bool(was == value)
 
     def recheck() -> None:
-        for holder, attr, row, was in zip(holders, names, rows, snapshot[0]):
-            value = now(holder, attr)
-            if value is was:
-                continue
-            if attr == "__code__":
-                # The same code compiled again (autoreload recompiles every function of
-                # a saved file, edited or not) computes what the trace did.
-                if code_fingerprint(value) == row["code"]:
-                    continue
-            elif value is not holder and unchanged(was, value):
-                continue
-            what = {
-                "__code__": "its code (__code__ replaced)",
-                "__defaults__": "its default arguments (__defaults__)",
-                "__kwdefaults__": "its keyword defaults (__kwdefaults__)",
-            }.get(attr, "a value its closure holds (a cell's contents)")
-            refuse(
-                f"precompile: {named(row)}, which the trace ran, changed in place since "
-                f"the last verified call: {what}; eager would run the new one and this "
-                f"artifact serves only what the capture traced. Restore it, or capture "
-                f"again (re-emit the artifact)"
-            )
-        # Every difference computes what the trace did: adopt what is held now.
-        snapshot[0] = tuple(map(now, holders, names))
+        for fn, row in zip(functions, rows):
+            # The same code compiled again (autoreload recompiles every function of a
+            # saved file, edited or not) computes what the trace did: adopted.
+            if code_fingerprint(fn.__code__) != row["code"]:
+                refuse(
+                    f"precompile: {named(row)}, which the trace ran, has had its code "
+                    f"replaced in place (__code__) since the capture; eager would run the "
+                    f"new code and this artifact serves only the traced code. Restore it, "
+                    f"or capture again with the new code (re-emit the artifact)"
+                )
+        codes[0] = tuple(fn.__code__ for fn in functions)
 
     def code_ok() -> None:
-        try:
-            if all(map(same, map(getattr, holders, names), snapshot[0])):
-                return
-        except ValueError:
-            pass
-        recheck()
+        if not all(map(same, map(code_of, functions), codes[0])):
+            recheck()
 
     return code_ok
 

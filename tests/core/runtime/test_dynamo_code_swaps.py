@@ -43,9 +43,28 @@ def _make_adder(amount: float) -> Callable[[torch.Tensor], torch.Tensor]:
 _add = _make_adder(0.5)
 
 
+def _kw(t: torch.Tensor, *, k: float = 1.0) -> torch.Tensor:
+    return t - k
+
+
+def _make_wrapper() -> Callable[[torch.Tensor], torch.Tensor]:
+    # ``inner`` has no name another process imports: only ``wrap``'s cell holds it.
+    def inner(t: torch.Tensor) -> torch.Tensor:
+        return t * 3.0
+
+    def wrap(t: torch.Tensor) -> torch.Tensor:
+        return inner(t) - 1.0
+
+    return wrap
+
+
+_wrap = _make_wrapper()
+
+
 class SwapNet(nn.Module):
-    """Runs a module-level helper, one with a default, a method of its class, a
-    function held in an attribute and one a factory closed over a value."""
+    """Runs a module-level helper, one with a default, one with a keyword default, a
+    method of its class, a function held in an attribute, one a factory closed over a
+    value and one that calls a function only its closure holds."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -56,7 +75,7 @@ class SwapNet(nn.Module):
         return self.fc(x) - 0.25
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _add(_scaled(_shift(self.act(self.encode(x)))))
+        return _wrap(_kw(_add(_scaled(_shift(self.act(self.encode(x)))))))
 
 
 def serve(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -96,6 +115,19 @@ CHANGES: dict[str, tuple[Callable[[], Callable[[], None]], str]] = {
     ),
     "defaults replaced": (lambda: _patch(_scaled, "__defaults__", (5.0,)), "_scaled"),
     "closure cell changed": (lambda: _cell(_add, 3.0), "_add"),
+    "keyword defaults replaced": (lambda: _patch(_kw, "__kwdefaults__", {"k": 4.0}), "_kw"),
+    "code of a function a closure holds replaced": (
+        lambda: _patch(
+            _wrap.__closure__[0].cell_contents, "__code__", (lambda t: t * 5.0).__code__
+        ),
+        "inner",
+    ),
+}
+
+#: Code swapped in the serving process before ``precompile.load`` (source unchanged).
+BEFORE_LOAD = {
+    f"{name}, before load": CHANGES[name]
+    for name in ("helper's code replaced", "code of a function a closure holds replaced")
 }
 
 #: Changes that compute what the trace did: served, as eager. Autoreload recompiles
@@ -128,15 +160,16 @@ def attack(artifact: str, cache: str) -> dict[str, Any]:
     x = torch.randn(3, 8)
     out: dict[str, Any] = {}
     with torch.no_grad():
-        undo = _patch(_shift, "__code__", (lambda t: t + 2.0).__code__)
-        try:
+        for name, (change, _named) in BEFORE_LOAD.items():
+            undo = change()
             try:
-                got = precompile.load(artifact, cache)(model, x)
-                out["before load"] = ["served", bool(torch.allclose(got, model(x)))]
-            except precompile.PrecompileError as error:
-                out["before load"] = ["refused", str(error)]
-        finally:
-            undo()
+                try:
+                    got = precompile.load(artifact, cache)(model, x)
+                    out[name] = ["served", bool(torch.allclose(got, model(x)))]
+                except precompile.PrecompileError as error:
+                    out[name] = ["refused", str(error)]
+            finally:
+                undo()
         run = precompile.load(artifact, cache)
         for name, (change, _named) in [
             *CHANGES.items(),
@@ -187,10 +220,11 @@ def test_a_function_changed_in_place_after_serving_is_refused(
     assert again is True, f"{change}: undone, but not served as eager: {again}"
 
 
-def test_a_code_swap_before_load_is_refused(outcomes: dict[str, Any]) -> None:
-    kind, detail = outcomes["before load"]
+@pytest.mark.parametrize("change", sorted(BEFORE_LOAD))
+def test_a_code_swap_before_load_is_refused(outcomes: dict[str, Any], change: str) -> None:
+    kind, detail = outcomes[change]
     assert kind == "refused", detail
-    assert "_shift" in detail and "code" in detail, detail
+    assert BEFORE_LOAD[change][1] in detail and "code" in detail, detail
 
 
 @pytest.mark.parametrize("change", sorted(SERVED))
