@@ -140,11 +140,9 @@ def build_code_check() -> Callable[[], None] | None:
 
     At load each function is resolved by module and qualified name, and its code
     compared with the capture's digest (a swap made before load, the source file
-    unchanged). Per call, one identity pass over their ``__code__`` against the code
-    last verified; only a miss compares digests (the same code recompiled is adopted).
+    unchanged). Per call, one generated expression compares their ``__code__`` by
+    identity with the code last verified; only a miss compares digests (the same code recompiled is adopted).
     None when the trace ran no such function."""
-    import operator
-
     found: dict[int, tuple[Any, dict[str, str]]] = {}
     # The digests of every project function the trace ran, named or not: a function a
     # closure cell holds is watched only where the trace ran its code.
@@ -212,9 +210,6 @@ def build_code_check() -> Callable[[], None] | None:
     # guarded there), but a function only by identity, which ``f.__code__ = ...`` keeps.
     functions = tuple(fn for fn, _row in found.values())
     rows = tuple(row for _fn, row in found.values())
-    codes = [tuple(fn.__code__ for fn in functions)]
-    code_of = operator.attrgetter("__code__")
-    same = operator.is_
 
     def recheck() -> None:
         for fn, row in zip(functions, rows):
@@ -227,12 +222,26 @@ def build_code_check() -> Callable[[], None] | None:
                     f"new code and this artifact serves only the traced code. Restore it, "
                     f"or capture again with the new code (re-emit the artifact)"
                 )
-        codes[0] = tuple(fn.__code__ for fn in functions)
+        bind()
 
-    def code_ok() -> None:
-        if not all(map(same, map(code_of, functions), codes[0])):
-            recheck()
+    # One generated function compares every ``f.__code__`` with the code last verified
+    # (bound as its defaults: no map, no tuple built per call); a miss rechecks.
+    count = len(functions)
+    source = "def __code_ok(__R, {}):\n    if not ({}):\n        __R()\n".format(
+        ", ".join(f"__F{i}, __C{i}" for i in range(count)),
+        " and ".join(f"__F{i}.__code__ is __C{i}" for i in range(count)),
+    )
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<precompile traced code>", "exec"), namespace)
+    code_ok = namespace["__code_ok"]
 
+    def bind() -> None:
+        bound: list[Any] = [recheck]
+        for fn in functions:
+            bound += [fn, fn.__code__]
+        code_ok.__defaults__ = tuple(bound)
+
+    bind()
     return code_ok
 
 
