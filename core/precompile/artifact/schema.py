@@ -90,6 +90,7 @@ class MultiGraphDependencies(TypedDict):
     ORDERED_DICTS: list[Any]
     CLASS_ATTRS: list[Any]
     BUILTIN_READS: list[Any]
+    TRACED_FUNCS: list[dict[str, str]]
     LIBRARY_SURFACE: list[Any]
     GRAD_MODE_READ: str
     ARG_RELATIONS: list[Any]

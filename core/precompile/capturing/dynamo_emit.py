@@ -394,6 +394,7 @@ def _renamed_dependencies(
         "ORDERED_DICTS": dependencies.get("ORDERED_DICTS", []),
         "CLASS_ATTRS": dependencies.get("CLASS_ATTRS", []),
         "BUILTIN_READS": dependencies.get("BUILTIN_READS", []),
+        "TRACED_FUNCS": dependencies.get("TRACED_FUNCS", []),
         "LIBRARY_SURFACE": dependencies.get("LIBRARY_SURFACE", []),
         "GRAD_MODE_READ": dependencies.get("GRAD_MODE_READ", ""),
         "GRAD_FLAGS": dependencies.get("GRAD_FLAGS", {"params": None, "read": ""}),

@@ -299,3 +299,57 @@ def _code_class(code: types.CodeType) -> type | None:
 
 #: What a path that cannot be evaluated evaluates to.
 _MISSING = object()
+
+
+def traced_function_rows(codes: Iterable[types.CodeType]) -> list[dict[str, str]]:
+    """``TRACED_FUNCS``: every project function whose code the trace ran (frames, what
+    Dynamo inlined: helpers, methods, functions reached through attributes or closures)
+    and that another process can import by module and qualified name, with the digest
+    of its code (``code_fingerprint``). Dynamo guards a function by identity, never its
+    ``__code__``: serving compares each one's code with this digest at load and watches
+    its code, defaults and closure cells by identity per call
+    (``multigraph_name_checks.build_code_check``). Nested functions made per call are
+    covered by their maker's code (its digest includes theirs)."""
+    import gc
+
+    from precompile.runtime.state_checks import code_fingerprint
+
+    rows: dict[tuple[str, str], dict[str, str]] = {}
+    for code in dict.fromkeys(codes):
+        if not is_project_file(code.co_filename):
+            continue
+        digest = code_fingerprint(code)
+        for holder in gc.get_referrers(code):
+            if not isinstance(holder, types.FunctionType) or holder.__code__ is not code:
+                continue
+            named = import_name(holder) or _global_name(holder)
+            if named is None or named in rows:
+                continue
+            rows[named] = {
+                "module": named[0],
+                "qualname": named[1],
+                "code": digest,
+                "location": location(holder),
+            }
+        if not any(row["code"] == digest for row in rows.values()):
+            # No name reaches it (a function a factory made, held in a closure or an
+            # attribute): its digest still marks its code as traced.
+            qualname = getattr(code, "co_qualname", code.co_name)
+            rows["", f"{qualname}@{digest}"] = {
+                "module": "",
+                "qualname": qualname,
+                "code": digest,
+                "location": f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}",
+                "nameless": "1",
+            }
+    return list(rows.values())
+
+
+def _global_name(fn: types.FunctionType) -> tuple[str, str] | None:
+    """(module, global name) of a function its module binds under another name than
+    its qualified name (one a factory made: ``add = make_adder(0.5)``), or None."""
+    scope = vars(sys.modules.get(fn.__module__) or types.ModuleType("_"))
+    for name, bound in list(scope.items()):
+        if bound is fn:
+            return fn.__module__, name
+    return None

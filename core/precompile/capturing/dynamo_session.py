@@ -419,6 +419,7 @@ class DynamoSession:
         tracing probe, a graph the backend cannot ship (``DynamoBackends.graphs``), the
         dependencies the recorders refuse; the emitter refuses what is left (default
         arguments, helper globals)."""
+        from precompile.capturing.dynamo_name_records import traced_function_rows
         from precompile.capturing.library_surface import record_dynamo_surface
 
         frames = self.frames()
@@ -431,6 +432,7 @@ class DynamoSession:
         )
         dependencies = {
             **self.dependencies.metadata(list(codes)),
+            "TRACED_FUNCS": traced_function_rows(codes),
             "LIBRARY_SURFACE": record_dynamo_surface(
                 self.fn,
                 graphs.graphs,

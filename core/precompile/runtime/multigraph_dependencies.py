@@ -67,6 +67,8 @@ if TYPE_CHECKING:
 
     def build_builtin_check() -> Any: ...
 
+    def build_code_check() -> Callable[[], None] | None: ...
+
     # precompile.runtime.version_watch, emitted before this module.
     def watch_dicts(
         watched: Callable[[], list[Any]],
@@ -197,6 +199,7 @@ def build_dependency_check() -> Any:
     arguments_ok = build_argument_check(signature)
     classes_ok = build_class_check()
     builtins_ok = build_builtin_check()
+    code_ok = build_code_check()
 
     # The checks that watch dicts by version tag (the library surface, the classes, the
     # builtins, torch's global hooks) are compared as one (``watch_together``): an
@@ -213,6 +216,8 @@ def build_dependency_check() -> Any:
             module_hooks_ok(args, kwargs)
         if reads_ok is not None:
             reads_ok()
+        if code_ok is not None:
+            code_ok()
 
     return check
 

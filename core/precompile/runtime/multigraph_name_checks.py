@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     GLOBAL_READS: list[dict[str, str]] = []
     CLASS_ATTRS: list[dict[str, Any]] = []
     BUILTIN_READS: list[dict[str, Any]] = []
+    TRACED_FUNCS: list[dict[str, str]] = []
+
+    # precompile.runtime.state_checks, emitted before this module.
+    def code_fingerprint(code: Any) -> str: ...
 
     # precompile.runtime.refusal and the multi-graph driver's helpers, emitted with it.
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
@@ -126,6 +130,119 @@ def build_global_read_check() -> Callable[[], None] | None:
             recheck_reads()
 
     return global_reads_ok if GLOBAL_READS else None
+
+
+def build_code_check() -> Callable[[], None] | None:
+    """``code_ok()``: refuse when a function the trace ran (``TRACED_FUNCS``: helpers,
+    methods, functions held in attributes, and the functions their closure cells hold)
+    has other code than the trace saw. Dynamo guards a function by identity, and
+    ``f.__code__ = g.__code__`` (IPython's autoreload, a hot patch) keeps the identity.
+
+    At load each function is resolved by module and qualified name, and its code
+    compared with the capture's digest (a swap made before load, the source file
+    unchanged). Per call, one generated expression compares their ``__code__`` by
+    identity with the code last verified; only a miss compares digests (the same code recompiled is adopted).
+    None when the trace ran no such function."""
+    found: dict[int, tuple[Any, dict[str, str]]] = {}
+    # The digests of every project function the trace ran, named or not: a function a
+    # closure cell holds is watched only where the trace ran its code.
+    traced = {row["code"] for row in TRACED_FUNCS}
+    nameless = {row["qualname"]: row["location"] for row in TRACED_FUNCS if row.get("nameless")}
+
+    def resolve(row: dict[str, str]) -> Any:
+        try:
+            owner: Any = import_user_module(row["module"])
+            for part in row["qualname"].split("."):
+                owner = (
+                    vars(owner).get(part, None) if isinstance(owner, type) else getattr(owner, part)
+                )
+        except Exception:
+            return None
+        owner = getattr(owner, "__func__", owner)
+        return owner if hasattr(owner, "__code__") and hasattr(owner, "__closure__") else None
+
+    def add(fn: Any, row: dict[str, str]) -> None:
+        if id(fn) in found:
+            return
+        found[id(fn)] = (fn, row)
+        # A function a closure cell holds runs with what it holds, as its maker does.
+        for cell in fn.__closure__ or ():
+            try:
+                held = cell.cell_contents
+            except ValueError:
+                continue
+            if not (hasattr(held, "__code__") and hasattr(held, "__closure__")):
+                continue
+            digest = code_fingerprint(held.__code__)
+            if digest in traced:
+                add(held, {**row, "qualname": held.__qualname__, "code": digest})
+            elif held.__qualname__ in nameless:
+                # The trace ran a function of that name held there, with other code.
+                changed(
+                    {**row, "qualname": held.__qualname__, "location": nameless[held.__qualname__]}
+                )
+
+    def named(row: dict[str, str]) -> str:
+        where = f" ({row['location']})" if row.get("location") else ""
+        return f"function {row['module']}.{row['qualname']}{where}"
+
+    def changed(row: dict[str, str]) -> None:
+        refuse(
+            f"precompile: {named(row)} has other code in this process than the capture "
+            f"traced (its __code__ was replaced, by a hot patch or IPython's autoreload, "
+            f"and its source file was not edited); this artifact serves only the traced "
+            f"code. Restore the function, or capture again with the new code (re-emit "
+            f"the artifact)"
+        )
+
+    for row in TRACED_FUNCS:
+        fn = None if row.get("nameless") else resolve(row)
+        if fn is None:
+            continue  # the name checks refuse a name that is gone
+        if code_fingerprint(fn.__code__) != row["code"]:
+            changed(row)
+        add(fn, row)
+    if not found:
+        return None
+
+    # Only the code: Dynamo's own guards compare what an inlined call read of its
+    # defaults, keyword defaults and cells by value (each read has a source, and is
+    # guarded there), but a function only by identity, which ``f.__code__ = ...`` keeps.
+    functions = tuple(fn for fn, _row in found.values())
+    rows = tuple(row for _fn, row in found.values())
+
+    def recheck() -> None:
+        for fn, row in zip(functions, rows):
+            # The same code compiled again (autoreload recompiles every function of a
+            # saved file, edited or not) computes what the trace did: adopted.
+            if code_fingerprint(fn.__code__) != row["code"]:
+                refuse(
+                    f"precompile: {named(row)}, which the trace ran, has had its code "
+                    f"replaced in place (__code__) since the capture; eager would run the "
+                    f"new code and this artifact serves only the traced code. Restore it, "
+                    f"or capture again with the new code (re-emit the artifact)"
+                )
+        bind()
+
+    # One generated function compares every ``f.__code__`` with the code last verified
+    # (bound as its defaults: no map, no tuple built per call); a miss rechecks.
+    count = len(functions)
+    source = "def __code_ok(__R, {}):\n    if not ({}):\n        __R()\n".format(
+        ", ".join(f"__F{i}, __C{i}" for i in range(count)),
+        " and ".join(f"__F{i}.__code__ is __C{i}" for i in range(count)),
+    )
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<precompile traced code>", "exec"), namespace)
+    code_ok = namespace["__code_ok"]
+
+    def bind() -> None:
+        bound: list[Any] = [recheck]
+        for fn in functions:
+            bound += [fn, fn.__code__]
+        code_ok.__defaults__ = tuple(bound)
+
+    bind()
+    return code_ok
 
 
 def _scoped(path: str, index: int) -> str:
