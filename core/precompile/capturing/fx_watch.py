@@ -300,9 +300,7 @@ def recording_module_reads(
                 seen.add(name)
                 if readers is not None:
                     frame = getframe(1)
-                    readers.setdefault((id(self), name), set()).add(
-                        (frame.f_code, frame.f_lasti)
-                    )
+                    readers.setdefault((id(self), name), set()).add((frame.f_code, frame.f_lasti))
                 if positions is not None and name in neutral_reads.NAMES:
                     positions.setdefault((id(self), name), []).append(
                         (tracing.graph_tail(), getframe(1).f_code)

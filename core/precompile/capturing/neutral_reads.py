@@ -480,8 +480,7 @@ def settle_training_only_reads(
             for name in sorted(seen - {"training"}):
                 codes = readers.get((id(sub), name))
                 if codes and all(
-                    read_only_under_training_cached(c, name, position_at(c, at))
-                    for c, at in codes
+                    read_only_under_training_cached(c, name, position_at(c, at)) for c, at in codes
                 ):
                     seen.discard(name)
                     seen.add("training")

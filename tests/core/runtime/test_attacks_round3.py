@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import functools
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -119,7 +120,7 @@ class AndTrainingOrOther(nn.Module):
         self.other = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.flag and self.training or self.other:
+        if (self.flag and self.training) or self.other:
             x = x + 100
         return x * 2
 
@@ -205,6 +206,27 @@ class WithMarked(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(x) * 2
+
+
+class FrozenMarked(nn.Module):
+    """A frozen layer whose output a grad-marking hook makes require grad (transformers'
+    ``enable_input_require_grads``): in training, whether a backward runs at all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4).requires_grad_(False)
+        self.fc.register_forward_hook(_marks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * 2
+
+
+def train_step(model: nn.Module, x: torch.Tensor) -> Any:
+    out = model(x)
+    marked = out.requires_grad
+    if marked:
+        out.sum().backward()
+    return out.detach(), torch.tensor(marked)
 
 
 def _requires_grad_doubling(self: torch.Tensor, requires_grad: bool = True) -> torch.Tensor:
@@ -386,61 +408,183 @@ def _change_value(model: nn.Module) -> None:
     model.cfg["a"] = 5  # type: ignore[index, operator]
 
 
-def _to_tuple_output(model: nn.Module) -> None:
-    return None
-
-
 def _class_swap(model: nn.Module) -> None:
     model.__class__ = TripledSubclassed
 
 
-#: name -> (model factory, change made after two served calls). Factories are seeded in
-#: the runner.
-SCENARIOS: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module], None]]] = {
+def _remove_hooks(model: nn.Module) -> None:
+    model.fc._forward_hooks.clear()  # type: ignore[union-attr, operator]
+
+
+def _add_marking_hook(model: nn.Module) -> None:
+    model.fc.register_forward_hook(_marks)  # type: ignore[union-attr, operator]
+
+
+def _call_with(call: Callable[[Any, nn.Module, torch.Tensor], Any]) -> Any:
+    """A change that is the call itself: ``call(fn, model, x)`` is made with the artifact
+    and with eager alike."""
+    return lambda model: call
+
+
+def _in_thread(fn: Any, model: nn.Module, x: torch.Tensor) -> Any:
+    """The call on another thread, where grad mode is on (torch's is per thread)."""
+    import threading
+
+    box: list[Any] = []
+
+    def target() -> None:
+        try:
+            box.append(fn(model, x))
+        except Exception as error:
+            box.append(error)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if isinstance(box[0], Exception):
+        raise box[0]
+    return box[0].detach()
+
+
+def _alternating(fn: Any, model: nn.Module, x: torch.Tensor) -> Any:
+    """Another model of the captured class with another int attribute, called between
+    two calls of the captured one (the epoch formed on the first)."""
+    other = IntAttr().eval()
+    other.load_state_dict(model.state_dict())
+    other.n = 2
+    fn(model, x)
+    return fn(other, x)
+
+
+def _alternating_threads(fn: Any, model: nn.Module, x: torch.Tensor) -> Any:
+    """Two threads alternating the captured model and one with another int attribute;
+    the other model's answers."""
+    import threading
+
+    other = IntAttr().eval()
+    other.n = 2
+    answers: list[Any] = []
+    turn = threading.Semaphore(1)
+
+    def loop(m: nn.Module, keep: bool) -> None:
+        for _ in range(20):
+            with turn:
+                try:
+                    with torch.no_grad():
+                        out = fn(m, x)
+                except Exception as error:
+                    out = error
+                if keep:
+                    answers.append(out)
+
+    threads = [
+        threading.Thread(target=loop, args=(m, k)) for m, k in ((model, False), (other, True))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for a in answers:
+        if isinstance(a, Exception):
+            raise a
+    return answers
+
+
+class Attack(NamedTuple):
+    factory: Callable[[], nn.Module]
+    #: made after two served calls; may return a call ``call(fn, model, x)`` to make
+    change: Callable[[nn.Module], Any]
+    #: the artifact captured for training (``capture(training=True)``), of ``fn``
+    training: bool = False
+    fn: Callable[..., Any] = serve
+
+
+SCENARIOS: dict[str, Attack] = {
     # 1. flags read only under training
-    "flag read by computed getattr": (lambda: ComputedGetattr().eval(), _set("flag", True)),
-    "flag read by __dict__": (lambda: DunderDict().eval(), _set("flag", True)),
-    "flag kept by a walrus": (lambda: Walrus().eval(), _set("flag", True)),
-    "flag read in another method": (lambda: OtherMethod().eval(), _set("flag", True)),
-    "flag read in a comprehension": (lambda: Comprehension().eval(), _set("flag", True)),
-    "flag and training or other (no-op)": (
-        lambda: AndTrainingOrOther().eval(),
-        _set("flag", True),
+    "flag read by computed getattr": Attack(lambda: ComputedGetattr().eval(), _set("flag", True)),
+    "flag read by __dict__": Attack(lambda: DunderDict().eval(), _set("flag", True)),
+    "flag kept by a walrus": Attack(lambda: Walrus().eval(), _set("flag", True)),
+    "flag read in another method": Attack(lambda: OtherMethod().eval(), _set("flag", True)),
+    "flag read in a comprehension": Attack(lambda: Comprehension().eval(), _set("flag", True)),
+    "flag and training or other (no-op)": Attack(
+        lambda: AndTrainingOrOther().eval(), _set("flag", True)
     ),
-    "not flag and training (no-op)": (lambda: NotFlag().eval(), _set("flag", False)),
-    "shared code, eval module's flag (no-op)": (shared_code_model, _set("a.flag", True)),
-    "shared code, training module's flag": (shared_code_model, _set("b.flag", True)),
-    "shared code, eval module put in training": (
-        shared_code_model,
-        lambda m: m.a.train() and None,
+    "not flag and training (no-op)": Attack(lambda: NotFlag().eval(), _set("flag", False)),
+    "shared code, eval module's flag (no-op)": Attack(shared_code_model, _set("a.flag", True)),
+    "shared code, training module's flag": Attack(shared_code_model, _set("b.flag", True)),
+    "shared code, eval module put in training": Attack(
+        shared_code_model, lambda m: m.a.train() and None
     ),
-    "property flag's attribute": (lambda: PropertyFlag().eval(), _set("level", 1)),
+    "property flag's attribute": Attack(lambda: PropertyFlag().eval(), _set("level", 1)),
     # 2. grad-marking hooks
-    "Tensor.requires_grad_ monkeypatched": (
+    "Tensor.requires_grad_ monkeypatched": Attack(
         lambda: WithMarked().eval(),
         lambda m: setattr(torch.Tensor, "requires_grad_", _requires_grad_doubling),
     ),
-    # 3. hook identity
-    "hook closure's list mutated": (closure_list_model, _mutate_box),
-    "hook's global list mutated": (global_list_model, _mutate_global),
-    "callable object hook's attribute": (callable_object_model, _set("scaler.k", 3.0)),
-    "bound method hook's instance attribute": (bound_method_model, _set("scaler.k", 3.0)),
-    "partial hook's list mutated": (partial_model, _mutate_box),
-    "hook dict order reversed": (ordered_model, reorder),
-    # 4. per-call fast paths
-    "int attribute to equal bool": (lambda: IntAttr().eval(), _set("n", True)),
-    "int attribute to equal float": (lambda: IntAttr().eval(), _set("n", 1.0)),
-    "str attribute to a never-equal subclass": (
-        lambda: StrAttr().eval(),
-        _set("mode", NeverEqual("a")),
+    "grad-marking hook removed (no-op)": Attack(lambda: WithMarked().eval(), _remove_hooks),
+    "grad-marking hook added (no-op)": Attack(lambda: Hooked().eval(), _add_marking_hook),
+    "grad-marking hook removed, training artifact": Attack(
+        lambda: FrozenMarked().eval(), _remove_hooks, training=True, fn=train_step
     ),
-    "dict key added that the forward tests": (lambda: DictAttr().eval(), _add_key),
-    "dict value changed": (lambda: DictAttr().eval(), _change_value),
-    "module __class__ swapped to a subclass": (lambda: Subclassed().eval(), _class_swap),
+    # 3. hook identity
+    "hook closure's list mutated": Attack(closure_list_model, _mutate_box),
+    "hook's global list mutated": Attack(global_list_model, _mutate_global),
+    "callable object hook's attribute": Attack(callable_object_model, _set("scaler.k", 3.0)),
+    "bound method hook's instance attribute": Attack(bound_method_model, _set("scaler.k", 3.0)),
+    "partial hook's list mutated": Attack(partial_model, _mutate_box),
+    "hook dict order reversed": Attack(ordered_model, reorder),
+    # 4. per-call fast paths
+    "int attribute to equal bool": Attack(lambda: IntAttr().eval(), _set("n", True)),
+    "int attribute to equal float": Attack(lambda: IntAttr().eval(), _set("n", 1.0)),
+    "str attribute to a never-equal subclass": Attack(
+        lambda: StrAttr().eval(), _set("mode", NeverEqual("a"))
+    ),
+    "dict key added that the forward tests": Attack(lambda: DictAttr().eval(), _add_key),
+    "dict value changed": Attack(lambda: DictAttr().eval(), _change_value),
+    "module __class__ swapped to a subclass": Attack(lambda: Subclassed().eval(), _class_swap),
+    "called with a keyword argument (no-op)": Attack(
+        lambda: IntAttr().eval(), _call_with(lambda fn, m, x: fn(m, x=x))
+    ),
+    "called with an extra positional": Attack(
+        lambda: IntAttr().eval(), _call_with(lambda fn, m, x: fn(m, x, 2))
+    ),
+    "called under inference_mode (no-op)": Attack(
+        lambda: IntAttr().eval(), _call_with(lambda fn, m, x: _inference(fn, m, x))
+    ),
+    "called on another thread, grad on (no-op)": Attack(
+        lambda: Subclassed().eval(), _call_with(_in_thread)
+    ),
+    "another model of another int between calls": Attack(
+        lambda: IntAttr().eval(), _call_with(_alternating)
+    ),
+    "two threads alternating two models": Attack(
+        lambda: IntAttr().eval(), _call_with(_alternating_threads)
+    ),
 }
+
+
+def _inference(fn: Any, model: nn.Module, x: torch.Tensor) -> Any:
+    with torch.inference_mode():
+        return fn(model, x)
+
 
 #: scenarios whose change cannot change eager's answer: a refusal of it is a needless one
 NO_OPS = {name for name in SCENARIOS if "(no-op)" in name}
+
+#: Needless refusals found by this round (a no-op refused), by tracer: the words the
+#: refusal names. Served exactly is better and passes too; a wrong answer never does.
+#: The bytecode proof accepts only ``x.flag and x.training`` with the jump on the flag
+#: falsy; make_fx refuses keyword arguments to a function captured positionally
+#: (docs: a documented rule); Dynamo guards the number of a module's forward hooks, so
+#: a grad-marking hook removed from an inference artifact's module is refused.
+KNOWN_NEEDLESS = {
+    ("make_fx", "flag and training or other (no-op)"): "flag = True",
+    ("dynamo", "flag and training or other (no-op)"): "model.flag",
+    ("make_fx", "not flag and training (no-op)"): "flag = False",
+    ("dynamo", "not flag and training (no-op)"): "model.flag",
+    ("make_fx", "called with a keyword argument (no-op)"): "keyword arguments ['x']",
+    ("dynamo", "grad-marking hook removed (no-op)"): "model.fc._forward_hooks",
+}
 
 
 def _flat(value: Any) -> list[torch.Tensor]:
@@ -460,6 +604,10 @@ def _same(got: Any, want: Any) -> bool:
     )
 
 
+def _reset() -> None:
+    SCALE[0] = 2.0
+
+
 def attack(pairs: dict[str, list[str]]) -> dict[str, list[Any]]:
     """In this (fresh) process: each scenario's artifact loaded, a fresh model served
     twice, the change made, the next call's outcome: ["served", equal to eager],
@@ -468,28 +616,31 @@ def attack(pairs: dict[str, list[str]]) -> dict[str, list[Any]]:
     outcomes: dict[str, list[Any]] = {}
     x = torch.randn(3, 4)
     for name, (artifact, cache) in pairs.items():
-        factory, change = SCENARIOS[name]
+        scenario = SCENARIOS[name]
         run = precompile.load(artifact, cache)
         torch.manual_seed(0)
-        model = factory()
-        SCALE[0] = 2.0
+        model = scenario.factory()
+        grad = torch.enable_grad() if scenario.training else torch.no_grad()
         try:
-            with torch.no_grad():
+            with grad:
                 for _ in range(2):
-                    assert _same(run(model, x), model(x)), name
-                change(model)
+                    assert _same(run(model, x), scenario.fn(model, x)), name
+                call = scenario.change(model) or (lambda fn, m, v: fn(m, v))
                 try:
-                    got: Any = run(model, x)
+                    got: Any = call(run, model, x)
                 except Exception as error:
                     got = error
                 try:
-                    want: Any = model(x)
+                    want: Any = call(scenario.fn, model, x)
                 except Exception as error:
                     want = error
         finally:
             torch.Tensor.requires_grad_ = saved  # type: ignore[method-assign]
+            _reset()
         if isinstance(got, precompile.PrecompileError):
             outcomes[name] = ["refused", str(got)]
+        elif isinstance(got, Exception) and type(got) is type(want):
+            outcomes[name] = ["failed as eager does", repr(got)]
         elif isinstance(got, Exception):
             outcomes[name] = ["failed otherwise", repr(got)]
         elif isinstance(want, Exception):
@@ -510,20 +661,23 @@ print(json.dumps(attack({pairs!r})))
 def _capture_all(tracer: str, directory: Path) -> dict[str, list[str]]:
     pairs: dict[str, list[str]] = {}
     x = torch.randn(3, 4)
-    for k, (name, (factory, _change)) in enumerate(SCENARIOS.items()):
+    for k, (name, scenario) in enumerate(SCENARIOS.items()):
         torch.manual_seed(0)
-        SCALE[0] = 2.0
-        with torch.no_grad():
-            pairs[name] = list(
-                capture_pair(
-                    serve,
-                    factory(),
-                    x,
-                    directory=directory,
-                    name=f"{tracer}_{k}",
-                    tracer=TRACERS[tracer](),
+        try:
+            with torch.no_grad() if not scenario.training else torch.enable_grad():
+                pairs[name] = list(
+                    capture_pair(
+                        scenario.fn,
+                        scenario.factory(),
+                        x,
+                        directory=directory,
+                        name=f"{tracer}_{k}",
+                        tracer=TRACERS[tracer](),
+                        training=scenario.training,
+                    )
                 )
-            )
+        finally:
+            _reset()
     return pairs
 
 
@@ -538,10 +692,18 @@ def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 def test_a_change_is_refused_or_served_as_eager(outcomes: Any, scenario: str) -> None:
     tracer, found = outcomes
     kind, detail = found[scenario]
-    assert kind == "refused" or [kind, detail] == ["served", True], (tracer, kind, detail)
+    assert kind in ("refused", "failed as eager does") or [kind, detail] == ["served", True], (
+        tracer,
+        kind,
+        detail,
+    )
 
 
 @pytest.mark.parametrize("scenario", sorted(NO_OPS))
 def test_a_change_that_decides_nothing_is_served(outcomes: Any, scenario: str) -> None:
     tracer, found = outcomes
-    assert found[scenario] == ["served", True], (tracer, found[scenario])
+    kind, detail = found[scenario]
+    if kind == "refused" and (tracer, scenario) in KNOWN_NEEDLESS:
+        assert KNOWN_NEEDLESS[tracer, scenario] in detail, (tracer, detail)
+        return
+    assert [kind, detail] == ["served", True], (tracer, kind, detail)
