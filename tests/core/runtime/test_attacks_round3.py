@@ -285,6 +285,20 @@ def closure_list_model() -> nn.Module:
     return model
 
 
+def table_model() -> nn.Module:
+    """A hook calling the function a dict it closes over holds (docs/trust.md's
+    ``table["act"] = torch.tanh``)."""
+    model = Hooked().eval()
+    table = {"act": torch.relu}
+    model.table = table  # type: ignore[assignment]
+    model.fc.register_forward_hook(lambda m, a, o: table["act"](o))
+    return model
+
+
+def _swap_table(model: nn.Module) -> None:
+    model.table["act"] = torch.tanh  # type: ignore[index, operator]
+
+
 def global_list_model() -> nn.Module:
     model = Hooked().eval()
     model.fc.register_forward_hook(_scaled_by_list)
@@ -497,6 +511,8 @@ class Attack(NamedTuple):
     #: the artifact captured for training (``capture(training=True)``), of ``fn``
     training: bool = False
     fn: Callable[..., Any] = serve
+    #: the tracers attacked (both, but where a wrong answer is left: see KNOWN_WRONG)
+    tracers: tuple[str, ...] = ("dynamo", "make_fx")
 
 
 SCENARIOS: dict[str, Attack] = {
@@ -533,6 +549,7 @@ SCENARIOS: dict[str, Attack] = {
     "bound method hook's instance attribute": Attack(bound_method_model, _set("scaler.k", 3.0)),
     "partial hook's list mutated": Attack(partial_model, _mutate_box),
     "hook dict order reversed": Attack(ordered_model, reorder),
+    "hook closure's dict entry swapped": Attack(table_model, _swap_table, tracers=("make_fx",)),
     # 4. per-call fast paths
     "int attribute to equal bool": Attack(lambda: IntAttr().eval(), _set("n", True)),
     "int attribute to equal float": Attack(lambda: IntAttr().eval(), _set("n", 1.0)),
@@ -662,6 +679,8 @@ def _capture_all(tracer: str, directory: Path) -> dict[str, list[str]]:
     pairs: dict[str, list[str]] = {}
     x = torch.randn(3, 4)
     for k, (name, scenario) in enumerate(SCENARIOS.items()):
+        if tracer not in scenario.tracers:
+            continue
         torch.manual_seed(0)
         try:
             with torch.no_grad() if not scenario.training else torch.enable_grad():
@@ -681,17 +700,36 @@ def _capture_all(tracer: str, directory: Path) -> dict[str, list[str]]:
     return pairs
 
 
-@pytest.fixture(scope="module", params=sorted(TRACERS))
-def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    tracer = request.param
-    pairs = _capture_all(tracer, tmp_path_factory.mktemp(tracer))
-    return tracer, run_json(textwrap.dedent(CHILD.format(pairs=pairs)))
+#: Wrong answers this round found and left (a Dynamo driver change): the scenario is
+#: attacked with the other tracer only. Dynamo compares what a module hook closes over
+#: when the hook dicts change, not per call (docs/trust.md, "Limit").
+KNOWN_WRONG = {("dynamo", "hook closure's dict entry swapped")}
+
+_OUTCOMES: dict[str, Any] = {}
 
 
-@pytest.mark.parametrize("scenario", sorted(set(SCENARIOS) - NO_OPS))
-def test_a_change_is_refused_or_served_as_eager(outcomes: Any, scenario: str) -> None:
-    tracer, found = outcomes
-    kind, detail = found[scenario]
+def _outcomes(tracer: str, factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
+    """Every scenario of ``tracer`` captured here and attacked in one fresh process."""
+    if tracer not in _OUTCOMES:
+        pairs = _capture_all(tracer, factory.mktemp(tracer))
+        _OUTCOMES[tracer] = run_json(textwrap.dedent(CHILD.format(pairs=pairs)))
+    return _OUTCOMES[tracer]
+
+
+def _cases(names: set[str]) -> list[tuple[str, str]]:
+    return [(t, n) for n in sorted(names) for t in SCENARIOS[n].tracers]
+
+
+def test_each_scenario_is_attacked_by_both_tracers_but_the_known_wrong() -> None:
+    left = {(t, n) for n in SCENARIOS for t in TRACERS if t not in SCENARIOS[n].tracers}
+    assert left == KNOWN_WRONG
+
+
+@pytest.mark.parametrize(("tracer", "scenario"), _cases(set(SCENARIOS) - NO_OPS))
+def test_a_change_is_refused_or_served_as_eager(
+    tracer: str, scenario: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    kind, detail = _outcomes(tracer, tmp_path_factory)[scenario]
     assert kind in ("refused", "failed as eager does") or [kind, detail] == ["served", True], (
         tracer,
         kind,
@@ -699,10 +737,11 @@ def test_a_change_is_refused_or_served_as_eager(outcomes: Any, scenario: str) ->
     )
 
 
-@pytest.mark.parametrize("scenario", sorted(NO_OPS))
-def test_a_change_that_decides_nothing_is_served(outcomes: Any, scenario: str) -> None:
-    tracer, found = outcomes
-    kind, detail = found[scenario]
+@pytest.mark.parametrize(("tracer", "scenario"), _cases(NO_OPS))
+def test_a_change_that_decides_nothing_is_served(
+    tracer: str, scenario: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    kind, detail = _outcomes(tracer, tmp_path_factory)[scenario]
     if kind == "refused" and (tracer, scenario) in KNOWN_NEEDLESS:
         assert KNOWN_NEEDLESS[tracer, scenario] in detail, (tracer, detail)
         return
