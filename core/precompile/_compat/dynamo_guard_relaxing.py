@@ -175,7 +175,7 @@ def relaxing_neutral_guards(
     names: frozenset[str],
     prove: Callable[[Any, str, str, list[tuple[type, Any]]], str | None],
     notes_by_state: dict[bytes, list[list[str | None]]],
-    under_training: Callable[[Any, str], bool] | None = None,
+    under_training: Callable[[Any, str, Any], bool] | None = None,
 ) -> Iterator[None]:
     """While capturing: when a frame's guards are built, each guard on a constant
     attribute of a module named in ``names`` (``L['model']._modules['act'].inplace``,
@@ -191,8 +191,8 @@ def relaxing_neutral_guards(
     attribute as the user says it, why]``) for the refusal to say.
 
     A value guard on any other module attribute goes too where every traced read of it
-    was made, on a module in eval, by code that ``under_training(code, name)`` shows reads
-    it only as ``x.name and x.training`` (a flag that decides nothing in eval:
+    was made, on a module in eval, by code that ``under_training(code, name, position)``
+    shows reads it there (the read's source position) only as ``x.name and x.training`` (a flag that decides nothing in eval:
     ``neutral_reads.read_only_under_training``); a guard that the module's ``training``
     is still False takes its place, so a call in training is refused."""
     from torch._dynamo import guards
@@ -239,8 +239,8 @@ def relaxing_neutral_guards(
             return False
         readers = output_graph.__dict__.get(_FLAG_READERS, {}).get((module.name, name), [])
         return bool(readers) and all(
-            training is False and code is not None and under_training(code, name)
-            for code, training in readers
+            training is False and code is not None and under_training(code, name, at)
+            for code, at, training in readers
         )
 
     def reading(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -256,7 +256,13 @@ def relaxing_neutral_guards(
                 module = getattr(self, "value", None)
                 output.__dict__.setdefault(_FLAG_READERS, {}).setdefault(
                     (source.name, name), []
-                ).append((getattr(tx, "f_code", None), getattr(module, "training", None)))
+                ).append(
+                    (
+                        getattr(tx, "f_code", None),
+                        getattr(getattr(tx, "current_instruction", None), "positions", None),
+                        getattr(module, "training", None),
+                    )
+                )
             return original(self, tx, name)
 
         return var_getattr

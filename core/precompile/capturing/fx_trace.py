@@ -381,7 +381,7 @@ def trace_single_graph(
         fakes += [fake_mode.from_tensor(leaves[i]) for i in tensor_slots]
     before = fx_side_effects.Snapshot(modules)
     neutral_positions: dict[tuple[int, str], list[tuple[Any, types.CodeType]]] = {}
-    flag_readers: dict[tuple[int, str], set[types.CodeType]] = {}
+    flag_readers: dict[tuple[int, str], set[tuple[types.CodeType, int]]] = {}
     autocast = state_checks.autocast_state()
     ambient_modes = state_checks.ambient_modes()
     try:

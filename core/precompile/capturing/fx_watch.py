@@ -263,7 +263,7 @@ def unrecorded(manager: Any) -> Iterator[Any]:
 def recording_module_reads(
     modules: list[torch.nn.Module],
     positions: dict[tuple[int, str], list[tuple[Any, types.CodeType]]] | None = None,
-    readers: dict[tuple[int, str], set[types.CodeType]] | None = None,
+    readers: dict[tuple[int, str], set[tuple[types.CodeType, int]]] | None = None,
 ) -> Iterator[dict[int, set[str] | None]]:
     """The attribute names read on each submodule of ``modules`` while active, by
     ``id``: what the trace actually read, not every name its code could load (a
@@ -282,8 +282,8 @@ def recording_module_reads(
     for, the graph's last node at that moment (the operator that used the value is the
     next one: ``neutral_reads.prove_in_graph``) and the code that read it (a read by
     other code than the library's forward may branch on it); a module called twice
-    reads it twice. ``readers`` receives the code of every read of every name (a flag
-    read only as ``x.flag and x.training`` decides nothing in eval:
+    reads it twice. ``readers`` receives the code and instruction offset of every read of
+    every name (a flag read only as ``x.flag and x.training`` decides nothing in eval:
     ``neutral_reads.settle_training_only_reads``)."""
     reads: dict[int, set[str] | None] = {}
     for m in modules:
@@ -299,7 +299,8 @@ def recording_module_reads(
             if name != "__dict__":
                 seen.add(name)
                 if readers is not None:
-                    readers.setdefault((id(self), name), set()).add(getframe(1).f_code)
+                    frame = getframe(1)
+                    readers.setdefault((id(self), name), set()).add((frame.f_code, frame.f_lasti))
                 if positions is not None and name in neutral_reads.NAMES:
                     positions.setdefault((id(self), name), []).append(
                         (tracing.graph_tail(), getframe(1).f_code)

@@ -379,28 +379,44 @@ def read_only_under_training(code: Any, name: str) -> bool:
     ``x.training`` False, the condition is False whatever the flag holds. Any other use
     of the name -- a branch on it alone, ``or``, a value kept (``y = x.name and ...``),
     the name as a string anywhere else -- proves nothing."""
+    return training_only_sites(code, name) is not None
+
+
+#: Where in its source an instruction is: (line, end line, column, end column).
+Site = tuple[Any, ...]
+
+
+def training_only_sites(code: Any, name: str) -> frozenset[Site] | None:
+    """The source positions in ``code`` of its reads of ``name`` where
+    ``read_only_under_training`` holds (the ``LOAD_ATTR``, or the ``PRECALL``/``CALL``
+    of ``getattr(x, "name")``), or None where it does not. A read observed at run time
+    is proved only at one of these sites: the same code may also read the flag where its
+    text does not name it (``getattr(self, computed)``), which decides in eval. Source
+    positions, not offsets: Dynamo renumbers the instructions it traces."""
     if not isinstance(code, type(read_only_under_training.__code__)):
-        return False
-    return _read_only_under_training(code, name)
+        return None
+    return _training_only_sites(code, name)
 
 
-def _read_only_under_training(code: Any, name: str) -> bool:
+def _training_only_sites(code: Any, name: str) -> frozenset[Site] | None:
     import dis
 
     ins = [i for i in dis.get_instructions(code) if i.opname not in _FILLER]
     arguments = set(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
     rebound = {i.argval for i in ins if i.opname in ("STORE_FAST", "DELETE_FAST")}
-    found = False
+    sites: set[Site] = set()
     for k, one in enumerate(ins):
         if _attr_name(one) == name:
             owner = ins[k - 1].argval if k and ins[k - 1].opname == "LOAD_FAST" else None
             after = k + 1
+            at = [one.positions]
         elif one.opname == "LOAD_CONST" and one.argval == name:
             # getattr(x, "name") or getattr(x, "name", default), called at once.
             owner = ins[k - 1].argval if k and ins[k - 1].opname == "LOAD_FAST" else None
             j = k + 1
             if j < len(ins) and ins[j].opname == "LOAD_CONST":
                 j += 1
+            first_call = j
             while j < len(ins) and ins[j].opname == "PRECALL":
                 j += 1
             if not (
@@ -410,27 +426,39 @@ def _read_only_under_training(code: Any, name: str) -> bool:
                 and j < len(ins)
                 and ins[j].opname == "CALL"
             ):
-                return False
+                return None
             after = j + 1
+            at = [i.positions for i in ins[first_call : j + 1]]
         else:
             continue
         if not isinstance(owner, str) or owner not in arguments or owner in rebound:
-            return False
+            return None
         if not _training_guarded_at(ins, after, owner):
-            return False
-        found = True
-    return found
+            return None
+        sites.update(tuple(p) for p in at if p is not None and p[0] is not None)
+    return frozenset(sites) if sites else None
 
 
-_UNDER_TRAINING: dict[tuple[Any, str], bool] = {}
+_UNDER_TRAINING: dict[tuple[Any, str], frozenset[Site] | None] = {}
 
 
-def read_only_under_training_cached(code: Any, name: str) -> bool:
-    """``read_only_under_training``, once per code and name per capture process."""
+def read_only_under_training_cached(code: Any, name: str, at: Any) -> bool:
+    """Whether a read of ``name`` made by ``code`` at source position ``at`` (a
+    ``dis.Positions``) is one ``read_only_under_training`` proves
+    (``training_only_sites``, once per code and name per capture process); a read at an
+    unknown position proves nothing."""
     key = (code, name)
     if key not in _UNDER_TRAINING:
-        _UNDER_TRAINING[key] = read_only_under_training(code, name)
-    return _UNDER_TRAINING[key]
+        _UNDER_TRAINING[key] = training_only_sites(code, name)
+    sites = _UNDER_TRAINING[key]
+    return sites is not None and at is not None and tuple(at) in sites
+
+
+def position_at(code: Any, offset: int) -> Site | None:
+    """The source position of the instruction at byte ``offset`` of ``code`` (a frame's
+    ``f_lasti``), or None where the code has none."""
+    positions = list(code.co_positions())
+    return positions[offset // 2] if 0 <= offset // 2 < len(positions) else None
 
 
 def settle_training_only_reads(
@@ -451,6 +479,8 @@ def settle_training_only_reads(
                 continue
             for name in sorted(seen - {"training"}):
                 codes = readers.get((id(sub), name))
-                if codes and all(read_only_under_training_cached(c, name) for c in codes):
+                if codes and all(
+                    read_only_under_training_cached(c, name, position_at(c, at)) for c, at in codes
+                ):
                     seen.discard(name)
                     seen.add("training")

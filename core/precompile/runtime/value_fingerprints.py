@@ -418,6 +418,7 @@ def hooks_fingerprint(
     path: Any = (),
     contents: bool = True,
     skip: Any = None,
+    outer: dict[str, Any] | None = None,
 ) -> Any:
     """The hooks in ``holder``'s hook dicts, in order, each by function identity
     (``fingerprint``: code, closure, defaults) and its registration flags (with kwargs,
@@ -425,10 +426,18 @@ def hooks_fingerprint(
     a hook. ``path``: objects being fingerprinted already (a hook bound to its own module
     reaches it again). ``contents`` False (Dynamo): the tensors in lists and dicts a hook
     reaches are left out -- a hook storing activations into one stays the same hook.
-    ``skip(dict name, hook)`` leaves a hook out (``inference_skip``)."""
-    context = new_context(frozenset())
-    context["path"] = set(path)
-    context["contents"] = contents
+    ``skip(dict name, hook)`` leaves a hook out (``inference_skip``). ``outer``: the
+    fingerprinting pass of the module holding the hooks (``module_fingerprint``): the
+    hooks are fingerprinted in it -- by the attribute names the trace's code reads (a
+    callable object's or a bound method's ``self.k``) -- and the mutable objects they
+    reach (a closure's list, a partial's arguments) join the ones that pass watches, so
+    the serving driver's per-call fast path sees them change as it sees the model's."""
+    if outer is not None:
+        context = outer
+    else:
+        context = new_context(frozenset())
+        context["path"] = set(path)
+        context["contents"] = contents
     result = []
     for dict_name in dict_names:
         hooks = _hook_dict(holder, dict_name)
@@ -511,6 +520,7 @@ def module_fingerprint(
         module_hook_flags(module),
         context["path"],
         skip=inference_skip(context.get("training", True)),
+        outer=context,
     )
     if not children:
         return (type_name(type(module)), attrs, hooks)
