@@ -160,8 +160,6 @@ class MultiGraph:
                 value_fingerprints,
                 *_REFUSAL,
                 single_graph_ambient.check_ambient_modes,
-                single_graph_ambient.ambient_now,
-                single_graph_ambient.ordinary_ambient,
                 single_graph_ambient.warn_inference_grad,
                 single_graph_inputs.warn_layout_copy,
                 source_digest,

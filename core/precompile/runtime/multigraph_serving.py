@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     _pytree: Any = None
     _any_autocast_enabled: Callable[[], bool] = bool
     _set_grad_enabled: Callable[[bool], None] = print
+    _deterministic_enabled: Callable[[], bool] = bool
     GRAD_MODE: bool = False
     GRAD_MODE_READ: str = ""
     GRAD_FLAGS: dict[str, Any] = {}
@@ -43,14 +44,6 @@ if TYPE_CHECKING:
     ) -> None: ...
 
     def _opaque_to_dynamo(fn: Callable[..., Any]) -> Callable[..., Any]: ...
-
-    # single_graph_ambient, emitted before this module: the ambient state both drivers
-    # compare per call, and what an ordinary call reads.
-    def ambient_now() -> tuple[Any, ...]: ...
-
-    def ordinary_ambient(
-        captured_modes: tuple[str, ...], default_dtype: Any, deterministic: bool
-    ) -> tuple[Any, ...] | None: ...
 
     def _ordinary_dispatch() -> Any: ...
 
@@ -335,13 +328,19 @@ def serve_as_captured(entry: Any, check: Any, installed: bool = False) -> Any:
 
     # The ambient state of an ordinary call: no torch-function or dispatch mode, the
     # captured default dtype and deterministic mode, no autocast. A call in that state
-    # (read as one tuple of C calls, as the make_fx driver reads it) skips the checks of
-    # each; any other, or an artifact captured under modes (never equal: None), runs
-    # them in order.
-    ordinary = ordinary_ambient(captured_modes, dtype, deterministic)
+    # (read as one tuple of C calls) skips the checks of each; any other, or an artifact
+    # captured under modes (never equal: None), runs them in order.
+    ordinary = None if captured_modes else (0, 0, dtype, deterministic, False)
+    default_dtype = torch.get_default_dtype
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        if ambient_now() == ordinary:
+        if (
+            function_mode_depth(),
+            dispatch_mode_depth(),
+            default_dtype(),
+            _deterministic_enabled(),
+            _any_autocast_enabled(),
+        ) == ordinary:
             check(args, kwargs)
         else:
             _check_ambient_state(args, kwargs)
