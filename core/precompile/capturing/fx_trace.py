@@ -319,7 +319,7 @@ def trace_single_graph(
                     if m == mi
                 }
                 stack.enter_context(fx_watch.unrecorded(tracing.reparametrized(module, swap)))
-            out = fx_keyed_inputs.plain(fn(*call_args))
+            out = fx_keyed_inputs.plain(fx_watch.traced_call(fn, call_args))
             with fx_keyed_inputs.quiet():
                 argument_changes[:] = watch.changes()
         out_leaves, out_spec = pytree.tree_flatten(out)

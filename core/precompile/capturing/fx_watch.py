@@ -94,12 +94,27 @@ class CallLog:
     called: dict[int, Any] = dataclasses.field(default_factory=dict)
     tensor_methods: set[str] = dataclasses.field(default_factory=set)
     entered: set[types.CodeType] = dataclasses.field(default_factory=set)
+    #: The code entered within the call of the traced function (``traced_call``): what
+    #: eager serving runs. The rest is the capture's own machinery (make_fx building
+    #: its graph module, the tensors swapped into the modules), which reads library
+    #: functions -- ``Module.__setattr__``, ``named_modules``, ``register_buffer`` --
+    #: that a served call never runs.
+    reached: set[types.CodeType] = dataclasses.field(default_factory=set)
 
     def project_codes(self) -> list[types.CodeType]:
         return sorted(
             (c for c in self.codes if is_project_file(c.co_filename)),
             key=lambda c: (c.co_filename, c.co_firstlineno),
         )
+
+
+def traced_call(fn: Any, args: Any) -> Any:
+    """Call the traced function: ``recording_calls`` counts what runs under this frame
+    as reached from the user's code (``CallLog.reached``)."""
+    return fn(*args)
+
+
+_TRACED_CALL_CODE = traced_call.__code__
 
 
 def _past(frame: types.FrameType | None, files: tuple[str, ...]) -> types.FrameType | None:
@@ -124,6 +139,8 @@ def recording_calls() -> Iterator[CallLog]:
     eager_file = library_surface.is_eager_file
     tensor_type, module_type = torch.Tensor, types.ModuleType
     importing: list[types.FrameType] = []  # the import machinery's outermost frame
+    reached, traced_code = log.reached, _TRACED_CALL_CODE
+    inside = [0]  # traced_call frames on this thread's stack
 
     def note(kind: str, what: str, frame: types.FrameType | None) -> None:
         # Attributed to the first frame outside the library code that does the read.
@@ -136,6 +153,13 @@ def recording_calls() -> Iterator[CallLog]:
 
     def hook(frame: types.FrameType, event: ProfileEvent, arg: object) -> object:
         code = frame.f_code
+        if event == "call":
+            if code is traced_code:
+                inside[0] += 1
+            elif inside[0]:
+                reached.add(code)
+        elif event == "return" and code is traced_code:
+            inside[0] -= 1  # also where it exits by an exception
         if importing:
             pass
         elif event == "call" and code in _ENVIRON_CODES and "environ" not in reads:
@@ -198,7 +222,9 @@ def recording_calls() -> Iterator[CallLog]:
             site = fx_process_state.read_site(frame.f_back)
             if site:
                 refused.setdefault(probe_codes[code], site)
-        if importing:
+        if importing or not inside[0]:
+            # Only what the traced call reached: the capture's machinery calls library
+            # code a served call never runs.
             pass
         elif event == "c_call" and eager_file(code.co_filename):
             # A builtin eager code called (``torch.relu``, ``x.softmax``): where it was
@@ -320,11 +346,16 @@ def recording_module_reads(
 
 def read_names(log: CallLog) -> frozenset[str]:
     """Attribute names the traced code may read: the names and string constants of
-    every user function and every torch.nn function that ran."""
+    every user function that ran, and of every torch.nn function reached from the
+    traced call (``CallLog.reached``: not those only the capture's machinery ran, which
+    a served call never runs; a forward that calls ``self.register_buffer`` itself
+    reaches it)."""
     names: set[str] = set()
     for code in log.codes:
         path = os.path.realpath(code.co_filename) if code.co_filename else ""
-        if is_user_file(code.co_filename) or path.startswith(_TORCH_MODULE_CODE):
+        if is_user_file(code.co_filename) or (
+            path.startswith(_TORCH_MODULE_CODE) and code in log.reached
+        ):
             names.update(code.co_names)
             names.update(c for c in code.co_consts if isinstance(c, str) and c.isidentifier())
     return frozenset(names)

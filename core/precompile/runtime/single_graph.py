@@ -86,7 +86,11 @@ if TYPE_CHECKING:
 
     def load_spec(text: str) -> Any: ...
 
-    def build_ambient_checks() -> tuple[Callable[[], None], Callable[[], None]]: ...
+    def build_ambient_checks() -> (
+        tuple[Callable[[], None], Callable[[], None], tuple[Any, ...] | None]
+    ): ...
+
+    def ambient_now() -> tuple[Any, ...]: ...
 
     # The sub-builders of the call's checks, emitted before this module.
     def build_input_check() -> (
@@ -129,7 +133,9 @@ def _build_single_graph_forward() -> Any:
     builtins_seen: list[Any] = [None]
     identities = known_identities()
     entry = live_entry(identities)
-    check_modes, check_ambient = build_ambient_checks()
+    # A call whose ambient state (one tuple of C calls) is the ordinary one skips the
+    # mode and state checks, which would pass; any other runs both.
+    check_modes, check_ambient, ordinary_state = build_ambient_checks()
     checked_call = build_input_check()
     model_tensors, check_grads = build_model_state_check(scopes, identities, entry)
     out_spec = load_spec(OUT_SPEC)
@@ -218,7 +224,9 @@ def _build_single_graph_forward() -> Any:
         """Every check of a call; the graph's flat inputs, the model's tensors and the
         user's tensors (an input in another layout copied for Inductor only when
         ``running`` the graph)."""
-        check_modes()
+        ordinary = ambient_now() == ordinary_state
+        if not ordinary:
+            check_modes()
         held = epoch[0]
         if held is not None and tuple(map(_dict_version, held[0])) == held[1]:
             # No dict the surface, builtins and model-state checks watch changed since
@@ -239,7 +247,8 @@ def _build_single_graph_forward() -> Any:
             mods, tensors_in = checked_call(args, kwargs, running)
             state = model_tensors(mods)
             _new_epoch(state)
-        check_ambient()
+        if not ordinary:
+            check_ambient()
         if check_grads is not None:
             check_grads(state)
         flat = [*state, *tensors_in]
