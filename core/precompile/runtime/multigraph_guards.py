@@ -285,6 +285,20 @@ class _Verdict:
 _SINGLETON_LEAVES = {"NONE_MATCH": None, "TRUE_MATCH": True, "FALSE_MATCH": False}
 
 
+def _unmarked(value: Any) -> bool:
+    """Whether ``value`` has no ``_has_dynamo_dim_marking`` attribute (looked up as
+    ``getattr`` does), in which case a DIMENSION_DYNAMIC_MARKING_GUARD holds whatever its
+    arguments: torch 2.13's leaf reads that flag first and passes without it (checked:
+    a plain tensor, each ``_dynamo_*_indices`` set without the flag, a class attribute
+    without it, a non-tensor, with expected markings empty or not; the flag as a class
+    attribute or through ``__getattr__`` is seen, a property raising AttributeError is
+    not). An exception answers False: the leaf decides."""
+    try:
+        return not hasattr(value, "_has_dynamo_dim_marking")
+    except Exception:
+        return False
+
+
 def _inline_leaf(spec: list[Any], var: str, const: Any) -> str | None:
     """The inline Python test equivalent to the C++ leaf ``spec`` describes, or None."""
     if spec[0] == "type":
@@ -336,6 +350,10 @@ def _fast_source(
             tensors.append((var, leaf, spec[1]))
             continue
         test = _inline_leaf(spec, var, const)
+        if spec[0] == "leaf" and spec[1] == "DIMENSION_DYNAMIC_MARKING_GUARD":
+            # A value without the marking flag passes (``_unmarked``); one with it, the
+            # leaf decides.
+            test = f"({const(_unmarked)}({var}) or {const(leaf)}({var}))"
         emit(f"if not {test or f'{const(leaf)}({var})'}: return None")
     for child in node.children:
         value = fresh()
@@ -515,6 +533,8 @@ class PlainGuards:
         combined = self._combined
         if combined is not None and combined(*found):
             return True
+        if not found:
+            return True  # no TENSOR_MATCH leaf: no dispatch-key state to snapshot
         # Every TENSOR_MATCH compares against the root's snapshot of the thread's
         # dispatch-key state, taken here, right before them.
         self._root.check(_NO_LOCALS)

@@ -3,7 +3,8 @@ one ``TensorGuards.check`` once they have all passed (``PlainGuards._tensors_hol
 
 Attacked in a fresh process after served calls took that path: an input of another
 dtype, an input that requires grad, a non-contiguous input, a tensor subclass, an
-input with a dim marked dynamic, an inference tensor, a parameter that no longer
+input or parameter with a dim marked (dynamic or static: the dimension-marking leaves,
+passed inline for an unmarked value), an inference tensor, a parameter that no longer
 requires grad, a parameter swapped for a non-contiguous one; each must be refused or
 served as eager serves it. And the experiment behind the path: for each such tensor,
 the combined check and the C++ leaf decide alike (both fail), and both pass the tensor
@@ -55,6 +56,8 @@ def _variants(x: torch.Tensor) -> dict[str, Any]:
 
     dynamic = x.clone()
     torch._dynamo.mark_dynamic(dynamic, 0)
+    static = x.clone()
+    torch._dynamo.mark_static(static, 0)
     with torch.inference_mode():
         inference = x.clone()
     return {
@@ -63,6 +66,7 @@ def _variants(x: torch.Tensor) -> dict[str, Any]:
         "input non-contiguous": x.t().contiguous().t(),
         "input subclass": x.clone().as_subclass(Marked),
         "input dim marked dynamic": dynamic,
+        "input dim marked static": static,
         "inference tensor": inference,
         "input of another size": torch.randn(4, 8),
     }
@@ -112,6 +116,10 @@ def attack(artifact: str, cache: str) -> dict[str, list[Any]]:
         model.fc1.weight = nn.Parameter(torch.randn(8, 16).t())
         outcomes["parameter non-contiguous"] = outcome(model, x)
         model = copy.deepcopy(base)
+        run(model, x)
+        torch._dynamo.maybe_mark_dynamic(model.fc2.weight, 0)
+        outcomes["parameter dim maybe marked dynamic"] = outcome(model, x)
+        model = copy.deepcopy(base)
         torch.testing.assert_close(run(model, x), model(x))
 
         # The experiment: the loaded artifact's guards, the combined check learned.
@@ -152,13 +160,18 @@ MUST_REFUSE = {
     "input float64": "no captured variant",
     "input subclass": "no captured variant",
     "input of another size": "no captured variant",
+    # the DIMENSION_DYNAMIC_MARKING leaves (passed inline for a value without the
+    # marking flag, decided by the leaf for one with it); an argument's marks are set
+    # aside and the guards checked again (``strip_dim_marks``), a parameter's are not
+    "parameter dim maybe marked dynamic": "no captured variant",
 }
 
 #: A change eager answers alike (no grad): refused or served as eager.
 MAY_SERVE = [
     "input non-contiguous",
-    "input requires grad",
     "input dim marked dynamic",
+    "input dim marked static",
+    "input requires grad",
     "inference tensor",
     "parameter no longer requires grad",
     "parameter non-contiguous",
@@ -216,5 +229,10 @@ def test_the_combined_check_was_learned_and_decides_as_the_leaf(
         assert outcomes[f"decide alike: {name}"] == ["served", [False, False]], name
     # Not what this capture's TENSOR_MATCH leaves check (their strides are left
     # unguarded; a dim's marking is the DIMENSION_DYNAMIC_MARKING leaf's): both pass.
-    for name in ("input non-contiguous", "weight non-contiguous", "input dim marked dynamic"):
+    for name in (
+        "input non-contiguous",
+        "weight non-contiguous",
+        "input dim marked dynamic",
+        "input dim marked static",
+    ):
         assert outcomes[f"decide alike: {name}"] == ["served", [True, True]], name
