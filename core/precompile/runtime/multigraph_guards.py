@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 
 _MISSING = object()
+_NO_LOCALS: dict[str, Any] = {}  # what the root (an empty tree) checks to snapshot state
 
 
 def code_object(fields: dict[str, Any]) -> Any:
@@ -284,6 +285,20 @@ class _Verdict:
 _SINGLETON_LEAVES = {"NONE_MATCH": None, "TRUE_MATCH": True, "FALSE_MATCH": False}
 
 
+def _unmarked(value: Any) -> bool:
+    """Whether ``value`` has no ``_has_dynamo_dim_marking`` attribute (looked up as
+    ``getattr`` does), in which case a DIMENSION_DYNAMIC_MARKING_GUARD holds whatever its
+    arguments: torch 2.13's leaf reads that flag first and passes without it (checked:
+    a plain tensor, each ``_dynamo_*_indices`` set without the flag, a class attribute
+    without it, a non-tensor, with expected markings empty or not; the flag as a class
+    attribute or through ``__getattr__`` is seen, a property raising AttributeError is
+    not). An exception answers False: the leaf decides."""
+    try:
+        return not hasattr(value, "_has_dynamo_dim_marking")
+    except Exception:
+        return False
+
+
 def _inline_leaf(spec: list[Any], var: str, const: Any) -> str | None:
     """The inline Python test equivalent to the C++ leaf ``spec`` describes, or None."""
     if spec[0] == "type":
@@ -310,27 +325,42 @@ def _inline_leaf(spec: list[Any], var: str, const: Any) -> str | None:
 
 
 def _fast_source(
-    node: _Node, var: str, emit: Any, const: Any, fresh: Any, watched: set[int]
+    node: _Node,
+    var: str,
+    emit: Any,
+    const: Any,
+    fresh: Any,
+    watched: set[int],
+    tensors: list[tuple[str, Any, dict[str, Any]]],
 ) -> None:
     """Straight-line code that checks what ``node.first_failure`` checks, in its order,
-    returning False at the first failure (any exception fails, as in the C++ accessors).
-    ``node.first_failure`` stays the reference, and words a refusal."""
+    returning None at the first failure (any exception fails, as in the C++ accessors).
+    ``node.first_failure`` stays the reference, and words a refusal. The TENSOR_MATCH
+    leaves are not called here: each guarded value's variable, leaf and spec go to
+    ``tensors``, checked together after the tree (``PlainGuards._tensors_hold``)."""
     if node.id in watched:
         emit(f"reached[{node.id!r}] = {var}")
     if node.kind == "dict":
-        emit(f"if type({var}) is not {const(node.type)}: return False")
-        emit(f"if _dict_len({var}) != {node.size!r}: return False")
+        emit(f"if type({var}) is not {const(node.type)}: return None")
+        emit(f"if _dict_len({var}) != {node.size!r}: return None")
         if node.size == 0:
             return
     for (leaf, _verbose, _explain), spec in zip(node.leaves, node.leaf_specs):
+        if spec[0] == "tensor":
+            tensors.append((var, leaf, spec[1]))
+            continue
         test = _inline_leaf(spec, var, const)
-        emit(f"if not {test or f'{const(leaf)}({var})'}: return False")
+        if spec[0] == "leaf" and spec[1] == "DIMENSION_DYNAMIC_MARKING_GUARD":
+            # A value without the marking flag passes (``_unmarked``); one with it, the
+            # leaf decides.
+            test = f"({const(_unmarked)}({var}) or {const(leaf)}({var}))"
+        emit(f"if not {test or f'{const(leaf)}({var})'}: return None")
     for child in node.children:
         value = fresh()
         step, *arg = child.step
         if step in ("local", "dict_item"):
             emit(f"{value} = _dict_get({var}, {const(arg[0])}, _MISSING)")
-            emit(f"if {value} is _MISSING: return False")
+            emit(f"if {value} is _MISSING: return None")
         elif step == "globals":
             emit(f"{value} = _scope")
         elif step == "attr":
@@ -341,23 +371,27 @@ def _fast_source(
             emit(f"{value} = _tuple_getitem({var}, {arg[0]!r})")
         else:
             emit(f"{value} = {const(child.access)}({var})")
-            emit(f"if {value} is _MISSING: return False")
-        _fast_source(child, value, emit, const, fresh, watched)
+            emit(f"if {value} is _MISSING: return None")
+        _fast_source(child, value, emit, const, fresh, watched, tensors)
     if node.positional:
         keys = fresh()
         emit(f"{keys} = list({var}.keys()) if {node.keys_call!r} else list(_dict_keys({var}))")
         for child in node.positional:
-            emit(f"if len({keys}) <= {child.position!r}: return False")
+            emit(f"if len({keys}) <= {child.position!r}: return None")
             value = fresh()
             if child.is_key:
                 emit(f"{value} = {keys}[{child.position!r}]")
             else:
                 emit(f"{value} = _dict_get({var}, {keys}[{child.position!r}], _MISSING)")
-            _fast_source(child, value, emit, const, fresh, watched)
+            _fast_source(child, value, emit, const, fresh, watched, tensors)
 
 
-def _fast_check(tree: _Node, watched: set[int], scope: dict[str, Any]) -> Any:
-    """``tree``'s checks compiled into one function ``(f_locals, reached) -> bool``."""
+def _fast_check(
+    tree: _Node, watched: set[int], scope: dict[str, Any]
+) -> tuple[Any, list[tuple[Any, dict[str, Any]]]]:
+    """``tree``'s checks but its TENSOR_MATCH leaves compiled into one function
+    ``(f_locals, reached) -> tuple | None``: None when a check fails, else the values
+    the TENSOR_MATCH leaves guard, in tree order; with those leaves (and specs)."""
     lines: list[str] = []
     consts: dict[str, Any] = {
         "_MISSING": _MISSING,
@@ -389,20 +423,22 @@ def _fast_check(tree: _Node, watched: set[int], scope: dict[str, Any]) -> Any:
         counter[0] += 1
         return f"_v{counter[0]}"
 
-    _fast_source(tree, "f_locals", emit, const, fresh, watched)
+    tensors: list[tuple[str, Any, dict[str, Any]]] = []
+    _fast_source(tree, "f_locals", emit, const, fresh, watched, tensors)
+    found = "".join(f"{var}, " for var, _leaf, _spec in tensors)
     source = "\n".join(
         [
             "def fast(f_locals, reached):",
             "    try:",
             *lines,
             "    except Exception:",
-            "        return False",
-            "    return True",
+            "        return None",
+            f"    return ({found})",
         ]
     )
     namespace = dict(consts)
     exec(compiled_source(source, "<precompile guards>"), namespace)
-    return namespace["fast"]
+    return namespace["fast"], [(leaf, spec) for _var, leaf, spec in tensors]
 
 
 def _epilogue_check(texts: list[str], scope: dict[str, Any]) -> Any:
@@ -443,7 +479,14 @@ class PlainGuards:
         ]
         self._relations = program.get("relations", [])
         self._watched = {i for relation in self._relations for i in relation["nodes"]}
-        self._fast = _fast_check(self._tree, self._watched, scope)
+        self._fast, tensor_leaves = _fast_check(self._tree, self._watched, scope)
+        self._tensor_leaves = [leaf for leaf, _spec in tensor_leaves]
+        self._tensor_specs = [spec for _leaf, spec in tensor_leaves]
+        # The TENSOR_MATCH leaves as one C call (TensorGuards.check), learned on the
+        # first values they all pass; None until then, or for good when those values
+        # repeat a tensor (TensorGuards refuses a repeated tensor; the leaves do not).
+        self._combined: Any = None
+        self._learnable = bool(self._tensor_leaves)
         self._epilogue_holds = _epilogue_check([text for text, _v in program["epilogue"]], scope)
         # Reentrant: an accessor may run user code (a property) that calls the artifact
         # again on this thread; the root's snapshot is this thread's either way.
@@ -476,18 +519,67 @@ class PlainGuards:
                 return str(verbose[0]) if verbose else "a guard failed"
         return None
 
+    def _tensors_hold(self, found: tuple[Any, ...]) -> bool:
+        """Whether every TENSOR_MATCH leaf holds for its value in ``found``.
+
+        One ``TensorGuards.check`` over all of them decides a pass when it can: it is
+        built from values that just passed every leaf, with the leaves' size and stride
+        specs (None: a dynamic dim), so each of its ``TensorCheck``s compares the same
+        fields (class, dispatch keys under the thread's state, dtype, device index,
+        requires_grad, rank, sizes, strides) against the same expected values as the
+        leaf's -- a pass of it is a pass of every leaf. When it fails (or is not built)
+        the leaves decide, so it never refuses what they accept (it also refuses a
+        repeated tensor, which the leaves do not)."""
+        combined = self._combined
+        if combined is not None and combined(*found):
+            return True
+        if not found:
+            return True  # no TENSOR_MATCH leaf: no dispatch-key state to snapshot
+        # Every TENSOR_MATCH compares against the root's snapshot of the thread's
+        # dispatch-key state, taken here, right before them.
+        self._root.check(_NO_LOCALS)
+        for leaf, value in zip(self._tensor_leaves, found):
+            if not leaf(value):
+                return False
+        if self._learnable:
+            self._learn(found)
+        return True
+
+    def _learn(self, found: tuple[Any, ...]) -> None:
+        """Builds the combined check from ``found`` (values that passed every leaf) and
+        keeps it when, in one stretch of C calls with no Python in between (so one
+        thread state), the leaves pass again and it passes too."""
+        self._learnable = False
+        if len({id(value) for value in found}) != len(found):
+            return  # TensorGuards refuses a repeated tensor: the leaves stay the check
+        combined = _guard_classes.TensorGuards(
+            *found,
+            dynamic_dims_sizes=[list(spec["sizes"]) for spec in self._tensor_specs],
+            dynamic_dims_strides=[list(spec["strides"]) for spec in self._tensor_specs],
+        )
+        self._root.check(_NO_LOCALS)
+        if all(leaf(v) for leaf, v in zip(self._tensor_leaves, found)) and combined.check(*found):
+            self._combined = combined.check
+
     def check(self, f_locals: dict[str, Any]) -> bool:
-        """The compiled tree, then what follows it in ``_first_failure``; a refusal is
-        explained by ``check_verbose``, which walks the tree itself. Without relational
-        guards (most variants) the epilogue is one compiled function, not an ``eval``
-        per guard."""
+        """The compiled tree, its TENSOR_MATCH leaves together (``_tensors_hold``), then
+        what follows it in ``_first_failure``; a refusal is explained by
+        ``check_verbose``, which walks the tree itself. Without relational guards (most
+        variants) the epilogue is one compiled function, not an ``eval`` per guard."""
         with self._lock:
-            self._root.check(f_locals)
             if not self._relations:
-                return bool(self._fast(f_locals, None)) and self._epilogue_holds(f_locals)
+                found = self._fast(f_locals, None)
+                return (
+                    found is not None
+                    and self._tensors_hold(found)
+                    and self._epilogue_holds(f_locals)
+                )
             reached: dict[int, Any] = dict.fromkeys(self._watched, _MISSING)
-            return bool(self._fast(f_locals, reached)) and (
-                self._tail_failure(f_locals, reached) is None
+            found = self._fast(f_locals, reached)
+            return (
+                found is not None
+                and self._tensors_hold(found)
+                and self._tail_failure(f_locals, reached) is None
             )
 
     def check_verbose(self, f_locals: dict[str, Any]) -> _Verdict:
