@@ -54,6 +54,7 @@ if TYPE_CHECKING:
         hooks: tuple[dict[Any, Any], ...],
         contents: bool = True,
         outer: dict[str, Any] | None = None,
+        reached: list[Any] | None = None,
     ) -> dict[str, Any]: ...
 
     # precompile.runtime.hook_words, carried before value_fingerprints.
