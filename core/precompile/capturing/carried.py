@@ -158,6 +158,7 @@ class MultiGraph:
                 hook_kinds,
                 hook_words,
                 value_fingerprints,
+                fingerprint_differences,
                 *_REFUSAL,
                 single_graph_ambient.check_ambient_modes,
                 single_graph_ambient.warn_inference_grad,

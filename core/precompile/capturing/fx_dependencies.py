@@ -356,13 +356,19 @@ def record_dependencies(
     read_rows = module_reads(modules, reads or {})
     module_records = _module_records(modules, names, training, near, classes, read_rows)
     global_records = _global_values(log, names, training, classes)
+    # In a pass by the trace's read names, as serving's check_globals does it: a
+    # callable object hook's ``self.k`` is part of its identity, and its class's
+    # values are recorded with the other classes reached (computed after this).
+    global_hooks = value_fingerprints.global_hooks_fingerprint(
+        global_module_hooks(), outer=_context(names, training, near, classes)
+    )
     return Dependencies(
         entry=entry,
         names=names,
         modules=module_records,
         classes=_class_records(modules, names, training, near, classes),
         globals=global_records,
-        global_hooks=value_fingerprints.global_hooks_fingerprint(global_module_hooks()),
+        global_hooks=global_hooks,
         process_state=_process_state_records(log),
         surface=surface_record(modules, log),
         module_reads=read_rows,

@@ -1,6 +1,7 @@
 """Where two fingerprints (``value_fingerprints``) differ, and a fingerprint in words:
 what a refusal of changed Python state names. Carried whole into make_fx's artifacts
-after ``value_fingerprints``; imports nothing.
+after ``value_fingerprints`` (Dynamo's too: ``hook_words`` names what differs of a
+hook); imports nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ def first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any]
     kind = old[0]
     if kind != new[0] or len(old) != len(new):
         return path, old, new
-    if kind in ("object", "module") and len(old) == 3 and old[1] == new[1]:
+    if ((kind in ("object", "module") and len(old) == 3) or kind == "nn.Module") and old[1] == new[1]:
+        # An nn.Module's attributes the trace read are its third part too (a hook bound
+        # to its module reads ``self.k``).
         before, after = dict(old[2]), dict(new[2])
         for key in sorted(before.keys() | after.keys()):
             if before.get(key) != after.get(key):

@@ -5,13 +5,18 @@ Both tracers identify a hook by what it is (``value_fingerprints.hooks_fingerpri
 code, closure, defaults and registration flags) and record it beside its name
 (``value_fingerprints.named_hooks``): hook dict -> ``(hook_name, identity)`` per hook, in
 order. The name only words the message: hooks a factory makes share one name whatever
-they close over. Emitted verbatim into both artifact kinds (``capturing.carried``);
-imports nothing.
+they close over. Emitted verbatim into both artifact kinds (``capturing.carried``),
+each of which carries ``fingerprint_differences`` too.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+# >>> not emitted: both artifact kinds carry fingerprint_differences
+from precompile.runtime.fingerprint_differences import describe_value, first_difference
+
+# <<< not emitted
 
 
 def hook_name(hook: Any) -> str:
@@ -67,12 +72,22 @@ def hook_change(
         if replaced:
             name = replaced[0][0]
             at = (located or {}).get(name)
+            # What differs, where one value the hook reads does (``self.k``, a closure's
+            # ``box[0]``, ``table["act"]``): the first difference of the identities.
+            was = next(r for r in removed if r[0] == name)[1][0]
+            path, then, live = first_difference(was, replaced[0][1][0], "the hook")
+            detail = (
+                f" ({path} is {describe_value(live)}; the trace read {describe_value(then)})"
+                if path != "the hook"
+                else ""
+            )
             return (
                 f"the {kind} `{name}`{f' ({at})' if at else ''} of {where} is not the one "
                 f"captured: a hook of that name is registered, but its code, closure, "
-                f"defaults or registration flags (with_kwargs, always_call) differ, and the "
-                f"artifact runs the captured one as traced. Register the captured hook "
-                f"again, or capture with this one (re-emit the artifact)"
+                f"state, defaults or registration flags (with_kwargs, always_call) "
+                f"differ{detail}, and the artifact runs the captured one as traced. "
+                f"Register the captured hook again, or restore what it reads, or capture "
+                f"with this one (re-emit the artifact)"
             )
         if added:
             at = (located or {}).get(added[0][0])

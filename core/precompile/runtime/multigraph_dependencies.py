@@ -34,9 +34,13 @@ from precompile._compat.prelude import (
 from precompile.runtime.hook_words import hook_change, hook_locations
 from precompile.runtime.value_fingerprints import (
     global_hooks_fingerprint,
+    hook_read_names,
     inference_skip,
     module_hook_flags,
     named_hooks,
+    new_context,
+    reached_key,
+    reached_state,
 )
 
 # <<< not emitted
@@ -81,7 +85,9 @@ if TYPE_CHECKING:
     def watch_together(checks: list[Callable[[], None]]) -> Callable[[], None]: ...
 
 
-def hook_snapshot(root: Any, inference: bool = False) -> dict[str, dict[str, Any]]:
+def hook_snapshot(
+    root: Any, inference: bool = False, reached: list[Any] | None = None
+) -> dict[str, dict[str, Any]]:
     """Submodule path -> hook dict -> ``(hook_name, identity)`` per hook, in order, for the
     hooks present under ``root`` (the forward, forward-pre, backward and backward-pre
     hooks of every submodule). A hook is identified as make_fx identifies it
@@ -89,32 +95,38 @@ def hook_snapshot(root: Any, inference: bool = False) -> dict[str, dict[str, Any
     defaults -- and its registration flags); its name only words the message. An
     ``inference`` artifact leaves out forward hooks that only mark their output as
     requiring grad (``hook_kinds.marks_grad_only``): they change no value it
-    returns."""
+    returns. ``reached``: the fingerprinting passes are appended to it, for the driver
+    to watch what the hooks reach (``reached_state``)."""
     found: dict[str, dict[str, Any]] = {}
     for path, module in root.named_modules():
         # The tensors a hook stores into its closure's lists and dicts (activations)
-        # change with every call, and Dynamo guards what it reads there: left out.
+        # change with every call: left out of its identity, while the other entries (a
+        # closure's ``box[0]``, ``table["act"]``) count, the hook's code reading them.
+        context = new_context(hook_read_names(module, MODULE_HOOK_DICTS))
+        context["contents"] = False
         hooks = named_hooks(
             module,
             MODULE_HOOK_DICTS,
             module_hook_flags(module),
             False,
             inference_skip(not inference),
+            context,
         )
+        if reached is not None:
+            reached.append(context)
         if hooks:
             found[path] = hooks
     return found
 
 
-def global_hook_snapshot() -> dict[str, Any]:
+def global_hook_snapshot(reached: list[Any] | None = None) -> dict[str, Any]:
     """torch's global module hooks present, as ``hook_snapshot`` records a module's: hook
     dict -> ``(hook_name, identity)`` per hook, without torch's module trackers' hooks,
-    which only watch (``hook_kinds.watches_only``)."""
+    which only watch (``hook_kinds.watches_only``). ``reached`` as there."""
     from torch.nn.modules import module as nn_module
 
-    return global_hooks_fingerprint(
-        tuple(getattr(nn_module, name) for name in GLOBAL_MODULE_HOOK_NAMES), False
-    )
+    hooks = tuple(getattr(nn_module, name) for name in GLOBAL_MODULE_HOOK_NAMES)
+    return global_hooks_fingerprint(hooks, False, reached=reached)
 
 
 def builtin_name(value: Any) -> str:
@@ -236,14 +248,21 @@ def _build_global_hook_check() -> Callable[[], None]:
     # their keys in order too (``move_to_end`` changes no version).
     nn_scope = vars(nn_module)
 
+    # What the hooks reach (a closure's list or dict, a callable object's state), as
+    # the last check found it: its dicts watched by version with the hook dicts, the
+    # other objects by ``reached_key`` with the non-empty hook dicts' key order.
+    reached: list[list[Any]] = [[], []]
+
     def global_dicts() -> list[Any]:
-        return [nn_scope, *(getattr(nn_module, attr) for attr in global_attrs)]
+        return [nn_scope, *(getattr(nn_module, attr) for attr in global_attrs), *reached[0]]
 
     def ordered(dicts: list[Any]) -> tuple[Any, ...]:
-        return tuple(d for d in dicts[1:] if d)
+        hook_dicts = dicts[1 : 1 + len(global_attrs)]
+        return (*(d for d in hook_dicts if d), *reached[1])
 
     def check_global_hooks() -> None:
-        now = global_hook_snapshot()
+        passes: list[Any] = []
+        now = global_hook_snapshot(passes)
         for attr in sorted(set(captured_global) | set(now)):
             if captured_global.get(attr, []) != now.get(attr, []):
                 change = hook_change(
@@ -253,9 +272,10 @@ def _build_global_hook_check() -> Callable[[], None]:
                     hook_locations([nn_module], global_attrs),
                 )
                 refuse(f"precompile: {change}")
+        reached[:] = reached_state(passes)
 
     # Not compared at load: the first call does.
-    return watch_dicts(global_dicts, check_global_hooks, False, tuple, ordered)
+    return watch_dicts(global_dicts, check_global_hooks, False, reached_key, ordered)
 
 
 def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | None:
@@ -318,7 +338,8 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
     inference = bool(MODULE_HOOKS.get("inference"))
 
     def check_module(root: dict[str, Any], module: Any) -> None:
-        now = hook_snapshot(module, inference)
+        passes: list[Any] = []
+        now = hook_snapshot(module, inference, passes)
         captured = root["hooks"]
         for sub in sorted(set(captured) | set(now)):
             where = user_path(root["path"]) + (f".{sub}" if sub else "")
@@ -347,6 +368,9 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
         modules = [sub_module for _path, sub_module in subs]
         instance_dicts: list[Any] = list(map(vars, modules))
         ordered = [d for d in dicts if d and type(d) is not dict]
+        # What the hooks reach (a closure's dict or list, a callable object's state):
+        # its dicts by version, the other objects by ``reached_key``.
+        reached_dicts, reached_objects = reached_state(passes)
         cache[root["number"], id(module)] = (
             weakref.ref(module),
             dicts,
@@ -357,6 +381,10 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
             modules,
             ordered,
             tuple(map(tuple, ordered)),
+            reached_dicts,
+            tuple(map(_dict_version, reached_dicts)),
+            reached_objects,
+            tuple(map(reached_key, reached_objects)),
         )
 
     def attribute_dicts_same(cached: Any) -> bool:
@@ -430,6 +458,8 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
                 or tuple(map(_dict_version, cached[1])) != cached[2]
                 or not all(map(operator.is_, map(instance_dict, cached[6]), cached[4]))
                 or (cached[7] and tuple(map(tuple, cached[7])) != cached[8])
+                or (cached[9] and tuple(map(_dict_version, cached[9])) != cached[10])
+                or (cached[11] and tuple(map(reached_key, cached[11])) != cached[12])
             ):
                 check_module(root, module)
                 continue

@@ -51,7 +51,10 @@ if TYPE_CHECKING:
     ) -> tuple[Any, ...]: ...
 
     def global_hooks_fingerprint(
-        hooks: tuple[dict[Any, Any], ...], contents: bool = True
+        hooks: tuple[dict[Any, Any], ...],
+        contents: bool = True,
+        outer: dict[str, Any] | None = None,
+        reached: list[Any] | None = None,
     ) -> dict[str, Any]: ...
 
     # precompile.runtime.hook_words, carried before value_fingerprints.
@@ -305,7 +308,9 @@ def check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
                     f"capture again (re-emit the artifact)",
                     3,
                 )
-    live_hooks = global_hooks_fingerprint(_global_module_hooks())
+    # In the caller's pass: the objects the hooks reach (a closure's list, a callable
+    # object's state) join what the model-state fast path watches per call.
+    live_hooks = global_hooks_fingerprint(_global_module_hooks(), outer=context)
     if live_hooks != GLOBAL_HOOKS:
         # Compared as Dynamo artifacts compare them, and worded alike (hook_words).
         import torch.nn.modules.module as nn_module

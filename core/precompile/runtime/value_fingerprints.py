@@ -218,6 +218,12 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
 
     if not context["contents"] and isinstance(value, (list, dict)):
         # Less the tensors a hook stores (activations): they change with every call.
+        # Still watched (a dict by version, a list by its contents), so that what the
+        # hook reads there (``box[0]``, ``table["act"]``) changed is seen per call; a
+        # tensor stored makes the driver compare the fingerprint again, not refuse.
+        if isinstance(value, dict):
+            context["dicts"].append(value)
+        context["shallow"].append(value)
         pairs = value.items() if isinstance(value, dict) else ((None, v) for v in value)
         kept = tuple((fp(k), fp(v)) for k, v in pairs if not isinstance(v, torch.Tensor))
         return (type_name(kind), kept)
@@ -435,7 +441,8 @@ def hooks_fingerprint(
     if outer is not None:
         context = outer
     else:
-        context = new_context(frozenset())
+        # No trace-level read names (Dynamo): the names the hooks' own code reads.
+        context = new_context(hook_read_names(holder, dict_names))
         context["path"] = set(path)
         context["contents"] = contents
     result = []
@@ -451,13 +458,70 @@ def hooks_fingerprint(
     return tuple(result)
 
 
+def code_read_names(value: Any, seen: set[int] | None = None) -> set[str]:
+    """The attribute names code reachable from a hook may read: the names and string
+    constants of its code (nested code too), of a bound method's or partial's function,
+    and of the functions a callable object's user class defines (its ``__call__`` and
+    the methods that may call). What ``fx_watch.read_names`` is for a make_fx trace,
+    for a tracer that records no read names: a hook's ``self.k`` counts, an attribute
+    none of its code names does not."""
+    import functools
+    import types
+
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return set()
+    seen.add(id(value))
+    names: set[str] = set()
+    if isinstance(value, types.CodeType):
+        names.update(value.co_names)
+        for const in value.co_consts:
+            if isinstance(const, str) and const.isidentifier():
+                names.add(const)
+            elif isinstance(const, types.CodeType):
+                names |= code_read_names(const, seen)
+        return names
+    if isinstance(value, types.FunctionType):
+        return code_read_names(value.__code__, seen)
+    if isinstance(value, types.MethodType):
+        return code_read_names(value.__func__, seen) | code_read_names(value.__self__, seen)
+    if isinstance(value, functools.partial):
+        return code_read_names(value.func, seen)
+    for klass in type(value).__mro__[:-1]:
+        if _is_library_class(klass):
+            continue
+        for member in list(vars(klass).values()):
+            if isinstance(member, (staticmethod, classmethod)):
+                member = member.__func__
+            if isinstance(member, property):
+                member = member.fget
+            if isinstance(member, types.FunctionType):
+                names |= code_read_names(member, seen)
+    return names
+
+
+def hook_read_names(holder: Any, dict_names: tuple[str, ...]) -> frozenset[str]:
+    """``code_read_names`` of every hook in ``holder``'s hook dicts."""
+    names: set[str] = set()
+    for dict_name in dict_names:
+        for hook in list(_hook_dict(holder, dict_name).values()):
+            names |= code_read_names(hook)
+    return frozenset(names)
+
+
 def named_hooks(
-    holder: Any, dict_names: tuple[str, ...], flags: Any, contents: bool = True, skip: Any = None
+    holder: Any,
+    dict_names: tuple[str, ...],
+    flags: Any,
+    contents: bool = True,
+    skip: Any = None,
+    outer: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Non-empty hook dict -> ``(hook_name, identity)`` per hook, in order: identities by
-    ``hooks_fingerprint``, names for messages (``hook_words``); ``skip`` as there."""
+    ``hooks_fingerprint``, names for messages (``hook_words``); ``skip`` and ``outer``
+    as there."""
     found = {}
-    identified = hooks_fingerprint(holder, dict_names, flags, (), contents, skip)
+    identified = hooks_fingerprint(holder, dict_names, flags, (), contents, skip, outer)
     for dict_name, identities in zip(dict_names, identified):
         if identities:
             hooks = [
@@ -590,11 +654,52 @@ def reached_classes(start: Any, context: dict[str, Any]) -> list[tuple[Any, Any]
 
 
 def global_hooks_fingerprint(
-    hooks: tuple[dict[Any, Any], ...], contents: bool = True
+    hooks: tuple[dict[Any, Any], ...],
+    contents: bool = True,
+    outer: dict[str, Any] | None = None,
+    reached: list[Any] | None = None,
 ) -> dict[str, Any]:
     """torch's global module hooks (``register_module_forward_hook`` and friends), which
     run around every module call, as ``named_hooks`` gives a module's, less torch's
     module trackers' (``global_hook_holder``); what both tracers record and compare
-    (make_fx's ``GLOBAL_HOOKS``, Dynamo's ``MODULE_HOOKS["global"]``)."""
+    (make_fx's ``GLOBAL_HOOKS``, Dynamo's ``MODULE_HOOKS["global"]``). ``outer``: the
+    fingerprinting pass to do it in (its read names count, and the objects the hooks
+    reach join those it watches); without one, a pass of its own by the names the
+    hooks' code reads (``hook_read_names``), appended to ``reached`` (for a driver to
+    watch what the hooks reach: ``reached_state``)."""
     holder, flags = global_hook_holder(hooks)
-    return named_hooks(holder, GLOBAL_HOOK_DICTS, flags, contents)
+    if outer is None:
+        outer = new_context(hook_read_names(holder, GLOBAL_HOOK_DICTS))
+        outer["contents"] = contents
+        if reached is not None:
+            reached.append(outer)
+    return named_hooks(holder, GLOBAL_HOOK_DICTS, flags, contents, None, outer)
+
+
+def reached_state(contexts: list[dict[str, Any]]) -> tuple[list[Any], list[Any]]:
+    """What the fingerprinting passes ``contexts`` found a hook to reach, for a driver
+    that watches it per call: the dicts (by version tag) and the other objects (by
+    ``reached_key``: lists, sets, functions, objects whose instance dict or slots hold
+    state), each once."""
+    dicts = {id(d): d for c in contexts for d in c["dicts"]}
+    objects = {id(o): o for c in contexts for o in [*c["shallow"], *c["holders"]]}
+    return list(dicts.values()), list(objects.values())
+
+
+def reached_key(value: Any) -> tuple[Any, Any]:
+    """What no version tag sees of ``value``: a function's code, defaults and closure
+    cells' contents; another object's instance dict (``o.__dict__ = d`` replaces it
+    whole) and direct contents (``shallow_contents``). As ``(ids, objects)``: two keys
+    compare by identity (the ids differ first, or the objects, kept alive by the key,
+    are the very same), never by a tensor's ``==``."""
+    if hasattr(value, "__closure__"):
+        held = [value.__code__, value.__defaults__, value.__kwdefaults__]
+        for cell in value.__closure__ or ():
+            try:
+                held.append(cell.cell_contents)
+            except ValueError:
+                held.append(cell)  # an emptied cell: never what it held
+    else:
+        held = [getattr(value, "__dict__", None), *shallow_contents(value)]
+    items = tuple(held)
+    return tuple(map(id, items)), items

@@ -549,7 +549,7 @@ SCENARIOS: dict[str, Attack] = {
     "bound method hook's instance attribute": Attack(bound_method_model, _set("scaler.k", 3.0)),
     "partial hook's list mutated": Attack(partial_model, _mutate_box),
     "hook dict order reversed": Attack(ordered_model, reorder),
-    "hook closure's dict entry swapped": Attack(table_model, _swap_table, tracers=("make_fx",)),
+    "hook closure's dict entry swapped": Attack(table_model, _swap_table),
     # 4. per-call fast paths
     "int attribute to equal bool": Attack(lambda: IntAttr().eval(), _set("n", True)),
     "int attribute to equal float": Attack(lambda: IntAttr().eval(), _set("n", 1.0)),
@@ -700,10 +700,10 @@ def _capture_all(tracer: str, directory: Path) -> dict[str, list[str]]:
     return pairs
 
 
-#: Wrong answers this round found and left (a Dynamo driver change): the scenario is
-#: attacked with the other tracer only. Dynamo compares what a module hook closes over
-#: when the hook dicts change, not per call (docs/trust.md, "Limit").
-KNOWN_WRONG = {("dynamo", "hook closure's dict entry swapped")}
+#: Wrong answers this round found and left: such a scenario is attacked with the other
+#: tracer only (none left: Dynamo's module-hook check watches what a hook reaches per
+#: call since the hook-state round).
+KNOWN_WRONG: set[tuple[str, str]] = set()
 
 _OUTCOMES: dict[str, Any] = {}
 
