@@ -23,7 +23,7 @@ MODULE_HOOK_DICTS = (
 )
 GLOBAL_HOOK_DICTS = tuple("_global" + name for name in MODULE_HOOK_DICTS)
 #: The names of torch's global module hook dicts, in the order
-#: ``precompile.runtime.value_fingerprints.global_hooks_fingerprint`` reads them.
+#: ``precompile.runtime.hook_records.global_hooks_fingerprint`` reads them.
 GLOBAL_MODULE_HOOK_NAMES = (
     *GLOBAL_HOOK_DICTS,
     "_global_forward_hooks_with_kwargs",

@@ -23,9 +23,11 @@ from precompile._compat import runtime as compat_runtime
 from precompile.artifact import bytecode
 from precompile.runtime import (
     autograd_serving,
+    class_fingerprints,
     fingerprint_differences,
     guard_text,
     hook_kinds,
+    hook_records,
     hook_words,
     inductor_serving,
     lowered_inputs,
@@ -80,6 +82,8 @@ class SingleGraph:
             hook_kinds,
             hook_words,
             value_fingerprints,
+            class_fingerprints,
+            hook_records,
             fingerprint_differences,
             guard_text.typed_value,
             single_graph_checks,
@@ -153,11 +157,12 @@ class MultiGraph:
                 state_checks.type_name,
                 state_checks.ambient_modes,
                 state_checks.code_fingerprint,
-                # How both tracers identify a hook (hooks_fingerprint), and which hooks
-                # change nothing (hook_kinds).
+                # How both tracers identify a hook (hooks_fingerprint, hook_records), and
+                # which hooks change nothing (hook_kinds).
                 hook_kinds,
                 hook_words,
                 value_fingerprints,
+                hook_records,
                 fingerprint_differences,
                 *_REFUSAL,
                 single_graph_ambient.check_ambient_modes,

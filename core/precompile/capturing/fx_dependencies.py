@@ -34,7 +34,7 @@ from precompile.capturing.bytecode_names import builtin_loads, global_loads
 from precompile.capturing.fx_watch import CallLog, read_names
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file
-from precompile.runtime import state_checks, value_fingerprints
+from precompile.runtime import class_fingerprints, hook_records, state_checks, value_fingerprints
 
 #: torch's Python code that eager runs inside a model's forward as the trace does: its
 #: module library (``torch.nn``: containers, functional) and Tensor's Python methods.
@@ -172,7 +172,7 @@ def _class_records(
     subs = dict.fromkeys(type(sub) for m in modules for sub in m.modules())
     return [
         (state_checks.type_name(c), record)
-        for c, record in value_fingerprints.reached_classes(subs, context)
+        for c, record in class_fingerprints.reached_classes(subs, context)
     ]
 
 
@@ -359,7 +359,7 @@ def record_dependencies(
     # In a pass by the trace's read names, as serving's check_globals does it: a
     # callable object hook's ``self.k`` is part of its identity, and its class's
     # values are recorded with the other classes reached (computed after this).
-    global_hooks = value_fingerprints.global_hooks_fingerprint(
+    global_hooks = hook_records.global_hooks_fingerprint(
         global_module_hooks(), outer=_context(names, training, near, classes)
     )
     return Dependencies(

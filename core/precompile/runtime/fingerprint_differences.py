@@ -18,7 +18,9 @@ def first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any]
     kind = old[0]
     if kind != new[0] or len(old) != len(new):
         return path, old, new
-    if ((kind in ("object", "module") and len(old) == 3) or kind == "nn.Module") and old[1] == new[1]:
+    if ((kind in ("object", "module") and len(old) == 3) or kind == "nn.Module") and old[1] == new[
+        1
+    ]:
         # An nn.Module's attributes the trace read are its third part too (a hook bound
         # to its module reads ``self.k``).
         before, after = dict(old[2]), dict(new[2])

@@ -3,7 +3,7 @@ first difference between the hooks recorded at capture and those present now.
 
 Both tracers identify a hook by what it is (``value_fingerprints.hooks_fingerprint``: its
 code, closure, defaults and registration flags) and record it beside its name
-(``value_fingerprints.named_hooks``): hook dict -> ``(hook_name, identity)`` per hook, in
+(``hook_records.named_hooks``): hook dict -> ``(hook_name, identity)`` per hook, in
 order. The name only words the message: hooks a factory makes share one name whatever
 they close over. Emitted verbatim into both artifact kinds (``capturing.carried``),
 each of which carries ``fingerprint_differences`` too.

@@ -31,17 +31,15 @@ from precompile._compat.prelude import (
     GLOBAL_MODULE_HOOK_NAMES,
     MODULE_HOOK_DICTS,
 )
-from precompile.runtime.hook_words import hook_change, hook_locations
-from precompile.runtime.value_fingerprints import (
+from precompile.runtime.hook_kinds import inference_skip
+from precompile.runtime.hook_records import (
     global_hooks_fingerprint,
-    hook_read_names,
-    inference_skip,
-    module_hook_flags,
     named_hooks,
-    new_context,
     reached_key,
     reached_state,
 )
+from precompile.runtime.hook_words import hook_change, hook_locations
+from precompile.runtime.value_fingerprints import hook_read_names, module_hook_flags, new_context
 
 # <<< not emitted
 

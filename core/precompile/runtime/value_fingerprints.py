@@ -26,9 +26,8 @@ from typing import Any
 
 # >>> not emitted: artifacts carry this module whole after state_checks, hook_kinds and
 # hook_words, and their prelude binds the hook dicts' names
-from precompile._compat.prelude import GLOBAL_HOOK_DICTS, MODULE_HOOK_DICTS
-from precompile.runtime.hook_kinds import global_hook_holder, inference_skip
-from precompile.runtime.hook_words import hook_name
+from precompile._compat.prelude import MODULE_HOOK_DICTS
+from precompile.runtime.hook_kinds import inference_skip
 from precompile.runtime.state_checks import code_fingerprint, type_name
 
 # <<< not emitted
@@ -413,7 +412,7 @@ _MODULE_BOOKKEEPING = frozenset(
 )
 
 
-def _hook_dict(holder: Any, dict_name: str) -> Any:
+def hook_dict(holder: Any, dict_name: str) -> Any:
     return holder[dict_name] if isinstance(holder, dict) else getattr(holder, dict_name, None) or {}
 
 
@@ -447,7 +446,7 @@ def hooks_fingerprint(
         context["contents"] = contents
     result = []
     for dict_name in dict_names:
-        hooks = _hook_dict(holder, dict_name)
+        hooks = hook_dict(holder, dict_name)
         result.append(
             tuple(
                 (fingerprint(hook, context), tuple(bool(f.get(key)) for f in flags(dict_name)))
@@ -504,33 +503,9 @@ def hook_read_names(holder: Any, dict_names: tuple[str, ...]) -> frozenset[str]:
     """``code_read_names`` of every hook in ``holder``'s hook dicts."""
     names: set[str] = set()
     for dict_name in dict_names:
-        for hook in list(_hook_dict(holder, dict_name).values()):
+        for hook in list(hook_dict(holder, dict_name).values()):
             names |= code_read_names(hook)
     return frozenset(names)
-
-
-def named_hooks(
-    holder: Any,
-    dict_names: tuple[str, ...],
-    flags: Any,
-    contents: bool = True,
-    skip: Any = None,
-    outer: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Non-empty hook dict -> ``(hook_name, identity)`` per hook, in order: identities by
-    ``hooks_fingerprint``, names for messages (``hook_words``); ``skip`` and ``outer``
-    as there."""
-    found = {}
-    identified = hooks_fingerprint(holder, dict_names, flags, (), contents, skip, outer)
-    for dict_name, identities in zip(dict_names, identified):
-        if identities:
-            hooks = [
-                h
-                for h in _hook_dict(holder, dict_name).values()
-                if skip is None or not skip(dict_name, h)
-            ]
-            found[dict_name] = tuple(zip(map(hook_name, hooks), identities))
-    return found
 
 
 def module_hook_flags(module: Any) -> Any:
@@ -594,112 +569,3 @@ def module_fingerprint(
     )
     tensors = (tuple(module._parameters), tuple(module._buffers))
     return (type_name(type(module)), attrs, hooks, kids, tensors)
-
-
-#: Special methods Python calls implicitly (no traced code names them): how an instance
-#: is called, how its attributes resolve, its truth and container protocol.
-PROTOCOL_DUNDERS = frozenset(
-    {
-        "__call__",
-        "__getattr__",
-        "__getattribute__",
-        "__setattr__",
-        "__delattr__",
-        "__get__",
-        "__bool__",
-        "__len__",
-        "__getitem__",
-        "__contains__",
-        "__iter__",
-        "__eq__",
-        "__hash__",
-    }
-)
-
-
-def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]:
-    """The class-level values the traced code may read through an instance of ``cls``
-    or through ``cls`` itself (a method, a class attribute ``scale = 2.0``, a property,
-    ``__call__``), first match along the MRO, by the names in ``context`` and the
-    special methods Python calls implicitly. Each class's own dict is watched: a method
-    monkeypatched or a class attribute set at run time changes its version."""
-    import gc
-
-    names = context["names"]
-    found: dict[str, Any] = {}
-    for klass in cls.__mro__[:-1]:  # every class but object
-        namespace = vars(klass)
-        context["dicts"] += [r for r in gc.get_referents(namespace) if isinstance(r, dict)]
-        for key, value in namespace.items():
-            if key in found:
-                continue
-            if key in PROTOCOL_DUNDERS or (key in names and not key.startswith("__")):
-                found[key] = value
-    return tuple((key, fingerprint(value, context)) for key, value in sorted(found.items()))
-
-
-def reached_classes(start: Any, context: dict[str, Any]) -> list[tuple[Any, Any]]:
-    """Each class of ``start`` (the submodules' classes) and each user class the
-    fingerprints in ``context`` reached -- a class attribute holding an object reaches
-    its class too -- with its ``class_fingerprint``, in the order first reached."""
-    order = list(dict.fromkeys([*start, *context["classes"]]))
-    records = []
-    i = 0
-    while i < len(order):
-        cls = order[i]
-        i += 1
-        records.append((cls, class_fingerprint(cls, context)))
-        order += [c for c in context["classes"] if c not in order]
-    return records
-
-
-def global_hooks_fingerprint(
-    hooks: tuple[dict[Any, Any], ...],
-    contents: bool = True,
-    outer: dict[str, Any] | None = None,
-    reached: list[Any] | None = None,
-) -> dict[str, Any]:
-    """torch's global module hooks (``register_module_forward_hook`` and friends), which
-    run around every module call, as ``named_hooks`` gives a module's, less torch's
-    module trackers' (``global_hook_holder``); what both tracers record and compare
-    (make_fx's ``GLOBAL_HOOKS``, Dynamo's ``MODULE_HOOKS["global"]``). ``outer``: the
-    fingerprinting pass to do it in (its read names count, and the objects the hooks
-    reach join those it watches); without one, a pass of its own by the names the
-    hooks' code reads (``hook_read_names``), appended to ``reached`` (for a driver to
-    watch what the hooks reach: ``reached_state``)."""
-    holder, flags = global_hook_holder(hooks)
-    if outer is None:
-        outer = new_context(hook_read_names(holder, GLOBAL_HOOK_DICTS))
-        outer["contents"] = contents
-        if reached is not None:
-            reached.append(outer)
-    return named_hooks(holder, GLOBAL_HOOK_DICTS, flags, contents, None, outer)
-
-
-def reached_state(contexts: list[dict[str, Any]]) -> tuple[list[Any], list[Any]]:
-    """What the fingerprinting passes ``contexts`` found a hook to reach, for a driver
-    that watches it per call: the dicts (by version tag) and the other objects (by
-    ``reached_key``: lists, sets, functions, objects whose instance dict or slots hold
-    state), each once."""
-    dicts = {id(d): d for c in contexts for d in c["dicts"]}
-    objects = {id(o): o for c in contexts for o in [*c["shallow"], *c["holders"]]}
-    return list(dicts.values()), list(objects.values())
-
-
-def reached_key(value: Any) -> tuple[Any, Any]:
-    """What no version tag sees of ``value``: a function's code, defaults and closure
-    cells' contents; another object's instance dict (``o.__dict__ = d`` replaces it
-    whole) and direct contents (``shallow_contents``). As ``(ids, objects)``: two keys
-    compare by identity (the ids differ first, or the objects, kept alive by the key,
-    are the very same), never by a tensor's ``==``."""
-    if hasattr(value, "__closure__"):
-        held = [value.__code__, value.__defaults__, value.__kwdefaults__]
-        for cell in value.__closure__ or ():
-            try:
-                held.append(cell.cell_contents)
-            except ValueError:
-                held.append(cell)  # an emptied cell: never what it held
-    else:
-        held = [getattr(value, "__dict__", None), *shallow_contents(value)]
-    items = tuple(held)
-    return tuple(map(id, items)), items

@@ -1,0 +1,76 @@
+"""Classes as a trace depends on them, for both artifact kinds: the class-level values the
+traced code may read through an instance or the class itself (``class_fingerprint``), and
+every class a fingerprinting pass reached (``reached_classes``). A class's values are
+fingerprinted like any other value (``value_fingerprints.fingerprint``); what is
+class-specific is which names count: those the trace reads, and the special methods
+Python calls implicitly (``PROTOCOL_DUNDERS``).
+
+Emitted verbatim into both artifact kinds after ``value_fingerprints``
+(``capturing.carried``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# >>> not emitted: artifacts carry value_fingerprints before this module
+from precompile.runtime.value_fingerprints import fingerprint
+
+# <<< not emitted
+
+
+#: Special methods Python calls implicitly (no traced code names them): how an instance
+#: is called, how its attributes resolve, its truth and container protocol.
+PROTOCOL_DUNDERS = frozenset(
+    {
+        "__call__",
+        "__getattr__",
+        "__getattribute__",
+        "__setattr__",
+        "__delattr__",
+        "__get__",
+        "__bool__",
+        "__len__",
+        "__getitem__",
+        "__contains__",
+        "__iter__",
+        "__eq__",
+        "__hash__",
+    }
+)
+
+
+def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]:
+    """The class-level values the traced code may read through an instance of ``cls``
+    or through ``cls`` itself (a method, a class attribute ``scale = 2.0``, a property,
+    ``__call__``), first match along the MRO, by the names in ``context`` and the
+    special methods Python calls implicitly. Each class's own dict is watched: a method
+    monkeypatched or a class attribute set at run time changes its version."""
+    import gc
+
+    names = context["names"]
+    found: dict[str, Any] = {}
+    for klass in cls.__mro__[:-1]:  # every class but object
+        namespace = vars(klass)
+        context["dicts"] += [r for r in gc.get_referents(namespace) if isinstance(r, dict)]
+        for key, value in namespace.items():
+            if key in found:
+                continue
+            if key in PROTOCOL_DUNDERS or (key in names and not key.startswith("__")):
+                found[key] = value
+    return tuple((key, fingerprint(value, context)) for key, value in sorted(found.items()))
+
+
+def reached_classes(start: Any, context: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """Each class of ``start`` (the submodules' classes) and each user class the
+    fingerprints in ``context`` reached -- a class attribute holding an object reaches
+    its class too -- with its ``class_fingerprint``, in the order first reached."""
+    order = list(dict.fromkeys([*start, *context["classes"]]))
+    records = []
+    i = 0
+    while i < len(order):
+        cls = order[i]
+        i += 1
+        records.append((cls, class_fingerprint(cls, context)))
+        order += [c for c in context["classes"] if c not in order]
+    return records
