@@ -387,23 +387,25 @@ def run_percall_section(workdir: Path, runs: int) -> str:
     ]
     lines += [
         "",
-        "Reading: with the eager backend the make_fx graph now calls each ATen op's C++ "
-        "handle (MLP raw graph about 13 -> 10 us), which pays for the driver's checks; "
-        "under grad on the artifact is faster than eager (it runs without autograd). "
-        "Against the raw Inductor call the make_fx driver adds about 3.5-4 us, above the "
-        "3 us target. One epoch comparison (the version tags of the 15 dicts the surface, "
-        "builtins and model-state checks watch, against the tags each recorded) stands "
-        "in for those checks' own comparisons (bench/results/percall_epoch.md: about "
-        "0.45 us saved, about 0.3 us of it spent again on comparing every traced function's "
-        "code); past it the model-state fast path (29 identities: functions' "
-        "code, defaults and cells, instance dicts; 4 types, 23 empty dicts, one "
-        "C-level guard over the 4 tensors) is about 1.7 us, the input and ambient checks "
-        "about 1 us; each of those reads is what proves nothing changed, and no cheaper "
-        "proof exists in Python 3.11 (a function's code and defaults, a tensor's "
-        "requires_grad or `.data` carry no version counter; Dynamo's C++ guard managers "
-        "would do it in about 0.8 us less but import torch._dynamo, about 1 s at load). "
-        "Dynamo artifacts pay more: the dependency checks (about 3.5 us) and the "
-        "dispatch through the rebuilt frame and its guards (8-20 us) are the next work.",
+        "Reading: with the eager backend the make_fx graph calls each ATen op's C++ "
+        "handle, which pays for the driver's checks; under grad on the artifact is faster "
+        "than eager (it runs without autograd). make_fx: one epoch comparison (the "
+        "version tags of the dicts the surface, builtins and model-state checks watch, "
+        "against the tags each recorded) stands in for those checks' own comparisons "
+        "(bench/results/percall_epoch.md), the capture records only what the user's call "
+        "ran (19 identities for the MLP, not 29: bench/results/percall_fx2.md), and the "
+        "ambient state is one tuple of C calls; what is left past the epoch is the model "
+        "state's identities, types, empty dicts and one C-level tensor guard, and the "
+        "input check: each read is what proves nothing changed, and no cheaper proof "
+        "exists in Python 3.11 (a function's code, a tensor's requires_grad or `.data` "
+        "carry no version counter; Dynamo's C++ guard managers would save under 1 us but "
+        "import torch._dynamo, about 1 s at load). Dynamo: the guard check inlines its "
+        "identity and type leaves and checks its tensors with one TensorGuards call, a "
+        "one-variant frame is dispatched in one Python frame, the dict watchers are "
+        "compared as one tuple (bench/results/dynamo_percall.md, dynamo_percall2.md); "
+        "what is left is the dependency checks (hooks and what they reach, traced "
+        "functions' code, globals, argument identities) and the frame's remaining "
+        "guards. The Inductor rows add the compiled module's Python glue to both.",
         "",
         f"Section wall time: {time.time() - started:.0f} s.",
     ]
