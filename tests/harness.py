@@ -276,6 +276,32 @@ def capture_pair(
     return paths
 
 
+def attack_in_child(
+    child: str,
+    fn: Any,
+    model: Callable[[], Any],
+    example: Callable[[], Any],
+    *,
+    directory: Path,
+    tracer: Any = None,
+    backend: str = "eager",
+) -> Any:
+    """The attack tests' one shape: seed 0, build ``model()`` then ``example()``, capture
+    ``fn`` under ``no_grad`` into ``directory`` (``capture_pair``), then run ``child`` -- a
+    script template naming ``{artifact}`` and ``{cache}`` that attacks the loaded pair --
+    in a fresh process; the JSON it prints."""
+    import textwrap
+
+    import torch
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        artifact, cache = capture_pair(
+            fn, model(), example(), directory=directory, tracer=tracer, backend=backend
+        )
+    return run_json(textwrap.dedent(child.format(artifact=artifact, cache=cache)))
+
+
 def assert_same(actual: Any, expected: Any, path: str = "") -> None:
     """Deep comparison: tensors numerically (torch's default tolerances), everything else
     exactly, including which entries are None."""

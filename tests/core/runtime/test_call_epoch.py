@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import builtins
 import copy
-import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import precompile
-from tests.harness import capture_pair, run_json
+from tests.harness import attack_in_child
 
 SCALE = 1.5
 
@@ -164,17 +163,14 @@ def attack(artifact: str, cache: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module", params=["eager", "inductor"])
 def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    torch.manual_seed(0)
-    directory = tmp_path_factory.mktemp(request.param)
-    with torch.no_grad():
-        artifact, cache = capture_pair(
-            serve,
-            EpochNet().eval(),
-            torch.randn(3, 8),
-            directory=directory,
-            backend=request.param,
-        )
-    return run_json(textwrap.dedent(CHILD.format(artifact=artifact, cache=cache)))
+    return attack_in_child(
+        CHILD,
+        serve,
+        lambda: EpochNet().eval(),
+        lambda: torch.randn(3, 8),
+        directory=tmp_path_factory.mktemp(request.param),
+        backend=request.param,
+    )
 
 
 #: What a refusal of each change must name.

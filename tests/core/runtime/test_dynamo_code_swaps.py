@@ -9,7 +9,6 @@ refuse with a PrecompileError naming the function, and undoing it serves as eage
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +17,7 @@ import torch
 from torch import nn
 
 import precompile
-from tests.harness import capture_pair, run_json
+from tests.harness import attack_in_child
 
 
 def _shift(t: torch.Tensor) -> torch.Tensor:
@@ -196,18 +195,15 @@ def attack(artifact: str, cache: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module", params=["eager", "inductor"])
 def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    torch.manual_seed(0)
-    directory = tmp_path_factory.mktemp(request.param)
-    with torch.no_grad():
-        artifact, cache = capture_pair(
-            serve,
-            SwapNet().eval(),
-            torch.randn(3, 8),
-            directory=directory,
-            tracer=precompile.DynamoTracer(),
-            backend=request.param,
-        )
-    return run_json(textwrap.dedent(CHILD.format(artifact=artifact, cache=cache)))
+    return attack_in_child(
+        CHILD,
+        serve,
+        lambda: SwapNet().eval(),
+        lambda: torch.randn(3, 8),
+        directory=tmp_path_factory.mktemp(request.param),
+        tracer=precompile.DynamoTracer(),
+        backend=request.param,
+    )
 
 
 @pytest.mark.parametrize("change", sorted(CHANGES))

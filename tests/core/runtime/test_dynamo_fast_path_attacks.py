@@ -14,7 +14,6 @@ must refuse (or match it)."""
 
 from __future__ import annotations
 
-import textwrap
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ import torch
 from torch import nn
 
 import precompile
-from tests.harness import capture_pair, run_json
+from tests.harness import attack_in_child
 
 
 class Net(nn.Module):
@@ -213,16 +212,16 @@ MUST_REFUSE = {
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
-    torch.manual_seed(0)
-    with torch.no_grad():
-        artifact, cache = capture_pair(
+    return dict(
+        attack_in_child(
+            CHILD,
             serve,
-            Net().eval(),
-            torch.randn(3, 8),
+            lambda: Net().eval(),
+            lambda: torch.randn(3, 8),
             directory=tmp_path_factory.mktemp("dynamo"),
             tracer=precompile.DynamoTracer(),
         )
-    return dict(run_json(textwrap.dedent(CHILD.format(artifact=artifact, cache=cache))))
+    )
 
 
 @pytest.mark.parametrize("change", sorted(MUST_REFUSE))
