@@ -343,6 +343,10 @@ _FILLER = frozenset({"CACHE", "NOP", "EXTENDED_ARG", "TO_BOOL"})
 _JUMP_IF_FALSE = frozenset(
     {"POP_JUMP_IF_FALSE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_FALSE"}
 )
+_JUMP_IF_TRUE = frozenset(
+    {"POP_JUMP_IF_TRUE", "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_TRUE"}
+)
+_CONDITIONAL = _JUMP_IF_FALSE | _JUMP_IF_TRUE
 _LOAD_ATTRS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 
 
@@ -355,30 +359,41 @@ def _attr_name(ins: Any) -> str | None:
 
 
 def _training_guarded_at(ins: list[Any], i: int, owner: str) -> bool:
-    """Whether ``ins[i]`` is a conditional jump on the flag's truth (``if flag and ...``)
-    followed by ``owner.training`` jumping to the same place when False: then with
-    ``training`` False both outcomes of the flag reach the same instruction."""
-    if i >= len(ins) or ins[i].opname not in _JUMP_IF_FALSE:
+    """Whether ``ins[i]`` is a conditional jump on the flag's truth whose other outcome
+    tests ``owner.training`` next, and whether, with ``training`` False, that test leads
+    where the flag's jump leads: then both values of the flag reach the same instruction
+    with the same stack (both jumps pop what they test). ``if flag and training:``,
+    ``if not flag and training:``, ``if flag and training or other:`` and a conditional
+    expression all have this shape; a value kept (``y = flag and training``) does not."""
+    if i >= len(ins) or ins[i].opname not in _CONDITIONAL:
         return False
-    target = ins[i].argval
     rest = ins[i + 1 : i + 4]
-    return (
+    if not (
         len(rest) == 3
         and rest[0].opname == "LOAD_FAST"
         and rest[0].argval == owner
         and _attr_name(rest[1]) == "training"
-        and rest[2].opname in _JUMP_IF_FALSE
-        and rest[2].argval == target
-    )
+        and rest[2].opname in _CONDITIONAL
+    ):
+        return False
+    if rest[2].opname in _JUMP_IF_FALSE:
+        when_not_training = rest[2].argval
+    elif i + 4 < len(ins):
+        when_not_training = ins[i + 4].offset
+    else:
+        return False
+    return bool(when_not_training == ins[i].argval)
 
 
 def read_only_under_training(code: Any, name: str) -> bool:
-    """Whether every read of the attribute ``name`` in ``code`` is the first operand of a
-    condition ``x.name and x.training`` (or ``getattr(x, "name", default) and
-    x.training``) on one of ``code``'s own arguments ``x`` that it never rebinds: with
-    ``x.training`` False, the condition is False whatever the flag holds. Any other use
-    of the name -- a branch on it alone, ``or``, a value kept (``y = x.name and ...``),
-    the name as a string anywhere else -- proves nothing."""
+    """Whether every read of the attribute ``name`` in ``code`` is tested at once by a
+    condition whose other operand is ``x.training`` (``x.name and x.training``,
+    ``not x.name and x.training``, ``x.name and x.training or other``; ``getattr(x,
+    "name", default)`` alike) on one of ``code``'s own arguments ``x`` that it never
+    rebinds, where with ``x.training`` False both values of the flag reach the same
+    instruction (``_training_guarded_at``). Any other use of the name -- a branch on it
+    alone, ``x.name or x.training``, a value kept (``y = x.name and ...``), the name as a
+    string anywhere else -- proves nothing."""
     return training_only_sites(code, name) is not None
 
 

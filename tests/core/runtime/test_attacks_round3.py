@@ -111,8 +111,8 @@ class Comprehension(nn.Module):
 
 
 class AndTrainingOrOther(nn.Module):
-    """``flag and training or other``: in eval the flag decides nothing (a change of
-    it may be served or refused; a wrong answer is the bug)."""
+    """``flag and training or other``: in eval the flag decides nothing, and a change of
+    it is served (``neutral_reads._training_guarded_at``)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -590,15 +590,10 @@ NO_OPS = {name for name in SCENARIOS if "(no-op)" in name}
 
 #: Needless refusals found by this round (a no-op refused), by tracer: the words the
 #: refusal names. Served exactly is better and passes too; a wrong answer never does.
-#: The bytecode proof accepts only ``x.flag and x.training`` with the jump on the flag
-#: falsy; make_fx refuses keyword arguments to a function captured positionally
+#: make_fx refuses keyword arguments to a function captured positionally
 #: (docs: a documented rule); Dynamo guards the number of a module's forward hooks, so
 #: a grad-marking hook removed from an inference artifact's module is refused.
 KNOWN_NEEDLESS = {
-    ("make_fx", "flag and training or other (no-op)"): "flag = True",
-    ("dynamo", "flag and training or other (no-op)"): "model.flag",
-    ("make_fx", "not flag and training (no-op)"): "flag = False",
-    ("dynamo", "not flag and training (no-op)"): "model.flag",
     ("make_fx", "called with a keyword argument (no-op)"): "keyword arguments ['x']",
     ("dynamo", "grad-marking hook removed (no-op)"): "model.fc._forward_hooks",
 }
