@@ -46,8 +46,8 @@ from precompile.capturing.dynamo_refusals import (
     input_versions,
     raised_inside_torch,
     refusal_inside,
-    refuse_tracing_probes,
     refuse_replayed_global_hook_stores,
+    refuse_tracing_probes,
 )
 from precompile.errors import PrecompileError, generator_input_refusal
 from precompile.locations import (

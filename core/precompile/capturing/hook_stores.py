@@ -34,8 +34,7 @@ def hook_location(hook: Any) -> Location | None:
     target = getattr(target, "__func__", target)
     code = getattr(target, "__code__", None)
     if code is None:
-        call = getattr(type(target), "__call__", None)
-        code = getattr(call, "__code__", None)
+        code = getattr(vars(type(target)).get("__call__"), "__code__", None)
     return definition_location(code) if code is not None else None
 
 

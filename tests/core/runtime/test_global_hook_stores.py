@@ -52,7 +52,7 @@ def test_a_global_hook_storing_into_what_it_reaches_is_refused_at_capture(
     finally:
         handle.remove()
     message = str(refused.value)
-    assert f"the global module hook `tests.fixtures.global_hook_stores." in message
+    assert "the global module hook `tests.fixtures.global_hook_stores." in message
     assert WHERE[kind] in message and "global_hook_stores.py:" in message, message
     assert "stores into what it reaches" in message, message
     assert "model.register_forward_hook" in message and "remove it during capture" in message
