@@ -270,8 +270,11 @@ def recording_replayed_stores(stores: list[dict[str, Any]]) -> Iterator[None]:
     def codegen_update_mutated(self: Any, cg: Any, *args: Any, **kwargs: Any) -> Any:
         code = getattr(getattr(cg, "tx", None), "f_code", None)
         for var in self._get_modified_vars():
-            name = getattr(getattr(var, "source", None), "name", None)
-            name = name() if callable(name) else name  # a property in torch 2.13
+            try:
+                name = getattr(getattr(var, "source", None), "name", None)
+                name = name() if callable(name) else name  # a property in torch 2.13
+            except NotImplementedError:
+                continue  # a new object's temporary (TempLocalSource) has no name
             if isinstance(name, str):
                 stores.append({"code": code, "source": name, "kind": type(var).__name__})
         return original(self, cg, *args, **kwargs)
