@@ -82,16 +82,36 @@ def on_global_hooks(entry: Any) -> bool:
     counter: such a guard cannot be rebuilt in another process. The driver checks these
     hooks itself (``MODULE_HOOKS["global"]``, by what each hook is), so they are driver
     enforced."""
-    name = str(getattr(entry, "name", ""))
+    return global_hooks_path(str(getattr(entry, "name", ""))) is not None
+
+
+def global_hooks_path(name: str) -> str | None:
+    """The part of a Dynamo source name from torch's global module hook dicts on
+    (``_global_forward_hooks[11].__closure__[0].cell_contents``), or None when the name
+    does not go through them. What follows the dict is keyed by handle id, a per-process
+    counter: no other process can follow such a path to the same object."""
     for holder in ("torch_dot_nn_dot_modules_dot_module']", "torch.nn.modules.module"):
         at = name.find(holder + "._global_")
         if at >= 0:
             attr = name[at + len(holder) + 1 :]
-            return any(
+            if any(
                 attr == hooks or attr.startswith((hooks + "[", hooks + "."))
                 for hooks in GLOBAL_MODULE_HOOK_NAMES
-            )
-    return False
+            ):
+                return attr
+    return None
+
+
+def global_hook_at(path: str) -> Any:
+    """The hook a ``global_hooks_path`` names in this process (``_global_forward_hooks[11]``
+    -> the hook registered under handle id 11), or None when it names no single hook."""
+    dict_name, _, rest = path.partition("[")
+    key, _, _ = rest.partition("]")
+    if not key.isdigit():
+        return None
+    import torch.nn.modules.module as nn_module
+
+    return (getattr(nn_module, dict_name, None) or {}).get(int(key))
 
 
 def new_package(fn: Callable[..., Any]) -> Any:

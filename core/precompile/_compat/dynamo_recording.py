@@ -1,7 +1,8 @@
 """What the multi-graph capture records while Dynamo compiles, as context managers over
 Dynamo's private compile machinery: the graph breaks it took, the reads of grad-dependent
 tensor attributes and of the grad mode it baked, the branches it took only because it
-was compiling, the frames it bypassed, and the globals it installed."""
+was compiling, the frames it bypassed, the globals it installed, and the stores its
+bytecode replays."""
 
 from __future__ import annotations
 
@@ -252,4 +253,31 @@ def recording_installed_globals(
         return original(self, name, value)
 
     with patched(OutputGraph, "install_global_unsafe", install_global_unsafe):
+        yield
+
+
+@contextlib.contextmanager
+def recording_replayed_stores(stores: list[dict[str, Any]]) -> Iterator[None]:
+    """Record every store Dynamo replays in a compiled frame's bytecode after its graph
+    (a list, dict, cell or object attribute the traced code changed, which the bytecode
+    writes again through the object's source): the frame's code, the target's source
+    name, and the kind of object. Dynamo reaches an existing object only through its
+    source, so where that source goes is where the served call writes."""
+    from torch._dynamo.side_effects import SideEffects
+
+    original = SideEffects.codegen_update_mutated
+
+    def codegen_update_mutated(self: Any, cg: Any, *args: Any, **kwargs: Any) -> Any:
+        code = getattr(getattr(cg, "tx", None), "f_code", None)
+        for var in self._get_modified_vars():
+            try:
+                name = getattr(getattr(var, "source", None), "name", None)
+                name = name() if callable(name) else name  # a property in torch 2.13
+            except NotImplementedError:
+                continue  # a new object's temporary (TempLocalSource) has no name
+            if isinstance(name, str):
+                stores.append({"code": code, "source": name, "kind": type(var).__name__})
+        return original(self, cg, *args, **kwargs)
+
+    with patched(SideEffects, "codegen_update_mutated", codegen_update_mutated):
         yield

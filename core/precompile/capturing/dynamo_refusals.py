@@ -2,7 +2,8 @@
 function an artifact could not rebuild (``check_dynamo_fn``), a call whose graph holds a
 library's compile-only branch that answers differently from eager
 (``compile_only_branch_check``), a project branch on a tracing probe
-(``refuse_tracing_probes``), and the failures met while Dynamo runs, as refusals
+(``refuse_tracing_probes``), a store replayed through torch's global hook dicts
+(``refuse_replayed_global_hook_stores``), and the failures met while Dynamo runs, as refusals
 (``refusal_inside``, ``raised_inside_torch``).
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from precompile._compat import dynamo
+from precompile.capturing import hook_stores
 from precompile.errors import Location, PrecompileError
 from precompile.locations import definition_location, is_project_file
 
@@ -246,3 +248,22 @@ def refuse_tracing_probes(codes: list[types.CodeType]) -> None:
                 invariant=3,
                 hint="remove the branch, or make both branches compute the same thing",
             )
+
+
+def refuse_replayed_global_hook_stores(stores: list[dict[str, Any]]) -> None:
+    """A store Dynamo replays through torch's global module hook dicts (the source of a
+    list, dict, cell or object the trace changed goes through ``_global_*_hooks[<id>]``,
+    keyed by a per-process handle id): refused at capture, naming the hook
+    (``hook_stores``). The rule is the replay target's path, not the kind of store."""
+    for store in stores:
+        path = dynamo.global_hooks_path(store["source"])
+        if path is None:
+            continue
+        hook = dynamo.global_hook_at(path)
+        rest = path.partition("]")[2]
+        kind = store["kind"]
+        what = "a list" if "List" in kind else "a dict" if "Dict" in kind else "attributes"
+        where = "its closure" if "__closure__" in rest else "the hook object" if not rest else rest
+        raise hook_stores.global_hook_store_refusal(
+            hook if hook is not None else path, f"{what} of {where}", "dynamo"
+        )

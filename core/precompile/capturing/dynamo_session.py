@@ -46,6 +46,7 @@ from precompile.capturing.dynamo_refusals import (
     input_versions,
     raised_inside_torch,
     refusal_inside,
+    refuse_replayed_global_hook_stores,
     refuse_tracing_probes,
 )
 from precompile.errors import PrecompileError, generator_input_refusal
@@ -211,6 +212,7 @@ class DynamoSession:
                 invariant=6,
             )
         branches: list[dict[str, Any]] = []
+        stores: list[dict[str, Any]] = []
         try:
             with (
                 dynamo.dynamo_config(self.tracer.recompile_limit),
@@ -226,6 +228,7 @@ class DynamoSession:
                     self.dependencies.grad_flag_reads,
                 ),
                 dynamo_recording.recording_compile_only_branches(branches),
+                dynamo_recording.recording_replayed_stores(stores),
                 dynamo_guard_relaxing.relaxing_unread_strides(
                     self.backends.relax_strides, self.layout_notes
                 ),
@@ -251,6 +254,7 @@ class DynamoSession:
                 finally:
                     self.break_events += events
                     self.calls += 1
+                refuse_replayed_global_hook_stores(stores)
                 self.dependencies.verify(args, kwargs)
                 library = [b for b in branches if not is_project_file(b["file"])]
                 if library and not self.training and input_versions(args, kwargs) == versions:

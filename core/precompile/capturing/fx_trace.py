@@ -27,6 +27,7 @@ from precompile.capturing import (
     fx_keyed_inputs,
     fx_side_effects,
     fx_watch,
+    hook_stores,
     neutral_reads,
 )
 from precompile.capturing.bytecode_names import builtin_loads
@@ -380,6 +381,7 @@ def trace_single_graph(
         fakes = [fake_mode.from_tensor(t) for t in state_tensors]
         fakes += [fake_mode.from_tensor(leaves[i]) for i in tensor_slots]
     before = fx_side_effects.Snapshot(modules)
+    hook_states = hook_stores.global_hook_states()
     neutral_positions: dict[tuple[int, str], list[tuple[Any, types.CodeType]]] = {}
     flag_readers: dict[tuple[int, str], set[tuple[types.CodeType, int]]] = {}
     autocast = state_checks.autocast_state()
@@ -411,6 +413,7 @@ def trace_single_graph(
         raise
     except Exception as error:
         raise refuse_from_exception(error, training) from error
+    hook_stores.refuse_global_hook_stores(hook_states)
     check_graph(gm, node_stacks, fn, modules)
     check_spec_serializable(out_spec_box[-1], "fn's outputs", where)
     names = fx_watch.read_names(ran)

@@ -10,8 +10,8 @@ the artifact must refuse (a PrecompileError naming the global hook) or answer as
 does -- never the captured state's answer. An unchanged callable-object hook must be
 served (its attributes, not a module-level name, tell it apart). A hook that only
 stores its outputs is served by Dynamo as a module hook
-(test_hook_identity.py); as a global hook, Dynamo's replay of the store reaches the
-list through the hook's handle id (see docs/trust.md).
+(test_hook_identity.py); as a global hook it is refused at capture by both tracers
+(test_global_hook_stores.py, docs/trust.md).
 """
 
 from __future__ import annotations
