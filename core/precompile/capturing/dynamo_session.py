@@ -430,9 +430,14 @@ class DynamoSession:
         files = sorted(
             {f.code.co_filename for f in frames} | set(inlined_source_files(self.package))
         )
+        recorded = self.dependencies.metadata(list(codes))
         dependencies = {
-            **self.dependencies.metadata(list(codes)),
-            "TRACED_FUNCS": traced_function_rows(codes),
+            **recorded,
+            "TRACED_FUNCS": traced_function_rows(
+                codes,
+                self.dependencies.names.read_functions,
+                (row["code"] for row in recorded.get("ARG_IDENTITIES", []) if "code" in row),
+            ),
             "LIBRARY_SURFACE": record_dynamo_surface(
                 self.fn,
                 graphs.graphs,
