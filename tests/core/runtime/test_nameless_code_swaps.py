@@ -193,3 +193,37 @@ def test_a_nameless_function_changed_after_serving_is_refused(
 def test_a_nameless_code_swap_before_load_is_refused(outcomes: dict[str, Any], change: str) -> None:
     kind, detail = outcomes[change]
     assert kind == "refused" or detail is True, (change, kind, detail)
+
+
+def test_a_nameless_function_no_serving_process_can_find_is_refused_at_capture() -> None:
+    """The rows' own rule, on what a trace recorded: a function no name, no read path,
+    no argument and no watched closure reaches is refused, naming it, where it is
+    defined, and the fix; the same function read at a global path is recorded with it."""
+    from precompile.capturing.dynamo_name_records import traced_function_rows
+
+    hidden = make_act(0.3)  # held by nothing a serving process could evaluate
+    with pytest.raises(precompile.PrecompileError) as refused:
+        traced_function_rows([hidden.__code__])
+    message = str(refused.value)
+    line = hidden.__code__.co_firstlineno
+    assert f"make_act.<locals>.act ({hidden.__code__.co_filename}:{line})" in message, message
+    assert "importable by name" in message and "argument" in message, message
+    scope = __name__
+    rows = traced_function_rows([hidden.__code__], {(scope, "G['ACTS']['gelu']"): ACTS["gelu"]})
+    assert rows == [
+        {
+            "module": "",
+            "qualname": "make_act.<locals>.act",
+            "code": rows[0]["code"],
+            "location": f"test_nameless_code_swaps.py:{line}",
+            "nameless": "1",
+            "reads": [{"scope": scope, "path": "G['ACTS']['gelu']"}],
+        }
+    ]
+    # Reached from fn's arguments (ARG_IDENTITIES watches its code), or made per call
+    # by traced code (its maker's digest covers it): no path needed.
+    assert traced_function_rows([hidden.__code__], None, [rows[0]["code"]])[0]["nameless"]
+    maker = make_act.__code__
+    assert any(
+        r.get("qualname") == "make_act" for r in traced_function_rows([maker, hidden.__code__])
+    )
