@@ -362,6 +362,10 @@ def traced_function_rows(
         if fn.__code__ in nameless:
             watched.append(fn)
             paths.setdefault(fn.__code__, []).append({"scope": scope, "path": path})
+    for code in nameless:
+        for scope, path, fn in _class_paths(code):
+            watched.append(fn)
+            paths.setdefault(code, []).append({"scope": scope, "path": path})
     covered = _closure_codes(watched) | _nested_codes(traced)
     arguments = set(argument_codes)
     for code, digest in nameless.items():
@@ -392,6 +396,26 @@ def traced_function_rows(
         if code in paths:
             row["reads"] = [*row.get("reads", []), *paths[code]]
     return list(rows.values())
+
+
+def _class_paths(code: types.CodeType) -> list[tuple[str, str, types.FunctionType]]:
+    """(module, access path, function) of each function running ``code`` that the class
+    its qualified name names holds as a descriptor's function: a property's getter (or
+    setter, deleter), a static or class method's (``G['Encoder'].__dict__['scale'].fget``).
+    Their qualified names resolve to the descriptor, not the function."""
+    owner = _code_class(code)
+    named = import_name(owner) if owner is not None else None
+    if owner is None or named is None:
+        return []
+    root, *rest = named[1].split(".")
+    base = f"G[{root!r}]" + "".join(f".{part}" for part in rest)
+    found = []
+    for name, value in list(vars(owner).items()):
+        for accessor in ("fget", "fset", "fdel", "__func__"):
+            fn = getattr(value, accessor, None)
+            if isinstance(fn, types.FunctionType) and fn.__code__ is code:
+                found.append((named[0], f"{base}.__dict__[{name!r}].{accessor}", fn))
+    return found
 
 
 def _closure_codes(functions: Iterable[types.FunctionType]) -> set[types.CodeType]:
