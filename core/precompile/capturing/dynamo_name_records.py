@@ -311,6 +311,7 @@ def traced_function_rows(
     codes: Iterable[types.CodeType],
     reads: dict[tuple[str, str], types.FunctionType] | None = None,
     argument_codes: Iterable[str] = (),
+    hooks: Iterable[Any] = (),
 ) -> list[dict[str, Any]]:
     """``TRACED_FUNCS``: every project function whose code the trace ran (frames, what
     Dynamo inlined: helpers, methods, functions reached through attributes or closures),
@@ -325,9 +326,10 @@ def traced_function_rows(
     from module globals the trace read it at (``reads``: Dynamo's sources of the
     identity guards it dropped, ``G['ACTS']['gelu']``), which serving evaluates. One
     needs no path where something else watches it: reached from fn's arguments
-    (``argument_codes``: ``ARG_IDENTITIES`` compares its code per call), held in a
-    closure cell of a watched function (watched with it), or made per call by traced
-    code (its maker's digest includes its code). Any other is refused here: nothing in
+    (``argument_codes``: ``ARG_IDENTITIES`` compares its code per call), a module hook
+    or global hook (``hooks``: the hook checks identify a hook by its code and closure),
+    held in a closure cell of a watched function (watched with it), or made per call by
+    traced code (its maker's digest includes its code). Any other is refused here: nothing in
     another process could find it, and its code swapped (IPython's autoreload) would be
     served as traced."""
     import gc
@@ -366,7 +368,11 @@ def traced_function_rows(
         for scope, path, fn in _class_paths(code):
             watched.append(fn)
             paths.setdefault(code, []).append({"scope": scope, "path": path})
-    covered = _closure_codes(watched) | _nested_codes(traced)
+    hook_functions = [fn for hook in hooks for fn in _functions_of(hook)]
+    watched += hook_functions
+    covered = (
+        _closure_codes(watched) | _nested_codes(traced) | {fn.__code__ for fn in hook_functions}
+    )
     arguments = set(argument_codes)
     for code, digest in nameless.items():
         qualname = getattr(code, "co_qualname", code.co_name)
@@ -416,6 +422,41 @@ def _class_paths(code: types.CodeType) -> list[tuple[str, str, types.FunctionTyp
             if isinstance(fn, types.FunctionType) and fn.__code__ is code:
                 found.append((named[0], f"{base}.__dict__[{name!r}].{accessor}", fn))
     return found
+
+
+def _functions_of(hook: Any) -> list[types.FunctionType]:
+    """The Python functions a hook runs: itself, a bound method's, a partial's, a
+    callable object's ``__call__``."""
+    found = []
+    for candidate in (
+        hook,
+        getattr(hook, "__func__", None),
+        getattr(hook, "func", None),
+        getattr(type(hook), "__call__", None),
+    ):
+        if isinstance(candidate, types.FunctionType):
+            found.append(candidate)
+    return found
+
+
+def module_hooks(roots: Iterable[torch.nn.Module]) -> list[Any]:
+    """Every hook registered on ``roots`` and their submodules (each ``*_hooks`` dict of
+    a module), and torch's global module hooks."""
+    from torch.nn.modules import module as module_module
+
+    dicts = [
+        value
+        for name, value in list(vars(module_module).items())
+        if name.startswith("_global_") and name.endswith("hooks") and isinstance(value, dict)
+    ]
+    for root in roots:
+        for sub in root.modules():
+            dicts += [
+                value
+                for name, value in list(vars(sub).items())
+                if name.endswith("_hooks") and isinstance(value, dict)
+            ]
+    return [hook for d in dicts for hook in list(d.values())]
 
 
 def _closure_codes(functions: Iterable[types.FunctionType]) -> set[types.CodeType]:

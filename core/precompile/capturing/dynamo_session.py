@@ -419,7 +419,7 @@ class DynamoSession:
         tracing probe, a graph the backend cannot ship (``DynamoBackends.graphs``), the
         dependencies the recorders refuse; the emitter refuses what is left (default
         arguments, helper globals)."""
-        from precompile.capturing.dynamo_name_records import traced_function_rows
+        from precompile.capturing.dynamo_name_records import module_hooks, traced_function_rows
         from precompile.capturing.library_surface import record_dynamo_surface
 
         frames = self.frames()
@@ -437,6 +437,16 @@ class DynamoSession:
                 codes,
                 self.dependencies.names.read_functions,
                 (row["code"] for row in recorded.get("ARG_IDENTITIES", []) if "code" in row),
+                module_hooks(
+                    [
+                        *(
+                            v
+                            for v in self.dependencies.paths.arguments.values()
+                            if isinstance(v, torch.nn.Module)
+                        ),
+                        *self.dependencies.paths.global_modules.values(),
+                    ]
+                ),
             ),
             "LIBRARY_SURFACE": record_dynamo_surface(
                 self.fn,
