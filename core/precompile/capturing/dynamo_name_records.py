@@ -432,7 +432,7 @@ def _functions_of(hook: Any) -> list[types.FunctionType]:
         hook,
         getattr(hook, "__func__", None),
         getattr(hook, "func", None),
-        getattr(type(hook), "__call__", None),
+        next((vars(c)["__call__"] for c in type(hook).__mro__ if "__call__" in vars(c)), None),
     ):
         if isinstance(candidate, types.FunctionType):
             found.append(candidate)
