@@ -405,22 +405,37 @@ def traced_function_rows(
 
 
 def _class_paths(code: types.CodeType) -> list[tuple[str, str, types.FunctionType]]:
-    """(module, access path, function) of each function running ``code`` that the class
-    its qualified name names holds as a descriptor's function: a property's getter (or
-    setter, deleter), a static or class method's (``G['Encoder'].__dict__['scale'].fget``).
-    Their qualified names resolve to the descriptor, not the function."""
-    owner = _code_class(code)
-    named = import_name(owner) if owner is not None else None
-    if owner is None or named is None:
-        return []
-    root, *rest = named[1].split(".")
-    base = f"G[{root!r}]" + "".join(f".{part}" for part in rest)
+    """(module, access path, function) of each function running ``code`` that a class
+    another process imports holds in its dict, itself or as a descriptor's function: a
+    method a decorator replaced with its wrapper (``G['Net'].__dict__['encode']``), a
+    property's getter, setter or deleter, a static or class method's
+    (``G['Encoder'].__dict__['scale'].fget``). Their qualified names resolve elsewhere
+    (the decorator's ``wrapper``) or to the descriptor, not to the function."""
+    import gc
+
     found = []
-    for name, value in list(vars(owner).items()):
-        for accessor in ("fget", "fset", "fdel", "__func__"):
-            fn = getattr(value, accessor, None)
-            if isinstance(fn, types.FunctionType) and fn.__code__ is code:
-                found.append((named[0], f"{base}.__dict__[{name!r}].{accessor}", fn))
+    for fn in gc.get_referrers(code):
+        if not isinstance(fn, types.FunctionType) or fn.__code__ is not code:
+            continue
+        holders: list[tuple[Any, str]] = [(fn, "")]
+        for held in gc.get_referrers(fn):
+            for accessor in ("fget", "fset", "fdel", "__func__"):
+                if getattr(held, accessor, None) is fn:
+                    holders.append((held, f".{accessor}"))
+        for value, accessor in holders:
+            for table in gc.get_referrers(value):
+                if not isinstance(table, dict):
+                    continue
+                for owner in gc.get_referrers(table):
+                    named = import_name(owner) if isinstance(owner, type) else None
+                    if named is None or vars(owner) != table:
+                        continue
+                    root, *rest = named[1].split(".")
+                    base = f"G[{root!r}]" + "".join(f".{part}" for part in rest)
+                    for name, bound in list(table.items()):
+                        if bound is value:
+                            path = f"{base}.__dict__[{name!r}]{accessor}"
+                            found.append((named[0], path, fn))
     return found
 
 

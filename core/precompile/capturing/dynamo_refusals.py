@@ -243,8 +243,9 @@ def _stateful_hooks(
     or deque): its globals, its closure cells, its bound instance's attributes."""
     from torch.nn.modules import module as module_module
 
+    from precompile._compat.prelude import MODULE_HOOK_DICTS as kinds
+
     found: list[tuple[Any, str, dict[str, Any]]] = []
-    kinds = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
     for name in kinds:
         for hook in list(getattr(module_module, "_global" + name, {}).values()):
             found.append((hook, f"a global {name[1:-6].replace('_', ' ')} hook", {}))

@@ -51,6 +51,24 @@ class Holder:
     act = make_act(1.1)
 
 
+def _logged(method: Callable[..., Any]) -> Callable[..., Any]:
+    # A decorator without functools.wraps: the class holds ``_logged.<locals>.wrapper``.
+    def wrapper(self: Any, t: torch.Tensor) -> Any:
+        return method(self, t)
+
+    return wrapper
+
+
+class Decorated:
+    @_logged
+    def shift(self, t: torch.Tensor) -> torch.Tensor:
+        return t + 0.5
+
+    @property
+    def scale(self) -> float:
+        return 1.5
+
+
 _STATE = types.SimpleNamespace(act=make_act(0.7))
 
 
@@ -201,29 +219,43 @@ def test_a_nameless_function_no_serving_process_can_find_is_refused_at_capture()
     defined, and the fix; the same function read at a global path is recorded with it."""
     from precompile.capturing.dynamo_name_records import traced_function_rows
 
-    hidden = make_act(0.3)  # held by nothing a serving process could evaluate
+    hidden = make_other(0.3)  # held by nothing a serving process could evaluate
     with pytest.raises(precompile.PrecompileError) as refused:
         traced_function_rows([hidden.__code__])
     message = str(refused.value)
     line = hidden.__code__.co_firstlineno
-    assert f"make_act.<locals>.act ({hidden.__code__.co_filename}:{line})" in message, message
+    assert f"make_other.<locals>.act ({hidden.__code__.co_filename}:{line})" in message, message
     assert "importable by name" in message and "argument" in message, message
     scope = __name__
-    rows = traced_function_rows([hidden.__code__], {(scope, "G['ACTS']['gelu']"): ACTS["gelu"]})
+    rows = traced_function_rows([hidden.__code__], {(scope, "G['HIDDEN'][0]"): hidden})
     assert rows == [
         {
             "module": "",
-            "qualname": "make_act.<locals>.act",
+            "qualname": "make_other.<locals>.act",
             "code": rows[0]["code"],
             "location": f"test_nameless_code_swaps.py:{line}",
             "nameless": "1",
-            "reads": [{"scope": scope, "path": "G['ACTS']['gelu']"}],
+            "reads": [{"scope": scope, "path": "G['HIDDEN'][0]"}],
         }
     ]
     # Reached from fn's arguments (ARG_IDENTITIES watches its code), or made per call
     # by traced code (its maker's digest covers it): no path needed.
     assert traced_function_rows([hidden.__code__], None, [rows[0]["code"]])[0]["nameless"]
-    maker = make_act.__code__
-    assert any(
-        r.get("qualname") == "make_act" for r in traced_function_rows([maker, hidden.__code__])
-    )
+    made = traced_function_rows([make_other.__code__, hidden.__code__])
+    assert [r["qualname"] for r in made] == ["make_other", "make_other.<locals>.act"], made
+
+
+def test_a_nameless_function_a_class_holds_is_found_through_the_class() -> None:
+    """A decorator's wrapper in a class dict, a property's getter: their qualified names
+    resolve elsewhere, and the class's dict is their path."""
+    from precompile.capturing.dynamo_name_records import traced_function_rows
+
+    wrapper = vars(Decorated)["shift"]
+    getter = vars(Decorated)["scale"].fget
+    rows = {r["qualname"]: r for r in traced_function_rows([wrapper.__code__, getter.__code__])}
+    assert rows["_logged.<locals>.wrapper"]["reads"] == [
+        {"scope": __name__, "path": "G['Decorated'].__dict__['shift']"}
+    ]
+    assert rows["Decorated.scale"]["reads"] == [
+        {"scope": __name__, "path": "G['Decorated'].__dict__['scale'].fget"}
+    ]
