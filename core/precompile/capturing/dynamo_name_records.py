@@ -37,6 +37,7 @@ import torch
 
 from precompile._compat import dynamo
 from precompile.capturing.bytecode_names import global_loads
+from precompile.errors import PrecompileError
 from precompile.locations import is_project_file
 from precompile.runtime.guard_text import user_path
 from precompile.runtime.multigraph_dependencies import builtin_key, class_attrs
@@ -111,6 +112,9 @@ class NameRecorder:
         self.read_shown: dict[tuple[str, str], tuple[str, str]] = {}
         #: The code of every function read that way (its source is checked at load).
         self.read_codes: dict[types.CodeType, None] = {}
+        #: (frame module, access path) -> the function read there: the path by which
+        #: serving finds a function no import name reaches (``traced_function_rows``).
+        self.read_functions: dict[tuple[str, str], types.FunctionType] = {}
         #: The classes of every module the trace reached (their methods, properties and
         #: ``__call__`` were resolved on the class while tracing; ``CLASS_ATTRS``).
         self.classes: dict[type, None] = {}
@@ -140,6 +144,8 @@ class NameRecorder:
             read_code = getattr(getattr(e.value, "__func__", e.value), "__code__", None)
             if isinstance(read_code, types.CodeType):
                 self.read_codes.setdefault(read_code, None)
+            if isinstance(e.value, types.FunctionType):
+                self.read_functions.setdefault((module_name, e.name), e.value)
 
     def class_rows(self, traced: list[types.CodeType]) -> list[dict[str, Any]]:
         """``CLASS_ATTRS``: the classes the trace went through -- of every module it
@@ -301,21 +307,40 @@ def _code_class(code: types.CodeType) -> type | None:
 _MISSING = object()
 
 
-def traced_function_rows(codes: Iterable[types.CodeType]) -> list[dict[str, str]]:
+def traced_function_rows(
+    codes: Iterable[types.CodeType],
+    reads: dict[tuple[str, str], types.FunctionType] | None = None,
+    argument_codes: Iterable[str] = (),
+    hooks: Iterable[Any] = (),
+) -> list[dict[str, Any]]:
     """``TRACED_FUNCS``: every project function whose code the trace ran (frames, what
-    Dynamo inlined: helpers, methods, functions reached through attributes or closures)
-    and that another process can import by module and qualified name, with the digest
-    of its code (``code_fingerprint``). Dynamo guards a function by identity, never its
-    ``__code__``: serving compares each one's code with this digest at load and watches
-    its code, defaults and closure cells by identity per call
-    (``multigraph_name_checks.build_code_check``). Nested functions made per call are
-    covered by their maker's code (its digest includes theirs)."""
+    Dynamo inlined: helpers, methods, functions reached through attributes or closures),
+    with the digest of its code (``code_fingerprint``). Dynamo guards a function by
+    identity, never its ``__code__``: serving compares each one's code with this digest
+    at load and watches its code by identity per call
+    (``multigraph_name_checks.build_code_check``).
+
+    A function another process imports by module and qualified name is recorded by it.
+    One no name reaches (a factory made it: ``ACTS = {"gelu": make_act(1.7)}``, a class
+    attribute, a library's registry) is ``nameless``, recorded with the access paths
+    from module globals the trace read it at (``reads``: Dynamo's sources of the
+    identity guards it dropped, ``G['ACTS']['gelu']``), which serving evaluates. One
+    needs no path where something else watches it: reached from fn's arguments
+    (``argument_codes``: ``ARG_IDENTITIES`` compares its code per call), a module hook
+    or global hook (``hooks``: the hook checks identify a hook by its code and closure),
+    held in a closure cell of a watched function (watched with it), or made per call by
+    traced code (its maker's digest includes its code). Any other is refused here: nothing in
+    another process could find it, and its code swapped (IPython's autoreload) would be
+    served as traced."""
     import gc
 
     from precompile.runtime.state_checks import code_fingerprint
 
-    rows: dict[tuple[str, str], dict[str, str]] = {}
-    for code in dict.fromkeys(codes):
+    traced = list(dict.fromkeys(codes))
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    watched: list[types.FunctionType] = []
+    nameless: dict[types.CodeType, str] = {}
+    for code in traced:
         if not is_project_file(code.co_filename):
             continue
         digest = code_fingerprint(code)
@@ -325,6 +350,7 @@ def traced_function_rows(codes: Iterable[types.CodeType]) -> list[dict[str, str]
             named = import_name(holder) or _global_name(holder)
             if named is None or named in rows:
                 continue
+            watched.append(holder)
             rows[named] = {
                 "module": named[0],
                 "qualname": named[1],
@@ -332,17 +358,155 @@ def traced_function_rows(codes: Iterable[types.CodeType]) -> list[dict[str, str]
                 "location": location(holder),
             }
         if not any(row["code"] == digest for row in rows.values()):
-            # No name reaches it (a function a factory made, held in a closure or an
-            # attribute): its digest still marks its code as traced.
-            qualname = getattr(code, "co_qualname", code.co_name)
-            rows["", f"{qualname}@{digest}"] = {
+            nameless[code] = digest
+    paths: dict[types.CodeType, list[dict[str, str]]] = {}
+    for (scope, path), fn in sorted((reads or {}).items()):
+        if fn.__code__ in nameless:
+            watched.append(fn)
+            paths.setdefault(fn.__code__, []).append({"scope": scope, "path": path})
+    for code in nameless:
+        for scope, path, fn in _class_paths(code):
+            watched.append(fn)
+            paths.setdefault(code, []).append({"scope": scope, "path": path})
+    hook_functions = [fn for hook in hooks for fn in _functions_of(hook)]
+    watched += hook_functions
+    covered = (
+        _closure_codes(watched) | _nested_codes(traced) | {fn.__code__ for fn in hook_functions}
+    )
+    arguments = set(argument_codes)
+    for code, digest in nameless.items():
+        qualname = getattr(code, "co_qualname", code.co_name)
+        where = f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
+        if code not in paths and digest not in arguments and code not in covered:
+            raise PrecompileError(
+                f"the trace ran function {qualname} ({user_path(code.co_filename)}:"
+                f"{code.co_firstlineno}), which no name another process imports reaches, "
+                f"and which the trace did not read from a module global or from fn's "
+                f"arguments: a serving process cannot find it to watch its code, and a "
+                f"change to it (its __code__ replaced by a hot patch or IPython's "
+                f"autoreload) would be served as traced",
+                hint="make it importable by name (bind it to a module-level name), or "
+                "pass it through an argument (an attribute of a module fn takes)",
+                invariant=1,
+            )
+        row = rows.setdefault(
+            ("", f"{qualname}@{digest}"),
+            {
                 "module": "",
                 "qualname": qualname,
                 "code": digest,
-                "location": f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}",
+                "location": where,
                 "nameless": "1",
-            }
+            },
+        )
+        if code in paths:
+            row["reads"] = [*row.get("reads", []), *paths[code]]
     return list(rows.values())
+
+
+def _class_paths(code: types.CodeType) -> list[tuple[str, str, types.FunctionType]]:
+    """(module, access path, function) of each function running ``code`` that a class
+    another process imports holds in its dict, itself or as a descriptor's function: a
+    method a decorator replaced with its wrapper (``G['Net'].__dict__['encode']``), a
+    property's getter, setter or deleter, a static or class method's
+    (``G['Encoder'].__dict__['scale'].fget``). Their qualified names resolve elsewhere
+    (the decorator's ``wrapper``) or to the descriptor, not to the function."""
+    import gc
+
+    found = []
+    for fn in gc.get_referrers(code):
+        if not isinstance(fn, types.FunctionType) or fn.__code__ is not code:
+            continue
+        holders: list[tuple[Any, str]] = [(fn, "")]
+        for held in gc.get_referrers(fn):
+            for accessor in ("fget", "fset", "fdel", "__func__"):
+                if getattr(held, accessor, None) is fn:
+                    holders.append((held, f".{accessor}"))
+        for value, accessor in holders:
+            for table in gc.get_referrers(value):
+                if not isinstance(table, dict):
+                    continue
+                for owner in gc.get_referrers(table):
+                    named = import_name(owner) if isinstance(owner, type) else None
+                    if named is None or vars(owner) != table:
+                        continue
+                    root, *rest = named[1].split(".")
+                    base = f"G[{root!r}]" + "".join(f".{part}" for part in rest)
+                    for name, bound in list(table.items()):
+                        if bound is value:
+                            path = f"{base}.__dict__[{name!r}]{accessor}"
+                            found.append((named[0], path, fn))
+    return found
+
+
+def _functions_of(hook: Any) -> list[types.FunctionType]:
+    """The Python functions a hook runs: itself, a bound method's, a partial's, a
+    callable object's ``__call__``."""
+    found = []
+    for candidate in (
+        hook,
+        getattr(hook, "__func__", None),
+        getattr(hook, "func", None),
+        next((vars(c)["__call__"] for c in type(hook).__mro__ if "__call__" in vars(c)), None),
+    ):
+        if isinstance(candidate, types.FunctionType):
+            found.append(candidate)
+    return found
+
+
+def module_hooks(roots: Iterable[torch.nn.Module]) -> list[Any]:
+    """Every hook registered on ``roots`` and their submodules (each ``*_hooks`` dict of
+    a module), and torch's global module hooks."""
+    from torch.nn.modules import module as module_module
+
+    dicts = [
+        value
+        for name, value in list(vars(module_module).items())
+        if name.startswith("_global_") and name.endswith("hooks") and isinstance(value, dict)
+    ]
+    for root in roots:
+        for sub in root.modules():
+            dicts += [
+                value
+                for name, value in list(vars(sub).items())
+                if name.endswith("_hooks") and isinstance(value, dict)
+            ]
+    return [hook for d in dicts for hook in list(d.values())]
+
+
+def _closure_codes(functions: Iterable[types.FunctionType]) -> set[types.CodeType]:
+    """The code of every function the closure cells of ``functions`` hold, transitively:
+    serving watches those with the function that holds them."""
+    found: set[types.CodeType] = set()
+    pending = list(functions)
+    seen: set[int] = set()
+    while pending:
+        fn = pending.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        for cell in fn.__closure__ or ():
+            try:
+                held = cell.cell_contents
+            except ValueError:
+                continue
+            if isinstance(held, types.FunctionType):
+                found.add(held.__code__)
+                pending.append(held)
+    return found
+
+
+def _nested_codes(codes: Iterable[types.CodeType]) -> set[types.CodeType]:
+    """The code nested in ``codes`` (functions, lambdas, comprehensions they define): a
+    function made per call by traced code is covered by its maker's digest."""
+    found: set[types.CodeType] = set()
+    pending = [c for code in codes for c in code.co_consts if isinstance(c, types.CodeType)]
+    while pending:
+        code = pending.pop()
+        if code not in found:
+            found.add(code)
+            pending.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return found
 
 
 def _global_name(fn: types.FunctionType) -> tuple[str, str] | None:

@@ -9,6 +9,7 @@ library's compile-only branch that answers differently from eager
 
 from __future__ import annotations
 
+import collections
 import importlib
 import os
 import types
@@ -169,7 +170,6 @@ def compile_only_branch_check(
     eagerly on the same inputs (same RNG state), and a result that differs is refused
     at capture, naming the branch. An inference capture only: a training step run twice
     would step twice."""
-    from precompile._compat.tracing import pytree
 
     after = torch.random.get_rng_state()
     torch.random.set_rng_state(rng)
@@ -177,27 +177,21 @@ def compile_only_branch_check(
         expected = torch.compiler.disable(fn)(*args, **kwargs)
     finally:
         torch.random.set_rng_state(after)
-    got_leaves, got_spec = pytree.tree_flatten(result)
-    want_leaves, want_spec = pytree.tree_flatten(expected)
-    difference: str | None = None
-    if got_spec != want_spec:
-        difference = "another output structure"
-    for got, want in zip(got_leaves, want_leaves):
-        if difference is not None:
-            break
-        if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor):
-            got, want = got.detach(), want.detach()
-            if got.is_nested or want.is_nested:
-                difference = "a nested tensor where the other has none"
-            elif got.shape != want.shape or got.dtype != want.dtype:
-                difference = f"shape {tuple(got.shape)} vs {tuple(want.shape)}"
-            elif not _close(got, want):
-                gap = (got.double() - want.double()).abs().nan_to_num(float("inf")).max()
-                difference = f"values up to {float(gap):.3g} apart"
-        elif type(got) is not type(want) or (not isinstance(got, torch.Tensor) and got != want):
-            difference = f"{got!r} vs {want!r}"
+    difference = _difference(result, expected)
     if difference is None:
         return
+    # fn run eagerly once more, from the same RNG state: an answer that differs again
+    # is fn's own (state it changes and reads on the next call), not the branch's.
+    holders = _stateful_hooks(args, kwargs)
+    before = [_sizes(held) for _hook, _where, held in holders]
+    torch.random.set_rng_state(rng)
+    try:
+        again = torch.compiler.disable(fn)(*args, **kwargs)
+    finally:
+        torch.random.set_rng_state(after)
+    changing = _difference(again, expected)
+    if changing is not None:
+        _refuse_per_call_state(holders, before, changing)
     site = sites[0]
     through = f" (through {', '.join(site['returned'])})" if site["returned"] else ""
     raise PrecompileError(
@@ -211,6 +205,119 @@ def compile_only_branch_check(
         hint="configure the library so that it does not reach that test (for "
         "nn.TransformerEncoder: enable_nested_tensor=False), or call that part of "
         "the model outside fn",
+    )
+
+
+def _difference(result: Any, expected: Any) -> str | None:
+    """How two results of fn differ beyond another kernel's rounding (``_close``), or
+    None when they do not."""
+    from precompile._compat.tracing import pytree
+
+    got_leaves, got_spec = pytree.tree_flatten(result)
+    want_leaves, want_spec = pytree.tree_flatten(expected)
+    if got_spec != want_spec:
+        return "another output structure"
+    for got, want in zip(got_leaves, want_leaves):
+        if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor):
+            got, want = got.detach(), want.detach()
+            if got.is_nested or want.is_nested:
+                return "a nested tensor where the other has none"
+            if got.shape != want.shape or got.dtype != want.dtype:
+                return f"shape {tuple(got.shape)} vs {tuple(want.shape)}"
+            if not _close(got, want):
+                gap = (got.double() - want.double()).abs().nan_to_num(float("inf")).max()
+                return f"values up to {float(gap):.3g} apart"
+        elif type(got) is not type(want) or (not isinstance(got, torch.Tensor) and got != want):
+            return f"{got!r} vs {want!r}"
+    return None
+
+
+#: The containers a hook may fill and read (``feats.append(out)``, ``cache[k] = v``).
+_CONTAINERS = (list, dict, set, collections.deque)
+
+
+def _stateful_hooks(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[tuple[Any, str, dict[str, Any]]]:
+    """The project's module hooks a call of fn runs (those on the modules among its
+    arguments and their submodules, and torch's global ones), each with where it is
+    registered and the containers it reaches by name (``name`` -> the list, dict, set
+    or deque): its globals, its closure cells, its bound instance's attributes."""
+    from torch.nn.modules import module as module_module
+
+    from precompile._compat.prelude import MODULE_HOOK_DICTS as kinds
+
+    found: list[tuple[Any, str, dict[str, Any]]] = []
+    for name in kinds:
+        for hook in list(getattr(module_module, "_global" + name, {}).values()):
+            found.append((hook, f"a global {name[1:-6].replace('_', ' ')} hook", {}))
+    roots = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.nn.Module)]
+    for root in roots:
+        for path, sub in root.named_modules():
+            for name in kinds:
+                for hook in list(getattr(sub, name, {}).values()):
+                    shown = f"`{path}` ({type(sub).__name__})" if path else "the model"
+                    kind = name[1:-6].replace("_", " ")
+                    found.append((hook, f"a {kind} hook on {shown}", {}))
+    kept = []
+    for hook, where, held in found:
+        target = getattr(hook, "__func__", hook)
+        code = getattr(target, "__code__", None)
+        if not isinstance(code, types.CodeType) or not is_project_file(code.co_filename):
+            continue
+        scope = getattr(target, "__globals__", {})
+        for name in code.co_names:
+            if isinstance(scope.get(name), _CONTAINERS):
+                held[f"global `{name}`"] = scope[name]
+        for name, cell in zip(code.co_freevars, getattr(target, "__closure__", None) or ()):
+            try:
+                if isinstance(cell.cell_contents, _CONTAINERS):
+                    held[f"`{name}` (a closure cell)"] = cell.cell_contents
+            except ValueError:
+                continue
+        owner = getattr(hook, "__self__", None)
+        for name, value in list(getattr(owner, "__dict__", {}).items()):
+            if isinstance(value, _CONTAINERS) and name in code.co_names:
+                held[f"`self.{name}`"] = value
+        kept.append((hook, where, held))
+    return kept
+
+
+def _sizes(held: dict[str, Any]) -> dict[str, int]:
+    return {name: len(value) for name, value in held.items()}
+
+
+def _refuse_per_call_state(
+    holders: list[tuple[Any, str, dict[str, Any]]], before: list[dict[str, int]], changing: str
+) -> None:
+    """Refuse fn, which answered differently on two eager calls with the same inputs:
+    naming the hook that changed state it reaches during the second (it fills a list and
+    reads it: ``out * len(feats)``), else fn as a whole."""
+    for (hook, where, held), sizes in zip(holders, before):
+        grown = [name for name, value in held.items() if len(value) != sizes[name]]
+        if not grown:
+            continue
+        target = getattr(hook, "__func__", hook)
+        code = target.__code__
+        raise PrecompileError(
+            f"the hook {target.__qualname__} ({code.co_filename}:{code.co_firstlineno}), "
+            f"{where}, changes {', '.join(grown)} on every call and answers from what it "
+            f"holds: fn answers differently on each call with the same inputs (two eager "
+            f"calls on the capture's inputs are {changing}), so no captured graph can "
+            f"answer as eager's next call would",
+            invariant=4,
+            location=Location(code.co_filename, code.co_firstlineno, 0),
+            hint="let the hook store what it collects and return what it was given (read "
+            "the collected values after the call), or compute its answer from the tensors "
+            "alone",
+        )
+    raise PrecompileError(
+        f"fn answers differently on each call with the same inputs (two eager calls on the "
+        f"capture's inputs are {changing}): Python state it changes is read by its next "
+        f"call, and no captured graph can answer as eager's next call would",
+        invariant=4,
+        hint="keep per-call state out of what fn computes (return it, or hold it in "
+        "tensors passed as inputs)",
     )
 
 

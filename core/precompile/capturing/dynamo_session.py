@@ -423,7 +423,7 @@ class DynamoSession:
         tracing probe, a graph the backend cannot ship (``DynamoBackends.graphs``), the
         dependencies the recorders refuse; the emitter refuses what is left (default
         arguments, helper globals)."""
-        from precompile.capturing.dynamo_name_records import traced_function_rows
+        from precompile.capturing.dynamo_name_records import module_hooks, traced_function_rows
         from precompile.capturing.library_surface import record_dynamo_surface
 
         frames = self.frames()
@@ -434,9 +434,24 @@ class DynamoSession:
         files = sorted(
             {f.code.co_filename for f in frames} | set(inlined_source_files(self.package))
         )
+        recorded = self.dependencies.metadata(list(codes))
         dependencies = {
-            **self.dependencies.metadata(list(codes)),
-            "TRACED_FUNCS": traced_function_rows(codes),
+            **recorded,
+            "TRACED_FUNCS": traced_function_rows(
+                codes,
+                self.dependencies.names.read_functions,
+                (row["code"] for row in recorded.get("ARG_IDENTITIES", []) if "code" in row),
+                module_hooks(
+                    [
+                        *(
+                            v
+                            for v in self.dependencies.paths.arguments.values()
+                            if isinstance(v, torch.nn.Module)
+                        ),
+                        *self.dependencies.paths.global_modules.values(),
+                    ]
+                ),
+            ),
             "LIBRARY_SURFACE": record_dynamo_surface(
                 self.fn,
                 graphs.graphs,

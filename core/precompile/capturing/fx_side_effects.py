@@ -72,8 +72,11 @@ class Snapshot:
 
     def _globals_changed(self, log: CallLog) -> list[str]:
         """The module globals the traced project code named that the trace rebound, or
-        whose list, dict, set or plain object it changed in place."""
+        whose list, dict, set or plain object it changed in place, each with the
+        functions whose code names it (a hook that fills a list is named, not the
+        ``Module._call_impl`` that ran it)."""
         changes: list[str] = []
+        named_by: dict[str, list[str]] = {}
         for code in log.project_codes():
             scope = log.scopes.get(code)
             recorded = self.scopes.get(id(scope)) if scope is not None else None
@@ -82,13 +85,20 @@ class Snapshot:
             module, before = recorded
             for name in global_names(code):
                 where = f"global {name} of module {module}"
-                if where in changes or (name not in before and name not in scope):
+                by = f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno})"
+                if where in changes:
+                    named_by[where].append(by)
                     continue
-                if name not in before or name not in scope:
+                if name not in before and name not in scope:
+                    continue
+                if (
+                    name not in before
+                    or name not in scope
+                    or _contents(scope[name], _DEPTH) != before[name]
+                ):
                     changes.append(where)
-                elif _contents(scope[name], _DEPTH) != before[name]:
-                    changes.append(where)
-        return changes
+                    named_by[where] = [by]
+        return [f"{where}, named by {' and '.join(named_by[where])}" for where in changes]
 
 
 #: How deep a global's contents are compared (CALLS[0], CFG.stats["n"]).

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     GLOBAL_READS: list[dict[str, str]] = []
     CLASS_ATTRS: list[dict[str, Any]] = []
     BUILTIN_READS: list[dict[str, Any]] = []
-    TRACED_FUNCS: list[dict[str, str]] = []
+    TRACED_FUNCS: list[dict[str, Any]] = []
 
     # precompile.runtime.state_checks, emitted before this module.
     def code_fingerprint(code: Any) -> str: ...
@@ -143,13 +143,13 @@ def build_code_check() -> Callable[[], None] | None:
     unchanged). Per call, one generated expression compares their ``__code__`` by
     identity with the code last verified; only a miss compares digests (the same code recompiled is adopted).
     None when the trace ran no such function."""
-    found: dict[int, tuple[Any, dict[str, str]]] = {}
+    found: dict[int, tuple[Any, dict[str, Any]]] = {}
     # The digests of every project function the trace ran, named or not: a function a
     # closure cell holds is watched only where the trace ran its code.
     traced = {row["code"] for row in TRACED_FUNCS}
     nameless = {row["qualname"]: row["location"] for row in TRACED_FUNCS if row.get("nameless")}
 
-    def resolve(row: dict[str, str]) -> Any:
+    def resolve(row: dict[str, Any]) -> Any:
         try:
             owner: Any = import_user_module(row["module"])
             for part in row["qualname"].split("."):
@@ -161,7 +161,7 @@ def build_code_check() -> Callable[[], None] | None:
         owner = getattr(owner, "__func__", owner)
         return owner if hasattr(owner, "__code__") and hasattr(owner, "__closure__") else None
 
-    def add(fn: Any, row: dict[str, str]) -> None:
+    def add(fn: Any, row: dict[str, Any]) -> None:
         if id(fn) in found:
             return
         found[id(fn)] = (fn, row)
@@ -182,11 +182,30 @@ def build_code_check() -> Callable[[], None] | None:
                     {**row, "qualname": held.__qualname__, "location": nameless[held.__qualname__]}
                 )
 
-    def named(row: dict[str, str]) -> str:
+    def named(row: dict[str, Any]) -> str:
         where = f" ({row['location']})" if row.get("location") else ""
+        if row.get("reached"):
+            where += f", reached as `{row['reached']}`"
         return f"function {row['module']}.{row['qualname']}{where}"
 
-    def changed(row: dict[str, str]) -> None:
+    def reached(row: dict[str, Any]) -> list[tuple[Any, dict[str, Any]]]:
+        # A function no import name reaches, by the access paths from module globals
+        # the trace read it at; one bound to another function there now is the global
+        # read check's to refuse.
+        held = []
+        for read in row.get("reads") or ():
+            try:
+                scope = {"__S0": vars(import_user_module(read["scope"]))}
+                fn = eval(_scoped(read["path"], 0), scope)
+            except Exception:
+                continue
+            fn = getattr(fn, "__func__", fn)
+            if getattr(fn, "__qualname__", None) == row["qualname"] and hasattr(fn, "__code__"):
+                shown = {"module": fn.__module__, "reached": user_path(read["path"])}
+                held.append((fn, {**row, **shown}))
+        return held
+
+    def changed(row: dict[str, Any]) -> None:
         refuse(
             f"precompile: {named(row)} has other code in this process than the capture "
             f"traced (its __code__ was replaced, by a hot patch or IPython's autoreload, "
@@ -196,7 +215,13 @@ def build_code_check() -> Callable[[], None] | None:
         )
 
     for row in TRACED_FUNCS:
-        fn = None if row.get("nameless") else resolve(row)
+        if row.get("nameless"):
+            for fn, where in reached(row):
+                if code_fingerprint(fn.__code__) != row["code"]:
+                    changed(where)
+                add(fn, where)
+            continue
+        fn = resolve(row)
         if fn is None:
             continue  # the name checks refuse a name that is gone
         if code_fingerprint(fn.__code__) != row["code"]:
