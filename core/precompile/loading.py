@@ -48,8 +48,16 @@ class PrecompiledRunnable:
             )
         self._serving = serving
         # Bound once: a served call is Serving.serve (one next() on a counter beside the
-        # artifact's own call), or Serving.call when shadow checks sample calls.
-        self._serve = serving.call if serving.shadow_rate else serving.serve
+        # artifact's own call; serve_packed where the artifact takes the arguments as
+        # held, one frame and one packing fewer), or Serving.call when shadow checks
+        # sample calls.
+        self._serve = (
+            serving.call
+            if serving.shadow_rate
+            else serving.serve_packed
+            if serving.packed_forward is not None
+            else serving.serve
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._serve(args, kwargs)

@@ -515,7 +515,11 @@ def build_input_check() -> (
             tensors_in = pick_tensors(leaves)
             ok = (
                 not has_dynamic
-                and _inputs_as_captured(tensors_in)
+                # The guard first, in this frame (the common case), then the comparison.
+                and (
+                    (input_guard is not None and input_guard.check(*tensors_in))
+                    or _inputs_as_captured(tensors_in)
+                )
                 and (
                     not constant_slots
                     or tuple(map(literal_fingerprint, pick_constants(leaves))) == expected_constants
