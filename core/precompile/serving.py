@@ -150,7 +150,8 @@ class Serving:
     ) -> None:
         self._forward = forward
         # The same call taking (args, kwargs) as one tuple and one dict, where the
-        # artifact offers it (single-graph artifacts): ``serve_packed``.
+        # artifact offers it (single-graph artifacts): the loaded runnable's
+        # ``__call__`` serves through it as ``serve`` does, without packing them again.
         self.packed_forward: Callable[[tuple[Any, ...], dict[str, Any]], Any] | None = getattr(
             forward, "packed", None
         )
@@ -190,16 +191,6 @@ class Serving:
         A served call pays one counter step beside the artifact's own call."""
         try:
             result = self._forward(*args, **kwargs)
-        except PrecompileError as error:
-            return self.refused(error, args, kwargs)
-        next(self.served_counter)
-        return result
-
-    def serve_packed(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """``serve`` for an artifact whose forward takes the arguments as held here (one
-        tuple, one dict: ``forward.packed``): the same call without packing them again."""
-        try:
-            result = self.packed_forward(args, kwargs)  # type: ignore[misc]  # bound only when set
         except PrecompileError as error:
             return self.refused(error, args, kwargs)
         next(self.served_counter)
