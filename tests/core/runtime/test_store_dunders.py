@@ -23,11 +23,13 @@ class Scaled:
     """Stores every value it is given, scaled by 1.5."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value * 1.5)
+        # Not through ``object.__setattr__``: no code of the trace names the dunder, so
+        # only the capture's record of the functions it entered keeps it compared.
+        self.__dict__[name] = value * 1.5
 
 
 def _tripling(self: Scaled, name: str, value: Any) -> None:
-    object.__setattr__(self, name, value * 3.0)
+    self.__dict__[name] = value * 3.0
 
 
 class StoringNet(nn.Module):
