@@ -9,9 +9,10 @@ between two source trees, for refactors that must keep per-call speed (issue 25)
 
 Each run captures the MLP of ``bench.percall`` with make_fx and Dynamo (eager backend;
 ``python bench/forward_ab.py TREE inductor make_fx`` picks the backend and the tracers)
-and times ``run._forward`` against the raw graph, interleaved, best of 120 rounds of 100
-calls (short rounds: on a loaded machine the best falls in a quiet moment). Prints one
-JSON object; compare the best of the runs of each side.
+and times ``run._forward`` and the served call ``run(model, x)`` (the serving wrapper too)
+against the raw graph, interleaved, best of 120 rounds of 100 calls (short rounds: on a
+loaded machine the best falls in a quiet moment). Prints one JSON object; compare the
+best of the runs of each side.
 """
 
 from __future__ import annotations
@@ -43,7 +44,11 @@ def main(tree: str, backend: str = "eager", tracers: str = "make_fx,dynamo") -> 
                     raw = percall._recorded_graph(run, model, x)
                     out[f"{tracer}/{backend}/grad {'on' if grad else 'off'}"] = (
                         percall.best_per_call_us(
-                            {"forward": partial(run._forward, model, x), "raw": raw},
+                            {
+                                "forward": partial(run._forward, model, x),
+                                "served": partial(run, model, x),
+                                "raw": raw,
+                            },
                             rounds=120,
                             calls=100,
                             warmup=15,

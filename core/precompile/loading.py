@@ -48,11 +48,25 @@ class PrecompiledRunnable:
             )
         self._serving = serving
         # Bound once: a served call is Serving.serve (one next() on a counter beside the
-        # artifact's own call), or Serving.call when shadow checks sample calls.
+        # artifact's own call), or Serving.call when shadow checks sample calls. Where
+        # the artifact takes the arguments as held (``forward.packed``: single-graph
+        # artifacts) and no shadow check samples, ``__call__`` runs Serving.serve's body
+        # itself with that form: one frame and one packing of the arguments fewer.
         self._serve = serving.call if serving.shadow_rate else serving.serve
+        self._packed = None if serving.shadow_rate else serving.packed_forward
+        self._served = serving.served_counter
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._serve(args, kwargs)
+        packed = self._packed
+        if packed is None:
+            return self._serve(args, kwargs)
+        # Serving.serve, inline (refusals counted and fallen back alike).
+        try:
+            result = packed(args, kwargs)
+        except PrecompileError as error:
+            return self._serving.refused(error, args, kwargs)
+        next(self._served)
+        return result
 
     def stats(self) -> dict[str, Any]:
         """Calls served, refused and fallen back since load, per refusal reason (its first

@@ -149,6 +149,12 @@ class Serving:
         shadow_seed: int | None = None,
     ) -> None:
         self._forward = forward
+        # The same call taking (args, kwargs) as one tuple and one dict, where the
+        # artifact offers it (single-graph artifacts): the loaded runnable's
+        # ``__call__`` serves through it as ``serve`` does, without packing them again.
+        self.packed_forward: Callable[[tuple[Any, ...], dict[str, Any]], Any] | None = getattr(
+            forward, "packed", None
+        )
         self.code_hash = code_hash
         self.target = target
         self._fallback = fallback

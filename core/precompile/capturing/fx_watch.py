@@ -26,6 +26,7 @@ import torch
 from precompile._compat import patching, tracing
 from precompile.capturing import fx_process_state, library_surface, neutral_reads
 from precompile.locations import is_project_file, is_user_file
+from precompile.runtime.class_fingerprints import ENTERED_ONLY_DUNDERS, ENTERED_RECORDED
 
 #: The events sys.setprofile hands a profile function.
 ProfileEvent = Literal["call", "return", "c_call", "c_return", "c_exception"]
@@ -349,7 +350,8 @@ def read_names(log: CallLog) -> frozenset[str]:
     every user function that ran, and of every torch.nn function reached from the
     traced call (``CallLog.reached``: not those only the capture's machinery ran, which
     a served call never runs; a forward that calls ``self.register_buffer`` itself
-    reaches it)."""
+    reaches it). With them ``ENTERED_RECORDED`` and the store/delete dunders the traced
+    call entered, where it is known what it entered."""
     names: set[str] = set()
     for code in log.codes:
         path = os.path.realpath(code.co_filename) if code.co_filename else ""
@@ -358,4 +360,15 @@ def read_names(log: CallLog) -> frozenset[str]:
         ):
             names.update(code.co_names)
             names.update(c for c in code.co_consts if isinstance(c, str) and c.isidentifier())
+    if log.reached:
+        # Which store/delete dunders the traced call entered, so that the class records
+        # leave out the others (class_fingerprints.ENTERED_ONLY_DUNDERS): any file's but
+        # torch's outside torch.nn, which is the tracer's own machinery (an FX Node's
+        # __setattr__ as make_fx records the graph), never run by an eager call.
+        for code in log.reached:
+            if code.co_name in ENTERED_ONLY_DUNDERS:
+                path = os.path.realpath(code.co_filename) if code.co_filename else ""
+                if not path.startswith(_TORCH_DIR) or path.startswith(_TORCH_MODULE_CODE):
+                    names.add(code.co_name)
+        names.add(ENTERED_RECORDED)
     return frozenset(names)

@@ -40,6 +40,30 @@ PROTOCOL_DUNDERS = frozenset(
 )
 
 
+#: Protocol dunders Python calls only on a store or a delete of an attribute: where the
+#: read names say which of them the traced call entered (``ENTERED_RECORDED`` among
+#: them: the make_fx capture records every Python function the traced call entered),
+#: one that never ran is left out of the class records. No traced call stored or
+#: deleted through it, so replacing it changes no traced call (a forward that starts to
+#: store has new code, which is compared). A C-level one (no ``__code__``: entering it
+#: shows no Python frame) is always kept.
+ENTERED_ONLY_DUNDERS = frozenset({"__setattr__", "__delattr__"})
+#: The read name that says the names record which ``ENTERED_ONLY_DUNDERS`` ran (not an
+#: identifier: no attribute has this name). Without it (Dynamo) every dunder counts.
+ENTERED_RECORDED = "<protocol dunders entered>"
+
+
+def _unentered(key: str, value: Any, names: Any) -> bool:
+    """Whether ``key`` is a store/delete dunder the traced call is known not to have
+    entered (see ``ENTERED_ONLY_DUNDERS``)."""
+    return (
+        key in ENTERED_ONLY_DUNDERS
+        and key not in names
+        and ENTERED_RECORDED in names
+        and hasattr(value, "__code__")
+    )
+
+
 def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]:
     """The class-level values the traced code may read through an instance of ``cls``
     or through ``cls`` itself (a method, a class attribute ``scale = 2.0``, a property,
@@ -56,7 +80,9 @@ def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]:
         for key, value in namespace.items():
             if key in found:
                 continue
-            if key in PROTOCOL_DUNDERS or (key in names and not key.startswith("__")):
+            if (key in PROTOCOL_DUNDERS and not _unentered(key, value, names)) or (
+                key in names and not key.startswith("__")
+            ):
                 found[key] = value
     return tuple((key, fingerprint(value, context)) for key, value in sorted(found.items()))
 

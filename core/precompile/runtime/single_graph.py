@@ -34,7 +34,9 @@ if TYPE_CHECKING:
     _any_autocast_enabled: Callable[[], bool] = bool
     _set_grad_enabled: Callable[[bool], None] = print
     _dict_version: Callable[[dict[str, Any]], int] = len
+    _deterministic_enabled: Callable[[], bool] = bool
     dispatch_mode_depth: Callable[[], int] = int
+    function_mode_depth: Callable[[], int] = int
 
     MODES_SEE_OPS: bool = False
     BACKEND: str = ""
@@ -312,11 +314,50 @@ def _build_single_graph_forward() -> Any:
             else ""
         )
 
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        flat, state, tensors_in = checked_inputs(args, kwargs)
+    # The C calls of a call's fast path, bound once (closure cells, not global and
+    # attribute lookups per call).
+    function_depth = function_mode_depth
+    dispatch_depth = dispatch_mode_depth
+    default_dtype = _torch.get_default_dtype
+    deterministic = _deterministic_enabled
+    autocast_enabled = _any_autocast_enabled
+    is_grad_enabled = _torch.is_grad_enabled
+
+    def forward_packed(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call with its arguments as one tuple and one dict (what the serving wrapper
+        holds: no second packing), its checks, its graph and its outputs in one frame.
+        Where the ambient state is the ordinary one and the epoch holds, the checks
+        ``checked_inputs`` would run on that path run here in the same order (the
+        arguments, the model state past the epoch, the gradients, the written inputs);
+        any other call runs ``checked_inputs`` itself."""
+        held = epoch[0]
+        if (
+            held is not None
+            # ``ambient_now()`` read inline (one frame fewer).
+            and (
+                function_depth(),
+                dispatch_depth(),
+                default_dtype(),
+                deterministic(),
+                autocast_enabled(),
+            )
+            == ordinary_state
+            and tuple(map(_dict_version, held[0])) == held[1]
+        ):
+            mods, tensors_in = checked_call(args, kwargs, True)
+            state = model_rest(mods)
+            if state is not held[2]:
+                _new_epoch(state)
+            if check_grads is not None:
+                check_grads(state)
+            flat = [*state, *tensors_in]
+            if mutated_inputs:
+                check_written_inputs(flat, mutated_inputs, mutation_labels)
+        else:
+            flat, state, tensors_in = checked_inputs(args, kwargs)
         if n_grads and MODES_SEE_OPS and dispatch_mode_depth():
             _check_mode_sees_backward(state)
-        grad_was_enabled = _torch.is_grad_enabled()
+        grad_was_enabled = is_grad_enabled()
         through_autograd = grad_was_enabled and autograd_run is not None
         run = _apply_flat if through_autograd else call
         if grad_was_enabled and not through_autograd:
@@ -331,7 +372,9 @@ def _build_single_graph_forward() -> Any:
                     )
             _set_grad_enabled(False)
         try:
-            if _any_autocast_enabled():
+            # Read again here, not taken from the ambient tuple: the checks between
+            # may run user code (a pytree flatten, a property, a warning hook).
+            if autocast_enabled():
                 # The capture's casts are already in the graph; ambient autocast
                 # must not cast a second time.
                 with _DisableAutocast():
@@ -383,7 +426,12 @@ def _build_single_graph_forward() -> Any:
             return out[0]
         return _pytree.tree_unflatten(list(out), out_spec)
 
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return forward_packed(args, kwargs)
+
     forward.covers = covers  # type: ignore[attr-defined]  # loaders call forward.covers()
+    # The serving wrapper calls this one (precompile.serving.Serving.serve_packed).
+    forward.packed = _opaque_to_dynamo(forward_packed)  # type: ignore[attr-defined]
     return _opaque_to_dynamo(forward)
 
 

@@ -324,15 +324,18 @@ def _describe_input_mismatch(
 
 
 def _picker(positions: tuple[int, ...]) -> Any:
-    """A C-level ``seq -> tuple of seq[i] for i in positions``: itemgetter returns a bare
-    item for one position, so that case is wrapped."""
+    """A C-level ``seq -> seq[i] for i in positions``, as a tuple (a list where ``seq``
+    is one). itemgetter returns a bare item for one position: that case, and none, take
+    a slice, still one C call (a Python wrapper was a frame per pick, three a call).
+    Every caller picks from a sequence whose length it has checked (the arguments'
+    count, the leaves' spec): a slice past the end would come back short, where an
+    index raises."""
     from operator import itemgetter
 
     if len(positions) == 1:
-        only = itemgetter(positions[0])
-        return lambda seq: (only(seq),)
+        return itemgetter(slice(positions[0], positions[0] + 1))
     if not positions:
-        return lambda seq: ()
+        return itemgetter(slice(0, 0))
     return itemgetter(*positions)
 
 
@@ -515,7 +518,11 @@ def build_input_check() -> (
             tensors_in = pick_tensors(leaves)
             ok = (
                 not has_dynamic
-                and _inputs_as_captured(tensors_in)
+                # The guard first, in this frame (the common case), then the comparison.
+                and (
+                    (input_guard is not None and input_guard.check(*tensors_in))
+                    or _inputs_as_captured(tensors_in)
+                )
                 and (
                     not constant_slots
                     or tuple(map(literal_fingerprint, pick_constants(leaves))) == expected_constants

@@ -86,6 +86,26 @@ def _other_model_first(model: EpochNet) -> Callable[[], None]:
     return _hook(model)
 
 
+_MODULE_SETATTR = nn.Module.__setattr__
+_MODULE_DELATTR = nn.Module.__delattr__
+
+
+def _doubling_setattr(self: nn.Module, name: str, value: Any) -> None:
+    # Stores every tensor doubled: eager differs only where a forward stores one.
+    _MODULE_SETATTR(self, name, value * 2 if isinstance(value, torch.Tensor) else value)
+
+
+class _Doubler(nn.Module):
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Its code has one free variable (``__class__``), as Module.__setattr__'s has:
+        # swapped in, it stores past Module's bookkeeping, every tensor doubled.
+        super().__setattr__(name, value * 2 if isinstance(value, torch.Tensor) else value)
+
+
+def _refusing_delattr(self: nn.Module, name: str) -> None:
+    raise AttributeError(f"{name} cannot be deleted")
+
+
 #: Each change, made after calls took the epoch path; it returns its undo.
 CHANGES: dict[str, Callable[[EpochNet], Callable[[], None]]] = {
     "torch function replaced": lambda m: _patch(F, "gelu", lambda t, approximate="none": t * 2),
@@ -100,6 +120,12 @@ CHANGES: dict[str, Callable[[EpochNet], Callable[[], None]]] = {
         m.fc.weight, "data", m.fc.weight.data.t().contiguous().t()
     ),
     "another model served, then this one changed": _other_model_first,
+    # The traced call never stored or deleted an attribute: eager computes the same.
+    "Module.__setattr__ replaced": lambda m: _patch(nn.Module, "__setattr__", _doubling_setattr),
+    "Module.__delattr__ replaced": lambda m: _patch(nn.Module, "__delattr__", _refusing_delattr),
+    "Module.__setattr__'s code replaced": lambda m: _patch(
+        _MODULE_SETATTR, "__code__", _Doubler.__setattr__.__code__
+    ),
 }
 
 #: The run of the child process, for changes that call it.
@@ -204,6 +230,18 @@ def test_changes_eager_computes_differently_are_refused(outcomes: dict[str, Any]
         "helper's code replaced",
     ):
         assert outcomes[change][0] == "refused", (change, outcomes[change])
+
+
+def test_store_dunders_the_traced_call_never_entered_are_served(outcomes: dict[str, Any]) -> None:
+    """``__setattr__``/``__delattr__`` run only on a store or a delete; the traced call
+    (and so eager's call) made none, so replacing them changes nothing the call computes:
+    served as eager, not refused (class_fingerprints.ENTERED_ONLY_DUNDERS)."""
+    for change in (
+        "Module.__setattr__ replaced",
+        "Module.__delattr__ replaced",
+        "Module.__setattr__'s code replaced",
+    ):
+        assert outcomes[change][:2] == ["served", True], (change, outcomes[change])
 
 
 def test_the_epoch_stands_after_calls_and_drops_after_a_change(outcomes: dict[str, Any]) -> None:
