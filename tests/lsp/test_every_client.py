@@ -5,7 +5,9 @@ warm result cache, on the demo project.
 
 For each: the demo's findings are published; then, with nothing edited, no job runs and at
 most one status notification arrives in the next 10 s; one edit is exactly one re-check,
-and while it runs the file's previous findings stay published; then quiet again."""
+and while it runs the file's previous findings stay published; then quiet again. The
+profiles run side by side, each with a server and a demo copy of its own (``each_profile``):
+their waits overlap, and a failure names its profile."""
 
 from __future__ import annotations
 
@@ -156,12 +158,21 @@ async def one_edit_one_recheck(session: Session, profile: str, cache: str) -> No
     await quiet_for(session, QUIET)
 
 
-@pytest.mark.parametrize("profile", PROFILES)
-async def test_saving_a_target_file_keeps_its_findings_until_replaced(
-    session: Session, profile: str
-) -> None:
+async def test_saving_a_target_file_keeps_its_findings_until_replaced(tmp_path: Path) -> None:
     """A save of the file that holds the targets re-captures all four; until each result
-    lands, what was shown stays shown, placed in the saved text."""
+    lands, what was shown stays shown, placed in the saved text. Per profile, side by side,
+    each on a fresh demo copy."""
+
+    async def check(profile: str) -> None:
+        root = tmp_path / profile / "demo"
+        shutil.copytree(DEMO, root)
+        async with open_session(root) as session:
+            await findings_kept_until_replaced(session, profile)
+
+    await each_profile(check)
+
+
+async def findings_kept_until_replaced(session: Session, profile: str) -> None:
     await session.start(profile)
     await session.settled()
     await session.until(lambda: demo_findings(session) == EXPECTED, "the demo's findings")
