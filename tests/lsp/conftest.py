@@ -5,6 +5,7 @@ publishes instead of sleeping."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -231,11 +232,12 @@ SERVER = ClientServerConfig(
 )
 
 
-@pytest_asyncio.fixture
-async def session(workspace: Path) -> AsyncIterator[Session]:
+@contextlib.asynccontextmanager
+async def open_session(workspace: Path) -> AsyncIterator[Session]:
     """A started server process with a client listening for what it sends; initialize is
     left to the test (profile, trust and folders differ). Teardown is bounded: a server
-    that will not shut down is killed, and the test fails for it."""
+    that will not shut down is killed, and the test fails for it. The ``session`` fixture
+    is one; a test that runs several sessions side by side opens them here."""
     client = await SERVER.start()
     _read_code_actions_as_sent(client)
     state = Session(client, workspace)
@@ -287,3 +289,10 @@ async def session(workspace: Path) -> AsyncIterator[Session]:
             os.kill(pid, 9)
         assert clean, "the server did not shut down when asked"
         assert not left, "the server left worker processes behind"
+
+
+@pytest_asyncio.fixture
+async def session(workspace: Path) -> AsyncIterator[Session]:
+    """A session (``open_session``) on the test's ``workspace``."""
+    async with open_session(workspace) as state:
+        yield state

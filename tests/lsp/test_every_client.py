@@ -5,19 +5,22 @@ warm result cache, on the demo project.
 
 For each: the demo's findings are published; then, with nothing edited, no job runs and at
 most one status notification arrives in the next 10 s; one edit is exactly one re-check,
-and while it runs the file's previous findings stay published; then quiet again."""
+and while it runs the file's previous findings stay published; then quiet again. The
+profiles run side by side, each with a server and a demo copy of its own (``each_profile``):
+their waits overlap, and a failure names its profile."""
 
 from __future__ import annotations
 
 import asyncio
 import shutil
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 from lsprotocol import types
 
 from tests.harness import REPO, precompile_cli
-from tests.lsp.conftest import Session
+from tests.lsp.conftest import Session, open_session
 
 DEMO = REPO / "examples" / "demo_project"
 SERVE = "src/recsys/serve.py"
@@ -30,6 +33,19 @@ def workspace(tmp_path: Path) -> Path:
     root = tmp_path / "demo"
     shutil.copytree(DEMO, root)
     return root
+
+
+@pytest.fixture(scope="module")
+def warm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's result cache as ``precompile check`` leaves it (the only thing the check
+    writes is ``.precompile/``), checked once for the module: each warm case copies it
+    into its own fresh demo copy, which the server then answers from (the test asserts
+    four cache hits and no job, so a copy the server could not use fails)."""
+    root = tmp_path_factory.mktemp("warm") / "demo"
+    shutil.copytree(DEMO, root)
+    proc = precompile_cli("check", cwd=root)
+    assert proc.returncode == 1, proc.stderr  # the demo has an error: its coverage gap
+    return root / ".precompile"
 
 
 async def quiet_for(session: Session, seconds: float) -> None:
@@ -74,14 +90,42 @@ EXPECTED = {
 }
 
 
+PROFILES = ["visual-studio-code", "neovim", "minimal"]
+
+
+async def each_profile(check: Callable[[str], Awaitable[None]]) -> None:
+    """``check(profile)`` for every client profile, side by side (each on a server and a
+    demo copy of its own, so their 10 s quiet windows overlap instead of adding up); every
+    profile's failure is reported, named by its profile."""
+    outcomes = await asyncio.gather(*(check(p) for p in PROFILES), return_exceptions=True)
+    failed = {p: o for p, o in zip(PROFILES, outcomes) if isinstance(o, BaseException)}
+    if failed:
+        raise AssertionError(
+            "\n".join(f"{p}: {type(o).__name__}: {o}" for p, o in failed.items())
+        ) from next(iter(failed.values()))
+
+
 @pytest.mark.parametrize("cache", ["cold", "warm"])
-@pytest.mark.parametrize("profile", ["visual-studio-code", "neovim", "minimal"])
 async def test_one_edit_one_recheck_and_quiet_otherwise(
-    session: Session, profile: str, cache: str
+    tmp_path: Path, cache: str, request: pytest.FixtureRequest
 ) -> None:
-    if cache == "warm":
-        proc = precompile_cli("check", cwd=session.root)
-        assert proc.returncode == 1, proc.stderr  # the demo has an error: its coverage gap
+    """Per profile, each on a fresh demo copy (warm: holding the result cache a check
+    left)."""
+
+    warm = request.getfixturevalue("warm_cache") if cache == "warm" else None
+
+    async def check(profile: str) -> None:
+        root = tmp_path / profile / "demo"
+        shutil.copytree(DEMO, root)
+        if warm is not None:
+            shutil.copytree(warm, root / ".precompile")
+        async with open_session(root) as session:
+            await one_edit_one_recheck(session, profile, cache)
+
+    await each_profile(check)
+
+
+async def one_edit_one_recheck(session: Session, profile: str, cache: str) -> None:
     await session.start(profile)
     await session.settled()
     await session.until(lambda: demo_findings(session) == EXPECTED, "the demo's findings")
@@ -114,12 +158,21 @@ async def test_one_edit_one_recheck_and_quiet_otherwise(
     await quiet_for(session, QUIET)
 
 
-@pytest.mark.parametrize("profile", ["visual-studio-code", "neovim", "minimal"])
-async def test_saving_a_target_file_keeps_its_findings_until_replaced(
-    session: Session, profile: str
-) -> None:
+async def test_saving_a_target_file_keeps_its_findings_until_replaced(tmp_path: Path) -> None:
     """A save of the file that holds the targets re-captures all four; until each result
-    lands, what was shown stays shown, placed in the saved text."""
+    lands, what was shown stays shown, placed in the saved text. Per profile, side by side,
+    each on a fresh demo copy."""
+
+    async def check(profile: str) -> None:
+        root = tmp_path / profile / "demo"
+        shutil.copytree(DEMO, root)
+        async with open_session(root) as session:
+            await findings_kept_until_replaced(session, profile)
+
+    await each_profile(check)
+
+
+async def findings_kept_until_replaced(session: Session, profile: str) -> None:
     await session.start(profile)
     await session.settled()
     await session.until(lambda: demo_findings(session) == EXPECTED, "the demo's findings")
