@@ -218,18 +218,120 @@ def build_dependency_check() -> Any:
     watchers = [c for c in (surface_ok, classes_ok, builtins_ok, global_hooks_ok) if c]
     watched_ok = watch_together(watchers)
 
-    def check(args: Any, kwargs: Any) -> None:
+    def full(args: Any, kwargs: Any) -> None:
         watched_ok()
         if arguments_ok is not None:
             arguments_ok(args, kwargs)
         if module_hooks_ok is not None:
             module_hooks_ok(args, kwargs)
+
+    def rest() -> None:
         if reads_ok is not None:
             reads_ok()
         if code_ok is not None:
             code_ok()
 
-    return check
+    epoch = _dependency_epoch(watchers, module_hooks_ok, full)
+    if epoch is None:
+
+        def check(args: Any, kwargs: Any) -> None:
+            full(args, kwargs)
+            rest()
+
+        return check
+
+    def check_in_epoch(args: Any, kwargs: Any) -> None:
+        if epoch(args, kwargs) and arguments_ok is not None:
+            arguments_ok(args, kwargs)
+        rest()
+
+    return check_in_epoch
+
+
+def _dependency_epoch(
+    watchers: list[Any], module_hooks_ok: Any, full: Callable[[Any, Any], None]
+) -> Callable[[Any, Any], bool] | None:
+    """``epoch(args, kwargs) -> bool``: the tag-watching checks (``watchers``) and the
+    module-hook check as one comparison, as make_fx's per-call epoch does. Per call: the
+    modules the hook check fetches from the call's positional arguments are the ones the
+    last passing call had (identity), every instance ``__dict__`` of their submodules is
+    still the one it held (``m.__dict__ = d`` stores into no dict), and the dicts all
+    these checks watch hold what they held then: the non-empty ones by their version
+    tags, the ones then empty by being empty still (an empty dict holds what an empty
+    dict held, and which dict each is was read through a dict whose tag or identity is
+    compared here: a hook dict or ``_modules`` replaced is a store into its module's
+    instance dict); the objects compared by a key (an OrderedDict's key order, what a
+    hook reaches) by their keys. Equal, each of those checks would pass without
+    rechecking, and none is called: False (the caller runs the rest). Otherwise
+    ``full(args, kwargs)`` runs every check as before (each refuses as alone) and the
+    comparison is taken again from what they verified: True (``full`` ran the
+    argument check). None when the hook check has a module not fetched from a positional
+    argument (a global, a keyword): ``full`` then runs every call."""
+    import operator
+
+    if module_hooks_ok is None:
+        positions: list[int] = []
+    else:
+        positions = module_hooks_ok.positions
+        if positions is None:
+            return None
+    instance_dict = operator.attrgetter("__dict__")
+    is_ = operator.is_
+    state: list[Any] = [None]  # (refs, dicts, versions, empties, modules, idicts, keyed)
+    last = max(positions, default=-1)
+
+    def take() -> None:
+        state[0] = None
+        parts = [w.snapshot() for w in watchers]
+        found = module_hooks_ok.snapshot() if module_hooks_ok is not None else []
+        if found is None or any(versions is None for _d, versions, *_rest in parts):
+            return  # a check not yet run, or a module not taken: the next call runs all
+        dicts: list[Any] = []
+        versions: list[Any] = []
+        keyed: list[tuple[Any, Any, Any]] = []
+        refs, modules, idicts = [], [], []
+        for own_dicts, own_versions, key, items, keys in parts:
+            dicts.extend(own_dicts)
+            versions.extend(own_versions)
+            if key is not None and items:
+                keyed.append((key, items, keys))
+        for ref, own_dicts, own_versions, own_modules, own_idicts, own_keyed in found:
+            refs.append(ref)
+            dicts.extend(own_dicts)
+            versions.extend(own_versions)
+            modules.extend(own_modules)
+            idicts.extend(own_idicts)
+            keyed.extend(k for k in own_keyed if k[1])
+        tagged = [(d, v) for d, v in zip(dicts, versions) if d]
+        empties = [d for d, v in zip(dicts, versions) if not d]
+        state[0] = (
+            refs,
+            [d for d, _v in tagged],
+            tuple(v for _d, v in tagged),
+            empties,
+            modules,
+            idicts,
+            keyed,
+        )
+
+    def epoch(args: Any, kwargs: Any) -> bool:
+        now = state[0]
+        if (
+            now is not None
+            and len(args) > last
+            and all(map(is_, map(operator.call, now[0]), map(args.__getitem__, positions)))
+            and tuple(map(_dict_version, now[1])) == now[2]
+            and not any(now[3])
+            and all(map(is_, map(instance_dict, now[4]), now[5]))
+            and (not now[6] or all(tuple(map(k, o)) == v for k, o, v in now[6]))
+        ):
+            return False
+        full(args, kwargs)
+        take()
+        return True
+
+    take()
+    return epoch
 
 
 def _build_global_hook_check() -> Callable[[], None]:
@@ -299,6 +401,7 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
     # non-empty hook dicts and their keys in order.
     cache: dict[tuple[int, int], tuple[Any, ...]] = {}
     fetchers = []
+    positional: list[int] = []  # the argument positions of roots that are parameters
     for number, root in enumerate(MODULE_HOOKS.get("roots") or []):
         # "open": the instance dict names, at capture, of submodules whose class has its
         # own __getattr__ (check_shadowing refuses any other name).
@@ -316,6 +419,7 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
 
         elif root["index"] is not None and path == root["param"] and not root["variadic"]:
             param = signature.parameters[root["param"]]
+            positional.append(root["index"])
             default = None if param.default is inspect.Parameter.empty else param.default
 
             def fetch(
@@ -441,15 +545,25 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
                     2,
                 )
 
+    # The cache entries the last call that passed used, one per root (None: a root
+    # that was not a module), for the dependency epoch (``snapshot``).
+    last: list[Any] = [None]
+
     def module_hooks_ok(args: Any, kwargs: Any) -> None:
+        last[0] = None
+        used = []
         for fetch, root in fetchers:
             try:
                 module = fetch(args, kwargs)
             except Exception:
+                used.append(None)
                 continue  # the call's own guards refuse what is missing
             if not isinstance(module, module_type):
+                used.append(None)
                 continue
-            cached = cache.get((root["number"], id(module)))
+            key = (root["number"], id(module))
+            used.append(key)
+            cached = cache.get(key)
             if (
                 cached is None
                 or cached[0]() is not module
@@ -471,5 +585,36 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
                     continue
                 check_shadowing(root, cached[3])
                 cached[5][0] = versions
+        last[0] = used
 
+    def snapshot() -> list[tuple[Any, ...]] | None:
+        """Per root, what the last passing call verified of its module: a weak reference
+        to it, the dicts watched (hook and ``_modules`` dicts, instance dicts, the dicts
+        the hooks reach) with their tags then, the submodules with their instance dicts,
+        and the keyed objects ``(key, objects, keys)``. None when that call had a root
+        that was no module, or none passed yet."""
+        used = last[0]
+        if used is None or None in used:
+            return None
+        found = []
+        for key in used:
+            cached = cache.get(key)
+            if cached is None:
+                return None
+            found.append(
+                (
+                    cached[0],
+                    [*cached[1], *cached[4], *cached[9]],
+                    (*cached[2], *cached[5][0], *cached[10]),
+                    cached[6],
+                    cached[4],
+                    [(tuple, cached[7], cached[8]), (reached_key, cached[11], cached[12])],
+                )
+            )
+        return found
+
+    # The argument positions the roots are fetched from, when every root is a
+    # positional parameter (the dependency epoch compares those arguments' identity).
+    module_hooks_ok.snapshot = snapshot  # type: ignore[attr-defined]
+    module_hooks_ok.positions = positional if len(positional) == len(fetchers) else None  # type: ignore[attr-defined]
     return module_hooks_ok if fetchers else None
