@@ -184,7 +184,7 @@ def class_attrs(cls: Any) -> dict[str, str]:
     return found
 
 
-def build_dependency_check() -> Any:
+def build_dependency_check(before: Callable[[], None] | None = None) -> Any:
     """``check(args, kwargs)``: raise PrecompileError when a call's modules carry other
     hooks than at capture, torch's global module hooks changed, or a module-level
     function or class the frames read is bound to something else. Call it after the
@@ -194,7 +194,8 @@ def build_dependency_check() -> Any:
     the hooks of the modules the trace reached, global reads, what the arguments reach,
     the classes and the builtins the frames read), each computing at load what its
     check needs and returning the closure ``check`` calls (None where the capture
-    recorded nothing of its kind that a call could change)."""
+    recorded nothing of its kind that a call could change). ``before``: a check of the
+    driver's own run first on every call (one frame for all)."""
     import inspect
     import operator
 
@@ -219,40 +220,36 @@ def build_dependency_check() -> Any:
     watched_ok = watch_together(watchers)
 
     def full(args: Any, kwargs: Any) -> None:
+        if before is not None:
+            before()
         watched_ok()
         if arguments_ok is not None:
             arguments_ok(args, kwargs)
         if module_hooks_ok is not None:
             module_hooks_ok(args, kwargs)
-
-    def rest() -> None:
         if reads_ok is not None:
             reads_ok()
         if code_ok is not None:
             code_ok()
 
-    epoch = _dependency_epoch(watchers, module_hooks_ok, full)
-    if epoch is None:
-
-        def check(args: Any, kwargs: Any) -> None:
-            full(args, kwargs)
-            rest()
-
-        return check
-
-    def check_in_epoch(args: Any, kwargs: Any) -> None:
-        if epoch(args, kwargs) and arguments_ok is not None:
-            arguments_ok(args, kwargs)
-        rest()
-
-    return check_in_epoch
+    # Per call, one frame: ``before``, the epoch, then what it does not cover.
+    return _dependency_epoch(
+        watchers, module_hooks_ok, full, before, arguments_ok, reads_ok, code_ok
+    )
 
 
 def _dependency_epoch(
-    watchers: list[Any], module_hooks_ok: Any, full: Callable[[Any, Any], None]
-) -> Callable[[Any, Any], bool] | None:
-    """``epoch(args, kwargs) -> bool``: the tag-watching checks (``watchers``) and the
-    module-hook check as one comparison, as make_fx's per-call epoch does. Per call: the
+    watchers: list[Any],
+    module_hooks_ok: Any,
+    full: Callable[[Any, Any], None],
+    before: Callable[[], None] | None,
+    arguments_ok: Callable[[Any, Any], None] | None,
+    reads_ok: Callable[[], None] | None,
+    code_ok: Callable[[], None] | None,
+) -> Callable[[Any, Any], None]:
+    """``check(args, kwargs)``: every dependency check, in one frame per call. The
+    tag-watching checks (``watchers``) and the module-hook check are one comparison, as
+    make_fx's per-call epoch is. Per call: the
     modules the hook check fetches from the call's positional arguments are the ones the
     last passing call had (identity), every instance ``__dict__`` of their submodules is
     still the one it held (``m.__dict__ = d`` stores into no dict), and the dicts all
@@ -262,11 +259,12 @@ def _dependency_epoch(
     compared here: a hook dict or ``_modules`` replaced is a store into its module's
     instance dict); the objects compared by a key (an OrderedDict's key order, what a
     hook reaches) by their keys. Equal, each of those checks would pass without
-    rechecking, and none is called: False (the caller runs the rest). Otherwise
+    rechecking, and none is called; ``before`` and the checks the epoch does not cover
+    (``arguments_ok``, ``reads_ok``, ``code_ok``) are, in ``full``'s order. Otherwise
     ``full(args, kwargs)`` runs every check as before (each refuses as alone) and the
-    comparison is taken again from what they verified: True (``full`` ran the
-    argument check). None when the hook check has a module not fetched from a positional
-    argument (a global, a keyword): ``full`` then runs every call."""
+    comparison is taken again from what they verified. When the hook check has a module
+    not fetched from a positional argument (a global, a keyword), ``full`` runs every
+    call."""
     import operator
 
     if module_hooks_ok is None:
@@ -274,7 +272,7 @@ def _dependency_epoch(
     else:
         positions = module_hooks_ok.positions
         if positions is None:
-            return None
+            return full
     instance_dict = operator.attrgetter("__dict__")
     is_ = operator.is_
     state: list[Any] = [None]  # (refs, dicts, versions, empties, modules, idicts, keyed)
@@ -314,9 +312,9 @@ def _dependency_epoch(
             keyed,
         )
 
-    def epoch(args: Any, kwargs: Any) -> bool:
+    def check(args: Any, kwargs: Any) -> None:
         now = state[0]
-        if (
+        if not (
             now is not None
             and len(args) > last
             and all(map(is_, map(operator.call, now[0]), map(args.__getitem__, positions)))
@@ -325,13 +323,21 @@ def _dependency_epoch(
             and all(map(is_, map(instance_dict, now[4]), now[5]))
             and (not now[6] or all(tuple(map(k, o)) == v for k, o, v in now[6]))
         ):
-            return False
-        full(args, kwargs)
-        take()
-        return True
+            full(args, kwargs)
+            take()
+            return
+        # Each check the epoch proved passing was not called; these run still.
+        if before is not None:
+            before()
+        if arguments_ok is not None:
+            arguments_ok(args, kwargs)
+        if reads_ok is not None:
+            reads_ok()
+        if code_ok is not None:
+            code_ok()
 
     take()
-    return epoch
+    return check
 
 
 def _build_global_hook_check() -> Callable[[], None]:
@@ -551,7 +557,7 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
 
     def module_hooks_ok(args: Any, kwargs: Any) -> None:
         last[0] = None
-        used = []
+        used: list[tuple[int, int] | None] = []
         for fetch, root in fetchers:
             try:
                 module = fetch(args, kwargs)
