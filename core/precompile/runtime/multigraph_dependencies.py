@@ -275,7 +275,8 @@ def _dependency_epoch(
             return full
     instance_dict = operator.attrgetter("__dict__")
     is_ = operator.is_
-    state: list[Any] = [None]  # (refs, dicts, versions, empties, modules, idicts, keyed)
+    # (refs, dicts, versions, empties, modules, idicts, keyed, the idicts' versions)
+    state: list[Any] = [None]
     last = max(positions, default=-1)
 
     def take() -> None:
@@ -293,12 +294,14 @@ def _dependency_epoch(
             versions.extend(own_versions)
             if key is not None and items:
                 keyed.append((key, items, keys))
-        for ref, own_dicts, own_versions, own_modules, own_idicts, own_keyed in found:
+        idict_versions: list[int] = []
+        for ref, own_dicts, own_versions, own_modules, own_idicts, own_tags, own_keyed in found:
             refs.append(ref)
             dicts.extend(own_dicts)
             versions.extend(own_versions)
             modules.extend(own_modules)
             idicts.extend(own_idicts)
+            idict_versions.extend(own_tags)
             keyed.extend(k for k in own_keyed if k[1])
         tagged = [(d, v) for d, v in zip(dicts, versions) if d]
         empties = [d for d, v in zip(dicts, versions) if not d]
@@ -310,6 +313,7 @@ def _dependency_epoch(
             modules,
             idicts,
             keyed,
+            tuple(idict_versions),
         )
 
     def check(args: Any, kwargs: Any) -> None:
@@ -325,6 +329,18 @@ def _dependency_epoch(
         ):
             full(args, kwargs)
             take()
+            return
+        if tuple(map(_dict_version, now[5])) != now[7]:
+            # Only an instance dict changed (an attribute set: often, a module that
+            # counts its calls): every check runs, the hook check finds its dicts in
+            # place and checks shadowing alone; unless it walked a module again (its
+            # watched dicts taken anew), only those tags are taken again.
+            walked = module_hooks_ok.walks[0]
+            full(args, kwargs)
+            if module_hooks_ok.walks[0] == walked:
+                state[0] = (*now[:7], tuple(map(_dict_version, now[5])))
+            else:
+                take()
             return
         # Each check the epoch proved passing was not called; these run still.
         if before is not None:
@@ -446,6 +462,7 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
     inference = bool(MODULE_HOOKS.get("inference"))
 
     def check_module(root: dict[str, Any], module: Any) -> None:
+        walks[0] += 1
         passes: list[Any] = []
         now = hook_snapshot(module, inference, passes)
         captured = root["hooks"]
@@ -554,6 +571,7 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
     # The cache entries the last call that passed used, one per root (None: a root
     # that was not a module), for the dependency epoch (``snapshot``).
     last: list[Any] = [None]
+    walks = [0]  # how many times a module was walked (its watched dicts taken again)
 
     def module_hooks_ok(args: Any, kwargs: Any) -> None:
         last[0] = None
@@ -595,9 +613,9 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
 
     def snapshot() -> list[tuple[Any, ...]] | None:
         """Per root, what the last passing call verified of its module: a weak reference
-        to it, the dicts watched (hook and ``_modules`` dicts, instance dicts, the dicts
-        the hooks reach) with their tags then, the submodules with their instance dicts,
-        and the keyed objects ``(key, objects, keys)``. None when that call had a root
+        to it, the dicts watched (hook and ``_modules`` dicts, the dicts the hooks reach)
+        with their tags then, the submodules with their instance dicts and those dicts'
+        tags, and the keyed objects ``(key, objects, keys)``. None when that call had a root
         that was no module, or none passed yet."""
         used = last[0]
         if used is None or None in used:
@@ -610,10 +628,11 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
             found.append(
                 (
                     cached[0],
-                    [*cached[1], *cached[4], *cached[9]],
-                    (*cached[2], *cached[5][0], *cached[10]),
+                    [*cached[1], *cached[9]],
+                    (*cached[2], *cached[10]),
                     cached[6],
                     cached[4],
+                    cached[5][0],
                     [(tuple, cached[7], cached[8]), (reached_key, cached[11], cached[12])],
                 )
             )
@@ -622,5 +641,6 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
     # The argument positions the roots are fetched from, when every root is a
     # positional parameter (the dependency epoch compares those arguments' identity).
     module_hooks_ok.snapshot = snapshot  # type: ignore[attr-defined]
+    module_hooks_ok.walks = walks  # type: ignore[attr-defined]
     module_hooks_ok.positions = positional if len(positional) == len(fetchers) else None  # type: ignore[attr-defined]
     return module_hooks_ok if fetchers else None

@@ -157,6 +157,21 @@ def attack(artifact: str, cache: str) -> dict[str, list[Any]]:
         del module.fc1._forward_hooks[10**6]
         yield
 
+    @contextlib.contextmanager
+    def replaced_then_hooked(model: nn.Module, module: nn.Module) -> Any:
+        # a hook dict replaced by an empty one (a call served: nothing to refuse), then
+        # a hook added to the new dict: the epoch must watch the dict now there
+        from collections import OrderedDict
+
+        before = module._forward_hooks
+        module._forward_hooks = OrderedDict()
+        torch.testing.assert_close(run(model, x), model(x))
+        module._forward_hooks[10**6] = doubling
+        try:
+            yield
+        finally:
+            module._forward_hooks = before
+
     changes: dict[str, Any] = {
         # the guard tree's inline leaves (TYPE_MATCH of a submodule, EQUALS_MATCH of
         # the _modules keys) and its tensor leaves
@@ -191,6 +206,7 @@ def attack(artifact: str, cache: str) -> dict[str, list[Any]]:
         "instance __dict__ entry shadowing a submodule": lambda m: shadowed(m),
         "instance __dict__ replaced, carrying a hook": lambda m: swapped_dict(m.fc1),
         "_modules mutated and restored": lambda m: touched(m),
+        "hook dict replaced, then a hook added to it": lambda m: replaced_then_hooked(m, m.fc1),
     }
     outcomes: dict[str, list[Any]] = {}
     with torch.no_grad():
@@ -282,6 +298,7 @@ MUST_REFUSE = {
     "instance __dict__ entry shadowing a submodule": "`model.act` is shadowed",
     "instance __dict__ replaced, carrying a hook": "was added to `model.fc1` after capture",
     "another model, hooked": "was added to `model.fc2` after capture",
+    "hook dict replaced, then a hook added to it": "was added to `model.fc1` after capture",
 }
 
 #: Each change the captured graph computes as eager does: served, equal to eager (a
