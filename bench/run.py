@@ -50,7 +50,14 @@ SECTIONS: dict[str, Callable[[Path, int], str]] = {
 
 #: Sections measured by a command of their own (an A/B between two source trees, which
 #: run.py cannot check out), kept as written: bench/results/<name>.md.
-RECORDED = ("restructure", "percall_epoch", "dynamo_percall", "percall_fx2", "dynamo_percall2")
+RECORDED = (
+    "restructure",
+    "percall_epoch",
+    "dynamo_percall",
+    "percall_fx2",
+    "dynamo_percall2",
+    "dynamo_percall3",
+)
 
 
 def machine() -> str:
