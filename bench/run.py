@@ -57,6 +57,7 @@ RECORDED = (
     "percall_fx2",
     "dynamo_percall2",
     "percall_fx3",
+    "dynamo_percall3",
 )
 
 

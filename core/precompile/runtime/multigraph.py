@@ -29,6 +29,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     # Bound by the artifact prelude (precompile._compat.prelude).
     FN_NAME: str = ""
     FN_MODULE: str = ""
@@ -59,7 +61,7 @@ if TYPE_CHECKING:
 
     def changed_function_message(record: dict[str, Any], gone: bool, consequence: str) -> str: ...
 
-    def build_dependency_check() -> Any: ...
+    def build_dependency_check(before: Callable[[], None] | None = None) -> Any: ...
 
     def _build_surface_check() -> Any: ...
 
@@ -542,15 +544,12 @@ def _build_multigraph_forward() -> Any:
                 del scope[name]
 
     try:
-        defaults_ok = _entry_defaults_check(binding)
-        dependencies_ok = build_dependency_check()
+        # The entry's defaults are checked first on every call, in the dependency
+        # check's one frame.
+        check = build_dependency_check(_entry_defaults_check(binding))
     except BaseException:
         unload()  # a refused load leaves the process as it found it
         raise
-
-    def check(args: Any, kwargs: Any) -> None:
-        defaults_ok()
-        dependencies_ok(args, kwargs)
 
     forward = serve_as_captured(entry, check)
 

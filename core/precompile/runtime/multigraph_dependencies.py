@@ -184,7 +184,7 @@ def class_attrs(cls: Any) -> dict[str, str]:
     return found
 
 
-def build_dependency_check() -> Any:
+def build_dependency_check(before: Callable[[], None] | None = None) -> Any:
     """``check(args, kwargs)``: raise PrecompileError when a call's modules carry other
     hooks than at capture, torch's global module hooks changed, or a module-level
     function or class the frames read is bound to something else. Call it after the
@@ -194,7 +194,8 @@ def build_dependency_check() -> Any:
     the hooks of the modules the trace reached, global reads, what the arguments reach,
     the classes and the builtins the frames read), each computing at load what its
     check needs and returning the closure ``check`` calls (None where the capture
-    recorded nothing of its kind that a call could change)."""
+    recorded nothing of its kind that a call could change). ``before``: a check of the
+    driver's own run first on every call (one frame for all)."""
     import inspect
     import operator
 
@@ -218,7 +219,9 @@ def build_dependency_check() -> Any:
     watchers = [c for c in (surface_ok, classes_ok, builtins_ok, global_hooks_ok) if c]
     watched_ok = watch_together(watchers)
 
-    def check(args: Any, kwargs: Any) -> None:
+    def full(args: Any, kwargs: Any) -> None:
+        if before is not None:
+            before()
         watched_ok()
         if arguments_ok is not None:
             arguments_ok(args, kwargs)
@@ -229,6 +232,127 @@ def build_dependency_check() -> Any:
         if code_ok is not None:
             code_ok()
 
+    # Per call, one frame: ``before``, the epoch, then what it does not cover.
+    return _dependency_epoch(
+        watchers, module_hooks_ok, full, before, arguments_ok, reads_ok, code_ok
+    )
+
+
+def _dependency_epoch(
+    watchers: list[Any],
+    module_hooks_ok: Any,
+    full: Callable[[Any, Any], None],
+    before: Callable[[], None] | None,
+    arguments_ok: Callable[[Any, Any], None] | None,
+    reads_ok: Callable[[], None] | None,
+    code_ok: Callable[[], None] | None,
+) -> Callable[[Any, Any], None]:
+    """``check(args, kwargs)``: every dependency check, in one frame per call. The
+    tag-watching checks (``watchers``) and the module-hook check are one comparison, as
+    make_fx's per-call epoch is. Per call: the
+    modules the hook check fetches from the call's positional arguments are the ones the
+    last passing call had (identity), every instance ``__dict__`` of their submodules is
+    still the one it held (``m.__dict__ = d`` stores into no dict), and the dicts all
+    these checks watch hold what they held then: the non-empty ones by their version
+    tags, the ones then empty by being empty still (an empty dict holds what an empty
+    dict held, and which dict each is was read through a dict whose tag or identity is
+    compared here: a hook dict or ``_modules`` replaced is a store into its module's
+    instance dict); the objects compared by a key (an OrderedDict's key order, what a
+    hook reaches) by their keys. Equal, each of those checks would pass without
+    rechecking, and none is called; ``before`` and the checks the epoch does not cover
+    (``arguments_ok``, ``reads_ok``, ``code_ok``) are, in ``full``'s order. Otherwise
+    ``full(args, kwargs)`` runs every check as before (each refuses as alone) and the
+    comparison is taken again from what they verified. When the hook check has a module
+    not fetched from a positional argument (a global, a keyword), ``full`` runs every
+    call."""
+    import operator
+
+    if module_hooks_ok is None:
+        positions: list[int] = []
+    else:
+        positions = module_hooks_ok.positions
+        if positions is None:
+            return full
+    instance_dict = operator.attrgetter("__dict__")
+    is_ = operator.is_
+    # (refs, dicts, versions, empties, modules, idicts, keyed, the idicts' versions)
+    state: list[Any] = [None]
+    last = max(positions, default=-1)
+
+    def take() -> None:
+        state[0] = None
+        parts = [w.snapshot() for w in watchers]
+        found = module_hooks_ok.snapshot() if module_hooks_ok is not None else []
+        if found is None or any(versions is None for _d, versions, *_rest in parts):
+            return  # a check not yet run, or a module not taken: the next call runs all
+        dicts: list[Any] = []
+        versions: list[Any] = []
+        keyed: list[tuple[Any, Any, Any]] = []
+        refs, modules, idicts = [], [], []
+        for own_dicts, own_versions, key, items, keys in parts:
+            dicts.extend(own_dicts)
+            versions.extend(own_versions)
+            if key is not None and items:
+                keyed.append((key, items, keys))
+        idict_versions: list[int] = []
+        for ref, own_dicts, own_versions, own_modules, own_idicts, own_tags, own_keyed in found:
+            refs.append(ref)
+            dicts.extend(own_dicts)
+            versions.extend(own_versions)
+            modules.extend(own_modules)
+            idicts.extend(own_idicts)
+            idict_versions.extend(own_tags)
+            keyed.extend(k for k in own_keyed if k[1])
+        tagged = [(d, v) for d, v in zip(dicts, versions) if d]
+        empties = [d for d, v in zip(dicts, versions) if not d]
+        state[0] = (
+            refs,
+            [d for d, _v in tagged],
+            tuple(v for _d, v in tagged),
+            empties,
+            modules,
+            idicts,
+            keyed,
+            tuple(idict_versions),
+        )
+
+    def check(args: Any, kwargs: Any) -> None:
+        now = state[0]
+        if not (
+            now is not None
+            and len(args) > last
+            and all(map(is_, map(operator.call, now[0]), map(args.__getitem__, positions)))
+            and tuple(map(_dict_version, now[1])) == now[2]
+            and not any(now[3])
+            and all(map(is_, map(instance_dict, now[4]), now[5]))
+            and (not now[6] or all(tuple(map(k, o)) == v for k, o, v in now[6]))
+        ):
+            full(args, kwargs)
+            take()
+            return
+        if tuple(map(_dict_version, now[5])) != now[7]:
+            # Only an instance dict changed (an attribute set: often, a module that
+            # counts its calls): every check runs, the hook check finds its dicts in
+            # place and checks shadowing alone; unless it walked a module again (its
+            # watched dicts taken anew), only those tags are taken again.
+            walked = module_hooks_ok.walks[0]
+            full(args, kwargs)
+            if module_hooks_ok.walks[0] == walked:
+                state[0] = (*now[:7], tuple(map(_dict_version, now[5])))
+            else:
+                take()
+            return
+        # Each check the epoch proved passing was not called; these run still.
+        if before is not None:
+            before()
+        if arguments_ok is not None:
+            arguments_ok(args, kwargs)
+        if reads_ok is not None:
+            reads_ok()
+        if code_ok is not None:
+            code_ok()
+
+    take()
     return check
 
 
@@ -299,6 +423,7 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
     # non-empty hook dicts and their keys in order.
     cache: dict[tuple[int, int], tuple[Any, ...]] = {}
     fetchers = []
+    positional: list[int] = []  # the argument positions of roots that are parameters
     for number, root in enumerate(MODULE_HOOKS.get("roots") or []):
         # "open": the instance dict names, at capture, of submodules whose class has its
         # own __getattr__ (check_shadowing refuses any other name).
@@ -316,6 +441,7 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
 
         elif root["index"] is not None and path == root["param"] and not root["variadic"]:
             param = signature.parameters[root["param"]]
+            positional.append(root["index"])
             default = None if param.default is inspect.Parameter.empty else param.default
 
             def fetch(
@@ -336,6 +462,7 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
     inference = bool(MODULE_HOOKS.get("inference"))
 
     def check_module(root: dict[str, Any], module: Any) -> None:
+        walks[0] += 1
         passes: list[Any] = []
         now = hook_snapshot(module, inference, passes)
         captured = root["hooks"]
@@ -441,15 +568,26 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
                     2,
                 )
 
+    # The cache entries the last call that passed used, one per root (None: a root
+    # that was not a module), for the dependency epoch (``snapshot``).
+    last: list[Any] = [None]
+    walks = [0]  # how many times a module was walked (its watched dicts taken again)
+
     def module_hooks_ok(args: Any, kwargs: Any) -> None:
+        last[0] = None
+        used: list[tuple[int, int] | None] = []
         for fetch, root in fetchers:
             try:
                 module = fetch(args, kwargs)
             except Exception:
+                used.append(None)
                 continue  # the call's own guards refuse what is missing
             if not isinstance(module, module_type):
+                used.append(None)
                 continue
-            cached = cache.get((root["number"], id(module)))
+            key = (root["number"], id(module))
+            used.append(key)
+            cached = cache.get(key)
             if (
                 cached is None
                 or cached[0]() is not module
@@ -471,5 +609,38 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
                     continue
                 check_shadowing(root, cached[3])
                 cached[5][0] = versions
+        last[0] = used
 
+    def snapshot() -> list[tuple[Any, ...]] | None:
+        """Per root, what the last passing call verified of its module: a weak reference
+        to it, the dicts watched (hook and ``_modules`` dicts, the dicts the hooks reach)
+        with their tags then, the submodules with their instance dicts and those dicts'
+        tags, and the keyed objects ``(key, objects, keys)``. None when that call had a root
+        that was no module, or none passed yet."""
+        used = last[0]
+        if used is None or None in used:
+            return None
+        found = []
+        for key in used:
+            cached = cache.get(key)
+            if cached is None:
+                return None
+            found.append(
+                (
+                    cached[0],
+                    [*cached[1], *cached[9]],
+                    (*cached[2], *cached[10]),
+                    cached[6],
+                    cached[4],
+                    cached[5][0],
+                    [(tuple, cached[7], cached[8]), (reached_key, cached[11], cached[12])],
+                )
+            )
+        return found
+
+    # The argument positions the roots are fetched from, when every root is a
+    # positional parameter (the dependency epoch compares those arguments' identity).
+    module_hooks_ok.snapshot = snapshot  # type: ignore[attr-defined]
+    module_hooks_ok.walks = walks  # type: ignore[attr-defined]
+    module_hooks_ok.positions = positional if len(positional) == len(fetchers) else None  # type: ignore[attr-defined]
     return module_hooks_ok if fetchers else None

@@ -17,6 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     BACKEND: str = ""
     FN_NAME: str = ""
     FN_MODULE: str = ""
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
 
     def serve_as_captured(entry: Any, check: Any, installed: bool = False) -> Any: ...
 
-    def build_dependency_check() -> Any: ...
+    def build_dependency_check(before: Callable[[], None] | None = None) -> Any: ...
 
     def variant_coverage(managers: list[Any], f_locals: dict[str, Any]) -> dict[str, Any]: ...
 

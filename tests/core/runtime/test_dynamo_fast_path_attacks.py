@@ -6,8 +6,10 @@ epilogue as one function (``multigraph_guards``); a frame of one variant is chos
 its one check (``variant_chooser``); the ambient state (modes, default dtype,
 deterministic mode, autocast) is one tuple compare (``serve_as_captured``); the checks
 that watch dicts by version tag are one compare of all their tags (``watch_together``);
-torch's global hook dicts are one read (``_watchers_aside``); the pregraph profiler
-range is skipped with the profiler off. After two served calls, each change below is
+torch's global hook dicts are one read (``_watchers_aside``); those dicts and the
+module-hook check's are one epoch per call (``_dependency_epoch``: the model by identity,
+its submodules' instance dicts by identity, hook and ``_modules`` dicts by tag or
+emptiness); the pregraph profiler range is skipped with the profiler off. After two served calls, each change below is
 made and the next call must answer as eager does on the changed state or refuse with a
 PrecompileError -- never answer from the stale state; where eager's answer changes, it
 must refuse (or match it)."""
@@ -115,6 +117,61 @@ def attack(artifact: str, cache: str) -> dict[str, list[Any]]:
     def tripled_forward(self: Any, value: torch.Tensor) -> torch.Tensor:
         return nn.functional.linear(value, self.weight, self.bias) * 3
 
+    def doubling(module: Any, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+        return output * 2
+
+    @contextlib.contextmanager
+    def hooked(module: nn.Module) -> Any:
+        handle = module.register_forward_hook(doubling)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    @contextlib.contextmanager
+    def shadowed(module: nn.Module) -> Any:
+        vars(module)["act"] = nn.Tanh()  # read before _modules["act"] by Python
+        try:
+            yield
+        finally:
+            del vars(module)["act"]
+
+    @contextlib.contextmanager
+    def swapped_dict(module: nn.Module) -> Any:
+        # the hook dicts read through the new instance dict, the old ones left empty
+        from collections import OrderedDict
+
+        before = module.__dict__
+        module.__dict__ = {**before, "_forward_hooks": OrderedDict([(10**6, doubling)])}
+        try:
+            yield
+        finally:
+            module.__dict__ = before
+
+    @contextlib.contextmanager
+    def touched(module: nn.Module) -> Any:
+        # a store and its undoing: tags move, contents as they were
+        module._modules["extra"] = nn.ReLU()
+        del module._modules["extra"]
+        module.fc1._forward_hooks[10**6] = doubling
+        del module.fc1._forward_hooks[10**6]
+        yield
+
+    @contextlib.contextmanager
+    def replaced_then_hooked(model: nn.Module, module: nn.Module) -> Any:
+        # a hook dict replaced by an empty one (a call served: nothing to refuse), then
+        # a hook added to the new dict: the epoch must watch the dict now there
+        from collections import OrderedDict
+
+        before = module._forward_hooks
+        module._forward_hooks = OrderedDict()
+        torch.testing.assert_close(run(model, x), model(x))
+        module._forward_hooks[10**6] = doubling
+        try:
+            yield
+        finally:
+            module._forward_hooks = before
+
     changes: dict[str, Any] = {
         # the guard tree's inline leaves (TYPE_MATCH of a submodule, EQUALS_MATCH of
         # the _modules keys) and its tensor leaves
@@ -136,6 +193,20 @@ def attack(artifact: str, cache: str) -> dict[str, list[Any]]:
         "library function rebound": lambda m: setting(F, "relu", doubled_relu),
         "class method rebound": lambda m: setting(nn.Linear, "forward", tripled_forward),
         "global forward hook": lambda m: global_hook(),
+        # the dependency epoch: the model by identity, its submodules' instance dicts by
+        # identity, the hook and _modules dicts by tag (or emptiness), one compare
+        "parameter replaced, same shape": lambda m: setting(
+            m.fc1, "weight", nn.Parameter(torch.randn(16, 8))
+        ),
+        "parameter .data swapped": lambda m: setting(m.fc1.weight, "data", torch.randn(16, 8)),
+        "submodule replaced by Identity": lambda m: setting(m, "act", nn.Identity()),
+        "first submodule replaced by Identity": lambda m: setting(m, "fc1", nn.Identity()),
+        "forward hook on a submodule": lambda m: hooked(m.fc1),
+        "training flipped on a submodule": lambda m: setting(m.fc1, "training", True),
+        "instance __dict__ entry shadowing a submodule": lambda m: shadowed(m),
+        "instance __dict__ replaced, carrying a hook": lambda m: swapped_dict(m.fc1),
+        "_modules mutated and restored": lambda m: touched(m),
+        "hook dict replaced, then a hook added to it": lambda m: replaced_then_hooked(m, m.fc1),
     }
     outcomes: dict[str, list[Any]] = {}
     with torch.no_grad():
@@ -173,6 +244,20 @@ def attack(artifact: str, cache: str) -> dict[str, list[Any]]:
                 outcomes["changed again after a restore"] = ["served", False]
             except precompile.PrecompileError as error:
                 outcomes["changed again after a restore"] = ["refused", str(error)]
+        # the dependency epoch compares the model's identity: another model object
+        # (its own weights; then one carrying a hook) after two calls with this one
+        for name, hook in (("another model object", False), ("another model, hooked", True)):
+            run(model, x)
+            other = copy.deepcopy(model)
+            with torch.no_grad():
+                for p in other.parameters():
+                    p.mul_(-1)
+            if hook:
+                other.fc2.register_forward_hook(doubling)
+            try:
+                outcomes[name] = ["served", bool(torch.allclose(run(other, x), other(x)))]
+            except precompile.PrecompileError as error:
+                outcomes[name] = ["refused", str(error)]
         # one variant chosen by its one check: another input is refused in its words
         try:
             run(model, torch.randn(3, 9))
@@ -207,7 +292,24 @@ MUST_REFUSE = {
     "global forward hook": "global hook",
     "changed again after a restore": "relu",
     "input of another width": "no captured variant",
+    "submodule replaced by Identity": "`model.act` is not a ReLU",
+    "first submodule replaced by Identity": "`model.fc1` is not a Linear",
+    "forward hook on a submodule": "was added to `model.fc1` after capture",
+    "instance __dict__ entry shadowing a submodule": "`model.act` is shadowed",
+    "instance __dict__ replaced, carrying a hook": "was added to `model.fc1` after capture",
+    "another model, hooked": "was added to `model.fc2` after capture",
+    "hook dict replaced, then a hook added to it": "was added to `model.fc1` after capture",
 }
+
+#: Each change the captured graph computes as eager does: served, equal to eager (a
+#: refusal of these would make the artifact unusable, not safer).
+MUST_SERVE = [
+    "parameter replaced, same shape",
+    "parameter .data swapped",
+    "training flipped on a submodule",
+    "_modules mutated and restored",
+    "another model object",
+]
 
 
 @pytest.fixture(scope="module")
@@ -241,3 +343,10 @@ def test_a_change_that_may_be_served_is_served_as_eager_or_refused(
     assert kind in ("served", "refused"), (change, kind, detail)
     if kind == "served" or change == "profiled":
         assert [kind, detail] == ["served", True], (change, kind, detail)
+
+
+@pytest.mark.parametrize("change", MUST_SERVE)
+def test_a_change_the_graph_computes_is_served_as_eager(
+    outcomes: dict[str, list[Any]], change: str
+) -> None:
+    assert outcomes[change] == ["served", True], (change, outcomes[change])
