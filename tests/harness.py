@@ -302,6 +302,26 @@ def attack_in_child(
     return run_json(textwrap.dedent(child.format(artifact=artifact, cache=cache)))
 
 
+def patched(owner: Any, name: str, value: Any) -> Callable[[], None]:
+    """``owner.name = value`` (a function's ``__code__``, ``__defaults__``, an
+    attribute), as an attack makes it; returns what puts the old value back."""
+    before = getattr(owner, name)
+    setattr(owner, name, value)
+    return lambda: setattr(owner, name, before)
+
+
+def patched_cell(fn: Any, value: Any) -> Callable[[], None]:
+    """``fn``'s first closure cell set to ``value``; returns what puts it back."""
+    cell = fn.__closure__[0]
+    before = cell.cell_contents
+    cell.cell_contents = value
+
+    def undo() -> None:
+        cell.cell_contents = before
+
+    return undo
+
+
 def assert_same(actual: Any, expected: Any, path: str = "") -> None:
     """Deep comparison: tensors numerically (torch's default tolerances), everything else
     exactly, including which entries are None."""

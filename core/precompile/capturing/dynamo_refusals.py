@@ -172,11 +172,7 @@ def compile_only_branch_check(
     would step twice."""
 
     after = torch.random.get_rng_state()
-    torch.random.set_rng_state(rng)
-    try:
-        expected = torch.compiler.disable(fn)(*args, **kwargs)
-    finally:
-        torch.random.set_rng_state(after)
+    expected = _eager_rerun(fn, args, kwargs, rng, after)
     difference = _difference(result, expected)
     if difference is None:
         return
@@ -184,11 +180,7 @@ def compile_only_branch_check(
     # is fn's own (state it changes and reads on the next call), not the branch's.
     holders = _stateful_hooks(args, kwargs)
     before = [_sizes(held) for _hook, _where, held in holders]
-    torch.random.set_rng_state(rng)
-    try:
-        again = torch.compiler.disable(fn)(*args, **kwargs)
-    finally:
-        torch.random.set_rng_state(after)
+    again = _eager_rerun(fn, args, kwargs, rng, after)
     changing = _difference(again, expected)
     if changing is not None:
         _refuse_per_call_state(holders, before, changing)
@@ -206,6 +198,18 @@ def compile_only_branch_check(
         "nn.TransformerEncoder: enable_nested_tensor=False), or call that part of "
         "the model outside fn",
     )
+
+
+def _eager_rerun(
+    fn: Callable[..., Any], args: Any, kwargs: dict[str, Any], rng: Any, after: Any
+) -> Any:
+    """fn run eagerly from the RNG state ``rng`` (the capture's), the generator left at
+    ``after`` (where the capture left it) whatever happens."""
+    torch.random.set_rng_state(rng)
+    try:
+        return torch.compiler.disable(fn)(*args, **kwargs)
+    finally:
+        torch.random.set_rng_state(after)
 
 
 def _difference(result: Any, expected: Any) -> str | None:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import precompile
-from tests.harness import attack_in_child
+from tests.harness import attack_in_child, patched, patched_cell
 
 
 def _shift(t: torch.Tensor) -> torch.Tensor:
@@ -81,42 +81,25 @@ def serve(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model(x)
 
 
-def _patch(owner: Any, name: str, value: Any) -> Callable[[], None]:
-    before = getattr(owner, name)
-    setattr(owner, name, value)
-    return lambda: setattr(owner, name, before)
-
-
-def _cell(fn: Any, value: Any) -> Callable[[], None]:
-    cell = fn.__closure__[0]
-    before = cell.cell_contents
-    cell.cell_contents = value
-
-    def undo() -> None:
-        cell.cell_contents = before
-
-    return undo
-
-
 #: Each change, and the name its refusal must carry.
 CHANGES: dict[str, tuple[Callable[[], Callable[[], None]], str]] = {
     "helper's code replaced": (
-        lambda: _patch(_shift, "__code__", (lambda t: t + 2.0).__code__),
+        lambda: patched(_shift, "__code__", (lambda t: t + 2.0).__code__),
         "_shift",
     ),
     "method's code replaced": (
-        lambda: _patch(SwapNet.encode, "__code__", (lambda self, x: self.fc(x) + 3.0).__code__),
+        lambda: patched(SwapNet.encode, "__code__", (lambda self, x: self.fc(x) + 3.0).__code__),
         "SwapNet.encode",
     ),
     "attribute's function code replaced": (
-        lambda: _patch(_act, "__code__", (lambda t: torch.sigmoid(t)).__code__),
+        lambda: patched(_act, "__code__", (lambda t: torch.sigmoid(t)).__code__),
         "_act",
     ),
-    "defaults replaced": (lambda: _patch(_scaled, "__defaults__", (5.0,)), "_scaled"),
-    "closure cell changed": (lambda: _cell(_add, 3.0), "_add"),
-    "keyword defaults replaced": (lambda: _patch(_kw, "__kwdefaults__", {"k": 4.0}), "_kw"),
+    "defaults replaced": (lambda: patched(_scaled, "__defaults__", (5.0,)), "_scaled"),
+    "closure cell changed": (lambda: patched_cell(_add, 3.0), "_add"),
+    "keyword defaults replaced": (lambda: patched(_kw, "__kwdefaults__", {"k": 4.0}), "_kw"),
     "code of a function a closure holds replaced": (
-        lambda: _patch(
+        lambda: patched(
             _wrap.__closure__[0].cell_contents, "__code__", (lambda t: t * 5.0).__code__
         ),
         "inner",
@@ -133,13 +116,13 @@ BEFORE_LOAD = {
 #: every function of a saved file (the same code, at other lines); defaults reassigned
 #: as they were; a cell given an equal value.
 SERVED: dict[str, Callable[[], Callable[[], None]]] = {
-    "same code compiled again": lambda: _patch(
+    "same code compiled again": lambda: patched(
         _shift,
         "__code__",
         _shift.__code__.replace(co_firstlineno=_shift.__code__.co_firstlineno + 7),
     ),
-    "equal defaults reassigned": lambda: _patch(_scaled, "__defaults__", (float("2.0"),)),
-    "cell given an equal value": lambda: _cell(_add, float("0.5")),
+    "equal defaults reassigned": lambda: patched(_scaled, "__defaults__", (float("2.0"),)),
+    "cell given an equal value": lambda: patched_cell(_add, float("0.5")),
 }
 
 CHILD = """

@@ -25,7 +25,7 @@ from torch import nn
 
 import precompile
 from tests.core.runtime import _nameless_registry as registry
-from tests.harness import attack_in_child
+from tests.harness import attack_in_child, patched, patched_cell
 
 
 def make_act(scale: float) -> Callable[..., torch.Tensor]:
@@ -107,28 +107,11 @@ SITES: dict[str, Callable[[nn.Module], Any]] = {
 }
 
 
-def _set(owner: Any, name: str, value: Any) -> Callable[[], None]:
-    before = getattr(owner, name)
-    setattr(owner, name, value)
-    return lambda: setattr(owner, name, before)
-
-
-def _cell(fn: Any, value: Any) -> Callable[[], None]:
-    cell = fn.__closure__[0]
-    before = cell.cell_contents
-    cell.cell_contents = value
-
-    def undo() -> None:
-        cell.cell_contents = before
-
-    return undo
-
-
 #: Each change to a function: kind -> (fn -> undo).
 KINDS: dict[str, Callable[[Any], Callable[[], None]]] = {
-    "code swapped": lambda f: _set(f, "__code__", make_other(1.0).__code__),
-    "closure cell changed": lambda f: _cell(f, 5.0),
-    "defaults changed": lambda f: _set(f, "__defaults__", (0.5,)),
+    "code swapped": lambda f: patched(f, "__code__", make_other(1.0).__code__),
+    "closure cell changed": lambda f: patched_cell(f, 5.0),
+    "defaults changed": lambda f: patched(f, "__defaults__", (0.5,)),
 }
 
 CHANGES = [f"{site}: {kind}" for site in SITES for kind in KINDS]
