@@ -263,31 +263,22 @@ def build_model_state_check(
     # one of those dicts -- a parameter, buffer, child, attribute, hook or global
     # replaced, added or deleted, a training flag flipped -- changes a version, and the
     # next call re-verifies from scratch.
-    roots: tuple[Any, ...] | None = None
-    dicts: tuple[dict[str, Any], ...] = ()
-    versions: tuple[int, ...] = ()
-    empty_dicts: tuple[dict[str, Any], ...] = ()
-    unwatched: list[Any] = []
-    flags: tuple[bool, ...] = ()
-    subs: tuple[Any, ...] = ()
-    sub_types: tuple[type, ...] = ()
-    shallow: tuple[Any, ...] = ()
-    shallow_snapshot: tuple[Any, ...] = ()
-    # The objects whose instance dicts are among ``dicts`` (every submodule, each object
-    # an attribute or global holds), with those dicts: ``m.__dict__ = d`` swaps in
-    # another dict without a store into the watched one.
-    holders: tuple[Any, ...] = ()
-    holder_dicts: tuple[Any, ...] = ()
-    # Functions the trace read (helpers, methods, the captured function): the objects
-    # that hold what a call of each reads besides its arguments (the function's code,
-    # defaults and keyword defaults, each closure cell's contents), with the attribute
-    # names to read them by and what they held, compared by identity.
-    func_holders: tuple[Any, ...] = ()
-    func_attrs: tuple[str, ...] = ()
-    func_snapshot: tuple[Any, ...] = ()
-    tensors: list[Any] = []
-    meta: tuple[Any, ...] = ()
-    tensor_guard: Any = None
+    #
+    # What each entry holds: ``roots``, the module arguments; ``dicts`` with their
+    # ``versions``; ``empty_dicts``, watched dicts that were empty (an empty dict's whole
+    # state is that it is empty); ``unwatched`` submodules whose training flag does not
+    # live in their instance dict, with their ``flags``; ``subs`` and their
+    # ``sub_types``; ``shallow`` mutable objects without a version tag and their
+    # ``shallow_snapshot``; ``func_holders``/``func_attrs``/``func_snapshot``: each
+    # holder's instance dict (``m.__dict__ = d`` swaps in another dict without a store
+    # into the watched one) and each function's code, defaults and closure cells the
+    # trace read, by identity; the lifted ``tensors``, their ``meta`` and a C-level
+    # ``tensor_guard`` over it.
+    #
+    # One tuple, replaced whole by one assignment and read once per call: a call on
+    # another thread (a server serving two models of the class at once) sees one
+    # consistent snapshot or the next, never one model's checks with another's tensors.
+    snap: tuple[Any, ...] | None = None
 
     def _held(holder: Any, attr: str) -> Any:
         # An emptied cell reads as the cell itself: never what it held.
@@ -300,10 +291,8 @@ def build_model_state_check(
         return len(a) == len(b) and all(map(_is, a, b))
 
     def _verify_model(mods: tuple[Any, ...]) -> list[Any]:
-        nonlocal roots, dicts, versions, empty_dicts, unwatched, flags, subs, sub_types, shallow
-        nonlocal shallow_snapshot, tensors, meta, tensor_guard, func_holders, func_attrs
-        nonlocal func_snapshot, holders, holder_dicts
-        roots = None
+        nonlocal snap
+        snap = None
         for i, m in zip(module_positions, mods):
             if not isinstance(m, _torch.nn.Module):
                 refuse(
@@ -339,7 +328,6 @@ def build_model_state_check(
         shallow = tuple(o for o in found if not hasattr(o, "__closure__"))
         shallow_snapshot = tuple(map(shallow_contents, shallow))
         holders = tuple({id(o): o for o in context["holders"]}.values())
-        holder_dicts = tuple(map(vars, holders))
         held: list[Any] = []
         attrs: list[str] = []
         for f in found:
@@ -373,19 +361,56 @@ def build_model_state_check(
         unwatched = [sub for sub in subs if "training" not in vars(sub)]
         flags = tuple(map(training, unwatched))
         meta = tuple(zip(map(tensor_meta, tensors), map(stride_of, tensors)))
-        tensor_guard = metadata_guard(tensors)
-        roots = mods
+        snap = (
+            mods,
+            dicts,
+            versions,
+            empty_dicts,
+            unwatched,
+            flags,
+            subs,
+            sub_types,
+            shallow,
+            shallow_snapshot,
+            func_holders,
+            func_attrs,
+            func_snapshot,
+            tensors,
+            meta,
+            metadata_guard(tensors),
+        )
         return tensors
 
     def _model_rest(mods: tuple[Any, ...]) -> list[Any]:
         """The fast path without the comparison of ``dicts``' version tags, for a caller
         that has just compared those tags itself against ``recorded()`` (the driver's
         per-call epoch, folded with other checks' dicts); everything else the fast path
-        compares is compared here, and any difference re-verifies."""
-        nonlocal tensor_guard
+        compares is compared here, against one snapshot read once, and any difference
+        re-verifies."""
+        nonlocal snap
+        held = snap
+        if held is None:
+            return _verify_model(mods)
+        (
+            roots,
+            _dicts,
+            _versions,
+            empty_dicts,
+            unwatched,
+            flags,
+            subs,
+            sub_types,
+            shallow,
+            shallow_snapshot,
+            func_holders,
+            func_attrs,
+            func_snapshot,
+            tensors,
+            meta,
+            tensor_guard,
+        ) = held
         if (
-            roots is not None
-            and all(map(_is, mods, roots))
+            all(map(_is, mods, roots))
             and not any(empty_dicts)
             and tuple(map(type, subs)) == sub_types
             and (not unwatched or tuple(map(training, unwatched)) == flags)
@@ -407,19 +432,23 @@ def build_model_state_check(
                 if tensor_guard.check(*tensors):
                     return tensors
                 if tuple(zip(map(tensor_meta, tensors), map(stride_of, tensors))) == meta:
-                    tensor_guard = metadata_guard(tensors)
+                    # Same metadata, a guard that no longer passes (a thread state the
+                    # guard was built under): a new guard in a new snapshot.
+                    snap = (*held[:-1], metadata_guard(tensors))
                     return tensors
         return _verify_model(mods)
 
     def _model_tensors(mods: tuple[Any, ...]) -> list[Any]:
-        if roots is not None and tuple(map(_dict_version, dicts)) == versions:
+        held = snap
+        if held is not None and tuple(map(_dict_version, held[1])) == held[2]:
             return _model_rest(mods)
         return _verify_model(mods)
 
     def _recorded() -> tuple[tuple[dict[str, Any], ...], tuple[int, ...]] | None:
         # The watched non-empty dicts and the version tags the last verification
         # recorded (None before one passed): what ``_model_rest`` relies on unchanged.
-        return (dicts, versions) if roots is not None else None
+        held = snap
+        return (held[1], held[2]) if held is not None else None
 
     # A new list of tensors is returned after each verification, the same list while
     # the snapshot stands: a caller keying on it sees when ``recorded()`` changed.
