@@ -39,8 +39,13 @@ from precompile._compat import dynamo
 from precompile.capturing.bytecode_names import global_loads
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file
+from precompile.runtime.class_fingerprints import PROTOCOL_DUNDERS
 from precompile.runtime.guard_text import user_path
-from precompile.runtime.multigraph_dependencies import builtin_key, class_attrs
+from precompile.runtime.multigraph_dependencies import (
+    builtin_key,
+    class_attrs,
+    protocol_bindings,
+)
 
 
 def _qualified(value: Any) -> tuple[str, str] | None:
@@ -154,7 +159,8 @@ class NameRecorder:
         descriptors (``class_attrs``), compared at load and checked per call, all of
         them. A library class (torch, an installed package) changes by version: only
         the attributes bound to code the trace ran (``traced``: ``Module.__call__``,
-        ``Linear.forward``) are checked, from load on -- torch itself rebinds others
+        ``Linear.forward``) and the protocol dunders Python calls implicitly
+        (``PROTOCOL_DUNDERS``) are checked, from load on -- torch itself rebinds others
         (Dynamo patches ``Module.__init__`` when its frame evaluator first runs). A class
         defined inside a function has no name another process resolves, and is left
         out."""
@@ -187,10 +193,19 @@ class NameRecorder:
                     "module": named[0],
                     "qualname": named[1],
                     "attrs": class_attrs(base) if project else None,
+                    # The protocol dunders too: Python calls them implicitly, and
+                    # Dynamo inlined what they do (its own attribute lookup stands in
+                    # for ``Module.__getattr__``): one set on a library class later
+                    # (``nn.Linear.__getattr__ = f``) changes what eager computes.
                     "traced": sorted(
-                        name for name, value in vars(base).items() if _code_of(value) in ran
+                        {
+                            *(n for n, value in vars(base).items() if _code_of(value) in ran),
+                            *PROTOCOL_DUNDERS,
+                        }
                     ),
                 }
+                if not project:
+                    rows[named]["protocol"] = protocol_bindings(base, PROTOCOL_DUNDERS)
                 if project and base in forwarding:
                     rows[named]["names"] = sorted(vars(base))
         return list(rows.values())

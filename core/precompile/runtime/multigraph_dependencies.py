@@ -184,6 +184,26 @@ def class_attrs(cls: Any) -> dict[str, str]:
     return found
 
 
+def protocol_bindings(cls: Any, names: Any) -> dict[str, str]:
+    """What each of ``names`` (protocol dunders: ``__getattr__``, ``__call__``, ...)
+    resolves to on ``cls``: the class along its MRO that defines it and what is bound
+    there (``class_attrs``' words), or "" where only a builtin class does. Python calls
+    them implicitly, and Dynamo inlines what torch's own do: one set on a library class
+    before load (``nn.Linear.__getattr__ = f``) changes eager and not the graph.
+    Computed alike at capture and at load, so the two compare."""
+    found = {}
+    for name in sorted(names):
+        found[name] = ""
+        for owner in cls.__mro__:
+            if owner.__module__ == "builtins":
+                continue
+            if name in vars(owner):
+                bound = class_attrs(owner).get(name, "a class-level value")
+                found[name] = f"{owner.__module__}.{owner.__qualname__}: {bound}"
+                break
+    return found
+
+
 def build_dependency_check(before: Callable[[], None] | None = None) -> Any:
     """``check(args, kwargs)``: raise PrecompileError when a call's modules carry other
     hooks than at capture, torch's global module hooks changed, or a module-level

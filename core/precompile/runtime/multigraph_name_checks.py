@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
     def class_attrs(cls: Any) -> dict[str, str]: ...
 
+    def protocol_bindings(cls: Any, names: Any) -> dict[str, str]: ...
+
     # precompile.runtime.version_watch, emitted before this module.
     def watch_dicts(
         watched: Callable[[], list[Any]],
@@ -350,6 +352,20 @@ def build_class_check() -> Any:
                     f"artifact)",
                     2,
                 )
+        protocol = row.get("protocol")
+        if protocol is not None:
+            # A library class: its protocol dunders resolve as at capture.
+            now = protocol_bindings(cls, protocol)
+            for name in sorted(protocol):
+                if protocol[name] != now[name]:
+                    refuse(
+                        f"precompile: `{cls.__qualname__}.{name}` resolves to "
+                        f"{now[name] or 'the builtin one'} in this process; the capture "
+                        f"resolved it to {protocol[name] or 'the builtin one'}. Python "
+                        f"calls it implicitly, and Dynamo traced what the capture's does. "
+                        f"Restore it, or capture again with it (re-emit the artifact)",
+                        2,
+                    )
         names = row.get("names")
         if names is not None:
             forwarded[cls] = frozenset(names)
