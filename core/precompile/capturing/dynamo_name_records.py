@@ -39,13 +39,20 @@ from precompile._compat import dynamo
 from precompile.capturing.bytecode_names import global_loads
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file
-from precompile.runtime.class_fingerprints import PROTOCOL_DUNDERS
+from precompile.runtime.class_fingerprints import ENTERED_ONLY_DUNDERS, PROTOCOL_DUNDERS
 from precompile.runtime.guard_text import user_path
 from precompile.runtime.multigraph_dependencies import (
     builtin_key,
     class_attrs,
     protocol_bindings,
 )
+
+#: The protocol dunders a library class's row compares (``class_rows``): those Python
+#: calls to read, call or test an instance. ``__setattr__``/``__delattr__`` run only on
+#: a store or a delete: a forward that stores nothing never runs them, and replacing them
+#: on a library class must not refuse it (make_fx compares them only where the traced
+#: call entered them; Dynamo records no entered dunders).
+LOOKUP_DUNDERS = PROTOCOL_DUNDERS - ENTERED_ONLY_DUNDERS
 
 
 def _qualified(value: Any) -> tuple[str, str] | None:
@@ -159,8 +166,9 @@ class NameRecorder:
         descriptors (``class_attrs``), compared at load and checked per call, all of
         them. A library class (torch, an installed package) changes by version: only
         the attributes bound to code the trace ran (``traced``: ``Module.__call__``,
-        ``Linear.forward``) and the protocol dunders Python calls implicitly
-        (``PROTOCOL_DUNDERS``) are checked, from load on -- torch itself rebinds others
+        ``Linear.forward``) and the protocol dunders Python calls implicitly to read,
+        call or test an instance (``LOOKUP_DUNDERS``: what they resolve to is compared
+        at load, ``protocol``) are checked, from load on -- torch itself rebinds others
         (Dynamo patches ``Module.__init__`` when its frame evaluator first runs). A class
         defined inside a function has no name another process resolves, and is left
         out."""
@@ -200,12 +208,12 @@ class NameRecorder:
                     "traced": sorted(
                         {
                             *(n for n, value in vars(base).items() if _code_of(value) in ran),
-                            *PROTOCOL_DUNDERS,
+                            *LOOKUP_DUNDERS,
                         }
                     ),
                 }
                 if not project:
-                    rows[named]["protocol"] = protocol_bindings(base, PROTOCOL_DUNDERS)
+                    rows[named]["protocol"] = protocol_bindings(base, LOOKUP_DUNDERS)
                 if project and base in forwarding:
                     rows[named]["names"] = sorted(vars(base))
         return list(rows.values())

@@ -1247,7 +1247,10 @@ def _capture_all(tracer: str, directory: Path) -> dict[str, list[str]]:
 #: Wrong answers and crashes found by this round and left for the coordinator: the
 #: outcome each gives now (kind, and words of its detail). The test of such a cell
 #: asserts that outcome, so it fails (and shows) once fixed.
-#: Reproducers: /work/notes/repro_attack4_*.py.
+#: Fixed after this round and asserted served or refused like every cell: make_fx's
+#: two racing threads (one snapshot tuple: test_threaded_serving.py) and Dynamo's
+#: library-class ``__getattr__`` patched (protocol dunders compared:
+#: test_library_class_dunders.py).
 KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {
     # A: the flag is accepted with any value, but its truth test runs in eager (it is
     # evaluated before ``training`` is): a value whose ``__bool__`` stores, or raises
@@ -1269,16 +1272,6 @@ KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {
     },
     ("make_fx", "C lru_cache cleared and its maker changed"): ("served", "False"),
     ("make_fx", "C WeakValueDictionary function replaced"): ("served", "False"),
-    # D: Dynamo serves a model whose nn.Linear.__getattr__ was patched after load (the
-    # weight read through it changes eager's answer); eager and Inductor alike.
-    ("dynamo", "D nn.Linear.__getattr__ patched to double weight"): ("served", "False"),
-    ("dynamo", "D Inductor: nn.Linear.__getattr__ patched to double weight"): ("served", "False"),
-    ("dynamo", "D nn.Module.__getattr__ patched to double weight"): ("served", "False"),
-    # D: make_fx, two threads serving two models of the captured class: a call answers
-    # with the OTHER thread's model's weights (single_graph_model_state's fast path reads
-    # nonlocals another thread's verification updates one by one). A race: it showed in
-    # most runs here (up to 1000 calls a thread, the second yielding the GIL at every line), but it is timing-dependent.
-    ("make_fx", "D two racing threads, two models"): ("served", "False"),
 }
 
 #: Needless refusals of no-ops found by this round: the words the refusal names.
