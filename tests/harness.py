@@ -302,6 +302,36 @@ def attack_in_child(
     return run_json(textwrap.dedent(child.format(artifact=artifact, cache=cache)))
 
 
+def assert_attack_outcome(
+    tracer: str,
+    scenario: str,
+    outcome: list[Any],
+    *,
+    no_op: bool,
+    known_needless: dict[tuple[str, str], str],
+    known_wrong: dict[tuple[str, str], tuple[str, str]] | None = None,
+) -> None:
+    """The attack files' one verdict on a cell's ``[kind, detail]``: a known wrong cell
+    keeps its recorded outcome (so a fix shows); a no-op is served equal to eager, or
+    refused in its recorded needless words; any other change is refused, fails as eager
+    does, or is served equal to eager."""
+    kind, detail = outcome
+    if known_wrong and (tracer, scenario) in known_wrong:
+        known_kind, words = known_wrong[tracer, scenario]
+        assert kind == known_kind and words in str(detail), (tracer, kind, detail)
+        return
+    if not no_op:
+        assert kind in ("refused", "failed as eager does") or [kind, detail] == [
+            "served",
+            True,
+        ], (tracer, kind, detail)
+        return
+    if kind == "refused" and (tracer, scenario) in known_needless:
+        assert known_needless[tracer, scenario] in detail, (tracer, detail)
+        return
+    assert [kind, detail] == ["served", True], (tracer, kind, detail)
+
+
 def patched(owner: Any, name: str, value: Any) -> Callable[[], None]:
     """``owner.name = value`` (a function's ``__code__``, ``__defaults__``, an
     attribute), as an attack makes it; returns what puts the old value back."""

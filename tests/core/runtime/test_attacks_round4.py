@@ -35,7 +35,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 import precompile
-from tests.harness import capture_pair, run_json
+from tests.harness import assert_attack_outcome, capture_pair, run_json
 
 TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
 
@@ -1308,15 +1308,14 @@ def _cases(names: set[str]) -> list[tuple[str, str]]:
 def test_a_change_is_refused_or_served_as_eager(
     tracer: str, scenario: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    kind, detail = _outcomes(tracer, tmp_path_factory)[scenario]
-    if (tracer, scenario) in KNOWN_WRONG:
-        known_kind, words = KNOWN_WRONG[tracer, scenario]
-        assert kind == known_kind and words in str(detail), (tracer, kind, detail)
-        return
-    assert kind in ("refused", "failed as eager does") or [kind, detail] == ["served", True], (
+    outcome = _outcomes(tracer, tmp_path_factory)[scenario]
+    assert_attack_outcome(
         tracer,
-        kind,
-        detail,
+        scenario,
+        outcome,
+        no_op=False,
+        known_needless=KNOWN_NEEDLESS,
+        known_wrong=KNOWN_WRONG,
     )
 
 
@@ -1324,12 +1323,12 @@ def test_a_change_is_refused_or_served_as_eager(
 def test_a_change_that_decides_nothing_is_served(
     tracer: str, scenario: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    kind, detail = _outcomes(tracer, tmp_path_factory)[scenario]
-    if (tracer, scenario) in KNOWN_WRONG:
-        known_kind, words = KNOWN_WRONG[tracer, scenario]
-        assert kind == known_kind and words in str(detail), (tracer, kind, detail)
-        return
-    if kind == "refused" and (tracer, scenario) in KNOWN_NEEDLESS:
-        assert KNOWN_NEEDLESS[tracer, scenario] in detail, (tracer, detail)
-        return
-    assert [kind, detail] == ["served", True], (tracer, kind, detail)
+    outcome = _outcomes(tracer, tmp_path_factory)[scenario]
+    assert_attack_outcome(
+        tracer,
+        scenario,
+        outcome,
+        no_op=True,
+        known_needless=KNOWN_NEEDLESS,
+        known_wrong=KNOWN_WRONG,
+    )
