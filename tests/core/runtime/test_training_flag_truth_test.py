@@ -51,6 +51,19 @@ class Flagged(nn.Module):
         return x * self.scale
 
 
+class AbsentFlag(nn.Module):
+    """The flag absent at capture, read as ``getattr(self, "flag", False)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = 2.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if getattr(self, "flag", False) and self.training:
+            x = x + 100
+        return x * self.scale
+
+
 def serve(model: nn.Module, x: torch.Tensor) -> Any:
     return model(x)
 
@@ -62,6 +75,7 @@ import torch
 import precompile
 from tests.core.runtime import test_training_flag_truth_test as t
 run = precompile.load({artifact!r}, {cache!r})
+Model = getattr(t, {model!r})
 changes = {{
     "stores": lambda m: t.Truthy(m),
     "many-valued tensor": lambda m: torch.ones(2, dtype=torch.bool),
@@ -71,7 +85,7 @@ changes = {{
 out = {{}}
 for cell, value in changes.items():
     torch.manual_seed(0)
-    model, x = t.Flagged().eval(), torch.randn(3, 4)
+    model, x = Model().eval(), torch.randn(3, 4)
     with torch.no_grad():
         assert torch.equal(run(model, x), t.serve(model, x))
         model.flag = value(model)
@@ -90,18 +104,24 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("tracer", sorted(TRACERS))
-def test_flag_is_checked_by_the_kind_of_its_truth_test(tracer: str, tmp_path: Path) -> None:
+def _served(tracer: str, model: str, directory: Path) -> dict[str, list[Any]]:
+    """Capture ``serve`` on ``model`` in eval, then each cell in one fresh process."""
     torch.manual_seed(0)
     with torch.no_grad():
         artifact, cache = capture_pair(
             serve,
-            Flagged().eval(),
+            globals()[model]().eval(),
             torch.randn(3, 4),
-            directory=tmp_path,
+            directory=directory,
             tracer=TRACERS[tracer](),
         )
-    out = run_json(textwrap.dedent(CHILD.format(artifact=artifact, cache=cache)))
+    code = CHILD.format(artifact=artifact, cache=cache, model=model)
+    return dict(run_json(textwrap.dedent(code)))
+
+
+@pytest.mark.parametrize("tracer", sorted(TRACERS))
+def test_flag_is_checked_by_the_kind_of_its_truth_test(tracer: str, tmp_path: Path) -> None:
+    out = _served(tracer, "Flagged", tmp_path)
     for cell in ("stores", "many-valued tensor"):
         kind, message = out[cell]
         assert kind == "refused", (tracer, cell, out[cell])
@@ -117,3 +137,21 @@ def test_flag_is_checked_by_the_kind_of_its_truth_test(tracer: str, tmp_path: Pa
         # captured is refused, saying to set a bool.
         kind, message = out["int 1"]
         assert kind == "refused" and "set it to a bool" in message, out["int 1"]
+
+
+@pytest.mark.parametrize("tracer", sorted(TRACERS))
+def test_flag_absent_at_capture(tracer: str, tmp_path: Path) -> None:
+    """``getattr(self, "flag", False)`` with no flag at capture: make_fx checks the kind
+    of whatever is set later like any flag. Dynamo has no guard for "the type of what
+    ``getattr`` with a default finds" (absent, its type guard would fail): a flag set
+    later is served with any value, a known wrong answer for one whose truth test stores
+    or raises (docs/trust.md, "Known wrong answers"), asserted so that a fix shows."""
+    out = _served(tracer, "AbsentFlag", tmp_path)
+    assert out["True"] == ["served", True] and out["int 1"] == ["served", True], out
+    if tracer == "make_fx":
+        for cell in ("stores", "many-valued tensor"):
+            kind, message = out[cell]
+            assert kind == "refused" and "truth test" in message, (cell, out[cell])
+    else:
+        assert out["stores"] == ["served", False], out["stores"]
+        assert out["many-valued tensor"][0] == "served where eager fails", out
