@@ -176,6 +176,7 @@ def relaxing_neutral_guards(
     prove: Callable[[Any, str, str, list[tuple[type, Any]]], str | None],
     notes_by_state: dict[bytes, list[list[str | None]]],
     under_training: Callable[[Any, str, Any], bool] | None = None,
+    truth_types: frozenset[type] = frozenset(),
 ) -> Iterator[None]:
     """While capturing: when a frame's guards are built, each guard on a constant
     attribute of a module named in ``names`` (``L['model']._modules['act'].inplace``,
@@ -194,7 +195,11 @@ def relaxing_neutral_guards(
     was made, on a module in eval, by code that ``under_training(code, name, position)``
     shows reads it there (the read's source position) only as ``x.name and x.training`` (a flag that decides nothing in eval:
     ``neutral_reads.read_only_under_training``); a guard that the module's ``training``
-    is still False takes its place, so a call in training is refused."""
+    is still False takes its place, so a call in training is refused. Eager still runs
+    the flag's truth test first: the flag must have held a value of a ``truth_types``
+    type at every read (or be absent: ``getattr(x, "name", default)``), and a
+    ``TYPE_MATCH`` on the attribute keeps its type checked (another type's truth test
+    may store, raise or be ambiguous); a flag of another type keeps its guards."""
     from torch._dynamo import guards
     from torch._dynamo.guards import GuardBuilder
     from torch._dynamo.output_graph import OutputGraph
@@ -234,14 +239,23 @@ def relaxing_neutral_guards(
 
     def _training_only(output_graph: Any, module: Any, name: str) -> bool:
         """Whether every traced read of ``module``'s attribute ``name`` was a flag read
-        only under ``training`` on a module in eval."""
+        only under ``training`` on a module in eval, holding a value whose truth test
+        is pure (``truth_types``) or absent."""
         if under_training is None:
             return False
         readers = output_graph.__dict__.get(_FLAG_READERS, {}).get((module.name, name), [])
         return bool(readers) and all(
-            training is False and code is not None and under_training(code, name, at)
-            for code, at, training in readers
+            training is False
+            and code is not None
+            and (held is None or held in truth_types)
+            and under_training(code, name, at)
+            for code, at, training, held in readers
         )
+
+    def _held_type(output_graph: Any, module: Any, name: str) -> type | None:
+        """The type the traced reads of ``module.name`` found (None: absent)."""
+        readers = output_graph.__dict__.get(_FLAG_READERS, {}).get((module.name, name), [])
+        return next((held for *_rest, held in readers if held is not None), None)
 
     def reading(original: Callable[..., Any]) -> Callable[..., Any]:
         def var_getattr(self: Any, tx: Any, name: str) -> Any:
@@ -261,6 +275,7 @@ def relaxing_neutral_guards(
                         getattr(tx, "f_code", None),
                         getattr(getattr(tx, "current_instruction", None), "positions", None),
                         getattr(module, "training", None),
+                        _held(module, name),
                     )
                 )
             return original(self, tx, name)
@@ -271,6 +286,7 @@ def relaxing_neutral_guards(
         notes: dict[str, str] = {}
         if isinstance(output_graph, OutputGraph):  # a frame just traced, not a load
             kept = output_graph.guards
+            typed: dict[Any, Any] = {}
             for guard in list(kept):
                 source = guard.originating_source
                 flag = _flag_guarded(guard)
@@ -284,6 +300,8 @@ def relaxing_neutral_guards(
                     training = AttrSource(flag[0], "training")
                     if not kept.source_to_guards.get(training):
                         kept.add(training.make_guard(GuardBuilder.CONSTANT_MATCH))
+                    if _held_type(output_graph, *flag) is not None:
+                        typed.setdefault((flag[0].name, flag[1]), AttrSource(*flag))
                     continue
                 if not (
                     isinstance(source, AttrSource)
@@ -300,6 +318,13 @@ def relaxing_neutral_guards(
                     kept.source_to_guards[source].remove(guard)
                 else:
                     notes[source_path(source) or source.member] = why
+            # The relaxed flags' types, checked in place of their values.
+            for (_module, name), attribute in typed.items():
+                kept.add(attribute.make_guard(GuardBuilder.TYPE_MATCH))
+                held = _held_type(output_graph, attribute.base, name)
+                notes[source_path(attribute) or name] = TRUTH_NOTE.format(
+                    kind=getattr(held, "__name__", "bool")
+                )
         original_init(self, f_code, output_graph, *args, **kwargs)
         state = getattr(self, "guards_state", None)
         if notes and state is not None:
@@ -323,3 +348,29 @@ def relaxing_neutral_guards(
 
 _NEUTRAL_READERS = "_precompile_neutral_readers"
 _FLAG_READERS = "_precompile_flag_readers"
+
+
+#: Why a flag read only as ``x.flag and x.training`` is still checked by type.
+TRUTH_NOTE = (
+    "the traced code reads it only as `flag and training`, which decides nothing in "
+    "eval, but eager runs its truth test before it reads `training`, and a value of "
+    "another type than the captured one may not have a pure truth test (it may store, "
+    "raise, or be ambiguous as a many-valued tensor's is): set it to a {kind}, as at "
+    "capture"
+)
+
+
+def _held(module: Any, name: str) -> type | None:
+    """The type of what reading ``module.name`` finds, looked up without running code:
+    the instance's ``__dict__``, its parameters, buffers and children, then the
+    classes of its MRO (a property is a ``property``); None where it is absent."""
+    state = getattr(module, "__dict__", {})
+    if name in state:
+        return type(state[name])
+    for table in ("_parameters", "_buffers", "_modules"):
+        if name in state.get(table, ()):
+            return type(state[table][name])
+    for cls in type(module).__mro__:
+        if name in vars(cls):
+            return type(vars(cls)[name])
+    return None

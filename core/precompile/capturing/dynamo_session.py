@@ -240,6 +240,7 @@ class DynamoSession:
                     self.layout_notes,
                     # gradient_checkpointing-style flags: read only under training.
                     neutral_reads.read_only_under_training_cached,
+                    neutral_reads.PURE_TRUTH_TYPES,
                 ),
                 torch.set_grad_enabled(self.training),
                 inductor.inductor_capture_config(self.backends.inductor_cache)

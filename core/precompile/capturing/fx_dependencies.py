@@ -95,8 +95,9 @@ class Dependencies:
     #: The library paths the trace resolved (``LIBRARY_SURFACE``).
     surface: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     #: Per module argument, per submodule: the attribute names the trace read on it,
-    #: or None where every name in ``names`` counts (``MODULE_READS``).
-    module_reads: list[list[list[str] | None]] = dataclasses.field(default_factory=list)
+    #: or None where every name in ``names`` counts (``MODULE_READS``); a name read only
+    #: for its truth test is ``[TRUTH_ONLY, name]`` (``value_fingerprints.split_reads``).
+    module_reads: list[list[list[Any] | None]] = dataclasses.field(default_factory=list)
     #: Ruled reads the graph could not show harmless, with why (``MODULE_READ_NOTES``):
     #: ``[module argument index, submodule path, attribute, why]``.
     read_notes: list[list[Any]] = dataclasses.field(default_factory=list)
@@ -124,17 +125,26 @@ def _near_modules(log: CallLog) -> tuple[str, ...]:
 
 
 def module_reads(
-    modules: list[torch.nn.Module], reads: dict[int, set[str] | None]
-) -> list[list[list[str] | None]]:
+    modules: list[torch.nn.Module],
+    reads: dict[int, set[str] | None],
+    truths: dict[int, set[str]] | None = None,
+) -> list[list[list[Any] | None]]:
     """``MODULE_READS``: per module argument, per submodule (``named_modules`` order),
     the attribute names the trace read on it, sorted; None where its reads were not
-    seen (``recording_module_reads``)."""
-    out: list[list[list[str] | None]] = []
+    seen (``recording_module_reads``). After them, ``[TRUTH_ONLY, name]`` for each
+    name read only for its truth test (``truths``:
+    ``neutral_reads.settle_training_only_reads``)."""
+    out: list[list[list[Any] | None]] = []
     for m in modules:
-        row: list[list[str] | None] = []
+        row: list[list[Any] | None] = []
         for _, sub in m.named_modules():
             seen = reads.get(id(sub))
-            row.append(None if seen is None else sorted(seen))
+            truth = sorted((truths or {}).get(id(sub), ()))
+            row.append(
+                None
+                if seen is None
+                else [*sorted(seen), *([value_fingerprints.TRUTH_ONLY, n] for n in truth)]
+            )
         out.append(row)
     return out
 
@@ -145,15 +155,17 @@ def _module_records(
     training: bool,
     near: tuple[str, ...],
     classes: dict[Any, None],
-    reads: list[list[list[str] | None]],
+    reads: list[list[list[Any] | None]],
 ) -> list[list[Any]]:
     context = _context(names, training, near, classes)
     return [
         [
             value_fingerprints.module_fingerprint(
-                sub, context, children=False, own=None if own is None else frozenset(own)
+                sub, context, children=False, own=own, truth=truth
             )
-            for (_, sub), own in zip(m.named_modules(), row)
+            for (_, sub), (own, truth) in zip(
+                m.named_modules(), map(value_fingerprints.split_reads, row)
+            )
         ]
         for m, row in zip(modules, reads)
     ]
@@ -344,16 +356,18 @@ def record_dependencies(
     fn: Any = None,
     where: Any = None,
     reads: dict[int, set[str] | None] | None = None,
+    truths: dict[int, set[str]] | None = None,
 ) -> Dependencies:
     """What the trace depended on; ``reads`` (``recording_module_reads``) narrows each
-    submodule's recorded attributes to those the trace read on it."""
+    submodule's recorded attributes to those the trace read on it, ``truths`` names
+    those it read only for their truth test (``module_reads``)."""
     refuse_trace_only_reads(log, where)
     names = read_names(log)
     near = _near_modules(log)
     # The user classes every record reaches, whose class-level values are recorded last.
     classes: dict[Any, None] = {}
     entry = entry_record(fn, names, training, near, where, classes)
-    read_rows = module_reads(modules, reads or {})
+    read_rows = module_reads(modules, reads or {}, truths)
     module_records = _module_records(modules, names, training, near, classes, read_rows)
     global_records = _global_values(log, names, training, classes)
     # In a pass by the trace's read names, as serving's check_globals does it: a

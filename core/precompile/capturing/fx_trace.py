@@ -239,7 +239,7 @@ class _RefuseOpaqueAccess(TorchFunctionMode):
 
 
 def _read_training_flags(
-    module: torch.nn.Module, reads: list[list[str] | None]
+    module: torch.nn.Module, reads: list[list[Any] | None]
 ) -> list[tuple[str, bool | None]]:
     """``MODULE_TRAINING`` of one module argument: each submodule's training flag where
     the trace read it (dropout, batch norm, a user's ``if self.training``) or could not
@@ -503,7 +503,7 @@ def trace_single_graph(
     # inference graph) leave the reads; the others keep why (MODULE_READ_NOTES). A flag
     # read only as ``self.flag and self.training`` on a module in eval decides nothing:
     # its training flag is checked instead (transformers' gradient_checkpointing).
-    neutral_reads.settle_training_only_reads(modules, module_reads, flag_readers)
+    truths = neutral_reads.settle_training_only_reads(modules, module_reads, flag_readers)
     read_notes = neutral_reads.settle_fx_reads(
         gm.graph,
         modules,
@@ -512,7 +512,7 @@ def trace_single_graph(
         inference=not training and not grad_inputs,
     )
     recorded = fx_dependencies.record_dependencies(
-        modules, ran, training, fn, where, reads=module_reads
+        modules, ran, training, fn, where, reads=module_reads, truths=truths
     )
     recorded.read_notes = read_notes
     fx_dependencies.refuse_unnamed_sentinels(recorded, where)

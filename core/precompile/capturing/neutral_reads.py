@@ -40,6 +40,7 @@ import re
 from typing import Any
 
 from precompile._compat import tracing
+from precompile.runtime.value_fingerprints import PURE_TRUTH_TYPES
 
 IN_PLACE = "in_place"
 IN_PLACE_IN_EVAL = "in_place_in_eval"
@@ -480,22 +481,39 @@ def settle_training_only_reads(
     modules: list[Any],
     reads: dict[int, set[str] | None],
     readers: dict[tuple[int, str], set[Any]],
-) -> None:
+) -> dict[int, set[str]]:
     """A make_fx capture's reads of flags that only matter in training: on a submodule
     in eval at capture, a name every reader of which reads it only as ``x.name and
     x.training`` (``read_only_under_training``) leaves ``reads`` and ``training`` joins
-    them, so the artifact accepts any value of the flag and checks the training flag
-    (``MODULE_TRAINING``) per call instead. ``readers``: the code of each read, by
-    (submodule id, name)."""
+    them, so the artifact checks the training flag (``MODULE_TRAINING``) per call
+    instead of the flag's value. ``readers``: the code of each read, by (submodule id,
+    name).
+
+    Eager still runs the flag's truth test before it reads ``training``, so the flag
+    stays checked by the kind of its value: returned by submodule id, the names read
+    only for their truth test (``MODULE_READS`` writes them ``[TRUTH_ONLY, name]``;
+    ``value_fingerprints.truth_kind``): any value of a ``PURE_TRUTH_TYPES`` type is
+    served, another type refused. A flag that held another type at capture keeps its
+    value checked (its truth test ran in the trace, and may have done anything)."""
+    truths: dict[int, set[str]] = {}
     for m in modules:
         for sub in m.modules():
             seen = reads.get(id(sub))
             if not seen or sub.training:
                 continue
+            state = vars(sub)
             for name in sorted(seen - {"training"}):
+                if name in state and type(state[name]) not in PURE_TRUTH_TYPES:
+                    continue
+                if name not in state and any(
+                    name in vars(sub).get(d, ()) for d in ("_parameters", "_buffers", "_modules")
+                ):
+                    continue  # a tensor or a module: its truth test reads its data
                 codes = readers.get((id(sub), name))
                 if codes and all(
                     read_only_under_training_cached(c, name, position_at(c, at)) for c, at in codes
                 ):
                     seen.discard(name)
                     seen.add("training")
+                    truths.setdefault(id(sub), set()).add(name)
+    return truths

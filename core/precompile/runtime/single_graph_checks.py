@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     MODULE_POSITIONS: list[int] = []
     TRAINING: bool = False
     MODULE_STATE: list[list[Any]] = []
-    MODULE_READS: list[list[list[str] | None]] = []
+    MODULE_READS: list[list[list[Any] | None]] = []
     MODULE_READ_NOTES: list[list[Any]] = []
     CLASS_STATE: list[tuple[str, Any]] = []
     READ_NAMES: list[str] = []
@@ -48,7 +48,10 @@ if TYPE_CHECKING:
         depth: int = 0,
         children: bool = True,
         own: Any = None,
+        truth: Any = None,
     ) -> tuple[Any, ...]: ...
+
+    def split_reads(row: Any) -> tuple[frozenset[str] | None, frozenset[str]]: ...
 
     def global_hooks_fingerprint(
         hooks: tuple[dict[Any, Any], ...],
@@ -337,9 +340,10 @@ def check_module_state(mods: list[Any], context: dict[str, Any]) -> None:
     for mi, (m, records, row) in enumerate(zip(mods, MODULE_STATE, reads)):
         for (name, sub), record, own in zip(m.named_modules(), records, row):
             # The attributes the trace read on this submodule (None: unseen, so those
-            # its code names): an attribute it never read changes nothing served.
-            own_names = None if own is None else frozenset(own)
-            live = module_fingerprint(sub, context, children=False, own=own_names)
+            # its code names): an attribute it never read changes nothing served. Those
+            # read only for their truth test, under training, by the kind of value.
+            own_names, truth = split_reads(own)
+            live = module_fingerprint(sub, context, children=False, own=own_names, truth=truth)
             if live == record:
                 continue
             where = f"submodule {name!r}" if name else "the model"
@@ -355,6 +359,17 @@ def check_module_state(mods: list[Any], context: dict[str, Any]) -> None:
             for attr in sorted(old.keys() | new.keys()):
                 if old.get(attr) == new.get(attr):
                     continue
+                if attr in truth:
+                    refuse(
+                        f"precompile: {where} has {attr} set to a {new[attr][1]}: the "
+                        f"traced code reads {attr} only as `{attr} and training`, which "
+                        f"decides nothing in eval, but eager runs {attr}'s truth test "
+                        f"before it reads `training`, and a {new[attr][1]} is not a type "
+                        f"whose truth test is known to be pure (it may store, raise, or be "
+                        f"ambiguous as a many-valued tensor's is). Set {attr} to a bool, "
+                        f"or capture again (re-emit the artifact)",
+                        2,
+                    )
                 fix = "Restore it"
                 if attr not in old:
                     state = f"has an attribute {attr!r} ({describe_value(new[attr])})"

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     GRAD_PARAM_INDICES: list[int] = []
     GRAPH_INPUT_STRIDES: list[tuple[int, ...] | None] = []
     MODULE_POSITIONS: list[int] = []
-    MODULE_READS: list[list[list[str] | None]] = []
+    MODULE_READS: list[list[list[Any] | None]] = []
     MODULE_TRAINING: list[list[tuple[str, bool | None]]] = []
     PARAM_DEVICES: list[str] = []
     PARAM_DTYPES: list[str] = []

@@ -521,19 +521,55 @@ def module_hook_flags(module: Any) -> Any:
     return flags
 
 
+#: Types whose truth test (``bool(x)``) is pure and total, by exact type: it stores
+#: nothing, raises nothing and answers for every value (a container's is its length). A
+#: flag read only as ``x.flag and x.training`` decides nothing in eval *after* its truth
+#: test, which eager runs first: served with any value of these types, checked by type
+#: otherwise (a subclass may define ``__bool__`` or ``__len__``; a many-valued tensor's
+#: or an array's raises; any object's may store). Shared by both tracers.
+PURE_TRUTH_TYPES = frozenset(
+    {type(None), bool, int, float, complex, str, bytes, tuple, list, dict, set, frozenset}
+)
+
+#: How ``MODULE_READS`` writes a name the trace read only for its truth test, under
+#: ``training`` (``neutral_reads.settle_training_only_reads``): ``[TRUTH_ONLY, name]``.
+TRUTH_ONLY = "truth only"
+
+
+def truth_kind(value: Any) -> tuple[str, str]:
+    """What a flag read only for its truth test is checked by: "pure" for a value of a
+    ``PURE_TRUTH_TYPES`` type, else its type's name (a change of it refuses)."""
+    kind = type(value)
+    return ("truth test", "pure" if kind in PURE_TRUTH_TYPES else type_name(kind))
+
+
+def split_reads(row: Any) -> tuple[frozenset[str] | None, frozenset[str]]:
+    """One submodule's ``MODULE_READS`` entry as (the names whose values the trace read,
+    or None where its reads were not seen; the names it read only for their truth
+    test)."""
+    if row is None:
+        return None, frozenset()
+    names = frozenset(n for n in row if isinstance(n, str))
+    truth = frozenset(n[1] for n in row if not isinstance(n, str) and n[0] == TRUTH_ONLY)
+    return names, truth
+
+
 def module_fingerprint(
     module: Any,
     context: dict[str, Any],
     depth: int = 0,
     children: bool = True,
     own: Any = None,
+    truth: Any = None,
 ) -> tuple[Any, ...]:
     """One module's own state as a trace depends on it: its type, the attributes the
     trace read on it (``own``, when the capture saw its reads) or else those whose names
     the trace's code reads (``context``), and its hooks. Its children are
     fingerprinted on their own (``children=False``) when the module is a module
     argument; for a module held any other way (a global, an attribute) they are
-    included, with the names of its parameters and buffers."""
+    included, with the names of its parameters and buffers. ``truth``: names read only
+    for their truth test, each fingerprinted by ``truth_kind`` (absent from the
+    instance, it is read from the class, whose value is checked with the class)."""
     state = vars(module)
     hook_dicts = context["hook_dicts"]
     context["holders"].append(module)
@@ -552,6 +588,11 @@ def module_fingerprint(
         for k, v in state.items()
         if k in names and k not in _MODULE_BOOKKEEPING
     )
+    if truth:
+        attrs += tuple(
+            (k, truth_kind(state[k]) if k in state else ("truth test", "pure"))
+            for k in sorted(truth)
+        )
 
     hooks = hooks_fingerprint(
         module,

@@ -1252,18 +1252,6 @@ def _capture_all(tracer: str, directory: Path) -> dict[str, list[str]]:
 #: library-class ``__getattr__`` patched (protocol dunders compared:
 #: test_library_class_dunders.py).
 KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {
-    # A: the flag is accepted with any value, but its truth test runs in eager (it is
-    # evaluated before ``training`` is): a value whose ``__bool__`` stores, or raises
-    # (a many-valued tensor, an array), is served as if the flag were False.
-    **{(tracer, "A flag whose truth test stores"): ("served", "False") for tracer in TRACERS},
-    **{
-        (tracer, name): ("served where eager fails", "ambiguous")
-        for tracer in TRACERS
-        for name in (
-            "A flag set to a value whose truth test raises",
-            "A flag set to a many-valued tensor",
-        )
-    },
     # C: a function an lru_cache'd maker returned (no path but the call's result) has
     # its code swapped: served stale by both tracers. make_fx also serves a changed
     # maker (the cache cleared) and a WeakValueDictionary entry replaced.
