@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     MODULE_STATE: list[list[Any]] = []
     MODULE_READS: list[list[list[str] | None]] = []
     MODULE_READ_NOTES: list[list[Any]] = []
+    MODULE_TRAINING: list[list[tuple[str, bool | None]]] = []
     CLASS_STATE: list[tuple[str, Any]] = []
     READ_NAMES: list[str] = []
     GLOBAL_READS: list[dict[str, Any]] = []
@@ -329,13 +330,54 @@ def check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
         )
 
 
+#: The dicts of a module whose order is the order ``children()``, ``parameters()``,
+#: ``buffers()``, ``state_dict()``, ``Sequential`` and ``ModuleList`` iterate in: a
+#: trace that read one of them (or whose reads were not seen) may have computed in
+#: that order.
+WALK_ORDER_DICTS = frozenset({"_modules", "_parameters", "_buffers"})
+
+
+def walk_order_readers() -> list[str]:
+    """The submodules (``m{i}:path``) whose child, parameter or buffer dicts the trace
+    read, or whose reads it could not see: where the model's walk order may have
+    decided what the graph computes. Empty when the graph depends on no order: every
+    submodule and tensor is then reached by its name (``self.fc1``), so a model whose
+    ``_modules`` holds the same entries in another order (``del m.fc1; m.fc1 = fc``)
+    computes the same, and is served with its tensors keyed by name."""
+    if not MODULE_READS:
+        return ["every submodule (its reads were not recorded)"]
+    readers: list[str] = []
+    for mi, (rows, flags) in enumerate(zip(MODULE_READS, MODULE_TRAINING)):
+        for row, (path, _) in zip(rows, flags):
+            if row is None or WALK_ORDER_DICTS & set(row):
+                what = "unseen reads" if row is None else sorted(WALK_ORDER_DICTS & set(row))
+                readers.append(
+                    f"{path or 'the model'} of module argument {MODULE_POSITIONS[mi]} ({what})"
+                )
+    return readers
+
+
+def captured_walk(mi: int, module: Any) -> list[tuple[str, Any]]:
+    """``module.named_modules()`` (module argument ``mi``), in the capture's order
+    where the live walk holds the same paths in another order and no order decided
+    what the trace computed (``walk_order_readers``); otherwise as it is, and the
+    checks that zip it with the records refuse what differs."""
+    live = list(module.named_modules())
+    captured = [path for path, _ in MODULE_TRAINING[mi]] if mi < len(MODULE_TRAINING) else []
+    paths = [path for path, _ in live]
+    if paths == captured or sorted(paths) != sorted(captured) or walk_order_readers():
+        return live
+    by_path = dict(live)
+    return [(path, by_path[path]) for path in captured]
+
+
 def check_module_state(mods: list[Any], context: dict[str, Any]) -> None:
     """Raise the precise message for a submodule whose type, read attributes or hooks
     differ from what the trace saw (names, order and count were checked already)."""
     hook_kinds = ("forward pre-hooks", "forward hooks", "backward pre-hooks", "backward hooks")
     reads = MODULE_READS or [[None] * len(records) for records in MODULE_STATE]
     for mi, (m, records, row) in enumerate(zip(mods, MODULE_STATE, reads)):
-        for (name, sub), record, own in zip(m.named_modules(), records, row):
+        for (name, sub), record, own in zip(captured_walk(mi, m), records, row):
             # The attributes the trace read on this submodule (None: unseen, so those
             # its code names): an attribute it never read changes nothing served.
             own_names = None if own is None else frozenset(own)
