@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
     def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any: ...
 
+    def keyed_fingerprint(value: Any, keys: list[Any], context: dict[str, Any]) -> Any: ...
+
     def module_fingerprint(
         module: Any,
         context: dict[str, Any],
@@ -279,8 +281,16 @@ def check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
         # message names a file); the record keeps it relative to the artifact.
         file = scope.get("__file__") if isinstance(scope, dict) else None
         where = file if isinstance(file, str) else record["path"]
+        keyed = record.get("keyed") or {}
         for name, recorded in record["values"]:
-            live = fingerprint(scope[name], context) if name in scope else ("absent",)
+            if name not in scope:
+                live: Any = ("absent",)
+            elif name in keyed:
+                # A dict the traced code read only by these keys: the others and the
+                # order reach nothing the graph computes.
+                live = keyed_fingerprint(scope[name], keyed[name], context)
+            else:
+                live = fingerprint(scope[name], context)
             if live != recorded and recorded == ("absent",):
                 refuse(
                     f"precompile: module {record['module']} ({where}) binds the "
@@ -302,11 +312,15 @@ def check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
             if live != recorded:
                 path, then, now = first_difference(recorded, live, name)
                 shown = "no longer defined" if name not in scope else f"{describe_value(now)}"
+                read = describe_value(then)
+                if name in keyed and name in scope:
+                    # A key of a dict read by key: its presence is what was read.
+                    shown = "no longer a key" if now == ("absent",) else shown
+                    read = "no such key" if then == ("absent",) else read
                 refuse(
                     f"precompile: global {path} of module {record['module']} "
-                    f"({where}) is {shown}, but the traced code read "
-                    f"{describe_value(then)} and the graph baked it. Restore it, or "
-                    f"capture again (re-emit the artifact)",
+                    f"({where}) is {shown}, but the traced code read {read} and the graph "
+                    f"baked it. Restore it, or capture again (re-emit the artifact)",
                     3,
                 )
     # In the caller's pass: the objects the hooks reach (a closure's list, a callable
