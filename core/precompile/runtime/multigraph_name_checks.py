@@ -72,8 +72,9 @@ def build_global_read_check(
     the old function's code watches the new one's."""
     # Global reads: resolved now, compared by identity per call in one generated function.
     # A path that does not resolve to what the capture saw yet (state a library fills
-    # later) is resolved again when a call misses, and adopted once it does; a path
-    # resolved here stays bound to that object.
+    # later) is resolved again when a call misses, and adopted once it does -- by its
+    # value where the capture recorded one (``value``), else by its name; a path
+    # resolved here stays bound to that object, or to another of the same value.
     scopes: list[dict[str, Any]] = []
     scope_index: dict[str, int] = {}
     terms = []
@@ -116,7 +117,11 @@ def build_global_read_check(
             bound = bound_now(read)
             if bound is expected[i]:
                 continue
-            if expected[i] is unresolved and captured_one(read, bound):
+            if (
+                expected[i] is unresolved
+                and captured_one(read, bound)
+                and read.get("value") is None
+            ):
                 expected[i] = bound
                 continue
             if (
@@ -124,7 +129,10 @@ def build_global_read_check(
                 and captured_one(read, bound)
                 and function_value(getattr(bound, "__func__", bound)) == read["value"]
             ):
-                old = getattr(expected[i], "__func__", expected[i])
+                # Unresolved at load (filled later) or another object than at load:
+                # the same value either way, watched from now on like the one read.
+                was = expected[i]
+                old = None if was is unresolved else getattr(was, "__func__", was)
                 expected[i] = bound
                 for adopt in adopters or ():
                     adopt(old, getattr(bound, "__func__", bound))
@@ -267,7 +275,7 @@ def build_code_check() -> Callable[[], None] | None:
     # defaults, keyword defaults and cells by value (each read has a source, and is
     # guarded there), but a function only by identity, which ``f.__code__ = ...`` keeps.
     functions = [fn for fn, _row in found.values()]
-    rows = tuple(row for _fn, row in found.values())
+    rows = [row for _fn, row in found.values()]
 
     def recheck() -> None:
         for fn, row in zip(functions, rows):
@@ -284,14 +292,16 @@ def build_code_check() -> Callable[[], None] | None:
 
     # One generated function compares every ``f.__code__`` with the code last verified
     # (bound as its defaults: no map, no tuple built per call); a miss rechecks.
-    count = len(functions)
-    source = "def __code_ok(__R, {}):\n    if not ({}):\n        __R()\n".format(
-        ", ".join(f"__F{i}, __C{i}" for i in range(count)),
-        " and ".join(f"__F{i}.__code__ is __C{i}" for i in range(count)),
-    )
-    namespace: dict[str, Any] = {}
-    exec(compile(source, "<precompile traced code>", "exec"), namespace)
-    code_ok = namespace["__code_ok"]
+    def generated(count: int) -> Any:
+        source = "def __code_ok(__R, {}):\n    if not ({}):\n        __R()\n".format(
+            ", ".join(f"__F{i}, __C{i}" for i in range(count)),
+            " and ".join(f"__F{i}.__code__ is __C{i}" for i in range(count)),
+        )
+        namespace: dict[str, Any] = {}
+        exec(compile(source, "<precompile traced code>", "exec"), namespace)
+        return namespace["__code_ok"]
+
+    code_ok = generated(len(functions))
 
     def bind() -> None:
         bound: list[Any] = [recheck]
@@ -302,7 +312,22 @@ def build_code_check() -> Callable[[], None] | None:
     def adopt(old: Any, new: Any) -> None:
         # Another function with the same value stands where ``old`` was read
         # (``build_global_read_check``): watch its code, and its cells' functions',
-        # in place of the old ones'.
+        # in place of the old ones'. ``old`` None: nothing stood there at load (a
+        # registry filled later): watch it from now on, as if found at load.
+        if old is None:
+            digest = code_fingerprint(new.__code__)
+            row = next(
+                (r for r in TRACED_FUNCS if r.get("nameless") and r["code"] == digest),
+                {"module": new.__module__, "qualname": new.__qualname__, "code": digest},
+            )
+            add(new, {**row, "module": new.__module__, "qualname": new.__qualname__})
+            functions[:] = [fn for fn, _row in found.values()]
+            rows[:] = [row for _fn, row in found.values()]
+            # Same arity of globals (none): the generated comparison of one more
+            # function replaces the code of the one every caller holds.
+            code_ok.__code__ = generated(len(functions)).__code__
+            bind()
+            return
         pairs = [(old, new)]
         while pairs:
             was, now = pairs.pop()
