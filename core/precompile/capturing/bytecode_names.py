@@ -16,6 +16,7 @@ import dis
 import sys
 import types
 from collections.abc import Iterable
+from typing import Any
 
 _LOAD_GLOBAL = dis.opmap["LOAD_GLOBAL"]
 _STORE_GLOBAL = dis.opmap["STORE_GLOBAL"]
@@ -67,3 +68,53 @@ def builtin_loads(code: types.CodeType) -> tuple[str, ...]:
             found = tuple(n for n in global_loads(code) if n in table and not n.startswith("__"))
         _builtin_loads_cache[code] = found
     return found
+
+
+#: The keys a keyed read may name: those an artifact's metadata holds as literals.
+_KEY_KINDS = (str, int)
+
+
+def keyed_uses(code: types.CodeType, name: str) -> frozenset[Any] | None:
+    """The constant keys by which ``code`` reads the global ``name``, where every load
+    of it is one of ``name[k]``, ``k in name`` / ``k not in name`` and
+    ``name.get(k)`` / ``name.get(k, constant)``, each with a ``str`` or ``int``
+    constant ``k``: what such code computes depends on those keys' presence and
+    values, and on nothing else of the dict (its other keys, its order). None where
+    it uses the name any other way -- iterates it, takes its ``len``, passes it on,
+    binds it to a local, stores into it, looks up a key that is not a constant -- and
+    so may depend on the whole dict.
+
+    Decoded with ``dis`` (cache entries skipped): only the few project codes that load
+    a global dict are asked."""
+    instructions = list(dis.get_instructions(code))
+    keys: set[Any] = set()
+    for j, ins in enumerate(instructions):
+        if ins.opname != "LOAD_GLOBAL" or ins.argval != name:
+            continue
+        after = [i.opname for i in instructions[j + 1 : j + 6]]
+        values = [i.argval for i in instructions[j + 1 : j + 6]]
+        before = instructions[j - 1] if j else None
+        if after[:2] == ["LOAD_CONST", "BINARY_SUBSCR"]:
+            key = values[0]
+        elif after[:1] == ["CONTAINS_OP"] and before is not None and before.opname == "LOAD_CONST":
+            key = before.argval
+        elif after[:1] in (["LOAD_METHOD"], ["LOAD_ATTR"]) and values[0] == "get":
+            # name.get(k) or name.get(k, constant): the constants, a PRECALL (3.11),
+            # then the call of exactly those arguments.
+            rest = instructions[j + 2 : j + 7]
+            loaded = []
+            while rest and rest[0].opname == "LOAD_CONST":
+                loaded.append(rest.pop(0).argval)
+            if rest and rest[0].opname == "PRECALL":
+                rest.pop(0)
+            if not (1 <= len(loaded) <= 2 and rest and rest[0].opname == "CALL"):
+                return None
+            if rest[0].argval != len(loaded):
+                return None
+            key = loaded[0]
+        else:
+            return None
+        if type(key) not in _KEY_KINDS:
+            return None
+        keys.add(key)
+    return frozenset(keys)

@@ -46,6 +46,7 @@ from precompile.runtime.multigraph_dependencies import (
     class_attrs,
     protocol_bindings,
 )
+from precompile.runtime.value_fingerprints import function_value
 
 #: The protocol dunders a library class's row compares (``class_rows``): those Python
 #: calls to read, call or test an instance. ``__setattr__``/``__delattr__`` run only on
@@ -219,16 +220,19 @@ class NameRecorder:
         return list(rows.values())
 
     def rows(self) -> list[dict[str, Any]]:
-        """``GLOBAL_READS``, as artifact literals."""
-        return [
-            {"scope": scope, "path": path, "module": m, "qualname": q, "location": where}
-            | (
-                dict(zip(("shown", "reader"), self.read_shown[scope, path]))
-                if (scope, path) in self.read_shown
-                else {}
-            )
-            for (scope, path), (m, q, where) in sorted(self.reads.items())
-        ]
+        """``GLOBAL_READS``, as artifact literals. A function read whose code, defaults
+        and closure values are plain values carries them (``value``: another function
+        with the same value found there later computes the same, and is served)."""
+        rows = []
+        for (scope, path), (m, q, where) in sorted(self.reads.items()):
+            row = {"scope": scope, "path": path, "module": m, "qualname": q, "location": where}
+            if (scope, path) in self.read_shown:
+                row |= dict(zip(("shown", "reader"), self.read_shown[scope, path]))
+            value = function_value(self.read_functions.get((scope, path)))
+            if value is not None:
+                row["value"] = value
+            rows.append(row)
+        return rows
 
 
 def builtin_reads(codes: list[types.CodeType]) -> list[dict[str, Any]]:

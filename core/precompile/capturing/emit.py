@@ -296,6 +296,7 @@ def single_graph_metadata(
                 "path": artifact_relative(read.file, artifact_path),
                 "values": list(read.values.items()),
             }
+            | ({"keyed": read.keyed} if read.keyed else {})
             for read in deps.globals
         ],
         "GLOBAL_HOOKS": deps.global_hooks,

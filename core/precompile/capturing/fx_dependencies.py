@@ -30,7 +30,7 @@ import torch
 
 from precompile._compat.prelude import global_module_hooks
 from precompile.capturing import fx_process_state, library_surface
-from precompile.capturing.bytecode_names import builtin_loads, global_loads
+from precompile.capturing.bytecode_names import builtin_loads, global_loads, keyed_uses
 from precompile.capturing.fx_watch import CallLog, read_names
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file
@@ -72,6 +72,10 @@ class GlobalRead:
     module: str
     file: str | None
     values: dict[str, Any]
+    #: The global dicts the traced code read only by constant keys, with those keys
+    #: (sorted): their ``values`` are fingerprints of those keys alone
+    #: (``value_fingerprints.keyed_fingerprint``).
+    keyed: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -199,11 +203,15 @@ def _global_values(
     by_module: dict[str, GlobalRead] = {}
     context = _context(names, training, _near_modules(log), classes)
     pending: list[types.ModuleType] = []
+    # Per (module, global name): the traced codes that load it; and each module's scope.
+    loads: dict[tuple[str, str], list[types.CodeType]] = {}
+    read_scopes: dict[str, dict[str, Any]] = {}
     for code in log.project_codes():
         scope = log.scopes.get(code)
         if scope is None:
             continue
         module = str(scope.get("__name__"))
+        read_scopes[module] = scope
         read = by_module.setdefault(module, GlobalRead(module, scope.get("__file__"), {}))
         held = scope.get("__builtins__", builtins)
         table = held if isinstance(held, dict) else vars(held)
@@ -220,7 +228,25 @@ def _global_values(
             if isinstance(scope[name], types.ModuleType):
                 pending.append(scope[name])
             else:
-                read.values[name] = value_fingerprints.fingerprint(scope[name], context)
+                read.values[name] = None  # fingerprinted below, once every load is seen
+                loads.setdefault((module, name), []).append(code)
+    for (module, name), codes in loads.items():
+        read = by_module[module]
+        value = read_scopes[module][name]
+        # A plain dict every traced load of which reads constant keys (``CFG["a"]``,
+        # ``"b" in CFG``): the graph depends on those keys alone, so a key added that
+        # no traced code looks up changes nothing served (Dynamo guards the same).
+        keys: set[Any] | None = set() if type(value) is dict else None
+        for code in codes:
+            used = keyed_uses(code, name) if keys is not None else None
+            keys = None if used is None or keys is None else keys | used
+        if keys is None:
+            read.values[name] = value_fingerprints.fingerprint(value, context)
+        else:
+            read.keyed[name] = sorted(keys, key=repr)
+            read.values[name] = value_fingerprints.keyed_fingerprint(
+                value, read.keyed[name], context
+            )
     table = vars(builtins)
     library = [n for n in _library_builtin_loads(log) if n in table]
     if library:

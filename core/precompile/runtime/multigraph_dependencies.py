@@ -63,13 +63,15 @@ if TYPE_CHECKING:
     # precompile.runtime.multigraph_argument_checks and multigraph_name_checks.
     def build_argument_check(signature: Any) -> Any: ...
 
-    def build_global_read_check() -> Callable[[], None] | None: ...
+    def build_global_read_check(
+        adopters: list[Callable[[Any, Any], None]] | None = None,
+    ) -> Callable[[], None] | None: ...
 
     def build_class_check() -> Any: ...
 
     def build_builtin_check() -> Any: ...
 
-    def build_code_check() -> Callable[[], None] | None: ...
+    def build_code_check() -> Any: ...
 
     # precompile.runtime.version_watch, emitted before this module.
     def watch_dicts(
@@ -226,11 +228,16 @@ def build_dependency_check(before: Callable[[], None] | None = None) -> Any:
     entry_fn = operator.attrgetter(FN_NAME)(import_user_module(FN_MODULE))
     signature = inspect.signature(entry_fn)
     module_hooks_ok = _build_module_hook_check(signature)
-    reads_ok = build_global_read_check()
+    # A function the read check adopts in place of the one read at load (the same
+    # value, another object) has its code watched by the code check from then on.
+    adopters: list[Callable[[Any, Any], None]] = []
+    reads_ok = build_global_read_check(adopters)
     arguments_ok = build_argument_check(signature)
     classes_ok = build_class_check()
     builtins_ok = build_builtin_check()
     code_ok = build_code_check()
+    if code_ok is not None:
+        adopters.append(code_ok.adopt)
 
     # The checks that watch dicts by version tag (the library surface, the classes, the
     # builtins, torch's global hooks) are compared as one (``watch_together``): an

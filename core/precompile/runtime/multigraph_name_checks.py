@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     # precompile.runtime.state_checks, emitted before this module.
     def code_fingerprint(code: Any) -> str: ...
 
+    # precompile.runtime.value_fingerprints, emitted before this module.
+    def function_value(fn: Any, depth: int = 0) -> str | None: ...
+
     # precompile.runtime.refusal and the multi-graph driver's helpers, emitted with it.
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
@@ -53,15 +56,25 @@ if TYPE_CHECKING:
     ) -> Callable[[], None]: ...
 
 
-def build_global_read_check() -> Callable[[], None] | None:
+def build_global_read_check(
+    adopters: list[Callable[[Any, Any], None]] | None = None,
+) -> Callable[[], None] | None:
     """``global_reads_ok()``: refuse when a module-level function or class the frames
     read (``GLOBAL_READS``) is bound to another than the capture traced. A load
     resolves each access path; every call compares the bindings by identity in one
-    generated function, and only a miss names the change. None without global reads."""
+    generated function, and only a miss names the change. None without global reads.
+
+    A miss on a function whose code, defaults and closure values the capture recorded
+    as plain values (``value``: ``function_value``) finds another function there with
+    the same value -- the same maker called again with the same arguments, a registry
+    filled again -- computes what the trace did: it is adopted (compared by identity
+    from then on), and each of ``adopters`` is told ``(old, new)`` so that what watches
+    the old function's code watches the new one's."""
     # Global reads: resolved now, compared by identity per call in one generated function.
     # A path that does not resolve to what the capture saw yet (state a library fills
-    # later) is resolved again when a call misses, and adopted once it does; a path
-    # resolved here stays bound to that object.
+    # later) is resolved again when a call misses, and adopted once it does -- by its
+    # value where the capture recorded one (``value``), else by its name; a path
+    # resolved here stays bound to that object, or to another of the same value.
     scopes: list[dict[str, Any]] = []
     scope_index: dict[str, int] = {}
     terms = []
@@ -104,8 +117,25 @@ def build_global_read_check() -> Callable[[], None] | None:
             bound = bound_now(read)
             if bound is expected[i]:
                 continue
-            if expected[i] is unresolved and captured_one(read, bound):
+            if (
+                expected[i] is unresolved
+                and captured_one(read, bound)
+                and read.get("value") is None
+            ):
                 expected[i] = bound
+                continue
+            if (
+                read.get("value") is not None
+                and captured_one(read, bound)
+                and function_value(getattr(bound, "__func__", bound)) == read["value"]
+            ):
+                # Unresolved at load (filled later) or another object than at load:
+                # the same value either way, watched from now on like the one read.
+                was = expected[i]
+                old = None if was is unresolved else getattr(was, "__func__", was)
+                expected[i] = bound
+                for adopt in adopters or ():
+                    adopt(old, getattr(bound, "__func__", bound))
                 continue
             captured = f"{read['module']}.{read['qualname']}"
             if read.get("location"):
@@ -118,6 +148,15 @@ def build_global_read_check() -> Callable[[], None] | None:
                 now = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(bound).__qualname__)}"
                 if code is not None:
                     now += f" ({code.co_filename}:{code.co_firstlineno})"
+                if captured_one(read, bound):
+                    # The same name: another function, made by the same code.
+                    now += (
+                        ", another function of that name whose code, defaults or closure "
+                        "values differ from the traced one's"
+                        if read.get("value") is not None
+                        else ", another function of that name (what it holds is told "
+                        "apart by identity only)"
+                    )
             refuse(
                 f"precompile: `{read.get('shown') or user_path(read['path'])}` (read by module "
                 f"{read.get('reader') or read['scope']}) is "
@@ -235,8 +274,8 @@ def build_code_check() -> Callable[[], None] | None:
     # Only the code: Dynamo's own guards compare what an inlined call read of its
     # defaults, keyword defaults and cells by value (each read has a source, and is
     # guarded there), but a function only by identity, which ``f.__code__ = ...`` keeps.
-    functions = tuple(fn for fn, _row in found.values())
-    rows = tuple(row for _fn, row in found.values())
+    functions = [fn for fn, _row in found.values()]
+    rows = [row for _fn, row in found.values()]
 
     def recheck() -> None:
         for fn, row in zip(functions, rows):
@@ -253,14 +292,16 @@ def build_code_check() -> Callable[[], None] | None:
 
     # One generated function compares every ``f.__code__`` with the code last verified
     # (bound as its defaults: no map, no tuple built per call); a miss rechecks.
-    count = len(functions)
-    source = "def __code_ok(__R, {}):\n    if not ({}):\n        __R()\n".format(
-        ", ".join(f"__F{i}, __C{i}" for i in range(count)),
-        " and ".join(f"__F{i}.__code__ is __C{i}" for i in range(count)),
-    )
-    namespace: dict[str, Any] = {}
-    exec(compile(source, "<precompile traced code>", "exec"), namespace)
-    code_ok = namespace["__code_ok"]
+    def generated(count: int) -> Any:
+        source = "def __code_ok(__R, {}):\n    if not ({}):\n        __R()\n".format(
+            ", ".join(f"__F{i}, __C{i}" for i in range(count)),
+            " and ".join(f"__F{i}.__code__ is __C{i}" for i in range(count)),
+        )
+        namespace: dict[str, Any] = {}
+        exec(compile(source, "<precompile traced code>", "exec"), namespace)
+        return namespace["__code_ok"]
+
+    code_ok = generated(len(functions))
 
     def bind() -> None:
         bound: list[Any] = [recheck]
@@ -268,7 +309,40 @@ def build_code_check() -> Callable[[], None] | None:
             bound += [fn, fn.__code__]
         code_ok.__defaults__ = tuple(bound)
 
+    def adopt(old: Any, new: Any) -> None:
+        # Another function with the same value stands where ``old`` was read
+        # (``build_global_read_check``): watch its code, and its cells' functions',
+        # in place of the old ones'. ``old`` None: nothing stood there at load (a
+        # registry filled later): watch it from now on, as if found at load.
+        if old is None:
+            digest = code_fingerprint(new.__code__)
+            row = next(
+                (r for r in TRACED_FUNCS if r.get("nameless") and r["code"] == digest),
+                {"module": new.__module__, "qualname": new.__qualname__, "code": digest},
+            )
+            add(new, {**row, "module": new.__module__, "qualname": new.__qualname__})
+            functions[:] = [fn for fn, _row in found.values()]
+            rows[:] = [row for _fn, row in found.values()]
+            # Same arity of globals (none): the generated comparison of one more
+            # function replaces the code of the one every caller holds.
+            code_ok.__code__ = generated(len(functions)).__code__
+            bind()
+            return
+        pairs = [(old, new)]
+        while pairs:
+            was, now = pairs.pop()
+            functions[:] = [now if fn is was else fn for fn in functions]
+            for then_cell, now_cell in zip(was.__closure__ or (), now.__closure__ or ()):
+                try:
+                    held, holds = then_cell.cell_contents, now_cell.cell_contents
+                except ValueError:
+                    continue
+                if held is not holds and hasattr(held, "__code__") and hasattr(holds, "__code__"):
+                    pairs.append((held, holds))
+        bind()
+
     bind()
+    code_ok.adopt = adopt  # read by multigraph_dependencies.build_dependency_check
     return code_ok
 
 

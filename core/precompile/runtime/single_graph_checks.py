@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     MODULE_STATE: list[list[Any]] = []
     MODULE_READS: list[list[list[Any] | None]] = []
     MODULE_READ_NOTES: list[list[Any]] = []
+    MODULE_TRAINING: list[list[tuple[str, bool | None]]] = []
     CLASS_STATE: list[tuple[str, Any]] = []
     READ_NAMES: list[str] = []
     GLOBAL_READS: list[dict[str, Any]] = []
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
     def new_context(names: Any, training: bool = True) -> dict[str, Any]: ...
 
     def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any: ...
+
+    def keyed_fingerprint(value: Any, keys: list[Any], context: dict[str, Any]) -> Any: ...
 
     def module_fingerprint(
         module: Any,
@@ -281,8 +284,16 @@ def check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
         # message names a file); the record keeps it relative to the artifact.
         file = scope.get("__file__") if isinstance(scope, dict) else None
         where = file if isinstance(file, str) else record["path"]
+        keyed = record.get("keyed") or {}
         for name, recorded in record["values"]:
-            live = fingerprint(scope[name], context) if name in scope else ("absent",)
+            if name not in scope:
+                live: Any = ("absent",)
+            elif name in keyed:
+                # A dict the traced code read only by these keys: the others and the
+                # order reach nothing the graph computes.
+                live = keyed_fingerprint(scope[name], keyed[name], context)
+            else:
+                live = fingerprint(scope[name], context)
             if live != recorded and recorded == ("absent",):
                 refuse(
                     f"precompile: module {record['module']} ({where}) binds the "
@@ -304,11 +315,15 @@ def check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
             if live != recorded:
                 path, then, now = first_difference(recorded, live, name)
                 shown = "no longer defined" if name not in scope else f"{describe_value(now)}"
+                read = describe_value(then)
+                if name in keyed and name in scope:
+                    # A key of a dict read by key: its presence is what was read.
+                    shown = "no longer a key" if now == ("absent",) else shown
+                    read = "no such key" if then == ("absent",) else read
                 refuse(
                     f"precompile: global {path} of module {record['module']} "
-                    f"({where}) is {shown}, but the traced code read "
-                    f"{describe_value(then)} and the graph baked it. Restore it, or "
-                    f"capture again (re-emit the artifact)",
+                    f"({where}) is {shown}, but the traced code read {read} and the graph "
+                    f"baked it. Restore it, or capture again (re-emit the artifact)",
                     3,
                 )
     # In the caller's pass: the objects the hooks reach (a closure's list, a callable
@@ -332,13 +347,54 @@ def check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
         )
 
 
+#: The dicts of a module whose order is the order ``children()``, ``parameters()``,
+#: ``buffers()``, ``state_dict()``, ``Sequential`` and ``ModuleList`` iterate in: a
+#: trace that read one of them (or whose reads were not seen) may have computed in
+#: that order.
+WALK_ORDER_DICTS = frozenset({"_modules", "_parameters", "_buffers"})
+
+
+def walk_order_readers() -> list[str]:
+    """The submodules (``m{i}:path``) whose child, parameter or buffer dicts the trace
+    read, or whose reads it could not see: where the model's walk order may have
+    decided what the graph computes. Empty when the graph depends on no order: every
+    submodule and tensor is then reached by its name (``self.fc1``), so a model whose
+    ``_modules`` holds the same entries in another order (``del m.fc1; m.fc1 = fc``)
+    computes the same, and is served with its tensors keyed by name."""
+    if not MODULE_READS:
+        return ["every submodule (its reads were not recorded)"]
+    readers: list[str] = []
+    for mi, (rows, flags) in enumerate(zip(MODULE_READS, MODULE_TRAINING)):
+        for row, (path, _) in zip(rows, flags):
+            if row is None or WALK_ORDER_DICTS & set(row):
+                what = "unseen reads" if row is None else sorted(WALK_ORDER_DICTS & set(row))
+                readers.append(
+                    f"{path or 'the model'} of module argument {MODULE_POSITIONS[mi]} ({what})"
+                )
+    return readers
+
+
+def captured_walk(mi: int, module: Any) -> list[tuple[str, Any]]:
+    """``module.named_modules()`` (module argument ``mi``), in the capture's order
+    where the live walk holds the same paths in another order and no order decided
+    what the trace computed (``walk_order_readers``); otherwise as it is, and the
+    checks that zip it with the records refuse what differs."""
+    live = list(module.named_modules())
+    captured = [path for path, _ in MODULE_TRAINING[mi]] if mi < len(MODULE_TRAINING) else []
+    paths = [path for path, _ in live]
+    if paths == captured or sorted(paths) != sorted(captured) or walk_order_readers():
+        return live
+    by_path = dict(live)
+    return [(path, by_path[path]) for path in captured]
+
+
 def check_module_state(mods: list[Any], context: dict[str, Any]) -> None:
     """Raise the precise message for a submodule whose type, read attributes or hooks
     differ from what the trace saw (names, order and count were checked already)."""
     hook_kinds = ("forward pre-hooks", "forward hooks", "backward pre-hooks", "backward hooks")
     reads = MODULE_READS or [[None] * len(records) for records in MODULE_STATE]
     for mi, (m, records, row) in enumerate(zip(mods, MODULE_STATE, reads)):
-        for (name, sub), record, own in zip(m.named_modules(), records, row):
+        for (name, sub), record, own in zip(captured_walk(mi, m), records, row):
             # The attributes the trace read on this submodule (None: unseen, so those
             # its code names): an attribute it never read changes nothing served. Those
             # read only for their truth test, under training, by the kind of value.

@@ -61,6 +61,10 @@ if TYPE_CHECKING:
 
     def check_class_state(subs: list[Any], context: dict[str, Any]) -> None: ...
 
+    def walk_order_readers() -> list[str]: ...
+
+    def captured_walk(mi: int, module: Any) -> list[tuple[str, Any]]: ...
+
     # precompile.runtime.single_graph_inputs and single_graph, emitted with this module.
     def check_strides(
         labels: list[str],
@@ -97,20 +101,27 @@ def lift_live_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[
     return tensors, names, subs
 
 
-def _without_unread_buffers(
+def _by_captured_names(
     mods: list[Any], tensors: list[Any], names: list[str], expected: list[str]
 ) -> tuple[list[Any], list[str]] | None:
-    """The captured parameters and buffers, in the captured order, when every other one
-    the runtime model has is a buffer added after capture that the trace could not have
-    read: its module's reads were seen (``MODULE_READS``), and they include neither its
-    name nor the module's ``_buffers`` (what ``buffers()``, ``named_buffers()`` and
-    ``state_dict()`` enumerate). None when that is not so (the caller refuses)."""
+    """The captured parameters and buffers, in the captured order, keyed by name, when
+    the runtime model differs from the traced one only where the graph cannot see it:
+
+    - the same names in another order (``del m.fc1; m.fc1 = fc`` moves ``fc1`` last in
+      ``_modules``), where no order decided what the trace computed
+      (``walk_order_readers``: every tensor reached by name, none by iteration);
+    - buffers added after capture that the trace could not have read: their module's
+      reads were seen (``MODULE_READS``), and include neither the name nor the
+      module's ``_buffers`` (what ``buffers()``, ``named_buffers()`` and
+      ``state_dict()`` enumerate).
+
+    None when that is not so (the caller refuses)."""
     if not MODULE_READS:
         return None
     by_name = dict(zip(names, tensors))
-    if not set(expected) <= by_name.keys() or [n for n in names if n in set(expected)] != (
-        expected
-    ):
+    if not set(expected) <= by_name.keys():
+        return None
+    if [n for n in names if n in set(expected)] != expected and walk_order_readers():
         return None
     multi = len(mods) > 1
     for name in names:
@@ -118,7 +129,7 @@ def _without_unread_buffers(
             continue
         mi, path = (int(name.split(".", 1)[0][1:]), name.split(".", 1)[1]) if multi else (0, name)
         owner, _, leaf = path.rpartition(".")
-        paths = [n for n, _ in mods[mi].named_modules()]
+        paths = [n for n, _ in captured_walk(mi, mods[mi])]
         if owner not in paths or len(paths) != len(MODULE_READS[mi]):
             return None
         own = MODULE_READS[mi][paths.index(owner)]
@@ -135,16 +146,17 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
     tensors, names, subs = lift_live_module_state(mods)
     expected = list(PARAM_NAMES) + list(BUFFER_NAMES)
     if names != expected:
-        unread = _without_unread_buffers(mods, tensors, names, expected)
-        if unread is not None:
-            tensors, names = unread
+        keyed = _by_captured_names(mods, tensors, names, expected)
+        if keyed is not None:
+            tensors, names = keyed
     if names != expected:
         missing = [n for n in expected if n not in names]
         extra = [n for n in names if n not in expected]
         detail = (
             f"missing {missing}, unexpected {extra}"
             if missing or extra
-            else f"same names in another order: {names}"
+            else f"same names in another order: {names}; the traced code read "
+            f"{', '.join(walk_order_readers())}, so the graph may follow the captured order"
         )
         refuse(
             f"precompile: the runtime model's parameters/buffers differ from the traced "
@@ -190,7 +202,7 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
                 2,
             )
     for mi, (m, flags) in enumerate(zip(mods, MODULE_TRAINING)):
-        actual = [(n, bool(sub.training), sub) for n, sub in m.named_modules()]
+        actual = [(n, bool(sub.training), sub) for n, sub in captured_walk(mi, m)]
         for (name, flag), (aname, aflag, asub) in zip(flags, actual):
             if name != aname:
                 refuse(

@@ -140,6 +140,76 @@ def literal_fingerprint(value: Any) -> tuple[str, Any]:
     return ("not a literal", type_name(kind))
 
 
+def keyed_fingerprint(value: Any, keys: list[Any], context: dict[str, Any]) -> Any:
+    """A global dict the traced code read only by the constant ``keys`` (``CFG["a"]``,
+    ``"b" in CFG``, ``CFG.get("c")``; ``bytecode_names.keyed_uses`` at capture): a dict
+    fingerprint of those keys alone, ``("absent",)`` for each it lacks. A key added
+    that no traced code looks up, or another order, leaves it equal; one of ``keys``
+    added, removed or given another value changes it. Watched by version like any
+    dict (a store into it makes the driver compute this again). Any other value there
+    now (the dict replaced by another type) is fingerprinted whole, which never equals
+    this."""
+    if type(value) is not dict:
+        return fingerprint(value, context)
+    context["dicts"].append(value)
+    return (
+        type_name(dict),
+        tuple(
+            (literal_fingerprint(k), fingerprint(value[k], context) if k in value else ("absent",))
+            for k in keys
+        ),
+    )
+
+
+def function_value(fn: Any, depth: int = 0) -> str | None:
+    """What a plain function computes with, as text equal for two functions exactly
+    when calling either computes the same: its module, qualified name, code digest,
+    defaults, keyword defaults and closure cells' contents. None where one of those is
+    not a plain value (a literal, a tuple of them, or such a function) or the function
+    runs in other globals than its module's: an object is told apart by identity
+    only, so no other function stands for one that holds it.
+
+    Two functions one maker made with the same values (``make_act(2.0)`` called again,
+    a registry filled again at import or after a reload) are the same value: a check
+    of a function reached by an access path compares this where it would compare
+    identity (``multigraph_name_checks``)."""
+    import sys
+    import types
+
+    def value(v: Any, level: int) -> Any:
+        if type(v) in _LITERAL_KINDS:
+            return literal_fingerprint(v)
+        if type(v) is tuple:
+            items = [value(item, level + 1) for item in v]
+            return None if None in items else ("tuple", tuple(items))
+        if type(v) is dict and all(type(k) is str for k in v):
+            pairs = [(k, value(item, level + 1)) for k, item in sorted(v.items())]
+            return None if any(p[1] is None for p in pairs) else ("dict", tuple(pairs))
+        if isinstance(v, types.FunctionType):
+            return described(v, level + 1)
+        return None
+
+    def described(f: types.FunctionType, level: int) -> Any:
+        module = sys.modules.get(f.__module__ or "")
+        if level > 8 or module is None or f.__globals__ is not getattr(module, "__dict__", None):
+            return None
+        cells = []
+        for cell in f.__closure__ or ():
+            try:
+                cells.append(value(cell.cell_contents, level))
+            except ValueError:
+                cells.append(("empty cell",))
+        parts = [value(f.__defaults__, level), value(f.__kwdefaults__, level), *cells]
+        if None in parts:
+            return None
+        return ("function", f.__module__, f.__qualname__, code_fingerprint(f.__code__), *parts)
+
+    if not isinstance(fn, types.FunctionType):
+        return None
+    found = described(fn, depth)
+    return None if found is None else repr(found)
+
+
 def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any:
     """A literal that changes whenever ``value`` would make the traced code behave
     differently, as far as a Python value can: literals by type and exact value

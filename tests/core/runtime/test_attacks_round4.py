@@ -1262,20 +1262,11 @@ KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {
     ("make_fx", "C WeakValueDictionary function replaced"): ("served", "False"),
 }
 
-#: Needless refusals of no-ops found by this round: the words the refusal names.
-KNOWN_NEEDLESS: dict[tuple[str, str], str] = {
-    # Dynamo: a registry filled (again) after load by the same maker, same code and
-    # closure values: refused on the first call, "bound to ... act; the capture traced
-    # ... act" (the same name both sides).
-    ("dynamo", "C registry filled after load by the same maker (no-op)"): "REGISTRY['act']",
-    # make_fx: a submodule deleted and set again changes parameters()'s order only; the
-    # forward reads each by name.
-    ("make_fx", "D del fc1, the same Linear set again (no-op)"): "same names in another order",
-    # make_fx: a key the trace never read added to a global dict it tested another key's
-    # presence in: the whole dict compared ("is {'a': 1, 'zz': 0}, but the traced code
-    # read {'a': 1}"); Dynamo serves it.
-    ("make_fx", "D global dict key never read added (no-op)"): "'zz': 0",
-}
+#: Needless refusals of no-ops found by this round: the words the refusal names. The
+#: three found (Dynamo's registry filled again by the same maker, make_fx's ``del fc1``
+#: with the same Linear set again, make_fx's global dict key never read added) are
+#: served since, each beside its near-miss in test_needless_round4.py.
+KNOWN_NEEDLESS: dict[tuple[str, str], str] = {}
 
 _OUTCOMES: dict[str, Any] = {}
 
