@@ -140,6 +140,7 @@ def _recorded_graph(run: Any, model: nn.Module, x: torch.Tensor) -> Callable[[],
         replays = [(fn, args, grad, False) for fn, args, grad in calls]
     else:  # make_fx: the graph's boxed call(flat_inputs)
         graph_call = namespace["call"]
+        inductor_call = _inductor_own_call(run)
 
         def record_boxed(flat: list[Any]) -> Any:
             calls.append((graph_call, tuple(flat), torch.is_grad_enabled()))
@@ -150,7 +151,7 @@ def _recorded_graph(run: Any, model: nn.Module, x: torch.Tensor) -> Callable[[],
             run(model, x)
         finally:
             namespace["call"] = graph_call
-        replays = [(fn, args, grad, True) for fn, args, grad in calls]
+        replays = [(inductor_call or fn, args, grad, True) for fn, args, grad in calls]
     set_grad = torch._C._set_grad_enabled
 
     def replay() -> Any:
@@ -165,6 +166,25 @@ def _recorded_graph(run: Any, model: nn.Module, x: torch.Tensor) -> Callable[[],
         return out
 
     return replay
+
+
+def _inductor_own_call(run: Any) -> Callable[[list[Any]], Any] | None:
+    """Inductor's own ``call`` of a make_fx artifact whose graph code has the size/stride
+    asserts the driver proves per call turned into comments
+    (``inductor_backend.drop_proven_size_asserts``): the same code with them restored,
+    what Inductor's output module runs (the raw Inductor call the issue's target is
+    measured against). None for any other artifact."""
+    namespace = run._namespace
+    if not namespace.get("_PROVEN_SIZE_ASSERTS"):
+        return None
+    from precompile.capturing.inductor_backend import PROVEN_ASSERT
+
+    text = Path(run.artifact_path).read_text()
+    start, end = text.index("\nclass Runner:"), text.index("\nrunner = Runner(")
+    source = text[start:end].replace(PROVEN_ASSERT, "")
+    scope = dict(namespace)
+    exec(compile(source, "<inductor's own call>", "exec"), scope)
+    return scope["Runner"](partitions=[]).call  # type: ignore[no-any-return]
 
 
 def _capture(
