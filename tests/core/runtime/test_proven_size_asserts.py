@@ -12,6 +12,7 @@ in a layout they do not index by."""
 from __future__ import annotations
 
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -189,3 +190,96 @@ def test_a_graph_with_a_dynamic_dim_keeps_its_asserts(tmp_path: Path) -> None:
         for batch in (3, 9):
             y = torch.randn(batch, 8)
             torch.testing.assert_close(run(model, y), model(y))
+
+
+def serve_two(model: nn.Module, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    # y is read by Inductor's own kernel (by its captured strides), x by addmm.
+    return model(x) + y
+
+
+HOOKED_CHILD = """
+import json, torch, warnings
+import precompile
+from tests.core.runtime.test_proven_size_asserts import hooked_attack
+print(json.dumps(hooked_attack({static!r}, {two!r})))
+"""
+
+
+def _outcome(call: Any, eager: Any) -> list[Any]:
+    try:
+        got = call()
+    except precompile.PrecompileError as error:
+        return ["refused", str(error)]
+    except Exception as error:
+        return ["failed otherwise", repr(error)]
+    want = eager()
+    return ["served", bool(got.shape == want.shape and torch.allclose(got, want))]
+
+
+def hooked_attack(static: list[str], two: list[str]) -> dict[str, Any]:
+    """A warning the call itself issues once (after its checks passed: the inference
+    grad warning, the layout copy warning) runs a warnings hook that changes the layout
+    of a tensor the checks already proved."""
+    outcomes: dict[str, Any] = {}
+    warnings.simplefilter("always")
+    torch.manual_seed(1)
+    run = precompile.load(*static)
+    model, x = Net().eval(), torch.randn(3, 8)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(run(model, x), model(x))
+
+    def restride_weight(*_args: Any, **_kwargs: Any) -> None:
+        weight = model.fc1.weight
+        weight.data = weight.data.t().contiguous().t()
+
+    warnings.showwarning = restride_weight
+    # Under grad mode, with parameters that require grad: InferenceGradWarning.
+    outcomes["grad warning hook restrides a parameter"] = _outcome(
+        lambda: run(model, x), lambda: model(x).detach()
+    )
+    warnings.showwarning = warnings._showwarning_orig  # type: ignore[attr-defined]
+    run = precompile.load(*two)
+    model, x, y = Net().eval(), torch.randn(3, 8), torch.randn(3, 4)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(run(model, y, x), model(x) + y)
+        other_x = x.t().contiguous().t()
+
+        def restride_y(*_args: Any, **_kwargs: Any) -> None:
+            y.data = y.data.t().contiguous().t()
+
+        warnings.showwarning = restride_y
+        # x in another layout: copied, with a LayoutCopyWarning, after y was checked.
+        outcomes["layout copy warning hook restrides another input"] = _outcome(
+            lambda: run(model, y, other_x), lambda: model(other_x) + y
+        )
+        outcomes["y strides after"] = list(y.stride())
+    return outcomes
+
+
+def test_a_warnings_hook_that_restrides_a_proven_tensor_is_caught(
+    static_pair: tuple[str, str], tmp_path: Path
+) -> None:
+    """The checks ran before the warning, the hook after: the call is checked again, so
+    the graph never takes a tensor in a layout its (skipped) asserts would have refused."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        two = capture_pair(
+            serve_two,
+            Net().eval(),
+            torch.randn(3, 4),
+            torch.randn(3, 8),
+            directory=tmp_path,
+            backend="inductor",
+        )
+    outcomes = run_json(
+        textwrap.dedent(HOOKED_CHILD.format(static=list(static_pair), two=list(two)))
+    )
+    assert outcomes["y strides after"] == [1, 3]  # the hook ran
+    kind, detail = outcomes["grad warning hook restrides a parameter"]
+    assert kind == "refused" and "parameter 'fc1.weight' has strides (1, 16)" in detail, (
+        kind,
+        detail,
+    )
+    assert outcomes["layout copy warning hook restrides another input"] == ["served", True]
