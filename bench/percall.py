@@ -10,7 +10,8 @@ thread, best of interleaved rounds (``best_per_call_us``):
 - ``eager``: the module itself;
 - ``raw graph``: the artifact's own captured graph(s), called with the very arguments
   and grad mode the served call passed them (recorded by swapping the graph for a
-  recorder for one call), without any driver around it.
+  recorder for one call), without any driver around it; for a make_fx Inductor
+  artifact, Inductor's own ``call`` (the input asserts the driver proves restored).
 
 Then a per-call breakdown of the served MLP call: each piece of the driver timed alone
 on its own (the serving wrapper, the surface check, the model-state fast path, the
@@ -427,8 +428,10 @@ def run_percall_section(workdir: Path, runs: int) -> str:
         "what is left is the frame's guard check (about 3.7 us: its leaves through the "
         "model's dicts, which the epoch could stand in for only with a hand-off between "
         "the dependency check and the frame's guards), the ambient state and the epoch "
-        "itself. On Inductor the artifact calls the compiled module's own `call`, the "
-        "code the raw graph row runs: the difference is the driver alone.",
+        "itself. On Inductor the raw graph row runs Inductor's own `call`; a make_fx "
+        "artifact's `call` is that code without the size/stride asserts on the graph "
+        "inputs that the driver proves per call (about 0.4 us each, the MLP's five: "
+        "percall_fx4.md), so its difference is the driver less those asserts.",
         "",
         f"Section wall time: {time.time() - started:.0f} s.",
     ]
