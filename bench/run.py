@@ -58,6 +58,7 @@ RECORDED = (
     "dynamo_percall2",
     "percall_fx3",
     "dynamo_percall3",
+    "percall_fx4",
 )
 
 

@@ -370,6 +370,10 @@ def _build_single_graph_forward() -> Any:
                         "; or capture with an example input that requires grad (the "
                         "artifact then carries the backward)",
                     )
+                    # A warning runs user code (a warnings hook) after the checks, and
+                    # the graph code trusts what they proved (an Inductor graph does
+                    # not repeat their size asserts): this once, check the call again.
+                    flat, state, tensors_in = checked_inputs(args, kwargs)
             _set_grad_enabled(False)
         try:
             # Read again here, not taken from the ambient tuple: the checks between

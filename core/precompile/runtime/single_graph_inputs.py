@@ -539,7 +539,14 @@ def build_input_check() -> (
                 and copy_layouts
                 and tuple(map(stride_of, tensors_in)) != expected_input_strides
             ):
+                unwarned = layout_copy_unwarned[0]
                 tensors_in = _in_captured_layout(tensors_in)
+                if unwarned and not layout_copy_unwarned[0]:
+                    # Its warning ran user code (a warnings hook) after the inputs
+                    # were checked, and the graph code trusts what they proved (an
+                    # Inductor graph does not repeat their size asserts): this once,
+                    # check the call again.
+                    return checked_call(args, kwargs, running)
         if alias_later and not all(map(_is, pick_alias_later(leaves), pick_alias_first(leaves))):
             _refuse_unaliased(list(leaves))
         return mods, tensors_in
