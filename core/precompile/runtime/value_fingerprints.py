@@ -543,6 +543,20 @@ def truth_kind(value: Any) -> tuple[str, str]:
     return ("truth test", "pure" if kind in PURE_TRUTH_TYPES else type_name(kind))
 
 
+def truth_refusal(where: str, attr: str, kind: str) -> str:
+    """The refusal of a flag read only for its truth test (``truth_kind``) that now holds
+    a value of type ``kind`` outside ``PURE_TRUTH_TYPES``, ``where`` naming its module:
+    one text for both tracers (make_fx's module state check, Dynamo's module check)."""
+    return (
+        f"precompile: {where} has {attr} set to a {kind}: the traced code reads {attr} "
+        f"only as `{attr} and training`, which decides nothing in eval, but eager runs "
+        f"{attr}'s truth test before it reads `training`, and a {kind} is not a type whose "
+        f"truth test is known to be pure (it may store, raise, or be ambiguous as a "
+        f"many-valued tensor's is). Set {attr} to a bool, or capture again (re-emit the "
+        f"artifact)"
+    )
+
+
 def split_reads(row: Any) -> tuple[frozenset[str] | None, frozenset[str]]:
     """One submodule's ``MODULE_READS`` entry as (the names whose values the trace read,
     or None where its reads were not seen; the names it read only for their truth
