@@ -177,7 +177,7 @@ def relaxing_neutral_guards(
     notes_by_state: dict[bytes, list[list[str | None]]],
     under_training: Callable[[Any, str, Any], bool] | None = None,
     truth_types: frozenset[type] = frozenset(),
-    relaxed: list[tuple[Any, str]] | None = None,
+    relaxed: list[tuple[Any, str, bool]] | None = None,
 ) -> Iterator[None]:
     """While capturing: when a frame's guards are built, each guard on a constant
     attribute of a module named in ``names`` (``L['model']._modules['act'].inplace``,
@@ -199,7 +199,9 @@ def relaxing_neutral_guards(
     is still False takes its place, so a call in training is refused. Eager still runs
     the flag's truth test first: the flag must have held a value of a ``truth_types``
     type at every read (or be absent: ``getattr(x, "name", default)``), and each flag
-    relaxed is appended to ``relaxed`` as (the module object, the name): the capture
+    relaxed is appended to ``relaxed`` as (the module object, the name, whether every
+    read found it: one that did is read plainly, or by a ``getattr`` with a default that
+    no read proved, so its deletion later is refused, as eager may raise): the capture
     records it, and the artifact's per-call module check keeps the kind of its truth
     test checked (``value_fingerprints.truth_kind``, as make_fx does: another type's
     truth test may store, raise or be ambiguous). No Dynamo guard kind can do it: a
@@ -264,6 +266,11 @@ def relaxing_neutral_guards(
             for code, at, training, held in readers
         )
 
+    def _always_held(output_graph: Any, module: Any, name: str) -> bool:
+        """Whether every traced read of ``module.name`` found it (none was absent)."""
+        readers = output_graph.__dict__.get(_FLAG_READERS, {}).get((module.name, name), [])
+        return all(held is not None for *_rest, held in readers)
+
     def _flag_module(output_graph: Any, module: Any, name: str) -> Any:
         """The module object the traced reads of ``module.name`` were made on."""
         return output_graph.__dict__.get(_FLAG_MODULES, {}).get((module.name, name))
@@ -313,7 +320,13 @@ def relaxing_neutral_guards(
                     training = AttrSource(flag[0], "training")
                     if not kept.source_to_guards.get(training):
                         kept.add(training.make_guard(GuardBuilder.CONSTANT_MATCH))
-                    relaxed.append((_flag_module(output_graph, *flag), flag[1]))
+                    relaxed.append(
+                        (
+                            _flag_module(output_graph, *flag),
+                            flag[1],
+                            _always_held(output_graph, *flag),
+                        )
+                    )
                     continue
                 if not (
                     isinstance(source, AttrSource)

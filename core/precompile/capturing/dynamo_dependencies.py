@@ -73,11 +73,12 @@ class HookRecorder:
         #: Root key -> the module objects found there (one per captured call that
         #: passed a new one): where a relaxed flag's module is found by identity.
         self.root_modules: dict[tuple[str, str, str], list[torch.nn.Module]] = {}
-        #: (module, name) of each training-only flag whose Dynamo guards were relaxed
-        #: (``_compat.dynamo_guard_relaxing.relaxing_neutral_guards`` appends them):
-        #: recorded per root as ``"flags"`` (dotted submodule path -> names), for the
-        #: per-call module check to check by the kind of its truth test.
-        self.relaxed_flags: list[tuple[torch.nn.Module, str]] = []
+        #: (module, name, whether every read found it) of each training-only flag whose
+        #: Dynamo guards were relaxed (``_compat.dynamo_guard_relaxing.
+        #: relaxing_neutral_guards`` appends them): recorded per root as ``"flags"``
+        #: (dotted submodule path -> [[name, always held]]), for the per-call module check
+        #: to check by the kind of its truth test, and that a flag held is still there.
+        self.relaxed_flags: list[tuple[torch.nn.Module, str, bool]] = []
         #: Whether the artifact is an inference one (set by the session): its hook
         #: snapshots leave out forward hooks that only mark their output as requiring
         #: grad (``hook_snapshot``).
@@ -168,15 +169,20 @@ class HookRecorder:
         self._refuse_unreached_flags()
         return {"roots": roots, "global": self.global_hooks or {}, "inference": self.inference}
 
-    def _flags_under(self, modules: list[torch.nn.Module]) -> dict[str, list[str]]:
-        """The relaxed flags held by ``modules``' submodules, as (dotted path -> names)."""
-        flags: dict[str, set[str]] = {}
+    def _flags_under(self, modules: list[torch.nn.Module]) -> dict[str, list[list[Any]]]:
+        """The relaxed flags held by ``modules``' submodules, as (dotted path -> [[name,
+        whether every captured read found it]])."""
+        flags: dict[str, dict[str, bool]] = {}
         for module in modules:
             at = {id(sub): dotted for dotted, sub in module.named_modules()}
-            for flagged, name in self.relaxed_flags:
+            for flagged, name, held in self.relaxed_flags:
                 if id(flagged) in at:
-                    flags.setdefault(at[id(flagged)], set()).add(name)
-        return {dotted: sorted(names) for dotted, names in sorted(flags.items())}
+                    names = flags.setdefault(at[id(flagged)], {})
+                    names[name] = names.get(name, True) and held
+        return {
+            dotted: [[name, held] for name, held in sorted(names.items())]
+            for dotted, names in sorted(flags.items())
+        }
 
     def _refuse_unreached_flags(self) -> None:
         """Refuse a relaxed flag on a module no root reaches: no per-call check would see
@@ -187,7 +193,7 @@ class HookRecorder:
             for module in modules
             for sub in module.modules()
         }
-        for flagged, name in self.relaxed_flags:
+        for flagged, name, _held in self.relaxed_flags:
             if id(flagged) not in reached:
                 raise PrecompileError(
                     f"the trace read `{name}` of a {type(flagged).__qualname__} only as "

@@ -463,7 +463,8 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
         # "open": the instance dict names, at capture, of submodules whose class has its
         # own __getattr__ (check_shadowing refuses any other name).
         open_keys = {dotted: frozenset(names) for dotted, names in root.get("open", {}).items()}
-        flags = {dotted: frozenset(names) for dotted, names in root.get("flags", {}).items()}
+        # "flags": submodule dotted path -> [[name, whether every captured read found it]].
+        flags = {dotted: dict(map(tuple, names)) for dotted, names in root.get("flags", {}).items()}
         root = {**root, "number": number, "open": open_keys, "flags": flags}
         path = root["path"]
         # Each kind of root binds what it reads as defaults; all are called (args, kwargs).
@@ -606,11 +607,13 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
                     2,
                 )
 
+    absent = object()
+
     def flag_value(module: Any, name: str) -> Any:
         """What reading ``module.name`` finds, without running code: the instance
         ``__dict__``, its parameters, buffers and children, then the classes of its MRO
-        (as ``_compat.dynamo_guard_relaxing._held`` did at capture); None where absent
-        (``getattr(x, name, default)`` tests the default, a constant of the code)."""
+        (as ``_compat.dynamo_guard_relaxing._held`` did at capture); ``absent`` where
+        none holds it."""
         own = vars(module)
         if name in own:
             return own[name]
@@ -621,18 +624,30 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
         for cls in type(module).__mro__:
             if name in vars(cls):
                 return vars(cls)[name]
-        return None
+        return absent
 
     def check_flags(root: dict[str, Any], subs: list[tuple[str, Any]]) -> None:
-        """Refuse a relaxed flag whose value's truth test is not known to be pure."""
+        """Refuse a relaxed flag whose value's truth test is not known to be pure, or
+        that every captured read found and no module or class holds now (eager's plain
+        read raises; one absent at capture was read by ``getattr`` with a default, a
+        constant of the code, whose truth test is the captured one)."""
         flags = root["flags"]
         if not flags:
             return
         for dotted, sub_module in subs:
-            for name in sorted(flags.get(dotted, ())):
-                kind = truth_kind(flag_value(sub_module, name))[1]
+            for name, held in sorted(flags.get(dotted, {}).items()):
+                value = flag_value(sub_module, name)
+                where = user_path(root["path"]) + (f".{dotted}" if dotted else "")
+                if value is absent and held:
+                    refuse(
+                        f"precompile: `{where}` has no attribute {name!r} (deleted since "
+                        f"capture, when it held one): the traced code reads {name} as "
+                        f"`{name} and training`, and eager's read of it may now raise. "
+                        f"Restore it (a bool), or capture again (re-emit the artifact)",
+                        2,
+                    )
+                kind = truth_kind(None if value is absent else value)[1]
                 if kind != "pure":
-                    where = user_path(root["path"]) + (f".{dotted}" if dotted else "")
                     refuse(truth_refusal(f"`{where}`", name, kind), 2)
 
     def flag_dicts(root: dict[str, Any], subs: list[tuple[str, Any]]) -> list[Any]:
