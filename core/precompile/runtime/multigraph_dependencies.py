@@ -43,6 +43,7 @@ from precompile.runtime.value_fingerprints import (
     hook_read_names,
     module_hook_flags,
     new_context,
+    truth_deleted_refusal,
     truth_kind,
     truth_refusal,
 )
@@ -639,13 +640,7 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
                 value = flag_value(sub_module, name)
                 where = user_path(root["path"]) + (f".{dotted}" if dotted else "")
                 if value is absent and held:
-                    refuse(
-                        f"precompile: `{where}` has no attribute {name!r} (deleted since "
-                        f"capture, when it held one): the traced code reads {name} as "
-                        f"`{name} and training`, and eager's read of it may now raise. "
-                        f"Restore it (a bool), or capture again (re-emit the artifact)",
-                        2,
-                    )
+                    refuse(truth_deleted_refusal(f"`{where}`", name), 2)
                 kind = truth_kind(None if value is absent else value)[1]
                 if kind != "pure":
                     refuse(truth_refusal(f"`{where}`", name, kind), 2)

@@ -51,7 +51,9 @@ if TYPE_CHECKING:
         truth: Any = None,
     ) -> tuple[Any, ...]: ...
 
-    def split_reads(row: Any) -> tuple[frozenset[str] | None, frozenset[str]]: ...
+    def split_reads(row: Any) -> tuple[frozenset[str] | None, dict[str, bool]]: ...
+
+    def truth_deleted_refusal(where: str, attr: str) -> str: ...
 
     def truth_refusal(where: str, attr: str, kind: str) -> str: ...
 
@@ -361,6 +363,8 @@ def check_module_state(mods: list[Any], context: dict[str, Any]) -> None:
             for attr in sorted(old.keys() | new.keys()):
                 if old.get(attr) == new.get(attr):
                     continue
+                if attr in truth and new.get(attr) == ("truth test", "absent"):
+                    refuse(truth_deleted_refusal(where, attr), 2)
                 if attr in truth:
                     refuse(truth_refusal(where, attr, new[attr][1]), 2)
                 fix = "Restore it"

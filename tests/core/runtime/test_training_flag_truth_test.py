@@ -202,18 +202,24 @@ def test_flag_is_checked_by_the_kind_of_its_truth_test(
     """Both tracers, one table: a value whose truth test stores or raises is refused
     naming the flag and its module, in one text; True and an int (where a bool was
     captured) are served equal to eager -- on the instance, absent at capture, on the
-    class, and on a child behind a graph break."""
+    class, and on a child behind a graph break; a flag held at capture and deleted is
+    refused (eager's plain read raises)."""
     out = _served(tracer, model, tmp_path)
+    where = WHERE[model][1][tracer == "dynamo"]
+    if model != "AbsentFlag":
+        # A flag held at capture, deleted: eager's plain read raises. Refused in one text.
+        kind, message = out.pop("deleted")
+        assert kind == "refused" and f"{where} has no attribute 'flag'" in message, out
+        assert "deleted since capture" in message and "Restore it (a bool)" in message
+    assert sorted(out) == sorted(c for c in CELLS if c != "deleted"), out
     if tracer == "make_fx" and model == "ClassFlag":
         # make_fx checks a class attribute the trace read by value (CLASS_STATE), not by
         # the kind of its truth test: safe, but True or 1 set on the class is refused
         # too -- a needless refusal, asserted so that a fix shows.
-        assert sorted(out) == sorted(CELLS), out
         for cell, shown in out.items():
             assert shown[0] == "refused", (cell, shown)
             assert "ClassFlag.flag is " in shown[1] and "the trace read False" in shown[1]
         return
-    where = WHERE[model][1][tracer == "dynamo"]
     for cell, kind_name in (("stores", "Truthy"), ("many-valued tensor", "Tensor")):
         kind, message = out[cell]
         assert kind == "refused", (tracer, model, cell, out[cell])
@@ -222,14 +228,3 @@ def test_flag_is_checked_by_the_kind_of_its_truth_test(
         assert "Set flag to a bool" in message, message
     assert out["True"] == ["served", True], (tracer, model, out["True"])
     assert out["int 1"] == ["served", True], (tracer, model, out["int 1"])
-    if model == "AbsentFlag":
-        assert "deleted" not in out, out
-    elif tracer == "dynamo":
-        # A flag every captured read found, deleted: eager's plain read raises.
-        kind, message = out["deleted"]
-        assert kind == "refused" and f"{where} has no attribute 'flag'" in message, out
-    else:
-        # make_fx fingerprints an absent flag as pure, like getattr's default: a flag
-        # deleted from the instance is served where eager raises (not yet closed,
-        # docs/trust.md "Known wrong answers"), asserted so that a fix shows.
-        assert out["deleted"][0] == "served where eager fails", out["deleted"]
