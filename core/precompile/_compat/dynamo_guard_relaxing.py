@@ -177,6 +177,7 @@ def relaxing_neutral_guards(
     notes_by_state: dict[bytes, list[list[str | None]]],
     under_training: Callable[[Any, str, Any], bool] | None = None,
     truth_types: frozenset[type] = frozenset(),
+    relaxed: list[tuple[Any, str, bool]] | None = None,
 ) -> Iterator[None]:
     """While capturing: when a frame's guards are built, each guard on a constant
     attribute of a module named in ``names`` (``L['model']._modules['act'].inplace``,
@@ -197,9 +198,16 @@ def relaxing_neutral_guards(
     ``neutral_reads.read_only_under_training``); a guard that the module's ``training``
     is still False takes its place, so a call in training is refused. Eager still runs
     the flag's truth test first: the flag must have held a value of a ``truth_types``
-    type at every read (or be absent: ``getattr(x, "name", default)``), and a
-    ``TYPE_MATCH`` on the attribute keeps its type checked (another type's truth test
-    may store, raise or be ambiguous); a flag of another type keeps its guards."""
+    type at every read (or be absent: ``getattr(x, "name", default)``), and each flag
+    relaxed is appended to ``relaxed`` as (the module object, the name, whether every
+    read found it: one that did is read plainly, or by a ``getattr`` with a default that
+    no read proved, so its deletion later is refused, as eager may raise): the capture
+    records it, and the artifact's per-call module check keeps the kind of its truth
+    test checked (``value_fingerprints.truth_kind``, as make_fx does: another type's
+    truth test may store, raise or be ambiguous). No Dynamo guard kind can do it: a
+    type guard accepts one type only, and none checks what ``getattr`` with a default
+    finds. A flag of another type at capture, or with no ``relaxed`` to record it in,
+    keeps its guards."""
     from torch._dynamo import guards
     from torch._dynamo.guards import GuardBuilder
     from torch._dynamo.output_graph import OutputGraph
@@ -220,7 +228,8 @@ def relaxing_neutral_guards(
         module saw: its value on the instance (``M.name``, a value guard), its absence
         from the instance's ``__dict__`` or from the instance (``getattr(M, "name",
         default)``), and its value on a class of the MRO
-        (``dict(type(M).__mro__[i].__dict__)['name']``) when the class holds it."""
+        (``dict(type(M).__mro__[i].__dict__)['name']``, or ``dict(type(M).__dict__)``
+        for the module's own class) when the class holds it."""
         source = guard.originating_source
         kind = guard.create_fn_name()
         if isinstance(source, AttrSource) and kind in _VALUE_GUARDS:
@@ -229,12 +238,17 @@ def relaxing_neutral_guards(
             attr = getattr(guard.create_fn, "keywords", {}).get("attr")
             return (source, attr) if isinstance(attr, str) else None
         if isinstance(source, DictGetItemSource) and kind in _VALUE_GUARDS:
+            # dict(type(M).__mro__[i].__dict__)['name'], or dict(type(M).__dict__)['name']
+            # where the module's own class holds it.
             chain = source.base
-            for step in (TypeDictSource, GetItemSource, TypeMROSource, TypeSource):
-                if not isinstance(chain, step):
-                    return None
-                chain = chain.base
-            return (chain, source.index) if isinstance(source.index, str) else None
+            if not isinstance(chain, TypeDictSource):
+                return None
+            chain = chain.base
+            if isinstance(chain, GetItemSource) and isinstance(chain.base, TypeMROSource):
+                chain = chain.base.base
+            if not isinstance(chain, TypeSource):
+                return None
+            return (chain.base, source.index) if isinstance(source.index, str) else None
         return None
 
     def _training_only(output_graph: Any, module: Any, name: str) -> bool:
@@ -252,10 +266,14 @@ def relaxing_neutral_guards(
             for code, at, training, held in readers
         )
 
-    def _held_type(output_graph: Any, module: Any, name: str) -> type | None:
-        """The type the traced reads of ``module.name`` found (None: absent)."""
+    def _always_held(output_graph: Any, module: Any, name: str) -> bool:
+        """Whether every traced read of ``module.name`` found it (none was absent)."""
         readers = output_graph.__dict__.get(_FLAG_READERS, {}).get((module.name, name), [])
-        return next((held for *_rest, held in readers if held is not None), None)
+        return all(held is not None for *_rest, held in readers)
+
+    def _flag_module(output_graph: Any, module: Any, name: str) -> Any:
+        """The module object the traced reads of ``module.name`` were made on."""
+        return output_graph.__dict__.get(_FLAG_MODULES, {}).get((module.name, name))
 
     def reading(original: Callable[..., Any]) -> Callable[..., Any]:
         def var_getattr(self: Any, tx: Any, name: str) -> Any:
@@ -278,6 +296,7 @@ def relaxing_neutral_guards(
                         _held(module, name),
                     )
                 )
+                output.__dict__.setdefault(_FLAG_MODULES, {})[source.name, name] = module
             return original(self, tx, name)
 
         return var_getattr
@@ -286,13 +305,14 @@ def relaxing_neutral_guards(
         notes: dict[str, str] = {}
         if isinstance(output_graph, OutputGraph):  # a frame just traced, not a load
             kept = output_graph.guards
-            typed: dict[Any, Any] = {}
             for guard in list(kept):
                 source = guard.originating_source
                 flag = _flag_guarded(guard)
                 if (
                     flag is not None
                     and flag[1] not in names
+                    and relaxed is not None
+                    and _flag_module(output_graph, *flag) is not None
                     and _training_only(output_graph, *flag)
                 ):
                     kept.inner.discard(guard)
@@ -300,8 +320,13 @@ def relaxing_neutral_guards(
                     training = AttrSource(flag[0], "training")
                     if not kept.source_to_guards.get(training):
                         kept.add(training.make_guard(GuardBuilder.CONSTANT_MATCH))
-                    if _held_type(output_graph, *flag) is not None:
-                        typed.setdefault((flag[0].name, flag[1]), AttrSource(*flag))
+                    relaxed.append(
+                        (
+                            _flag_module(output_graph, *flag),
+                            flag[1],
+                            _always_held(output_graph, *flag),
+                        )
+                    )
                     continue
                 if not (
                     isinstance(source, AttrSource)
@@ -318,13 +343,6 @@ def relaxing_neutral_guards(
                     kept.source_to_guards[source].remove(guard)
                 else:
                     notes[source_path(source) or source.member] = why
-            # The relaxed flags' types, checked in place of their values.
-            for (_module, name), attribute in typed.items():
-                kept.add(attribute.make_guard(GuardBuilder.TYPE_MATCH))
-                held = _held_type(output_graph, attribute.base, name)
-                notes[source_path(attribute) or name] = TRUTH_NOTE.format(
-                    kind=getattr(held, "__name__", "bool")
-                )
         original_init(self, f_code, output_graph, *args, **kwargs)
         state = getattr(self, "guards_state", None)
         if notes and state is not None:
@@ -348,16 +366,7 @@ def relaxing_neutral_guards(
 
 _NEUTRAL_READERS = "_precompile_neutral_readers"
 _FLAG_READERS = "_precompile_flag_readers"
-
-
-#: Why a flag read only as ``x.flag and x.training`` is still checked by type.
-TRUTH_NOTE = (
-    "the traced code reads it only as `flag and training`, which decides nothing in "
-    "eval, but eager runs its truth test before it reads `training`, and a value of "
-    "another type than the captured one may not have a pure truth test (it may store, "
-    "raise, or be ambiguous as a many-valued tensor's is): set it to a {kind}, as at "
-    "capture"
-)
+_FLAG_MODULES = "_precompile_flag_modules"
 
 
 def _held(module: Any, name: str) -> type | None:

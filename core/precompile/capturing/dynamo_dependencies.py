@@ -70,6 +70,15 @@ class HookRecorder:
         #: Root key -> {dotted path of a submodule whose class defines its own
         #: ``__getattr__``: the names its instance ``__dict__`` held at every trace}.
         self.open_keys: dict[tuple[str, str, str], dict[str, set[str]]] = {}
+        #: Root key -> the module objects found there (one per captured call that
+        #: passed a new one): where a relaxed flag's module is found by identity.
+        self.root_modules: dict[tuple[str, str, str], list[torch.nn.Module]] = {}
+        #: (module, name, whether every read found it) of each training-only flag whose
+        #: Dynamo guards were relaxed (``_compat.dynamo_guard_relaxing.
+        #: relaxing_neutral_guards`` appends them): recorded per root as ``"flags"``
+        #: (dotted submodule path -> [[name, always held]]), for the per-call module check
+        #: to check by the kind of its truth test, and that a flag held is still there.
+        self.relaxed_flags: list[tuple[torch.nn.Module, str, bool]] = []
         #: Whether the artifact is an inference one (set by the session): its hook
         #: snapshots leave out forward hooks that only mark their output as requiring
         #: grad (``hook_snapshot``).
@@ -91,6 +100,9 @@ class HookRecorder:
             if kind == "global":
                 self.global_modules[user_path(name)] = module
             self._observe_open_modules(key, module)
+            found = self.root_modules.setdefault(key, [])
+            if not any(m is module for m in found):
+                found.append(module)
             snapshot = hook_snapshot(module, self.inference)
             if self.roots.setdefault(key, snapshot) != snapshot:
                 self.conflicts.append(
@@ -133,6 +145,9 @@ class HookRecorder:
             open_keys = self.open_keys.get((kind, owner, path))
             if open_keys:
                 row["open"] = {dotted: sorted(names) for dotted, names in open_keys.items()}
+            flags = self._flags_under(self.root_modules.get((kind, owner, path), []))
+            if flags:
+                row["flags"] = flags
             if kind == "local":
                 param = self.signature.parameters.get(owner)
                 if param is None:
@@ -151,7 +166,42 @@ class HookRecorder:
             else:
                 row["module"] = owner
             roots.append(row)
+        self._refuse_unreached_flags()
         return {"roots": roots, "global": self.global_hooks or {}, "inference": self.inference}
+
+    def _flags_under(self, modules: list[torch.nn.Module]) -> dict[str, list[list[Any]]]:
+        """The relaxed flags held by ``modules``' submodules, as (dotted path -> [[name,
+        whether every captured read found it]])."""
+        flags: dict[str, dict[str, bool]] = {}
+        for module in modules:
+            at = {id(sub): dotted for dotted, sub in module.named_modules()}
+            for flagged, name, held in self.relaxed_flags:
+                if id(flagged) in at:
+                    names = flags.setdefault(at[id(flagged)], {})
+                    names[name] = names.get(name, True) and held
+        return {
+            dotted: [[name, held] for name, held in sorted(names.items())]
+            for dotted, names in sorted(flags.items())
+        }
+
+    def _refuse_unreached_flags(self) -> None:
+        """Refuse a relaxed flag on a module no root reaches: no per-call check would see
+        its value, whose truth test eager runs."""
+        reached = {
+            id(sub)
+            for modules in self.root_modules.values()
+            for module in modules
+            for sub in module.modules()
+        }
+        for flagged, name, _held in self.relaxed_flags:
+            if id(flagged) not in reached:
+                raise PrecompileError(
+                    f"the trace read `{name}` of a {type(flagged).__qualname__} only as "
+                    f"`{name} and training`, but that module is not reached from fn's "
+                    f"arguments or a module global, so the artifact could not check per "
+                    f"call that `{name}`'s truth test (which eager runs first) is pure",
+                    hint="pass the module to fn as an argument, or hold it in a global",
+                )
 
 
 class DependencyRecorder:

@@ -241,6 +241,9 @@ class DynamoSession:
                     # gradient_checkpointing-style flags: read only under training.
                     neutral_reads.read_only_under_training_cached,
                     neutral_reads.PURE_TRUTH_TYPES,
+                    # Each flag relaxed, recorded in MODULE_HOOKS to be checked by the
+                    # kind of its truth test per call.
+                    self.dependencies.hooks.relaxed_flags,
                 ),
                 torch.set_grad_enabled(self.training),
                 inductor.inductor_capture_config(self.backends.inductor_cache)

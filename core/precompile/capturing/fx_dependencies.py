@@ -131,23 +131,32 @@ def _near_modules(log: CallLog) -> tuple[str, ...]:
 def module_reads(
     modules: list[torch.nn.Module],
     reads: dict[int, set[str] | None],
-    truths: dict[int, set[str]] | None = None,
+    truths: dict[int, dict[str, bool]] | None = None,
 ) -> list[list[list[Any] | None]]:
     """``MODULE_READS``: per module argument, per submodule (``named_modules`` order),
     the attribute names the trace read on it, sorted; None where its reads were not
     seen (``recording_module_reads``). After them, ``[TRUTH_ONLY, name]`` for each
-    name read only for its truth test (``truths``:
+    name read only for its truth test, ``[TRUTH_ONLY, name, True]`` where the module or
+    its class held it at capture, whose deletion is refused (``truths``:
     ``neutral_reads.settle_training_only_reads``)."""
     out: list[list[list[Any] | None]] = []
     for m in modules:
         row: list[list[Any] | None] = []
         for _, sub in m.named_modules():
             seen = reads.get(id(sub))
-            truth = sorted((truths or {}).get(id(sub), ()))
+            held = (truths or {}).get(id(sub), {})
             row.append(
                 None
                 if seen is None
-                else [*sorted(seen), *([value_fingerprints.TRUTH_ONLY, n] for n in truth)]
+                else [
+                    *sorted(seen),
+                    *(
+                        [value_fingerprints.TRUTH_ONLY, n, True]
+                        if held[n]
+                        else [value_fingerprints.TRUTH_ONLY, n]
+                        for n in sorted(held)
+                    ),
+                ]
             )
         out.append(row)
     return out
@@ -382,7 +391,7 @@ def record_dependencies(
     fn: Any = None,
     where: Any = None,
     reads: dict[int, set[str] | None] | None = None,
-    truths: dict[int, set[str]] | None = None,
+    truths: dict[int, dict[str, bool]] | None = None,
 ) -> Dependencies:
     """What the trace depended on; ``reads`` (``recording_module_reads``) narrows each
     submodule's recorded attributes to those the trace read on it, ``truths`` names

@@ -481,7 +481,7 @@ def settle_training_only_reads(
     modules: list[Any],
     reads: dict[int, set[str] | None],
     readers: dict[tuple[int, str], set[Any]],
-) -> dict[int, set[str]]:
+) -> dict[int, dict[str, bool]]:
     """A make_fx capture's reads of flags that only matter in training: on a submodule
     in eval at capture, a name every reader of which reads it only as ``x.name and
     x.training`` (``read_only_under_training``) leaves ``reads`` and ``training`` joins
@@ -494,8 +494,11 @@ def settle_training_only_reads(
     only for their truth test (``MODULE_READS`` writes them ``[TRUTH_ONLY, name]``;
     ``value_fingerprints.truth_kind``): any value of a ``PURE_TRUTH_TYPES`` type is
     served, another type refused. A flag that held another type at capture keeps its
-    value checked (its truth test ran in the trace, and may have done anything)."""
-    truths: dict[int, set[str]] = {}
+    value checked (its truth test ran in the trace, and may have done anything). Each
+    name comes with whether the submodule or a class of its MRO held it (a deletion of
+    it is refused then: eager's plain read raises; one absent was read by ``getattr``
+    with a default)."""
+    truths: dict[int, dict[str, bool]] = {}
     for m in modules:
         for sub in m.modules():
             seen = reads.get(id(sub))
@@ -515,5 +518,6 @@ def settle_training_only_reads(
                 ):
                     seen.discard(name)
                     seen.add("training")
-                    truths.setdefault(id(sub), set()).add(name)
+                    held = name in state or any(name in vars(c) for c in type(sub).__mro__)
+                    truths.setdefault(id(sub), {})[name] = held
     return truths

@@ -39,7 +39,14 @@ from precompile.runtime.hook_records import (
     reached_state,
 )
 from precompile.runtime.hook_words import hook_change, hook_locations
-from precompile.runtime.value_fingerprints import hook_read_names, module_hook_flags, new_context
+from precompile.runtime.value_fingerprints import (
+    hook_read_names,
+    module_hook_flags,
+    new_context,
+    truth_deleted_refusal,
+    truth_kind,
+    truth_refusal,
+)
 
 # <<< not emitted
 
@@ -433,7 +440,16 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
     other hooks than at capture, or an instance ``__dict__`` entry shadows what the
     trace ran. Per call, the version tags and identities of the hook, ``_modules`` and
     instance dicts the last check saw; only a change walks the module again. None when
-    the trace reached no module."""
+    the trace reached no module.
+
+    Each training-only flag whose Dynamo guards the capture relaxed (the root's
+    ``"flags"``: submodule dotted path -> names) is checked by the kind of its truth
+    test, as make_fx checks it (``truth_kind``): eager runs it before it reads
+    ``training``. Its value is looked up without running code, where Python would find
+    it; a change of it is a store into the instance dict (whose version the fast path
+    compares), or into a class dict of its MRO or its ``_parameters`` / ``_buffers``
+    (watched by version with the hook dicts' reach), so it costs nothing per call."""
+    import gc
     import inspect
     import operator
     import weakref
@@ -455,7 +471,9 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
         # "open": the instance dict names, at capture, of submodules whose class has its
         # own __getattr__ (check_shadowing refuses any other name).
         open_keys = {dotted: frozenset(names) for dotted, names in root.get("open", {}).items()}
-        root = {**root, "number": number, "open": open_keys}
+        # "flags": submodule dotted path -> [[name, whether every captured read found it]].
+        flags = {dotted: dict(map(tuple, names)) for dotted, names in root.get("flags", {}).items()}
+        root = {**root, "number": number, "open": open_keys, "flags": flags}
         path = root["path"]
         # Each kind of root binds what it reads as defaults; all are called (args, kwargs).
         fetch: Callable[[Any, Any], Any]
@@ -510,6 +528,7 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
             dicts.extend(getattr(sub_module, attr) for attr in attrs)
             subs.append((_path, sub_module))
         check_shadowing(root, subs)
+        check_flags(root, subs)
         if len(cache) > 64:
             cache.clear()
         # Every submodule's instance dict is watched: by identity (``m.__dict__ = d``
@@ -523,6 +542,7 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
         # What the hooks reach (a closure's dict or list, a callable object's state):
         # its dicts by version, the other objects by ``reached_key``.
         reached_dicts, reached_objects = reached_state(passes)
+        reached_dicts = [*reached_dicts, *flag_dicts(root, subs)]
         cache[root["number"], id(module)] = (
             weakref.ref(module),
             dicts,
@@ -595,6 +615,59 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
                     2,
                 )
 
+    absent = object()
+
+    def flag_value(module: Any, name: str) -> Any:
+        """What reading ``module.name`` finds, without running code: the instance
+        ``__dict__``, its parameters, buffers and children, then the classes of its MRO
+        (as ``_compat.dynamo_guard_relaxing._held`` did at capture); ``absent`` where
+        none holds it."""
+        own = vars(module)
+        if name in own:
+            return own[name]
+        for table in ("_parameters", "_buffers", "_modules"):
+            held = own.get(table)
+            if held and name in held:
+                return held[name]
+        for cls in type(module).__mro__:
+            if name in vars(cls):
+                return vars(cls)[name]
+        return absent
+
+    def check_flags(root: dict[str, Any], subs: list[tuple[str, Any]]) -> None:
+        """Refuse a relaxed flag whose value's truth test is not known to be pure, or
+        that every captured read found and no module or class holds now (eager's plain
+        read raises; one absent at capture was read by ``getattr`` with a default, a
+        constant of the code, whose truth test is the captured one)."""
+        flags = root["flags"]
+        if not flags:
+            return
+        for dotted, sub_module in subs:
+            for name, held in sorted(flags.get(dotted, {}).items()):
+                value = flag_value(sub_module, name)
+                where = user_path(root["path"]) + (f".{dotted}" if dotted else "")
+                if value is absent and held:
+                    refuse(truth_deleted_refusal(f"`{where}`", name), 2)
+                kind = truth_kind(None if value is absent else value)[1]
+                if kind != "pure":
+                    refuse(truth_refusal(f"`{where}`", name, kind), 2)
+
+    def flag_dicts(root: dict[str, Any], subs: list[tuple[str, Any]]) -> list[Any]:
+        """The dicts a flag's value is also found in, watched by version: each flagged
+        submodule's ``_parameters`` and ``_buffers``, and the class dicts along its MRO
+        (a type's ``__dict__`` is a proxy of the dict a store into the class changes)."""
+        found: list[Any] = []
+        for dotted, sub_module in subs:
+            if dotted not in root["flags"]:
+                continue
+            own = vars(sub_module)
+            found.extend(d for d in (own.get("_parameters"), own.get("_buffers")) if d is not None)
+            for cls in type(sub_module).__mro__:
+                if cls.__module__ != "builtins":
+                    held = [d for d in gc.get_referents(vars(cls)) if isinstance(d, dict)]
+                    found.extend(held[:1])
+        return found
+
     # The cache entries the last call that passed used, one per root (None: a root
     # that was not a module), for the dependency epoch (``snapshot``).
     last: list[Any] = [None]
@@ -635,6 +708,7 @@ def _build_module_hook_check(signature: Any) -> Callable[[Any, Any], None] | Non
                     check_module(root, module)
                     continue
                 check_shadowing(root, cached[3])
+                check_flags(root, cached[3])
                 cached[5][0] = versions
         last[0] = used
 

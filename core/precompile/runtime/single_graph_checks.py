@@ -54,7 +54,11 @@ if TYPE_CHECKING:
         truth: Any = None,
     ) -> tuple[Any, ...]: ...
 
-    def split_reads(row: Any) -> tuple[frozenset[str] | None, frozenset[str]]: ...
+    def split_reads(row: Any) -> tuple[frozenset[str] | None, dict[str, bool]]: ...
+
+    def truth_deleted_refusal(where: str, attr: str) -> str: ...
+
+    def truth_refusal(where: str, attr: str, kind: str) -> str: ...
 
     def global_hooks_fingerprint(
         hooks: tuple[dict[Any, Any], ...],
@@ -415,17 +419,10 @@ def check_module_state(mods: list[Any], context: dict[str, Any]) -> None:
             for attr in sorted(old.keys() | new.keys()):
                 if old.get(attr) == new.get(attr):
                     continue
+                if attr in truth and new.get(attr) == ("truth test", "absent"):
+                    refuse(truth_deleted_refusal(where, attr), 2)
                 if attr in truth:
-                    refuse(
-                        f"precompile: {where} has {attr} set to a {new[attr][1]}: the "
-                        f"traced code reads {attr} only as `{attr} and training`, which "
-                        f"decides nothing in eval, but eager runs {attr}'s truth test "
-                        f"before it reads `training`, and a {new[attr][1]} is not a type "
-                        f"whose truth test is known to be pure (it may store, raise, or be "
-                        f"ambiguous as a many-valued tensor's is). Set {attr} to a bool, "
-                        f"or capture again (re-emit the artifact)",
-                        2,
-                    )
+                    refuse(truth_refusal(where, attr, new[attr][1]), 2)
                 fix = "Restore it"
                 if attr not in old:
                     state = f"has an attribute {attr!r} ({describe_value(new[attr])})"

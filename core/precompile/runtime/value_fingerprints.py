@@ -613,14 +613,46 @@ def truth_kind(value: Any) -> tuple[str, str]:
     return ("truth test", "pure" if kind in PURE_TRUTH_TYPES else type_name(kind))
 
 
-def split_reads(row: Any) -> tuple[frozenset[str] | None, frozenset[str]]:
+def truth_refusal(where: str, attr: str, kind: str) -> str:
+    """The refusal of a flag read only for its truth test (``truth_kind``) that now holds
+    a value of type ``kind`` outside ``PURE_TRUTH_TYPES``, ``where`` naming its module:
+    one text for both tracers (make_fx's module state check, Dynamo's module check)."""
+    return (
+        f"precompile: {where} has {attr} set to a {kind}: the traced code reads {attr} "
+        f"only as `{attr} and training`, which decides nothing in eval, but eager runs "
+        f"{attr}'s truth test before it reads `training`, and a {kind} is not a type whose "
+        f"truth test is known to be pure (it may store, raise, or be ambiguous as a "
+        f"many-valued tensor's is). Set {attr} to a bool, or capture again (re-emit the "
+        f"artifact)"
+    )
+
+
+def truth_deleted_refusal(where: str, attr: str) -> str:
+    """The refusal of a flag read only for its truth test that the module (or a class
+    of its MRO) held at capture and no longer holds: eager's plain read of it raises.
+    One text for both tracers."""
+    return (
+        f"precompile: {where} has no attribute {attr!r} (deleted since capture, when it "
+        f"held one): the traced code reads {attr} as `{attr} and training`, and eager's "
+        f"read of it may now raise. Restore it (a bool), or capture again (re-emit the "
+        f"artifact)"
+    )
+
+
+def split_reads(row: Any) -> tuple[frozenset[str] | None, dict[str, bool]]:
     """One submodule's ``MODULE_READS`` entry as (the names whose values the trace read,
     or None where its reads were not seen; the names it read only for their truth
-    test)."""
+    test, each with whether the module or its class held it at capture:
+    ``[TRUTH_ONLY, name, True]``; one absent then was read by ``getattr`` with a
+    default, which stays served absent)."""
     if row is None:
-        return None, frozenset()
+        return None, {}
     names = frozenset(n for n in row if isinstance(n, str))
-    truth = frozenset(n[1] for n in row if not isinstance(n, str) and n[0] == TRUTH_ONLY)
+    truth = {
+        n[1]: len(n) > 2 and bool(n[2])
+        for n in row
+        if not isinstance(n, str) and n[0] == TRUTH_ONLY
+    }
     return names, truth
 
 
@@ -638,8 +670,10 @@ def module_fingerprint(
     fingerprinted on their own (``children=False``) when the module is a module
     argument; for a module held any other way (a global, an attribute) they are
     included, with the names of its parameters and buffers. ``truth``: names read only
-    for their truth test, each fingerprinted by ``truth_kind`` (absent from the
-    instance, it is read from the class, whose value is checked with the class)."""
+    for their truth test (each with whether it was held at capture: ``split_reads``),
+    each fingerprinted by ``truth_kind`` (absent from the instance, it is read from the
+    class, whose value is checked with the class); one held at capture and now held
+    nowhere is "absent" (eager's plain read raises)."""
     state = vars(module)
     hook_dicts = context["hook_dicts"]
     context["holders"].append(module)
@@ -660,7 +694,14 @@ def module_fingerprint(
     )
     if truth:
         attrs += tuple(
-            (k, truth_kind(state[k]) if k in state else ("truth test", "pure"))
+            (
+                k,
+                truth_kind(state[k])
+                if k in state
+                else ("truth test", "absent")
+                if truth[k] and not any(k in vars(c) for c in type(module).__mro__)
+                else ("truth test", "pure"),
+            )
             for k in sorted(truth)
         )
 
