@@ -45,6 +45,16 @@ def live_functions(code: types.CodeType) -> list[types.FunctionType]:
     ]
 
 
+def _held(fn: types.FunctionType, own: set[int]) -> bool:
+    """Whether something other than a frame (and this module's own lists, ``own``)
+    holds ``fn``. One only frames hold -- a local of the capturing code, a frame a
+    traceback keeps -- is reached by nothing fn can read on a later call."""
+    return any(
+        not isinstance(held, types.FrameType) and id(held) not in own
+        for held in gc.get_referrers(fn)
+    )
+
+
 def _unwatched(
     codes: Iterable[types.CodeType], watched: set[int]
 ) -> dict[types.CodeType, list[types.FunctionType]]:
@@ -53,8 +63,11 @@ def _unwatched(
         if not is_project_file(code.co_filename):
             continue
         live = live_functions(code)
-        if live and not any(id(fn) in watched for fn in live):
-            found[code] = live
+        if not live or any(id(fn) in watched for fn in live):
+            continue
+        held = [fn for fn in live if _held(fn, {id(live)})]
+        if held:
+            found[code] = held
     return found
 
 
@@ -64,14 +77,17 @@ def unwatched_live(
     """Per project code among ``codes``: the live functions running it, where it has some
     and none of them is among ``watched`` (function objects, compared by identity).
 
-    Garbage not yet collected (a recursive closure made per call keeps itself alive in a
+    A function only frames hold is not counted (nothing fn reads reaches it). Garbage
+    not yet collected (a recursive closure made per call keeps itself alive in a
     cycle) is collected before a code is held against the capture."""
     codes = list(codes)
     ids = {id(fn) for fn in watched}
     found = _unwatched(codes, ids)
     if found:
+        again = list(found)
+        found.clear()  # its lists hold the functions
         gc.collect()
-        found = _unwatched(found, ids)
+        found = _unwatched(again, ids)
     return found
 
 
