@@ -36,13 +36,20 @@ from precompile.runtime.guard_text import user_path
 _LRU_CACHE: type = type(functools.lru_cache(maxsize=None)(len))
 
 
-def live_functions(code: types.CodeType) -> list[types.FunctionType]:
-    """The function objects alive now whose ``__code__`` is ``code``."""
-    return [
-        fn
-        for fn in gc.get_referrers(code)
-        if isinstance(fn, types.FunctionType) and fn.__code__ is code
-    ]
+def live_functions(
+    codes: Iterable[types.CodeType],
+) -> dict[types.CodeType, list[types.FunctionType]]:
+    """Per code of ``codes``, the function objects alive now running it (none: absent).
+    One walk of the heap for all of them (``gc.get_referrers`` walks every object: a
+    tenth of a second with torch loaded)."""
+    wanted = set(codes)
+    found: dict[types.CodeType, list[types.FunctionType]] = {}
+    if not wanted:
+        return found
+    for fn in gc.get_referrers(*wanted):
+        if isinstance(fn, types.FunctionType) and fn.__code__ in wanted:
+            found.setdefault(fn.__code__, []).append(fn)
+    return found
 
 
 def _held(fn: types.FunctionType, own: set[int]) -> bool:
@@ -59,13 +66,11 @@ def _unwatched(
     codes: Iterable[types.CodeType], watched: set[int]
 ) -> dict[types.CodeType, list[types.FunctionType]]:
     found: dict[types.CodeType, list[types.FunctionType]] = {}
-    for code in dict.fromkeys(codes):
-        if not is_project_file(code.co_filename):
+    running = live_functions(c for c in codes if is_project_file(c.co_filename))
+    for code, live in running.items():
+        if any(id(fn) in watched for fn in live):
             continue
-        live = live_functions(code)
-        if not live or any(id(fn) in watched for fn in live):
-            continue
-        held = [fn for fn in live if _held(fn, {id(live)})]
+        held = [fn for fn in live if _held(fn, {id(live), id(running)})]
         if held:
             found[code] = held
     return found
@@ -91,6 +96,24 @@ def unwatched_live(
     return found
 
 
+def _cache_of(code: types.CodeType) -> Any:
+    """The lru_cache wrapper that a project code's qualified name resolves to in its
+    module, wrapping a function of that code (``@functools.cache def cached_act``), or
+    None. By name, not by a heap walk: this runs for every traced code."""
+    import inspect
+
+    qualname = getattr(code, "co_qualname", code.co_name)
+    if "<locals>" in qualname or not is_project_file(code.co_filename):
+        return None
+    owner: Any = inspect.getmodule(code)
+    for part in qualname.split("."):
+        owner = getattr(owner, part, None)
+    wrapped = getattr(owner, "__wrapped__", None)
+    if isinstance(owner, _LRU_CACHE) and getattr(wrapped, "__code__", None) is code:
+        return owner
+    return None
+
+
 def cached_makers(codes: Iterable[types.CodeType]) -> dict[types.CodeType, str]:
     """The codes among ``codes`` made, per call, under a function an lru_cache wraps:
     that function's nested code, and (transitively) that of the traced functions it
@@ -99,38 +122,32 @@ def cached_makers(codes: Iterable[types.CodeType]) -> dict[types.CodeType, str]:
     Dynamo traces the wrapped function as if uncached (it warns so) and keeps nothing
     of what it made, while eager keeps its result in the cache and calls it again: a
     function made there outlives the call in eager though no function object runs its
-    code at capture. The call tree is approximated by global names, as ``serve`` reads
-    ``make_act`` in ``cached_act``."""
+    code at capture. The call tree is approximated by global names (``cached_act``
+    calls ``make_act``, whose nested ``act`` it returns)."""
     from precompile.capturing.bytecode_names import global_loads
 
     traced = set(codes)
     found: dict[types.CodeType, str] = {}
     for code in traced:
-        for fn in live_functions(code):
-            wrappers = [
-                w
-                for table in gc.get_referrers(fn)
-                if isinstance(table, dict)
-                for w in gc.get_referrers(table)
-                if isinstance(w, _LRU_CACHE) and getattr(w, "__wrapped__", None) is fn
-            ]
-            if not wrappers:
+        wrapper = _cache_of(code)
+        if wrapper is None:
+            continue
+        maker = wrapper.__wrapped__
+        pending: list[tuple[types.CodeType, dict[str, Any]]] = [(code, maker.__globals__)]
+        seen: set[types.CodeType] = set()
+        while pending:
+            at, scope = pending.pop()
+            if at in seen:
                 continue
-            pending: list[tuple[types.CodeType, dict[str, Any]]] = [(code, fn.__globals__)]
-            seen: set[types.CodeType] = set()
-            while pending:
-                at, scope = pending.pop()
-                if at in seen:
-                    continue
-                seen.add(at)
-                for const in at.co_consts:
-                    if isinstance(const, types.CodeType):
-                        found.setdefault(const, fn.__qualname__)
-                        pending.append((const, scope))
-                for name in global_loads(at):
-                    callee = scope.get(name)
-                    if isinstance(callee, types.FunctionType) and callee.__code__ in traced:
-                        pending.append((callee.__code__, callee.__globals__))
+            seen.add(at)
+            for const in at.co_consts:
+                if isinstance(const, types.CodeType):
+                    found.setdefault(const, maker.__qualname__)
+                    pending.append((const, scope))
+            for name in global_loads(at):
+                callee = scope.get(name)
+                if isinstance(callee, types.FunctionType) and callee.__code__ in traced:
+                    pending.append((callee.__code__, callee.__globals__))
     return found
 
 
