@@ -422,6 +422,21 @@ def refuse_unwatched_functions(
         for value in list(vars(owner).values()):
             target = value.fget if isinstance(value, property) else value
             watched += [target, getattr(target, "__func__", None)]
+    # Module and global hooks: the hook checks watch each (one an inference artifact
+    # leaves out, a forward hook that only marks its output as requiring grad, changes
+    # no value it computes).
+    hook_dicts = [*global_module_hooks()]
+    for m in modules:
+        for sub in m.modules():
+            hook_dicts += [
+                d
+                for n, d in list(vars(sub).items())
+                if n.endswith("_hooks") and isinstance(d, dict)
+            ]
+    for hooks in hook_dicts:
+        for hook in list(hooks.values()):
+            watched += [hook, getattr(hook, "__func__", None), getattr(hook, "func", None)]
+            watched += [vars(c).get("__call__") for c in type(hook).__mro__]
     live_functions.refuse_unwatched(
         live_functions.unwatched_live(
             log.project_codes(), live_functions.closure_functions(watched)
