@@ -37,6 +37,11 @@ import torch
 
 from precompile._compat import dynamo
 from precompile.capturing.bytecode_names import global_loads
+from precompile.capturing.live_functions import (
+    cached_makers,
+    refuse_unwatched,
+    unwatched_live,
+)
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file
 from precompile.runtime.class_fingerprints import ENTERED_ONLY_DUNDERS, PROTOCOL_DUNDERS
@@ -356,7 +361,9 @@ def traced_function_rows(
     (``argument_codes``: ``ARG_IDENTITIES`` compares its code per call), a module hook
     or global hook (``hooks``: the hook checks identify a hook by its code and closure),
     held in a closure cell of a watched function (watched with it), or made per call by
-    traced code (its maker's digest includes its code). Any other is refused here: nothing in
+    traced code (its maker's digest includes its code) -- only where no function object
+    running it outlived the trace (``live_functions``: the result an lru_cache'd maker
+    returned is held by the cache, and eager calls it again). Any other is refused here: nothing in
     another process could find it, and its code swapped (IPython's autoreload) would be
     served as traced."""
     import gc
@@ -397,10 +404,23 @@ def traced_function_rows(
             paths.setdefault(code, []).append({"scope": scope, "path": path})
     hook_functions = [fn for hook in hooks for fn in _functions_of(hook)]
     watched += hook_functions
-    covered = (
-        _closure_codes(watched) | _nested_codes(traced) | {fn.__code__ for fn in hook_functions}
-    )
+    covered = _closure_codes(watched) | {fn.__code__ for fn in hook_functions}
     arguments = set(argument_codes)
+    # A function made per call by traced code is covered by its maker's digest only
+    # while no function object running its code outlives the trace: one something holds
+    # (an lru_cache, a weak dictionary) is what eager calls next time, and nothing
+    # watches it (``live_functions``).
+    unreached = [
+        code
+        for code, digest in nameless.items()
+        if code not in paths and digest not in arguments and code not in covered
+    ]
+    cached = cached_makers(traced)
+    refuse_unwatched(
+        unwatched_live(unreached, watched),
+        cached={code: maker for code, maker in cached.items() if code in unreached},
+    )
+    covered |= _nested_codes(traced)
     for code, digest in nameless.items():
         qualname = getattr(code, "co_qualname", code.co_name)
         where = f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}"

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from precompile._compat.prelude import global_module_hooks
-from precompile.capturing import fx_process_state, library_surface
+from precompile.capturing import fx_process_state, library_surface, live_functions
 from precompile.capturing.bytecode_names import builtin_loads, global_loads, keyed_uses
 from precompile.capturing.fx_watch import CallLog, read_names
 from precompile.errors import PrecompileError
@@ -108,15 +108,23 @@ class Dependencies:
 
 
 def _context(
-    names: Any, training: bool, near: tuple[str, ...], classes: dict[Any, None] | None = None
+    names: Any,
+    training: bool,
+    near: tuple[str, ...],
+    classes: dict[Any, None] | None = None,
+    made: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A fingerprinting context that looks for the names of identity-only objects in
     the traced code's modules first (``near``), collecting the user classes it reaches
-    into ``classes`` (shared by the contexts of one capture)."""
+    into ``classes`` (shared by the contexts of one capture), listed in ``made``: the
+    functions the contexts watch are what ``refuse_unwatched_functions`` holds the
+    trace's code against."""
     context = value_fingerprints.new_context(names, training)
     context["near"] = near
     if classes is not None:
         context["classes"] = classes
+    if made is not None:
+        made.append(context)
     return context
 
 
@@ -169,8 +177,9 @@ def _module_records(
     near: tuple[str, ...],
     classes: dict[Any, None],
     reads: list[list[list[Any] | None]],
+    made: list[dict[str, Any]] | None = None,
 ) -> list[list[Any]]:
-    context = _context(names, training, near, classes)
+    context = _context(names, training, near, classes, made)
     return [
         [
             value_fingerprints.module_fingerprint(
@@ -190,10 +199,11 @@ def _class_records(
     training: bool,
     near: tuple[str, ...],
     classes: dict[Any, None],
+    made: list[dict[str, Any]] | None = None,
 ) -> list[tuple[str, Any]]:
     """Per submodule class, and per user class the other records reached (a global
     class, the class of a config object), its class-level values."""
-    context = _context(names, training, near, classes)
+    context = _context(names, training, near, classes, made)
     subs = dict.fromkeys(type(sub) for m in modules for sub in m.modules())
     return [
         (state_checks.type_name(c), record)
@@ -202,7 +212,11 @@ def _class_records(
 
 
 def _global_values(
-    log: CallLog, names: Any, training: bool, classes: dict[Any, None] | None = None
+    log: CallLog,
+    names: Any,
+    training: bool,
+    classes: dict[Any, None] | None = None,
+    made: list[dict[str, Any]] | None = None,
 ) -> list[GlobalRead]:
     """Per user module, the values its traced functions loaded as globals; a name that
     resolved through the builtins is recorded as absent from the module, and the
@@ -210,7 +224,7 @@ def _global_values(
     then ``cfgmod.SCALE``) is read like the code's own globals: its values under the
     names the traced code reads, and its dict is watched the same way."""
     by_module: dict[str, GlobalRead] = {}
-    context = _context(names, training, _near_modules(log), classes)
+    context = _context(names, training, _near_modules(log), classes, made)
     pending: list[types.ModuleType] = []
     # Per (module, global name): the traced codes that load it; and each module's scope.
     loads: dict[tuple[str, str], list[types.CodeType]] = {}
@@ -289,6 +303,7 @@ def entry_record(
     near: tuple[str, ...] = (),
     where: Any = None,
     classes: dict[Any, None] | None = None,
+    made: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any] | None:
     """The captured function's own baked values: a call of it passes every positional
     argument, so its defaults, keyword defaults and closure cells are read as they were
@@ -297,13 +312,13 @@ def entry_record(
     import functools
 
     if isinstance(fn, functools.partial):
-        return _partial_entry_record(fn, names, training, near, where, classes)
+        return _partial_entry_record(fn, names, training, near, where, classes, made)
     func = getattr(fn, "__func__", fn)
     if not isinstance(func, types.FunctionType):
         return None
     if not (func.__defaults__ or func.__kwdefaults__ or func.__closure__):
         return None
-    context = _context(names, training, near, classes)
+    context = _context(names, training, near, classes, made)
     return {
         "module": str(func.__module__),
         "file": func.__globals__.get("__file__"),
@@ -319,12 +334,13 @@ def _partial_entry_record(
     near: tuple[str, ...],
     where: Any,
     classes: dict[Any, None] | None,
+    made: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A partial has no name of its own: it is found again by the module-level name
     bound to it (the module of the function it wraps first), and checked whole."""
     inner = getattr(fn.func, "__func__", fn.func)
     home = str(getattr(inner, "__module__", None) or "")
-    context = _context(names, training, (home, *near), classes)
+    context = _context(names, training, (home, *near), classes, made)
     named = value_fingerprints.identity_name(fn, context)
     if not named:
         raise PrecompileError(
@@ -401,26 +417,80 @@ def record_dependencies(
     near = _near_modules(log)
     # The user classes every record reaches, whose class-level values are recorded last.
     classes: dict[Any, None] = {}
-    entry = entry_record(fn, names, training, near, where, classes)
+    made: list[dict[str, Any]] = []
+    entry = entry_record(fn, names, training, near, where, classes, made)
     read_rows = module_reads(modules, reads or {}, truths)
-    module_records = _module_records(modules, names, training, near, classes, read_rows)
-    global_records = _global_values(log, names, training, classes)
+    module_records = _module_records(modules, names, training, near, classes, read_rows, made)
+    global_records = _global_values(log, names, training, classes, made)
     # In a pass by the trace's read names, as serving's check_globals does it: a
     # callable object hook's ``self.k`` is part of its identity, and its class's
     # values are recorded with the other classes reached (computed after this).
     global_hooks = hook_records.global_hooks_fingerprint(
-        global_module_hooks(), outer=_context(names, training, near, classes)
+        global_module_hooks(), outer=_context(names, training, near, classes, made)
     )
+    class_records = _class_records(modules, names, training, near, classes, made)
+    refuse_unwatched_functions(log, made, fn, modules, classes, where)
     return Dependencies(
         entry=entry,
         names=names,
         modules=module_records,
-        classes=_class_records(modules, names, training, near, classes),
+        classes=class_records,
         globals=global_records,
         global_hooks=global_hooks,
         process_state=_process_state_records(log),
         surface=surface_record(modules, log),
         module_reads=read_rows,
+    )
+
+
+def refuse_unwatched_functions(
+    log: CallLog,
+    made: list[dict[str, Any]],
+    fn: Any,
+    modules: list[torch.nn.Module],
+    classes: dict[Any, None],
+    where: Any,
+) -> None:
+    """Refuse a trace that ran a project function object nothing here watches
+    (``live_functions``): make_fx compares per call the functions its fingerprints hold
+    (``made``'s contexts), fn itself, the functions of the classes they reached and of
+    the modules' classes (their class records), and what those hold in closure cells;
+    a function held only by C state (an lru_cache's results, a WeakValueDictionary's
+    weak reference) would be served stale once its code or its holder's entry
+    changed."""
+    watched: list[Any] = [fn, getattr(fn, "__func__", None), getattr(fn, "func", None)]
+    for context in made:
+        watched += context["shallow"]
+    owners = {
+        base
+        for cls in [*classes, *(type(sub) for m in modules for sub in m.modules())]
+        if isinstance(cls, type)
+        for base in cls.__mro__
+    }
+    for owner in owners:
+        for value in list(vars(owner).values()):
+            target = value.fget if isinstance(value, property) else value
+            watched += [target, getattr(target, "__func__", None)]
+    # Module and global hooks: the hook checks watch each (one an inference artifact
+    # leaves out, a forward hook that only marks its output as requiring grad, changes
+    # no value it computes).
+    hook_dicts = [*global_module_hooks()]
+    for m in modules:
+        for sub in m.modules():
+            hook_dicts += [
+                d
+                for n, d in list(vars(sub).items())
+                if n.endswith("_hooks") and isinstance(d, dict)
+            ]
+    for hooks in hook_dicts:
+        for hook in list(hooks.values()):
+            watched += [hook, getattr(hook, "__func__", None), getattr(hook, "func", None)]
+            watched += [vars(c).get("__call__") for c in type(hook).__mro__]
+    live_functions.refuse_unwatched(
+        live_functions.unwatched_live(
+            log.project_codes(), live_functions.closure_functions(watched)
+        ),
+        where,
     )
 
 

@@ -43,8 +43,9 @@ def first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any]
                     after.get(name, ("absent",)),
                     f"{path} (closure variable {name!r})",
                 )
-    if kind in ("partial", "method", "property", "staticmethod", "classmethod"):
+    if kind in ("partial", "method", "property", "staticmethod", "classmethod", "lru_cache"):
         parts = {
+            "lru_cache": ("__wrapped__",),
             "partial": ("func", "args", "keywords"),
             "method": ("__func__", "__self__"),
             "property": ("fget", "fset", "fdel"),
@@ -121,7 +122,7 @@ def _readable(fp: Any) -> str:
         return f"functools.partial({_readable(fp[1])}, ...)"
     if kind == "property" and len(fp) == 4:
         return f"a property getting with {_readable(fp[1])}"
-    if kind in ("staticmethod", "classmethod", "cached_property") and len(fp) == 2:
+    if kind in ("staticmethod", "classmethod", "cached_property", "lru_cache") and len(fp) == 2:
         return f"a {kind} of {_readable(fp[1])}"
     if kind == "method" and len(fp) == 3:
         return f"method {_readable(fp[1]).removeprefix('function ')} of {_readable(fp[2])}"

@@ -332,6 +332,12 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
             fp(value.__kwdefaults__),
             tuple(cells),
         )
+    if isinstance(value, functools._lru_cache_wrapper) and isinstance(
+        value.__wrapped__, types.FunctionType
+    ):
+        # An lru_cache runs its wrapped function on a miss (a cleared cache): that
+        # function's code, defaults and cells are watched like a global function's.
+        return ("lru_cache", fp(value.__wrapped__))
     if isinstance(value, types.MethodType):
         return ("method", fp(value.__func__), fp(value.__self__))
     if isinstance(value, property):

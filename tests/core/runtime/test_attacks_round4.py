@@ -1248,19 +1248,14 @@ def _capture_all(tracer: str, directory: Path) -> dict[str, list[str]]:
 #: outcome each gives now (kind, and words of its detail). The test of such a cell
 #: asserts that outcome, so it fails (and shows) once fixed.
 #: Fixed after this round and asserted served or refused like every cell: make_fx's
-#: two racing threads (one snapshot tuple: test_threaded_serving.py) and Dynamo's
+#: two racing threads (one snapshot tuple: test_threaded_serving.py), Dynamo's
 #: library-class ``__getattr__`` patched (protocol dunders compared:
-#: test_library_class_dunders.py).
-KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {
-    # C: a function an lru_cache'd maker returned (no path but the call's result) has
-    # its code swapped: served stale by both tracers. make_fx also serves a changed
-    # maker (the cache cleared) and a WeakValueDictionary entry replaced.
-    **{
-        (tracer, "C lru_cache result's __code__ swapped"): ("served", "False") for tracer in TRACERS
-    },
-    ("make_fx", "C lru_cache cleared and its maker changed"): ("served", "False"),
-    ("make_fx", "C WeakValueDictionary function replaced"): ("served", "False"),
-}
+#: test_library_class_dunders.py), and the functions only C state holds -- an
+#: lru_cache'd maker's result, a WeakValueDictionary entry -- refused at capture by
+#: both tracers (test_unwatched_functions.py), and a training-only flag whose truth
+#: test stores or raises, checked by the kind of its truth test by both tracers
+#: (test_training_flag_truth_test.py).
+KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {}
 
 #: Needless refusals of no-ops found by this round: the words the refusal names. The
 #: three found (Dynamo's registry filled again by the same maker, make_fx's ``del fc1``

@@ -1,0 +1,256 @@
+"""The live function objects running the code a trace ran, and which of them nothing
+watches: one rule for both tracers, applied at capture.
+
+A trace records code (Dynamo: the codes it traced or inlined; make_fx: the codes that ran
+under it). What serving can watch is function objects: one it finds by a name, by an
+access path, through a class or fn's arguments, or one a fingerprint holds (make_fx
+compares a fingerprinted function's code by identity per call). A function that outlives
+the call held only by something no recorded path reaches -- the result an
+``functools.lru_cache``'d maker returned (the cache is C state), a
+``weakref.WeakValueDictionary`` entry (a weak reference), any C-level holder -- is run by
+eager on every call, and its ``__code__`` swapped would be served stale: such a function is
+refused at capture (``refuse_unwatched``).
+
+A code counts as watched when one of the live functions running it is watched: functions
+with the same code are told apart only by identity, which a trace does not record (a
+frame does not name its function object in CPython 3.11). A code with no live function
+after the trace was made per call by traced code (a closure defined in ``forward``), and
+its maker's code is what is watched.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import types
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+from precompile.errors import PrecompileError
+from precompile.locations import is_project_file
+from precompile.runtime.guard_text import user_path
+
+#: The type of a ``functools.lru_cache``/``functools.cache`` wrapper (C state: the results
+#: it holds are reached by no attribute).
+_LRU_CACHE: type = type(functools.lru_cache(maxsize=None)(len))
+
+
+def live_functions(
+    codes: Iterable[types.CodeType],
+) -> dict[types.CodeType, list[types.FunctionType]]:
+    """Per code of ``codes``, the function objects alive now running it (none: absent).
+    One walk of the heap for all of them (``gc.get_referrers`` walks every object: a
+    tenth of a second with torch loaded)."""
+    wanted = set(codes)
+    found: dict[types.CodeType, list[types.FunctionType]] = {}
+    if not wanted:
+        return found
+    for fn in gc.get_referrers(*wanted):
+        if isinstance(fn, types.FunctionType) and fn.__code__ in wanted:
+            found.setdefault(fn.__code__, []).append(fn)
+    return found
+
+
+def _held(fn: types.FunctionType, own: set[int]) -> bool:
+    """Whether something other than a frame (and this module's own lists, ``own``)
+    holds ``fn``. One only frames hold -- a local of the capturing code, a frame a
+    traceback keeps -- is reached by nothing fn can read on a later call."""
+    return any(
+        not isinstance(held, types.FrameType) and id(held) not in own
+        for held in gc.get_referrers(fn)
+    )
+
+
+def _unwatched(
+    codes: Iterable[types.CodeType], watched: set[int]
+) -> dict[types.CodeType, list[types.FunctionType]]:
+    found: dict[types.CodeType, list[types.FunctionType]] = {}
+    running = live_functions(c for c in codes if is_project_file(c.co_filename))
+    for code, live in running.items():
+        if any(id(fn) in watched for fn in live):
+            continue
+        held = [fn for fn in live if _held(fn, {id(live), id(running)})]
+        if held:
+            found[code] = held
+    return found
+
+
+def unwatched_live(
+    codes: Iterable[types.CodeType], watched: Iterable[Any]
+) -> dict[types.CodeType, list[types.FunctionType]]:
+    """Per project code among ``codes``: the live functions running it, where it has some
+    and none of them is among ``watched`` (function objects, compared by identity).
+
+    A function only frames hold is not counted (nothing fn reads reaches it). Garbage
+    not yet collected (a recursive closure made per call keeps itself alive in a
+    cycle) is collected before a code is held against the capture."""
+    codes = list(codes)
+    ids = {id(fn) for fn in watched}
+    found = _unwatched(codes, ids)
+    if found:
+        again = list(found)
+        found.clear()  # its lists hold the functions
+        gc.collect()
+        found = _unwatched(again, ids)
+    return found
+
+
+def _cache_of(code: types.CodeType) -> Any:
+    """The lru_cache wrapper that a project code's qualified name resolves to in its
+    module, wrapping a function of that code (``@functools.cache def cached_act``), or
+    None. By name, not by a heap walk: this runs for every traced code."""
+    import inspect
+
+    qualname = getattr(code, "co_qualname", code.co_name)
+    if "<locals>" in qualname or not is_project_file(code.co_filename):
+        return None
+    owner: Any = inspect.getmodule(code)
+    for part in qualname.split("."):
+        owner = getattr(owner, part, None)
+    wrapped = getattr(owner, "__wrapped__", None)
+    if isinstance(owner, _LRU_CACHE) and getattr(wrapped, "__code__", None) is code:
+        return owner
+    return None
+
+
+def cached_makers(codes: Iterable[types.CodeType]) -> dict[types.CodeType, str]:
+    """The codes among ``codes`` made, per call, under a function an lru_cache wraps:
+    that function's nested code, and (transitively) that of the traced functions it
+    loads by global name -- with the qualified name of the cached function.
+
+    Dynamo traces the wrapped function as if uncached (it warns so) and keeps nothing
+    of what it made, while eager keeps its result in the cache and calls it again: a
+    function made there outlives the call in eager though no function object runs its
+    code at capture. The call tree is approximated by global names (``cached_act``
+    calls ``make_act``, whose nested ``act`` it returns)."""
+    from precompile.capturing.bytecode_names import global_loads
+
+    traced = set(codes)
+    found: dict[types.CodeType, str] = {}
+    for code in traced:
+        wrapper = _cache_of(code)
+        if wrapper is None:
+            continue
+        maker = wrapper.__wrapped__
+        pending: list[tuple[types.CodeType, dict[str, Any]]] = [(code, maker.__globals__)]
+        seen: set[types.CodeType] = set()
+        while pending:
+            at, scope = pending.pop()
+            if at in seen:
+                continue
+            seen.add(at)
+            for const in at.co_consts:
+                if isinstance(const, types.CodeType):
+                    found.setdefault(const, maker.__qualname__)
+                    pending.append((const, scope))
+            for name in global_loads(at):
+                callee = scope.get(name)
+                if isinstance(callee, types.FunctionType) and callee.__code__ in traced:
+                    pending.append((callee.__code__, callee.__globals__))
+    return found
+
+
+def closure_functions(functions: Iterable[Any]) -> list[types.FunctionType]:
+    """``functions`` and every function their closure cells hold, transitively (a
+    watched function's cells are watched with it)."""
+    found: dict[int, types.FunctionType] = {}
+    pending = [f for f in functions if isinstance(f, types.FunctionType)]
+    while pending:
+        fn = pending.pop()
+        if id(fn) in found:
+            continue
+        found[id(fn)] = fn
+        for cell in fn.__closure__ or ():
+            try:
+                held = cell.cell_contents
+            except ValueError:
+                continue
+            if isinstance(held, types.FunctionType):
+                pending.append(held)
+    return list(found.values())
+
+
+def _describe(holder: Any, depth: int = 0) -> str | None:
+    """Words for one object holding a function (``gc.get_referrers``), or None."""
+    if isinstance(holder, _LRU_CACHE):
+        return f"the lru_cache of {getattr(holder, '__qualname__', '?')}"
+    if isinstance(holder, types.CellType):
+        return "a closure cell"
+    if isinstance(holder, types.FrameType):
+        return None
+    if depth < 2 and isinstance(holder, (dict, list, tuple)):
+        # The lru_cache keeps its results in a dict (and, bounded, in link lists) that
+        # only the wrapper holds: name the wrapper.
+        for outer in gc.get_referrers(holder):
+            if isinstance(outer, _LRU_CACHE):
+                return _describe(outer, depth + 1)
+    if isinstance(holder, dict):
+        return "a dict"
+    if isinstance(holder, list):
+        return "a list"
+    if isinstance(holder, tuple):
+        return "a tuple"
+    return f"a {type(holder).__qualname__} object"
+
+
+def holders(fn: types.FunctionType, ignore: Iterable[Any] = ()) -> list[str]:
+    """What holds ``fn``, in words, as far as can be said cheaply: its strong referrers
+    (an lru_cache, a list, a dict) other than ``ignore`` (this module's own lists), and
+    the weak dictionaries that name it."""
+    skip = {id(o) for o in ignore}
+    words: dict[str, None] = {}
+    for ref in weakref.getweakrefs(fn):
+        key = getattr(ref, "key", None)
+        if isinstance(ref, weakref.KeyedRef):
+            words[f"a WeakValueDictionary (entry {key!r})"] = None
+    for held in gc.get_referrers(fn):
+        if id(held) in skip:
+            continue
+        said = _describe(held)
+        if said is not None:
+            words[said] = None
+    return list(words)[:3]
+
+
+def refuse_unwatched(
+    found: dict[types.CodeType, list[types.FunctionType]],
+    where: Any = None,
+    cached: dict[types.CodeType, str] | None = None,
+) -> None:
+    """Refuse the first code of ``found`` (``unwatched_live``) or of ``cached``
+    (``cached_makers``, codes no watched path reaches), naming the function, where it is
+    defined and what holds it, with the fix."""
+    held: list[str]
+    if found:
+        code, live = next(iter(found.items()))
+        held = [word for fn in live for word in holders(fn, found.values())]
+    elif cached:
+        code, maker = next(iter(cached.items()))
+        held = [f"the lru_cache of {maker} in eager, which keeps what {maker} returned"]
+    else:
+        return
+    qualname = getattr(code, "co_qualname", code.co_name)
+    said = f", held by {', '.join(dict.fromkeys(held))}" if held else ""
+    raise PrecompileError(
+        f"the trace ran function {qualname} ({user_path(code.co_filename)}:"
+        f"{code.co_firstlineno}), a function object that outlives the call{said}, "
+        f"which no name another process imports, no module global the trace read, no "
+        f"argument of fn and no watched function reaches: a serving process cannot watch "
+        f"it, and eager calls that very object again, so its code replaced (a hot patch, "
+        f"IPython's autoreload) or the holder's entry changed would be served as traced",
+        hint="bind it to a module-level name (ACT = make_act(2.0)) or a module "
+        "attribute fn reads (self.act = ...), or make it per call in the traced code",
+        invariant=1,
+        location=where,
+    )
+
+
+__all__ = [
+    "cached_makers",
+    "closure_functions",
+    "holders",
+    "live_functions",
+    "refuse_unwatched",
+    "unwatched_live",
+]

@@ -1,0 +1,213 @@
+"""Issue 26, round 4 (class C): a function object the trace ran that outlives the call,
+held only where no recorded path or fingerprint reaches -- the result an lru_cache'd
+maker returned (the cache is C state), a ``weakref.WeakValueDictionary`` entry (a weak
+reference). Eager calls that very object on every call: its ``__code__`` swapped, or the
+cache cleared and its maker changed, or the entry replaced, was served stale. Such a
+function is refused at capture, naming it and what holds it
+(``precompile.capturing.live_functions``), by both tracers.
+
+The same function bound to a module-level name the traced code reads, and a cached
+helper that returns a plain value (make_fx watches an lru_cache by its wrapped
+function), are served equal to eager in a fresh process, and a change to either after
+serving is refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import precompile
+from tests.harness import attack_in_child, capture_pair
+
+TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
+
+
+# Each holder gets a maker of its own: the rule is by code, and a function of the same
+# code watched elsewhere would watch this one's code too (``live_functions``).
+def make_cached(k: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    def act(x: torch.Tensor) -> torch.Tensor:
+        return x * k
+
+    return act
+
+
+def make_bounded(k: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    def act(x: torch.Tensor) -> torch.Tensor:
+        return x * k - 1
+
+    return act
+
+
+def make_weak(k: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    def act(x: torch.Tensor) -> torch.Tensor:
+        return x * k + 2
+
+    return act
+
+
+def make_bound(k: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    def act(x: torch.Tensor) -> torch.Tensor:
+        return x * k + 3
+
+    return act
+
+
+def make_other(k: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    # What a hot patch swaps in: the same free variable, another body.
+    def act(x: torch.Tensor) -> torch.Tensor:
+        return x + k
+
+    return act
+
+
+def tripled(k: float) -> float:
+    return k * 3.0
+
+
+@functools.cache
+def cached_act(k: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    return make_cached(k)
+
+
+@functools.lru_cache(maxsize=8)
+def bounded_act(k: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    return make_bounded(k)
+
+
+@functools.lru_cache
+def scale_for(k: float) -> float:
+    return k * 2.0
+
+
+_KEEP: list[Any] = []
+WEAK: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+#: The same kind of function, bound to a module-level name: served, and watched.
+ACT = make_bound(2.0)
+
+
+def _fill() -> None:
+    cached_act.cache_clear()
+    bounded_act.cache_clear()
+    _KEEP[:] = [make_weak(2.0)]
+    WEAK["act"] = _KEEP[0]
+
+
+class UsesCache(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return cached_act(2.0)(x) + 1
+
+
+class UsesLruCache(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return bounded_act(2.0)(x) + 1
+
+
+class UsesWeak(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return WEAK["act"](x) + 1
+
+
+class UsesBound(nn.Module):
+    """The served shapes: a module-level function, a cached helper returning a value."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ACT(x) * scale_for(1.5)
+
+
+def serve(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x)
+
+
+#: case -> (model, words the refusal must hold besides the function's name), per tracer
+#: where they differ (Dynamo breaks the graph at the WeakValueDictionary and refuses the
+#: function carried across the break, by its name).
+REFUSED: dict[str, tuple[type[nn.Module], dict[str, str]]] = {
+    "functools.cache": (
+        UsesCache,
+        {"make_fx": "the lru_cache of cached_act", "dynamo": "the lru_cache of cached_act"},
+    ),
+    "functools.lru_cache": (
+        UsesLruCache,
+        {"make_fx": "the lru_cache of bounded_act", "dynamo": "the lru_cache of bounded_act"},
+    ),
+    "WeakValueDictionary": (
+        UsesWeak,
+        {"make_fx": "a WeakValueDictionary (entry 'act')", "dynamo": "make_weak.<locals>.act"},
+    ),
+}
+
+
+@pytest.mark.parametrize("tracer", sorted(TRACERS))
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_a_function_only_c_state_holds_is_refused_at_capture(
+    tracer: str, case: str, tmp_path: Path
+) -> None:
+    model, words = REFUSED[case]
+    _fill()
+    torch.manual_seed(0)
+    with torch.no_grad(), pytest.raises(precompile.PrecompileError) as refused:
+        capture_pair(
+            serve, model().eval(), torch.randn(3, 4), directory=tmp_path, tracer=TRACERS[tracer]()
+        )
+    text = str(refused.value)
+    assert ".<locals>.act" in text and words[tracer] in text, text
+
+
+CHILD = """
+import json, warnings
+warnings.simplefilter("ignore")
+import torch, precompile
+from tests.core.runtime import test_unwatched_functions as case
+
+def outcome(run, model, x):
+    try:
+        got = run(model, x)
+    except precompile.PrecompileError as error:
+        return ["refused", str(error)]
+    return ["served", bool(torch.allclose(got, case.serve(model, x)))]
+
+run = precompile.load({artifact!r}, {cache!r})
+torch.manual_seed(0)
+model, x = case.UsesBound().eval(), torch.randn(3, 4)
+out = {{}}
+with torch.no_grad():
+    out["first"] = [outcome(run, model, x) for _ in range(2)]
+    code = case.ACT.__code__
+    case.ACT.__code__ = case.make_other(0.0).__code__
+    out["code swapped"] = outcome(run, model, x)
+    case.ACT.__code__ = code
+    out["undone"] = outcome(run, model, x)
+    case.scale_for.cache_clear()
+    case.scale_for.__wrapped__.__code__ = case.tripled.__code__
+    out["cached maker changed"] = outcome(run, model, x)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("tracer", sorted(TRACERS))
+def test_the_same_function_bound_to_a_name_is_served_and_watched(
+    tracer: str, tmp_path: Path
+) -> None:
+    scale_for.cache_clear()
+    out = attack_in_child(
+        CHILD,
+        serve,
+        lambda: UsesBound().eval(),
+        lambda: torch.randn(3, 4),
+        directory=tmp_path,
+        tracer=TRACERS[tracer](),
+    )
+    assert out["first"] == [["served", True]] * 2, out
+    assert out["undone"] == ["served", True], out
+    kind, text = out["code swapped"]
+    assert kind == "refused" and "ACT" in text, out
+    kind, text = out["cached maker changed"]
+    assert kind == "refused" and "scale_for" in text, out
