@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import functools
 import textwrap
+import types
 from collections import OrderedDict
 from collections.abc import Callable
 from enum import IntEnum
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import pytest
@@ -191,6 +192,65 @@ class FlagOr(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training or self.flag:
+            x = x + 100
+        return x * 2
+
+
+class FlagSideChain(nn.Module):
+    """``flag and self._bump() and training``: the flag decides whether ``_bump`` runs,
+    and ``_bump`` stores the scale forward multiplies by."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flag: Any = False
+        self.scale = 2.0
+
+    def _bump(self) -> bool:
+        self.scale = 5.0
+        return True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.flag and self._bump() and self.training:
+            x = x + 100
+        return x * self.scale
+
+
+class FlagEq(nn.Module):
+    """``(flag and training) == False``: 0 == False, but "" != False and [] != False."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flag: Any = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (self.flag and self.training) == False:  # noqa: E712 (the attack)
+            x = x + 100
+        return x * 2
+
+
+class FlagOrChain(nn.Module):
+    """``flag and training or other``: in eval ``other`` decides."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flag: Any = True
+        self.other: Any = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.flag and self.training or self.other:  # noqa: RUF021 (the attack)
+            x = x + 100
+        return x * 2
+
+
+class BufferFlag(nn.Module):
+    """The flag is a registered one-element buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("flag", torch.tensor(False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.flag and self.training:
             x = x + 100
         return x * 2
 
@@ -379,6 +439,7 @@ def _reset_dicts() -> None:
     K = "a"
     CFG = {"a": 2.0, "b": 1.0, "lst": [1.0, 2.0], "nest": {"s": 2.0}, "z": 0.0}
     ALIAS = CFG
+    _Holder.table = CFG
     MISSING = _Missing(a=2.0)
 
 
@@ -442,6 +503,39 @@ class ReadsKeyAndHelperLen(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * CFG["a"] + _iterate_cfg()
+
+
+def _len_through_globals() -> float:
+    return float(sum(v for v in globals()["CFG"].values() if isinstance(v, float)))
+
+
+class ReadsKeyAndGlobalsCall(nn.Module):
+    """CFG read by key here; iterated in a helper through ``globals()``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * CFG["a"] + _len_through_globals()
+
+
+def _kwargs_reader(x: torch.Tensor, a: float, **rest: Any) -> torch.Tensor:
+    return x * a + len(rest)
+
+
+class ReadsKeyAndSplat(nn.Module):
+    """CFG read by key, and splatted into a call (``**CFG``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _kwargs_reader(x * CFG["b"], **CFG)
+
+
+class _Holder:
+    table: ClassVar[dict[str, Any]] = {}
+
+
+class ReadsKeyAndClassAlias(nn.Module):
+    """CFG read by key; the same dict iterated through a class attribute."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * CFG["a"] + float(len(_Holder.table))
 
 
 def _cfg_set(key: str, value: Any) -> Callable[[nn.Module], None]:
@@ -549,6 +643,47 @@ def make_kw_act() -> Callable[..., torch.Tensor]:
     return act
 
 
+def make_wrapped(k: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A wrapper whose closure holds another closure (the value is one level down)."""
+    inner = make_act(k)
+
+    def act(x: torch.Tensor) -> torch.Tensor:
+        return inner(x)
+
+    return act
+
+
+def make_self_ref() -> Callable[[torch.Tensor], torch.Tensor]:
+    """A function whose closure holds itself, reading its own attribute."""
+
+    def act(x: torch.Tensor) -> torch.Tensor:
+        return x * act.scale  # type: ignore[attr-defined]
+
+    act.scale = 2.0  # type: ignore[attr-defined]
+    return act
+
+
+def make_ns_act() -> Callable[[torch.Tensor], torch.Tensor]:
+    """A function whose closure holds a namespace object, whose attribute it reads."""
+    holder = types.SimpleNamespace(scale=2.0)
+
+    def act(x: torch.Tensor) -> torch.Tensor:
+        return x * holder.scale
+
+    return act
+
+
+#: a registry that holds a function whose closure holds itself (a recursive helper)
+RECURSIVE: dict[str, Any] = {}
+
+
+def make_module_act(layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    def act(x: torch.Tensor) -> torch.Tensor:
+        return layer(x)
+
+    return act
+
+
 def _mul(x: torch.Tensor, k: float) -> torch.Tensor:
     return x * k
 
@@ -567,7 +702,17 @@ def _reset_registry() -> None:
         glob=make_global_act(),
         kw=make_kw_act(),
         partial=functools.partial(_mul, k=2.0),
+        wrapped=make_wrapped(2.0),
+        module=make_module_act(_seeded_linear(0)),
+        ns=make_ns_act(),
     )
+    RECURSIVE.clear()
+    RECURSIVE.update(selfref=make_self_ref(), act=make_act(2.0))
+
+
+def _seeded_linear(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Linear(4, 4)
 
 
 def _uses(key: str) -> type[nn.Module]:
@@ -583,6 +728,31 @@ def _uses(key: str) -> type[nn.Module]:
 UsesAct, UsesTensor, UsesList, UsesGlob, UsesKw, UsesPartial = (
     _uses(k) for k in ("act", "tensor", "lst", "glob", "kw", "partial")
 )
+UsesWrapped, UsesModule, UsesNs = (_uses(k) for k in ("wrapped", "module", "ns"))
+
+
+class UsesSelfRef(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return RECURSIVE["selfref"](x) + 1
+
+
+class UsesBesideRecursive(nn.Module):
+    """Reads a plain function from a registry that also holds a recursive one."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return RECURSIVE["act"](x) + 1
+
+
+def _selfref_attr(m: nn.Module) -> None:
+    RECURSIVE["selfref"].scale = 5.0
+
+
+def _closure_module_weight(m: nn.Module) -> None:
+    REGISTRY["module"].__closure__[0].cell_contents.weight.mul_(2)
+
+
+def _ns_attr(m: nn.Module) -> None:
+    REGISTRY["ns"].__closure__[0].cell_contents.scale = 5.0
 
 
 def _refill(key: str, value: Callable[[], Any]) -> Callable[[nn.Module], None]:
@@ -837,6 +1007,29 @@ SCENARIOS: dict[str, Attack] = {
         lambda: FlagKeptInTensor().eval(), _set_flag(7)
     ),
     "T training or flag, flag to a truthy list": Attack(lambda: FlagOr().eval(), _set_flag([1])),
+    "T flag and a side-effecting call and training, flag set": Attack(
+        lambda: FlagSideChain().eval(), _set_flag(True), probe=lambda m: m.scale
+    ),
+    **{
+        f"T (flag and training) == False, flag 0 to {value!r}": Attack(
+            lambda: FlagEq().eval(), _set_flag(value), group="eq"
+        )
+        for value in ("", [], 0.0, None)
+    },
+    "T flag and training or other, other set": Attack(
+        lambda: FlagOrChain().eval(), lambda m: setattr(m, "other", True), group="orchain"
+    ),
+    "T flag and training or other, flag set falsy (no-op)": Attack(
+        lambda: FlagOrChain().eval(), _set_flag(0), group="orchain"
+    ),
+    "T buffer flag set True": Attack(
+        lambda: BufferFlag().eval(), lambda m: m.flag.fill_(True), group="bufflag"
+    ),
+    "T buffer flag made two elements": Attack(
+        lambda: BufferFlag().eval(),
+        lambda m: setattr(m, "flag", torch.tensor([True, False])),
+        group="bufflag",
+    ),
     # W. walk order
     "W tied weight, fc1 deleted and set again (no-op)": Attack(
         lambda: TwoLinear(tied=True).eval(), _readd_fc1, group="tied"
@@ -916,6 +1109,15 @@ SCENARIOS: dict[str, Attack] = {
     "W CFG['a'] and its alias iterated, unread key changed": Attack(
         lambda: ReadsKeyAndAliasIterated().eval(), _cfg_set("z", 4.0)
     ),
+    "W CFG['a'] and iterated through globals(), unread key changed": Attack(
+        lambda: ReadsKeyAndGlobalsCall().eval(), _cfg_set("z", 4.0)
+    ),
+    "W CFG['b'] and **CFG, key added": Attack(
+        lambda: ReadsKeyAndSplat().eval(), _cfg_set("new", 1.0)
+    ),
+    "W CFG['a'] and its len through a class attribute, key added": Attack(
+        lambda: ReadsKeyAndClassAlias().eval(), _cfg_set("new", 1.0)
+    ),
     "W CFG['a'] and its len in a helper, key added": Attack(
         lambda: ReadsKeyAndHelperLen().eval(), _cfg_set("new", 1.0)
     ),
@@ -954,6 +1156,45 @@ SCENARIOS: dict[str, Attack] = {
         lambda: UsesPartial().eval(),
         _refill("partial", lambda: functools.partial(_mul, k=5.0)),
         group="partial",
+    ),
+    "W registry wrapper refilled, inner closure another value": Attack(
+        lambda: UsesWrapped().eval(),
+        _refill("wrapped", lambda: make_wrapped(5.0)),
+        group="wrapped",
+    ),
+    "W registry wrapper refilled by the same maker (no-op)": Attack(
+        lambda: UsesWrapped().eval(),
+        _refill("wrapped", lambda: make_wrapped(2.0)),
+        group="wrapped",
+    ),
+    "W registry self-referencing function refilled (no-op)": Attack(
+        lambda: UsesSelfRef().eval(),
+        lambda m: RECURSIVE.__setitem__("selfref", make_self_ref()),
+        group="selfref",
+    ),
+    "W registry beside a recursive function, refilled by the same maker (no-op)": Attack(
+        lambda: UsesBesideRecursive().eval(),
+        lambda m: RECURSIVE.__setitem__("act", make_act(2.0)),
+        group="beside",
+    ),
+    "W registry beside a recursive function, refilled with another k": Attack(
+        lambda: UsesBesideRecursive().eval(),
+        lambda m: RECURSIVE.__setitem__("act", make_act(5.0)),
+        group="beside",
+    ),
+    "W registry closure namespace's attribute changed": Attack(lambda: UsesNs().eval(), _ns_attr),
+    "W registry self-referencing function's attribute changed": Attack(
+        lambda: UsesSelfRef().eval(), _selfref_attr, group="selfref"
+    ),
+    "W registry closure module refilled with other weights": Attack(
+        lambda: UsesModule().eval(),
+        _refill("module", lambda: make_module_act(_seeded_linear(1))),
+        group="module",
+    ),
+    "W registry closure module's weight changed in place": Attack(
+        lambda: UsesModule().eval(),
+        _closure_module_weight,
+        group="module",
     ),
     # P. make_fx Inductor, asserts the driver proves
     **{
@@ -1157,6 +1398,17 @@ KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {
     # the same code made in another namespace (another SCALE) is served the captured
     # graph (repro_attack5_function_globals.py). Dynamo refuses it.
     ("make_fx", "W registry refilled with the same code in other globals"): ("served", "False"),
+    # make_fx: a global dict read by key in forward and iterated by a helper through
+    # ``globals()["CFG"]`` (not a LOAD_GLOBAL) is compared at the read key alone: an unread
+    # key changed is served the captured sum (repro_attack5_keyed_dict_globals_call.py)
+    ("make_fx", "W CFG['a'] and iterated through globals(), unread key changed"): (
+        "served",
+        "False",
+    ),
+    # make_fx: a function reading an attribute of itself through its own closure cell
+    # (``act.scale``): the attribute changed after load is served the captured graph
+    # (repro_attack5_function_self_attribute.py); through a closure namespace it refuses
+    ("make_fx", "W registry self-referencing function's attribute changed"): ("served", "False"),
 }
 
 _DYNAMO_TYPE_MATCH = "the type the capture saw"
@@ -1175,6 +1427,7 @@ KNOWN_NEEDLESS: dict[tuple[str, str], str] = {
             "T flag a string (no-op)",
             "T flag set before load to a list (no-op)",
             "T not flag and training, flag changed (no-op)",
+            "T flag and training or other, flag set falsy (no-op)",
             "T class flag set on the class after load (no-op)",
             "T class flag shadowed in the instance dict (no-op)",
         )
@@ -1200,6 +1453,17 @@ KNOWN_NEEDLESS: dict[tuple[str, str], str] = {
         for name in (
             "W registry kw-only function refilled by the same maker (no-op)",
             "W registry refilled with other __kwdefaults__",
+        )
+    },
+    # W, Dynamo: a registry dict that holds a recursive function (its closure holds
+    # itself) makes every capture reading that dict fail: RecursionError pickling the
+    # guards (_compat/dynamo.py reducer_override <-> dynamo_guard_relaxing.init), told
+    # as "fn raised InternalTorchDynamoError" (repro_attack5_dynamo_recursive_closure.py)
+    **{
+        ("dynamo", name): "RecursionError"
+        for name in (
+            "W registry self-referencing function refilled (no-op)",
+            "W registry beside a recursive function, refilled by the same maker (no-op)",
         )
     },
     # W, make_fx: CFG[K] with K a module constant is not a constant key
