@@ -411,6 +411,52 @@ class StateDictWalk(nn.Module):
         return x @ weights[0] * 2 + x @ weights[1]
 
 
+class DunderDictWalk(nn.Module):
+    """The walk reads ``self.__dict__["_modules"]`` (not the attribute)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 4)
+        self.fc2 = nn.Linear(4, 4, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.__dict__["_modules"].values():
+            x = torch.relu(layer(x)) + 1
+        return x
+
+
+class VectorWalk(nn.Module):
+    """The walk is inside ``parameters_to_vector(self.parameters())``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 4, bias=False)
+        self.fc2 = nn.Linear(4, 4, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        v = torch.nn.utils.parameters_to_vector(self.parameters())
+        return x * v[:4] + v[16:20]
+
+
+def _children_hook(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+    for child in module.children():
+        output = torch.relu(child(output)) + 1
+    return output
+
+
+class HookWalk(nn.Module):
+    """A forward hook on the model applies its children in walk order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 4)
+        self.fc2 = nn.Linear(4, 4, bias=False)
+        self.register_forward_hook(_children_hook)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
 K = "a"
 CFG: dict[str, Any] = {}
 ALIAS: dict[str, Any] = {}
@@ -880,6 +926,51 @@ def _new_fc1(m: nn.Module) -> None:
     m.fc1 = nn.Linear(4, 8)
 
 
+class Scaled(torch.Tensor):
+    """A tensor subclass whose every torch op result is scaled by 3."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        if isinstance(out, torch.Tensor) and func is torch.nn.functional.linear:
+            return out * 3
+        return out
+
+
+def _neg_view_input(x: torch.Tensor) -> torch.Tensor:
+    """A negative-bit view: its storage holds -x, its value is x."""
+    return torch._neg_view(-x)
+
+
+def _alias_weight(m: nn.Module) -> Any:
+    """The input is a view of fc1.weight's first rows (a parameter's storage)."""
+    return lambda f, mod, x: f(mod, mod.fc1.weight[1:4])
+
+
+def _threads(m: nn.Module) -> Any:
+    """Two threads serve the model at once, one a contiguous input, one column-major."""
+
+    def call(f: Any, mod: nn.Module, x: torch.Tensor) -> Any:
+        import threading
+
+        results: dict[int, list[torch.Tensor]] = {0: [], 1: []}
+        inputs = [x * 3, (x * 5).t().contiguous().t()]
+
+        def work(k: int) -> None:
+            with torch.no_grad():
+                for _ in range(30):
+                    results[k].append(f(mod, inputs[k]).clone())
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return torch.stack(results[0] + results[1])
+
+    return call
+
+
 def _to_double(m: nn.Module) -> Any:
     m.double()
     return lambda f, mod, x: f(mod, x.double())
@@ -1071,6 +1162,15 @@ SCENARIOS: dict[str, Attack] = {
     "W state_dict walk, reordered": Attack(
         lambda: StateDictWalk().eval(), _readd_first_attr("fc1")
     ),
+    "W __dict__['_modules'] walk, reordered": Attack(
+        lambda: DunderDictWalk().eval(), _readd_first_attr("fc1")
+    ),
+    "W parameters_to_vector walk, reordered": Attack(
+        lambda: VectorWalk().eval(), _readd_first_attr("fc1")
+    ),
+    "W children walk in a forward hook, reordered": Attack(
+        lambda: HookWalk().eval(), _readd_first_attr("fc1")
+    ),
     # W. global dicts by key
     "W CFG[K], CFG['a'] changed": Attack(
         lambda: ReadsConstKey().eval(), _cfg_set("a", 5.0), group="constkey"
@@ -1218,6 +1318,12 @@ SCENARIOS: dict[str, Attack] = {
             "fc1.weight set_ in place at an offset": _weight_set_offset,
             "the served input set_ in place to other strides": _input_set_restrided,
             "fc1 replaced by a new Linear": _new_fc1,
+            "input a negative-bit view (no-op)": _call_with(_neg_view_input),
+            "input a conjugate view (no-op)": _call_with(lambda x: x.conj()),
+            "input a tensor subclass scaling linear": _call_with(lambda x: x.as_subclass(Scaled)),
+            "input an nn.Parameter (no-op)": _call_with(lambda x: nn.Parameter(x * 3)),
+            "input aliasing fc1.weight's storage": _alias_weight,
+            "two threads, two input layouts": _threads,
             "model and input to double": _to_double,
             "buffer to half": _to_half_buffer,
             "parametrization registered": _parametrized,
@@ -1237,6 +1343,16 @@ SCENARIOS: dict[str, Attack] = {
     "N the served input set_ in place to other strides": Attack(
         _mlp, _input_set_restrided, group="mlp-eager"
     ),
+    "N input a negative-bit view (no-op)": Attack(
+        _mlp, _call_with(_neg_view_input), group="mlp-eager"
+    ),
+    "N input a tensor subclass scaling linear": Attack(
+        _mlp, _call_with(lambda x: x.as_subclass(Scaled)), group="mlp-eager"
+    ),
+    "N input an nn.Parameter (no-op)": Attack(
+        _mlp, _call_with(lambda x: nn.Parameter(x * 3)), group="mlp-eager"
+    ),
+    "N two threads, two input layouts": Attack(_mlp, _threads, group="mlp-eager"),
     "N input at a storage offset": Attack(_mlp, _call_with(_offset_input), group="mlp-eager"),
 }
 
@@ -1409,6 +1525,11 @@ KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {
     # (``act.scale``): the attribute changed after load is served the captured graph
     # (repro_attack5_function_self_attribute.py); through a closure namespace it refuses
     ("make_fx", "W registry self-referencing function's attribute changed"): ("served", "False"),
+    # make_fx, eager and Inductor: an input of a torch.Tensor subclass whose
+    # __torch_function__ changes results is served the plain graph; Dynamo refuses it
+    # (repro_attack5_tensor_subclass_input.py)
+    ("make_fx", "N input a tensor subclass scaling linear"): ("served", "False"),
+    ("make_fx", "P Inductor: input a tensor subclass scaling linear"): ("served", "False"),
 }
 
 _DYNAMO_TYPE_MATCH = "the type the capture saw"
@@ -1466,6 +1587,8 @@ KNOWN_NEEDLESS: dict[tuple[str, str], str] = {
             "W registry beside a recursive function, refilled by the same maker (no-op)",
         )
     },
+    # N, Dynamo: a negative-bit view input (its value is x) refused in Dynamo's words
+    ("dynamo", "N input a negative-bit view (no-op)"): "DispatchKeySet(CPU, Negative",
     # W, make_fx: CFG[K] with K a module constant is not a constant key
     ("make_fx", "W CFG[K], unread key added (no-op)"): "global CFG of module",
     # P, make_fx Inductor: a parameter in another layout with the same values
