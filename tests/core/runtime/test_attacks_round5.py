@@ -937,6 +937,38 @@ class Scaled(torch.Tensor):
         return out
 
 
+class ScaledParameter(nn.Parameter):
+    """A Parameter subclass whose every F.linear result is scaled by 3."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and func is torch.nn.functional.linear:
+            return out * 3
+        return out
+
+
+def _subclass_param(m: nn.Module) -> None:
+    m.fc1.weight = ScaledParameter(m.fc1.weight.detach().clone())
+
+
+class _ScalingMode(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func is torch.nn.functional.linear:
+            return out * 3
+        return out
+
+
+def _under_mode(m: nn.Module) -> Any:
+    def call(f: Any, mod: nn.Module, x: torch.Tensor) -> Any:
+        with _ScalingMode():
+            return f(mod, x)
+
+    return call
+
+
 def _neg_view_input(x: torch.Tensor) -> torch.Tensor:
     """A negative-bit view: its storage holds -x, its value is x."""
     return torch._neg_view(-x)
@@ -1324,6 +1356,8 @@ SCENARIOS: dict[str, Attack] = {
             "input an nn.Parameter (no-op)": _call_with(lambda x: nn.Parameter(x * 3)),
             "input aliasing fc1.weight's storage": _alias_weight,
             "two threads, two input layouts": _threads,
+            "fc1.weight a Parameter subclass scaling linear": _subclass_param,
+            "called under a TorchFunctionMode scaling linear": _under_mode,
             "model and input to double": _to_double,
             "buffer to half": _to_half_buffer,
             "parametrization registered": _parametrized,
@@ -1351,6 +1385,12 @@ SCENARIOS: dict[str, Attack] = {
     ),
     "N input an nn.Parameter (no-op)": Attack(
         _mlp, _call_with(lambda x: nn.Parameter(x * 3)), group="mlp-eager"
+    ),
+    "N fc1.weight a Parameter subclass scaling linear": Attack(
+        _mlp, _subclass_param, group="mlp-eager"
+    ),
+    "N called under a TorchFunctionMode scaling linear": Attack(
+        _mlp, _under_mode, group="mlp-eager"
     ),
     "N two threads, two input layouts": Attack(_mlp, _threads, group="mlp-eager"),
     "N input at a storage offset": Attack(_mlp, _call_with(_offset_input), group="mlp-eager"),
@@ -1530,6 +1570,9 @@ KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {
     # (repro_attack5_tensor_subclass_input.py)
     ("make_fx", "N input a tensor subclass scaling linear"): ("served", "False"),
     ("make_fx", "P Inductor: input a tensor subclass scaling linear"): ("served", "False"),
+    # ... and a parameter replaced after load by an nn.Parameter subclass that does so
+    ("make_fx", "N fc1.weight a Parameter subclass scaling linear"): ("served", "False"),
+    ("make_fx", "P Inductor: fc1.weight a Parameter subclass scaling linear"): ("served", "False"),
 }
 
 _DYNAMO_TYPE_MATCH = "the type the capture saw"
