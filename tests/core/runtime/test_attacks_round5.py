@@ -1238,6 +1238,12 @@ SCENARIOS: dict[str, Attack] = {
     "W CFG.get('c', DEFAULT), DEFAULT rebound": Attack(
         lambda: ReadsGetGlobalDefault().eval(), _default_rebound
     ),
+    "W dict subclass __missing__ changed before load": Attack(
+        lambda: ReadsMissing().eval(), _missing_class, before_load=True
+    ),
+    "W CFG['a'] and iterated through globals(), changed before load": Attack(
+        lambda: ReadsKeyAndGlobalsCall().eval(), _cfg_set("z", 4.0), before_load=True
+    ),
     "W CFG['a'] and its alias iterated, unread key changed": Attack(
         lambda: ReadsKeyAndAliasIterated().eval(), _cfg_set("z", 4.0)
     ),
@@ -1271,6 +1277,9 @@ SCENARIOS: dict[str, Attack] = {
     ),
     "W registry refilled with the same code in other globals": Attack(
         lambda: UsesGlob().eval(), _refill("glob", _other_globals)
+    ),
+    "W registry refilled with the same code in other globals before load": Attack(
+        lambda: UsesGlob().eval(), _refill("glob", _other_globals), before_load=True
     ),
     "W registry function's global SCALE rebound": Attack(lambda: UsesGlob().eval(), _scale_rebound),
     "W registry kw-only function refilled by the same maker (no-op)": Attack(
@@ -1554,6 +1563,22 @@ KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {
     # the same code made in another namespace (another SCALE) is served the captured
     # graph (repro_attack5_function_globals.py). Dynamo refuses it.
     ("make_fx", "W registry refilled with the same code in other globals"): ("served", "False"),
+    **{
+        (tracer, "W registry refilled with the same code in other globals before load"): (
+            "served",
+            "False",
+        )
+        # Dynamo too when the function is replaced before load: it is adopted at load by
+        # value, and the value leaves out __globals__
+        # (repro_attack5_dynamo_function_globals_before_load.py)
+        for tracer in TRACERS
+    },
+    # the other two make_fx wrong answers happen before load as well
+    ("make_fx", "W dict subclass __missing__ changed before load"): ("served", "False"),
+    ("make_fx", "W CFG['a'] and iterated through globals(), changed before load"): (
+        "served",
+        "False",
+    ),
     # make_fx: a global dict read by key in forward and iterated by a helper through
     # ``globals()["CFG"]`` (not a LOAD_GLOBAL) is compared at the read key alone: an unread
     # key changed is served the captured sum (repro_attack5_keyed_dict_globals_call.py)
