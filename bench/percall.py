@@ -138,7 +138,10 @@ def _recorded_graph(run: Any, model: nn.Module, x: torch.Tensor) -> Callable[[],
             run(model, x)
         finally:
             scope.update(originals)
-        replays = [(fn, args, grad, False) for fn, args, grad in calls]
+        replays = [
+            (_dynamo_inductor_own_call(namespace, fn), args, grad, False)
+            for fn, args, grad in calls
+        ]
     else:  # make_fx: the graph's boxed call(flat_inputs)
         graph_call = namespace["call"]
         inductor_call = _inductor_own_call(run)
@@ -186,6 +189,24 @@ def _inductor_own_call(run: Any) -> Callable[[list[Any]], Any] | None:
     scope = dict(namespace)
     exec(compile(source, "<inductor's own call>", "exec"), scope)
     return scope["Runner"](partitions=[]).call  # type: ignore[no-any-return]
+
+
+def _dynamo_inductor_own_call(namespace: dict[str, Any], fn: Any) -> Callable[..., Any]:
+    """Inductor's own call of a Dynamo artifact's subgraph whose output module has the
+    size/stride asserts its frame guards prove turned into comments (``inductor_backend.
+    dynamo_proven_inputs``): the module bound again with them restored, under the same
+    per-call input checks; ``fn`` itself for any other subgraph."""
+    from precompile.capturing.inductor_backend import PROVEN_ASSERT
+
+    modules = namespace.get("_INDUCTOR_MODULES", {})
+    name = next((b for b, f in namespace["_BACKEND_FNS"].items() if f is fn), None)
+    if name is None or PROVEN_ASSERT not in modules.get(name, ""):
+        return fn  # type: ignore[no-any-return]
+    bound = namespace["bind_inductor_module"](
+        name, modules[name].replace(PROVEN_ASSERT, ""), namespace["_INDUCTOR"].resolve
+    )
+    spec = namespace.get("_INPUT_CHECKS", {}).get(name)
+    return namespace["check_inputs"](bound, **spec) if spec else bound  # type: ignore[no-any-return]
 
 
 def _capture(

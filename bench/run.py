@@ -59,6 +59,7 @@ RECORDED = (
     "percall_fx3",
     "dynamo_percall3",
     "percall_fx4",
+    "percall_dyn4",
 )
 
 

@@ -411,6 +411,14 @@ def source_path(source: Any) -> str | None:
     return user_path(name) if isinstance(name, str) else None
 
 
+def source_name(source: Any) -> str | None:
+    """A Dynamo source's name in Dynamo's words (``L['x']``): the name its guards use."""
+    name = getattr(source, "name", None)
+    if callable(name):  # a method in some torch versions, a property in 2.13
+        name = name()
+    return name if isinstance(name, str) else None
+
+
 def placeholder_source_objects(gm: torch.fx.GraphModule) -> list[Any]:
     """Each of a Dynamo subgraph's inputs' source (the key of its tensor guard), or None."""
     return [

@@ -11,7 +11,7 @@ import atexit
 import os
 import shutil
 import tempfile
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -279,7 +279,9 @@ class DynamoBackends:
                 if n.op == "call_function"
             )
 
-            def graph_section(names: dict[str, str]) -> str:
+            def graph_section(
+                names: dict[str, str], tensor_guards: dict[str, Any] | None = None
+            ) -> str:
                 return eager_graph_section(frames, graphs, names)
 
             collect_bundle: Any = lambda namespace: {}  # noqa: E731
@@ -301,9 +303,21 @@ class DynamoBackends:
 
             input_checks = self.input_checks_by_backend()
 
-            def graph_section(names: dict[str, str]) -> str:
+            def graph_section(
+                names: dict[str, str], tensor_guards: dict[str, Any] | None = None
+            ) -> str:
+                # Where the frames' guards prove an input's sizes and strides per call,
+                # its Inductor assert goes (InlinedSubgraph.proven_source).
+                shipped = {
+                    b: cast("InlinedSubgraph", inlined[b]).proven_source(
+                        tensor_guards[b], input_checks.get(b, {}).get("layouts")
+                    )
+                    if tensor_guards and b in tensor_guards
+                    else source
+                    for b, source in modules.items()
+                }
                 return inductor_graph_section(
-                    frames, modules, aot_graphs, artifacts, names, input_checks
+                    frames, shipped, aot_graphs, artifacts, names, input_checks
                 )
 
             files = self.inductor_cache_files(artifacts) if artifacts else {}

@@ -23,7 +23,7 @@ from precompile.capturing.dynamo_frames import FrameRecord, GraphBreak
 class DynamoGraphs:
     """The subgraphs Dynamo compiled, as the backend ships them.
 
-    ``section(names)`` renders the artifact's graphs section under the names the emitter
+    ``section(names, tensor_guards)`` renders the artifact's graphs section under the names the emitter
     normalizes: those names come from the content tag, which hashes ``sources``, so the
     section is a callback rather than text. ``bundle(namespace)`` is what the load caches
     beside the artifact (Inductor's kernels and cache files; nothing for eager).
@@ -39,7 +39,11 @@ class DynamoGraphs:
     #: ``library_surface.record_dynamo_surface``).
     graphs: list[torch.fx.GraphModule]
     lowered: list[torch.fx.GraphModule]
-    section: Callable[[dict[str, str]], str]
+    #: ``section(names, tensor_guards)``: ``tensor_guards`` maps a backend id to the
+    #: TENSOR_MATCH specs of each variant of the frames that call it, where the plain
+    #: guard program serves (the proof ``inductor_backend.dynamo_proven_inputs`` reads:
+    #: an Inductor subgraph skips the input asserts they prove); None elsewhere.
+    section: Callable[[dict[str, str], dict[str, list[list[dict[str, Any]]]] | None], str]
     bundle: Callable[[dict[str, Any]], dict[str, Any]]
 
 

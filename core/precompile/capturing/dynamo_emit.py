@@ -405,6 +405,22 @@ def _encode(value: Any) -> str:
     return base64.b64encode(pickle.dumps(value, protocol=4)).decode("ascii")
 
 
+def _tensor_guards(
+    frames: list[FrameRecord], payload: list[dict[str, Any]]
+) -> dict[str, list[list[dict[str, Any]]]]:
+    """Backend id -> the TENSOR_MATCH specs of each variant of every frame that calls
+    it, in the plain guard programs the artifact serves with (what an Inductor subgraph's
+    skipped input asserts are proven by: ``inductor_backend.dynamo_proven_inputs``)."""
+    from precompile.capturing.inductor_backend import tensor_match_specs
+
+    found: dict[str, list[list[dict[str, Any]]]] = {}
+    for frame, record in zip(frames, payload):
+        specs = [tensor_match_specs(variant["guards"]) for variant in record["variants"]]
+        for backend_id in frame.backend_ids:
+            found.setdefault(backend_id, []).extend(specs)
+    return found
+
+
 def emit_dynamo(capture: DynamoCapture, *, fn_info: dict[str, Any], artifact_path: str) -> Artifact:
     """The artifact of a finished capture. Its graphs section is rendered by
     ``capture.graphs.section(names)`` under the names normalized from the content tag.
@@ -491,7 +507,7 @@ def emit_dynamo(capture: DynamoCapture, *, fn_info: dict[str, Any], artifact_pat
             runtime_source(carried.MultiGraph.BYTECODE),
             "",
             "",
-            capture.graphs.section(names),
+            capture.graphs.section(names, _tensor_guards(frames, payload) if plain else None),
             "",
             "# ---- runtime driver (emitted verbatim: precompile.capturing.carried.MultiGraph.driver)",
             driver_source,

@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import hashlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
@@ -86,9 +86,14 @@ PROVEN_ASSERT = "# proven by the driver per call: "
 PROVEN_ASSERTS_NAME = "_PROVEN_SIZE_ASSERTS"
 
 
-def drop_proven_size_asserts(section: str, fakes: list[Any]) -> str:
+def drop_proven_size_asserts(
+    section: str, fakes: list[Any], proven: Sequence[bool] | None = None
+) -> str:
     """Turn into comments the size/stride asserts of ``call`` on its graph inputs that the
-    single-graph driver proves on every call before the graph runs; keep every other.
+    driver proves on every call before the graph runs; keep every other. ``proven`` is
+    the caller's proof, per graph input (None: the single-graph driver's, below); with
+    it, an input that is not a static tensor or not proven keeps its assert and the
+    others may still go (``dynamo_proven_inputs``: the Dynamo driver's frame guards).
 
     Each ``assert_size_stride`` costs about 0.4 us (the MLP's five: 2 us, most of the
     driver's own cost again). The driver compares every graph input's shape and strides
@@ -104,14 +109,14 @@ def drop_proven_size_asserts(section: str, fakes: list[Any]) -> str:
     else stay. The dropped ones are listed in ``_PROVEN_SIZE_ASSERTS`` (graph input
     index, sizes, strides): nothing at run time reads it; it says what the driver
     proves, and lets a benchmark time Inductor's own call."""
-    traced: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
-    for fake in fakes:
-        if not isinstance(fake, torch.Tensor):
+    traced: list[tuple[tuple[int, ...], tuple[int, ...]] | None] = []
+    for k, fake in enumerate(fakes):
+        static = _static_layout(fake)
+        if static is None and proven is None:
             return section
-        sizes, strides = tuple(fake.shape), tuple(fake.stride())
-        if not all(type(n) is int for n in (*sizes, *strides)):
-            return section
-        traced.append((sizes, strides))
+        traced.append(static if proven is None or proven[k] else None)
+    if not any(traced):
+        return section
     call = next(
         (
             node
@@ -136,21 +141,91 @@ def drop_proven_size_asserts(section: str, fakes: list[Any]) -> str:
                 positions = {name: k for k, name in enumerate(names)}
             break
     lines = section.splitlines(keepends=True)
-    proven: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
+    dropped: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
     for stmt in call.body:
         fact = _input_size_assert(stmt, positions)
         if fact is None or stmt.lineno != stmt.end_lineno:
             continue
         k, sizes, strides = fact
-        if (sizes, strides) != traced[k]:
+        if traced[k] is None or (sizes, strides) != traced[k]:
             continue
         line = lines[stmt.lineno - 1]
         indent = line[: len(line) - len(line.lstrip())]
         lines[stmt.lineno - 1] = f"{indent}{PROVEN_ASSERT}{line.strip()}\n"
-        proven.append(fact)
-    if not proven:
+        dropped.append(fact)
+    if not dropped:
         return section
-    return "".join(lines).rstrip() + f"\n\n{PROVEN_ASSERTS_NAME} = {proven!r}\n"
+    return "".join(lines).rstrip() + f"\n\n{PROVEN_ASSERTS_NAME} = {dropped!r}\n"
+
+
+def _static_layout(fake: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """A traced graph input's sizes and strides, where it is a tensor and all are ints."""
+    if not isinstance(fake, torch.Tensor):
+        return None
+    sizes, strides = tuple(fake.shape), tuple(fake.stride())
+    if not all(type(n) is int for n in (*sizes, *strides)):
+        return None
+    return sizes, strides
+
+
+def dynamo_proven_inputs(
+    inputs: Sequence[tuple[str | None, Any]],
+    variants: Sequence[Sequence[dict[str, Any]]],
+    layouts: Sequence[Sequence[int] | None] = (),
+) -> list[bool]:
+    """Per input of a Dynamo subgraph (its source's name, its traced value), whether the
+    Dynamo-free driver proves its sizes and strides right before the graph runs, so
+    that Inductor's assert on it can go (``drop_proven_size_asserts``).
+
+    ``variants``: the TENSOR_MATCH specs (``guard_translation``: name, sizes, strides)
+    of every variant of every frame whose code calls the subgraph. A frame's guards run
+    at its entry, and its bytecode calls its graph before any other user code (a graph
+    break's eager section runs after it, and the graph after the break is a resume
+    frame's, guarded at that frame's entry). Proven: a static tensor that every such
+    variant guards by a TENSOR_MATCH on its source with exactly its sizes and strides
+    (a dynamic dim or relaxed stride is None there: not proven), or with exactly its
+    sizes where the call's input check copies it into its traced strides (``layouts``,
+    ``lowered_inputs.in_captured_layouts``, the stride guard relaxed for that). Only
+    for the plain guard program: Dynamo's own guard manager (installed serving, or
+    guards outside the plain whitelist) skips the tensor guards under a dict whose
+    version tag did not change (``skip_tensor_guards_with_matching_dict_tags``), which
+    ``p.data = ...`` does not change: the caller passes no proof there."""
+    proven: list[bool] = []
+    for k, (name, fake) in enumerate(inputs):
+        static = _static_layout(fake)
+        copied = layouts[k] if k < len(layouts) else None
+        ok = static is not None and name is not None and bool(variants)
+        for specs in variants if ok else ():
+            matches = [spec for spec in specs if spec.get("name") == name]
+            if not any(
+                list(spec["sizes"]) == list(static[0])  # type: ignore[index]
+                and (
+                    list(spec["strides"]) == list(static[1])  # type: ignore[index]
+                    or (copied is not None and list(copied) == list(static[1]))  # type: ignore[index]
+                )
+                for spec in matches
+            ):
+                ok = False
+                break
+        proven.append(ok)
+    return proven
+
+
+def tensor_match_specs(program: Any) -> list[dict[str, Any]]:
+    """Every TENSOR_MATCH leaf's spec in a plain guard program (``guard_translation``:
+    a leaf is ``["tensor", spec, verbose]``), wherever it sits in the tree."""
+    found: list[dict[str, Any]] = []
+    stack = [program]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            if len(item) == 3 and item[0] == "tensor" and isinstance(item[1], dict):
+                found.append(item[1])
+            else:
+                stack.extend(item)
+    return found
 
 
 def _input_size_assert(
@@ -298,9 +373,20 @@ class InlinedSubgraph:
     run: Callable[..., Any]
     #: The inputs the lowered graph writes (``lowered_inputs``).
     mutated: tuple[int, ...] = ()
+    #: Per graph input, its Dynamo source's name (the key of its tensor guard, None
+    #: without one) and traced value: what ``dynamo_proven_inputs`` proves against.
+    inputs: tuple[tuple[str | None, Any], ...] = ()
 
     def __call__(self, *args: Any) -> Any:
         return self.run(*args)
+
+    def proven_source(self, variants: Sequence[Sequence[dict[str, Any]]], layouts: Any) -> str:
+        """The module's text with the asserts ``variants``' tensor guards (and the
+        layout copies) prove turned into comments (``drop_proven_size_asserts``)."""
+        proven = dynamo_proven_inputs(self.inputs, variants, layouts or ())
+        if len(proven) != len(self.inputs) or not any(proven):
+            return self.source
+        return drop_proven_size_asserts(self.source, [v for _n, v in self.inputs], proven)
 
 
 def inline_dynamo_subgraph(gm: torch.fx.GraphModule, runtime: Any) -> InlinedSubgraph | None:
@@ -316,11 +402,19 @@ def inline_dynamo_subgraph(gm: torch.fx.GraphModule, runtime: Any) -> InlinedSub
         return None
     section, slim = rewrite_inductor_module(source)
     name = f"subgraph_{hashlib.sha256(section.encode()).hexdigest()[:12]}"
+    from precompile._compat import dynamo
+
+    sources = dynamo.placeholder_source_objects(gm)
+    inputs = tuple(
+        (dynamo.source_name(source), n.meta.get("example_value"))
+        for source, n in zip(sources, gm.graph.find_nodes(op="placeholder"))
+    )
     return InlinedSubgraph(
         section,
         slim,
         inductor_serving.bind_inductor_module(name, section, runtime.resolve),
         mutated,
+        inputs,
     )
 
 

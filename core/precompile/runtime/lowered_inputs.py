@@ -267,12 +267,18 @@ _layout_copy_unwarned = [True]
 
 
 def in_captured_layouts(
-    args: tuple[Any, ...], layouts: Sequence[tuple[int, ...] | None], labels: Sequence[str | None]
+    args: tuple[Any, ...],
+    layouts: Sequence[tuple[int, ...] | None],
+    labels: Sequence[str | None],
+    pending: list[tuple[str, tuple[int, ...], Any]] | None = None,
 ) -> tuple[Any, ...]:
     """``args`` with each tensor that has a captured layout (``layouts``) but other
     strides replaced by a copy in the captured layout: the kernels index by those
     strides. Only inputs the graph neither writes nor returns a view of have one (the
-    copy is then exact); the first copy warns, once per artifact."""
+    copy is then exact); the first copy warns, once per artifact -- into ``pending``
+    where given, for the caller to issue after the graph ran: a warnings hook is user
+    code, and between the frame's guards and the graph it could restride a tensor they
+    proved (an Inductor graph no longer asserts what they prove)."""
     copied = None
     for i, strides in enumerate(layouts):
         if strides is None:
@@ -286,7 +292,11 @@ def in_captured_layouts(
             copied[i] = copy
             if _layout_copy_unwarned[0]:
                 _layout_copy_unwarned[0] = False
-                warn_layout_copy(f"input `{_name(labels, i)}`", tuple(t.stride()), strides)
+                note = (f"input `{_name(labels, i)}`", tuple(t.stride()), strides)
+                if pending is None:
+                    warn_layout_copy(*note)
+                else:
+                    pending.append(note)
     return args if copied is None else tuple(copied)
 
 
@@ -318,8 +328,16 @@ def check_inputs(
                 refuse_wide_expression(args, int_exprs, int_bounded, labels)
         if mutated:
             check_written_inputs(args, mutated, labels)
-        if copies:
-            args = in_captured_layouts(args, captured, labels)
-        return run(*args)
+        if not copies:
+            return run(*args)
+        pending: list[tuple[str, tuple[int, ...], Any]] = []
+        args = in_captured_layouts(args, captured, labels, pending)
+        try:
+            return run(*args)
+        finally:
+            # After the graph: its inputs were proven before it, and the hook a
+            # warning runs can change only what the next call's guards check.
+            for note in pending:
+                warn_layout_copy(*note)
 
     return checked

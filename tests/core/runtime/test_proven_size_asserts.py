@@ -11,6 +11,7 @@ in a layout they do not index by."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 import warnings
 from pathlib import Path
@@ -86,18 +87,21 @@ print(json.dumps(attack({artifact!r}, {cache!r})))
 
 def attack(artifact: str, cache: str) -> dict[str, Any]:
     """In this process: the size asserts a served call runs (counted through the graph
-    code's global), then per change a fresh model served twice, changed, served again:
-    served (and whether equal to eager) or refused (its message)."""
-    run = precompile.load(artifact, cache)
-    namespace = run._namespace
-    real_assert = namespace["assert_size_stride"]
+    code's global, or for a Dynamo artifact, whose output modules bind torch's at load,
+    through torch's), then per change a fresh model served twice, changed, served
+    again: served (and whether equal to eager) or refused (its message)."""
+    guards = torch._C._dynamo.guards
+    real_assert = guards.assert_size_stride
     asserted: list[int] = []
 
     def counting(*args: Any) -> Any:
         asserted.append(1)
         return real_assert(*args)
 
-    namespace["assert_size_stride"] = counting
+    guards.assert_size_stride = counting
+    run = precompile.load(artifact, cache)
+    if "assert_size_stride" in run._namespace:
+        run._namespace["assert_size_stride"] = counting
     outcomes: dict[str, Any] = {}
     torch.manual_seed(1)
     base = Net().eval()
@@ -283,3 +287,266 @@ def test_a_warnings_hook_that_restrides_a_proven_tensor_is_caught(
         detail,
     )
     assert outcomes["layout copy warning hook restrides another input"] == ["served", True]
+
+
+# ---- Dynamo: the frames' guards are the proof (inductor_backend.dynamo_proven_inputs)
+
+#: The Dynamo driver's words for each refused change (its frame guard's TENSOR_MATCH).
+DYNAMO_WORDS: dict[str, str] = {
+    "parameter transposed twice (other strides)": "`model.fc1.weight` has stride 1 at dim 0",
+    "buffer strided (stride 2)": "`model.scale` has stride 2 at dim 0",
+    "parameter data of another shape": "`model.fc2.weight` has size 17 at dim 1",
+    "input of another batch size": "`x` has size 5 at dim 0",
+}
+
+
+@pytest.fixture(scope="module")
+def dynamo_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    torch.manual_seed(0)
+    with torch.no_grad():
+        return capture_pair(
+            serve,
+            Net().eval(),
+            torch.randn(3, 8),
+            directory=tmp_path_factory.mktemp("dynamo"),
+            tracer=precompile.DynamoTracer(),
+            backend="inductor",
+        )
+
+
+@pytest.fixture(scope="module")
+def dynamo_outcomes(dynamo_pair: tuple[str, str]) -> dict[str, Any]:
+    return dict(
+        run_json(textwrap.dedent(CHILD.format(artifact=dynamo_pair[0], cache=dynamo_pair[1])))
+    )
+
+
+def test_a_dynamo_graph_skips_every_input_assert_its_frame_guards_prove(
+    dynamo_pair: tuple[str, str], dynamo_outcomes: dict[str, Any]
+) -> None:
+    text = Path(dynamo_pair[0]).read_text()
+    assert "GUARD_RUNTIME = {'path': 'plain'" in text
+    # Every graph input (4 parameters, the buffer, x): its assert is a comment, listed.
+    assert text.count(f"{PROVEN_ASSERT}assert_size_stride(") == 6
+    assert "_PROVEN_SIZE_ASSERTS = [" in text
+    assert dynamo_outcomes["asserts per served call"] == 0
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_a_dynamo_skipped_assert_s_change_is_served_as_eager_or_refused(
+    dynamo_outcomes: dict[str, Any], change: str
+) -> None:
+    kind, detail = dynamo_outcomes[change]
+    words = DYNAMO_WORDS.get(change)
+    if CHANGES[change][1] is None:
+        assert [kind, detail] == ["served", True], (change, kind, detail)
+    else:
+        assert words is not None and kind == "refused" and words in detail, (change, kind, detail)
+
+
+def test_a_dynamo_graph_with_a_dynamic_dim_keeps_its_asserts(tmp_path: Path) -> None:
+    """A dim marked dynamic is a symbolic size in the graph and no exact size in its
+    TENSOR_MATCH: the inputs it reaches keep their asserts, and the artifact serves."""
+    torch.manual_seed(0)
+    model, x = Net().eval(), torch.randn(4, 8)
+    torch._dynamo.mark_dynamic(x, 0)
+    with torch.no_grad():
+        artifact, cache = capture_pair(
+            serve,
+            model,
+            x,
+            directory=tmp_path,
+            tracer=precompile.DynamoTracer(),
+            backend="inductor",
+        )
+    text = Path(artifact).read_text()
+    kept = [line for line in text.splitlines() if PROVEN_ASSERT not in line]
+    # x's assert (a symbolic batch size) stays; the static parameters' and buffer's go.
+    assert sum(bool(re.search(r"assert_size_stride\(arg\d+_1, \(s\d+, 8\)", k)) for k in kept) == 1
+    assert text.count(f"{PROVEN_ASSERT}assert_size_stride(") == 5
+    run = precompile.load(artifact, cache)
+    with torch.no_grad():
+        for batch in (3, 9):
+            y = torch.randn(batch, 8)
+            torch.testing.assert_close(run(model, y), model(y))
+
+
+def serve_printing(model: Net, x: torch.Tensor) -> torch.Tensor:
+    """A graph break on ``print``: the write runs the user's ``sys.stdout`` between the
+    two graphs of one call, after the first frame's guards."""
+    h = model.act(model.fc1(x))
+    print("between the graphs")
+    return model.fc2(h) * model.scale + x[:, :4]
+
+
+BROKEN_CHILD = """
+import json, torch, warnings
+warnings.simplefilter("ignore")
+from tests.core.runtime.test_proven_size_asserts import broken_attack
+print(json.dumps(broken_attack({artifact!r}, {cache!r})))
+"""
+
+
+def broken_attack(artifact: str, cache: str) -> dict[str, Any]:
+    """The broken section (``print``) runs a ``sys.stdout`` that restrides a tensor the
+    second graph takes: a parameter (``.data`` swapped), the input (``as_strided_``).
+    Eager is run with the same writer on a same model and input."""
+    import io
+    import sys
+
+    run = precompile.load(artifact, cache)
+    outcomes: dict[str, Any] = {}
+    torch.manual_seed(1)
+    base = Net().eval()
+
+    class Writer(io.StringIO):
+        def __init__(self, action: Any) -> None:
+            super().__init__()
+            self.action = action
+
+        def write(self, text: str) -> int:
+            self.action()
+            return len(text)
+
+    def fresh() -> tuple[Net, torch.Tensor]:
+        model = Net().eval()
+        model.load_state_dict(base.state_dict())
+        return model, torch.arange(24.0).reshape(3, 8) / 7
+
+    actions = {
+        "parameter restrided between the graphs": lambda m, x: _set(
+            m, x, m.fc2.weight, "data", m.fc2.weight.data.t().contiguous().t()
+        ),
+        "input restrided in place between the graphs": lambda m, x: x.as_strided_((3, 8), (1, 3)),
+    }
+    stdout = sys.stdout
+    try:
+        with torch.no_grad():
+            for name, action in actions.items():
+                model, x = fresh()
+                sys.stdout = io.StringIO()
+                for _ in range(2):
+                    torch.testing.assert_close(run(model, x), serve_printing(model, x))
+                sys.stdout = Writer(lambda m=model, t=x, a=action: a(m, t))
+                try:
+                    got = run(model, x)
+                except precompile.PrecompileError as error:
+                    outcomes[name] = ["refused", str(error)]
+                    continue
+                except Exception as error:
+                    outcomes[name] = ["failed otherwise", repr(error)]
+                    continue
+                model, x = fresh()
+                sys.stdout = Writer(lambda m=model, t=x, a=action: a(m, t))
+                want = serve_printing(model, x)
+                outcomes[name] = ["served", bool(torch.allclose(got, want))]
+    finally:
+        sys.stdout = stdout
+    return outcomes
+
+
+def test_a_tensor_restrided_between_two_dynamo_graphs_is_caught(tmp_path: Path) -> None:
+    """The second graph's frame (the resume function) checks its guards right before it
+    runs, after the broken section: a tensor restrided there is refused or served equal
+    to eager, though its Inductor assert is skipped."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        artifact, cache = capture_pair(
+            serve_printing,
+            Net().eval(),
+            torch.randn(3, 8),
+            directory=tmp_path,
+            tracer=precompile.DynamoTracer(),
+            backend="inductor",
+        )
+    text = Path(artifact).read_text()
+    assert "GUARD_RUNTIME = {'path': 'plain'" in text
+    assert text.count(f"{PROVEN_ASSERT}assert_size_stride(") >= 6  # both graphs'
+    outcomes = run_json(textwrap.dedent(BROKEN_CHILD.format(artifact=artifact, cache=cache)))
+    kind, detail = outcomes["parameter restrided between the graphs"]
+    assert kind == "refused" and "`model.fc2.weight` has stride 1 at dim 0" in detail, (
+        kind,
+        detail,
+    )
+    assert outcomes["input restrided in place between the graphs"] == ["served", True]
+
+
+DYNAMO_HOOKED_CHILD = """
+import json, torch, warnings
+import precompile
+from tests.core.runtime.test_proven_size_asserts import dynamo_hooked_attack
+print(json.dumps(dynamo_hooked_attack({artifact!r}, {cache!r})))
+"""
+
+
+def dynamo_hooked_attack(artifact: str, cache: str) -> dict[str, Any]:
+    """An input passed in another layout is copied with a LayoutCopyWarning, after the
+    frame's guards proved the parameters: a warnings hook that restrides one then must
+    not reach the graph (whose assert on it is skipped)."""
+    outcomes: dict[str, Any] = {}
+    warnings.simplefilter("always")
+    torch.manual_seed(1)
+    run = precompile.load(artifact, cache)
+    model, x = Net().eval(), torch.randn(3, 8)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(run(model, x), model(x))
+        other_x = x.t().contiguous().t()
+
+        def restride_weight(*_args: Any, **_kwargs: Any) -> None:
+            weight = model.fc1.weight
+            weight.data = weight.data.t().contiguous().t()
+
+        warnings.showwarning = restride_weight
+        outcomes["layout copy warning hook restrides a parameter"] = _outcome(
+            lambda: run(model, other_x), lambda: model(other_x)
+        )
+        warnings.showwarning = warnings._showwarning_orig  # type: ignore[attr-defined]
+        outcomes["weight strides after"] = list(model.fc1.weight.stride())
+        outcomes["the next call"] = _outcome(lambda: run(model, x), lambda: model(x))
+    return outcomes
+
+
+def test_a_dynamo_warnings_hook_that_restrides_a_proven_tensor_is_caught(
+    dynamo_pair: tuple[str, str],
+) -> None:
+    """The layout copy's warning is issued after the graph ran: the graph took the
+    tensors the guards proved; the next call's guards see the hook's change."""
+    outcomes = run_json(
+        textwrap.dedent(DYNAMO_HOOKED_CHILD.format(artifact=dynamo_pair[0], cache=dynamo_pair[1]))
+    )
+    assert outcomes["weight strides after"] == [1, 16]  # the hook ran
+    assert outcomes["layout copy warning hook restrides a parameter"] == ["served", True]
+    kind, detail = outcomes["the next call"]
+    assert kind == "refused" and "`model.fc1.weight` has stride 1 at dim 0" in detail, (
+        kind,
+        detail,
+    )
+
+
+class PrintingNet(Net):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.fc1(x))
+        print("between the graphs")
+        return self.fc2(h) * self.scale
+
+
+def test_dynamo_s_own_guard_manager_keeps_every_assert(tmp_path: Path) -> None:
+    """A break inside ``forward`` (a frame reached by an ordinary call) is served
+    installed, by Dynamo's guard manager, which skips tensor guards under a dict whose
+    version tag is unchanged (``p.data = ...`` changes none): no assert is skipped."""
+    torch.manual_seed(0)
+    model, x = PrintingNet().eval(), torch.randn(3, 8)
+    with torch.no_grad():
+        artifact, cache = capture_pair(
+            serve,
+            model,
+            x,
+            directory=tmp_path,
+            tracer=precompile.DynamoTracer(),
+            backend="inductor",
+        )
+    text = Path(artifact).read_text()
+    assert "GUARD_RUNTIME = {'path': 'dynamo'" in text
+    assert PROVEN_ASSERT not in text and "_PROVEN_SIZE_ASSERTS" not in text
+    assert text.count("assert_size_stride(arg") == 7
