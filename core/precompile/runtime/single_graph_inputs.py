@@ -117,6 +117,31 @@ def check_strides(
             )
 
 
+def check_tensor_types(labels: list[str], tensors: list[Any], invariant: int) -> None:
+    """Raise naming the first tensor whose Python type is neither ``torch.Tensor`` nor
+    ``nn.Parameter``: the only types a capture takes (``capturing.fx_inputs.check_tensor``
+    refuses subclasses), and the only ones whose every op the graph's ATen ops stand
+    for. A subclass (its ``__torch_function__``, ``__torch_dispatch__`` or a method it
+    overrides) may compute otherwise in eager, where the graph would run on its data
+    as if it were plain. A Parameter where a tensor was captured (or the reverse)
+    changes nothing the graph computes, so both are served. Called on the slow paths
+    only: the C-level guards of the fast paths compare each tensor's exact type."""
+    served = (_torch.Tensor, _torch.nn.Parameter)
+    for label, t in zip(labels, tensors):
+        kind = type(t)
+        if kind not in served:
+            base = "nn.Parameter" if isinstance(t, _torch.nn.Parameter) else "torch.Tensor"
+            refuse(
+                f"precompile: {label} is a {kind.__module__}.{kind.__qualname__}, a "
+                f"subclass of {base}, but the capture saw a plain torch.Tensor or nn.Parameter there; the "
+                f"graph runs torch's own ops on its data, where eager runs the subclass's "
+                f"overrides (__torch_function__, __torch_dispatch__, its methods). Pass a "
+                f"plain tensor (t.as_subclass(torch.Tensor), or nn.Parameter(t.detach()) "
+                f"for a parameter); precompile does not capture tensor subclasses",
+                invariant,
+            )
+
+
 def warn_layout_copy(label: str, strides: tuple[int, ...], captured: Any) -> None:
     """Say once per artifact, as a LayoutCopyWarning, that a call passed an input in
     another layout than the one the Inductor kernels were compiled for, and is served
@@ -212,6 +237,7 @@ def _describe_input_mismatch(
                 f"traced there",
                 3,
             )
+        check_tensor_types([f"input {i}"], [leaf], 3)
         if type(leaf) is not _torch.Tensor and "class" in STATE_READS:
             refuse(
                 f"precompile: input {i} is a {type(leaf).__module__}.{type(leaf).__name__} "
@@ -448,8 +474,11 @@ def build_input_check() -> (
                     warn_layout_copy(f"input {slot}", tuple(t.stride()), strides)
         return tuple(restrided)
 
-    # The user's tensors of the last call that matched the capture, as a C-level guard.
+    # The user's tensors of the last call that matched the capture, as a C-level guard
+    # (it compares each tensor's exact Python type too: a tensor subclass misses it, and
+    # the comparison below sends it to the slow path, which refuses it).
     input_guard: Any = None
+    served_types = {_torch.Tensor, _torch.nn.Parameter}
     # Inputs that were one tensor at capture (q, k and v of self-attention): the graph
     # reads one of them for all, so each call must pass one tensor there too.
     alias_later = tuple(i for i, _, _, _ in USER_INPUT_ALIASES)
@@ -480,8 +509,10 @@ def build_input_check() -> (
         nonlocal input_guard
         if input_guard is not None and input_guard.check(*tensors_in):
             return True
-        if tuple(map(input_meta, tensors_in)) != expected_inputs or (
-            check_input_strides and tuple(map(stride_of, tensors_in)) != expected_input_strides
+        if (
+            tuple(map(input_meta, tensors_in)) != expected_inputs
+            or not set(map(type, tensors_in)) <= served_types
+            or (check_input_strides and tuple(map(stride_of, tensors_in)) != expected_input_strides)
         ):
             return False
         input_guard = metadata_guard(list(tensors_in))

@@ -73,6 +73,8 @@ if TYPE_CHECKING:
         blockers: list[str | None] | None = None,
     ) -> None: ...
 
+    def check_tensor_types(labels: list[str], tensors: list[Any], invariant: int) -> None: ...
+
     def checks_layout() -> bool: ...
 
     def requires_grad_is_captured() -> bool: ...
@@ -164,6 +166,8 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
             f"captured, or capture again",
             2,
         )
+    kinds = ["parameter"] * len(PARAM_NAMES) + ["buffer"] * len(BUFFER_NAMES)
+    check_tensor_types([f"{k} {n!r}" for k, n in zip(kinds, names)], tensors, 2)
     shapes = list(PARAM_SHAPES) + list(BUFFER_SHAPES)
     dtypes = list(PARAM_DTYPES) + list(BUFFER_DTYPES)
     devices = list(PARAM_DEVICES) + list(BUFFER_DEVICES)
@@ -264,7 +268,9 @@ def build_model_state_check(
     stride_of = _torch.Tensor.stride if checks_layout() else type
     # One getter for parameters and buffers alike: a buffer's requires_grad is compared
     # against the snapshot too, which only ever makes the fast path more careful.
-    tensor_meta = attrgetter("shape", "dtype", "device", "requires_grad")
+    # Its type too: ``p.__class__ = Sub`` changes no watched dict, and misses the guard,
+    # which compares exact types; the slow path then refuses the subclass.
+    tensor_meta = attrgetter("shape", "dtype", "device", "requires_grad", "__class__")
     training = attrgetter("training")
     # The last verified model and state: the module roots, the dicts that hold what the
     # trace read (each submodule's attribute, parameter, buffer, child and hook dicts,

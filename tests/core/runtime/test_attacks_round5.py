@@ -1590,14 +1590,6 @@ KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {
     # (``act.scale``): the attribute changed after load is served the captured graph
     # (repro_attack5_function_self_attribute.py); through a closure namespace it refuses
     ("make_fx", "W registry self-referencing function's attribute changed"): ("served", "False"),
-    # make_fx, eager and Inductor: an input of a torch.Tensor subclass whose
-    # __torch_function__ changes results is served the plain graph; Dynamo refuses it
-    # (repro_attack5_tensor_subclass_input.py)
-    ("make_fx", "N input a tensor subclass scaling linear"): ("served", "False"),
-    ("make_fx", "P Inductor: input a tensor subclass scaling linear"): ("served", "False"),
-    # ... and a parameter replaced after load by an nn.Parameter subclass that does so
-    ("make_fx", "N fc1.weight a Parameter subclass scaling linear"): ("served", "False"),
-    ("make_fx", "P Inductor: fc1.weight a Parameter subclass scaling linear"): ("served", "False"),
 }
 
 _DYNAMO_TYPE_MATCH = "the type the capture saw"
