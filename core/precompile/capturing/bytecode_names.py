@@ -70,6 +70,39 @@ def builtin_loads(code: types.CodeType) -> tuple[str, ...]:
     return found
 
 
+#: Names by which code may reach a module's globals dict other than by loading a global
+#: of it: ``globals()``, ``vars(mod)``, ``mod.__dict__``, ``sys.modules[...]``,
+#: ``getattr(mod, name)`` (a name not known at capture), a function's ``__globals__``, a
+#: frame's ``f_globals``, ``eval``/``exec``, an import of the module by name
+#: (``importlib.import_module``, ``__import__``), ``inspect.getmodule``.
+GLOBALS_REACHING_NAMES = frozenset(
+    {
+        "globals",
+        "vars",
+        "__dict__",
+        "modules",
+        "getattr",
+        "__globals__",
+        "f_globals",
+        "eval",
+        "exec",
+        "__import__",
+        "import_module",
+        "getmodule",
+    }
+)
+
+
+def reaches_globals(code: types.CodeType) -> bool:
+    """Whether ``code`` (or code nested in it) names a way to reach a module's globals
+    dict other than a global load (``GLOBALS_REACHING_NAMES``): a keyed read of a global
+    dict (``keyed_uses``) accounts for every use of it only where no traced code does.
+    By name, so conservative: ``getattr(self, "k")`` counts as well."""
+    if not GLOBALS_REACHING_NAMES.isdisjoint(code.co_names):
+        return True
+    return any(isinstance(c, types.CodeType) and reaches_globals(c) for c in code.co_consts)
+
+
 #: The keys a keyed read may name: those an artifact's metadata holds as literals.
 _KEY_KINDS = (str, int)
 

@@ -30,7 +30,12 @@ import torch
 
 from precompile._compat.prelude import global_module_hooks
 from precompile.capturing import fx_process_state, library_surface, live_functions
-from precompile.capturing.bytecode_names import builtin_loads, global_loads, keyed_uses
+from precompile.capturing.bytecode_names import (
+    builtin_loads,
+    global_loads,
+    keyed_uses,
+    reaches_globals,
+)
 from precompile.capturing.fx_watch import CallLog, read_names
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file
@@ -253,13 +258,19 @@ def _global_values(
             else:
                 read.values[name] = None  # fingerprinted below, once every load is seen
                 loads.setdefault((module, name), []).append(code)
+    # The keyed rule below holds only where a global load is the one way traced code
+    # reaches the dict: none that may reach a module's globals otherwise (``globals()``,
+    # ``vars(mod)``, ``mod.__dict__``, ``sys.modules``, ``getattr(mod, name)``).
+    keyed_ok = not any(reaches_globals(code) for code in log.project_codes())
     for (module, name), codes in loads.items():
         read = by_module[module]
         value = read_scopes[module][name]
-        # A plain dict every traced load of which reads constant keys (``CFG["a"]``,
-        # ``"b" in CFG``): the graph depends on those keys alone, so a key added that
-        # no traced code looks up changes nothing served (Dynamo guards the same).
-        keys: set[Any] | None = set() if type(value) is dict else None
+        # A plain dict (exactly ``dict``: a subclass's lookups run its own code, and it
+        # is recorded whole with its class) every traced load of which reads constant
+        # keys (``CFG["a"]``, ``"b" in CFG``): the graph depends on those keys alone, so
+        # a key added that no traced code looks up changes nothing served (Dynamo
+        # guards the same).
+        keys: set[Any] | None = set() if type(value) is dict and keyed_ok else None
         for code in codes:
             used = keyed_uses(code, name) if keys is not None else None
             keys = None if used is None or keys is None else keys | used
@@ -291,7 +302,9 @@ def _global_values(
                 continue
             if isinstance(value, types.ModuleType):
                 pending.append(value)  # ``pkg.cfgmod.SCALE``
-            elif name not in read.values:
+            elif name not in read.values or name in read.keyed:
+                # Read through the module as well (``cfgmod.CFG``): whole, not keyed.
+                read.keyed.pop(name, None)
                 read.values[name] = value_fingerprints.fingerprint(value, context)
     return [r for _, r in sorted(by_module.items()) if r.values]
 

@@ -20,7 +20,8 @@ from precompile.runtime.value_fingerprints import fingerprint
 
 
 #: Special methods Python calls implicitly (no traced code names them): how an instance
-#: is called, how its attributes resolve, its truth and container protocol.
+#: is called, how its attributes resolve, its truth and container protocol (a dict
+#: subclass's ``__missing__``, which ``dict.__getitem__`` calls for an absent key).
 PROTOCOL_DUNDERS = frozenset(
     {
         "__call__",
@@ -32,6 +33,7 @@ PROTOCOL_DUNDERS = frozenset(
         "__bool__",
         "__len__",
         "__getitem__",
+        "__missing__",
         "__contains__",
         "__iter__",
         "__eq__",

@@ -274,6 +274,10 @@ def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any:
         context["path"].discard(id(value))
 
 
+#: The builtin containers fingerprinted element by element; a subclass's class is noted.
+_CONTAINER_KINDS = (list, tuple, dict, set, frozenset)
+
+
 def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth: int) -> Any:
     import collections
     import functools
@@ -285,6 +289,10 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
     def fp(v: Any) -> Any:
         return fingerprint(v, context, depth)
 
+    if isinstance(value, _CONTAINER_KINDS) and kind not in _CONTAINER_KINDS:
+        # A subclass (``class Table(dict)`` with ``__missing__``): its lookups run its
+        # class's code, checked with its class record like an object's class.
+        _note_class(kind, context)
     if not context["contents"] and isinstance(value, (list, dict)):
         # Less the tensors a hook stores (activations): they change with every call.
         # Still watched (a dict by version, a list by its contents), so that what the

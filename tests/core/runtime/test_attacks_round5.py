@@ -1554,11 +1554,6 @@ def _capture_all(tracer: str, directory: Path) -> dict[str, list[str]]:
 #: outcome each gives now (kind, and words of its detail). The test of such a cell
 #: asserts that outcome, so it fails (and shows) once fixed.
 KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {
-    # make_fx compares a global dict read by key at those keys, not the dict's class: a
-    # dict subclass's __missing__ (the key absent at capture) or __getitem__ set on the
-    # class after load is served the captured value (repro_attack5_dict_subclass.py).
-    ("make_fx", "W dict subclass __missing__ changed"): ("served", "False"),
-    ("make_fx", "W dict subclass __getitem__ set on the class"): ("served", "False"),
     # make_fx compares a function at a global path by value without its __globals__:
     # the same code made in another namespace (another SCALE) is served the captured
     # graph (repro_attack5_function_globals.py). Dynamo refuses it.
@@ -1573,19 +1568,6 @@ KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {
         # (repro_attack5_dynamo_function_globals_before_load.py)
         for tracer in TRACERS
     },
-    # the other two make_fx wrong answers happen before load as well
-    ("make_fx", "W dict subclass __missing__ changed before load"): ("served", "False"),
-    ("make_fx", "W CFG['a'] and iterated through globals(), changed before load"): (
-        "served",
-        "False",
-    ),
-    # make_fx: a global dict read by key in forward and iterated by a helper through
-    # ``globals()["CFG"]`` (not a LOAD_GLOBAL) is compared at the read key alone: an unread
-    # key changed is served the captured sum (repro_attack5_keyed_dict_globals_call.py)
-    ("make_fx", "W CFG['a'] and iterated through globals(), unread key changed"): (
-        "served",
-        "False",
-    ),
     # make_fx: a function reading an attribute of itself through its own closure cell
     # (``act.scale``): the attribute changed after load is served the captured graph
     # (repro_attack5_function_self_attribute.py); through a closure namespace it refuses
