@@ -33,6 +33,46 @@ def user_path(text: str) -> str:
     return re.sub(r"___module_\w+", "a module global", text)
 
 
+#: What a dispatch key on a tensor means, for a refusal that names it: the keys a lazy
+#: view or a subclass carries, and how to pass a plain tensor instead.
+_KEY_MEANINGS = {
+    "Negative": "a negative-bit view (its storage holds -x; pass `{name}.resolve_neg()`)",
+    "Conjugate": "a conjugate view (pass `{name}.resolve_conj()`)",
+    "ZeroTensor": "a zero tensor (pass `torch.zeros_like({name})`)",
+    "Python": "a tensor subclass or functional wrapper (pass `{name}.as_subclass(torch.Tensor)`)",
+    "SparseCPU": "a sparse tensor (pass `{name}.to_dense()`)",
+    "SparseCUDA": "a sparse tensor (pass `{name}.to_dense()`)",
+}
+
+
+def dispatch_key_change(name: str, expected: str, actual: str) -> str:
+    """A tensor guard's dispatch key set difference in the user's words: the keys the
+    tensor gained or lost against the capture, each with what it means and the fix, not
+    Dynamo's two raw ``DispatchKeySet(...)`` reprs."""
+    import re
+
+    def keys(text: str) -> list[str]:
+        found = re.fullmatch(r"DispatchKeySet\((.*)\)", text.strip())
+        return [k.strip() for k in (found.group(1) if found else text).split(",") if k.strip()]
+
+    before, now = keys(expected), keys(actual)
+    gained = [k for k in now if k not in before]
+    lost = [k for k in before if k not in now]
+    parts = []
+    for key in gained:
+        meaning = _KEY_MEANINGS.get(key)
+        parts.append(
+            f"it is {meaning.format(name=name)}" if meaning else f"it carries the {key} key"
+        )
+    if lost:
+        parts.append(f"it lacks the {', '.join(lost)} key{'s' if len(lost) > 1 else ''}")
+    what = "; ".join(parts) or f"its dispatch keys are {actual}"
+    return (
+        f"`{name}` is not the kind of tensor the capture saw: {what}; the graph was "
+        f"traced for a plain tensor with the keys {', '.join(before)}"
+    )
+
+
 def typed_value(kind: str, shown: str) -> str:
     """A Python value with its type's name (``the float 2.0``; None as itself), for a
     refusal of a value specialized by type and value: ``2.0 == 2``, yet the capture
@@ -140,6 +180,8 @@ def guard_failure_text(raw: str, f_locals: dict[str, Any] | None = None) -> str:
                 f"under torch.inference_mode(), make the tensor outside it, or capture "
                 f"with MakeFxTracer, whose artifacts serve both"
             )
+        if match:
+            return dispatch_key_change(*match.groups())
         match = re.fullmatch(
             r"tensor '(.+?)' requires_grad mismatch\. expected requires_grad=(\d)\b.*", text
         )

@@ -41,6 +41,25 @@ def test_only_a_plain_value_negated_is_said_to_be_empty() -> None:
             "`x` is a torch.nn.parameter.Parameter, where the capture saw a plain torch.Tensor",
         ),
         (
+            "tensor 'L['x']' dispatch key set mismatch. expected DispatchKeySet(CPU, "
+            "ADInplaceOrView, AutogradCPU, AutocastCPU), actual DispatchKeySet(CPU, Negative, "
+            "ADInplaceOrView, AutogradCPU, AutocastCPU)",
+            "`x` is not the kind of tensor the capture saw: it is a negative-bit view (its "
+            "storage holds -x; pass `x.resolve_neg()`)",
+        ),
+        (
+            "tensor 'L['z']' dispatch key set mismatch. expected DispatchKeySet(CPU, "
+            "ADInplaceOrView, AutogradCPU), actual DispatchKeySet(CPU, Conjugate, "
+            "ADInplaceOrView, AutogradCPU)",
+            "it is a conjugate view (pass `z.resolve_conj()`)",
+        ),
+        (
+            "tensor 'L['x']' dispatch key set mismatch. expected DispatchKeySet(CPU, "
+            "ADInplaceOrView, AutogradCPU), actual DispatchKeySet(CPU, FuncTorchBatched, "
+            "ADInplaceOrView, AutogradCPU)",
+            "it carries the FuncTorchBatched key",
+        ),
+        (
             "Duplicate tensor found where not expected!",
             "are one tensor, which they were not at capture",
         ),
