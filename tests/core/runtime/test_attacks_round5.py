@@ -1559,20 +1559,6 @@ KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {
     # class after load is served the captured value (repro_attack5_dict_subclass.py).
     ("make_fx", "W dict subclass __missing__ changed"): ("served", "False"),
     ("make_fx", "W dict subclass __getitem__ set on the class"): ("served", "False"),
-    # make_fx compares a function at a global path by value without its __globals__:
-    # the same code made in another namespace (another SCALE) is served the captured
-    # graph (repro_attack5_function_globals.py). Dynamo refuses it.
-    ("make_fx", "W registry refilled with the same code in other globals"): ("served", "False"),
-    **{
-        (tracer, "W registry refilled with the same code in other globals before load"): (
-            "served",
-            "False",
-        )
-        # Dynamo too when the function is replaced before load: it is adopted at load by
-        # value, and the value leaves out __globals__
-        # (repro_attack5_dynamo_function_globals_before_load.py)
-        for tracer in TRACERS
-    },
     # the other two make_fx wrong answers happen before load as well
     ("make_fx", "W dict subclass __missing__ changed before load"): ("served", "False"),
     ("make_fx", "W CFG['a'] and iterated through globals(), changed before load"): (
@@ -1586,10 +1572,6 @@ KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {
         "served",
         "False",
     ),
-    # make_fx: a function reading an attribute of itself through its own closure cell
-    # (``act.scale``): the attribute changed after load is served the captured graph
-    # (repro_attack5_function_self_attribute.py); through a closure namespace it refuses
-    ("make_fx", "W registry self-referencing function's attribute changed"): ("served", "False"),
     # make_fx, eager and Inductor: an input of a torch.Tensor subclass whose
     # __torch_function__ changes results is served the plain graph; Dynamo refuses it
     # (repro_attack5_tensor_subclass_input.py)
