@@ -175,8 +175,8 @@ def build_global_read_check(
                 elif captured_one(read, bound):
                     # The same name: another function, made by the same code.
                     now += (
-                        ", another function of that name whose code, defaults, closure "
-                        "values or attributes differ from the traced one's"
+                        ", another function of that name whose code, defaults, attributes or "
+                        "closure values differ from the traced one's"
                         if read.get("value") is not None
                         else ", another function of that name (what it holds is told "
                         "apart by identity only)"
