@@ -51,7 +51,7 @@ from precompile.runtime.multigraph_dependencies import (
     class_attrs,
     protocol_bindings,
 )
-from precompile.runtime.value_fingerprints import function_value
+from precompile.runtime.value_fingerprints import function_value, home_globals
 
 #: The protocol dunders a library class's row compares (``class_rows``): those Python
 #: calls to read, call or test an instance. ``__setattr__``/``__delattr__`` run only on
@@ -227,15 +227,27 @@ class NameRecorder:
     def rows(self) -> list[dict[str, Any]]:
         """``GLOBAL_READS``, as artifact literals. A function read whose code, defaults
         and closure values are plain values carries them (``value``: another function
-        with the same value found there later computes the same, and is served)."""
+        with the same value found there later computes the same, and is served); every
+        function read carries whether it runs in its module's globals (``home``)."""
         rows = []
         for (scope, path), (m, q, where) in sorted(self.reads.items()):
-            row = {"scope": scope, "path": path, "module": m, "qualname": q, "location": where}
+            row: dict[str, Any] = {
+                "scope": scope,
+                "path": path,
+                "module": m,
+                "qualname": q,
+                "location": where,
+            }
             if (scope, path) in self.read_shown:
                 row |= dict(zip(("shown", "reader"), self.read_shown[scope, path]))
-            value = function_value(self.read_functions.get((scope, path)))
+            fn = self.read_functions.get((scope, path))
+            value = function_value(fn)
             if value is not None:
                 row["value"] = value
+            if fn is not None:
+                # Which globals it runs in: a load finds it by name, and the same code
+                # made in another namespace reads other globals than the checked ones.
+                row["home"] = home_globals(fn)
             rows.append(row)
         return rows
 

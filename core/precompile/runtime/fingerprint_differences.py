@@ -43,6 +43,17 @@ def first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any]
                     after.get(name, ("absent",)),
                     f"{path} (closure variable {name!r})",
                 )
+        if len(old) >= 9 and len(new) >= 9:
+            if old[7] != new[7]:
+                return f"{path} (the globals it runs in)", old, new
+            before, after = dict(old[8]), dict(new[8])
+            for name in sorted(before.keys() | after.keys()):
+                if before.get(name) != after.get(name):
+                    return first_difference(
+                        before.get(name, ("absent",)),
+                        after.get(name, ("absent",)),
+                        f"{path}.{name}",
+                    )
     if kind in ("partial", "method", "property", "staticmethod", "classmethod", "lru_cache"):
         parts = {
             "lru_cache": ("__wrapped__",),
@@ -90,6 +101,8 @@ def _readable(fp: Any) -> str:
         return repr(fp[1])
     if kind in ("float", "complex", "number"):
         return str(fp[-1])
+    if kind == "function" and len(fp) >= 8 and fp[7] == ("globals", "other"):
+        return f"function {fp[1]}.{fp[2]} running in other globals than its module's"
     if kind in ("function", "builtin"):
         return f"function {fp[1]}.{fp[2]}"
     if kind in ("class", "module", "op"):

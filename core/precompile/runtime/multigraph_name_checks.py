@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     # precompile.runtime.value_fingerprints, emitted before this module.
     def function_value(fn: Any, depth: int = 0) -> str | None: ...
 
+    def home_globals(fn: Any) -> bool: ...
+
     # precompile.runtime.refusal and the multi-graph driver's helpers, emitted with it.
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
@@ -98,16 +100,32 @@ def build_global_read_check(
         except Exception:
             return None
 
-    def captured_one(read: dict[str, str], bound: Any) -> bool:
+    def same_name(read: dict[str, Any], bound: Any) -> bool:
         target = getattr(bound, "__func__", bound)
         return (getattr(target, "__module__", None), getattr(target, "__qualname__", None)) == (
             read["module"],
             read["qualname"],
         )
 
+    def captured_one(read: dict[str, Any], bound: Any) -> bool:
+        # The same name, and the same kind of namespace its code reads globals from
+        # (``home``: the same code made in another namespace reads other globals).
+        return same_name(read, bound) and (
+            "home" not in read or home_globals(getattr(bound, "__func__", bound)) == read["home"]
+        )
+
+    def loaded_one(read: dict[str, Any], bound: Any) -> bool:
+        # At load no identity is known: a function whose value the capture recorded is
+        # taken only with that value (one replaced before load by another is refused
+        # on the first call, as one replaced after load is).
+        return captured_one(read, bound) and (
+            read.get("value") is None
+            or function_value(getattr(bound, "__func__", bound)) == read["value"]
+        )
+
     unresolved = object()
     expected = [
-        bound if captured_one(read, bound) else unresolved
+        bound if loaded_one(read, bound) else unresolved
         for read, bound in ((read, bound_now(read)) for read in GLOBAL_READS)
     ]
     reads_args = [(*scopes, tuple(expected))]
@@ -148,11 +166,17 @@ def build_global_read_check(
                 now = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(bound).__qualname__)}"
                 if code is not None:
                     now += f" ({code.co_filename}:{code.co_firstlineno})"
-                if captured_one(read, bound):
+                if same_name(read, bound) and not captured_one(read, bound):
+                    now += (
+                        ", a function of that name running in other globals than its module's"
+                        if read["home"]
+                        else ", a function of that name running in its module's globals"
+                    )
+                elif captured_one(read, bound):
                     # The same name: another function, made by the same code.
                     now += (
-                        ", another function of that name whose code, defaults or closure "
-                        "values differ from the traced one's"
+                        ", another function of that name whose code, defaults, attributes or "
+                        "closure values differ from the traced one's"
                         if read.get("value") is not None
                         else ", another function of that name (what it holds is told "
                         "apart by identity only)"

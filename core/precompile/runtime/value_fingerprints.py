@@ -161,19 +161,33 @@ def keyed_fingerprint(value: Any, keys: list[Any], context: dict[str, Any]) -> A
     )
 
 
+def home_globals(fn: Any) -> bool:
+    """Whether a function runs in its module's namespace (``fn.__globals__`` is
+    ``sys.modules[fn.__module__].__dict__``): a fact equal in every process for the same
+    function. The same code made in another namespace (``FunctionType(code, ns)``) reads
+    other globals than the module's, which the checks of global reads watch: it must not
+    look like the function it copies."""
+    import sys
+
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    return module is not None and getattr(fn, "__globals__", None) is getattr(
+        module, "__dict__", None
+    )
+
+
 def function_value(fn: Any, depth: int = 0) -> str | None:
     """What a plain function computes with, as text equal for two functions exactly
     when calling either computes the same: its module, qualified name, code digest,
-    defaults, keyword defaults and closure cells' contents. None where one of those is
-    not a plain value (a literal, a tuple of them, or such a function) or the function
-    runs in other globals than its module's: an object is told apart by identity
+    defaults, keyword defaults, closure cells' contents and the own attributes its code
+    names (``fn.k``, read through its global name or a cell holding itself). None where
+    one of those is not a plain value (a literal, a tuple of them, or such a function) or
+    the function runs in other globals than its module's: an object is told apart by identity
     only, so no other function stands for one that holds it.
 
     Two functions one maker made with the same values (``make_act(2.0)`` called again,
     a registry filled again at import or after a reload) are the same value: a check
     of a function reached by an access path compares this where it would compare
     identity (``multigraph_name_checks``)."""
-    import sys
     import types
 
     def value(v: Any, level: int) -> Any:
@@ -190,8 +204,7 @@ def function_value(fn: Any, depth: int = 0) -> str | None:
         return None
 
     def described(f: types.FunctionType, level: int) -> Any:
-        module = sys.modules.get(f.__module__ or "")
-        if level > 8 or module is None or f.__globals__ is not getattr(module, "__dict__", None):
+        if level > 8 or not home_globals(f):
             return None
         cells = []
         for cell in f.__closure__ or ():
@@ -200,6 +213,11 @@ def function_value(fn: Any, depth: int = 0) -> str | None:
             except ValueError:
                 cells.append(("empty cell",))
         parts = [value(f.__defaults__, level), value(f.__kwdefaults__, level), *cells]
+        if f.__dict__:
+            # Its own attributes its code may read (``scaled.scale``): one it cannot
+            # name (a registry's tag) decides nothing it computes.
+            read = code_read_names(f)
+            parts.append(value({k: v for k, v in f.__dict__.items() if k in read}, level))
         if None in parts:
             return None
         return ("function", f.__module__, f.__qualname__, code_fingerprint(f.__code__), *parts)
@@ -323,8 +341,14 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
         return (type_name(kind), repr(value))
     if isinstance(value, types.FunctionType):
         # Its code, defaults and cells are attributes no watched dict holds: the
-        # driver compares them per call by identity.
+        # driver compares them per call by identity. Its own attributes the trace's code
+        # may read (``act.scale``, through a cell holding itself) are in its __dict__,
+        # watched by version like any dict; and which globals it runs in is part of it
+        # (the same code in another namespace reads other globals than those checked).
         context["shallow"].append(value)
+        own = value.__dict__
+        context["dicts"].append(own)
+        read = sorted(k for k in own if type(k) is str and k in context["names"])
         cells = []
         for name, cell in zip(value.__code__.co_freevars, value.__closure__ or ()):
             try:
@@ -339,6 +363,8 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
             fp(value.__defaults__),
             fp(value.__kwdefaults__),
             tuple(cells),
+            ("globals", "module" if home_globals(value) else "other"),
+            tuple((k, fp(own[k])) for k in read),
         )
     if isinstance(value, functools._lru_cache_wrapper) and isinstance(
         value.__wrapped__, types.FunctionType

@@ -1553,26 +1553,7 @@ def _capture_all(tracer: str, directory: Path) -> dict[str, list[str]]:
 #: Wrong answers and crashes found by this round and left for the coordinator: the
 #: outcome each gives now (kind, and words of its detail). The test of such a cell
 #: asserts that outcome, so it fails (and shows) once fixed.
-KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {
-    # make_fx compares a function at a global path by value without its __globals__:
-    # the same code made in another namespace (another SCALE) is served the captured
-    # graph (repro_attack5_function_globals.py). Dynamo refuses it.
-    ("make_fx", "W registry refilled with the same code in other globals"): ("served", "False"),
-    **{
-        (tracer, "W registry refilled with the same code in other globals before load"): (
-            "served",
-            "False",
-        )
-        # Dynamo too when the function is replaced before load: it is adopted at load by
-        # value, and the value leaves out __globals__
-        # (repro_attack5_dynamo_function_globals_before_load.py)
-        for tracer in TRACERS
-    },
-    # make_fx: a function reading an attribute of itself through its own closure cell
-    # (``act.scale``): the attribute changed after load is served the captured graph
-    # (repro_attack5_function_self_attribute.py); through a closure namespace it refuses
-    ("make_fx", "W registry self-referencing function's attribute changed"): ("served", "False"),
-}
+KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {}
 
 _DYNAMO_TYPE_MATCH = "the type the capture saw"
 _TIED = "missing ['fc1.weight'], unexpected ['fc2.weight']"
