@@ -85,8 +85,14 @@ def unwatched_live(
     A function only frames hold is not counted (nothing fn reads reaches it). Garbage
     not yet collected (a recursive closure made per call keeps itself alive in a
     cycle) is collected before a code is held against the capture."""
-    codes = list(codes)
-    ids = {id(fn) for fn in watched}
+    functions = [fn for fn in watched if isinstance(fn, types.FunctionType)]
+    ids = {id(fn) for fn in functions}
+    # A code a watched function runs is watched (that function is alive: ``watched``
+    # holds it). Only the others need the heap walk, and most captures have none.
+    covered = {fn.__code__ for fn in functions}
+    codes = [code for code in codes if code not in covered]
+    if not codes:
+        return {}
     found = _unwatched(codes, ids)
     if found:
         again = list(found)
