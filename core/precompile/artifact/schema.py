@@ -45,6 +45,7 @@ class SingleGraphMetadata(_Common):
     BUFFER_SHAPES: list[tuple[int, ...]]
     BUFFER_DTYPES: list[str]
     BUFFER_DEVICES: list[str]
+    STATE_ALIASES: list[list[str]]
     MODULE_TRAINING: list[Any]
     MODULE_READS: list[Any]
     MODULE_READ_NOTES: list[Any]

@@ -15,7 +15,7 @@ import builtins
 import dis
 import sys
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 _LOAD_GLOBAL = dis.opmap["LOAD_GLOBAL"]
@@ -107,7 +107,9 @@ def reaches_globals(code: types.CodeType) -> bool:
 _KEY_KINDS = (str, int)
 
 
-def keyed_uses(code: types.CodeType, name: str) -> frozenset[Any] | None:
+def keyed_uses(
+    code: types.CodeType, name: str, scope: Mapping[str, Any] | None = None
+) -> frozenset[Any] | None:
     """The constant keys by which ``code`` reads the global ``name``, where every load
     of it is one of ``name[k]``, ``k in name`` / ``k not in name`` and
     ``name.get(k)`` / ``name.get(k, constant)``, each with a ``str`` or ``int``
@@ -117,27 +119,47 @@ def keyed_uses(code: types.CodeType, name: str) -> frozenset[Any] | None:
     binds it to a local, stores into it, looks up a key that is not a constant -- and
     so may depend on the whole dict.
 
+    A key may be a literal (``CFG["a"]``) or a global of the module (``CFG[K]``,
+    ``K = "a"``) that holds a ``str`` or ``int`` in ``scope`` (``code``'s globals): the
+    key is then the value ``K`` held at capture. That is as constant as a literal only
+    because ``K`` is itself a global load of ``code``, so the capture records it whole
+    with the other global reads and every call checks it (``K`` rebound is refused);
+    and a trace that rebinds it is refused at capture (``fx_side_effects``). A builtin
+    or an absent name is no key.
+
     Decoded with ``dis`` (cache entries skipped): only the few project codes that load
     a global dict are asked."""
     instructions = list(dis.get_instructions(code))
+
+    def constant(ins: dis.Instruction) -> tuple[bool, Any]:
+        # A literal key, or a module global naming one (see the docstring).
+        if ins.opname == "LOAD_CONST":
+            return True, ins.argval
+        if ins.opname == "LOAD_GLOBAL" and scope is not None and ins.argval != name:
+            if ins.argval in scope and type(scope[ins.argval]) in _KEY_KINDS:
+                return True, scope[ins.argval]
+        return False, None
+
     keys: set[Any] = set()
     for j, ins in enumerate(instructions):
         if ins.opname != "LOAD_GLOBAL" or ins.argval != name:
             continue
         after = [i.opname for i in instructions[j + 1 : j + 6]]
-        values = [i.argval for i in instructions[j + 1 : j + 6]]
         before = instructions[j - 1] if j else None
-        if after[:2] == ["LOAD_CONST", "BINARY_SUBSCR"]:
-            key = values[0]
-        elif after[:1] == ["CONTAINS_OP"] and before is not None and before.opname == "LOAD_CONST":
-            key = before.argval
-        elif after[:1] in (["LOAD_METHOD"], ["LOAD_ATTR"]) and values[0] == "get":
-            # name.get(k) or name.get(k, constant): the constants, a PRECALL (3.11),
-            # then the call of exactly those arguments.
+        if after[1:2] == ["BINARY_SUBSCR"] and constant(instructions[j + 1])[0]:
+            key = constant(instructions[j + 1])[1]
+        elif after[:1] == ["CONTAINS_OP"] and before is not None and constant(before)[0]:
+            key = constant(before)[1]
+        elif after[:1] in (["LOAD_METHOD"], ["LOAD_ATTR"]) and instructions[j + 1].argval == "get":
+            # name.get(k) or name.get(k, constant): the key (a literal or a global, as
+            # above), a literal default, a PRECALL (3.11), then the call of exactly
+            # those arguments.
             rest = instructions[j + 2 : j + 7]
             loaded = []
-            while rest and rest[0].opname == "LOAD_CONST":
-                loaded.append(rest.pop(0).argval)
+            if rest and constant(rest[0])[0]:
+                loaded.append(constant(rest.pop(0))[1])
+                while rest and rest[0].opname == "LOAD_CONST":
+                    loaded.append(rest.pop(0).argval)
             if rest and rest[0].opname == "PRECALL":
                 rest.pop(0)
             if not (1 <= len(loaded) <= 2 and rest and rest[0].opname == "CALL"):

@@ -249,6 +249,7 @@ def single_graph_metadata(
         "BUFFER_SHAPES": [tuple(t.shape) for t in lifted.buffers],
         "BUFFER_DTYPES": [str(t.dtype) for t in lifted.buffers],
         "BUFFER_DEVICES": [str(t.device) for t in lifted.buffers],
+        "STATE_ALIASES": lifted.tied_names(),
         "MODULE_TRAINING": graph.module_training,
         "TRAINING": graph.training,
         "GRAD_PARAM_INDICES": graph.grad_param_indices,

@@ -272,7 +272,9 @@ def _global_values(
         # guards the same).
         keys: set[Any] | None = set() if type(value) is dict and keyed_ok else None
         for code in codes:
-            used = keyed_uses(code, name) if keys is not None else None
+            # A key held by a module global (``CFG[K]``) is looked up in the code's own
+            # globals; ``K`` is itself a load of that code, so recorded above.
+            used = keyed_uses(code, name, log.scopes.get(code)) if keys is not None else None
             keys = None if used is None or keys is None else keys | used
         if keys is None:
             read.values[name] = value_fingerprints.fingerprint(value, context)

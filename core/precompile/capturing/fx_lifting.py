@@ -24,6 +24,19 @@ class LiftedState:
     names: list[str]
     aliases: list[list[tuple[int, str]]]
     num_params: int
+    #: Several module arguments: names carry an ``m{i}.`` prefix.
+    multi: bool = False
+
+    def tied_names(self) -> list[list[str]]:
+        """Each tensor reachable under more than one name (a tied weight), as all its
+        names, the lifted one first then in walk order (``STATE_ALIASES``): which names
+        share a tensor is what the graph baked (it reads one input for all of them), so
+        the runtime checks that the same names share it, in whatever walk order."""
+        return [
+            [f"m{mi}.{name}" if self.multi else name for mi, name in names]
+            for names in self.aliases
+            if len(names) > 1
+        ]
 
     @property
     def params(self) -> list[torch.Tensor]:
@@ -37,7 +50,7 @@ class LiftedState:
 def lift_module_state(modules: list[torch.nn.Module]) -> LiftedState:
     multi = len(modules) > 1
     index: dict[int, int] = {}
-    state = LiftedState([], [], [], 0)
+    state = LiftedState([], [], [], 0, multi)
     for kind in ("named_parameters", "named_buffers"):
         for mi, module in enumerate(modules):
             for name, tensor in getattr(module, kind)(remove_duplicate=False):

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     PARAM_NAMES: list[str] = []
     PARAM_REQUIRES_GRAD: list[bool] = []
     PARAM_SHAPES: list[tuple[int, ...]] = []
+    STATE_ALIASES: list[list[str]] = []
 
     # precompile.runtime.value_fingerprints, emitted before this module.
     def shallow_contents(value: Any) -> tuple[Any, ...]: ...
@@ -103,6 +104,59 @@ def lift_live_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[
     return tensors, names, subs
 
 
+def all_state_names(mods: list[Any]) -> dict[str, Any]:
+    """Every name of the runtime modules' parameters and buffers -> its tensor, a tied
+    tensor under each of its names (``remove_duplicate=False``), named like
+    ``lift_live_module_state``."""
+    multi = len(mods) > 1
+    found: dict[str, Any] = {}
+    for kind in ("named_parameters", "named_buffers"):
+        for mi, m in enumerate(mods):
+            for n, t in getattr(m, kind)(remove_duplicate=False):
+                found.setdefault(f"m{mi}.{n}" if multi else n, t)
+    return found
+
+
+def _captured_names(expected: list[str]) -> dict[str, str]:
+    """Every name the traced model's parameters and buffers had -> the lifted name of
+    its tensor (itself, or for a tied name the first name of that tensor:
+    ``STATE_ALIASES``)."""
+    lifted = {name: name for name in expected}
+    for names in STATE_ALIASES:
+        for name in names:
+            lifted[name] = names[0]
+    return lifted
+
+
+def _tie_difference(everything: dict[str, Any], expected: list[str]) -> str | None:
+    """Where the runtime model shares tensors between other names than the traced one
+    did, in words; None where the same names share a tensor. The graph reads one input
+    for all the names of a tied tensor: a tie broken (``fc2.weight`` made its own
+    tensor) or made (two captured tensors now one, or one name now sharing another's
+    tensor) computes other than eager, whatever the walk order. A name that is gone is
+    left to the name check."""
+    lifted = _captured_names(expected)
+    for names in STATE_ALIASES:
+        present = [n for n in names if n in everything]
+        for name in present[1:]:
+            if everything[name] is not everything[present[0]]:
+                return (
+                    f"{name!r} is no longer the same tensor as {present[0]!r}, as it was "
+                    f"when traced (a tied weight): the graph reads one tensor for both"
+                )
+    owner: dict[int, str] = {}
+    for name, t in everything.items():
+        if name not in lifted:
+            continue
+        first = owner.setdefault(id(t), name)
+        if lifted[first] != lifted[name]:
+            return (
+                f"{name!r} is now the same tensor as {first!r}, which were distinct "
+                f"tensors when traced: the graph reads them as separate inputs"
+            )
+    return None
+
+
 def _by_captured_names(
     mods: list[Any], tensors: list[Any], names: list[str], expected: list[str]
 ) -> tuple[list[Any], list[str]] | None:
@@ -111,7 +165,11 @@ def _by_captured_names(
 
     - the same names in another order (``del m.fc1; m.fc1 = fc`` moves ``fc1`` last in
       ``_modules``), where no order decided what the trace computed
-      (``walk_order_readers``: every tensor reached by name, none by iteration);
+      (``walk_order_readers``: every tensor reached by name, none by iteration). Every
+      name of a tied tensor is a key (``all_state_names``), so a tied weight whose
+      first name moved (``fc2.weight`` before ``fc1.weight``) is found under the name
+      the capture lifted it by; the ties themselves were compared already
+      (``_tie_difference``);
     - buffers added after capture that the trace could not have read: their module's
       reads were seen (``MODULE_READS``), and include neither the name nor the
       module's ``_buffers`` (what ``buffers()``, ``named_buffers()`` and
@@ -120,14 +178,15 @@ def _by_captured_names(
     None when that is not so (the caller refuses)."""
     if not MODULE_READS:
         return None
-    by_name = dict(zip(names, tensors))
+    by_name = all_state_names(mods)
     if not set(expected) <= by_name.keys():
         return None
-    if [n for n in names if n in set(expected)] != expected and walk_order_readers():
+    lifted = _captured_names(expected)
+    if [lifted[n] for n in names if n in lifted] != expected and walk_order_readers():
         return None
     multi = len(mods) > 1
-    for name in names:
-        if name in by_name and name in expected:
+    for name in by_name:
+        if name in lifted:
             continue
         mi, path = (int(name.split(".", 1)[0][1:]), name.split(".", 1)[1]) if multi else (0, name)
         owner, _, leaf = path.rpartition(".")
@@ -147,13 +206,25 @@ def _checked_module_state(mods: list[Any]) -> tuple[list[Any], list[str], list[A
     on purpose: it runs only when the per-call fast check saw a new model or a change."""
     tensors, names, subs = lift_live_module_state(mods)
     expected = list(PARAM_NAMES) + list(BUFFER_NAMES)
+    everything = all_state_names(mods)
+    tie = _tie_difference(everything, expected)
+    if tie is not None:
+        refuse(
+            f"precompile: the runtime model's parameters/buffers are tied differently "
+            f"from the traced model's: {tie}; tie (or untie) them as when captured, or "
+            f"capture again",
+            2,
+        )
     if names != expected:
         keyed = _by_captured_names(mods, tensors, names, expected)
         if keyed is not None:
             tensors, names = keyed
     if names != expected:
-        missing = [n for n in expected if n not in names]
-        extra = [n for n in names if n not in expected]
+        # By every name a tensor has: a tied tensor met first under another of its
+        # captured names (``fc3.weight`` before ``fc1.weight``) is neither.
+        lifted = _captured_names(expected)
+        missing = [n for n in expected if n not in everything]
+        extra = [n for n in names if n not in lifted]
         detail = (
             f"missing {missing}, unexpected {extra}"
             if missing or extra

@@ -1556,7 +1556,6 @@ def _capture_all(tracer: str, directory: Path) -> dict[str, list[str]]:
 KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {}
 
 _DYNAMO_TYPE_MATCH = "the type the capture saw"
-_TIED = "missing ['fc1.weight'], unexpected ['fc2.weight']"
 _INDUCTOR_LAYOUT = "the Inductor backend bakes each tensor's memory layout"
 
 #: Needless refusals of no-ops found by this round: the words the refusal names.
@@ -1582,10 +1581,6 @@ KNOWN_NEEDLESS: dict[tuple[str, str], str] = {
     # by value though only its truth test runs
     ("make_fx", "T property flag's attribute changed (no-op)"): "has mode = 1",
     ("dynamo", "T property flag's attribute changed (no-op)"): "`model.mode` is not 0",
-    # W, make_fx: a tied parameter's first name follows the walk order
-    ("make_fx", "W tied weight, fc1 deleted and set again (no-op)"): _TIED,
-    ("make_fx", "W tied weight, _modules reversed (no-op)"): _TIED,
-    ("make_fx", "W tied weight, reordered before load (no-op)"): _TIED,
     # W, Dynamo: ``_modules`` made an OrderedDict (a dict subclass) is refused by type, in
     # words that name ``model`` (not its ``_modules``) and say a TwoLinear is not a dict
     ("dynamo", "W _modules an OrderedDict reversed (no-op)"): "`model` is not a dict (dict)",
@@ -1613,8 +1608,6 @@ KNOWN_NEEDLESS: dict[tuple[str, str], str] = {
     # N, Dynamo: a negative-bit view input (its value is x) refused by its dispatch key
     # guard (named, with the fix, since: runtime/guard_text.dispatch_key_change)
     ("dynamo", "N input a negative-bit view (no-op)"): "it is a negative-bit view",
-    # W, make_fx: CFG[K] with K a module constant is not a constant key
-    ("make_fx", "W CFG[K], unread key added (no-op)"): "global CFG of module",
     # P, make_fx Inductor: a parameter in another layout with the same values
     ("make_fx", "P Inductor: fc1.weight restrided, same values (no-op)"): _INDUCTOR_LAYOUT,
     ("make_fx", "P Inductor: fc2.weight.data restrided (no-op)"): _INDUCTOR_LAYOUT,
