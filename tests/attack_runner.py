@@ -32,10 +32,6 @@ from tests.harness import assert_attack_outcome, capture_pair, run_json
 TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
 
 
-def serve(model: nn.Module, x: torch.Tensor) -> Any:
-    return model(x)
-
-
 def _no_probe(model: nn.Module) -> Any:
     return None
 
@@ -58,7 +54,8 @@ class Attack(NamedTuple):
     group: str | None = None
     #: the artifact captured for training (``capture(training=True)``, grad on), of ``fn``
     training: bool = False
-    fn: Callable[..., Any] = serve
+    #: the function captured and served (else the suite's ``serve``)
+    fn: Callable[..., Any] | None = None
     #: the tracers attacked (both, but where a wrong answer is left)
     tracers: tuple[str, ...] = ("dynamo", "make_fx")
 
@@ -120,6 +117,7 @@ class AttackSuite:
         module: str,
         scenarios: dict[str, Attack],
         *,
+        serve: Callable[..., Any],
         reset: Callable[[], Any] = lambda: None,
         classes: tuple[type, ...] = (),
         known_needless: dict[tuple[str, str], str],
@@ -127,6 +125,8 @@ class AttackSuite:
         unchanged_served: bool = False,
     ) -> None:
         """``module`` is the attack file's import name (its fresh process imports it);
+        ``serve`` its ``serve(model, x)``, defined there: the globals it runs in are part
+        of what a capture reads;
         ``reset`` puts the file's global state back and runs before and after every
         capture and play, as does the restore of ``classes``' attributes (a change that
         patches a class). ``unchanged_served``: the model as captured must be captured and
@@ -136,6 +136,7 @@ class AttackSuite:
         is a refusal like any other."""
         self.module = module
         self.scenarios = scenarios
+        self.serve = serve
         self.no_ops = {name for name in scenarios if "(no-op)" in name}
         self._reset = reset
         self._class_dicts = {cls: dict(cls.__dict__) for cls in classes}
@@ -209,7 +210,7 @@ class AttackSuite:
                 continue
             scenario = self.scenarios[name]
             got = self.play(name, lambda a=artifact, c=cache: precompile.load(a, c))
-            want = self.play(name, lambda f=scenario.fn: f)
+            want = self.play(name, lambda f=scenario.fn or self.serve: f)
             error = got.get("error")
             if (
                 self.unchanged_served
@@ -245,7 +246,7 @@ class AttackSuite:
                 with self._started(scenario) as (model, x):
                     pairs[name] = list(
                         capture_pair(
-                            scenario.fn,
+                            scenario.fn or self.serve,
                             model,
                             x,
                             directory=directory,

@@ -23,6 +23,11 @@ from torch import nn
 
 from tests.attack_runner import TRACERS, Attack, AttackSuite
 
+
+def serve(model: nn.Module, x: torch.Tensor) -> Any:
+    return model(x)
+
+
 # ---------------------------------------------------------------- 1. training-only flags
 
 
@@ -593,6 +598,7 @@ KNOWN_WRONG: set[tuple[str, str]] = set()
 ATTACKS = AttackSuite(
     __name__,
     SCENARIOS,
+    serve=serve,
     reset=_reset,
     known_needless=KNOWN_NEEDLESS,
     unchanged_served=True,

@@ -34,6 +34,11 @@ from torch.nn.utils import parametrize
 
 from tests.attack_runner import Attack, AttackSuite
 
+
+def serve(model: nn.Module, x: torch.Tensor) -> Any:
+    return model(x)
+
+
 # ------------------------------------------------------------ T. training-only flags
 
 
@@ -1465,6 +1470,7 @@ KNOWN_NEEDLESS: dict[tuple[str, str], str] = {
 ATTACKS = AttackSuite(
     __name__,
     SCENARIOS,
+    serve=serve,
     reset=_reset,
     classes=(ClassFlag, PropertyFlag, _Missing, _Missing2),
     known_needless=KNOWN_NEEDLESS,
