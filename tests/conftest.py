@@ -1,5 +1,6 @@
 """pytest's hooks and shared fixtures. The helpers tests import live in modules of their
-own: tests/harness.py (the fresh-process harness), tests/doc_links.py, tests/read_only.py."""
+own: tests/harness.py (the fresh-process harness), tests/attack_runner.py (the attack
+files' runner), tests/doc_links.py, tests/read_only.py."""
 
 from __future__ import annotations
 

@@ -3,8 +3,9 @@
 Each scenario is a tiny module captured in eval (eager backend) by make_fx and by Dynamo;
 in a FRESH process the artifact serves two calls on a fresh copy (the fast paths are
 taken), then the scenario's change is made and the next call must answer as eager does
-on the changed model, or refuse with a PrecompileError -- never answer from the stale
-state. The classes attacked: flags read only under ``training`` (the bytecode proof of
+on the changed model (played again eagerly from the same start), or refuse with a
+PrecompileError -- never answer from the stale state (the runner:
+tests/attack_runner.py). The classes attacked: flags read only under ``training`` (the bytecode proof of
 ``neutral_reads.read_only_under_training``), hooks that only mark grad
 (``hook_kinds.marks_grad_only``), hook identity (``hooks_fingerprint``), and the
 per-call epoch / inlined guard leaves.
@@ -13,19 +14,14 @@ per-call epoch / inlined guard leaves.
 from __future__ import annotations
 
 import functools
-import textwrap
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
-import precompile
-from tests.harness import assert_attack_outcome, capture_pair, run_json
-
-TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
+from tests.attack_runner import TRACERS, Attack, AttackSuite
 
 
 def serve(model: nn.Module, x: torch.Tensor) -> Any:
@@ -504,17 +500,6 @@ def _alternating_threads(fn: Any, model: nn.Module, x: torch.Tensor) -> Any:
     return answers
 
 
-class Attack(NamedTuple):
-    factory: Callable[[], nn.Module]
-    #: made after two served calls; may return a call ``call(fn, model, x)`` to make
-    change: Callable[[nn.Module], Any]
-    #: the artifact captured for training (``capture(training=True)``), of ``fn``
-    training: bool = False
-    fn: Callable[..., Any] = serve
-    #: the tracers attacked (both, but where a wrong answer is left: see KNOWN_WRONG)
-    tracers: tuple[str, ...] = ("dynamo", "make_fx")
-
-
 SCENARIOS: dict[str, Attack] = {
     # 1. flags read only under training
     "flag read by computed getattr": Attack(lambda: ComputedGetattr().eval(), _set("flag", True)),
@@ -585,9 +570,6 @@ def _inference(fn: Any, model: nn.Module, x: torch.Tensor) -> Any:
         return fn(model, x)
 
 
-#: scenarios whose change cannot change eager's answer: a refusal of it is a needless one
-NO_OPS = {name for name in SCENARIOS if "(no-op)" in name}
-
 #: Needless refusals found by this round (a no-op refused), by tracer: the words the
 #: refusal names. Served exactly is better and passes too; a wrong answer never does.
 #: make_fx refuses keyword arguments to a function captured positionally
@@ -599,100 +581,12 @@ KNOWN_NEEDLESS = {
 }
 
 
-def _flat(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _flat(v)]
-    if isinstance(value, dict):
-        return [t for k in sorted(value) for t in _flat(value[k])]
-    return []
-
-
-def _same(got: Any, want: Any) -> bool:
-    a, b = _flat(got), _flat(want)
-    return len(a) == len(b) and all(
-        p.dtype == q.dtype and p.shape == q.shape and torch.allclose(p, q) for p, q in zip(a, b)
-    )
+_REQUIRES_GRAD = torch.Tensor.requires_grad_
 
 
 def _reset() -> None:
     SCALE[0] = 2.0
-
-
-def attack(pairs: dict[str, list[str]]) -> dict[str, list[Any]]:
-    """In this (fresh) process: each scenario's artifact loaded, a fresh model served
-    twice, the change made, the next call's outcome: ["served", equal to eager],
-    ["refused", message], ["failed otherwise", repr] or ["served where eager fails"]."""
-    saved = torch.Tensor.requires_grad_
-    outcomes: dict[str, list[Any]] = {}
-    x = torch.randn(3, 4)
-    for name, (artifact, cache) in pairs.items():
-        scenario = SCENARIOS[name]
-        run = precompile.load(artifact, cache)
-        torch.manual_seed(0)
-        model = scenario.factory()
-        grad = torch.enable_grad() if scenario.training else torch.no_grad()
-        try:
-            with grad:
-                for _ in range(2):
-                    assert _same(run(model, x), scenario.fn(model, x)), name
-                call = scenario.change(model) or (lambda fn, m, v: fn(m, v))
-                try:
-                    got: Any = call(run, model, x)
-                except Exception as error:
-                    got = error
-                try:
-                    want: Any = call(scenario.fn, model, x)
-                except Exception as error:
-                    want = error
-        finally:
-            torch.Tensor.requires_grad_ = saved  # type: ignore[method-assign]
-            _reset()
-        if isinstance(got, precompile.PrecompileError):
-            outcomes[name] = ["refused", str(got)]
-        elif isinstance(got, Exception) and type(got) is type(want):
-            outcomes[name] = ["failed as eager does", repr(got)]
-        elif isinstance(got, Exception):
-            outcomes[name] = ["failed otherwise", repr(got)]
-        elif isinstance(want, Exception):
-            outcomes[name] = ["served where eager fails", repr(want)]
-        else:
-            outcomes[name] = ["served", _same(got, want)]
-    return outcomes
-
-
-CHILD = """
-import json, warnings
-warnings.simplefilter("ignore")
-from tests.core.runtime.test_attacks_round3 import attack
-print(json.dumps(attack({pairs!r})))
-"""
-
-
-def _capture_all(tracer: str, directory: Path) -> dict[str, list[str]]:
-    pairs: dict[str, list[str]] = {}
-    x = torch.randn(3, 4)
-    for k, (name, scenario) in enumerate(SCENARIOS.items()):
-        if tracer not in scenario.tracers:
-            continue
-        torch.manual_seed(0)
-        try:
-            with torch.no_grad() if not scenario.training else torch.enable_grad():
-                pairs[name] = list(
-                    capture_pair(
-                        scenario.fn,
-                        scenario.factory(),
-                        x,
-                        directory=directory,
-                        name=f"{tracer}_{k}",
-                        tracer=TRACERS[tracer](),
-                        training=scenario.training,
-                    )
-                )
-        finally:
-            _reset()
-    return pairs
+    torch.Tensor.requires_grad_ = _REQUIRES_GRAD  # type: ignore[method-assign]
 
 
 #: Wrong answers this round found and left: such a scenario is attacked with the other
@@ -700,19 +594,15 @@ def _capture_all(tracer: str, directory: Path) -> dict[str, list[str]]:
 #: call since the hook-state round).
 KNOWN_WRONG: set[tuple[str, str]] = set()
 
-_OUTCOMES: dict[str, Any] = {}
-
-
-def _outcomes(tracer: str, factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
-    """Every scenario of ``tracer`` captured here and attacked in one fresh process."""
-    if tracer not in _OUTCOMES:
-        pairs = _capture_all(tracer, factory.mktemp(tracer))
-        _OUTCOMES[tracer] = run_json(textwrap.dedent(CHILD.format(pairs=pairs)))
-    return _OUTCOMES[tracer]
-
-
-def _cases(names: set[str]) -> list[tuple[str, str]]:
-    return [(t, n) for n in sorted(names) for t in SCENARIOS[n].tracers]
+#: Every scenario's model is an ordinary one: as captured, it is captured and served.
+ATTACKS = AttackSuite(
+    __name__,
+    SCENARIOS,
+    serve=serve,
+    reset=_reset,
+    known_needless=KNOWN_NEEDLESS,
+    unchanged_served=True,
+)
 
 
 def test_each_scenario_is_attacked_by_both_tracers_but_the_known_wrong() -> None:
@@ -720,17 +610,15 @@ def test_each_scenario_is_attacked_by_both_tracers_but_the_known_wrong() -> None
     assert left == KNOWN_WRONG
 
 
-@pytest.mark.parametrize(("tracer", "scenario"), _cases(set(SCENARIOS) - NO_OPS))
+@pytest.mark.parametrize(("tracer", "scenario"), ATTACKS.cases(no_ops=False))
 def test_a_change_is_refused_or_served_as_eager(
     tracer: str, scenario: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    outcome = _outcomes(tracer, tmp_path_factory)[scenario]
-    assert_attack_outcome(tracer, scenario, outcome, no_op=False, known_needless=KNOWN_NEEDLESS)
+    ATTACKS.check(tracer, scenario, tmp_path_factory, no_op=False)
 
 
-@pytest.mark.parametrize(("tracer", "scenario"), _cases(NO_OPS))
+@pytest.mark.parametrize(("tracer", "scenario"), ATTACKS.cases(no_ops=True))
 def test_a_change_that_decides_nothing_is_served(
     tracer: str, scenario: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    outcome = _outcomes(tracer, tmp_path_factory)[scenario]
-    assert_attack_outcome(tracer, scenario, outcome, no_op=True, known_needless=KNOWN_NEEDLESS)
+    ATTACKS.check(tracer, scenario, tmp_path_factory, no_op=True)

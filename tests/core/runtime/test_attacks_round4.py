@@ -13,20 +13,18 @@ a third call -- and everything each play returns (its three answers and the scen
 ``probe`` of the state it leaves) is compared. Every cell must end "served and equal to
 eager" or "refused with a PrecompileError" (at capture or at the call); no-op changes
 must be served. Wrong answers and crashes found and left are in ``KNOWN_WRONG``, asserted
-so that the test fails when one is fixed.
+so that the test fails when one is fixed. The runner: tests/attack_runner.py.
 """
 
 from __future__ import annotations
 
 import functools
-import textwrap
 import threading
 import types
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 import torch
@@ -35,9 +33,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 import precompile
-from tests.harness import assert_attack_outcome, capture_pair, run_json
-
-TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
+from tests.attack_runner import Attack, AttackSuite
 
 
 def serve(model: nn.Module, x: torch.Tensor) -> Any:
@@ -864,21 +860,6 @@ def _inference_call(model: nn.Module) -> Any:
 # ------------------------------------------------------------------ the scenarios
 
 
-class Attack(NamedTuple):
-    factory: Callable[[], nn.Module]
-    #: made after two served calls; may return a call ``call(fn, model, x)`` to make
-    change: Callable[[nn.Module], Any]
-    #: global module hooks installed (by the function that registers each) around the play
-    hooks: tuple[tuple[Callable[..., Any], Callable[..., Any]], ...] = ()
-    #: state the play leaves that must match eager's
-    probe: Callable[[nn.Module], Any] = lambda m: None
-    backend: str = "eager"
-    #: the change made before ``load`` (else after two served calls)
-    before_load: bool = False
-    #: the nameless functions' holders filled again (by the same makers) after ``load``
-    fill_after_load: bool = False
-
-
 FWD = nn_module.register_module_forward_hook
 PRE = nn_module.register_module_forward_pre_hook
 BWD = nn_module.register_module_full_backward_hook
@@ -973,7 +954,7 @@ SCENARIOS: dict[str, Attack] = {
         lambda: UsesRegistry().eval(), _wraps_code_swap, before_load=True
     ),
     "C registry filled after load by the same maker (no-op)": Attack(
-        lambda: UsesRegistry().eval(), lambda m: None, fill_after_load=True
+        lambda: UsesRegistry().eval(), lambda m: None, after_load=_reset_nameless
     ),
     "C registry function's closure cell changed": Attack(
         lambda: UsesRegistry().eval(), _registry_closure_cell
@@ -1085,163 +1066,16 @@ SCENARIOS: dict[str, Attack] = {
     ),
 }
 
-#: scenarios whose change cannot change eager's answer: a refusal of it is a needless one
-NO_OPS = {name for name in SCENARIOS if "(no-op)" in name}
-
 
 def _reset() -> None:
+    for handle in _HANDLES:
+        handle.remove()
+    _HANDLES.clear()
     Two.k = 2.0
     _reset_dicts()
     _reset_hook_state()
     _reset_nameless()
     cached_act.__wrapped__.__code__ = _CACHED_CODE  # type: ignore[attr-defined]
-
-
-def _install(scenario: Attack) -> list[Any]:
-    return [register(hook) for register, hook in scenario.hooks]
-
-
-def _uninstall(handles: list[Any]) -> None:
-    for handle in handles + _HANDLES:
-        handle.remove()
-    _HANDLES.clear()
-
-
-def _detach(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, (list, tuple)):
-        return [_detach(v) for v in value]
-    return value
-
-
-def play(name: str, load: Callable[[], Any]) -> Any:
-    """From the scenario's starting state: ``load()`` (the artifact, or eager's ``serve``),
-    two calls, the change, a third call; the three answers and the probe, or the
-    exception raised (and at which step)."""
-    scenario = SCENARIOS[name]
-    _reset()
-    torch.manual_seed(0)
-    model = scenario.factory()
-    x = torch.randn(3, 4)
-    handles = _install(scenario)
-    call: Any = None
-    step = "load"
-    try:
-        with torch.no_grad():
-            if scenario.before_load:
-                call = scenario.change(model)
-            fn = load()
-            if scenario.fill_after_load:
-                _reset_nameless()
-            answers = []
-            for _ in range(2):
-                step = "first calls"
-                answers.append(_detach(fn(model, x)))
-            if not scenario.before_load:
-                step = "change"
-                call = scenario.change(model)
-            step = "changed call"
-            answers.append(_detach((call or (lambda f, m, v: f(m, v)))(fn, model, x)))
-            step = "probe"
-            return {"answers": answers, "probe": _detach(scenario.probe(model))}
-    except Exception as error:
-        return {"error": error, "step": step}
-    finally:
-        _uninstall(handles)
-        _restore_classes()
-        _reset()
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and bool(torch.allclose(a, b))
-        )
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(p, q) for p, q in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    return bool(a == b)
-
-
-def attack(pairs: dict[str, list[str]]) -> dict[str, list[Any]]:
-    """In this (fresh) process: each scenario played through its loaded artifact and
-    eagerly; ["served", equal], ["refused", message], ["failed otherwise", repr, step],
-    ["failed as eager does", repr]."""
-    outcomes: dict[str, list[Any]] = {}
-    for name, (artifact, cache) in pairs.items():
-        if artifact == "refused at capture":
-            outcomes[name] = ["refused", cache]
-            continue
-        got = play(name, lambda a=artifact, c=cache: precompile.load(a, c))
-        want = play(name, lambda: serve)
-        if "error" in got and isinstance(got["error"], precompile.PrecompileError):
-            outcomes[name] = ["refused", f"{got['step']}: {got['error']}"]
-        elif "error" in got and "error" in want and type(got["error"]) is type(want["error"]):
-            outcomes[name] = ["failed as eager does", repr(got["error"])]
-        elif "error" in got:
-            outcomes[name] = ["failed otherwise", f"{got['step']}: {got['error']!r}"]
-        elif "error" in want:
-            outcomes[name] = ["served where eager fails", repr(want["error"])]
-        else:
-            outcomes[name] = ["served", _same(got, want)]
-    return outcomes
-
-
-_CLASS_DICTS = {cls: dict(cls.__dict__) for cls in (nn.Module, nn.Linear)}
-
-
-def _restore_classes() -> None:
-    """Undo a change's patch of ``nn.Module`` / ``nn.Linear`` (attributes added or
-    replaced)."""
-    for cls, saved in _CLASS_DICTS.items():
-        for key in set(cls.__dict__) - set(saved):
-            delattr(cls, key)
-        for key, value in saved.items():
-            if cls.__dict__.get(key) is not value:
-                setattr(cls, key, value)
-
-
-CHILD = """
-import json, warnings
-warnings.simplefilter("ignore")
-from tests.core.runtime.test_attacks_round4 import attack
-print(json.dumps(attack({pairs!r})))
-"""
-
-
-def _capture_all(tracer: str, directory: Path) -> dict[str, list[str]]:
-    pairs: dict[str, list[str]] = {}
-    for k, (name, scenario) in enumerate(SCENARIOS.items()):
-        _reset()
-        torch.manual_seed(0)
-        model = scenario.factory()
-        x = torch.randn(3, 4)
-        handles = _install(scenario)
-        try:
-            with torch.no_grad():
-                pairs[name] = list(
-                    capture_pair(
-                        serve,
-                        model,
-                        x,
-                        directory=directory,
-                        name=f"{tracer}_{k}",
-                        tracer=TRACERS[tracer](),
-                        backend=scenario.backend,
-                    )
-                )
-        except precompile.PrecompileError as error:
-            pairs[name] = ["refused at capture", f"capture: {error}"]
-        finally:
-            _uninstall(handles)
-            _reset()
-    return pairs
 
 
 #: Wrong answers and crashes found by this round and left for the coordinator: the
@@ -1263,46 +1097,26 @@ KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {}
 #: served since, each beside its near-miss in test_needless_round4.py.
 KNOWN_NEEDLESS: dict[tuple[str, str], str] = {}
 
-_OUTCOMES: dict[str, Any] = {}
+ATTACKS = AttackSuite(
+    __name__,
+    SCENARIOS,
+    serve=serve,
+    reset=_reset,
+    classes=(nn.Module, nn.Linear),
+    known_needless=KNOWN_NEEDLESS,
+    known_wrong=KNOWN_WRONG,
+)
 
 
-def _outcomes(tracer: str, factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
-    """Every scenario of ``tracer`` captured here and attacked in one fresh process."""
-    if tracer not in _OUTCOMES:
-        pairs = _capture_all(tracer, factory.mktemp(tracer))
-        _OUTCOMES[tracer] = run_json(textwrap.dedent(CHILD.format(pairs=pairs)))
-    return _OUTCOMES[tracer]
-
-
-def _cases(names: set[str]) -> list[tuple[str, str]]:
-    return [(t, n) for n in sorted(names) for t in sorted(TRACERS)]
-
-
-@pytest.mark.parametrize(("tracer", "scenario"), _cases(set(SCENARIOS) - NO_OPS))
+@pytest.mark.parametrize(("tracer", "scenario"), ATTACKS.cases(no_ops=False))
 def test_a_change_is_refused_or_served_as_eager(
     tracer: str, scenario: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    outcome = _outcomes(tracer, tmp_path_factory)[scenario]
-    assert_attack_outcome(
-        tracer,
-        scenario,
-        outcome,
-        no_op=False,
-        known_needless=KNOWN_NEEDLESS,
-        known_wrong=KNOWN_WRONG,
-    )
+    ATTACKS.check(tracer, scenario, tmp_path_factory, no_op=False)
 
 
-@pytest.mark.parametrize(("tracer", "scenario"), _cases(NO_OPS))
+@pytest.mark.parametrize(("tracer", "scenario"), ATTACKS.cases(no_ops=True))
 def test_a_change_that_decides_nothing_is_served(
     tracer: str, scenario: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    outcome = _outcomes(tracer, tmp_path_factory)[scenario]
-    assert_attack_outcome(
-        tracer,
-        scenario,
-        outcome,
-        no_op=True,
-        known_needless=KNOWN_NEEDLESS,
-        known_wrong=KNOWN_WRONG,
-    )
+    ATTACKS.check(tracer, scenario, tmp_path_factory, no_op=True)

@@ -14,18 +14,17 @@ change before ``load``) -- and the answers and the scenario's ``probe`` are comp
 Every cell must end "served and equal to eager" or "refused with a PrecompileError";
 no-op changes must be served. Scenarios of one ``group`` share one capture. Wrong answers
 and crashes found are in ``KNOWN_WRONG``, asserted so that the test fails once fixed.
+The runner: tests/attack_runner.py.
 """
 
 from __future__ import annotations
 
 import functools
-import textwrap
 import types
 from collections import OrderedDict
 from collections.abc import Callable
 from enum import IntEnum
-from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -33,10 +32,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-import precompile
-from tests.harness import assert_attack_outcome, capture_pair, run_json
-
-TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
+from tests.attack_runner import Attack, AttackSuite
 
 
 def serve(model: nn.Module, x: torch.Tensor) -> Any:
@@ -1048,19 +1044,6 @@ def _grad_on_call(m: nn.Module) -> Any:
 # ------------------------------------------------------------------ the scenarios
 
 
-class Attack(NamedTuple):
-    factory: Callable[[], nn.Module]
-    #: made after two served calls; may return a call ``call(fn, model, x)`` to make
-    change: Callable[[nn.Module], Any]
-    probe: Callable[[nn.Module], Any] = lambda m: None
-    backend: str = "eager"
-    #: the change made before ``load`` (else after two served calls)
-    before_load: bool = False
-    #: scenarios of one group share one capture (the same factory and backend)
-    group: str | None = None
-    tracers: tuple[str, ...] = ("dynamo", "make_fx")
-
-
 def _mlp() -> nn.Module:
     return MLP().eval()
 
@@ -1406,148 +1389,12 @@ SCENARIOS: dict[str, Attack] = {
 }
 
 
-#: scenarios whose change cannot change eager's answer: a refusal of it is a needless one
-NO_OPS = {name for name in SCENARIOS if "(no-op)" in name}
-
-_CLASS_STATE = {cls: dict(cls.__dict__) for cls in (ClassFlag, PropertyFlag, _Missing, _Missing2)}
-
-
 def _reset() -> None:
     global SCALE, DEFAULT
     SCALE = 2.0
     DEFAULT = 1.0
     _reset_dicts()
     _reset_registry()
-    for cls, saved in _CLASS_STATE.items():
-        for key in set(cls.__dict__) - set(saved):
-            delattr(cls, key)
-        for key, value in saved.items():
-            if cls.__dict__.get(key) is not value:
-                setattr(cls, key, value)
-
-
-def _detach(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, (list, tuple)):
-        return [_detach(v) for v in value]
-    return value
-
-
-def play(name: str, load: Callable[[], Any]) -> Any:
-    """From the scenario's starting state: ``load()`` (the artifact, or eager's ``serve``),
-    two calls, the change, a third call; the three answers and the probe, or the
-    exception raised (and at which step)."""
-    scenario = SCENARIOS[name]
-    _reset()
-    torch.manual_seed(0)
-    model = scenario.factory()
-    x = torch.randn(3, 4)
-    call: Any = None
-    step = "load"
-    try:
-        with torch.no_grad():
-            if scenario.before_load:
-                call = scenario.change(model)
-            fn = load()
-            answers = []
-            for _ in range(2):
-                step = "first calls"
-                answers.append(_detach(fn(model, x)))
-            if not scenario.before_load:
-                step = "change"
-                call = scenario.change(model)
-            step = "changed call"
-            answers.append(_detach((call or (lambda f, m, v: f(m, v)))(fn, model, x)))
-            step = "probe"
-            return {"answers": answers, "probe": _detach(scenario.probe(model))}
-    except Exception as error:
-        return {"error": error, "step": step}
-    finally:
-        _reset()
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and bool(torch.allclose(a, b, equal_nan=True))
-        )
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(p, q) for p, q in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    return bool(a == b)
-
-
-def attack(pairs: dict[str, list[str]]) -> dict[str, list[Any]]:
-    """In this (fresh) process: each scenario played through its loaded artifact and
-    eagerly; ["served", equal], ["refused", message], ["failed otherwise", repr, step],
-    ["failed as eager does", repr]."""
-    outcomes: dict[str, list[Any]] = {}
-    for name, (artifact, cache) in pairs.items():
-        if artifact == "refused at capture":
-            outcomes[name] = ["refused", cache]
-            continue
-        got = play(name, lambda a=artifact, c=cache: precompile.load(a, c))
-        want = play(name, lambda: serve)
-        if "error" in got and isinstance(got["error"], precompile.PrecompileError):
-            outcomes[name] = ["refused", f"{got['step']}: {got['error']}"]
-        elif "error" in got and "error" in want and type(got["error"]) is type(want["error"]):
-            outcomes[name] = ["failed as eager does", repr(got["error"])]
-        elif "error" in got:
-            outcomes[name] = ["failed otherwise", f"{got['step']}: {got['error']!r}"]
-        elif "error" in want:
-            outcomes[name] = ["served where eager fails", repr(want["error"])]
-        else:
-            outcomes[name] = ["served", _same(got, want)]
-    return outcomes
-
-
-CHILD = """
-import json, warnings
-warnings.simplefilter("ignore")
-from tests.core.runtime.test_attacks_round5 import attack
-print(json.dumps(attack({pairs!r})))
-"""
-
-
-def _capture_all(tracer: str, directory: Path) -> dict[str, list[str]]:
-    pairs: dict[str, list[str]] = {}
-    groups: dict[str, list[str]] = {}
-    for k, (name, scenario) in enumerate(SCENARIOS.items()):
-        if tracer not in scenario.tracers:
-            continue
-        if scenario.group in groups:
-            pairs[name] = groups[scenario.group]
-            continue
-        _reset()
-        torch.manual_seed(0)
-        model = scenario.factory()
-        x = torch.randn(3, 4)
-        try:
-            with torch.no_grad():
-                pairs[name] = list(
-                    capture_pair(
-                        serve,
-                        model,
-                        x,
-                        directory=directory,
-                        name=f"{tracer}_{k}",
-                        tracer=TRACERS[tracer](),
-                        backend=scenario.backend,
-                    )
-                )
-        except precompile.PrecompileError as error:
-            pairs[name] = ["refused at capture", f"capture: {error}"]
-        finally:
-            _reset()
-        if scenario.group is not None:
-            groups[scenario.group] = pairs[name]
-    return pairs
 
 
 #: Wrong answers and crashes found by this round and left for the coordinator: the
@@ -1613,46 +1460,26 @@ KNOWN_NEEDLESS: dict[tuple[str, str], str] = {
     ("make_fx", "P Inductor: fc2.weight.data restrided (no-op)"): _INDUCTOR_LAYOUT,
 }
 
-_OUTCOMES: dict[str, Any] = {}
+ATTACKS = AttackSuite(
+    __name__,
+    SCENARIOS,
+    serve=serve,
+    reset=_reset,
+    classes=(ClassFlag, PropertyFlag, _Missing, _Missing2),
+    known_needless=KNOWN_NEEDLESS,
+    known_wrong=KNOWN_WRONG,
+)
 
 
-def _outcomes(tracer: str, factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
-    """Every scenario of ``tracer`` captured here and attacked in one fresh process."""
-    if tracer not in _OUTCOMES:
-        pairs = _capture_all(tracer, factory.mktemp(tracer))
-        _OUTCOMES[tracer] = run_json(textwrap.dedent(CHILD.format(pairs=pairs)))
-    return _OUTCOMES[tracer]
-
-
-def _cases(names: set[str]) -> list[tuple[str, str]]:
-    return [(t, n) for n in sorted(names) for t in sorted(SCENARIOS[n].tracers)]
-
-
-@pytest.mark.parametrize(("tracer", "scenario"), _cases(set(SCENARIOS) - NO_OPS))
+@pytest.mark.parametrize(("tracer", "scenario"), ATTACKS.cases(no_ops=False))
 def test_a_change_is_refused_or_served_as_eager(
     tracer: str, scenario: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    outcome = _outcomes(tracer, tmp_path_factory)[scenario]
-    assert_attack_outcome(
-        tracer,
-        scenario,
-        outcome,
-        no_op=False,
-        known_needless=KNOWN_NEEDLESS,
-        known_wrong=KNOWN_WRONG,
-    )
+    ATTACKS.check(tracer, scenario, tmp_path_factory, no_op=False)
 
 
-@pytest.mark.parametrize(("tracer", "scenario"), _cases(NO_OPS))
+@pytest.mark.parametrize(("tracer", "scenario"), ATTACKS.cases(no_ops=True))
 def test_a_change_that_decides_nothing_is_served(
     tracer: str, scenario: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    outcome = _outcomes(tracer, tmp_path_factory)[scenario]
-    assert_attack_outcome(
-        tracer,
-        scenario,
-        outcome,
-        no_op=True,
-        known_needless=KNOWN_NEEDLESS,
-        known_wrong=KNOWN_WRONG,
-    )
+    ATTACKS.check(tracer, scenario, tmp_path_factory, no_op=True)
