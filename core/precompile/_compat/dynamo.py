@@ -352,6 +352,75 @@ def dict_subclasses_pickled_in_storage_order() -> Iterator[None]:
         yield
 
 
+def _cell_reduce(cell: Any, reduced: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A closure cell pickled as an empty-looking cell whose contents are set after it is
+    memoized (pickle's ``BUILD`` with a slot state: ``setattr(cell, "cell_contents",
+    value)``), not passed to its constructor: a cell whose contents reach the cell again
+    (a recursive inner function: ``def act(x): ... act.scale``, its closure holds
+    itself) is then met in the memo the second time instead of pickled forever. The
+    unpickled cell holds the same value as before; only torch's own unpickler and
+    pickle's standard ``BUILD`` run at load."""
+    return (reduced[0], (None,), (None, {"cell_contents": cell.cell_contents}))
+
+
+def _nested_function_reduce(
+    pickler: Any, fn: types.FunctionType, reduced: tuple[Any, ...]
+) -> tuple[Any, ...]:
+    """A function defined in a local scope pickled as torch does (code, module, qualified
+    name, closure), with what is not its identity set after it is memoized (``BUILD``):
+    its defaults (torch passes them to the constructor, so a default holding the
+    function recursed), its keyword-only defaults, pickled as torch pickles its
+    defaults (torch drops them: the rebuilt guard on ``__kwdefaults__['k']`` found
+    None), and
+    the attributes of its ``__dict__`` a guard reads (``act.scale``; torch drops the
+    ``__dict__``). Everything else of it is left out, as torch leaves it out: the
+    unpickled function is only the example Dynamo rebuilds the guards from."""
+    code, module, qualname, defaults, closure = reduced[1]
+    tree = getattr(pickler, "guard_tree_values", {})
+    slots: dict[str, Any] = {}
+    if defaults is not None:
+        slots["__defaults__"] = defaults
+    if fn.__kwdefaults__ is not None:
+        slots["__kwdefaults__"] = fn.__kwdefaults__
+    attributes = {k: v for k, v in vars(fn).items() if id(v) in tree}
+    args = (code, module, qualname, None, closure)
+    if not (attributes or slots):
+        return (reduced[0], args)
+    # A slot state must be a dict (the C unpickler refuses None there).
+    return (reduced[0], args, (attributes or None, slots))
+
+
+@contextlib.contextmanager
+def functions_pickled_whole() -> Iterator[None]:
+    """While capturing: Dynamo pickles the guards' example values (a registry dict read
+    by a guard is pickled with every function it holds) and rebuilds the guards from the
+    unpickled ones, at capture and at load. Its pickler passes a local function's
+    closure cells and defaults to their constructors, so a function reachable from its
+    own closure (any recursive inner function) recursed until ``RecursionError``, and it
+    drops a function's keyword-only defaults and attributes, so a guard reading one
+    (``__kwdefaults__['k']``, ``act.scale``) could not be rebuilt. Cells and local
+    functions are pickled with those parts set after the object is memoized instead
+    (``_cell_reduce``, ``_nested_function_reduce``): any cycle through a function
+    unpickles, and every part a guard reads is there."""
+    from torch._dynamo.guards import GuardsStatePickler
+
+    original = GuardsStatePickler.reducer_override
+
+    def reducer_override(self: Any, obj: Any) -> Any:
+        reduced = original(self, obj)
+        if isinstance(reduced, tuple) and len(reduced) == 2:
+            if reduced[0] == type(self)._unpickle_cell:
+                return _cell_reduce(obj, reduced)
+            if reduced[0] == type(self)._unpickle_nested_function and isinstance(
+                obj, types.FunctionType
+            ):
+                return _nested_function_reduce(self, obj, reduced)
+        return reduced
+
+    with patched(GuardsStatePickler, "reducer_override", reducer_override):
+        yield
+
+
 @contextlib.contextmanager
 def without_guard_latency_profiling() -> Iterator[None]:
     """While capturing: Dynamo times every new guard set once, for a log line and a
