@@ -184,3 +184,78 @@ def test_registry_beside_recursive_and_kwdefaults_served_near_misses_refused(
             kind, text = out[name + when]
             assert kind == "refused", (name + when, out)
             assert words in text, (name + when, text)
+
+
+class UsesSelfRef(nn.Module):
+    """Calls the recursive function itself: it reads its own attribute through its cell."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return RECURSIVE["selfref"](x) + 1
+
+
+SELF_CHILD = """
+import json, warnings
+warnings.simplefilter("ignore")
+import torch, precompile
+from tests.core.runtime import test_guard_examples_pickled as case
+
+def outcome(run, model, x):
+    try:
+        got = run(model, x)
+    except precompile.PrecompileError as error:
+        return ["refused", str(error)]
+    return ["served", bool(torch.equal(got, case.serve(model, x)))]
+
+def scale(value):
+    return lambda: setattr(case.RECURSIVE["selfref"], "scale", value)
+
+original = case.RECURSIVE["selfref"]
+def restore():
+    case.RECURSIVE["selfref"] = original
+    original.scale = 2.0
+
+changes = {{
+    "refilled by the same maker": lambda: case.RECURSIVE.update(selfref=case.make_self_ref()),
+    "scale set to its value": scale(2.0),
+    "scale changed": scale(5.0),
+}}
+torch.manual_seed(0)
+model, x = case.UsesSelfRef().eval(), torch.randn(3, 4)
+out = {{}}
+with torch.no_grad():
+    run = precompile.load({artifact!r}, {cache!r})
+    out["first"] = outcome(run, model, x)
+    for name, change in changes.items():
+        change()
+        out[name] = outcome(run, model, x)
+        restore()
+        change()
+        out[name + ", before load"] = outcome(
+            precompile.load({artifact!r}, {cache!r}), model, x
+        )
+        restore()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("tracer", sorted(TRACERS))
+def test_recursive_function_refilled_by_its_maker_served_its_attribute_refused(
+    tracer: str, tmp_path: Path
+) -> None:
+    out = attack_in_child(
+        SELF_CHILD,
+        serve,
+        lambda: UsesSelfRef().eval(),
+        lambda: torch.randn(3, 4),
+        directory=tmp_path,
+        tracer=TRACERS[tracer](),
+    )
+    assert out["first"] == SERVED, out
+    for name in ("refilled by the same maker", "scale set to its value"):
+        for when in ("", ", before load"):
+            assert out[name + when] == SERVED, (name + when, out)
+    for when in ("", ", before load"):
+        kind, text = out["scale changed" + when]
+        # Named by the attribute, or (Dynamo, before load) by the path it was read at.
+        assert kind == "refused", (when, out)
+        assert "scale" in text or "RECURSIVE['selfref']" in text, (when, text)
