@@ -352,6 +352,84 @@ def dict_subclasses_pickled_in_storage_order() -> Iterator[None]:
         yield
 
 
+def _cell_reduce(cell: Any, reduced: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A closure cell pickled as an empty-looking cell whose contents are set after it is
+    memoized (pickle's ``BUILD`` with a slot state: ``setattr(cell, "cell_contents",
+    value)``), not passed to its constructor: a cell whose contents reach the cell again
+    (a recursive inner function: ``def act(x): ... act.scale``, its closure holds
+    itself) is then met in the memo the second time instead of pickled forever. The
+    unpickled cell holds the same value as before; only torch's own unpickler and
+    pickle's standard ``BUILD`` run at load."""
+    return (reduced[0], (None,), (None, {"cell_contents": cell.cell_contents}))
+
+
+def _nested_function_reduce(
+    pickler: Any, fn: types.FunctionType, reduced: tuple[Any, ...]
+) -> tuple[Any, ...]:
+    """A function defined in a local scope pickled as torch does (code, module, qualified
+    name, closure), with what is not its identity set after it is memoized (``BUILD``):
+    its defaults (torch passes them to the constructor, so a default holding the
+    function recursed), its keyword-only defaults (torch drops them: the rebuilt guard
+    on ``__kwdefaults__['k']`` found None), and the attributes of its ``__dict__`` (torch
+    drops the ``__dict__``: ``act.scale``). Defaults no guard reads (neither the
+    container nor the value is one of the guard tree's example values) are pickled as
+    None: the unpickled function is only the example Dynamo rebuilds the guards from, so
+    an unread default that cannot be pickled (a lock, an open file) does not fail the
+    capture. A container a guard reads is kept whole, as the guard saw it."""
+    code, module, qualname, defaults, closure = reduced[1]
+    tree = getattr(pickler, "guard_tree_values", {})
+
+    def read(value: Any) -> Any:
+        return value if id(value) in tree else None
+
+    slots: dict[str, Any] = {}
+    if defaults is not None:
+        kept = id(defaults) in tree or id(fn.__defaults__) in tree
+        slots["__defaults__"] = defaults if kept else tuple(read(v) for v in defaults)
+    kwdefaults = fn.__kwdefaults__
+    if kwdefaults is not None:
+        slots["__kwdefaults__"] = (
+            kwdefaults if id(kwdefaults) in tree else {k: read(v) for k, v in kwdefaults.items()}
+        )
+    attributes = {k: v for k, v in vars(fn).items() if id(v) in tree}
+    args = (code, module, qualname, None, closure)
+    if not (attributes or slots):
+        return (reduced[0], args)
+    # A slot state must be a dict (the C unpickler refuses None there).
+    return (reduced[0], args, (attributes or None, slots))
+
+
+@contextlib.contextmanager
+def functions_pickled_whole() -> Iterator[None]:
+    """While capturing: Dynamo pickles the guards' example values (a registry dict read
+    by a guard is pickled with every function it holds) and rebuilds the guards from the
+    unpickled ones, at capture and at load. Its pickler passes a local function's
+    closure cells and defaults to their constructors, so a function reachable from its
+    own closure (any recursive inner function) recursed until ``RecursionError``, and it
+    drops a function's keyword-only defaults and attributes, so a guard reading one
+    (``__kwdefaults__['k']``, ``act.scale``) could not be rebuilt. Cells and local
+    functions are pickled with those parts set after the object is memoized instead
+    (``_cell_reduce``, ``_nested_function_reduce``): any cycle through a function
+    unpickles, and every part a guard reads is there."""
+    from torch._dynamo.guards import GuardsStatePickler
+
+    original = GuardsStatePickler.reducer_override
+
+    def reducer_override(self: Any, obj: Any) -> Any:
+        reduced = original(self, obj)
+        if isinstance(reduced, tuple) and len(reduced) == 2:
+            if reduced[0] == type(self)._unpickle_cell:
+                return _cell_reduce(obj, reduced)
+            if reduced[0] == type(self)._unpickle_nested_function and isinstance(
+                obj, types.FunctionType
+            ):
+                return _nested_function_reduce(self, obj, reduced)
+        return reduced
+
+    with patched(GuardsStatePickler, "reducer_override", reducer_override):
+        yield
+
+
 @contextlib.contextmanager
 def without_guard_latency_profiling() -> Iterator[None]:
     """While capturing: Dynamo times every new guard set once, for a log line and a

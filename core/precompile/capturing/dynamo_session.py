@@ -221,6 +221,7 @@ class DynamoSession:
                 dynamo_recording.recording_installed_globals(self.installed_globals),
                 dynamo.without_guard_latency_profiling(),
                 dynamo.dict_subclasses_pickled_in_storage_order(),
+                dynamo.functions_pickled_whole(),
                 dict_keys.recording_sourced_key_reads(self.sourced_key_reads),
                 dynamo_recording.recording_grad_dependent_reads(
                     self.dependencies.grad_reads,

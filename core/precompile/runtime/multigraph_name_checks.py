@@ -353,8 +353,13 @@ def build_code_check() -> Callable[[], None] | None:
             bind()
             return
         pairs = [(old, new)]
+        # A recursive function's cell holds the function itself: each pair once.
+        seen: set[tuple[int, int]] = set()
         while pairs:
             was, now = pairs.pop()
+            if (id(was), id(now)) in seen:
+                continue
+            seen.add((id(was), id(now)))
             functions[:] = [now if fn is was else fn for fn in functions]
             for then_cell, now_cell in zip(was.__closure__ or (), now.__closure__ or ()):
                 try:

@@ -190,34 +190,42 @@ def function_value(fn: Any, depth: int = 0) -> str | None:
     identity (``multigraph_name_checks``)."""
     import types
 
-    def value(v: Any, level: int) -> Any:
+    def value(v: Any, level: int, outer: tuple[Any, ...]) -> Any:
         if type(v) in _LITERAL_KINDS:
             return literal_fingerprint(v)
         if type(v) is tuple:
-            items = [value(item, level + 1) for item in v]
+            items = [value(item, level + 1, outer) for item in v]
             return None if None in items else ("tuple", tuple(items))
         if type(v) is dict and all(type(k) is str for k in v):
-            pairs = [(k, value(item, level + 1)) for k, item in sorted(v.items())]
+            pairs = [(k, value(item, level + 1, outer)) for k, item in sorted(v.items())]
             return None if any(p[1] is None for p in pairs) else ("dict", tuple(pairs))
         if isinstance(v, types.FunctionType):
-            return described(v, level + 1)
+            for back, enclosing in enumerate(reversed(outer)):
+                if enclosing is v:
+                    # A function reached again from itself (a recursive inner
+                    # function's cell holds it): which enclosing one, not its value
+                    # again -- two such functions one maker made are the same value.
+                    return ("enclosing function", back)
+            return described(v, level + 1, outer)
         return None
 
-    def described(f: types.FunctionType, level: int) -> Any:
+    def described(f: types.FunctionType, level: int, outer: tuple[Any, ...] = ()) -> Any:
         if level > 8 or not home_globals(f):
             return None
+        inner = (*outer, f)
         cells = []
         for cell in f.__closure__ or ():
             try:
-                cells.append(value(cell.cell_contents, level))
+                cells.append(value(cell.cell_contents, level, inner))
             except ValueError:
                 cells.append(("empty cell",))
-        parts = [value(f.__defaults__, level), value(f.__kwdefaults__, level), *cells]
+        parts = [value(f.__defaults__, level, inner), value(f.__kwdefaults__, level, inner)]
+        parts += cells
         if f.__dict__:
             # Its own attributes its code may read (``scaled.scale``): one it cannot
             # name (a registry's tag) decides nothing it computes.
             read = code_read_names(f)
-            parts.append(value({k: v for k, v in f.__dict__.items() if k in read}, level))
+            parts.append(value({k: v for k, v in f.__dict__.items() if k in read}, level, inner))
         if None in parts:
             return None
         return ("function", f.__module__, f.__qualname__, code_fingerprint(f.__code__), *parts)

@@ -1431,27 +1431,6 @@ KNOWN_NEEDLESS: dict[tuple[str, str], str] = {
     # W, Dynamo: ``_modules`` made an OrderedDict (a dict subclass) is refused by type, in
     # words that name ``model`` (not its ``_modules``) and say a TwoLinear is not a dict
     ("dynamo", "W _modules an OrderedDict reversed (no-op)"): "`model` is not a dict (dict)",
-    # W, Dynamo: a function with a keyword-only default read through a registry is
-    # refused at capture: its guard on ``__kwdefaults__['k']`` cannot be rebuilt
-    # (repro_attack5_dynamo_kwdefaults.py)
-    **{
-        ("dynamo", name): "'NoneType' object is not subscriptable"
-        for name in (
-            "W registry kw-only function refilled by the same maker (no-op)",
-            "W registry refilled with other __kwdefaults__",
-        )
-    },
-    # W, Dynamo: a registry dict that holds a recursive function (its closure holds
-    # itself) makes every capture reading that dict fail: RecursionError pickling the
-    # guards (_compat/dynamo.py reducer_override <-> dynamo_guard_relaxing.init), told
-    # as "fn raised InternalTorchDynamoError" (repro_attack5_dynamo_recursive_closure.py)
-    **{
-        ("dynamo", name): "RecursionError"
-        for name in (
-            "W registry self-referencing function refilled (no-op)",
-            "W registry beside a recursive function, refilled by the same maker (no-op)",
-        )
-    },
     # N, Dynamo: a negative-bit view input (its value is x) refused by its dispatch key
     # guard (named, with the fix, since: runtime/guard_text.dispatch_key_change)
     ("dynamo", "N input a negative-bit view (no-op)"): "it is a negative-bit view",
