@@ -399,23 +399,80 @@ def _nested_function_reduce(
     return (reduced[0], args, (attributes or None, slots))
 
 
+def _unread_attributes_missing(pickler: Any, obj: Any) -> None:
+    """Torch's own rule for a module's attributes, applied to a plain object (an
+    instance of a class outside torch pickled by the default protocol: its ``__dict__``
+    as its state): an attribute no guard reads (its value is none of the guard tree's example
+    values) that is not a tensor, module or callable is pickled as torch's missing
+    placeholder. A config object a guard reads one flag of (``CFG.flag``) that also holds
+    a lock, a file or a client then captures, as ``torch.compile`` runs it, instead of
+    failing with "cannot pickle"."""
+    import torch
+
+    cls = type(obj)
+    if (
+        # torch's own state (the guards' state object) goes through this pickler too
+        cls.__module__.partition(".")[0] == "torch"
+        or isinstance(obj, (type, types.ModuleType, torch.Tensor, torch.nn.Module))
+        or callable(obj)
+        or cls.__reduce_ex__ is not object.__reduce_ex__
+        or cls.__reduce__ is not object.__reduce__
+        or getattr(cls, "__getstate__", object.__getstate__) is not object.__getstate__
+        or hasattr(cls, "__setstate__")
+    ):
+        return
+    state = getattr(obj, "__dict__", None)
+    if type(state) is not dict:
+        return
+    tree = pickler.guard_tree_values
+    for value in state.values():
+        if id(value) in tree or callable(value):
+            continue
+        if isinstance(value, (torch.Tensor, torch.nn.Module)):
+            continue
+        pickler.missing_values[id(value)] = value
+
+
+def raised_pickling_guards(error: BaseException) -> bool:
+    """Whether ``error`` (or what it was raised from) came out of Dynamo's guard pickler
+    (``pickle_guards_state``): a value a guard checks could not be saved, which is not a
+    failure of the user's code at the line Dynamo was tracing."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        tb = current.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code.co_name == "pickle_guards_state":
+                return True
+            tb = tb.tb_next
+        current = current.__cause__ or current.__context__
+    return False
+
+
 @contextlib.contextmanager
-def functions_pickled_whole() -> Iterator[None]:
+def guard_examples_pickled_as_read() -> Iterator[None]:
     """While capturing: Dynamo pickles the guards' example values (a registry dict read
-    by a guard is pickled with every function it holds) and rebuilds the guards from the
-    unpickled ones, at capture and at load. Its pickler passes a local function's
-    closure cells and defaults to their constructors, so a function reachable from its
-    own closure (any recursive inner function) recursed until ``RecursionError``, and it
-    drops a function's keyword-only defaults and attributes, so a guard reading one
-    (``__kwdefaults__['k']``, ``act.scale``) could not be rebuilt. Cells and local
-    functions are pickled with those parts set after the object is memoized instead
-    (``_cell_reduce``, ``_nested_function_reduce``): any cycle through a function
-    unpickles, and every part a guard reads is there."""
+    by a guard is pickled with every function it holds, an object with every attribute)
+    and rebuilds the guards from the unpickled ones, at capture and at load.
+
+    - Its pickler passes a local function's closure cells and defaults to their
+      constructors, so a function reachable from its own closure (any recursive inner
+      function) recursed until ``RecursionError``; and it drops a function's keyword-only
+      defaults and attributes, so a guard reading one (``__kwdefaults__['k']``,
+      ``act.scale``) could not be rebuilt. Cells and local functions are pickled with
+      those parts set after the object is memoized instead (``_cell_reduce``,
+      ``_nested_function_reduce``): any cycle through a function unpickles, and every
+      part a guard reads is there.
+    - It pickles a plain object whole, so one unpicklable attribute no guard reads
+      failed the capture: such attributes are left out as torch leaves a module's out
+      (``_unread_attributes_missing``)."""
     from torch._dynamo.guards import GuardsStatePickler
 
     original = GuardsStatePickler.reducer_override
 
     def reducer_override(self: Any, obj: Any) -> Any:
+        _unread_attributes_missing(self, obj)
         reduced = original(self, obj)
         if isinstance(reduced, tuple) and len(reduced) == 2:
             if reduced[0] == type(self)._unpickle_cell:

@@ -221,7 +221,7 @@ class DynamoSession:
                 dynamo_recording.recording_installed_globals(self.installed_globals),
                 dynamo.without_guard_latency_profiling(),
                 dynamo.dict_subclasses_pickled_in_storage_order(),
-                dynamo.functions_pickled_whole(),
+                dynamo.guard_examples_pickled_as_read(),
                 dict_keys.recording_sourced_key_reads(self.sourced_key_reads),
                 dynamo_recording.recording_grad_dependent_reads(
                     self.dependencies.grad_reads,
@@ -273,8 +273,18 @@ class DynamoSession:
                 # A backend refused the graph (Dynamo wraps what a backend raises).
                 raise refused from error
             unpicklable = self._unpicklable_paths()
-            if unpicklable and "package" in str(error):
+            pickling = dynamo.raised_pickling_guards(error)
+            if unpicklable and ("package" in str(error) or pickling):
                 raise self._unserializable_guards(unpicklable, error, args, kwargs) from error
+            if pickling:
+                raise PrecompileError(
+                    "a value Dynamo's guards on fn check cannot be saved into an artifact: "
+                    f"{str(error).splitlines()[0] if str(error) else type(error).__name__}",
+                    location=definition_location(self.fn.__code__),
+                    hint="keep values that cannot be pickled (locks, files, connections) out "
+                    "of what fn's control flow reads: read them outside fn and pass the result "
+                    "in, or capture with the make_fx tracer",
+                ) from error
             inside = raised_inside_torch(error)
             if inside is not None:
                 raise PrecompileError(

@@ -1,6 +1,6 @@
 """Round 5 (issue 26), needless refusals at a Dynamo capture: a registry dict a guard
 reads is pickled with everything it holds, as the example Dynamo rebuilds the guards
-from (``_compat.dynamo.functions_pickled_whole``).
+from (``_compat.dynamo.guard_examples_pickled_as_read``).
 
 - A registry that also holds a recursive inner function (its closure holds itself)
   made every capture reading it fail with ``RecursionError`` in Dynamo's guard pickler,
@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 import precompile
-from tests.harness import attack_in_child
+from tests.harness import attack_in_child, capture_pair
 
 TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
 
@@ -280,3 +280,120 @@ def test_recursive_function_refilled_by_its_maker_served_its_attribute_refused(
         # Named by the attribute, or (Dynamo, before load) by the path it was read at.
         assert kind == "refused", (when, out)
         assert "scale" in text or "RECURSIVE['selfref']" in text, (when, text)
+
+
+class Settings:
+    """A plain config object a model reads two attributes of, holding a lock and a note
+    nothing reads: Dynamo pickled it whole as a guard example ("cannot pickle
+    '_thread.lock' object" at capture)."""
+
+    def __init__(self) -> None:
+        self.flag = True
+        self.scale = 2.0
+        self.note = "unread"
+        self.lock = threading.Lock()
+
+
+SETTINGS = Settings()
+
+
+class UsesSettings(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if SETTINGS.flag:
+            return x * SETTINGS.scale
+        return x
+
+
+SETTINGS_CHILD = """
+import json, threading, warnings
+warnings.simplefilter("ignore")
+import torch, precompile
+from tests.core.runtime import test_guard_examples_pickled as case
+
+def outcome(run, model, x):
+    try:
+        got = run(model, x)
+    except precompile.PrecompileError as error:
+        return ["refused", str(error)]
+    return ["served", bool(torch.equal(got, case.serve(model, x)))]
+
+saved = dict(vars(case.SETTINGS))
+def restore():
+    vars(case.SETTINGS).clear(); vars(case.SETTINGS).update(saved)
+
+def setting(name, value):
+    return lambda: setattr(case.SETTINGS, name, value)
+
+changes = {{
+    "lock replaced": lambda: setattr(case.SETTINGS, "lock", threading.Lock()),
+    "note changed": setting("note", "other"),
+    "flag cleared": setting("flag", False),
+    "scale changed": setting("scale", 3.0),
+}}
+torch.manual_seed(0)
+model, x = case.UsesSettings().eval(), torch.randn(3, 4)
+out = {{}}
+with torch.no_grad():
+    run = precompile.load({artifact!r}, {cache!r})
+    out["first"] = outcome(run, model, x)
+    for name, change in changes.items():
+        change()
+        out[name] = outcome(run, model, x)
+        restore()
+        change()
+        out[name + ", before load"] = outcome(
+            precompile.load({artifact!r}, {cache!r}), model, x
+        )
+        restore()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("tracer", sorted(TRACERS))
+def test_object_with_unpicklable_unread_attribute_served_read_ones_checked(
+    tracer: str, tmp_path: Path
+) -> None:
+    out = attack_in_child(
+        SETTINGS_CHILD,
+        serve,
+        lambda: UsesSettings().eval(),
+        lambda: torch.randn(3, 4),
+        directory=tmp_path,
+        tracer=TRACERS[tracer](),
+    )
+    assert out["first"] == SERVED, out
+    for name in ("lock replaced", "note changed"):
+        for when in ("", ", before load"):
+            assert out[name + when] == SERVED, (name + when, out)
+    for name, words in (("flag cleared", "flag"), ("scale changed", "scale")):
+        for when in ("", ", before load"):
+            kind, text = out[name + when]
+            assert kind == "refused", (name + when, out)
+            assert words in text, (name + when, text)
+
+
+class ReadsSettingsLock(nn.Module):
+    """Branches on the lock itself: Dynamo guards it, and no artifact can hold it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if SETTINGS.lock.locked():
+            return x
+        return x * 2
+
+
+def test_a_guarded_value_that_cannot_be_pickled_is_named_not_blamed_on_fn(
+    tmp_path: Path,
+) -> None:
+    """Was: "fn raised InternalTorchDynamoError ... fix the error at the location shown
+    (fn runs for real during capture)", pointing at the call, as if fn were wrong."""
+    with pytest.raises(precompile.PrecompileError) as caught:
+        capture_pair(
+            serve,
+            ReadsSettingsLock().eval(),
+            torch.randn(3, 4),
+            directory=tmp_path,
+            tracer=precompile.DynamoTracer(),
+        )
+    text = str(caught.value)
+    assert "SETTINGS.lock" in text and "cannot be serialized" in text, text
+    assert "fn runs for real" not in text, text
