@@ -110,20 +110,21 @@ def attack(artifact: str, cache: str) -> dict[str, Any]:
     return outcomes
 
 
+def _inductor_capture(fn: Any, *args: Any, directory: Path, tracer: Any = None) -> tuple[str, str]:
+    """``fn`` on ``args`` captured with Inductor under ``no_grad`` (make_fx unless
+    ``tracer``): the pair's paths."""
+    with torch.no_grad():
+        return capture_pair(fn, *args, directory=directory, tracer=tracer, backend="inductor")
+
+
 def _inductor_pair(
     factory: pytest.TempPathFactory, name: str, tracer: Any = None
 ) -> tuple[str, str]:
     """``serve`` on a seeded ``Net`` captured with Inductor (make_fx unless ``tracer``)."""
     torch.manual_seed(0)
-    with torch.no_grad():
-        return capture_pair(
-            serve,
-            Net().eval(),
-            torch.randn(3, 8),
-            directory=factory.mktemp(name),
-            tracer=tracer,
-            backend="inductor",
-        )
+    return _inductor_capture(
+        serve, Net().eval(), torch.randn(3, 8), directory=factory.mktemp(name), tracer=tracer
+    )
 
 
 def _attacked(pair: tuple[str, str]) -> dict[str, Any]:
@@ -188,8 +189,7 @@ def test_a_graph_with_a_dynamic_dim_keeps_its_asserts(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model, x = Net().eval(), torch.randn(4, 8)
     mark_unbacked(x, 0, min=2, max=32)
-    with torch.no_grad():
-        artifact, cache = capture_pair(serve, model, x, directory=tmp_path, backend="inductor")
+    artifact, cache = _inductor_capture(serve, model, x, directory=tmp_path)
     text = Path(artifact).read_text()
     assert PROVEN_ASSERT not in text and "_PROVEN_SIZE_ASSERTS" not in text
     assert "assert_size_stride(arg" in text
@@ -269,15 +269,9 @@ def test_a_warnings_hook_that_restrides_a_proven_tensor_is_caught(
     """The checks ran before the warning, the hook after: the call is checked again, so
     the graph never takes a tensor in a layout its (skipped) asserts would have refused."""
     torch.manual_seed(0)
-    with torch.no_grad():
-        two = capture_pair(
-            serve_two,
-            Net().eval(),
-            torch.randn(3, 4),
-            torch.randn(3, 8),
-            directory=tmp_path,
-            backend="inductor",
-        )
+    two = _inductor_capture(
+        serve_two, Net().eval(), torch.randn(3, 4), torch.randn(3, 8), directory=tmp_path
+    )
     outcomes = run_json(
         textwrap.dedent(HOOKED_CHILD.format(static=list(static_pair), two=list(two)))
     )
@@ -335,15 +329,9 @@ def test_a_dynamo_graph_with_a_dynamic_dim_keeps_its_asserts(tmp_path: Path) -> 
     torch.manual_seed(0)
     model, x = Net().eval(), torch.randn(4, 8)
     torch._dynamo.mark_dynamic(x, 0)
-    with torch.no_grad():
-        artifact, cache = capture_pair(
-            serve,
-            model,
-            x,
-            directory=tmp_path,
-            tracer=precompile.DynamoTracer(),
-            backend="inductor",
-        )
+    artifact, cache = _inductor_capture(
+        serve, model, x, directory=tmp_path, tracer=precompile.DynamoTracer()
+    )
     text = Path(artifact).read_text()
     kept = [line for line in text.splitlines() if PROVEN_ASSERT not in line]
     # x's assert (a symbolic batch size) stays; the static parameters' and buffer's go.
@@ -426,15 +414,13 @@ def test_a_tensor_restrided_between_two_dynamo_graphs_is_caught(tmp_path: Path) 
     runs, after the broken section: a tensor restrided there is refused or served equal
     to eager, though its Inductor assert is skipped."""
     torch.manual_seed(0)
-    with torch.no_grad():
-        artifact, cache = capture_pair(
-            serve_printing,
-            Net().eval(),
-            torch.randn(3, 8),
-            directory=tmp_path,
-            tracer=precompile.DynamoTracer(),
-            backend="inductor",
-        )
+    artifact, cache = _inductor_capture(
+        serve_printing,
+        Net().eval(),
+        torch.randn(3, 8),
+        directory=tmp_path,
+        tracer=precompile.DynamoTracer(),
+    )
     text = Path(artifact).read_text()
     assert "GUARD_RUNTIME = {'path': 'plain'" in text
     assert text.count(f"{PROVEN_ASSERT}assert_size_stride(") >= 6  # both graphs'
@@ -503,15 +489,9 @@ def test_dynamo_s_own_guard_manager_keeps_every_assert(tmp_path: Path) -> None:
     version tag is unchanged (``p.data = ...`` changes none): no assert is skipped."""
     torch.manual_seed(0)
     model, x = PrintingNet().eval(), torch.randn(3, 8)
-    with torch.no_grad():
-        artifact, cache = capture_pair(
-            serve,
-            model,
-            x,
-            directory=tmp_path,
-            tracer=precompile.DynamoTracer(),
-            backend="inductor",
-        )
+    artifact, cache = _inductor_capture(
+        serve, model, x, directory=tmp_path, tracer=precompile.DynamoTracer()
+    )
     text = Path(artifact).read_text()
     assert "GUARD_RUNTIME = {'path': 'dynamo'" in text
     assert PROVEN_ASSERT not in text and "_PROVEN_SIZE_ASSERTS" not in text
