@@ -14,7 +14,9 @@ each cell an object with ``"result"`` (``"exact"``, ``"wrong"``, ``"refused"`` o
 ``output`` path its job names: a payload next to the result, not a second format.
 ``watched_load`` is a load under a spy on process creation and compilation. The raw
 runners (``run_python``, ``run_script``, ``run_module``) hand back the process, for tests
-that assert on a child that fails (its exit status, its stderr).
+that assert on a child that fails (its exit status, its stderr). In an attack child,
+``served_or_refused`` is the one outcome of a served call after a change: refused (the
+message), served (whether equal to eager) or failed otherwise.
 """
 
 from __future__ import annotations
