@@ -14,7 +14,9 @@ each cell an object with ``"result"`` (``"exact"``, ``"wrong"``, ``"refused"`` o
 ``output`` path its job names: a payload next to the result, not a second format.
 ``watched_load`` is a load under a spy on process creation and compilation. The raw
 runners (``run_python``, ``run_script``, ``run_module``) hand back the process, for tests
-that assert on a child that fails (its exit status, its stderr).
+that assert on a child that fails (its exit status, its stderr). In an attack child,
+``served_or_refused`` is the one outcome of a served call after a change: refused (the
+message), served (whether equal to eager) or failed otherwise.
 """
 
 from __future__ import annotations
@@ -374,3 +376,27 @@ def assert_same(actual: Any, expected: Any, path: str = "") -> None:
             assert_same(a, e, f"{path}[{i}]")
     else:
         assert actual == expected, f"{path}: {actual!r} != {expected!r}"
+
+
+def served_or_refused(call: Callable[[], Any], eager: Callable[[], Any]) -> list[Any]:
+    """The attack children's one outcome of a served call, run after a change:
+    ``["refused", message]`` for a PrecompileError, ``["failed otherwise", repr]`` for any
+    other error, ``["served where eager fails", repr]`` where the artifact answered what
+    eager cannot run, else ``["served", equal]``: whether the answer is eager's (``eager``
+    runs after ``call``, on the same changed state) in shape, dtype, device and value."""
+    import torch
+
+    import precompile
+
+    try:
+        got = call()
+    except precompile.PrecompileError as error:
+        return ["refused", str(error)]
+    except Exception as error:  # anything but a refusal naming the change
+        return ["failed otherwise", repr(error)]
+    try:
+        want = eager()
+    except Exception as error:  # eager cannot run it, the artifact answered
+        return ["served where eager fails", repr(error)]
+    same = got.shape == want.shape and got.dtype == want.dtype and got.device == want.device
+    return ["served", bool(same and torch.allclose(got, want))]

@@ -36,6 +36,7 @@ import precompile
 from precompile.capturing.bytecode_names import keyed_uses
 from precompile.capturing.fx_lifting import lift_module_state
 from precompile.runtime.single_graph_model_state import all_state_names
+from tests.fixtures.walk_order import readd_fc1, reversed_modules
 from tests.harness import capture_pair, run_json
 
 TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
@@ -101,22 +102,12 @@ def _cfg_del(key: str) -> Callable[[nn.Module], None]:
     return lambda m: CFG.__delitem__(key)
 
 
-def _readd_fc1(m: nn.Module) -> None:
-    fc1 = m.fc1
-    del m.fc1
-    m.fc1 = fc1
-
-
-def _reversed_modules(m: nn.Module) -> None:
-    m._modules = dict(reversed(list(m._modules.items())))
-
-
 def _untie(m: nn.Module) -> None:
     m.fc3.weight = nn.Parameter(m.fc1.weight.detach() * 2)
 
 
 def _readd_and_untie(m: nn.Module) -> None:
-    _readd_fc1(m)
+    readd_fc1(m)
     _untie(m)
 
 
@@ -131,7 +122,7 @@ def _tie_two_more(m: nn.Module) -> None:
 
 def _retied_reversed(m: nn.Module) -> None:
     # Another shared tensor under both names, in another walk order.
-    _reversed_modules(m)
+    reversed_modules(m)
     shared = nn.Parameter(m.fc1.weight.detach() * 3)
     m.fc1.weight = shared
     m.fc3.weight = shared
@@ -171,9 +162,9 @@ CASES: dict[str, dict[str, tuple[Callable[[nn.Module], None], bool, dict[str, An
         ),
     },
     "Tied": {
-        "fc1 deleted and set again (no-op)": (_readd_fc1, False, {"*": SERVED}),
-        "_modules reversed (no-op)": (_reversed_modules, False, {"*": SERVED}),
-        "reordered before load (no-op)": (_readd_fc1, True, {"*": SERVED}),
+        "fc1 deleted and set again (no-op)": (readd_fc1, False, {"*": SERVED}),
+        "_modules reversed (no-op)": (reversed_modules, False, {"*": SERVED}),
+        "reordered before load (no-op)": (readd_fc1, True, {"*": SERVED}),
         "reversed, another tensor tied under both names": (_retied_reversed, False, {"*": SERVED}),
         "untied": (
             _untie,
@@ -198,7 +189,7 @@ CASES: dict[str, dict[str, tuple[Callable[[nn.Module], None], bool, dict[str, An
     },
     "TiedWalk": {
         "children() walked, fc1 set again": (
-            _readd_fc1,
+            readd_fc1,
             False,
             {"make_fx": ("same names in another order", "_modules"), "dynamo": None},
         ),

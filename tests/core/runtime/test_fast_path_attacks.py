@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import textwrap
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -21,28 +22,13 @@ import torch
 from torch import nn
 
 import precompile
-from tests.harness import capture_pair, run_json
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(8, 16)
-        self.act = nn.ReLU()
-        self.fc2 = nn.Linear(16, 4)
-        self.register_buffer("scale", torch.ones(4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x))) * self.scale
+from tests.fixtures.fast_path_net import Net, serve
+from tests.harness import capture_pair, run_json, served_or_refused
 
 
 class DoublingLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x) * 2
-
-
-def serve(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return model(x)
 
 
 def _set(module: object, name: str, value: object) -> None:
@@ -134,38 +120,15 @@ def attack(artifact: str, cache: str) -> dict[str, list[object]]:
             for _ in range(2):
                 torch.testing.assert_close(run(model, x), model(x))
             change(model)
-            try:
-                got = run(model, x)
-            except precompile.PrecompileError as error:
-                outcomes[name] = ["refused", str(error)]
-                continue
-            except Exception as error:  # anything but a refusal naming the change
-                outcomes[name] = ["failed otherwise", repr(error)]
-                continue
-            try:
-                want = model(x)
-            except Exception as error:  # eager cannot run it, the artifact answered
-                outcomes[name] = ["served where eager fails", repr(error)]
-                continue
-            same = got.shape == want.shape and got.device == want.device
-            same = same and got.dtype == want.dtype and torch.allclose(got, want)
-            outcomes[name] = ["served", bool(same)]
+            outcomes[name] = served_or_refused(partial(run, model, x), partial(model, x))
         model = copy.deepcopy(base)
         for name, (make, _eager_runs) in INPUT_CHANGES.items():
             for _ in range(2):
                 torch.testing.assert_close(run(model, x), model(x))
             changed = make(x)
-            try:
-                got = run(model, changed)
-            except precompile.PrecompileError as error:
-                outcomes[name] = ["refused", str(error)]
-                continue
-            except Exception as error:
-                outcomes[name] = ["failed otherwise", repr(error)]
-                continue
-            want = model(changed)
-            same = got.shape == want.shape and got.dtype == want.dtype
-            outcomes[name] = ["served", bool(same and torch.allclose(got, want))]
+            outcomes[name] = served_or_refused(
+                partial(run, model, changed), partial(model, changed)
+            )
     return outcomes
 
 

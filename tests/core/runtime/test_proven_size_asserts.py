@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 import textwrap
 import warnings
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +26,8 @@ from torch._dynamo.decorators import mark_unbacked
 
 import precompile
 from precompile.capturing.inductor_backend import PROVEN_ASSERT
-from tests.harness import capture_pair, run_json
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(8, 16)
-        self.act = nn.ReLU()
-        self.fc2 = nn.Linear(16, 4)
-        self.register_buffer("scale", torch.ones(4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x))) * self.scale
-
-
-def serve(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return model(x)
+from tests.fixtures.fast_path_net import Net, serve
+from tests.harness import capture_pair, run_json, served_or_refused
 
 
 def _set(model: nn.Module, x: torch.Tensor, owner: object, name: str, value: object) -> Any:
@@ -117,38 +104,61 @@ def attack(artifact: str, cache: str) -> dict[str, Any]:
             for _ in range(2):
                 torch.testing.assert_close(run(model, x), model(x))
             model, changed = change(model, x)
-            try:
-                got = run(model, changed)
-            except precompile.PrecompileError as error:
-                outcomes[name] = ["refused", str(error)]
-                continue
-            except Exception as error:  # anything but a refusal naming the change
-                outcomes[name] = ["failed otherwise", repr(error)]
-                continue
-            want = model(changed)
-            same = got.shape == want.shape and got.dtype == want.dtype
-            outcomes[name] = ["served", bool(same and torch.allclose(got, want))]
+            outcomes[name] = served_or_refused(
+                partial(run, model, changed), partial(model, changed)
+            )
     return outcomes
+
+
+def _inductor_capture(fn: Any, *args: Any, directory: Path, tracer: Any = None) -> tuple[str, str]:
+    """``fn`` on ``args`` captured with Inductor under ``no_grad`` (make_fx unless
+    ``tracer``): the pair's paths."""
+    with torch.no_grad():
+        return capture_pair(fn, *args, directory=directory, tracer=tracer, backend="inductor")
+
+
+def _inductor_pair(
+    factory: pytest.TempPathFactory, name: str, tracer: Any = None
+) -> tuple[str, str]:
+    """``serve`` on a seeded ``Net`` captured with Inductor (make_fx unless ``tracer``)."""
+    torch.manual_seed(0)
+    return _inductor_capture(
+        serve, Net().eval(), torch.randn(3, 8), directory=factory.mktemp(name), tracer=tracer
+    )
+
+
+def _attacked(pair: tuple[str, str]) -> dict[str, Any]:
+    """``attack`` on ``pair`` in a fresh process."""
+    return dict(run_json(textwrap.dedent(CHILD.format(artifact=pair[0], cache=pair[1]))))
+
+
+def _assert_served_or_refused(change: str, outcome: list[Any], words: str | None) -> None:
+    """A change nothing refuses (``CHANGES`` names no words for it) is served equal to
+    eager; any other is refused in ``words``."""
+    kind, detail = outcome
+    if CHANGES[change][1] is None:
+        assert [kind, detail] == ["served", True], (change, kind, detail)
+    else:
+        assert words is not None and kind == "refused" and words in detail, (change, kind, detail)
+
+
+def _serves_batches(artifact: str, cache: str, model: Net) -> None:
+    """The pair, loaded here, serves ``model`` equal to eager at batch sizes 3 and 9."""
+    run = precompile.load(artifact, cache)
+    with torch.no_grad():
+        for batch in (3, 9):
+            y = torch.randn(batch, 8)
+            torch.testing.assert_close(run(model, y), model(y))
 
 
 @pytest.fixture(scope="module")
 def static_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    torch.manual_seed(0)
-    with torch.no_grad():
-        return capture_pair(
-            serve,
-            Net().eval(),
-            torch.randn(3, 8),
-            directory=tmp_path_factory.mktemp("static"),
-            backend="inductor",
-        )
+    return _inductor_pair(tmp_path_factory, "static")
 
 
 @pytest.fixture(scope="module")
 def outcomes(static_pair: tuple[str, str]) -> dict[str, Any]:
-    return dict(
-        run_json(textwrap.dedent(CHILD.format(artifact=static_pair[0], cache=static_pair[1])))
-    )
+    return _attacked(static_pair)
 
 
 def test_the_graph_code_skips_every_input_assert_the_driver_proves(
@@ -170,12 +180,7 @@ def test_the_graph_code_skips_every_input_assert_the_driver_proves(
 def test_a_skipped_assert_s_change_is_served_as_eager_or_refused(
     outcomes: dict[str, Any], change: str
 ) -> None:
-    kind, detail = outcomes[change]
-    words = CHANGES[change][1]
-    if words is None:
-        assert [kind, detail] == ["served", True], (change, kind, detail)
-    else:
-        assert kind == "refused" and words in detail, (change, kind, detail)
+    _assert_served_or_refused(change, outcomes[change], CHANGES[change][1])
 
 
 def test_a_graph_with_a_dynamic_dim_keeps_its_asserts(tmp_path: Path) -> None:
@@ -184,16 +189,11 @@ def test_a_graph_with_a_dynamic_dim_keeps_its_asserts(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model, x = Net().eval(), torch.randn(4, 8)
     mark_unbacked(x, 0, min=2, max=32)
-    with torch.no_grad():
-        artifact, cache = capture_pair(serve, model, x, directory=tmp_path, backend="inductor")
+    artifact, cache = _inductor_capture(serve, model, x, directory=tmp_path)
     text = Path(artifact).read_text()
     assert PROVEN_ASSERT not in text and "_PROVEN_SIZE_ASSERTS" not in text
     assert "assert_size_stride(arg" in text
-    run = precompile.load(artifact, cache)
-    with torch.no_grad():
-        for batch in (3, 9):
-            y = torch.randn(batch, 8)
-            torch.testing.assert_close(run(model, y), model(y))
+    _serves_batches(artifact, cache, model)
 
 
 def serve_two(model: nn.Module, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -209,15 +209,27 @@ print(json.dumps(hooked_attack({static!r}, {two!r})))
 """
 
 
-def _outcome(call: Any, eager: Any) -> list[Any]:
-    try:
-        got = call()
-    except precompile.PrecompileError as error:
-        return ["refused", str(error)]
-    except Exception as error:
-        return ["failed otherwise", repr(error)]
-    want = eager()
-    return ["served", bool(got.shape == want.shape and torch.allclose(got, want))]
+def _served_twice(artifact: str, cache: str) -> tuple[Any, Net, torch.Tensor]:
+    """Every warning shown; the pair loaded and a fresh model (seed 1) and input served
+    twice under ``no_grad`` (the fast paths taken): the runnable, the model, the input."""
+    warnings.simplefilter("always")
+    torch.manual_seed(1)
+    run = precompile.load(artifact, cache)
+    model, x = Net().eval(), torch.randn(3, 8)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(run(model, x), model(x))
+    return run, model, x
+
+
+def _restriding_weight(model: Net) -> Callable[..., None]:
+    """A warnings hook that gives ``model.fc1.weight`` other strides (``.data`` swapped)."""
+
+    def restride_weight(*_args: Any, **_kwargs: Any) -> None:
+        weight = model.fc1.weight
+        weight.data = weight.data.t().contiguous().t()
+
+    return restride_weight
 
 
 def hooked_attack(static: list[str], two: list[str]) -> dict[str, Any]:
@@ -225,21 +237,10 @@ def hooked_attack(static: list[str], two: list[str]) -> dict[str, Any]:
     grad warning, the layout copy warning) runs a warnings hook that changes the layout
     of a tensor the checks already proved."""
     outcomes: dict[str, Any] = {}
-    warnings.simplefilter("always")
-    torch.manual_seed(1)
-    run = precompile.load(*static)
-    model, x = Net().eval(), torch.randn(3, 8)
-    with torch.no_grad():
-        for _ in range(2):
-            torch.testing.assert_close(run(model, x), model(x))
-
-    def restride_weight(*_args: Any, **_kwargs: Any) -> None:
-        weight = model.fc1.weight
-        weight.data = weight.data.t().contiguous().t()
-
-    warnings.showwarning = restride_weight
+    run, model, x = _served_twice(*static)
+    warnings.showwarning = _restriding_weight(model)
     # Under grad mode, with parameters that require grad: InferenceGradWarning.
-    outcomes["grad warning hook restrides a parameter"] = _outcome(
+    outcomes["grad warning hook restrides a parameter"] = served_or_refused(
         lambda: run(model, x), lambda: model(x).detach()
     )
     warnings.showwarning = warnings._showwarning_orig  # type: ignore[attr-defined]
@@ -255,7 +256,7 @@ def hooked_attack(static: list[str], two: list[str]) -> dict[str, Any]:
 
         warnings.showwarning = restride_y
         # x in another layout: copied, with a LayoutCopyWarning, after y was checked.
-        outcomes["layout copy warning hook restrides another input"] = _outcome(
+        outcomes["layout copy warning hook restrides another input"] = served_or_refused(
             lambda: run(model, y, other_x), lambda: model(other_x) + y
         )
         outcomes["y strides after"] = list(y.stride())
@@ -268,15 +269,9 @@ def test_a_warnings_hook_that_restrides_a_proven_tensor_is_caught(
     """The checks ran before the warning, the hook after: the call is checked again, so
     the graph never takes a tensor in a layout its (skipped) asserts would have refused."""
     torch.manual_seed(0)
-    with torch.no_grad():
-        two = capture_pair(
-            serve_two,
-            Net().eval(),
-            torch.randn(3, 4),
-            torch.randn(3, 8),
-            directory=tmp_path,
-            backend="inductor",
-        )
+    two = _inductor_capture(
+        serve_two, Net().eval(), torch.randn(3, 4), torch.randn(3, 8), directory=tmp_path
+    )
     outcomes = run_json(
         textwrap.dedent(HOOKED_CHILD.format(static=list(static_pair), two=list(two)))
     )
@@ -302,23 +297,12 @@ DYNAMO_WORDS: dict[str, str] = {
 
 @pytest.fixture(scope="module")
 def dynamo_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    torch.manual_seed(0)
-    with torch.no_grad():
-        return capture_pair(
-            serve,
-            Net().eval(),
-            torch.randn(3, 8),
-            directory=tmp_path_factory.mktemp("dynamo"),
-            tracer=precompile.DynamoTracer(),
-            backend="inductor",
-        )
+    return _inductor_pair(tmp_path_factory, "dynamo", precompile.DynamoTracer())
 
 
 @pytest.fixture(scope="module")
 def dynamo_outcomes(dynamo_pair: tuple[str, str]) -> dict[str, Any]:
-    return dict(
-        run_json(textwrap.dedent(CHILD.format(artifact=dynamo_pair[0], cache=dynamo_pair[1])))
-    )
+    return _attacked(dynamo_pair)
 
 
 def test_a_dynamo_graph_skips_every_input_assert_its_frame_guards_prove(
@@ -336,12 +320,7 @@ def test_a_dynamo_graph_skips_every_input_assert_its_frame_guards_prove(
 def test_a_dynamo_skipped_assert_s_change_is_served_as_eager_or_refused(
     dynamo_outcomes: dict[str, Any], change: str
 ) -> None:
-    kind, detail = dynamo_outcomes[change]
-    words = DYNAMO_WORDS.get(change)
-    if CHANGES[change][1] is None:
-        assert [kind, detail] == ["served", True], (change, kind, detail)
-    else:
-        assert words is not None and kind == "refused" and words in detail, (change, kind, detail)
+    _assert_served_or_refused(change, dynamo_outcomes[change], DYNAMO_WORDS.get(change))
 
 
 def test_a_dynamo_graph_with_a_dynamic_dim_keeps_its_asserts(tmp_path: Path) -> None:
@@ -350,25 +329,15 @@ def test_a_dynamo_graph_with_a_dynamic_dim_keeps_its_asserts(tmp_path: Path) -> 
     torch.manual_seed(0)
     model, x = Net().eval(), torch.randn(4, 8)
     torch._dynamo.mark_dynamic(x, 0)
-    with torch.no_grad():
-        artifact, cache = capture_pair(
-            serve,
-            model,
-            x,
-            directory=tmp_path,
-            tracer=precompile.DynamoTracer(),
-            backend="inductor",
-        )
+    artifact, cache = _inductor_capture(
+        serve, model, x, directory=tmp_path, tracer=precompile.DynamoTracer()
+    )
     text = Path(artifact).read_text()
     kept = [line for line in text.splitlines() if PROVEN_ASSERT not in line]
     # x's assert (a symbolic batch size) stays; the static parameters' and buffer's go.
     assert sum(bool(re.search(r"assert_size_stride\(arg\d+_1, \(s\d+, 8\)", k)) for k in kept) == 1
     assert text.count(f"{PROVEN_ASSERT}assert_size_stride(") == 5
-    run = precompile.load(artifact, cache)
-    with torch.no_grad():
-        for batch in (3, 9):
-            y = torch.randn(batch, 8)
-            torch.testing.assert_close(run(model, y), model(y))
+    _serves_batches(artifact, cache, model)
 
 
 def serve_printing(model: Net, x: torch.Tensor) -> torch.Tensor:
@@ -428,18 +397,13 @@ def broken_attack(artifact: str, cache: str) -> dict[str, Any]:
                 for _ in range(2):
                     torch.testing.assert_close(run(model, x), serve_printing(model, x))
                 sys.stdout = Writer(lambda m=model, t=x, a=action: a(m, t))
-                try:
-                    got = run(model, x)
-                except precompile.PrecompileError as error:
-                    outcomes[name] = ["refused", str(error)]
-                    continue
-                except Exception as error:
-                    outcomes[name] = ["failed otherwise", repr(error)]
-                    continue
-                model, x = fresh()
-                sys.stdout = Writer(lambda m=model, t=x, a=action: a(m, t))
-                want = serve_printing(model, x)
-                outcomes[name] = ["served", bool(torch.allclose(got, want))]
+
+                def eager(action: Any = action) -> torch.Tensor:
+                    model, x = fresh()
+                    sys.stdout = Writer(lambda m=model, t=x, a=action: a(m, t))
+                    return serve_printing(model, x)
+
+                outcomes[name] = served_or_refused(partial(run, model, x), eager)
     finally:
         sys.stdout = stdout
     return outcomes
@@ -450,15 +414,13 @@ def test_a_tensor_restrided_between_two_dynamo_graphs_is_caught(tmp_path: Path) 
     runs, after the broken section: a tensor restrided there is refused or served equal
     to eager, though its Inductor assert is skipped."""
     torch.manual_seed(0)
-    with torch.no_grad():
-        artifact, cache = capture_pair(
-            serve_printing,
-            Net().eval(),
-            torch.randn(3, 8),
-            directory=tmp_path,
-            tracer=precompile.DynamoTracer(),
-            backend="inductor",
-        )
+    artifact, cache = _inductor_capture(
+        serve_printing,
+        Net().eval(),
+        torch.randn(3, 8),
+        directory=tmp_path,
+        tracer=precompile.DynamoTracer(),
+    )
     text = Path(artifact).read_text()
     assert "GUARD_RUNTIME = {'path': 'plain'" in text
     assert text.count(f"{PROVEN_ASSERT}assert_size_stride(") >= 6  # both graphs'
@@ -484,26 +446,16 @@ def dynamo_hooked_attack(artifact: str, cache: str) -> dict[str, Any]:
     frame's guards proved the parameters: a warnings hook that restrides one then must
     not reach the graph (whose assert on it is skipped)."""
     outcomes: dict[str, Any] = {}
-    warnings.simplefilter("always")
-    torch.manual_seed(1)
-    run = precompile.load(artifact, cache)
-    model, x = Net().eval(), torch.randn(3, 8)
+    run, model, x = _served_twice(artifact, cache)
     with torch.no_grad():
-        for _ in range(2):
-            torch.testing.assert_close(run(model, x), model(x))
         other_x = x.t().contiguous().t()
-
-        def restride_weight(*_args: Any, **_kwargs: Any) -> None:
-            weight = model.fc1.weight
-            weight.data = weight.data.t().contiguous().t()
-
-        warnings.showwarning = restride_weight
-        outcomes["layout copy warning hook restrides a parameter"] = _outcome(
+        warnings.showwarning = _restriding_weight(model)
+        outcomes["layout copy warning hook restrides a parameter"] = served_or_refused(
             lambda: run(model, other_x), lambda: model(other_x)
         )
         warnings.showwarning = warnings._showwarning_orig  # type: ignore[attr-defined]
         outcomes["weight strides after"] = list(model.fc1.weight.stride())
-        outcomes["the next call"] = _outcome(lambda: run(model, x), lambda: model(x))
+        outcomes["the next call"] = served_or_refused(lambda: run(model, x), lambda: model(x))
     return outcomes
 
 
@@ -537,15 +489,9 @@ def test_dynamo_s_own_guard_manager_keeps_every_assert(tmp_path: Path) -> None:
     version tag is unchanged (``p.data = ...`` changes none): no assert is skipped."""
     torch.manual_seed(0)
     model, x = PrintingNet().eval(), torch.randn(3, 8)
-    with torch.no_grad():
-        artifact, cache = capture_pair(
-            serve,
-            model,
-            x,
-            directory=tmp_path,
-            tracer=precompile.DynamoTracer(),
-            backend="inductor",
-        )
+    artifact, cache = _inductor_capture(
+        serve, model, x, directory=tmp_path, tracer=precompile.DynamoTracer()
+    )
     text = Path(artifact).read_text()
     assert "GUARD_RUNTIME = {'path': 'dynamo'" in text
     assert PROVEN_ASSERT not in text and "_PROVEN_SIZE_ASSERTS" not in text

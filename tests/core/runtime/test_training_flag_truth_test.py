@@ -28,32 +28,11 @@ import torch
 from torch import nn
 
 import precompile
+from tests.fixtures.truth_test_flags import Flagged as Flagged
+from tests.fixtures.truth_test_flags import Truthy as Truthy
 from tests.harness import capture_pair, run_json
 
 TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
-
-
-class Truthy:
-    """A flag whose truth test stores into the module that tests it."""
-
-    def __init__(self, owner: nn.Module) -> None:
-        self.owner = owner
-
-    def __bool__(self) -> bool:
-        self.owner.scale = 3.0
-        return True
-
-
-class Flagged(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.flag: Any = False
-        self.scale = 2.0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.flag and self.training:
-            x = x + 100
-        return x * self.scale
 
 
 class AbsentFlag(nn.Module):

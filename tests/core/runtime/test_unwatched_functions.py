@@ -166,13 +166,10 @@ import json, warnings
 warnings.simplefilter("ignore")
 import torch, precompile
 from tests.core.runtime import test_unwatched_functions as case
+from tests.harness import served_or_refused
 
 def outcome(run, model, x):
-    try:
-        got = run(model, x)
-    except precompile.PrecompileError as error:
-        return ["refused", str(error)]
-    return ["served", bool(torch.allclose(got, case.serve(model, x)))]
+    return served_or_refused(lambda: run(model, x), lambda: case.serve(model, x))
 
 run = precompile.load({artifact!r}, {cache!r})
 torch.manual_seed(0)
