@@ -260,3 +260,147 @@ def test_the_installed_wheel_keeps_the_write_policy_and_never_falls_back_silentl
     assert result["same"] and result["calls"] == [7]
     assert (result["stats"]["fallback"], result["stats"]["served"]) == (1, 0)
     assert "ServingFallbackWarning" in result["warned"]
+
+
+#: What the installed-wheel attack captures: a module a fresh process can import.
+_ATTACK_MODELS = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return F.gelu(self.fc(x)) + x
+
+
+def serve(model, x):
+    return model(x)
+"""
+
+_ATTACK_CAPTURE = """
+import sys, torch, precompile
+from attack_models import Block, serve
+torch.manual_seed(0)
+tracers = {"make_fx": precompile.MakeFxTracer(), "dynamo": precompile.DynamoTracer()}
+with torch.no_grad():
+    for name, tracer in tracers.items():
+        with precompile.capture(serve, artifact_path=name + ".py", cache_path=name + ".cache",
+                               tracer=tracer) as cap:
+            cap(Block().eval(), torch.randn(3, 4))
+print(precompile.__file__)
+"""
+
+#: Each change made after load (and undone); its verdict: "served" with values equal to
+#: eager's (a graph may round the last bit differently),
+#: "refused" with a PrecompileError, or "wrong" (served a value eager does not give).
+_ATTACK_PLAY = """
+import contextlib, json, sys, warnings
+warnings.simplefilter("ignore")
+import torch, precompile
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from attack_models import Block, serve
+
+class PlusOne(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out + 1 if func is torch.Tensor.__add__ else out
+
+@contextlib.contextmanager
+def patched(owner, name, value):
+    old = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, old)
+
+@contextlib.contextmanager
+def no_grad_flags(model):
+    model.requires_grad_(False)
+    try:
+        yield
+    finally:
+        model.requires_grad_(True)
+
+torch.manual_seed(0)
+model, x = Block().eval(), torch.randn(3, 4)
+changes = {
+    "F.gelu patched": lambda: patched(F, "gelu", torch.tanh),
+    "Tensor.__add__ patched": lambda: patched(torch.Tensor, "__add__", torch.Tensor.sub),
+    "a torch function mode at call time": PlusOne,
+    "default dtype float64": lambda: patched_dtype(),
+    "requires_grad_(False)": lambda: no_grad_flags(model),
+    "inference_mode": torch.inference_mode,
+    "eval() again": lambda: contextlib.nullcontext(model.eval()),
+}
+
+@contextlib.contextmanager
+def patched_dtype():
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+def verdict(run, inputs):
+    try:
+        got = run(model, inputs)
+    except precompile.PrecompileError:
+        return "refused"
+    want = serve(model, inputs)
+    return "served" if torch.allclose(got, want, rtol=1e-5, atol=1e-6) else "wrong"
+
+out = {}
+run = precompile.load(sys.argv[1] + ".py", sys.argv[1] + ".cache")
+with torch.no_grad():
+    out["plain"] = verdict(run, x)
+    out["an input aliasing fc.weight"] = verdict(run, model.fc.weight[:3])
+    for name, change in changes.items():
+        with change():
+            out[name] = verdict(run, x)
+        out[name + ", undone"] = verdict(run, x)
+print(json.dumps(out))
+"""
+
+#: The changes serving code always makes: each must be served, not refused.
+_SERVED_NO_OPS = ("requires_grad_(False)", "inference_mode", "eval() again")
+
+
+def test_the_installed_wheel_refuses_what_a_trace_read_from_torch_and_serves_no_ops(
+    installed: tuple[Path, dict[str, str]],
+) -> None:
+    """The runtime an artifact carries comes from the installed package's files: capture
+    and attack from the wheel, both tracers, each change in a fresh process after load.
+    A patched torch function or method, a mode active at call time, another default dtype
+    and an input aliasing a parameter are refused or served equal to eager; never served
+    wrong. The no-op changes serving code makes are served."""
+    root, env = installed
+    python = str(root / "venv" / "bin" / "python")
+    workspace = root / "torch_attack"
+    workspace.mkdir()
+    (workspace / "attack_models.py").write_text(textwrap.dedent(_ATTACK_MODELS))
+    captured = subprocess.run(
+        [python, "-c", _ATTACK_CAPTURE], cwd=workspace, capture_output=True, text=True,
+        env=env, timeout=600, check=False,
+    )  # fmt: skip
+    assert captured.returncode == 0, captured.stderr
+    assert Path(captured.stdout.strip().splitlines()[-1]).is_relative_to(root / "venv")
+    for tracer in ("make_fx", "dynamo"):
+        played = subprocess.run(
+            [python, "-c", _ATTACK_PLAY, tracer], cwd=workspace, capture_output=True,
+            text=True, env=env, timeout=600, check=False,
+        )  # fmt: skip
+        assert played.returncode == 0, played.stderr
+        out = json.loads(played.stdout.strip().splitlines()[-1])
+        assert "wrong" not in out.values(), (tracer, out)
+        assert all(out[k] == "served" for k in out if k == "plain" or k.endswith("undone")), (
+            tracer,
+            out,
+        )
+        assert all(out[k] == "served" for k in _SERVED_NO_OPS), (tracer, out)

@@ -9,6 +9,7 @@ that both sections and the report count in.
 from __future__ import annotations
 
 import base64
+import builtins
 from typing import Any
 
 import torch
@@ -32,7 +33,13 @@ def graph_source(index: int, gm: torch.fx.GraphModule) -> str:
                 hint="pass that tensor or module as an argument of fn",
             )
     code = gm.graph.python_code(root_module="self")
-    unknown = set(code.globals) - _KNOWN_GLOBALS
+    # A builtin the graph calls by name (``getattr(y, 'mT')``, Dynamo's node for a
+    # tensor property) is the same builtin in the artifact.
+    unknown = {
+        name
+        for name, value in code.globals.items()
+        if name not in _KNOWN_GLOBALS and getattr(builtins, name, None) is not value
+    }
     if unknown:
         raise PrecompileError(
             f"a Dynamo subgraph references {sorted(unknown)}, which an artifact cannot import; "

@@ -30,6 +30,7 @@ check it.
 from __future__ import annotations
 
 import dis
+import functools
 import inspect
 import os
 import sys
@@ -180,6 +181,75 @@ def _registry_rows(
     return rows
 
 
+#: Python's operators (``dis``'s words for them) and the Tensor dunders each may run,
+#: on either side: ``a + b`` runs ``type(a).__add__`` or ``type(b).__radd__``.
+_BINARY_DUNDERS = {
+    "+": "add", "-": "sub", "*": "mul", "/": "truediv", "//": "floordiv", "%": "mod",
+    "**": "pow", "@": "matmul", "<<": "lshift", ">>": "rshift", "&": "and", "|": "or",
+    "^": "xor",
+}  # fmt: skip
+_COMPARE_DUNDERS = {
+    "<": ("__lt__", "__gt__"), "<=": ("__le__", "__ge__"), ">": ("__gt__", "__lt__"),
+    ">=": ("__ge__", "__le__"), "==": ("__eq__",), "!=": ("__ne__",),
+}  # fmt: skip
+_INSTRUCTION_DUNDERS = {
+    "UNARY_NEGATIVE": ("__neg__",), "UNARY_POSITIVE": ("__pos__",),
+    "UNARY_INVERT": ("__invert__",), "BINARY_SUBSCR": ("__getitem__",),
+    "STORE_SUBSCR": ("__setitem__",), "DELETE_SUBSCR": ("__delitem__",),
+    "CONTAINS_OP": ("__contains__",), "GET_ITER": ("__iter__",),
+}  # fmt: skip
+_ATTRIBUTE_READS = ("LOAD_ATTR", "LOAD_METHOD")
+#: Builtins that run an operand's dunder (``abs(y)`` runs ``Tensor.__abs__``): the
+#: profiler sees the builtin called, not the dunder it reaches through the slot.
+_BUILTIN_DUNDERS = {
+    "abs": ("__abs__",), "len": ("__len__",), "round": ("__round__",),
+    "float": ("__float__",), "int": ("__int__",), "bool": ("__bool__",),
+    "complex": ("__complex__",), "iter": ("__iter__",), "reversed": ("__reversed__",),
+    "divmod": ("__divmod__", "__rdivmod__"), "pow": ("__pow__", "__rpow__"),
+    "format": ("__format__",), "hash": ("__hash__",),
+}  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)
+def _names_reached_without_a_call(code: types.CodeType) -> frozenset[str]:
+    """The attribute names ``code`` reaches on its operands with no call a profiler or
+    a graph shows: the dunders of its operators (through the type's slots) and of the
+    builtins it names (``abs``: ``__abs__``), and the attributes it reads (``x.T``,
+    ``x.shape``). Read from the bytecode, so every branch
+    counts (more to check, never less)."""
+    names: set[str] = set()
+    for ins in dis.get_instructions(code):
+        if ins.opname == "BINARY_OP":
+            word = str(ins.argrepr)
+            base = _BINARY_DUNDERS.get(word.removesuffix("="))
+            if base is not None:
+                names.update((f"__{base}__", f"__r{base}__"))
+                if word.endswith("="):
+                    names.add(f"__i{base}__")
+        elif ins.opname == "COMPARE_OP":
+            names.update(_COMPARE_DUNDERS.get(str(ins.argval), ()))
+        elif ins.opname in _INSTRUCTION_DUNDERS:
+            names.update(_INSTRUCTION_DUNDERS[ins.opname])
+        elif ins.opname in _ATTRIBUTE_READS:
+            names.add(str(ins.argval))
+        elif ins.opname == "LOAD_GLOBAL":
+            names.update(_BUILTIN_DUNDERS.get(str(ins.argval), ()))
+    return frozenset(names)
+
+
+def tensor_attributes_reached(codes: Iterable[types.CodeType]) -> set[str]:
+    """The ``torch.Tensor`` attributes the eager code among ``codes`` may reach without a
+    call the tracers see: ``a + b`` on tensors runs ``Tensor.__add__`` through the
+    type's slot and ``x.T`` reads a property, so a replacement of either
+    (``torch.Tensor.__add__ = ...``) changes what eager computes while the graph keeps
+    the operation the trace baked in."""
+    names: set[str] = set()
+    for code in codes:
+        if is_eager_file(code.co_filename):
+            names |= _names_reached_without_a_call(code)
+    return {name for name in names if hasattr(torch.Tensor, name)}
+
+
 def record_surface(
     called: Iterable[Any],
     codes: Iterable[types.CodeType],
@@ -195,7 +265,7 @@ def record_surface(
     reached) along their MROs; ``methods`` names Tensor methods called (Dynamo's
     ``call_method``)."""
     called_ids: set[int] = set()
-    tensor_methods = set(methods)
+    tensor_methods = set(methods) | tensor_attributes_reached(codes)
     for value in called:
         held = getattr(value, "__self__", None)
         if isinstance(held, torch.Tensor):
@@ -232,7 +302,10 @@ def record_surface(
             if not attr.startswith("__") and hit(value):
                 rows[(name, None, attr)] = _row(name, None, attr, value)
     rows.update(_registry_rows(modules, hit_entry))
-    leaves = [torch.Tensor, *dict.fromkeys(c for c in classes if _library_class(c))]
+    # A parameter is a Tensor subclass: ``nn.Parameter.__mul__ = f`` changes what
+    # ``self.p * x`` runs, as ``torch.Tensor.__mul__ = f`` does for a plain tensor.
+    tensor_classes = (torch.Tensor, torch.nn.Parameter)
+    leaves = [*tensor_classes, *dict.fromkeys(c for c in classes if _library_class(c))]
     for leaf in leaves:
         seen: set[str] = set()
         for base in leaf.__mro__:
@@ -242,7 +315,7 @@ def record_surface(
                 if attr in seen:
                     continue
                 seen.add(attr)
-                wanted = leaf is torch.Tensor and attr in tensor_methods
+                wanted = leaf in tensor_classes and attr in tensor_methods
                 if wanted or hit(value):
                     key = (leaf.__module__, leaf.__qualname__, attr)
                     rows[key] = _row(leaf.__module__, leaf.__qualname__, attr, value)

@@ -1,6 +1,7 @@
 """The library surface a trace went through (issue 26): a torch Python API replaced
 before or after ``load`` -- ``F.scaled_dot_product_attention``, ``F.gelu`` under
-``nn.GELU``, ``torch.relu``, ``torch.Tensor.softmax``, ``nn.LayerNorm.forward``, and a library
+``nn.GELU``, ``torch.relu``, ``torch.Tensor.softmax``, ``nn.LayerNorm.forward``, ``Tensor.__add__`` under
+``+``, ``Tensor.__getitem__``, the ``Tensor.mT`` property, and a library
 registry's entry (``AttentionInterface.register("sdpa", kernel)`` or
 ``ALL_ATTENTION_FUNCTIONS["sdpa"] = kernel`` under a tiny ``transformers`` BertModel) --
 is refused naming the replaced function, never served as the graph baked it; served
@@ -26,6 +27,13 @@ NAMES = {
     "relu": "torch.relu",
     "softmax": "torch.Tensor.softmax",
     "layernorm": "torch.nn.LayerNorm.forward",
+    # Reached with no call the tracers see: ``+`` runs Tensor.__add__ through the type's
+    # slot, ``abs(y)`` Tensor.__abs__, ``y[..., :4]`` Tensor.__getitem__, ``y.mT`` a property.
+    "add_operator": "torch.Tensor.__add__",
+    "abs_builtin": "torch.Tensor.__abs__",
+    "parameter_operator": "torch.nn.Parameter.__mul__",
+    "getitem": "torch.Tensor.__getitem__",
+    "property": "torch.Tensor.mT",
     # A library registry's entry, by the mapping the library looks it up in.
     "registry": "transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS['sdpa']",
     "registry_local": "transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS['sdpa']",
