@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import builtins
+import math
+import operator
 from typing import Any
 
 import torch
@@ -21,6 +23,9 @@ from precompile.capturing.emit import runtime_source
 from precompile.errors import PrecompileError
 
 _KNOWN_GLOBALS = {"torch", "device", "inf", "nan", "NoneType", "fx_pytree", "pytree"}
+#: Standard-library modules whose functions a graph may call by value (FX binds
+#: ``operator.abs`` as ``_operator_abs``): bound again from the module by name.
+_STDLIB_FUNCTIONS = {"operator": operator, "_operator": operator, "math": math}
 
 
 def graph_source(index: int, gm: torch.fx.GraphModule) -> str:
@@ -33,19 +38,25 @@ def graph_source(index: int, gm: torch.fx.GraphModule) -> str:
                 hint="pass that tensor or module as an argument of fn",
             )
     code = gm.graph.python_code(root_module="self")
-    # A builtin the graph calls by name (``getattr(y, 'mT')``, Dynamo's node for a
-    # tensor property) is the same builtin in the artifact.
-    unknown = {
-        name
-        for name, value in code.globals.items()
-        if name not in _KNOWN_GLOBALS and getattr(builtins, name, None) is not value
-    }
+    unknown, bound = set(), []
+    for name, value in sorted(code.globals.items()):
+        if name in _KNOWN_GLOBALS or getattr(builtins, name, None) is value:
+            # A builtin the graph calls by name (``getattr(y, 'mT')``, Dynamo's node for
+            # a tensor property) is the same builtin in the artifact.
+            continue
+        home = _STDLIB_FUNCTIONS.get(str(getattr(value, "__module__", None)))
+        if home is not None and getattr(home, str(getattr(value, "__name__", "")), None) is value:
+            # ``abs(y)`` is ``operator.abs`` in the graph, bound by FX as ``_operator_abs``.
+            bound.append(f"{name} = __import__({home.__name__!r}).{value.__name__}")
+            continue
+        unknown.add(name)
     if unknown:
         raise PrecompileError(
             f"a Dynamo subgraph references {sorted(unknown)}, which an artifact cannot import; "
             f"this is a precompile limitation, please report it"
         )
-    return code.src.strip().replace("def forward(self", f"def _dynamo_graph_{index}(self", 1)
+    graph = code.src.strip().replace("def forward(self", f"def _dynamo_graph_{index}(self", 1)
+    return "\n".join([*bound, graph])
 
 
 def eager_graph_section(
