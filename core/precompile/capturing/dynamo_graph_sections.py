@@ -38,16 +38,18 @@ def graph_source(index: int, gm: torch.fx.GraphModule) -> str:
                 hint="pass that tensor or module as an argument of fn",
             )
     code = gm.graph.python_code(root_module="self")
-    unknown, bound = set(), []
+    unknown: set[str] = set()
+    bound: list[str] = []
     for name, value in sorted(code.globals.items()):
         if name in _KNOWN_GLOBALS or getattr(builtins, name, None) is value:
             # A builtin the graph calls by name (``getattr(y, 'mT')``, Dynamo's node for
             # a tensor property) is the same builtin in the artifact.
             continue
         home = _STDLIB_FUNCTIONS.get(str(getattr(value, "__module__", None)))
-        if home is not None and getattr(home, str(getattr(value, "__name__", "")), None) is value:
+        attribute = str(getattr(value, "__name__", ""))
+        if home is not None and getattr(home, attribute, None) is value:
             # ``abs(y)`` is ``operator.abs`` in the graph, bound by FX as ``_operator_abs``.
-            bound.append(f"{name} = __import__({home.__name__!r}).{value.__name__}")
+            bound.append(f"{name} = __import__({home.__name__!r}).{attribute}")
             continue
         unknown.add(name)
     if unknown:
