@@ -60,6 +60,7 @@ RECORDED = (
     "dynamo_percall3",
     "percall_fx4",
     "percall_dyn4",
+    "percall_dyn5",
 )
 
 
