@@ -29,6 +29,7 @@ from precompile.capturing import (
     fx_watch,
     hook_stores,
     neutral_reads,
+    user_state,
 )
 from precompile.capturing.bytecode_names import builtin_loads
 from precompile.capturing.fx_dependencies import Dependencies
@@ -380,6 +381,10 @@ def trace_single_graph(
         fake_mode = tracing.fake_mode()
         fakes = [fake_mode.from_tensor(t) for t in state_tensors]
         fakes += [fake_mode.from_tensor(leaves[i]) for i in tensor_slots]
+    # The user's Python state, put back once the trace's stores into it are checked:
+    # what the trace stored there holds fake tensors, and no served call stores.
+    roots = user_state.capture_roots(fn, args)
+    user = user_state.UserState(roots)
     before = fx_side_effects.Snapshot(modules)
     hook_states = hook_stores.global_hook_states()
     neutral_positions: dict[tuple[int, str], list[tuple[Any, types.CodeType]]] = {}
@@ -397,6 +402,7 @@ def trace_single_graph(
                 modules, neutral_positions, flag_readers
             ) as module_reads,
             tracing.recording_parameter_checks(opaque.note_class_check),
+            user_state.restored_on_error(user),
         ):
             with fake_mode, opaque, torch.set_grad_enabled(training or grad_inputs):
                 gm = tracing.make_fx(
@@ -413,13 +419,16 @@ def trace_single_graph(
         raise
     except Exception as error:
         raise refuse_from_exception(error, training) from error
-    hook_stores.refuse_global_hook_stores(hook_states)
-    check_graph(gm, node_stacks, fn, modules)
-    check_spec_serializable(out_spec_box[-1], "fn's outputs", where)
-    names = fx_watch.read_names(ran)
-    fx_side_effects.refuse_trace_side_effects(
-        before.changed_during(modules, names, ran) + argument_changes, where
-    )
+    try:
+        hook_stores.refuse_global_hook_stores(hook_states)
+        check_graph(gm, node_stacks, fn, modules)
+        check_spec_serializable(out_spec_box[-1], "fn's outputs", where)
+        names = fx_watch.read_names(ran)
+        fx_side_effects.refuse_trace_side_effects(
+            before.changed_during(modules, names, ran) + argument_changes, where
+        )
+    finally:
+        user.restore()
     reads = {**ran.reads, **opaque.reads}
     if "class" not in reads:
         # type(x) and x.__class__ name no tensor the trace can see: any in the project's
@@ -539,7 +548,11 @@ def trace_single_graph(
         reads=reads,
         grad_inputs=grad_inputs,
         output_requires_grad=list(out_requires_grad),
-        joint_inputs=(flat_fn, [*state_tensors, *(leaves[i] for i in tensor_slots)], decompositions)
+        joint_inputs=(
+            user_state.restoring(flat_fn, roots),
+            [*state_tensors, *(leaves[i] for i in tensor_slots)],
+            decompositions,
+        )
         if grad_inputs
         else None,
         input_names=leaf_names(fn, len(args), module_positions, in_spec),
