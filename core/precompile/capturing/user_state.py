@@ -119,7 +119,14 @@ class UserState:
             attrs = {k: v for k, v in vars(value).items() if not k.startswith("__")}
             self.records.append((value, attrs))
             return list(attrs.values())
-        held = getattr(value, "__dict__", None)
+        try:
+            # Not getattr: a class's __getattr__ (a lazy proxy) runs no code here.
+            held = object.__getattribute__(value, "__dict__")
+        except Exception:
+            return []
+        if isinstance(value, torch.nn.Module):
+            # Every submodule at once: a store deep in a model is as near as its root's.
+            return [held, *(vars(sub) for sub in value.modules())]
         return [held] if isinstance(held, dict) else []
 
     def restore(self) -> None:
