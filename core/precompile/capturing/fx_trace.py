@@ -393,6 +393,8 @@ def trace_single_graph(
     ambient_modes = state_checks.ambient_modes()
     try:
         with (
+            # First, so that it exits last: the recorders are off when it puts back.
+            user_state.restored_on_error(user),
             tracing.recording_user_stacks(flat_fn.__code__) as stack_of,
             tracing.recording_grad_access(
                 lambda frame: frame.f_code.co_filename != __file__
@@ -402,7 +404,6 @@ def trace_single_graph(
                 modules, neutral_positions, flag_readers
             ) as module_reads,
             tracing.recording_parameter_checks(opaque.note_class_check),
-            user_state.restored_on_error(user),
         ):
             with fake_mode, opaque, torch.set_grad_enabled(training or grad_inputs):
                 gm = tracing.make_fx(

@@ -181,3 +181,40 @@ def test_captured_artifacts_serve_eager_in_a_fresh_process(
     assert len(entries) == len(CELLS) - len(REFUSED)
     result = run_json(textwrap.dedent(CHILD.format(entries=entries)))
     assert result == {key: [True, True] for key, *_ in entries}, json.dumps(result)
+
+
+@pytest.mark.parametrize("kind", ["list", "module_hook", "closure"])
+def test_a_dynamo_capture_of_several_calls_leaves_what_as_many_eager_calls_leave(
+    tmp_path: Path, kind: str
+) -> None:
+    """Two captured calls at two shapes (a recompile): the state holds what two eager
+    calls leave, each store once."""
+
+    def run(call: Any) -> list[Any]:
+        u.reset()
+        model, x, hook, handle = u.setup(kind, seed=0)
+        u.prefill(kind, model, hook, torch.full((3, 4), 7.0))
+        try:
+            with torch.no_grad():
+                call(model, x)
+                call(model, torch.cat([x, x + 1]))
+        finally:
+            if handle is not None:
+                handle.remove()
+        return u.stored(kind, model, hook)
+
+    try:
+        with precompile.capture(
+            u.FUNCTIONS[kind],
+            artifact_path=str(tmp_path / "a.py"),
+            cache_path=str(tmp_path / "a.cache"),
+            tracer=precompile.DynamoTracer(),
+            backend="eager",
+        ) as cap:
+            after = run(cap)
+        expected = run(u.FUNCTIONS[kind])
+    finally:
+        u.reset()
+    assert all(_real(t) for t in after), [type(t).__name__ for t in after]
+    assert [t.shape for t in after] == [t.shape for t in expected]
+    assert all(torch.equal(a, e) for a, e in zip(after, expected))
