@@ -19,6 +19,7 @@ project's classes. ``restore`` puts back, in place, each one whose contents chan
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import sys
@@ -82,9 +83,9 @@ class UserState:
 
     def _record(self, value: Any) -> list[Any]:
         """Record ``value``'s shallow contents; the objects to walk into."""
-        if isinstance(value, list):
+        if isinstance(value, (list, collections.deque)):
             self.records.append((value, list(value)))
-            return value[:_WIDTH]
+            return list(value)[:_WIDTH]
         if isinstance(value, dict):
             items = list(value.items())
             self.records.append((value, items))
@@ -119,22 +120,35 @@ class UserState:
             attrs = {k: v for k, v in vars(value).items() if not k.startswith("__")}
             self.records.append((value, attrs))
             return list(attrs.values())
+        slots = _slot_values(value)
+        if slots:
+            self.records.append((value, slots))
         try:
             # Not getattr: a class's __getattr__ (a lazy proxy) runs no code here.
             held = object.__getattribute__(value, "__dict__")
         except Exception:
-            return []
+            return list(slots.values())
         if isinstance(value, torch.nn.Module):
             # Every submodule at once: a store deep in a model is as near as its root's.
             return [held, *(vars(sub) for sub in value.modules())]
-        return [held] if isinstance(held, dict) else []
+        return [held, *slots.values()] if isinstance(held, dict) else list(slots.values())
 
     def restore(self) -> None:
         """Put back, in place, every recorded object whose contents changed."""
         for obj, saved in self.records:
             if _same(obj, saved):
                 continue
-            if isinstance(obj, (list, bytearray)):
+            if isinstance(saved, _Slots):
+                for name, held in saved.items():
+                    if held is _EMPTY:
+                        with contextlib.suppress(AttributeError):
+                            object.__delattr__(obj, name)
+                    else:
+                        object.__setattr__(obj, name, held)
+            elif isinstance(obj, collections.deque):
+                obj.clear()
+                obj.extend(saved)
+            elif isinstance(obj, (list, bytearray)):
                 obj[:] = saved
             elif isinstance(obj, dict):
                 _restore_dict(obj, saved)
@@ -157,7 +171,10 @@ class UserState:
 
 def _same(obj: Any, saved: Any) -> bool:
     """Whether ``obj`` holds what ``saved`` recorded, by identity."""
-    if isinstance(obj, list):
+    if isinstance(saved, _Slots):
+        now = _slot_values(obj)
+        return now.keys() == saved.keys() and all(now[k] is saved[k] for k in saved)
+    if isinstance(obj, (list, collections.deque)):
         return len(obj) == len(saved) and all(map(_is, obj, saved))
     if isinstance(obj, dict):
         return len(obj) == len(saved) and all(
@@ -177,6 +194,27 @@ def _same(obj: Any, saved: Any) -> bool:
         attrs = {k: v for k, v in vars(obj).items() if not k.startswith("__")}
         return attrs.keys() == saved.keys() and all(attrs[k] is saved[k] for k in attrs)
     return True
+
+
+class _Slots(dict[str, Any]):
+    """An object's ``__slots__`` values by attribute name, ``_EMPTY`` where unset."""
+
+
+def _slot_values(value: Any) -> _Slots:
+    """``value``'s slot values (its class's and its bases' ``__slots__``)."""
+    found = _Slots()
+    for klass in type(value).__mro__:
+        names = vars(klass).get("__slots__", ())
+        for name in (names,) if isinstance(names, str) else names:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            if name.startswith("__") and not name.endswith("__"):
+                name = f"_{klass.__name__.lstrip('_')}{name}"  # as Python mangles it
+            try:
+                found[name] = object.__getattribute__(value, name)
+            except AttributeError:
+                found[name] = _EMPTY
+    return found
 
 
 def _restore_dict(obj: dict[Any, Any], saved: list[tuple[Any, Any]]) -> None:

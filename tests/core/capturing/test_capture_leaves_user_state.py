@@ -4,7 +4,8 @@ trace-time object (docs/trust.md, "What a capture leaves in your state").
 fn stores what it computes into state the user owns (``tests/fixtures/user_state_stores``):
 a module-global list, a global dict, a module attribute (of the model, of a submodule
 four levels down), a global hook's closure list,
-the model's own hook's closure list, a global container nested deep, a closure cell.
+the model's own hook's closure list, a global container nested deep, a closure cell,
+a global deque, a global object with ``__slots__``.
 Each store is prefilled with a real tensor, as an earlier call would have left it. After
 the capture -- captured or refused -- every stored object is a plain real tensor, and:
 
