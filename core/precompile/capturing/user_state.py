@@ -220,16 +220,21 @@ def _slot_values(value: Any) -> _Slots:
 def _restore_dict(obj: dict[Any, Any], saved: list[tuple[Any, Any]]) -> None:
     """Put ``saved``'s items back into ``obj``: the keys the trace added removed and the
     values it rebound set back, so the dict is never empty meanwhile (a module's
-    globals); cleared and refilled only where its order still differs."""
+    globals); cleared and refilled only where its order still differs. A module bound
+    under a new key stays: the import system binds a submodule imported for the first
+    time in its package's globals (``sys.modules`` keeps it, and ``pkg.sub`` must
+    find it), which is no store of the trace."""
     keep = dict(saved)
-    for key in [k for k in obj if k not in keep]:
+    imported = {k: v for k, v in obj.items() if k not in keep and isinstance(v, types.ModuleType)}
+    for key in [k for k in obj if k not in keep and k not in imported]:
         del obj[key]
     for key, value in saved:
         if obj.get(key, _EMPTY) is not value:
             obj[key] = value
-    if not _same(obj, saved):
+    if not _same(obj, [*saved, *imported.items()]):
         obj.clear()
         obj.update(saved)
+        obj.update(imported)
 
 
 def _is(a: object, b: object) -> bool:

@@ -219,3 +219,25 @@ def test_a_dynamo_capture_of_several_calls_leaves_what_as_many_eager_calls_leave
     assert all(_real(t) for t in after), [type(t).__name__ for t in after]
     assert [t.shape for t in after] == [t.shape for t in expected]
     assert all(torch.equal(a, e) for a, e in zip(after, expected))
+
+
+@pytest.mark.parametrize("tracer", sorted(TRACERS))
+def test_a_module_imported_during_the_capture_stays_bound_in_its_package(
+    tmp_path: Path, tracer: str
+) -> None:
+    """fn imports a submodule of a project package for the first time: the import binds
+    it in the package's globals, which the capture records. That binding is the import
+    system's, not a store of the trace: it stays (``import pkg.sub; pkg.sub.f()`` keeps
+    working after the capture)."""
+    import sys
+
+    from tests.fixtures import user_state_lazy
+
+    sys.modules.pop("tests.fixtures.user_state_lazy.sub", None)
+    vars(user_state_lazy).pop("sub", None)
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(4, 4), torch.randn(3, 4)
+    with torch.no_grad():
+        capture_pair(user_state_lazy.lazy, model, x, directory=tmp_path, tracer=TRACERS[tracer]())
+    assert "tests.fixtures.user_state_lazy.sub" in sys.modules
+    assert user_state_lazy.sub is sys.modules["tests.fixtures.user_state_lazy.sub"]
