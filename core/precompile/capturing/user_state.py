@@ -10,11 +10,13 @@ Dynamo's extra eager run of fn (``dynamo_refusals.compile_only_branch_check``) s
 for real a second time, where eager stores once: put back likewise.
 
 ``UserState`` records, by identity, the shallow contents of every mutable container
-reachable from the roots (fn, its arguments, the globals of the project's modules, the
-global module hooks): lists, dicts (instance ``__dict__`` included, so attributes of
-modules and plain objects), sets, bytearrays, closure cells, and the attributes of the
-project's classes. ``restore`` puts back, in place, each one whose contents changed
-(the user's objects keep their identity); what the walk does not reach is not restored.
+reachable from the roots (fn and its globals, its arguments, the globals of the
+project's modules, the global module hooks): lists, deques, dicts (instance ``__dict__``
+included, so attributes of modules and plain objects), sets, bytearrays, ``__slots__``
+values, closure cells, and the attributes of the project's classes. ``restore`` puts
+back, in place, each one whose contents changed (the user's objects keep their
+identity), through the base types' own methods (a dict subclass may refuse deletes);
+what the walk does not reach is not restored.
 """
 
 from __future__ import annotations
@@ -146,15 +148,17 @@ class UserState:
                     else:
                         object.__setattr__(obj, name, held)
             elif isinstance(obj, collections.deque):
-                obj.clear()
-                obj.extend(saved)
-            elif isinstance(obj, (list, bytearray)):
-                obj[:] = saved
+                collections.deque.clear(obj)
+                collections.deque.extend(obj, saved)
+            elif isinstance(obj, list):
+                list.__setitem__(obj, slice(None), saved)
+            elif isinstance(obj, bytearray):
+                bytearray.__setitem__(obj, slice(None), saved)
             elif isinstance(obj, dict):
                 _restore_dict(obj, saved)
             elif isinstance(obj, set):
-                obj.clear()
-                obj.update(saved)
+                set.clear(obj)
+                set.update(obj, saved)
             elif isinstance(obj, types.CellType):
                 if saved is _EMPTY:
                     del obj.cell_contents
@@ -178,7 +182,7 @@ def _same(obj: Any, saved: Any) -> bool:
         return len(obj) == len(saved) and all(map(_is, obj, saved))
     if isinstance(obj, dict):
         return len(obj) == len(saved) and all(
-            k is k2 and v is v2 for (k, v), (k2, v2) in zip(obj.items(), saved)
+            k is k2 and v is v2 for (k, v), (k2, v2) in zip(_items(obj), saved)
         )
     if isinstance(obj, set):
         return len(obj) == len(saved) and set(map(id, obj)) == set(map(id, saved))
@@ -224,17 +228,28 @@ def _restore_dict(obj: dict[Any, Any], saved: list[tuple[Any, Any]]) -> None:
     under a new key stays: the import system binds a submodule imported for the first
     time in its package's globals (``sys.modules`` keeps it, and ``pkg.sub`` must
     find it), which is no store of the trace."""
+    # The builtin base's methods (an OrderedDict keeps its order in its own links).
+    base: Any = collections.OrderedDict if isinstance(obj, collections.OrderedDict) else dict
     keep = dict(saved)
-    imported = {k: v for k, v in obj.items() if k not in keep and isinstance(v, types.ModuleType)}
-    for key in [k for k in obj if k not in keep and k not in imported]:
-        del obj[key]
+    now = list(_items(obj))
+    imported = {k: v for k, v in now if k not in keep and isinstance(v, types.ModuleType)}
+    for key, _ in now:
+        if key not in keep and key not in imported:
+            base.__delitem__(obj, key)
     for key, value in saved:
-        if obj.get(key, _EMPTY) is not value:
-            obj[key] = value
+        if base.get(obj, key, _EMPTY) is not value:
+            base.__setitem__(obj, key, value)
     if not _same(obj, [*saved, *imported.items()]):
-        obj.clear()
-        obj.update(saved)
-        obj.update(imported)
+        base.clear(obj)
+        base.update(obj, saved)
+        base.update(obj, imported)
+
+
+def _items(obj: dict[Any, Any]) -> Any:
+    """``obj``'s items through its builtin base (a subclass may override ``items``)."""
+    if isinstance(obj, collections.OrderedDict):
+        return collections.OrderedDict.items(obj)
+    return dict.items(obj)
 
 
 def _is(a: object, b: object) -> bool:

@@ -5,7 +5,8 @@ fn stores what it computes into state the user owns (``tests/fixtures/user_state
 a module-global list, a global dict, a module attribute (of the model, of a submodule
 four levels down), a global hook's closure list,
 the model's own hook's closure list, a global container nested deep, a closure cell,
-a global deque, a global object with ``__slots__``.
+a global deque, a global object with ``__slots__``, a global mapping that refuses
+deletes.
 Each store is prefilled with a real tensor, as an earlier call would have left it. After
 the capture -- captured or refused -- every stored object is a plain real tensor, and:
 
@@ -42,6 +43,7 @@ REFUSED = {
     ("make_fx", "list"): "global SEEN of module tests.fixtures.user_state_stores",
     ("make_fx", "dict"): "global TABLE of module tests.fixtures.user_state_stores",
     ("make_fx", "global_hook"): "the global module hook `tests.fixtures.user_state_stores.",
+    ("make_fx", "mapping"): "global RESULTS of module tests.fixtures.user_state_stores",
     ("dynamo", "global_hook"): "the global module hook `tests.fixtures.user_state_stores.",
 }
 CELLS = [(tracer, kind) for tracer in sorted(TRACERS) for kind in u.KINDS]
@@ -156,9 +158,11 @@ def start(kind):
     u.prefill(kind, model, hook, torch.full((3, 4), 7.0))
     return model, x, hook
 for key, kind, artifact, cache in {entries!r}:
+    # The state as the capture found it, then the load (a Dynamo artifact reads the
+    # globals' key order at load).
+    model, x, hook = start(kind)
     run = precompile.load(artifact, cache)
     with torch.no_grad():
-        model, x, hook = start(kind)
         served = run(model, x)
         left = u.stored(kind, model, hook)
         model, x, hook = start(kind)
