@@ -23,7 +23,7 @@ from precompile._compat import (
     dynamo_recording,
     inductor,
 )
-from precompile.capturing import neutral_reads
+from precompile.capturing import neutral_reads, user_state
 from precompile.capturing.dynamo_backends import DynamoBackends
 from precompile.capturing.dynamo_capture import DynamoCapture
 from precompile.capturing.dynamo_dependencies import DependencyRecorder
@@ -263,7 +263,10 @@ class DynamoSession:
                 self.dependencies.verify(args, kwargs)
                 library = [b for b in branches if not is_project_file(b["file"])]
                 if library and not self.training and input_versions(args, kwargs) == versions:
-                    compile_only_branch_check(self.fn, args, kwargs, result, rng, library)
+                    # fn's extra eager runs store for real again (a hook's append): the
+                    # user's state is put back to what the captured call left, eager's.
+                    with user_state.restored(user_state.capture_roots(self.fn, (args, kwargs))):
+                        compile_only_branch_check(self.fn, args, kwargs, result, rng, library)
                 return result
         except PrecompileError:
             raise

@@ -29,6 +29,7 @@ from precompile.capturing import (
     fx_watch,
     hook_stores,
     neutral_reads,
+    user_state,
 )
 from precompile.capturing.bytecode_names import builtin_loads
 from precompile.capturing.fx_dependencies import Dependencies
@@ -380,6 +381,10 @@ def trace_single_graph(
         fake_mode = tracing.fake_mode()
         fakes = [fake_mode.from_tensor(t) for t in state_tensors]
         fakes += [fake_mode.from_tensor(leaves[i]) for i in tensor_slots]
+    # The user's Python state, put back once the trace's stores into it are checked:
+    # what the trace stored there holds fake tensors, and no served call stores.
+    roots = user_state.capture_roots(fn, args)
+    user = user_state.UserState(roots)
     before = fx_side_effects.Snapshot(modules)
     hook_states = hook_stores.global_hook_states()
     neutral_positions: dict[tuple[int, str], list[tuple[Any, types.CodeType]]] = {}
@@ -388,6 +393,8 @@ def trace_single_graph(
     ambient_modes = state_checks.ambient_modes()
     try:
         with (
+            # First, so that it exits last: the recorders are off when it puts back.
+            user_state.restored_on_error(user),
             tracing.recording_user_stacks(flat_fn.__code__) as stack_of,
             tracing.recording_grad_access(
                 lambda frame: frame.f_code.co_filename != __file__
@@ -413,13 +420,16 @@ def trace_single_graph(
         raise
     except Exception as error:
         raise refuse_from_exception(error, training) from error
-    hook_stores.refuse_global_hook_stores(hook_states)
-    check_graph(gm, node_stacks, fn, modules)
-    check_spec_serializable(out_spec_box[-1], "fn's outputs", where)
-    names = fx_watch.read_names(ran)
-    fx_side_effects.refuse_trace_side_effects(
-        before.changed_during(modules, names, ran) + argument_changes, where
-    )
+    try:
+        hook_stores.refuse_global_hook_stores(hook_states)
+        check_graph(gm, node_stacks, fn, modules)
+        check_spec_serializable(out_spec_box[-1], "fn's outputs", where)
+        names = fx_watch.read_names(ran)
+        fx_side_effects.refuse_trace_side_effects(
+            before.changed_during(modules, names, ran) + argument_changes, where
+        )
+    finally:
+        user.restore()
     reads = {**ran.reads, **opaque.reads}
     if "class" not in reads:
         # type(x) and x.__class__ name no tensor the trace can see: any in the project's
@@ -539,7 +549,11 @@ def trace_single_graph(
         reads=reads,
         grad_inputs=grad_inputs,
         output_requires_grad=list(out_requires_grad),
-        joint_inputs=(flat_fn, [*state_tensors, *(leaves[i] for i in tensor_slots)], decompositions)
+        joint_inputs=(
+            user_state.restoring(flat_fn, roots),
+            [*state_tensors, *(leaves[i] for i in tensor_slots)],
+            decompositions,
+        )
         if grad_inputs
         else None,
         input_names=leaf_names(fn, len(args), module_positions, in_spec),

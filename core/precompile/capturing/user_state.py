@@ -1,0 +1,290 @@
+"""The user's Python state, taken before the capture runs fn in a way eager would not,
+and put back after: a capture never leaves a trace-time object in it.
+
+A make_fx trace runs fn's Python on fake tensors: a store it makes (``SEEN.append(y)``,
+``TABLE[k] = y``, ``self.last = y``, a hook's ``seen.append(out)``) would leave the
+user's object holding a FakeTensor after ``capture`` returned, whether the capture then
+served or refused it. An artifact runs no Python, so no served call repeats such a
+store: the state that matches what the capture produced is the state before the trace.
+Dynamo's extra eager run of fn (``dynamo_refusals.compile_only_branch_check``) stores
+for real a second time, where eager stores once: put back likewise.
+
+``UserState`` records, by identity, the shallow contents of every mutable container
+reachable from the roots (fn and its globals, its arguments, the globals of the
+project's modules, the global module hooks): lists, deques, dicts (instance ``__dict__``
+included, so attributes of modules and plain objects), sets, bytearrays, ``__slots__``
+values, closure cells, and the attributes of the project's classes. ``restore`` puts
+back, in place, each one whose contents changed (the user's objects keep their
+identity), through the base types' own methods (a dict subclass may refuse deletes);
+what the walk does not reach is not restored.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import sys
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from precompile._compat.prelude import global_module_hooks
+from precompile.locations import is_project_file
+
+#: How deep the walk goes from a root, how many objects it records in all, and how
+#: many items of one container it walks into (the container itself is recorded whole).
+_DEPTH = 8
+_BUDGET = 200_000
+_WIDTH = 10_000
+#: An empty closure cell.
+_EMPTY = object()
+#: Values that hold no user state the trace could store into.
+_LEAVES = (torch.Tensor, types.ModuleType, str, bytes, int, float, complex, bool, type(None))
+
+
+def _is_project_module(module: object) -> bool:
+    file = getattr(module, "__file__", None)
+    return isinstance(module, types.ModuleType) and isinstance(file, str) and is_project_file(file)
+
+
+def capture_roots(fn: Any, args: Any) -> list[Any]:
+    """Where the user's state a capture can reach starts: fn, its arguments (the
+    modules, with their hooks), fn's globals (a notebook's ``__main__`` has no file),
+    the globals of the project's modules and the global module hooks."""
+    # Tuples: walked into, not recorded (they are the walk's own).
+    roots: list[Any] = [fn, tuple(args)]
+    scope = getattr(getattr(fn, "__func__", fn), "__globals__", None)
+    if isinstance(scope, dict):
+        roots.append(scope)
+    roots += [vars(m) for m in list(sys.modules.values()) if _is_project_module(m)]
+    roots += [tuple(hooks.values()) for hooks in global_module_hooks()]
+    return roots
+
+
+class UserState:
+    """The shallow contents of every mutable container reachable from ``roots``, by
+    identity, to put back with ``restore``."""
+
+    def __init__(self, roots: list[Any]) -> None:
+        self.records: list[tuple[Any, Any]] = []
+        seen: set[int] = set()
+        level = list(roots)
+        for _ in range(_DEPTH):
+            following: list[Any] = []
+            for value in level:
+                if isinstance(value, _LEAVES) or id(value) in seen:
+                    continue
+                if len(seen) >= _BUDGET:
+                    return
+                seen.add(id(value))
+                following += self._record(value)
+            level = following
+
+    def _record(self, value: Any) -> list[Any]:
+        """Record ``value``'s shallow contents; the objects to walk into."""
+        if isinstance(value, (list, collections.deque)):
+            self.records.append((value, list(value)))
+            return list(value)[:_WIDTH]
+        if isinstance(value, dict):
+            items = list(value.items())
+            self.records.append((value, items))
+            return [v for _, v in items[:_WIDTH]]
+        if isinstance(value, (set, bytearray)):
+            self.records.append((value, value.copy()))
+            return []
+        if isinstance(value, tuple):
+            return list(value[:_WIDTH])
+        if isinstance(value, types.CellType):
+            try:
+                held = value.cell_contents
+            except ValueError:
+                held = _EMPTY
+            self.records.append((value, held))
+            return [] if held is _EMPTY else [held]
+        if isinstance(value, types.FunctionType):
+            return [
+                *(value.__closure__ or ()),
+                value.__dict__,
+                value.__defaults__,
+                value.__kwdefaults__,
+            ]
+        if isinstance(value, types.MethodType):
+            return [value.__self__, value.__func__]
+        if isinstance(value, functools.partial):
+            return [value.func, value.args, value.keywords, vars(value)]
+        if isinstance(value, type):
+            module = sys.modules.get(value.__module__)
+            if not _is_project_module(module) and value.__module__ != "__main__":
+                return []
+            attrs = {k: v for k, v in vars(value).items() if not k.startswith("__")}
+            self.records.append((value, attrs))
+            return list(attrs.values())
+        slots = _slot_values(value)
+        if slots:
+            self.records.append((value, slots))
+        try:
+            # Not getattr: a class's __getattr__ (a lazy proxy) runs no code here.
+            held = object.__getattribute__(value, "__dict__")
+        except Exception:
+            return list(slots.values())
+        if isinstance(value, torch.nn.Module):
+            # Every submodule at once: a store deep in a model is as near as its root's.
+            return [held, *(vars(sub) for sub in value.modules())]
+        return [held, *slots.values()] if isinstance(held, dict) else list(slots.values())
+
+    def restore(self) -> None:
+        """Put back, in place, every recorded object whose contents changed."""
+        for obj, saved in self.records:
+            if _same(obj, saved):
+                continue
+            if isinstance(saved, _Slots):
+                for name, held in saved.items():
+                    if held is _EMPTY:
+                        with contextlib.suppress(AttributeError):
+                            object.__delattr__(obj, name)
+                    else:
+                        object.__setattr__(obj, name, held)
+            elif isinstance(obj, collections.deque):
+                collections.deque.clear(obj)
+                collections.deque.extend(obj, saved)
+            elif isinstance(obj, list):
+                list.__setitem__(obj, slice(None), saved)
+            elif isinstance(obj, bytearray):
+                bytearray.__setitem__(obj, slice(None), saved)
+            elif isinstance(obj, dict):
+                _restore_dict(obj, saved)
+            elif isinstance(obj, set):
+                set.clear(obj)
+                set.update(obj, saved)
+            elif isinstance(obj, types.CellType):
+                if saved is _EMPTY:
+                    del obj.cell_contents
+                else:
+                    obj.cell_contents = saved
+            elif isinstance(obj, type):
+                for name in [k for k in vars(obj) if not k.startswith("__")]:
+                    if name not in saved:
+                        delattr(obj, name)
+                for name, held in saved.items():
+                    if vars(obj).get(name, _EMPTY) is not held:
+                        setattr(obj, name, held)
+
+
+def _same(obj: Any, saved: Any) -> bool:
+    """Whether ``obj`` holds what ``saved`` recorded, by identity."""
+    if isinstance(saved, _Slots):
+        now = _slot_values(obj)
+        return now.keys() == saved.keys() and all(now[k] is saved[k] for k in saved)
+    if isinstance(obj, (list, collections.deque)):
+        return len(obj) == len(saved) and all(map(_is, obj, saved))
+    if isinstance(obj, dict):
+        return len(obj) == len(saved) and all(
+            k is k2 and v is v2 for (k, v), (k2, v2) in zip(_items(obj), saved)
+        )
+    if isinstance(obj, set):
+        return len(obj) == len(saved) and set(map(id, obj)) == set(map(id, saved))
+    if isinstance(obj, bytearray):
+        return bool(obj == saved)
+    if isinstance(obj, types.CellType):
+        try:
+            held = obj.cell_contents
+        except ValueError:
+            held = _EMPTY
+        return held is saved
+    if isinstance(obj, type):
+        attrs = {k: v for k, v in vars(obj).items() if not k.startswith("__")}
+        return attrs.keys() == saved.keys() and all(attrs[k] is saved[k] for k in attrs)
+    return True
+
+
+class _Slots(dict[str, Any]):
+    """An object's ``__slots__`` values by attribute name, ``_EMPTY`` where unset."""
+
+
+def _slot_values(value: Any) -> _Slots:
+    """``value``'s slot values (its class's and its bases' ``__slots__``)."""
+    found = _Slots()
+    for klass in type(value).__mro__:
+        names = vars(klass).get("__slots__", ())
+        for name in (names,) if isinstance(names, str) else names:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            if name.startswith("__") and not name.endswith("__"):
+                name = f"_{klass.__name__.lstrip('_')}{name}"  # as Python mangles it
+            try:
+                found[name] = object.__getattribute__(value, name)
+            except AttributeError:
+                found[name] = _EMPTY
+    return found
+
+
+def _restore_dict(obj: dict[Any, Any], saved: list[tuple[Any, Any]]) -> None:
+    """Put ``saved``'s items back into ``obj``: the keys the trace added removed and the
+    values it rebound set back, so the dict is never empty meanwhile (a module's
+    globals); cleared and refilled only where its order still differs. A module bound
+    under a new key stays: the import system binds a submodule imported for the first
+    time in its package's globals (``sys.modules`` keeps it, and ``pkg.sub`` must
+    find it), which is no store of the trace."""
+    # The builtin base's methods (an OrderedDict keeps its order in its own links).
+    base: Any = collections.OrderedDict if isinstance(obj, collections.OrderedDict) else dict
+    keep = dict(saved)
+    now = list(_items(obj))
+    imported = {k: v for k, v in now if k not in keep and isinstance(v, types.ModuleType)}
+    for key, _ in now:
+        if key not in keep and key not in imported:
+            base.__delitem__(obj, key)
+    for key, value in saved:
+        if base.get(obj, key, _EMPTY) is not value:
+            base.__setitem__(obj, key, value)
+    if not _same(obj, [*saved, *imported.items()]):
+        base.clear(obj)
+        base.update(obj, saved)
+        base.update(obj, imported)
+
+
+def _items(obj: dict[Any, Any]) -> Any:
+    """``obj``'s items through its builtin base (a subclass may override ``items``)."""
+    if isinstance(obj, collections.OrderedDict):
+        return collections.OrderedDict.items(obj)
+    return dict.items(obj)
+
+
+def _is(a: object, b: object) -> bool:
+    return a is b
+
+
+@contextlib.contextmanager
+def restored(roots: list[Any]) -> Iterator[UserState]:
+    """Take the user's state reachable from ``roots``, and put it back on exit, however
+    the body ends."""
+    state = UserState(roots)
+    try:
+        yield state
+    finally:
+        state.restore()
+
+
+@contextlib.contextmanager
+def restored_on_error(state: UserState) -> Iterator[UserState]:
+    """Put ``state`` back if the body raises (a refusal inside the trace); a body that
+    ends normally leaves it to the caller, which compares the state first."""
+    try:
+        yield state
+    except BaseException:
+        state.restore()
+        raise
+
+
+def restoring(fn: Callable[..., Any], roots: list[Any]) -> Callable[..., Any]:
+    """``fn``, each call of which leaves the state reachable from ``roots`` as it found
+    it (a later trace of the same function: AOTAutograd's joint trace)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any) -> Any:
+        with restored(roots):
+            return fn(*args)
+
+    return call

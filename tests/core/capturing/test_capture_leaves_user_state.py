@@ -1,0 +1,247 @@
+"""A capture leaves the user's Python state as the real run it made, never holding a
+trace-time object (docs/trust.md, "What a capture leaves in your state").
+
+fn stores what it computes into state the user owns (``tests/fixtures/user_state_stores``):
+a module-global list, a global dict, a module attribute (of the model, of a submodule
+four levels down), a global hook's closure list,
+the model's own hook's closure list, a global container nested deep, a closure cell,
+a global deque, a global object with ``__slots__``, a global mapping that refuses
+deletes.
+Each store is prefilled with a real tensor, as an earlier call would have left it. After
+the capture -- captured or refused -- every stored object is a plain real tensor, and:
+
+- make_fx: the state is exactly the one before the capture (a make_fx trace runs fn on
+  fake tensors, and an artifact runs no Python: its real run stores nothing). Before,
+  every store left a FakeTensor behind, whether the capture was refused or not;
+- Dynamo: the state is what one eager call leaves (Dynamo replays the store with the
+  real values). Before, fn's extra eager run (the compile-only branch check) stored a
+  second time where eager stores once.
+
+A make_fx capture of an input that requires grad traces fn again for its backward:
+that trace's stores are put back too. Captured artifacts serve eager's output in a
+fresh process.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import is_fake
+
+import precompile
+from tests.fixtures import user_state_stores as u
+from tests.harness import capture_pair, run_json
+
+TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
+#: What is refused at capture, with words of its message (the rest is captured).
+REFUSED = {
+    ("make_fx", "list"): "global SEEN of module tests.fixtures.user_state_stores",
+    ("make_fx", "dict"): "global TABLE of module tests.fixtures.user_state_stores",
+    ("make_fx", "global_hook"): "the global module hook `tests.fixtures.user_state_stores.",
+    ("make_fx", "mapping"): "global RESULTS of module tests.fixtures.user_state_stores",
+    ("dynamo", "global_hook"): "the global module hook `tests.fixtures.user_state_stores.",
+}
+CELLS = [(tracer, kind) for tracer in sorted(TRACERS) for kind in u.KINDS]
+
+
+def _real(value: Any) -> bool:
+    return type(value) is torch.Tensor and not is_fake(value)
+
+
+def _capture(tmp_path: Path, tracer: str, kind: str, grad_input: bool) -> dict[str, Any]:
+    """Capture ``kind``'s fn from a prefilled state: what the state held before and
+    after, the refusal's message (or None) and the pair."""
+    u.reset()
+    model, x, hook, handle = u.setup(kind, seed=0)
+    u.prefill(kind, model, hook, torch.full((3, 4), 7.0))
+    before = u.stored(kind, model, hook)
+    grad = torch.enable_grad() if grad_input else torch.no_grad()
+    refused, pair = None, None
+    try:
+        with grad:
+            pair = capture_pair(
+                u.FUNCTIONS[kind],
+                model,
+                x.requires_grad_(grad_input),
+                directory=tmp_path,
+                name=f"{tracer}-{kind}-{grad_input}",
+                tracer=TRACERS[tracer](),
+            )
+    except precompile.PrecompileError as error:
+        refused = str(error)
+    finally:
+        if handle is not None:
+            handle.remove()
+    return {
+        "before": before,
+        "after": u.stored(kind, model, hook),
+        "refused": refused,
+        "pair": pair,
+    }
+
+
+def _eager_state(kind: str) -> list[Any]:
+    """What one eager call leaves in ``kind``'s state, from the same prefilled start."""
+    u.reset()
+    model, x, hook, handle = u.setup(kind, seed=0)
+    u.prefill(kind, model, hook, torch.full((3, 4), 7.0))
+    try:
+        with torch.no_grad():
+            u.FUNCTIONS[kind](model, x)
+    finally:
+        if handle is not None:
+            handle.remove()
+    return u.stored(kind, model, hook)
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], dict[str, Any]]:
+    directory = tmp_path_factory.mktemp("user_state")
+    try:
+        return {(t, k): _capture(directory, t, k, grad_input=False) for t, k in CELLS}
+    finally:
+        u.reset()
+
+
+@pytest.mark.parametrize(("tracer", "kind"), CELLS)
+def test_a_capture_leaves_real_tensors_and_the_state_of_its_real_run(
+    captured: dict[tuple[str, str], dict[str, Any]], tracer: str, kind: str
+) -> None:
+    cell = captured[tracer, kind]
+    words = REFUSED.get((tracer, kind))
+    if words is None:
+        assert cell["refused"] is None, cell["refused"]
+    else:
+        assert cell["refused"] is not None and words in cell["refused"], cell["refused"]
+    after = cell["after"]
+    assert all(_real(t) for t in after), [type(t).__name__ for t in after]
+    if tracer == "make_fx":
+        # The state before the capture, the very objects.
+        assert len(after) == len(cell["before"]) == 1, after
+        assert all(a is b for a, b in zip(after, cell["before"]))
+    else:
+        expected = _eager_state(kind)
+        u.reset()
+        assert len(after) == len(expected), (len(after), len(expected))
+        assert all(torch.equal(a, e) for a, e in zip(after, expected))
+
+
+@pytest.mark.parametrize("kind", ["module_hook", "deep", "closure"])
+def test_make_fx_backward_trace_of_an_input_that_requires_grad_leaves_the_state(
+    tmp_path: Path, kind: str
+) -> None:
+    """An input that requires grad: the backward is traced from fn again (AOTAutograd),
+    whose stores are put back as the first trace's are."""
+    try:
+        cell = _capture(tmp_path, "make_fx", kind, grad_input=True)
+    finally:
+        u.reset()
+    assert cell["refused"] is None, cell["refused"]
+    after = cell["after"]
+    assert all(_real(t) for t in after), [type(t).__name__ for t in after]
+    assert len(after) == 1 and after[0] is cell["before"][0]
+
+
+CHILD = """
+import json, warnings, torch, precompile
+warnings.simplefilter("ignore")
+from tests.fixtures import user_state_stores as u
+out = {{}}
+def start(kind):
+    u.reset()
+    model, x, hook, _ = u.setup(kind, seed=0)
+    u.prefill(kind, model, hook, torch.full((3, 4), 7.0))
+    return model, x, hook
+for key, kind, artifact, cache in {entries!r}:
+    # The state as the capture found it, then the load (a Dynamo artifact reads the
+    # globals' key order at load).
+    model, x, hook = start(kind)
+    run = precompile.load(artifact, cache)
+    with torch.no_grad():
+        served = run(model, x)
+        left = u.stored(kind, model, hook)
+        model, x, hook = start(kind)
+        want = u.FUNCTIONS[kind](model, x)
+        eager = u.stored(kind, model, hook)
+    same = len(left) == len(eager) and all(map(torch.equal, left, eager))
+    # make_fx runs no Python: its stores are not repeated (docs/trust.md).
+    out[key] = [bool(torch.equal(served, want)), same or key.startswith("make_fx")]
+print(json.dumps(out))
+"""
+
+
+def test_captured_artifacts_serve_eager_in_a_fresh_process(
+    captured: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    entries = [
+        (f"{tracer}/{kind}", kind, *cell["pair"])
+        for (tracer, kind), cell in captured.items()
+        if cell["pair"] is not None
+    ]
+    assert len(entries) == len(CELLS) - len(REFUSED)
+    result = run_json(textwrap.dedent(CHILD.format(entries=entries)))
+    assert result == {key: [True, True] for key, *_ in entries}, json.dumps(result)
+
+
+@pytest.mark.parametrize("kind", ["list", "module_hook", "closure"])
+def test_a_dynamo_capture_of_several_calls_leaves_what_as_many_eager_calls_leave(
+    tmp_path: Path, kind: str
+) -> None:
+    """Two captured calls at two shapes (a recompile): the state holds what two eager
+    calls leave, each store once."""
+
+    def run(call: Any) -> list[Any]:
+        u.reset()
+        model, x, hook, handle = u.setup(kind, seed=0)
+        u.prefill(kind, model, hook, torch.full((3, 4), 7.0))
+        try:
+            with torch.no_grad():
+                call(model, x)
+                call(model, torch.cat([x, x + 1]))
+        finally:
+            if handle is not None:
+                handle.remove()
+        return u.stored(kind, model, hook)
+
+    try:
+        with precompile.capture(
+            u.FUNCTIONS[kind],
+            artifact_path=str(tmp_path / "a.py"),
+            cache_path=str(tmp_path / "a.cache"),
+            tracer=precompile.DynamoTracer(),
+            backend="eager",
+        ) as cap:
+            after = run(cap)
+        expected = run(u.FUNCTIONS[kind])
+    finally:
+        u.reset()
+    assert all(_real(t) for t in after), [type(t).__name__ for t in after]
+    assert [t.shape for t in after] == [t.shape for t in expected]
+    assert all(torch.equal(a, e) for a, e in zip(after, expected))
+
+
+@pytest.mark.parametrize("tracer", sorted(TRACERS))
+def test_a_module_imported_during_the_capture_stays_bound_in_its_package(
+    tmp_path: Path, tracer: str
+) -> None:
+    """fn imports a submodule of a project package for the first time: the import binds
+    it in the package's globals, which the capture records. That binding is the import
+    system's, not a store of the trace: it stays (``import pkg.sub; pkg.sub.f()`` keeps
+    working after the capture)."""
+    import sys
+
+    from tests.fixtures import user_state_lazy
+
+    sys.modules.pop("tests.fixtures.user_state_lazy.sub", None)
+    vars(user_state_lazy).pop("sub", None)
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(4, 4), torch.randn(3, 4)
+    with torch.no_grad():
+        capture_pair(user_state_lazy.lazy, model, x, directory=tmp_path, tracer=TRACERS[tracer]())
+    assert "tests.fixtures.user_state_lazy.sub" in sys.modules
+    assert user_state_lazy.sub is sys.modules["tests.fixtures.user_state_lazy.sub"]
