@@ -222,6 +222,8 @@ class DynamoSession:
                 dynamo.without_guard_latency_profiling(),
                 dynamo.dict_subclasses_pickled_in_storage_order(),
                 dict_keys.recording_sourced_key_reads(self.sourced_key_reads),
+                # `HAS in CFG` with HAS absent: `HAS not in CFG`, not all of CFG's keys.
+                dict_keys.guarding_absent_traced_keys_by_key(),
                 dynamo_recording.recording_grad_dependent_reads(
                     self.dependencies.grad_reads,
                     self.dependencies.library_grad_reads,

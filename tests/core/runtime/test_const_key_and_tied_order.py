@@ -7,6 +7,11 @@ answer and still refused where the same kind of change does:
   recorded and checked per call (``bytecode_names.keyed_uses`` with the code's
   globals). A key nothing reads added or changed: served; ``K`` rebound, the read key's
   value changed, the tested key added, the got key removed: refused, naming it;
+- the same dict tested or ``get`` with a key global that it does not hold (``HAS in
+  CFG``, ``CFG.get(ABSENT, d)``): Dynamo guarded all of CFG's keys for such a traced key,
+  refusing an unread key added; it is guarded as ``'h' not in CFG`` now (the key's own
+  value guard pins it): an unread key added or removed is served by both tracers, the
+  absent key added or its global rebound refused;
 - a model with a tied weight (``fc3.weight is fc1.weight``) whose submodules are walked
   in another order (``del m.fc1; m.fc1 = fc1``, ``_modules`` reversed, before or after
   load): the shared tensor's first name follows the walk order, so the lifted tensors
@@ -43,13 +48,14 @@ TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer
 K = "a"
 HAS = "h"
 GET = "g"
+ABSENT = "q"
 NOT_A_KEY = 1.5
 CFG: dict[str, Any] = {}
 
 
 def _reset_globals() -> None:
-    global K, HAS, GET, CFG
-    K, HAS, GET = "a", "h", "g"
+    global K, HAS, GET, ABSENT, CFG
+    K, HAS, GET, ABSENT = "a", "h", "g", "q"
     CFG = {"a": 2.0, "g": 3.0, "z": 1.0}
 
 
@@ -64,6 +70,14 @@ class ReadsGlobalKeys(nn.Module):
         if HAS in CFG:
             y = y + 1
         return y
+
+
+class GetsAbsentGlobalKey(nn.Module):
+    """CFG ``get``s a key a module global holds and CFG does not: it depends on that
+    key's absence (and on the global), not on CFG's other keys."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * CFG.get(ABSENT, 0.5)
 
 
 class Tied(nn.Module):
@@ -143,13 +157,9 @@ TIED_DIFFERENTLY = "tied differently from the traced model's"
 #: refusal must hold; None: refused or served equal, either is right)
 CASES: dict[str, dict[str, tuple[Callable[[nn.Module], None], bool, dict[str, Any]]]] = {
     "ReadsGlobalKeys": {
-        # Dynamo guards the dict's length where the code calls ``CFG.get``: a needless
-        # refusal of Dynamo's (not make_fx's), kept here in its words so a fix shows.
-        "unread key added (no-op)": (
-            _cfg_set("new", 1.0),
-            False,
-            {"make_fx": SERVED, "dynamo": ("`CFG` does not hold 3 items",)},
-        ),
+        # ``HAS in CFG`` with HAS absent: Dynamo guarded all of CFG's keys (and its
+        # length) for a traced key not found; guarded as ``'h' not in CFG`` now.
+        "unread key added (no-op)": (_cfg_set("new", 1.0), False, {"*": SERVED}),
         "unread key changed (no-op)": (_cfg_set("z", 5.0), False, {"*": SERVED}),
         "K rebound before load": (
             _set_global("K", "z"),
@@ -162,13 +172,37 @@ CASES: dict[str, dict[str, tuple[Callable[[nn.Module], None], bool, dict[str, An
             False,
             {"make_fx": ("CFG['a']",), "dynamo": None},
         ),
-        "tested key added": (_cfg_set("h", 0.0), False, {"make_fx": ("CFG['h']",), "dynamo": None}),
+        "tested key added": (
+            _cfg_set("h", 0.0),
+            False,
+            {"make_fx": ("CFG['h']",), "dynamo": ("___dict_contains('h', CFG)",)},
+        ),
+        "HAS rebound to a key CFG holds": (
+            _set_global("HAS", "a"),
+            False,
+            {"make_fx": ("global HAS",), "dynamo": ("`HAS` is not 'h'",)},
+        ),
         "got key removed": (_cfg_del("g"), False, {"make_fx": ("CFG['g']",), "dynamo": None}),
         "GET rebound": (
             _set_global("GET", "z"),
             False,
             {"make_fx": ("global GET",), "dynamo": None},
         ),
+    },
+    "GetsAbsentGlobalKey": {
+        "unread key added (no-op)": (_cfg_set("new", 1.0), False, {"*": SERVED}),
+        "unread key added before load (no-op)": (_cfg_set("new", 1.0), True, {"*": SERVED}),
+        "the got key added": (
+            _cfg_set("q", 4.0),
+            False,
+            {"make_fx": ("CFG['q']",), "dynamo": ("___dict_contains('q', CFG)",)},
+        ),
+        "ABSENT rebound to a key CFG holds": (
+            _set_global("ABSENT", "a"),
+            False,
+            {"make_fx": ("global ABSENT",), "dynamo": ("`ABSENT` is not 'q'",)},
+        ),
+        "unread key removed (no-op)": (_cfg_del("z"), False, {"*": SERVED}),
     },
     "Tied": {
         "fc1 deleted and set again (no-op)": (_readd_fc1, False, {"*": SERVED}),
