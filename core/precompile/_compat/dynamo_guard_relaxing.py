@@ -251,6 +251,20 @@ def relaxing_neutral_guards(
             return (chain.base, source.index) if isinstance(source.index, str) else None
         return None
 
+    def _covered(output_graph: Any, guard: Any, module: Any, name: str) -> list[Any]:
+        """The module sources whose reads of ``name`` the flag guard ``guard`` (on
+        ``module``) answers for: ``module``'s own, and for a guard on a class's value
+        (``dict(type(M).__dict__)['name']``) every module's that read ``name``: Dynamo
+        reads a class attribute once per class and answers every other instance's read
+        of it from that one guarded value (another instance, in training, may branch on
+        it), so the guard stands for all of them."""
+        if not isinstance(guard.originating_source, DictGetItemSource):
+            return [module]
+        sources = output_graph.__dict__.get(_FLAG_SOURCES, {})
+        return [module] + [
+            sources[key] for key in sources if key[1] == name and key[0] != module.name
+        ]
+
     def _training_only(output_graph: Any, module: Any, name: str) -> bool:
         """Whether every traced read of ``module``'s attribute ``name`` was a flag read
         only under ``training`` on a module in eval, holding a value whose truth test
@@ -297,6 +311,7 @@ def relaxing_neutral_guards(
                     )
                 )
                 output.__dict__.setdefault(_FLAG_MODULES, {})[source.name, name] = module
+                output.__dict__.setdefault(_FLAG_SOURCES, {})[source.name, name] = source
             return original(self, tx, name)
 
         return var_getattr
@@ -308,25 +323,27 @@ def relaxing_neutral_guards(
             for guard in list(kept):
                 source = guard.originating_source
                 flag = _flag_guarded(guard)
+                covered = [] if flag is None else _covered(output_graph, guard, *flag)
                 if (
                     flag is not None
                     and flag[1] not in names
                     and relaxed is not None
-                    and _flag_module(output_graph, *flag) is not None
-                    and _training_only(output_graph, *flag)
+                    and all(_flag_module(output_graph, m, flag[1]) is not None for m in covered)
+                    and all(_training_only(output_graph, m, flag[1]) for m in covered)
                 ):
                     kept.inner.discard(guard)
                     kept.source_to_guards[source].remove(guard)
-                    training = AttrSource(flag[0], "training")
-                    if not kept.source_to_guards.get(training):
-                        kept.add(training.make_guard(GuardBuilder.CONSTANT_MATCH))
-                    relaxed.append(
-                        (
-                            _flag_module(output_graph, *flag),
-                            flag[1],
-                            _always_held(output_graph, *flag),
+                    for module in covered:
+                        training = AttrSource(module, "training")
+                        if not kept.source_to_guards.get(training):
+                            kept.add(training.make_guard(GuardBuilder.CONSTANT_MATCH))
+                        relaxed.append(
+                            (
+                                _flag_module(output_graph, module, flag[1]),
+                                flag[1],
+                                _always_held(output_graph, module, flag[1]),
+                            )
                         )
-                    )
                     continue
                 if not (
                     isinstance(source, AttrSource)
@@ -367,6 +384,7 @@ def relaxing_neutral_guards(
 _NEUTRAL_READERS = "_precompile_neutral_readers"
 _FLAG_READERS = "_precompile_flag_readers"
 _FLAG_MODULES = "_precompile_flag_modules"
+_FLAG_SOURCES = "_precompile_flag_sources"
 
 
 def _held(module: Any, name: str) -> type | None:

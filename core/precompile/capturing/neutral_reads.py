@@ -521,3 +521,63 @@ def settle_training_only_reads(
                     held = name in state or any(name in vars(c) for c in type(sub).__mro__)
                     truths.setdefault(id(sub), {})[name] = held
     return truths
+
+
+def _names_attribute(code: Any, name: str) -> bool:
+    """Whether ``code`` (or a code nested in it) names ``name`` as an attribute, a
+    global or a string constant: where it could read a class attribute of that name."""
+    if name in code.co_names or name in code.co_consts:
+        return True
+    return any(_names_attribute(c, name) for c in code.co_consts if isinstance(c, type(code)))
+
+
+def class_truth_names(
+    modules: list[Any],
+    reads: dict[int, set[str] | None],
+    truths: dict[int, dict[str, bool]],
+    codes: Any,
+) -> dict[Any, frozenset[str]]:
+    """Per submodule class, the class-level flags the trace read only for their truth
+    test: a name ``settle_training_only_reads`` settled on an instance that does not
+    hold it (``x.flag and x.training`` reads the class's ``flag``), so the class record
+    compares it by ``truth_kind`` as the instance record compares one the instance
+    holds (``class_fingerprints.CLASS_TRUTH``), and a flag set on the class is served.
+
+    Only where no other read can see the class's value: every instance of the class
+    among the submodules read it only for its truth test or not at all (its reads
+    seen), the value held at capture is of a ``PURE_TRUTH_TYPES`` type, and every code
+    the trace ran that names it (``codes``: ``Net.flag``, ``type(self).flag``,
+    ``getattr(self, "flag")``) reads it only as ``x.flag and x.training`` on an
+    argument (``training_only_sites``)."""
+    found: dict[Any, set[str]] = {}
+    ruled_out: set[tuple[Any, str | None]] = set()
+    for m in modules:
+        for sub in m.modules():
+            cls = type(sub)
+            seen = reads.get(id(sub))
+            if seen is None:
+                ruled_out.add((cls, None))
+                continue
+            ruled_out.update((cls, name) for name in seen)
+            for name in truths.get(id(sub), {}):
+                if name not in vars(sub) and any(name in vars(c) for c in cls.__mro__):
+                    found.setdefault(cls, set()).add(name)
+    codes = list(codes)
+    result: dict[Any, frozenset[str]] = {}
+    for cls, names in found.items():
+        keep = set()
+        for name in names:
+            if (cls, None) in ruled_out or (cls, name) in ruled_out:
+                continue
+            holder = next(c for c in cls.__mro__ if name in vars(c))
+            if type(vars(holder)[name]) not in PURE_TRUTH_TYPES:
+                continue
+            if any(
+                _names_attribute(code, name) and training_only_sites(code, name) is None
+                for code in codes
+            ):
+                continue
+            keep.add(name)
+        if keep:
+            result[cls] = frozenset(keep)
+    return result

@@ -1422,8 +1422,6 @@ KNOWN_NEEDLESS: dict[tuple[str, str], str] = {
             "T class flag shadowed in the instance dict (no-op)",
         )
     },
-    # T, make_fx: a flag that is a class attribute is compared by value, not truth kind
-    ("make_fx", "T class flag set on the class after load (no-op)"): "ClassFlag.flag is [1]",
     # T, both: a flag that is a property reading an attribute: the attribute is compared
     # by value though only its truth test runs
     ("make_fx", "T property flag's attribute changed (no-op)"): "has mode = 1",
