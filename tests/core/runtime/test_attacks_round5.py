@@ -1426,9 +1426,11 @@ KNOWN_NEEDLESS: dict[tuple[str, str], str] = {
     # by value though only its truth test runs
     ("make_fx", "T property flag's attribute changed (no-op)"): "has mode = 1",
     ("dynamo", "T property flag's attribute changed (no-op)"): "`model.mode` is not 0",
-    # W, Dynamo: ``_modules`` made an OrderedDict (a dict subclass) is refused by type, in
-    # words that name ``model`` (not its ``_modules``) and say a TwoLinear is not a dict
-    ("dynamo", "W _modules an OrderedDict reversed (no-op)"): "`model` is not a dict (dict)",
+    # W, Dynamo: ``_modules`` made an OrderedDict (a dict subclass) is refused by its
+    # exact type guard (named since: runtime/guard_text, a module's table replaced)
+    ("dynamo", "W _modules an OrderedDict reversed (no-op)"): (
+        "`model._modules` (the dict of `model`'s submodules) was replaced by an OrderedDict"
+    ),
     # W, Dynamo: a function with a keyword-only default read through a registry is
     # refused at capture: its guard on ``__kwdefaults__['k']`` cannot be rebuilt
     # (repro_attack5_dynamo_kwdefaults.py)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -125,6 +126,10 @@ def _reversed_modules(m: nn.Module) -> None:
     m._modules = dict(reversed(list(m._modules.items())))
 
 
+def _reversed_modules_ordered(m: nn.Module) -> None:
+    m._modules = OrderedDict(reversed(list(m._modules.items())))
+
+
 def _untie(m: nn.Module) -> None:
     m.fc3.weight = nn.Parameter(m.fc1.weight.detach() * 2)
 
@@ -207,6 +212,20 @@ CASES: dict[str, dict[str, tuple[Callable[[nn.Module], None], bool, dict[str, An
     "Tied": {
         "fc1 deleted and set again (no-op)": (_readd_fc1, False, {"*": SERVED}),
         "_modules reversed (no-op)": (_reversed_modules, False, {"*": SERVED}),
+        # Dynamo guards the exact type of ``_modules``: still refused (a needless
+        # refusal), in words that name the table and say what replaced it.
+        "_modules an OrderedDict reversed (no-op)": (
+            _reversed_modules_ordered,
+            False,
+            {
+                "make_fx": SERVED,
+                "dynamo": (
+                    "`model._modules` (the dict of `model`'s submodules) was replaced by an "
+                    "OrderedDict",
+                    "`model._modules = dict(model._modules)`",
+                ),
+            },
+        ),
         "reordered before load (no-op)": (_readd_fc1, True, {"*": SERVED}),
         "reversed, another tensor tied under both names": (_retied_reversed, False, {"*": SERVED}),
         "untied": (
