@@ -503,7 +503,13 @@ def trace_single_graph(
     # inference graph) leave the reads; the others keep why (MODULE_READ_NOTES). A flag
     # read only as ``self.flag and self.training`` on a module in eval decides nothing:
     # its training flag is checked instead (transformers' gradient_checkpointing).
-    truths = neutral_reads.settle_training_only_reads(modules, module_reads, flag_readers)
+    truths = neutral_reads.settle_training_only_reads(
+        modules,
+        module_reads,
+        flag_readers,
+        # What could read a property's getter otherwise: user code, libraries included.
+        [c for c in ran.codes if is_user_file(c.co_filename)],
+    )
     read_notes = neutral_reads.settle_fx_reads(
         gm.graph,
         modules,

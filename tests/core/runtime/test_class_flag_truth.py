@@ -14,6 +14,12 @@ checked the same way (``neutral_reads.class_truth_names`` ->
   (``ClassFlagValue.flag``), and one an instance in training at capture reads (its
   value decided the graph there).
 
+The same holds for a flag that is a property whose getter only returns an attribute
+(``return self.mode``, ``neutral_reads.forwarded_attribute``): make_fx checks the
+attribute by its truth kind where the property itself settled and nothing else reads
+the attribute or calls the getter (``self.mode`` read for its value, or
+``type(self).flag.fget(self)``, keeps it compared by value).
+
 Each model is captured here and served in ONE fresh process per tracer, compared with
 eager on the changed model. Dynamo's TYPE_MATCH on the class flag is a separate
 needless refusal (round 5's ``KNOWN_NEEDLESS``): its cells here accept a refusal or an
@@ -84,6 +90,44 @@ class TwoFlags(nn.Module):
         return self.a(x) + self.b(x)
 
 
+class PropertyFlag(nn.Module):
+    """The flag is a property on the class that returns an attribute: the attribute's
+    value reaches only the flag's truth test."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mode: Any = 0
+        self.scale = 2.0
+
+    @property
+    def flag(self) -> Any:
+        return self.mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.flag and self.training:
+            x = x + 100
+        return x * self.scale
+
+
+class PropertyFlagValue(PropertyFlag):
+    """The same property, its attribute also read for its value."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.flag and self.training:
+            x = x + 100
+        return x * (self.scale + self.mode)
+
+
+class PropertyGetterCalled(PropertyFlag):
+    """The same property, its getter also called for its value (not through the
+    property read that is tested under training)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.flag and self.training:
+            x = x + 100
+        return x * (self.scale + type(self).flag.fget(self))
+
+
 def _two_flags() -> nn.Module:
     m = TwoFlags().eval()
     m.b.train()
@@ -112,6 +156,9 @@ MODELS: dict[str, Callable[[], nn.Module]] = {
     "ClassFlagValue": lambda: ClassFlagValue().eval(),
     "TwoFlags": _two_flags,
     "TwoEval": lambda: TwoFlags().eval(),
+    "PropertyFlag": lambda: PropertyFlag().eval(),
+    "PropertyFlagValue": lambda: PropertyFlagValue().eval(),
+    "PropertyGetterCalled": lambda: PropertyGetterCalled().eval(),
 }
 
 
@@ -131,6 +178,18 @@ def _set(cls: type, value: Any) -> Callable[[], None]:
 
 def _delete(cls: type) -> Callable[[], None]:
     return lambda: delattr(cls, "flag")
+
+
+def _set_mode(value: Any) -> Callable[[], None]:
+    return lambda: setattr(MODEL_HELD[0], "mode", value)
+
+
+def _set_mode_and_train(value: Any) -> Callable[[], None]:
+    def change() -> None:
+        MODEL_HELD[0].mode = value
+        MODEL_HELD[0].train()
+
+    return change
 
 
 def _reset() -> None:
@@ -205,6 +264,45 @@ CASES: dict[str, dict[str, tuple[Callable[[], None], bool, dict[str, Any]]]] = {
             {"make_fx": ("submodule 'b'", "training"), "dynamo": ("training",)},
         ),
     },
+    "PropertyFlag": {
+        "its attribute set to 1 (no-op)": (
+            _set_mode(1),
+            False,
+            {"make_fx": SERVED, "dynamo": None},
+        ),
+        "its attribute set to a list before load (no-op)": (
+            _set_mode([1]),
+            True,
+            {"make_fx": SERVED, "dynamo": None},
+        ),
+        "its attribute set to an int subclass with __bool__": (
+            _set_mode(_Bool(0)),
+            False,
+            {
+                "make_fx": (
+                    "the model of module argument 0 has mode set to a",
+                    TRUTH.replace("flag", "mode"),
+                ),
+                "dynamo": None,
+            },
+        ),
+        "its attribute set to 1, model put in training": (
+            _set_mode_and_train(1),
+            False,
+            {"make_fx": ("training",), "dynamo": None},
+        ),
+    },
+    "PropertyFlagValue": {
+        "its attribute set to 1": (
+            _set_mode(1),
+            False,
+            {"make_fx": ("has mode = 1",), "dynamo": ("`model.mode` is not 0",)},
+        ),
+    },
+    # Dynamo cannot package a call of a property's getter (PackageError): make_fx only.
+    "PropertyGetterCalled": {
+        "its attribute set to 1": (_set_mode(1), False, {"make_fx": ("has mode = 1",)}),
+    },
 }
 
 CHILD = """
@@ -271,9 +369,14 @@ def _outcomes(tracer: str, model: str, factory: pytest.TempPathFactory) -> dict[
     return _OUTCOMES[tracer, model]
 
 
-@pytest.mark.parametrize("tracer", sorted(TRACERS))
 @pytest.mark.parametrize(
-    ("model", "case"), [(model, case) for model, cases in CASES.items() for case in cases]
+    ("tracer", "model", "case"),
+    [
+        (tracer, model, case)
+        for model, cases in CASES.items()
+        for case, (_change, _before, expected) in cases.items()
+        for tracer in sorted(expected)
+    ],
 )
 def test_class_flag_served_by_truth_kind_or_refused(
     tracer: str, model: str, case: str, tmp_path_factory: pytest.TempPathFactory
