@@ -246,6 +246,8 @@ class DynamoSession:
                     # Each flag relaxed, recorded in MODULE_HOOKS to be checked by the
                     # kind of its truth test per call.
                     self.dependencies.hooks.relaxed_flags,
+                    # A property that only returns an attribute passes its truth test on.
+                    neutral_reads.forwarded_truth,
                 ),
                 torch.set_grad_enabled(self.training),
                 inductor.inductor_capture_config(self.backends.inductor_cache)

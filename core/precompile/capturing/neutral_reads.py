@@ -40,6 +40,7 @@ import re
 from typing import Any
 
 from precompile._compat import tracing
+from precompile.locations import is_user_file
 from precompile.runtime.value_fingerprints import PURE_TRUTH_TYPES
 
 IN_PLACE = "in_place"
@@ -514,6 +515,25 @@ def _forwarding_properties(cls: type, code: Any, name: str) -> list[str]:
             if getattr(fget, "__code__", None) is code:
                 found.append(key)
     return found
+
+
+def forwarded_truth(cls: type, code: Any, name: str, codes: list[Any]) -> list[str]:
+    """Dynamo's form of the property rule of ``settle_training_only_reads``: the
+    properties of ``cls`` whose getter ``code`` only returns ``self.name``, where no
+    user code among ``codes`` (those Dynamo traced) names ``fget`` or ``__get__`` or
+    reads one of those properties other than as ``x.prop and x.training``; else none
+    (the read of ``name`` proves nothing)."""
+    props = _forwarding_properties(cls, code, name)
+    user = [c for c in codes if is_user_file(getattr(c, "co_filename", ""))]
+    if not props or any(
+        _names_attribute(c, "fget") or _names_attribute(c, "__get__") for c in user
+    ):
+        return []
+    if any(
+        _names_attribute(c, p) and training_only_sites(c, p) is None for c in user for p in props
+    ):
+        return []
+    return props
 
 
 def settle_training_only_reads(

@@ -1422,9 +1422,6 @@ KNOWN_NEEDLESS: dict[tuple[str, str], str] = {
             "T class flag shadowed in the instance dict (no-op)",
         )
     },
-    # T, Dynamo: a flag that is a property reading an attribute: the attribute is
-    # compared by value though only its truth test runs
-    ("dynamo", "T property flag's attribute changed (no-op)"): "`model.mode` is not 0",
     # W, Dynamo: ``_modules`` made an OrderedDict (a dict subclass) is refused by its
     # exact type guard (named since: runtime/guard_text, a module's table replaced)
     ("dynamo", "W _modules an OrderedDict reversed (no-op)"): (
