@@ -429,10 +429,12 @@ def record_dependencies(
     where: Any = None,
     reads: dict[int, set[str] | None] | None = None,
     truths: dict[int, dict[str, bool]] | None = None,
+    outside: set[type] | None = None,
 ) -> Dependencies:
     """What the trace depended on; ``reads`` (``recording_module_reads``) narrows each
     submodule's recorded attributes to those the trace read on it, ``truths`` names
-    those it read only for their truth test (``module_reads``)."""
+    those it read only for their truth test (``module_reads``); ``outside``: the classes
+    of modules read that are not the arguments' submodules (None: not known)."""
     refuse_trace_only_reads(log, where)
     names = read_names(log)
     near = _near_modules(log)
@@ -449,7 +451,9 @@ def record_dependencies(
     global_hooks = hook_records.global_hooks_fingerprint(
         global_module_hooks(), outer=_context(names, training, near, classes, made)
     )
-    class_truth = neutral_reads.class_truth_names(modules, reads or {}, truths or {}, log.codes)
+    class_truth = neutral_reads.class_truth_names(
+        modules, reads or {}, truths or {}, log.codes, outside
+    )
     class_records = _class_records(modules, names, training, near, classes, made, class_truth)
     refuse_unwatched_functions(log, made, fn, modules, classes, where)
     return Dependencies(

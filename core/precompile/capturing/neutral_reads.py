@@ -638,6 +638,7 @@ def class_truth_names(
     reads: dict[int, set[str] | None],
     truths: dict[int, dict[str, bool]],
     codes: Any,
+    outside: set[type] | None = None,
 ) -> dict[Any, frozenset[str]]:
     """Per submodule class, the class-level flags the trace read only for their truth
     test: a name ``settle_training_only_reads`` settled on an instance that does not
@@ -650,7 +651,12 @@ def class_truth_names(
     seen), the value held at capture is of a ``PURE_TRUTH_TYPES`` type, and every code
     the trace ran that names it (``codes``: ``Net.flag``, ``type(self).flag``,
     ``getattr(self, "flag")``) reads it only as ``x.flag and x.training`` on an
-    argument (``training_only_sites``)."""
+    argument (``training_only_sites``), and no module outside the submodules whose
+    class has it along its MRO had an attribute read (``outside``: a global module's
+    reads are not recorded, and it may be in training; None, unknown, relaxes nothing)."""
+    if outside is None:
+        return {}
+    excluded = {c for cls in outside for c in cls.__mro__}
     found: dict[Any, set[str]] = {}
     ruled_out: set[tuple[Any, str | None]] = set()
     for m in modules:
@@ -672,6 +678,8 @@ def class_truth_names(
             if (cls, None) in ruled_out or (cls, name) in ruled_out:
                 continue
             holder = next(c for c in cls.__mro__ if name in vars(c))
+            if holder in excluded:
+                continue
             if type(vars(holder)[name]) not in PURE_TRUTH_TYPES:
                 continue
             if any(

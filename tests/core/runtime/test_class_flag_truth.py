@@ -12,7 +12,9 @@ checked the same way (``neutral_reads.class_truth_names`` ->
   deleted from the class (eager's read raises);
 - still compared by value: a flag the traced code also reads through the class
   (``ClassFlagValue.flag``), and one an instance in training at capture reads (its
-  value decided the graph there).
+  value decided the graph there), an argument's submodule or a module global (whose
+  reads the capture does not record: ``fx_watch.recording_module_reads``'s
+  ``outside``).
 
 The same holds for a flag that is a property whose getter only returns an attribute
 (``return self.mode``, ``neutral_reads.forwarded_attribute``): both tracers check the
@@ -128,6 +130,20 @@ class PropertyGetterCalled(PropertyFlag):
         return x * (self.scale + type(self).flag.fget(self))
 
 
+#: A module global in training: its reads are not recorded (it is no argument's
+#: submodule), and its read of the class flag decides its branch.
+TRAINING_GLOBAL = ClassFlag().train()
+
+
+class UsesTrainingGlobal(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = ClassFlag()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) + TRAINING_GLOBAL(x)
+
+
 def _two_flags() -> nn.Module:
     m = TwoFlags().eval()
     m.b.train()
@@ -156,6 +172,7 @@ MODELS: dict[str, Callable[[], nn.Module]] = {
     "ClassFlagValue": lambda: ClassFlagValue().eval(),
     "TwoFlags": _two_flags,
     "TwoEval": lambda: TwoFlags().eval(),
+    "UsesTrainingGlobal": lambda: UsesTrainingGlobal().eval(),
     "PropertyFlag": lambda: PropertyFlag().eval(),
     "PropertyFlagValue": lambda: PropertyFlagValue().eval(),
     "PropertyGetterCalled": lambda: PropertyGetterCalled().eval(),
@@ -262,6 +279,13 @@ CASES: dict[str, dict[str, tuple[Callable[[], None], bool, dict[str, Any]]]] = {
             _set_and_train_b(True),
             False,
             {"make_fx": ("submodule 'b'", "training"), "dynamo": ("training",)},
+        ),
+    },
+    "UsesTrainingGlobal": {
+        "set to True on the class": (
+            _set(ClassFlag, True),
+            False,
+            {"make_fx": ("ClassFlag.flag is True",), "dynamo": None},
         ),
     },
     "PropertyFlag": {
