@@ -11,7 +11,8 @@ answer and still refused where the same kind of change does:
   CFG``, ``CFG.get(ABSENT, d)``): Dynamo guarded all of CFG's keys for such a traced key,
   refusing an unread key added; it is guarded as ``'h' not in CFG`` now (the key's own
   value guard pins it): an unread key added or removed is served by both tracers, the
-  absent key added or its global rebound refused;
+  absent key added or its global rebound refused; the same for a key an attribute
+  holds (``self.key in CFG``, Dynamo);
 - a model with a tied weight (``fc3.weight is fc1.weight``) whose submodules are walked
   in another order (``del m.fc1; m.fc1 = fc1``, ``_modules`` reversed, before or after
   load): the shared tensor's first name follows the walk order, so the lifted tensors
@@ -79,6 +80,21 @@ class GetsAbsentGlobalKey(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * CFG.get(ABSENT, 0.5)
+
+
+class ChecksAttributeKey(nn.Module):
+    """CFG tested with a key an attribute holds and CFG does not (Dynamo guards the
+    attribute by value, so the key is pinned as a global's is)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.key = "h"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        if self.key in CFG:
+            y = y + 1
+        return y
 
 
 class Tied(nn.Module):
@@ -208,6 +224,25 @@ CASES: dict[str, dict[str, tuple[Callable[[nn.Module], None], bool, dict[str, An
             {"make_fx": ("global ABSENT",), "dynamo": ("`ABSENT` is not 'q'",)},
         ),
         "unread key removed (no-op)": (_cfg_del("z"), False, {"*": SERVED}),
+    },
+    "ChecksAttributeKey": {
+        # make_fx records the whole dict for a computed key (a needless refusal of its
+        # own, not this rule's): either outcome is right there.
+        "unread key added (no-op)": (
+            _cfg_set("new", 1.0),
+            False,
+            {"make_fx": None, "dynamo": SERVED},
+        ),
+        "the tested key added": (
+            _cfg_set("h", 4.0),
+            False,
+            {"make_fx": ("CFG",), "dynamo": ("___dict_contains('h', CFG)",)},
+        ),
+        "the attribute set to a key CFG holds": (
+            lambda m: setattr(m, "key", "a"),
+            False,
+            {"make_fx": ("has key = 'a'",), "dynamo": ("`model.key` is not 'h'",)},
+        ),
     },
     "Tied": {
         "fc1 deleted and set again (no-op)": (_readd_fc1, False, {"*": SERVED}),
