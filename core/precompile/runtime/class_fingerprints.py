@@ -69,7 +69,8 @@ def _unentered(key: str, value: Any, names: Any) -> bool:
 
 #: The key of a context (``value_fingerprints.new_context``) that holds, by class name
 #: (``type_name``), the class-level names the traced code read only for their truth
-#: test (``CLASS_TRUTH_ONLY``).
+#: test: the capture's (``neutral_reads.class_truth_names``), or at serving time those
+#: the class records hold as truth kinds (``class_truth_of``).
 CLASS_TRUTH = "class_truth"
 
 
@@ -97,7 +98,7 @@ def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]:
 
     A name the traced code read only for its truth test, through instances of ``cls``
     in eval (``x.flag and x.training``: the capture's ``CLASS_TRUTH``, see
-    ``fx_dependencies.class_truth_names``), is fingerprinted by ``truth_kind``, as the
+    ``neutral_reads.class_truth_names``), is fingerprinted by ``truth_kind``, as the
     same flag held by the instance is: any value of a pure-truth type decides nothing."""
     import gc
 
