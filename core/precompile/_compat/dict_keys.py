@@ -36,9 +36,12 @@ holds other keys at those positions.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterator
 from typing import Any
+
+from precompile._compat.patching import patched
 
 #: Guards on the dict itself that a lookup by key keeps meaning: its type or identity,
 #: its length (dropped: only Dynamo's positional accessors need it), key membership.
@@ -93,6 +96,64 @@ def recording_sourced_key_reads(sink: set[tuple[str, int | None]]) -> Iterator[N
         yield
     finally:
         ConstDictVariable.realize_key_vt = original  # type: ignore[method-assign]  # restoring
+
+
+#: Guards that pin a traced value to the one the capture saw (a key guarded by one of
+#: these is as constant, for that variant, as a literal key).
+_VALUE_GUARDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH"})
+
+
+def _value_guarded(tx: Any, source: Any) -> bool:
+    """Whether the trace guarded ``source`` by its value (an equality guard on it)."""
+    guards = getattr(getattr(tx, "output", None), "guards", None)
+    by_source = getattr(guards, "source_to_guards", None)
+    if by_source is None:
+        return False
+    return any(g.create_fn_name() in _VALUE_GUARDS for g in by_source.get(source, ()))
+
+
+@contextlib.contextmanager
+def guarding_absent_traced_keys_by_key() -> Iterator[None]:
+    """While capturing: ``key in D`` (or ``D.get(key)``, ``D.pop(key, d)``) with a
+    traced key -- one read from a global or an attribute, ``HAS in CFG`` -- that ``D``
+    does not hold is guarded as ``key not in D``, as Dynamo guards a literal key, rather
+    than by all of ``D``'s keys and its length (Dynamo's conservative ``DICT_KEYS_MATCH``
+    for a traced key not found, which refuses any unread key added to ``D``).
+
+    Sound only where the key itself is pinned: the key must be a constant every process
+    names alike (``nameable_key``) and the trace must already guard its source by value,
+    so that a variant's guards hold the key as the literal it was; otherwise Dynamo's
+    guard stays. A key that ``D`` holds is left to Dynamo (it realizes that key only,
+    ``recording_sourced_key_reads``), and so is a dict the trace changed."""
+    from torch._dynamo.guards import install_guard
+    from torch._dynamo.variables.dicts import ConstDictVariable
+
+    original = ConstDictVariable.install_dict_contains_guard
+
+    def install_dict_contains_guard(self: Any, tx: Any, args: list[Any]) -> None:
+        if not args:
+            return original(self, tx, args)
+        key = args[0]
+        source = getattr(key, "source", None)
+        if (
+            source is not None
+            and getattr(self, "source", None) is not None
+            and not tx.output.side_effects.is_modified(self)
+            and key.is_python_constant()
+            and nameable_key(key.as_python_constant())
+            and key not in self
+            and _value_guarded(tx, source)
+        ):
+            install_guard(
+                self.make_guard(
+                    functools.partial(type(self).NOT_CONTAINS_GUARD, key=key.as_python_constant())
+                )
+            )
+            return None
+        return original(self, tx, args)
+
+    with patched(ConstDictVariable, "install_dict_contains_guard", install_dict_contains_guard):
+        yield
 
 
 def _nested(source: Any) -> Iterator[tuple[Any, Any]]:

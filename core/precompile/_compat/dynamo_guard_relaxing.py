@@ -178,6 +178,7 @@ def relaxing_neutral_guards(
     under_training: Callable[[Any, str, Any], bool] | None = None,
     truth_types: frozenset[type] = frozenset(),
     relaxed: list[tuple[Any, str, bool]] | None = None,
+    forwarded: Callable[[type, Any, str, list[Any]], list[str]] | None = None,
 ) -> Iterator[None]:
     """While capturing: when a frame's guards are built, each guard on a constant
     attribute of a module named in ``names`` (``L['model']._modules['act'].inplace``,
@@ -207,7 +208,13 @@ def relaxing_neutral_guards(
     truth test may store, raise or be ambiguous). No Dynamo guard kind can do it: a
     type guard accepts one type only, and none checks what ``getattr`` with a default
     finds. A flag of another type at capture, or with no ``relaxed`` to record it in,
-    keeps its guards."""
+    keeps its guards.
+
+    A read made by a property's getter that only returns the attribute
+    (``def flag(self): return self.mode``) counts as made under training where
+    ``forwarded(module class, getter code, name, the codes Dynamo traced)`` names the
+    properties it stands for and every read of each of them on that module was (the
+    capture side decides what else may call the getter: ``neutral_reads.forwarded_truth``)."""
     from torch._dynamo import guards
     from torch._dynamo.guards import GuardBuilder
     from torch._dynamo.output_graph import OutputGraph
@@ -251,18 +258,48 @@ def relaxing_neutral_guards(
             return (chain.base, source.index) if isinstance(source.index, str) else None
         return None
 
-    def _training_only(output_graph: Any, module: Any, name: str) -> bool:
+    def _covered(output_graph: Any, guard: Any, module: Any, name: str) -> list[Any]:
+        """The module sources whose reads of ``name`` the flag guard ``guard`` (on
+        ``module``) answers for: ``module``'s own, and for a guard on a class's value
+        (``dict(type(M).__dict__)['name']``) every module's that read ``name``: Dynamo
+        reads a class attribute once per class and answers every other instance's read
+        of it from that one guarded value (another instance, in training, may branch on
+        it), so the guard stands for all of them."""
+        if not isinstance(guard.originating_source, DictGetItemSource):
+            return [module]
+        sources = output_graph.__dict__.get(_FLAG_SOURCES, {})
+        return [module] + [
+            sources[key] for key in sources if key[1] == name and key[0] != module.name
+        ]
+
+    def _training_only(output_graph: Any, module: Any, name: str, depth: int = 0) -> bool:
         """Whether every traced read of ``module``'s attribute ``name`` was a flag read
         only under ``training`` on a module in eval, holding a value whose truth test
-        is pure (``truth_types``) or absent."""
-        if under_training is None:
+        is pure (``truth_types``) or absent; or a read by the getter of properties
+        whose every read was (``forwarded``; the property itself holds a ``property``:
+        its truth test is the attribute's, whose value is the one checked)."""
+        if under_training is None or depth > 4:
             return False
         readers = output_graph.__dict__.get(_FLAG_READERS, {}).get((module.name, name), [])
+
+        def proved(code: Any, at: Any) -> bool:
+            if under_training(code, name, at):
+                return True
+            owner = _flag_module(output_graph, module, name)
+            props = (
+                forwarded(type(owner), code, name, list(getattr(output_graph, "traced_code", ())))
+                if forwarded is not None and owner is not None
+                else []
+            )
+            return bool(props) and all(
+                _training_only(output_graph, module, p, depth + 1) for p in props
+            )
+
         return bool(readers) and all(
             training is False
             and code is not None
-            and (held is None or held in truth_types)
-            and under_training(code, name, at)
+            and (held is None or held in truth_types or (depth and held is property))
+            and proved(code, at)
             for code, at, training, held in readers
         )
 
@@ -297,6 +334,7 @@ def relaxing_neutral_guards(
                     )
                 )
                 output.__dict__.setdefault(_FLAG_MODULES, {})[source.name, name] = module
+                output.__dict__.setdefault(_FLAG_SOURCES, {})[source.name, name] = source
             return original(self, tx, name)
 
         return var_getattr
@@ -308,25 +346,27 @@ def relaxing_neutral_guards(
             for guard in list(kept):
                 source = guard.originating_source
                 flag = _flag_guarded(guard)
+                covered = [] if flag is None else _covered(output_graph, guard, *flag)
                 if (
                     flag is not None
                     and flag[1] not in names
                     and relaxed is not None
-                    and _flag_module(output_graph, *flag) is not None
-                    and _training_only(output_graph, *flag)
+                    and all(_flag_module(output_graph, m, flag[1]) is not None for m in covered)
+                    and all(_training_only(output_graph, m, flag[1]) for m in covered)
                 ):
                     kept.inner.discard(guard)
                     kept.source_to_guards[source].remove(guard)
-                    training = AttrSource(flag[0], "training")
-                    if not kept.source_to_guards.get(training):
-                        kept.add(training.make_guard(GuardBuilder.CONSTANT_MATCH))
-                    relaxed.append(
-                        (
-                            _flag_module(output_graph, *flag),
-                            flag[1],
-                            _always_held(output_graph, *flag),
+                    for module in covered:
+                        training = AttrSource(module, "training")
+                        if not kept.source_to_guards.get(training):
+                            kept.add(training.make_guard(GuardBuilder.CONSTANT_MATCH))
+                        relaxed.append(
+                            (
+                                _flag_module(output_graph, module, flag[1]),
+                                flag[1],
+                                _always_held(output_graph, module, flag[1]),
+                            )
                         )
-                    )
                     continue
                 if not (
                     isinstance(source, AttrSource)
@@ -367,6 +407,7 @@ def relaxing_neutral_guards(
 _NEUTRAL_READERS = "_precompile_neutral_readers"
 _FLAG_READERS = "_precompile_flag_readers"
 _FLAG_MODULES = "_precompile_flag_modules"
+_FLAG_SOURCES = "_precompile_flag_sources"
 
 
 def _held(module: Any, name: str) -> type | None:

@@ -223,6 +223,8 @@ class DynamoSession:
                 dynamo.dict_subclasses_pickled_in_storage_order(),
                 dynamo.guard_examples_pickled_as_read(),
                 dict_keys.recording_sourced_key_reads(self.sourced_key_reads),
+                # `HAS in CFG` with HAS absent: `HAS not in CFG`, not all of CFG's keys.
+                dict_keys.guarding_absent_traced_keys_by_key(),
                 dynamo_recording.recording_grad_dependent_reads(
                     self.dependencies.grad_reads,
                     self.dependencies.library_grad_reads,
@@ -245,6 +247,8 @@ class DynamoSession:
                     # Each flag relaxed, recorded in MODULE_HOOKS to be checked by the
                     # kind of its truth test per call.
                     self.dependencies.hooks.relaxed_flags,
+                    # A property that only returns an attribute passes its truth test on.
+                    neutral_reads.forwarded_truth,
                 ),
                 torch.set_grad_enabled(self.training),
                 inductor.inductor_capture_config(self.backends.inductor_cache)

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from precompile._compat.prelude import global_module_hooks
-from precompile.capturing import fx_process_state, library_surface, live_functions
+from precompile.capturing import fx_process_state, library_surface, live_functions, neutral_reads
 from precompile.capturing.bytecode_names import (
     builtin_loads,
     global_loads,
@@ -205,10 +205,16 @@ def _class_records(
     near: tuple[str, ...],
     classes: dict[Any, None],
     made: list[dict[str, Any]] | None = None,
+    truth: dict[Any, frozenset[str]] | None = None,
 ) -> list[tuple[str, Any]]:
     """Per submodule class, and per user class the other records reached (a global
-    class, the class of a config object), its class-level values."""
+    class, the class of a config object), its class-level values; ``truth``: per
+    class, the names read only for their truth test (``neutral_reads.class_truth_names``),
+    recorded by their truth kind."""
     context = _context(names, training, near, classes, made)
+    context[class_fingerprints.CLASS_TRUTH] = {
+        state_checks.type_name(c): read for c, read in (truth or {}).items()
+    }
     subs = dict.fromkeys(type(sub) for m in modules for sub in m.modules())
     return [
         (state_checks.type_name(c), record)
@@ -423,10 +429,12 @@ def record_dependencies(
     where: Any = None,
     reads: dict[int, set[str] | None] | None = None,
     truths: dict[int, dict[str, bool]] | None = None,
+    outside: set[type] | None = None,
 ) -> Dependencies:
     """What the trace depended on; ``reads`` (``recording_module_reads``) narrows each
     submodule's recorded attributes to those the trace read on it, ``truths`` names
-    those it read only for their truth test (``module_reads``)."""
+    those it read only for their truth test (``module_reads``); ``outside``: the classes
+    of modules read that are not the arguments' submodules (None: not known)."""
     refuse_trace_only_reads(log, where)
     names = read_names(log)
     near = _near_modules(log)
@@ -443,7 +451,10 @@ def record_dependencies(
     global_hooks = hook_records.global_hooks_fingerprint(
         global_module_hooks(), outer=_context(names, training, near, classes, made)
     )
-    class_records = _class_records(modules, names, training, near, classes, made)
+    class_truth = neutral_reads.class_truth_names(
+        modules, reads or {}, truths or {}, log.codes, outside
+    )
+    class_records = _class_records(modules, names, training, near, classes, made, class_truth)
     refuse_unwatched_functions(log, made, fn, modules, classes, where)
     return Dependencies(
         entry=entry,

@@ -389,6 +389,7 @@ def trace_single_graph(
     hook_states = hook_stores.global_hook_states()
     neutral_positions: dict[tuple[int, str], list[tuple[Any, types.CodeType]]] = {}
     flag_readers: dict[tuple[int, str], set[tuple[types.CodeType, int]]] = {}
+    outside_classes: set[type] = set()
     autocast = state_checks.autocast_state()
     ambient_modes = state_checks.ambient_modes()
     try:
@@ -401,7 +402,7 @@ def trace_single_graph(
             ) as grad_access,
             fx_watch.recording_calls() as ran,
             fx_watch.recording_module_reads(
-                modules, neutral_positions, flag_readers
+                modules, neutral_positions, flag_readers, outside_classes
             ) as module_reads,
             tracing.recording_parameter_checks(opaque.note_class_check),
         ):
@@ -513,7 +514,13 @@ def trace_single_graph(
     # inference graph) leave the reads; the others keep why (MODULE_READ_NOTES). A flag
     # read only as ``self.flag and self.training`` on a module in eval decides nothing:
     # its training flag is checked instead (transformers' gradient_checkpointing).
-    truths = neutral_reads.settle_training_only_reads(modules, module_reads, flag_readers)
+    truths = neutral_reads.settle_training_only_reads(
+        modules,
+        module_reads,
+        flag_readers,
+        # What could read a property's getter otherwise: user code, libraries included.
+        [c for c in ran.codes if is_user_file(c.co_filename)],
+    )
     read_notes = neutral_reads.settle_fx_reads(
         gm.graph,
         modules,
@@ -522,7 +529,14 @@ def trace_single_graph(
         inference=not training and not grad_inputs,
     )
     recorded = fx_dependencies.record_dependencies(
-        modules, ran, training, fn, where, reads=module_reads, truths=truths
+        modules,
+        ran,
+        training,
+        fn,
+        where,
+        reads=module_reads,
+        truths=truths,
+        outside=outside_classes,
     )
     recorded.read_notes = read_notes
     fx_dependencies.refuse_unnamed_sentinels(recorded, where)

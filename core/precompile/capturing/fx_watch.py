@@ -291,6 +291,7 @@ def recording_module_reads(
     modules: list[torch.nn.Module],
     positions: dict[tuple[int, str], list[tuple[Any, types.CodeType]]] | None = None,
     readers: dict[tuple[int, str], set[tuple[types.CodeType, int]]] | None = None,
+    outside: set[type] | None = None,
 ) -> Iterator[dict[int, set[str] | None]]:
     """The attribute names read on each submodule of ``modules`` while active, by
     ``id``: what the trace actually read, not every name its code could load (a
@@ -311,7 +312,10 @@ def recording_module_reads(
     other code than the library's forward may branch on it); a module called twice
     reads it twice. ``readers`` receives the code and instruction offset of every read of
     every name (a flag read only as ``x.flag and x.training`` decides nothing in eval:
-    ``neutral_reads.settle_training_only_reads``)."""
+    ``neutral_reads.settle_training_only_reads``). ``outside`` receives the class of
+    every other module an attribute of which was read (one not among ``modules``'
+    submodules, whose reads are not recorded: a class-level flag it reads stays
+    compared by value, ``neutral_reads.class_truth_names``)."""
     reads: dict[int, set[str] | None] = {}
     for m in modules:
         for sub in m.modules():
@@ -321,7 +325,11 @@ def recording_module_reads(
     getframe = sys._getframe
 
     def recorder(self: torch.nn.Module, name: str) -> Any:
-        seen = reads.get(id(self), None)
+        seen = reads.get(id(self), _UNKNOWN)
+        if seen is _UNKNOWN:
+            if outside is not None and not _PAUSED[0]:
+                outside.add(type(self))
+            seen = None
         if seen is not None and not _PAUSED[0]:
             if name != "__dict__":
                 seen.add(name)
@@ -343,6 +351,10 @@ def recording_module_reads(
         return
     with patching.patched(torch.nn.Module, "__getattribute__", recorder):
         yield reads
+
+
+#: What ``recording_module_reads`` finds for a module that is none of its submodules.
+_UNKNOWN: Any = object()
 
 
 def read_names(log: CallLog) -> frozenset[str]:

@@ -40,6 +40,7 @@ import re
 from typing import Any
 
 from precompile._compat import tracing
+from precompile.locations import is_user_file
 from precompile.runtime.value_fingerprints import PURE_TRUTH_TYPES
 
 IN_PLACE = "in_place"
@@ -477,10 +478,69 @@ def position_at(code: Any, offset: int) -> Site | None:
     return positions[offset // 2] if 0 <= offset // 2 < len(positions) else None
 
 
+def forwarded_attribute(code: Any) -> str | None:
+    """The attribute ``name`` where ``code`` does nothing but ``return self.name`` on its
+    one argument (a property's getter ``def flag(self): return self.mode``): its value
+    is the attribute's, so a truth test of it is a truth test of the attribute."""
+    import dis
+
+    if not isinstance(code, type(forwarded_attribute.__code__)) or code.co_argcount != 1:
+        return None
+    if code.co_flags & 0x0C or code.co_kwonlyargcount:  # *args, **kwargs
+        return None
+    ins = [i for i in dis.get_instructions(code) if i.opname not in _FILLER | {"RESUME"}]
+    if (
+        len(ins) == 3
+        and ins[0].opname == "LOAD_FAST"
+        and ins[0].argval == code.co_varnames[0]
+        and ins[2].opname == "RETURN_VALUE"
+    ):
+        return _attr_name(ins[1])
+    return None
+
+
+def _forwarding_properties(cls: type, code: Any, name: str) -> list[str]:
+    """Every property name of ``cls`` (as its MRO resolves them) whose getter is
+    ``code``, where ``code`` only returns ``self.name`` (``forwarded_attribute``)."""
+    if forwarded_attribute(code) != name:
+        return []
+    seen: set[str] = set()
+    found = []
+    for klass in cls.__mro__:
+        for key, value in vars(klass).items():
+            if key in seen:
+                continue
+            seen.add(key)
+            fget = getattr(value, "fget", None) if type(value) is property else None
+            if getattr(fget, "__code__", None) is code:
+                found.append(key)
+    return found
+
+
+def forwarded_truth(cls: type, code: Any, name: str, codes: list[Any]) -> list[str]:
+    """Dynamo's form of the property rule of ``settle_training_only_reads``: the
+    properties of ``cls`` whose getter ``code`` only returns ``self.name``, where no
+    user code among ``codes`` (those Dynamo traced) names ``fget`` or ``__get__`` or
+    reads one of those properties other than as ``x.prop and x.training``; else none
+    (the read of ``name`` proves nothing)."""
+    props = _forwarding_properties(cls, code, name)
+    user = [c for c in codes if is_user_file(getattr(c, "co_filename", ""))]
+    if not props or any(
+        _names_attribute(c, "fget") or _names_attribute(c, "__get__") for c in user
+    ):
+        return []
+    if any(
+        _names_attribute(c, p) and training_only_sites(c, p) is None for c in user for p in props
+    ):
+        return []
+    return props
+
+
 def settle_training_only_reads(
     modules: list[Any],
     reads: dict[int, set[str] | None],
     readers: dict[tuple[int, str], set[Any]],
+    codes: Any = (),
 ) -> dict[int, dict[str, bool]]:
     """A make_fx capture's reads of flags that only matter in training: on a submodule
     in eval at capture, a name every reader of which reads it only as ``x.name and
@@ -497,27 +557,137 @@ def settle_training_only_reads(
     value checked (its truth test ran in the trace, and may have done anything). Each
     name comes with whether the submodule or a class of its MRO held it (a deletion of
     it is refused then: eager's plain read raises; one absent was read by ``getattr``
-    with a default)."""
+    with a default).
+
+    A name read only by a property's getter that just returns it (``flag`` a property
+    ``return self.mode``: ``forwarded_attribute``) settles with the property: where
+    the property settled on that submodule and every code the trace ran (``codes``)
+    that names the property reads it only as ``x.flag and x.training`` (no
+    ``type(self).flag.fget(self)`` that would read ``mode`` for its value), ``mode``'s
+    value reaches only that truth test, so it is read only for its truth test too."""
     truths: dict[int, dict[str, bool]] = {}
+    codes = list(codes)
+    # A getter run other than by reading its property (``P.fget(self)``,
+    # ``P.__get__(self)``) would read the attribute for its value.
+    getters_called = any(
+        _names_attribute(c, "fget") or _names_attribute(c, "__get__") for c in codes
+    )
     for m in modules:
         for sub in m.modules():
             seen = reads.get(id(sub))
             if not seen or sub.training:
                 continue
             state = vars(sub)
-            for name in sorted(seen - {"training"}):
+            settled = truths.get(id(sub), {})
+
+            def forwarded(code: Any, name: str, sub: Any = sub, settled: Any = settled) -> bool:
+                props = _forwarding_properties(type(sub), code, name)
+                return (
+                    bool(props)
+                    and not getters_called
+                    and all(
+                        p in settled
+                        and not any(
+                            _names_attribute(c, p) and training_only_sites(c, p) is None
+                            for c in codes
+                        )
+                        for p in props
+                    )
+                )
+
+            # Properties before the names their getters forward (a property forwarding
+            # to another property settles only in name order; else it stays checked by
+            # value, which is safe).
+            properties = _properties(sub)
+            for name in sorted(seen - {"training"}, key=lambda n: (n not in properties, n)):
                 if name in state and type(state[name]) not in PURE_TRUTH_TYPES:
                     continue
                 if name not in state and any(
                     name in vars(sub).get(d, ()) for d in ("_parameters", "_buffers", "_modules")
                 ):
                     continue  # a tensor or a module: its truth test reads its data
-                codes = readers.get((id(sub), name))
-                if codes and all(
-                    read_only_under_training_cached(c, name, position_at(c, at)) for c, at in codes
+                read_by = readers.get((id(sub), name))
+                if read_by and all(
+                    read_only_under_training_cached(c, name, position_at(c, at))
+                    or forwarded(c, name)
+                    for c, at in read_by
                 ):
                     seen.discard(name)
                     seen.add("training")
                     held = name in state or any(name in vars(c) for c in type(sub).__mro__)
-                    truths.setdefault(id(sub), {})[name] = held
+                    settled[name] = held
+                    truths[id(sub)] = settled
     return truths
+
+
+def _properties(module: Any) -> set[str]:
+    """The names that are properties along ``module``'s class MRO."""
+    return {k for c in type(module).__mro__ for k, v in vars(c).items() if type(v) is property}
+
+
+def _names_attribute(code: Any, name: str) -> bool:
+    """Whether ``code`` (or a code nested in it) names ``name`` as an attribute, a
+    global or a string constant: where it could read a class attribute of that name."""
+    if name in code.co_names or name in code.co_consts:
+        return True
+    return any(_names_attribute(c, name) for c in code.co_consts if isinstance(c, type(code)))
+
+
+def class_truth_names(
+    modules: list[Any],
+    reads: dict[int, set[str] | None],
+    truths: dict[int, dict[str, bool]],
+    codes: Any,
+    outside: set[type] | None = None,
+) -> dict[Any, frozenset[str]]:
+    """Per submodule class, the class-level flags the trace read only for their truth
+    test: a name ``settle_training_only_reads`` settled on an instance that does not
+    hold it (``x.flag and x.training`` reads the class's ``flag``), so the class record
+    compares it by ``truth_kind`` as the instance record compares one the instance
+    holds (``class_fingerprints.CLASS_TRUTH``), and a flag set on the class is served.
+
+    Only where no other read can see the class's value: every instance of the class
+    among the submodules read it only for its truth test or not at all (its reads
+    seen), the value held at capture is of a ``PURE_TRUTH_TYPES`` type, and every code
+    the trace ran that names it (``codes``: ``Net.flag``, ``type(self).flag``,
+    ``getattr(self, "flag")``) reads it only as ``x.flag and x.training`` on an
+    argument (``training_only_sites``), and no module outside the submodules whose
+    class has it along its MRO had an attribute read (``outside``: a global module's
+    reads are not recorded, and it may be in training; None, unknown, relaxes nothing)."""
+    if outside is None:
+        return {}
+    excluded = {c for cls in outside for c in cls.__mro__}
+    found: dict[Any, set[str]] = {}
+    ruled_out: set[tuple[Any, str | None]] = set()
+    for m in modules:
+        for sub in m.modules():
+            cls = type(sub)
+            seen = reads.get(id(sub))
+            if seen is None:
+                ruled_out.add((cls, None))
+                continue
+            ruled_out.update((cls, name) for name in seen)
+            for name in truths.get(id(sub), {}):
+                if name not in vars(sub) and any(name in vars(c) for c in cls.__mro__):
+                    found.setdefault(cls, set()).add(name)
+    codes = list(codes)
+    result: dict[Any, frozenset[str]] = {}
+    for cls, names in found.items():
+        keep = set()
+        for name in names:
+            if (cls, None) in ruled_out or (cls, name) in ruled_out:
+                continue
+            holder = next(c for c in cls.__mro__ if name in vars(c))
+            if holder in excluded:
+                continue
+            if type(vars(holder)[name]) not in PURE_TRUTH_TYPES:
+                continue
+            if any(
+                _names_attribute(code, name) and training_only_sites(code, name) is None
+                for code in codes
+            ):
+                continue
+            keep.add(name)
+        if keep:
+            result[cls] = frozenset(keep)
+    return result

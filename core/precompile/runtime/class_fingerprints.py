@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-# >>> not emitted: artifacts carry value_fingerprints before this module
-from precompile.runtime.value_fingerprints import fingerprint
+# >>> not emitted: artifacts carry state_checks and value_fingerprints before this module
+from precompile.runtime.state_checks import type_name
+from precompile.runtime.value_fingerprints import fingerprint, truth_kind
 
 # <<< not emitted
 
@@ -66,15 +67,43 @@ def _unentered(key: str, value: Any, names: Any) -> bool:
     )
 
 
+#: The key of a context (``value_fingerprints.new_context``) that holds, by class name
+#: (``type_name``), the class-level names the traced code read only for their truth
+#: test: the capture's (``neutral_reads.class_truth_names``), or at serving time those
+#: the class records hold as truth kinds (``class_truth_of``).
+CLASS_TRUTH = "class_truth"
+
+
+def is_truth_record(fp: Any) -> bool:
+    """Whether a class record's entry is a truth kind (``truth_kind``), not a value's
+    fingerprint (whose first item is a type name, never ``"truth test"``)."""
+    return type(fp) in (tuple, list) and len(fp) == 2 and fp[0] == "truth test"
+
+
+def class_truth_of(records: Any) -> dict[str, frozenset[str]]:
+    """``CLASS_TRUTH`` as the recorded class records tell it: per class, the names
+    recorded by their truth kind."""
+    return {
+        cls: frozenset(name for name, fp in record if is_truth_record(fp))
+        for cls, record in records
+    }
+
+
 def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]:
     """The class-level values the traced code may read through an instance of ``cls``
     or through ``cls`` itself (a method, a class attribute ``scale = 2.0``, a property,
     ``__call__``), first match along the MRO, by the names in ``context`` and the
     special methods Python calls implicitly. Each class's own dict is watched: a method
-    monkeypatched or a class attribute set at run time changes its version."""
+    monkeypatched or a class attribute set at run time changes its version.
+
+    A name the traced code read only for its truth test, through instances of ``cls``
+    in eval (``x.flag and x.training``: the capture's ``CLASS_TRUTH``, see
+    ``neutral_reads.class_truth_names``), is fingerprinted by ``truth_kind``, as the
+    same flag held by the instance is: any value of a pure-truth type decides nothing."""
     import gc
 
     names = context["names"]
+    truth = context[CLASS_TRUTH].get(type_name(cls), ()) if CLASS_TRUTH in context else ()
     found: dict[str, Any] = {}
     for klass in cls.__mro__[:-1]:  # every class but object
         namespace = vars(klass)
@@ -86,7 +115,10 @@ def class_fingerprint(cls: Any, context: dict[str, Any]) -> tuple[Any, ...]:
                 key in names and not key.startswith("__")
             ):
                 found[key] = value
-    return tuple((key, fingerprint(value, context)) for key, value in sorted(found.items()))
+    return tuple(
+        (key, truth_kind(value) if key in truth else fingerprint(value, context))
+        for key, value in sorted(found.items())
+    )
 
 
 def reached_classes(start: Any, context: dict[str, Any]) -> list[tuple[Any, Any]]:

@@ -296,6 +296,27 @@ def guard_failure_text(raw: str, f_locals: dict[str, Any] | None = None) -> str:
         if match:
             function = re.sub(r"^torch_dynamo_resume_in_(.+)_at_\d+$", r"\1", match.group(2))
             where = f" (read at {match.group(1)} in `{function}`)"
+    # A module's own table (``_modules``, ``_parameters``, ``_buffers``) of another type:
+    # ``user_path`` says ``model.fc`` for ``model._modules['fc']`` and drops a bare
+    # table, which would name the module itself here; name the table.
+    match = re.fullmatch(
+        r"___check_type_id\((.+?)\.(_modules|_parameters|_buffers), \d+\), "
+        r"type=<class '(.+?)'>",
+        code.strip(),
+    )
+    if match:
+        owner, table, expected = user_path(match.group(1)), match.group(2), match.group(3)
+        path = f"{owner}.{table}"
+        live = live_type(path)
+        now = f"an {live[0]}" if live and live[0][0] in "AEIOU" else f"a {live[0]}" if live else ""
+        what = {"_modules": "submodules", "_parameters": "parameters", "_buffers": "buffers"}
+        return (
+            f"`{path}` (the dict of `{owner}`'s {what[table]}) was replaced by "
+            f"{now or 'another type'}, where the capture saw a plain {expected}; Dynamo "
+            f"guards its exact type. Set it back to a {expected} (`{path} = "
+            f"{expected}({path})` keeps its order), or capture again with it (re-emit the "
+            f"artifact)" + where
+        )
     return words(user_path(code.strip())) + where
 
 

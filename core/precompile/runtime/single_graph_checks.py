@@ -79,6 +79,12 @@ if TYPE_CHECKING:
 
     def reached_classes(start: Any, context: dict[str, Any]) -> list[tuple[Any, Any]]: ...
 
+    CLASS_TRUTH: str = ""
+
+    def class_truth_of(records: Any) -> dict[str, frozenset[str]]: ...
+
+    def is_truth_record(fp: Any) -> bool: ...
+
     def type_name(cls: Any) -> str: ...
 
     def describe_value(fp: Any) -> str: ...
@@ -496,12 +502,18 @@ def check_class_state(subs: list[Any], context: dict[str, Any]) -> None:
     class, and each user class the other checks reached (a global ``Settings``, the
     class of a config object), so this runs after them."""
     recorded = dict(CLASS_STATE)
+    # Class-level flags read only for their truth test are compared by truth kind.
+    context[CLASS_TRUTH] = class_truth_of(CLASS_STATE)
     for cls, live in reached_classes(dict.fromkeys(map(type, subs)), context):
         then = recorded.get(type_name(cls))
         if then is None or live == then:
             continue  # a type not captured was refused already
         old, new = dict(then), dict(live)
         for name in sorted(old.keys() | new.keys()):
+            if old.get(name) != new.get(name) and is_truth_record(old.get(name)):
+                if name not in new:
+                    refuse(truth_deleted_refusal(f"class {type_name(cls)}", name), 2)
+                refuse(truth_refusal(f"class {type_name(cls)}", name, new[name][1]), 2)
             if old.get(name) != new.get(name):
                 path, was, now = first_difference(
                     old.get(name, ("absent",)), new.get(name, ("absent",)), name

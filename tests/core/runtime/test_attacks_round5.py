@@ -1422,15 +1422,11 @@ KNOWN_NEEDLESS: dict[tuple[str, str], str] = {
             "T class flag shadowed in the instance dict (no-op)",
         )
     },
-    # T, make_fx: a flag that is a class attribute is compared by value, not truth kind
-    ("make_fx", "T class flag set on the class after load (no-op)"): "ClassFlag.flag is [1]",
-    # T, both: a flag that is a property reading an attribute: the attribute is compared
-    # by value though only its truth test runs
-    ("make_fx", "T property flag's attribute changed (no-op)"): "has mode = 1",
-    ("dynamo", "T property flag's attribute changed (no-op)"): "`model.mode` is not 0",
-    # W, Dynamo: ``_modules`` made an OrderedDict (a dict subclass) is refused by type, in
-    # words that name ``model`` (not its ``_modules``) and say a TwoLinear is not a dict
-    ("dynamo", "W _modules an OrderedDict reversed (no-op)"): "`model` is not a dict (dict)",
+    # W, Dynamo: ``_modules`` made an OrderedDict (a dict subclass) is refused by its
+    # exact type guard (named since: runtime/guard_text, a module's table replaced)
+    ("dynamo", "W _modules an OrderedDict reversed (no-op)"): (
+        "`model._modules` (the dict of `model`'s submodules) was replaced by an OrderedDict"
+    ),
     # N, Dynamo: a negative-bit view input (its value is x) refused by its dispatch key
     # guard (named, with the fix, since: runtime/guard_text.dispatch_key_change)
     ("dynamo", "N input a negative-bit view (no-op)"): "it is a negative-bit view",

@@ -7,6 +7,12 @@ answer and still refused where the same kind of change does:
   recorded and checked per call (``bytecode_names.keyed_uses`` with the code's
   globals). A key nothing reads added or changed: served; ``K`` rebound, the read key's
   value changed, the tested key added, the got key removed: refused, naming it;
+- the same dict tested or ``get`` with a key global that it does not hold (``HAS in
+  CFG``, ``CFG.get(ABSENT, d)``): Dynamo guarded all of CFG's keys for such a traced key,
+  refusing an unread key added; it is guarded as ``'h' not in CFG`` now (the key's own
+  value guard pins it): an unread key added or removed is served by both tracers, the
+  absent key added or its global rebound refused; the same for a key an attribute
+  holds (``self.key in CFG``, Dynamo);
 - a model with a tied weight (``fc3.weight is fc1.weight``) whose submodules are walked
   in another order (``del m.fc1; m.fc1 = fc1``, ``_modules`` reversed, before or after
   load): the shared tensor's first name follows the walk order, so the lifted tensors
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -44,13 +51,14 @@ TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer
 K = "a"
 HAS = "h"
 GET = "g"
+ABSENT = "q"
 NOT_A_KEY = 1.5
 CFG: dict[str, Any] = {}
 
 
 def _reset_globals() -> None:
-    global K, HAS, GET, CFG
-    K, HAS, GET = "a", "h", "g"
+    global K, HAS, GET, ABSENT, CFG
+    K, HAS, GET, ABSENT = "a", "h", "g", "q"
     CFG = {"a": 2.0, "g": 3.0, "z": 1.0}
 
 
@@ -63,6 +71,29 @@ class ReadsGlobalKeys(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x * CFG[K] + CFG.get(GET, 0.5)
         if HAS in CFG:
+            y = y + 1
+        return y
+
+
+class GetsAbsentGlobalKey(nn.Module):
+    """CFG ``get``s a key a module global holds and CFG does not: it depends on that
+    key's absence (and on the global), not on CFG's other keys."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * CFG.get(ABSENT, 0.5)
+
+
+class ChecksAttributeKey(nn.Module):
+    """CFG tested with a key an attribute holds and CFG does not (Dynamo guards the
+    attribute by value, so the key is pinned as a global's is)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.key = "h"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        if self.key in CFG:
             y = y + 1
         return y
 
@@ -102,6 +133,10 @@ def _cfg_del(key: str) -> Callable[[nn.Module], None]:
     return lambda m: CFG.__delitem__(key)
 
 
+def _reversed_modules_ordered(m: nn.Module) -> None:
+    m._modules = OrderedDict(reversed(list(m._modules.items())))
+
+
 def _untie(m: nn.Module) -> None:
     m.fc3.weight = nn.Parameter(m.fc1.weight.detach() * 2)
 
@@ -134,13 +169,9 @@ TIED_DIFFERENTLY = "tied differently from the traced model's"
 #: refusal must hold; None: refused or served equal, either is right)
 CASES: dict[str, dict[str, tuple[Callable[[nn.Module], None], bool, dict[str, Any]]]] = {
     "ReadsGlobalKeys": {
-        # Dynamo guards the dict's length where the code calls ``CFG.get``: a needless
-        # refusal of Dynamo's (not make_fx's), kept here in its words so a fix shows.
-        "unread key added (no-op)": (
-            _cfg_set("new", 1.0),
-            False,
-            {"make_fx": SERVED, "dynamo": ("`CFG` does not hold 3 items",)},
-        ),
+        # ``HAS in CFG`` with HAS absent: Dynamo guarded all of CFG's keys (and its
+        # length) for a traced key not found; guarded as ``'h' not in CFG`` now.
+        "unread key added (no-op)": (_cfg_set("new", 1.0), False, {"*": SERVED}),
         "unread key changed (no-op)": (_cfg_set("z", 5.0), False, {"*": SERVED}),
         "K rebound before load": (
             _set_global("K", "z"),
@@ -153,7 +184,16 @@ CASES: dict[str, dict[str, tuple[Callable[[nn.Module], None], bool, dict[str, An
             False,
             {"make_fx": ("CFG['a']",), "dynamo": None},
         ),
-        "tested key added": (_cfg_set("h", 0.0), False, {"make_fx": ("CFG['h']",), "dynamo": None}),
+        "tested key added": (
+            _cfg_set("h", 0.0),
+            False,
+            {"make_fx": ("CFG['h']",), "dynamo": ("___dict_contains('h', CFG)",)},
+        ),
+        "HAS rebound to a key CFG holds": (
+            _set_global("HAS", "a"),
+            False,
+            {"make_fx": ("global HAS",), "dynamo": ("`HAS` is not 'h'",)},
+        ),
         "got key removed": (_cfg_del("g"), False, {"make_fx": ("CFG['g']",), "dynamo": None}),
         "GET rebound": (
             _set_global("GET", "z"),
@@ -161,9 +201,57 @@ CASES: dict[str, dict[str, tuple[Callable[[nn.Module], None], bool, dict[str, An
             {"make_fx": ("global GET",), "dynamo": None},
         ),
     },
+    "GetsAbsentGlobalKey": {
+        "unread key added (no-op)": (_cfg_set("new", 1.0), False, {"*": SERVED}),
+        "unread key added before load (no-op)": (_cfg_set("new", 1.0), True, {"*": SERVED}),
+        "the got key added": (
+            _cfg_set("q", 4.0),
+            False,
+            {"make_fx": ("CFG['q']",), "dynamo": ("___dict_contains('q', CFG)",)},
+        ),
+        "ABSENT rebound to a key CFG holds": (
+            _set_global("ABSENT", "a"),
+            False,
+            {"make_fx": ("global ABSENT",), "dynamo": ("`ABSENT` is not 'q'",)},
+        ),
+        "unread key removed (no-op)": (_cfg_del("z"), False, {"*": SERVED}),
+    },
+    "ChecksAttributeKey": {
+        # make_fx records the whole dict for a computed key (a needless refusal of its
+        # own, not this rule's): either outcome is right there.
+        "unread key added (no-op)": (
+            _cfg_set("new", 1.0),
+            False,
+            {"make_fx": None, "dynamo": SERVED},
+        ),
+        "the tested key added": (
+            _cfg_set("h", 4.0),
+            False,
+            {"make_fx": ("CFG",), "dynamo": ("___dict_contains('h', CFG)",)},
+        ),
+        "the attribute set to a key CFG holds": (
+            lambda m: setattr(m, "key", "a"),
+            False,
+            {"make_fx": ("has key = 'a'",), "dynamo": ("`model.key` is not 'h'",)},
+        ),
+    },
     "Tied": {
         "fc1 deleted and set again (no-op)": (readd_fc1, False, {"*": SERVED}),
         "_modules reversed (no-op)": (reversed_modules, False, {"*": SERVED}),
+        # Dynamo guards the exact type of ``_modules``: still refused (a needless
+        # refusal), in words that name the table and say what replaced it.
+        "_modules an OrderedDict reversed (no-op)": (
+            _reversed_modules_ordered,
+            False,
+            {
+                "make_fx": SERVED,
+                "dynamo": (
+                    "`model._modules` (the dict of `model`'s submodules) was replaced by an "
+                    "OrderedDict",
+                    "`model._modules = dict(model._modules)`",
+                ),
+            },
+        ),
         "reordered before load (no-op)": (readd_fc1, True, {"*": SERVED}),
         "reversed, another tensor tied under both names": (_retied_reversed, False, {"*": SERVED}),
         "untied": (

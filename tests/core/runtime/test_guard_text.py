@@ -102,3 +102,26 @@ def test_a_value_of_another_type_is_named_with_both_types_given_the_frame() -> N
     assert text.startswith("`cfg[1]` is the float 2.0; the capture saw the int 2"), text
     # Without the frame (the language server's findings), the words stay as they were.
     assert guard_failure_text("L['n'] == 2") == "`n` is not 2, the value the capture specialized on"
+
+
+def test_a_modules_table_of_another_type_is_named_as_the_table() -> None:
+    """A TYPE_MATCH on ``model._modules`` names the table and what replaced it, not
+    ``model`` (``user_path`` drops a bare table), with the fix that keeps its order."""
+    from collections import OrderedDict
+
+    from torch import nn
+
+    model = nn.Sequential(nn.Linear(2, 2))
+    model._modules = OrderedDict(model._modules)
+    raw = "___check_type_id(L['model']._modules, 1234), type=<class 'dict'>  # y  # m.py:3 in f"
+    text = guard_failure_text(raw, {"model": model})
+    assert text.startswith(
+        "`model._modules` (the dict of `model`'s submodules) was replaced by an OrderedDict, "
+        "where the capture saw a plain dict"
+    ), text
+    assert "`model._modules = dict(model._modules)` keeps its order" in text, text
+    assert text.endswith("(read at m.py:3 in `f`)"), text
+    nested = "___check_type_id(L['model']._modules['fc']._buffers, 1234), type=<class 'dict'>"
+    assert guard_failure_text(nested).startswith(
+        "`model.fc._buffers` (the dict of `model.fc`'s buffers) was replaced by another type"
+    )
