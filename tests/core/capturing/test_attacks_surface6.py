@@ -4,7 +4,8 @@ checked by ``runtime/surface_checks.py``): serving code replaces a ``torch.Tenso
 an operator's dunder through the type's slot (reflected, in-place, comparisons, unary,
 ``@``, ``**``, subscript stores), a builtin or a C function of the standard library that
 runs a dunder (``len``, ``sum``, ``operator.mul``, ``functools.reduce``, ``list(y)``,
-tuple unpacking), a property read (``y.T``, ``y.ndim``), and operators inside code the
+``zip``, tuple and star unpacking), a property read (``y.T``, ``y.ndim``; by name with
+``getattr`` and ``operator.attrgetter``), serving code's TorchFunctionMode, and operators inside code the
 forward calls (torch.nn's ``F.normalize``, an installed library's activation, a helper, a
 lambda, a comprehension, a generator, a nested function), on a parameter (both sides)
 and a buffer. Each change is made before ``load`` and after two served calls; the
@@ -170,6 +171,18 @@ def listed(y: torch.Tensor, x: torch.Tensor) -> Any:
 
 def zipped(y: torch.Tensor, x: torch.Tensor) -> Any:
     return torch.stack([a * b for a, b in zip(y, x)])
+
+
+def starred(y: torch.Tensor, x: torch.Tensor) -> Any:
+    return torch.stack([*y])
+
+
+def getattr_t(y: torch.Tensor, x: torch.Tensor) -> Any:
+    return getattr(y, "T")  # noqa: B009 -- the attack: an attribute read by name
+
+
+def attrgetter_t(y: torch.Tensor, x: torch.Tensor) -> Any:
+    return operator.attrgetter("T")(y)
 
 
 def only_add(y: torch.Tensor, x: torch.Tensor) -> Any:
@@ -392,6 +405,9 @@ CHANGES: dict[str, tuple[type[nn.Module], str, Any]] = {
     "a, b, c = y: Tensor.__iter__": (_model(unpack), "eager", replace(T, "__iter__", _iter)),
     "list(y): Tensor.__iter__": (_model(listed), "eager", replace(T, "__iter__", _iter)),
     "zip(y, x): Tensor.__iter__": (_model(zipped), "eager", replace(T, "__iter__", _iter)),
+    "[*y]: Tensor.__iter__": (_model(starred), "eager", replace(T, "__iter__", _iter)),
+    'getattr(y, "T"): Tensor.T': (_model(getattr_t), "eager", replace(T, "T", _property)),
+    'attrgetter("T")(y): Tensor.T': (_model(attrgetter_t), "eager", replace(T, "T", _property)),
     # Beyond the surface record: serving code's TorchFunctionMode around the call.
     "called under a doubling TorchFunctionMode": (_model(only_add), "eager", _under_mode),
     "p + y: Parameter.__add__": (ParamLeft, "eager", replace(P, "__add__")),
@@ -479,26 +495,38 @@ KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {
     # its replacement is served as the graph baked the original (before and after load).
     # Reproducers: /work/notes/repro_attack6_make_fx_sum_radd.py,
     # repro_attack6_make_fx_operator_mul.py, repro_attack6_make_fx_reduce_add.py.
-    # (Dynamo serves these equal to eager.)
+    # Likewise a property read by name through a C function -- ``getattr(y, "T")``,
+    # ``operator.attrgetter("T")(y)`` -- with no LOAD_ATTR in the bytecode.
+    # Reproducers: /work/notes/repro_attack6_make_fx_getattr_property.py,
+    # repro_attack6_make_fx_attrgetter_property.py.
+    # (Dynamo serves all these equal to eager.)
     **{
         ("make_fx", f"{name} [{when}]"): ("served", "False")
         for name in (
             "sum([y, x]): Tensor.__radd__",
             "operator.mul(y, 3): Tensor.__mul__",
             "reduce(operator.add): Tensor.__add__",
+            'getattr(y, "T"): Tensor.T',
+            'attrgetter("T")(y): Tensor.T',
         )
         for when in ("before load", "after load")
     },
     # Dynamo: iteration of a tensor with no GET_ITER in the bytecode -- tuple unpacking
-    # (UNPACK_SEQUENCE) and the builtin ``list(y)`` -- reaches Tensor.__iter__ (Python
-    # code in torch/_tensor.py) eagerly, but Dynamo unbinds the tensor itself and inlines
-    # nothing, so Tensor.__iter__ is not recorded and its replacement is served as baked.
+    # (UNPACK_SEQUENCE), star unpacking ``[*y]`` (LIST_EXTEND) and the builtin ``list(y)``
+    # -- reaches Tensor.__iter__ (Python code in torch/_tensor.py) eagerly, but Dynamo
+    # unbinds the tensor itself and inlines nothing, so Tensor.__iter__ is not recorded
+    # and its replacement is served as baked.
     # (make_fx refuses these: the profile hook sees Tensor.__iter__'s frame.)
     # Reproducers: /work/notes/repro_attack6_dynamo_unpack_iter.py,
-    # repro_attack6_dynamo_list_iter.py.
+    # repro_attack6_dynamo_list_iter.py, repro_attack6_dynamo_starred_iter.py.
+    # (``zip(y, x)`` passes: refused or served as eager.)
     **{
         ("dynamo", f"{name} [{when}]"): ("served", "False")
-        for name in ("a, b, c = y: Tensor.__iter__", "list(y): Tensor.__iter__")
+        for name in (
+            "a, b, c = y: Tensor.__iter__",
+            "list(y): Tensor.__iter__",
+            "[*y]: Tensor.__iter__",
+        )
         for when in ("before load", "after load")
     },
 }
