@@ -196,27 +196,54 @@ _INSTRUCTION_DUNDERS = {
     "UNARY_NEGATIVE": ("__neg__",), "UNARY_POSITIVE": ("__pos__",),
     "UNARY_INVERT": ("__invert__",), "BINARY_SUBSCR": ("__getitem__",),
     "STORE_SUBSCR": ("__setitem__",), "DELETE_SUBSCR": ("__delitem__",),
-    "CONTAINS_OP": ("__contains__",), "GET_ITER": ("__iter__",),
+    "CONTAINS_OP": ("__contains__",),
+    # Iteration: ``for``, ``a, b = y``, ``[*y]``, ``f(*y)``, ``yield from y``.
+    "GET_ITER": ("__iter__",), "UNPACK_SEQUENCE": ("__iter__",), "UNPACK_EX": ("__iter__",),
+    "LIST_EXTEND": ("__iter__",), "SET_UPDATE": ("__iter__",),
+    "CALL_FUNCTION_EX": ("__iter__",), "GET_YIELD_FROM_ITER": ("__iter__",),
 }  # fmt: skip
-_ATTRIBUTE_READS = ("LOAD_ATTR", "LOAD_METHOD")
-#: Builtins that run an operand's dunder (``abs(y)`` runs ``Tensor.__abs__``): the
-#: profiler sees the builtin called, not the dunder it reaches through the slot.
+#: Instructions whose argument is a name the code reads: an attribute (``y.T``), a
+#: global or free variable (``from operator import mul``; a builtin such as ``sum``).
+_NAME_READS = ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF")
+#: Builtins that run an operand's dunders other than the one of their own name
+#: (``sum`` adds, ``sorted`` iterates and compares); a builtin named as a dunder's word
+#: (``abs``, ``len``, ``iter``, ``float``) is covered by the name rule below.
+_CONSUMERS = ("__iter__", "__lt__", "__gt__")
 _BUILTIN_DUNDERS = {
-    "abs": ("__abs__",), "len": ("__len__",), "round": ("__round__",),
-    "float": ("__float__",), "int": ("__int__",), "bool": ("__bool__",),
-    "complex": ("__complex__",), "iter": ("__iter__",), "reversed": ("__reversed__",),
-    "divmod": ("__divmod__", "__rdivmod__"), "pow": ("__pow__", "__rpow__"),
-    "format": ("__format__",), "hash": ("__hash__",),
+    "sum": ("__iter__", "__add__", "__radd__"), "min": _CONSUMERS, "max": _CONSUMERS,
+    "sorted": _CONSUMERS, "list": ("__iter__",), "tuple": ("__iter__",),
+    "set": ("__iter__",), "frozenset": ("__iter__",), "dict": ("__iter__",),
+    "zip": ("__iter__",), "enumerate": ("__iter__",), "map": ("__iter__",),
+    "filter": ("__iter__",), "any": ("__iter__", "__bool__"),
+    "all": ("__iter__", "__bool__"), "divmod": ("__divmod__", "__rdivmod__"),
 }  # fmt: skip
+_MIRRORED = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}
+
+
+def _dunders_named(name: str) -> set[str]:
+    """What a name a code reads may reach on a tensor: the attribute of that name (``T``
+    read by ``y.T``, by ``getattr(y, "T")`` or ``attrgetter("T")``), and the dunders of
+    that word (``operator.mul`` and ``mul`` run ``__mul__``, ``__rmul__``; ``iadd``
+    ``__iadd__`` then ``__add__``; ``abs`` ``__abs__``; ``lt`` ``__lt__`` or the mirrored
+    ``__gt__``), plus the dunders the builtins that consume operands run."""
+    base = name.strip("_")
+    found = {name, f"__{base}__", f"__r{base}__", f"__i{base}__"}
+    if base.startswith("i"):
+        found |= {f"__{base[1:]}__", f"__r{base[1:]}__"}
+    if base in _MIRRORED:
+        found.add(f"__{_MIRRORED[base]}__")
+    found.update(_BUILTIN_DUNDERS.get(name, ()))
+    return found
 
 
 @functools.lru_cache(maxsize=4096)
 def _names_reached_without_a_call(code: types.CodeType) -> frozenset[str]:
-    """The attribute names ``code`` reaches on its operands with no call a profiler or
-    a graph shows: the dunders of its operators (through the type's slots) and of the
-    builtins it names (``abs``: ``__abs__``), and the attributes it reads (``x.T``,
-    ``x.shape``). Read from the bytecode, so every branch
-    counts (more to check, never less)."""
+    """The attribute names ``code`` may reach on its operands with no call a profiler
+    or a graph shows, read from the bytecode (every branch counts: more to check, never
+    less): the dunders of its operators, subscripts and iterations (through the type's
+    slots), and of every name it reads or holds as a string constant -- an attribute
+    read (``y.mT``), a function of ``operator`` or a builtin that runs a dunder from C
+    (``operator.mul``, ``sum``, ``getattr(y, "T")``: ``_dunders_named``)."""
     names: set[str] = set()
     for ins in dis.get_instructions(code):
         if ins.opname == "BINARY_OP":
@@ -230,10 +257,11 @@ def _names_reached_without_a_call(code: types.CodeType) -> frozenset[str]:
             names.update(_COMPARE_DUNDERS.get(str(ins.argval), ()))
         elif ins.opname in _INSTRUCTION_DUNDERS:
             names.update(_INSTRUCTION_DUNDERS[ins.opname])
-        elif ins.opname in _ATTRIBUTE_READS:
-            names.add(str(ins.argval))
-        elif ins.opname == "LOAD_GLOBAL":
-            names.update(_BUILTIN_DUNDERS.get(str(ins.argval), ()))
+        elif ins.opname in _NAME_READS and isinstance(ins.argval, str):
+            names |= _dunders_named(ins.argval)
+    for const in code.co_consts:
+        if isinstance(const, str) and const.isidentifier():
+            names |= _dunders_named(const)
     return frozenset(names)
 
 

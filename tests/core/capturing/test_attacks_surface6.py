@@ -488,47 +488,12 @@ SCENARIOS = _scenarios()
 #: Wrong answers found by this round (left for the coordinator): the outcome each gives
 #: now. The test of such a cell asserts that outcome, so it fails (and shows) once fixed.
 KNOWN_WRONG: dict[tuple[str, str], tuple[str, str]] = {
-    # make_fx: a C function of the standard library runs a Tensor dunder through the
-    # type's slot -- the builtin ``sum`` (``0 + y``: Tensor.__radd__), ``operator.mul``,
-    # ``operator.add`` under ``functools.reduce`` -- with no operator in the bytecode and
-    # no Python frame the profile hook sees, so the dunder is not in LIBRARY_SURFACE and
-    # its replacement is served as the graph baked the original (before and after load).
-    # Reproducers: /work/notes/repro_attack6_make_fx_sum_radd.py,
-    # repro_attack6_make_fx_operator_mul.py, repro_attack6_make_fx_reduce_add.py.
-    # Likewise a property read by name through a C function -- ``getattr(y, "T")``,
-    # ``operator.attrgetter("T")(y)`` -- with no LOAD_ATTR in the bytecode.
-    # Reproducers: /work/notes/repro_attack6_make_fx_getattr_property.py,
-    # repro_attack6_make_fx_attrgetter_property.py.
-    # (Dynamo serves all these equal to eager.)
-    **{
-        ("make_fx", f"{name} [{when}]"): ("served", "False")
-        for name in (
-            "sum([y, x]): Tensor.__radd__",
-            "operator.mul(y, 3): Tensor.__mul__",
-            "reduce(operator.add): Tensor.__add__",
-            'getattr(y, "T"): Tensor.T',
-            'attrgetter("T")(y): Tensor.T',
-        )
-        for when in ("before load", "after load")
-    },
-    # Dynamo: iteration of a tensor with no GET_ITER in the bytecode -- tuple unpacking
-    # (UNPACK_SEQUENCE), star unpacking ``[*y]`` (LIST_EXTEND) and the builtin ``list(y)``
-    # -- reaches Tensor.__iter__ (Python code in torch/_tensor.py) eagerly, but Dynamo
-    # unbinds the tensor itself and inlines nothing, so Tensor.__iter__ is not recorded
-    # and its replacement is served as baked.
-    # (make_fx refuses these: the profile hook sees Tensor.__iter__'s frame.)
-    # Reproducers: /work/notes/repro_attack6_dynamo_unpack_iter.py,
-    # repro_attack6_dynamo_list_iter.py, repro_attack6_dynamo_starred_iter.py.
-    # (``zip(y, x)`` passes: refused or served as eager.)
-    **{
-        ("dynamo", f"{name} [{when}]"): ("served", "False")
-        for name in (
-            "a, b, c = y: Tensor.__iter__",
-            "list(y): Tensor.__iter__",
-            "[*y]: Tensor.__iter__",
-        )
-        for when in ("before load", "after load")
-    },
+    # Found by this round and fixed since (library_surface._names_reached_without_a_call):
+    # make_fx served a dunder a C function reached (the builtin ``sum``, ``operator.mul``,
+    # ``operator.add`` under ``functools.reduce``) and a property read through
+    # ``getattr(y, "T")`` / ``attrgetter("T")``; Dynamo served ``Tensor.__iter__``
+    # replaced under tuple unpacking, ``list(y)`` and ``[*y]``. Reproducers:
+    # /work/notes/repro_attack6_*.py.
 }
 
 #: Needless refusals of no-ops: the words the refusal names. The record keeps an
@@ -545,6 +510,9 @@ KNOWN_NEEDLESS: dict[tuple[str, str], str] = {
                 "Parameter.__mul__ replaced, only y * p used",
                 "`torch.nn.Parameter.__mul__` was",
             ),
+            # ``torch.add``: the name ``add`` is kept as ``operator.add``'s would be
+            # (a name is not told by what it was read from), so ``__add__`` is recorded
+            ("Tensor.__add__ replaced, only torch.add used", "`torch.Tensor.__add__` was"),
         )
         for tracer in ("make_fx", "dynamo")
         for when in ("before load", "after load")
