@@ -140,37 +140,48 @@ class UserState:
         for obj, saved in self.records:
             if _same(obj, saved):
                 continue
-            if isinstance(saved, _Slots):
-                for name, held in saved.items():
-                    if held is _EMPTY:
-                        with contextlib.suppress(AttributeError):
-                            object.__delattr__(obj, name)
-                    else:
-                        object.__setattr__(obj, name, held)
-            elif isinstance(obj, collections.deque):
-                collections.deque.clear(obj)
-                collections.deque.extend(obj, saved)
-            elif isinstance(obj, list):
-                list.__setitem__(obj, slice(None), saved)
-            elif isinstance(obj, bytearray):
-                bytearray.__setitem__(obj, slice(None), saved)
-            elif isinstance(obj, dict):
-                _restore_dict(obj, saved)
-            elif isinstance(obj, set):
-                set.clear(obj)
-                set.update(obj, saved)
-            elif isinstance(obj, types.CellType):
-                if saved is _EMPTY:
-                    del obj.cell_contents
-                else:
-                    obj.cell_contents = saved
-            elif isinstance(obj, type):
-                for name in [k for k in vars(obj) if not k.startswith("__")]:
-                    if name not in saved:
-                        delattr(obj, name)
-                for name, held in saved.items():
-                    if vars(obj).get(name, _EMPTY) is not held:
-                        setattr(obj, name, held)
+            try:
+                _put_back(obj, saved)
+            except Exception:
+                # Best effort: one object's own rules (a read-only attribute, a mapping
+                # that refuses) never fail a capture.
+                continue
+
+
+def _put_back(obj: Any, saved: Any) -> None:
+    """Put ``saved`` (what ``UserState`` recorded of ``obj``) back into ``obj``, through
+    the base types' own methods."""
+    if isinstance(saved, _Slots):
+        for slot, held in saved.items():
+            if held is _EMPTY:
+                with contextlib.suppress(AttributeError):
+                    slot.__delete__(obj)
+            else:
+                slot.__set__(obj, held)
+    elif isinstance(obj, collections.deque):
+        collections.deque.clear(obj)
+        collections.deque.extend(obj, saved)
+    elif isinstance(obj, list):
+        list.__setitem__(obj, slice(None), saved)
+    elif isinstance(obj, bytearray):
+        bytearray.__setitem__(obj, slice(None), saved)
+    elif isinstance(obj, dict):
+        _restore_dict(obj, saved)
+    elif isinstance(obj, set):
+        set.clear(obj)
+        set.update(obj, saved)
+    elif isinstance(obj, types.CellType):
+        if saved is _EMPTY:
+            del obj.cell_contents
+        else:
+            obj.cell_contents = saved
+    elif isinstance(obj, type):
+        for name in [k for k in vars(obj) if not k.startswith("__")]:
+            if name not in saved:
+                delattr(obj, name)
+        for name, held in saved.items():
+            if vars(obj).get(name, _EMPTY) is not held:
+                setattr(obj, name, held)
 
 
 def _same(obj: Any, saved: Any) -> bool:
@@ -200,12 +211,14 @@ def _same(obj: Any, saved: Any) -> bool:
     return True
 
 
-class _Slots(dict[str, Any]):
+class _Slots(dict[Any, Any]):
     """An object's ``__slots__`` values by attribute name, ``_EMPTY`` where unset."""
 
 
 def _slot_values(value: Any) -> _Slots:
-    """``value``'s slot values (its class's and its bases' ``__slots__``)."""
+    """``value``'s slot values (its class's and its bases' ``__slots__``), keyed by the
+    slot's own member descriptor: read and put back through it, so a property of the
+    same name further down the MRO (which may compute, or refuse a set) is not used."""
     found = _Slots()
     for klass in type(value).__mro__:
         names = vars(klass).get("__slots__", ())
@@ -214,10 +227,13 @@ def _slot_values(value: Any) -> _Slots:
                 continue
             if name.startswith("__") and not name.endswith("__"):
                 name = f"_{klass.__name__.lstrip('_')}{name}"  # as Python mangles it
+            slot = vars(klass).get(name)
+            if not isinstance(slot, types.MemberDescriptorType):
+                continue
             try:
-                found[name] = object.__getattribute__(value, name)
+                found[slot] = slot.__get__(value, klass)
             except AttributeError:
-                found[name] = _EMPTY
+                found[slot] = _EMPTY
     return found
 
 

@@ -245,3 +245,30 @@ def test_a_module_imported_during_the_capture_stays_bound_in_its_package(
         capture_pair(user_state_lazy.lazy, model, x, directory=tmp_path, tracer=TRACERS[tracer]())
     assert "tests.fixtures.user_state_lazy.sub" in sys.modules
     assert user_state_lazy.sub is sys.modules["tests.fixtures.user_state_lazy.sub"]
+
+
+class _Stored:
+    __slots__ = ("_value",)
+
+
+class _Computed(_Stored):
+    """mpmath's shape: a property over a base class's slot, with no setter (a capture
+    through the wheel walked mpmath, and the put-back raised "property '_value' of
+    '_Computed' object has no setter", failing the capture)."""
+
+    __slots__ = ()
+
+    @property
+    def _value(self) -> Any:
+        return _Stored._value.__get__(self, _Stored)  # type: ignore[attr-defined]
+
+
+def test_a_slot_behind_a_property_without_a_setter_is_put_back() -> None:
+    from precompile.capturing.user_state import UserState
+
+    held = _Computed()
+    _Stored._value.__set__(held, "before")  # type: ignore[attr-defined]
+    state = UserState([[held]])
+    _Stored._value.__set__(held, "stored by the trace")  # type: ignore[attr-defined]
+    state.restore()
+    assert held._value == "before"
