@@ -148,10 +148,38 @@ def recording_grad_dependent_reads(
     with (
         patched(TensorVariable, "var_getattr", var_getattr_or_class),
         patched(TorchInGraphFunctionVariable, "call_function", call_function),
-        patched(BuiltinVariable, "call_isinstance", call_isinstance),
-        patched(BuiltinVariable, "call_type", call_type),
+        patched_builtin_handler(isinstance, call_isinstance),
+        patched_builtin_handler(type, call_type),
     ):
         yield
+
+
+@contextlib.contextmanager
+def patched_builtin_handler(builtin: Any, value: Any) -> Iterator[None]:
+    """``BuiltinVariable.call_<builtin>`` is ``value`` inside the block, and Dynamo calls
+    it there. Patching the method alone is not enough: Dynamo binds it once per
+    (builtin, argument types) into a process-wide handler cache
+    (``BuiltinVariable.call_function_handler_cache``) at its first use and never looks
+    it up again, so a handler made before the block -- torch's own method, bound by
+    any earlier compile, or an earlier capture's recorder, appending to that capture's
+    lists -- would run instead of ``value``, and the capture would miss what it records
+    depending on what ran before in the process (a class read unrecorded: a Parameter
+    input served the plain tensor's branch). The builtin's cached handlers are dropped
+    on entry, so they are rebound to ``value``, and on exit, so no later compile runs
+    this capture's recorder."""
+    from torch._dynamo.variables.builtin import BuiltinVariable
+
+    def drop() -> None:
+        cache = getattr(BuiltinVariable, "call_function_handler_cache", {})
+        for key in [k for k in list(cache) if k and k[0] is builtin]:
+            cache.pop(key, None)
+
+    drop()
+    try:
+        with patched(BuiltinVariable, f"call_{builtin.__name__}", value):
+            yield
+    finally:
+        drop()
 
 
 @contextlib.contextmanager
