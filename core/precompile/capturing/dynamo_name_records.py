@@ -378,7 +378,6 @@ def traced_function_rows(
     returned is held by the cache, and eager calls it again). Any other is refused here: nothing in
     another process could find it, and its code swapped (IPython's autoreload) would be
     served as traced."""
-    import gc
 
     from precompile.runtime.state_checks import code_fingerprint
 
@@ -386,11 +385,11 @@ def traced_function_rows(
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     watched: list[types.FunctionType] = []
     nameless: dict[types.CodeType, str] = {}
-    for code in traced:
-        if not is_project_file(code.co_filename):
-            continue
+    project = [code for code in traced if is_project_file(code.co_filename)]
+    holders_of = referrers_of(project)
+    for code in project:
         digest = code_fingerprint(code)
-        for holder in gc.get_referrers(code):
+        for holder in holders_of[id(code)]:
             if not isinstance(holder, types.FunctionType) or holder.__code__ is not code:
                 continue
             named = import_name(holder) or _global_name(holder)
@@ -405,13 +404,15 @@ def traced_function_rows(
             }
         if not any(row["code"] == digest for row in rows.values()):
             nameless[code] = digest
+    # Its lists hold the functions: dropped before the check of what holds them.
+    del holders_of
     paths: dict[types.CodeType, list[dict[str, str]]] = {}
     for (scope, path), fn in sorted((reads or {}).items()):
         if fn.__code__ in nameless:
             watched.append(fn)
             paths.setdefault(fn.__code__, []).append({"scope": scope, "path": path})
-    for code in nameless:
-        for scope, path, fn in _class_paths(code):
+    for code, found in _class_paths(list(nameless)).items():
+        for scope, path, fn in found:
             watched.append(fn)
             paths.setdefault(code, []).append({"scope": scope, "path": path})
     hook_functions = [fn for hook in hooks for fn in _functions_of(hook)]
@@ -463,38 +464,68 @@ def traced_function_rows(
     return list(rows.values())
 
 
-def _class_paths(code: types.CodeType) -> list[tuple[str, str, types.FunctionType]]:
-    """(module, access path, function) of each function running ``code`` that a class
-    another process imports holds in its dict, itself or as a descriptor's function: a
-    method a decorator replaced with its wrapper (``G['Net'].__dict__['encode']``), a
-    property's getter, setter or deleter, a static or class method's
-    (``G['Encoder'].__dict__['scale'].fget``). Their qualified names resolve elsewhere
-    (the decorator's ``wrapper``) or to the descriptor, not to the function."""
+def referrers_of(objects: list[Any]) -> dict[int, list[Any]]:
+    """The objects that refer to each of ``objects``, by its id: one pass over the heap
+    for all of them (``gc.get_referrers`` walks every tracked object per call, so one
+    call per object made a capture's cost grow with the process's heap times the
+    functions it traced)."""
     import gc
 
-    found = []
-    for fn in gc.get_referrers(code):
-        if not isinstance(fn, types.FunctionType) or fn.__code__ is not code:
-            continue
-        holders: list[tuple[Any, str]] = [(fn, "")]
-        for held in gc.get_referrers(fn):
+    found: dict[int, list[Any]] = {id(o): [] for o in objects}
+    if not found:
+        return found
+    for referrer in gc.get_referrers(*objects):
+        for target in gc.get_referents(referrer):
+            if id(target) in found:
+                found[id(target)].append(referrer)
+    return found
+
+
+def _class_paths(
+    codes: list[types.CodeType],
+) -> dict[types.CodeType, list[tuple[str, str, types.FunctionType]]]:
+    """Per code, (module, access path, function) of each function running it that a
+    class another process imports holds in its dict, itself or as a descriptor's
+    function: a method a decorator replaced with its wrapper
+    (``G['Net'].__dict__['encode']``), a property's getter, setter or deleter, a static
+    or class method's (``G['Encoder'].__dict__['scale'].fget``). Their qualified names
+    resolve elsewhere (the decorator's ``wrapper``) or to the descriptor, not to the
+    function. Four passes over the heap in all (``referrers_of``)."""
+    functions = {
+        code: [fn for fn in held if isinstance(fn, types.FunctionType) and fn.__code__ is code]
+        for code, held in zip(codes, map(referrers_of(codes).__getitem__, map(id, codes)))
+    }
+    every = list({id(fn): fn for fns in functions.values() for fn in fns}.values())
+    held_by = referrers_of(every)
+    holders: dict[int, list[tuple[Any, str]]] = {}
+    for fn in every:
+        holders[id(fn)] = [(fn, "")]
+        for held in held_by[id(fn)]:
             for accessor in ("fget", "fset", "fdel", "__func__"):
                 if getattr(held, accessor, None) is fn:
-                    holders.append((held, f".{accessor}"))
-        for value, accessor in holders:
-            for table in gc.get_referrers(value):
-                if not isinstance(table, dict):
-                    continue
-                for owner in gc.get_referrers(table):
-                    named = import_name(owner) if isinstance(owner, type) else None
-                    if named is None or vars(owner) != table:
-                        continue
-                    root, *rest = named[1].split(".")
-                    base = f"G[{root!r}]" + "".join(f".{part}" for part in rest)
-                    for name, bound in list(table.items()):
-                        if bound is value:
-                            path = f"{base}.__dict__[{name!r}]{accessor}"
-                            found.append((named[0], path, fn))
+                    holders[id(fn)].append((held, f".{accessor}"))
+    values = list({id(v): v for hs in holders.values() for v, _a in hs}.values())
+    tables_of = {
+        key: [t for t in refs if isinstance(t, dict)] for key, refs in referrers_of(values).items()
+    }
+    tables = list({id(t): t for ts in tables_of.values() for t in ts}.values())
+    owners_of = referrers_of(tables)
+    found: dict[types.CodeType, list[tuple[str, str, types.FunctionType]]] = {}
+    for code, fns in functions.items():
+        paths = found.setdefault(code, [])
+        for fn in fns:
+            for value, accessor in holders[id(fn)]:
+                for table in tables_of[id(value)]:
+                    for owner in owners_of[id(table)]:
+                        named = import_name(owner) if isinstance(owner, type) else None
+                        if named is None or vars(owner) != table:
+                            continue
+                        root, *rest = named[1].split(".")
+                        base = f"G[{root!r}]" + "".join(f".{part}" for part in rest)
+                        for name, bound in list(table.items()):
+                            if bound is value:
+                                path = f"{base}.__dict__[{name!r}]{accessor}"
+                                paths.append((named[0], path, fn))
     return found
 
 
