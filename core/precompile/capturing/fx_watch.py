@@ -128,9 +128,16 @@ def _past(frame: types.FrameType | None, files: tuple[str, ...]) -> types.FrameT
 @contextlib.contextmanager
 def recording_calls() -> Iterator[CallLog]:
     """Every function entered on this thread while active (a profile hook that chains
-    to any profiler already installed), with the module globals of the user ones."""
+    to any profiler already installed), with the module globals of the user ones.
+
+    A Python profile function already installed is called on, event by event. A C-level
+    profiler (``cProfile``: ``sys.getprofile()`` is then its ``Profiler`` object, not a
+    callable) cannot be chained from Python: it is paused for the trace and enabled
+    again after it, keeping what it had recorded (a capture run under ``cProfile`` used
+    to fail calling the object, and would have left it broken)."""
     log = CallLog()
-    previous = sys.getprofile()
+    installed = sys.getprofile()
+    previous = installed if callable(installed) else None
     codes, scopes, reads = log.codes, log.scopes, log.reads
     state, refused = log.state, log.refused
     tables = fx_process_state.tables()
@@ -246,7 +253,23 @@ def recording_calls() -> Iterator[CallLog]:
     try:
         yield log
     finally:
-        sys.setprofile(previous)
+        _reinstall_profiler(installed)
+
+
+def _reinstall_profiler(installed: object) -> None:
+    """Put back the profiler ``sys.getprofile()`` returned before the trace: a Python
+    function as it was; a C-level profiler (``_lsprof.Profiler``) by enabling it again,
+    which reinstalls its C hook; anything else (a C hook no Python call can reinstall)
+    by removing the trace's own hook, since setting the object would have Python call
+    it on every event."""
+    if installed is None or callable(installed):
+        sys.setprofile(installed)  # type: ignore[arg-type]
+        return
+    enable = getattr(installed, "enable", None)
+    if callable(enable):
+        enable()
+    else:
+        sys.setprofile(None)
 
 
 #: ``nn.Module.__getattr__`` reads ``self.__dict__`` to find a parameter, buffer or
