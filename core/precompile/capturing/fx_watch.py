@@ -263,7 +263,7 @@ def _reinstall_profiler(installed: object) -> None:
     by removing the trace's own hook, since setting the object would have Python call
     it on every event."""
     if installed is None or callable(installed):
-        sys.setprofile(installed)  # type: ignore[arg-type]
+        sys.setprofile(installed)
         return
     enable = getattr(installed, "enable", None)
     if callable(enable):
