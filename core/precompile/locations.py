@@ -52,7 +52,20 @@ class StackFrame:
         return dataclasses.asdict(self)
 
 
+# Per file name, for the life of the process: a capture asks these of every module in
+# sys.modules and every code object it saw (hundreds of thousands of calls in a large
+# process), and ``os.path.realpath`` walks the path with an ``lstat`` per component.
+_real_paths: dict[str, str] = {}
 _user_file_cache: dict[str, bool] = {}
+_project_file_cache: dict[str, bool] = {}
+
+
+def real_path(filename: str) -> str:
+    """``os.path.realpath(filename)``, computed once per file name."""
+    path = _real_paths.get(filename)
+    if path is None:
+        path = _real_paths[filename] = os.path.realpath(filename)
+    return path
 
 
 def is_user_file(filename: str) -> bool:
@@ -64,7 +77,7 @@ def is_user_file(filename: str) -> bool:
     if not filename or filename.startswith("<"):
         result = False
     else:
-        path = os.path.realpath(filename)
+        path = real_path(filename)
         if path.startswith(_LIBRARY_DIRS):
             result = False
         elif path.startswith(_SITE_DIRS):
@@ -78,7 +91,18 @@ def is_user_file(filename: str) -> bool:
 def is_project_file(filename: str) -> bool:
     """User code that is not an installed library: what a project edits, and what an
     artifact records function by function (installed libraries change by version)."""
-    return is_user_file(filename) and not os.path.realpath(filename).startswith(_SITE_DIRS)
+    cached = _project_file_cache.get(filename)
+    if cached is None:
+        cached = is_user_file(filename) and not real_path(filename).startswith(_SITE_DIRS)
+        _project_file_cache[filename] = cached
+    return cached
+
+
+def is_project_module(module: object) -> bool:
+    """A module object whose file is project code (``is_project_file``): the modules whose
+    globals a capture watches and puts back."""
+    file = getattr(module, "__file__", None)
+    return isinstance(module, types.ModuleType) and isinstance(file, str) and is_project_file(file)
 
 
 def codepoint_column(filename: str, line: int, byte_column: int | None) -> int:

@@ -20,7 +20,7 @@ from precompile._compat import tracing
 from precompile.capturing.bytecode_names import global_names
 from precompile.capturing.fx_watch import CallLog
 from precompile.errors import PrecompileError
-from precompile.locations import is_project_file
+from precompile.locations import is_project_module
 from precompile.runtime import value_fingerprints
 
 
@@ -45,7 +45,7 @@ class Snapshot:
         self.scopes = {
             id(vars(module)): (name, _scope_contents(vars(module)))
             for name, module in list(sys.modules.items())
-            if _is_project_module(module)
+            if is_project_module(module)
         }
 
     def changed_during(
@@ -105,11 +105,6 @@ class Snapshot:
 _DEPTH = 3
 #: Containers longer than this are compared by identity and length only.
 _WIDTH = 10_000
-
-
-def _is_project_module(module: object) -> bool:
-    file = getattr(module, "__file__", None)
-    return isinstance(module, types.ModuleType) and isinstance(file, str) and is_project_file(file)
 
 
 def _scope_contents(scope: dict[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import torch
 
 from precompile._compat import patching, tracing
 from precompile.capturing import fx_process_state, library_surface, neutral_reads
-from precompile.locations import is_project_file, is_user_file
+from precompile.locations import is_project_file, is_user_file, real_path
 from precompile.runtime.class_fingerprints import ENTERED_ONLY_DUNDERS, ENTERED_RECORDED
 
 #: The events sys.setprofile hands a profile function.
@@ -389,7 +389,7 @@ def read_names(log: CallLog) -> frozenset[str]:
     call entered, where it is known what it entered."""
     names: set[str] = set()
     for code in log.codes:
-        path = os.path.realpath(code.co_filename) if code.co_filename else ""
+        path = real_path(code.co_filename) if code.co_filename else ""
         if is_user_file(code.co_filename) or (
             path.startswith(_TORCH_MODULE_CODE) and code in log.reached
         ):
@@ -402,7 +402,7 @@ def read_names(log: CallLog) -> frozenset[str]:
         # __setattr__ as make_fx records the graph), never run by an eager call.
         for code in log.reached:
             if code.co_name in ENTERED_ONLY_DUNDERS:
-                path = os.path.realpath(code.co_filename) if code.co_filename else ""
+                path = real_path(code.co_filename) if code.co_filename else ""
                 if not path.startswith(_TORCH_DIR) or path.startswith(_TORCH_MODULE_CODE):
                     names.add(code.co_name)
         names.add(ENTERED_RECORDED)

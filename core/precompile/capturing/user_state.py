@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from precompile._compat.prelude import global_module_hooks
-from precompile.locations import is_project_file
+from precompile.locations import is_project_module
 
 #: How deep the walk goes from a root, how many objects it records in all, and how
 #: many items of one container it walks into (the container itself is recorded whole).
@@ -45,11 +45,6 @@ _EMPTY = object()
 _LEAVES = (torch.Tensor, types.ModuleType, str, bytes, int, float, complex, bool, type(None))
 
 
-def _is_project_module(module: object) -> bool:
-    file = getattr(module, "__file__", None)
-    return isinstance(module, types.ModuleType) and isinstance(file, str) and is_project_file(file)
-
-
 def capture_roots(fn: Any, args: Any) -> list[Any]:
     """Where the user's state a capture can reach starts: fn, its arguments (the
     modules, with their hooks), fn's globals (a notebook's ``__main__`` has no file),
@@ -59,7 +54,7 @@ def capture_roots(fn: Any, args: Any) -> list[Any]:
     scope = getattr(getattr(fn, "__func__", fn), "__globals__", None)
     if isinstance(scope, dict):
         roots.append(scope)
-    roots += [vars(m) for m in list(sys.modules.values()) if _is_project_module(m)]
+    roots += [vars(m) for m in list(sys.modules.values()) if is_project_module(m)]
     roots += [tuple(hooks.values()) for hooks in global_module_hooks()]
     return roots
 
@@ -117,7 +112,7 @@ class UserState:
             return [value.func, value.args, value.keywords, vars(value)]
         if isinstance(value, type):
             module = sys.modules.get(value.__module__)
-            if not _is_project_module(module) and value.__module__ != "__main__":
+            if not is_project_module(module) and value.__module__ != "__main__":
                 return []
             attrs = {k: v for k, v in vars(value).items() if not k.startswith("__")}
             self.records.append((value, attrs))

@@ -28,9 +28,8 @@ def function_source(module_text: str, qualname: str, line: int = 0) -> str | Non
     import ast
     import textwrap
 
-    try:
-        tree = ast.parse(module_text)
-    except (SyntaxError, ValueError):
+    tree = _parsed(module_text)
+    if tree is None:
         return None
     path = [part for part in qualname.split(".") if part != "<locals>"]
     scopes: list[list[ast.stmt]] = [tree.body]
@@ -68,6 +67,28 @@ def function_source(module_text: str, qualname: str, line: int = 0) -> str | Non
     if isinstance(node, ast.Lambda):
         text = ast.get_source_segment(module_text, node) or text
     return textwrap.dedent(text)
+
+
+#: The last few module texts parsed, and their trees (None: the text does not parse). A
+#: capture asks for each function it ran through, many per module, and parsing a long
+#: module takes milliseconds; kept small, as a long-lived process sees many texts.
+_PARSED: dict[str, Any] = {}
+
+
+def _parsed(module_text: str) -> Any:
+    """``ast.parse(module_text)``, or None where it does not parse."""
+    import ast
+
+    if module_text in _PARSED:
+        return _PARSED[module_text]
+    try:
+        tree: Any = ast.parse(module_text)
+    except (SyntaxError, ValueError):
+        tree = None
+    if len(_PARSED) >= 8:
+        _PARSED.clear()
+    _PARSED[module_text] = tree
+    return tree
 
 
 def source_digest(text: str) -> str:
