@@ -39,6 +39,7 @@ from precompile._compat import dynamo
 from precompile.capturing.bytecode_names import global_loads
 from precompile.capturing.live_functions import (
     cached_makers,
+    referrers,
     refuse_unwatched,
     unwatched_live,
 )
@@ -474,7 +475,7 @@ def referrers_of(objects: list[Any]) -> dict[int, list[Any]]:
     found: dict[int, list[Any]] = {id(o): [] for o in objects}
     if not found:
         return found
-    for referrer in gc.get_referrers(*objects):
+    for referrer in referrers(*objects):
         for target in gc.get_referents(referrer):
             if id(target) in found:
                 found[id(target)].append(referrer)

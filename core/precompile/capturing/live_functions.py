@@ -36,6 +36,25 @@ from precompile.runtime.guard_text import user_path
 _LRU_CACHE: type = type(functools.lru_cache(maxsize=None)(len))
 
 
+def referrers(*objects: Any) -> list[Any]:
+    """``gc.get_referrers(*objects)``, the objects ``gc.freeze()`` moved to the permanent
+    generation included: CPython's walk covers the three collected generations only, so
+    in a process that froze its heap (a pre-forking server does, before it forks) every
+    walk found nothing, and a function only C state holds went unrefused. Such a heap is
+    unfrozen for the walk and frozen again after it (both are O(1) list splices); the
+    freeze then also holds what was allocated since the user's freeze, which changes
+    what the collector visits, never what a program computes. Every heap walk of a
+    capture goes through here."""
+    frozen = gc.get_freeze_count()
+    if frozen:
+        gc.unfreeze()
+    try:
+        return gc.get_referrers(*objects)
+    finally:
+        if frozen:
+            gc.freeze()
+
+
 def live_functions(
     codes: Iterable[types.CodeType],
 ) -> dict[types.CodeType, list[types.FunctionType]]:
@@ -46,7 +65,7 @@ def live_functions(
     found: dict[types.CodeType, list[types.FunctionType]] = {}
     if not wanted:
         return found
-    for fn in gc.get_referrers(*wanted):
+    for fn in referrers(*wanted):
         if isinstance(fn, types.FunctionType) and fn.__code__ in wanted:
             found.setdefault(fn.__code__, []).append(fn)
     return found
@@ -58,7 +77,7 @@ def _held(fn: types.FunctionType, own: set[int]) -> bool:
     traceback keeps -- is reached by nothing fn can read on a later call."""
     return any(
         not isinstance(held, types.FrameType) and id(held) not in own
-        for held in gc.get_referrers(fn)
+        for held in referrers(fn)
     )
 
 
@@ -188,7 +207,7 @@ def _describe(holder: Any, depth: int = 0) -> str | None:
     if depth < 2 and isinstance(holder, (dict, list, tuple)):
         # The lru_cache keeps its results in a dict (and, bounded, in link lists) that
         # only the wrapper holds: name the wrapper.
-        for outer in gc.get_referrers(holder):
+        for outer in referrers(holder):
             if isinstance(outer, _LRU_CACHE):
                 return _describe(outer, depth + 1)
     if isinstance(holder, dict):
@@ -210,7 +229,7 @@ def holders(fn: types.FunctionType, ignore: Iterable[Any] = ()) -> list[str]:
         key = getattr(ref, "key", None)
         if isinstance(ref, weakref.KeyedRef):
             words[f"a WeakValueDictionary (entry {key!r})"] = None
-    for held in gc.get_referrers(fn):
+    for held in referrers(fn):
         if id(held) in skip:
             continue
         said = _describe(held)
@@ -257,6 +276,7 @@ __all__ = [
     "closure_functions",
     "holders",
     "live_functions",
+    "referrers",
     "refuse_unwatched",
     "unwatched_live",
 ]

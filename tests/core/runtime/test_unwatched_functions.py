@@ -15,6 +15,7 @@ serving is refused.
 from __future__ import annotations
 
 import functools
+import textwrap
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +26,7 @@ import torch
 from torch import nn
 
 import precompile
-from tests.harness import attack_in_child, capture_pair
+from tests.harness import attack_in_child, capture_pair, run_json
 
 TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
 
@@ -208,3 +209,42 @@ def test_the_same_function_bound_to_a_name_is_served_and_watched(
     assert kind == "refused" and "ACT" in text, out
     kind, text = out["cached maker changed"]
     assert kind == "refused" and "scale_for" in text, out
+
+
+FROZEN = """
+import gc, json, warnings
+warnings.simplefilter("ignore")
+import torch, precompile
+from tests.core.runtime import test_unwatched_functions as case
+from tests.harness import capture_pair
+
+case._fill()
+torch.manual_seed(0)
+model, x = case.{model}().eval(), torch.randn(3, 4)
+gc.freeze()  # what a pre-forking server does once it has imported everything
+try:
+    with torch.no_grad():
+        capture_pair(case.serve, model, x, directory=__import__("pathlib").Path({directory!r}),
+                     tracer=precompile.{tracer}())
+    words = None
+except precompile.PrecompileError as error:
+    words = str(error)
+print(json.dumps({{"refused": words, "still_frozen": gc.get_freeze_count() > 0}}))
+"""
+
+
+@pytest.mark.parametrize("tracer", sorted(TRACERS))
+def test_a_frozen_heap_is_walked_too(tracer: str, tmp_path: Path) -> None:
+    """After ``gc.freeze()`` CPython's ``gc.get_referrers`` sees none of the frozen
+    objects: the walk that finds an lru_cache'd function found nothing, and the capture
+    went through (its ``__code__`` swapped later would be served stale). Walked with the
+    heap unfrozen, the capture refuses it as in an unfrozen process, and the heap is
+    frozen again after."""
+    names = {"make_fx": "MakeFxTracer", "dynamo": "DynamoTracer"}
+    got = run_json(
+        textwrap.dedent(
+            FROZEN.format(model="UsesCache", tracer=names[tracer], directory=str(tmp_path))
+        )
+    )
+    assert got["refused"] and "the lru_cache of cached_act" in got["refused"], got
+    assert got["still_frozen"], got
