@@ -161,13 +161,27 @@ def recording_calls() -> Iterator[CallLog]:
 
     def hook(frame: types.FrameType, event: ProfileEvent, arg: object) -> object:
         code = frame.f_code
+        # Half the events a trace makes are returns, a quarter C returns: each is
+        # settled here in a few comparisons (what a return tells: the traced call or
+        # an import left, a probe answered True), not through the chains below.
+        if event == "return":
+            if code is traced_code:
+                inside[0] -= 1  # also where it exits by an exception
+            if importing:
+                if frame is importing[0]:
+                    importing.clear()
+            elif code in probe_codes and arg is True:
+                site = fx_process_state.read_site(frame.f_back)
+                if site:
+                    refused.setdefault(probe_codes[code], site)
+            return None if previous is None else previous(frame, event, arg)
+        if event == "c_return" or event == "c_exception":
+            return None if previous is None else previous(frame, event, arg)
         if event == "call":
             if code is traced_code:
                 inside[0] += 1
             elif inside[0]:
                 reached.add(code)
-        elif event == "return" and code is traced_code:
-            inside[0] -= 1  # also where it exits by an exception
         if importing:
             pass
         elif event == "call" and code in _ENVIRON_CODES and "environ" not in reads:
@@ -191,8 +205,8 @@ def recording_calls() -> Iterator[CallLog]:
             # An import during the trace (a lazy one in torch, say) runs the import
             # system's hooks (pytest's rewriter, editable-install finders): what the
             # trace read does not depend on them, and the artifact must not either.
-            if event == "return" and frame is importing[0]:
-                importing.clear()
+            # (It ends at the return of its outermost frame, above.)
+            pass
         elif event == "call" and code.co_filename.startswith("<frozen importlib"):
             importing.append(frame)
         elif event == "call" and code not in codes:
@@ -226,10 +240,6 @@ def recording_calls() -> Iterator[CallLog]:
             site = fx_process_state.read_site(frame) if arg is getter else None
             if site:
                 state.setdefault(read, site)
-        elif event == "return" and code in probe_codes and arg is True:
-            site = fx_process_state.read_site(frame.f_back)
-            if site:
-                refused.setdefault(probe_codes[code], site)
         if importing or not inside[0]:
             # Only what the traced call reached: the capture's machinery calls library
             # code a served call never runs.

@@ -76,8 +76,7 @@ def _held(fn: types.FunctionType, own: set[int]) -> bool:
     holds ``fn``. One only frames hold -- a local of the capturing code, a frame a
     traceback keeps -- is reached by nothing fn can read on a later call."""
     return any(
-        not isinstance(held, types.FrameType) and id(held) not in own
-        for held in referrers(fn)
+        not isinstance(held, types.FrameType) and id(held) not in own for held in referrers(fn)
     )
 
 
