@@ -468,13 +468,26 @@ def run_percall_section(workdir: Path, runs: int) -> str:
         "watches and of the modules' 4 instance dicts, the instance dicts' identities, "
         "23 empty hook dicts and 4 classes' MROs (about 0.1-0.5 us per group, "
         "bench/results/percall_dyn5.md). Memoizing the guard walk on the dicts' tags "
-        "costs as much as the walk (tried: 1.8 against 1.7 us); what would close the gap "
-        "is running both as one C++ guard tree (torch's RootGuardManager, which "
-        "torch._C._dynamo.guards builds without importing torch._dynamo), not done. "
+        "costs as much as the walk (tried: 1.8 against 1.7 us). What would close the "
+        "gap is running both as one C++ guard tree (torch's RootGuardManager), but "
+        "every accessor of that tree (`getattr_manager`, `dict_getitem_manager`, ...) "
+        "imports torch._dynamo for its GuardManagerType enum (checked on torch 2.13: "
+        "`RootGuardManager().getattr_manager('x', 'L[x]', 1, None)` leaves "
+        "torch._dynamo in sys.modules), and `import torch._dynamo` costs about as much "
+        "again as `import torch` (2.8 against 1.4 s here): every Dynamo artifact's "
+        "load and first call, served today without importing torch._dynamo (issue 14: "
+        "<= 1.3x `import torch` with Inductor), would pay over a second for under 3 us "
+        "a call. Not done: the cold start is kept, and the Dynamo/Inductor target is "
+        "not met by that margin. "
         "On Inductor the raw graph row runs Inductor's own `call`; a make_fx "
         "artifact's `call` is that code without the size/stride asserts on the graph "
         "inputs that the driver proves per call (about 0.4 us each, the MLP's five: "
-        "percall_fx4.md), so its difference is the driver less those asserts.",
+        "percall_fx4.md), so its difference is the driver less those asserts. "
+        "Microseconds scale with the machine, the driver's with the graph's: compare "
+        "rows of one table, not figures across sections (the same code measured the "
+        "MLP's raw make_fx graph at 9.0 us on the machine of the table this one "
+        "replaced, where dynamo/eager grad off was +1.9 us over eager, and at 13.8 us "
+        "on the 2026-12-05 machine, where it was +4.2 us).",
         "",
         f"Section wall time: {time.time() - started:.0f} s.",
     ]
