@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from precompile._compat.prelude import global_module_hooks
+from precompile.errors import PrecompileError
 from precompile.locations import is_project_module
 
 #: How deep the walk goes from a root, how many objects it records in all, and how
@@ -131,16 +132,28 @@ class UserState:
         return [held, *slots.values()] if isinstance(held, dict) else list(slots.values())
 
     def restore(self) -> None:
-        """Put back, in place, every recorded object whose contents changed."""
+        """Put back, in place, every recorded object whose contents changed. One whose
+        own rules refuse even the base types' methods is named in a PrecompileError,
+        after every other object is put back: it may still hold what the trace stored
+        (a make_fx trace stores fake tensors), and a capture must not leave that
+        silently."""
+        failed: list[str] = []
         for obj, saved in self.records:
             if _same(obj, saved):
                 continue
             try:
                 _put_back(obj, saved)
-            except Exception:
-                # Best effort: one object's own rules (a read-only attribute, a mapping
-                # that refuses) never fail a capture.
-                continue
+            except Exception as error:
+                failed.append(f"{_named(obj)} ({type(error).__name__}: {error})")
+        if failed:
+            raise PrecompileError(
+                "the capture could not put back what its trace stored into "
+                + "; ".join(failed[:3])
+                + ("" if len(failed) <= 3 else f" and {len(failed) - 3} more")
+                + ": it may still hold a value of the trace, not of a real run",
+                hint="rebuild that object (or restart the process) before using it, and "
+                "keep fn from storing into it",
+            )
 
 
 def _put_back(obj: Any, saved: Any) -> None:
@@ -171,12 +184,21 @@ def _put_back(obj: Any, saved: Any) -> None:
         else:
             obj.cell_contents = saved
     elif isinstance(obj, type):
+        # type's own methods: a metaclass's __setattr__ (a registry that forbids
+        # writes) does not stop the put-back of a store that went around it.
         for name in [k for k in vars(obj) if not k.startswith("__")]:
             if name not in saved:
-                delattr(obj, name)
+                type.__delattr__(obj, name)
         for name, held in saved.items():
             if vars(obj).get(name, _EMPTY) is not held:
-                setattr(obj, name, held)
+                type.__setattr__(obj, name, held)
+
+
+def _named(obj: Any) -> str:
+    """Words for a recorded object in a refusal: a class by its name, else its type's."""
+    if isinstance(obj, type):
+        return f"the class {obj.__module__}.{obj.__qualname__}"
+    return f"a {type(obj).__qualname__}"
 
 
 def _same(obj: Any, saved: Any) -> bool:

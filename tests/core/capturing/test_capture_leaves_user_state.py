@@ -272,3 +272,47 @@ def test_a_slot_behind_a_property_without_a_setter_is_put_back() -> None:
     _Stored._value.__set__(held, "stored by the trace")  # type: ignore[attr-defined]
     state.restore()
     assert held._value == "before"
+
+
+@pytest.mark.parametrize("tracer", sorted(TRACERS))
+def test_a_class_whose_metaclass_forbids_writes_is_put_back(tmp_path: Path, tracer: str) -> None:
+    """fn stores into a registry class around its metaclass's ``__setattr__`` (which
+    forbids writes). The put-back used ``setattr``, which the metaclass refused, and the
+    refusal was skipped: after a make_fx capture the class held a FakeTensor. Now type's
+    own methods put it back: make_fx leaves the value from before the capture, Dynamo
+    what one eager call stores."""
+    from tests.fixtures import user_state_frozen_class as f
+
+    before = torch.zeros(1)
+    type.__setattr__(f.Registry, "last", before)
+    x = torch.ones(2)
+    with torch.no_grad():
+        capture_pair(f.serve, f.Stores(), x, directory=tmp_path, tracer=TRACERS[tracer]())
+    after = vars(f.Registry)["last"]
+    assert _real(after), type(after)
+    if tracer == "make_fx":
+        assert after is before
+    else:
+        assert torch.equal(after, x * 2)
+
+
+def test_a_put_back_that_still_fails_is_a_refusal_naming_it(monkeypatch: Any) -> None:
+    """Where an object's own rules refuse even the base types' methods, the capture does
+    not go on silently with what the trace stored there: the refusal names the object,
+    after every other object was put back."""
+    from precompile.capturing import user_state
+
+    seen, other = [torch.zeros(1)], [torch.ones(1)]
+    state = user_state.UserState([[seen, other]])
+    seen[0], other[0] = torch.full((1,), 5.0), torch.full((1,), 6.0)
+    real_put_back = user_state._put_back
+
+    def put_back(obj: Any, saved: Any) -> None:
+        if obj is seen:
+            raise RuntimeError("this list refuses")
+        real_put_back(obj, saved)
+
+    monkeypatch.setattr(user_state, "_put_back", put_back)
+    with pytest.raises(precompile.PrecompileError, match="a list .RuntimeError: this list refuses"):
+        state.restore()
+    assert other[0].item() == 1.0
