@@ -73,24 +73,8 @@ def _grad_flags(artifact: str) -> dict[str, Any]:
 SERVE = """
 import json, warnings
 warnings.simplefilter("ignore")
-import torch, precompile
 from tests.fixtures import grad_mode_models as g
-linear, x = g.build("linear")
-out = {{}}
-for key, paths in {pairs!r}.items():
-    run = precompile.load(*paths)
-    fn = getattr(g, key.rsplit(" ", 1)[1])
-    for kind, value in (("tensor", x.clone()), ("parameter", torch.nn.Parameter(x.clone()))):
-        with torch.no_grad():
-            expected = fn(linear, value)
-        try:
-            got = run(linear, value)
-        except precompile.PrecompileError as error:
-            out[f"{{key}} {{kind}}"] = {{"result": "refused", "message": str(error)}}
-        else:
-            same = torch.equal(got, expected)
-            out[f"{{key}} {{kind}}"] = {{"result": "exact" if same else "wrong", "message": ""}}
-print(json.dumps(out))
+print(json.dumps(g.serve_tensor_and_parameter({pairs!r}, {functions!r})))
 """
 
 
@@ -130,7 +114,8 @@ def test_a_class_read_is_recorded_whatever_was_compiled_before_in_the_process(
     # (it reads a global Dynamo installed: a separate needless refusal), so only
     # class_branch's are served for Dynamo.
     served = {k: p for k, p in pairs.items() if not k.endswith("dynamo type_branch")}
-    out = run_json(textwrap.dedent(SERVE.format(pairs=served)))
+    functions = {key: key.rsplit(" ", 1)[1] for key in served}
+    out = run_json(textwrap.dedent(SERVE.format(pairs=served, functions=functions)))
     assert len(out) == 2 * len(served) == 12, out
     for key in served:
         assert out[f"{key} tensor"]["result"] == "exact", (key, out)

@@ -369,24 +369,8 @@ def test_a_parameter_input_is_served_where_eager_computes_the_same(
 CLASS_READS = """
 import json, warnings
 warnings.simplefilter("ignore")
-import torch, precompile
 from tests.fixtures import grad_mode_models as g
-linear, x = g.build("linear")
-out = {{}}
-for name, paths in {pairs!r}.items():
-    run = precompile.load(*paths)
-    fn = getattr(g, name)
-    for kind, value in (("tensor", x.clone()), ("parameter", torch.nn.Parameter(x.clone()))):
-        with torch.no_grad():
-            expected = fn(linear, value)
-        try:
-            got = run(linear, value)
-        except precompile.PrecompileError as error:
-            out[f"{{name}} {{kind}}"] = {{"result": "refused", "message": str(error)}}
-        else:
-            same = torch.equal(got, expected)
-            out[f"{{name}} {{kind}}"] = {{"result": "exact" if same else "wrong", "message": ""}}
-print(json.dumps(out))
+print(json.dumps(g.serve_tensor_and_parameter({pairs!r}, {functions!r})))
 """
 
 
@@ -420,7 +404,8 @@ def test_make_fx_refuses_a_parameter_where_fn_reads_its_inputs_classes(tmp_path:
             )
     assert "reads the class of its inputs" in str(refused.value)
     assert "nn.Parameter" in str(refused.value) and "DynamoTracer" in str(refused.value)
-    out = run_json(textwrap.dedent(CLASS_READS.format(pairs=pairs)))
+    functions = {name: name for name in pairs}
+    out = run_json(textwrap.dedent(CLASS_READS.format(pairs=pairs, functions=functions)))
     for name, what in (
         ("class_branch", "isinstance(..., nn.Parameter)"),
         ("type_branch", "type()"),
