@@ -39,7 +39,8 @@ from precompile._compat import dynamo
 from precompile.capturing.bytecode_names import global_loads
 from precompile.capturing.live_functions import (
     cached_makers,
-    referrers,
+    live_functions,
+    referrers_of,
     refuse_unwatched,
     unwatched_live,
 )
@@ -387,12 +388,10 @@ def traced_function_rows(
     watched: list[types.FunctionType] = []
     nameless: dict[types.CodeType, str] = {}
     project = [code for code in traced if is_project_file(code.co_filename)]
-    holders_of = referrers_of(project)
+    running = live_functions(project)
     for code in project:
         digest = code_fingerprint(code)
-        for holder in holders_of[id(code)]:
-            if not isinstance(holder, types.FunctionType) or holder.__code__ is not code:
-                continue
+        for holder in running.get(code, []):
             named = import_name(holder) or _global_name(holder)
             if named is None or named in rows:
                 continue
@@ -406,7 +405,7 @@ def traced_function_rows(
         if not any(row["code"] == digest for row in rows.values()):
             nameless[code] = digest
     # Its lists hold the functions: dropped before the check of what holds them.
-    del holders_of
+    del running
     paths: dict[types.CodeType, list[dict[str, str]]] = {}
     for (scope, path), fn in sorted((reads or {}).items()):
         if fn.__code__ in nameless:
@@ -465,23 +464,6 @@ def traced_function_rows(
     return list(rows.values())
 
 
-def referrers_of(objects: list[Any]) -> dict[int, list[Any]]:
-    """The objects that refer to each of ``objects``, by its id: one pass over the heap
-    for all of them (``gc.get_referrers`` walks every tracked object per call, so one
-    call per object made a capture's cost grow with the process's heap times the
-    functions it traced)."""
-    import gc
-
-    found: dict[int, list[Any]] = {id(o): [] for o in objects}
-    if not found:
-        return found
-    for referrer in referrers(*objects):
-        for target in gc.get_referents(referrer):
-            if id(target) in found:
-                found[id(target)].append(referrer)
-    return found
-
-
 def _class_paths(
     codes: list[types.CodeType],
 ) -> dict[types.CodeType, list[tuple[str, str, types.FunctionType]]]:
@@ -492,10 +474,8 @@ def _class_paths(
     or class method's (``G['Encoder'].__dict__['scale'].fget``). Their qualified names
     resolve elsewhere (the decorator's ``wrapper``) or to the descriptor, not to the
     function. Four passes over the heap in all (``referrers_of``)."""
-    functions = {
-        code: [fn for fn in held if isinstance(fn, types.FunctionType) and fn.__code__ is code]
-        for code, held in zip(codes, map(referrers_of(codes).__getitem__, map(id, codes)))
-    }
+    running = live_functions(codes)
+    functions = {code: running.get(code, []) for code in codes}
     every = list({id(fn): fn for fns in functions.values() for fn in fns}.values())
     held_by = referrers_of(every)
     holders: dict[int, list[tuple[Any, str]]] = {}

@@ -55,6 +55,21 @@ def referrers(*objects: Any) -> list[Any]:
             gc.freeze()
 
 
+def referrers_of(objects: list[Any]) -> dict[int, list[Any]]:
+    """The objects that refer to each of ``objects``, by its id: one pass over the heap
+    for all of them (``gc.get_referrers`` walks every tracked object per call, so one
+    call per object made a capture's cost grow with the process's heap times the
+    functions it traced)."""
+    found: dict[int, list[Any]] = {id(o): [] for o in objects}
+    if not found:
+        return found
+    for referrer in referrers(*objects):
+        for target in gc.get_referents(referrer):
+            if id(target) in found:
+                found[id(target)].append(referrer)
+    return found
+
+
 def live_functions(
     codes: Iterable[types.CodeType],
 ) -> dict[types.CodeType, list[types.FunctionType]]:
@@ -276,6 +291,7 @@ __all__ = [
     "holders",
     "live_functions",
     "referrers",
+    "referrers_of",
     "refuse_unwatched",
     "unwatched_live",
 ]
