@@ -14,7 +14,7 @@ from typing import Any
 
 from precompile.artifact.pair import artifact_relative
 from precompile.locations import is_project_file
-from precompile.runtime.source_digest import function_source, source_digest
+from precompile.runtime.source_digest import function_source, parse_module, source_digest
 
 
 def _module_text(code: types.CodeType) -> tuple[str | None, str | None]:
@@ -32,6 +32,7 @@ def function_records(codes: list[types.CodeType], artifact_path: str) -> list[di
     """One record per distinct project function among ``codes`` (torch is pinned by its
     version check; installed libraries change by version, not by edit)."""
     records: dict[tuple[str, str], dict[str, Any]] = {}
+    trees: dict[str, Any] = {}  # per module: parsed once for all its functions
     for code in codes:
         if not is_project_file(code.co_filename):
             continue
@@ -40,8 +41,15 @@ def function_records(codes: list[types.CodeType], artifact_path: str) -> list[di
         if key in records:
             continue
         module, text = _module_text(code)
-        source = None if text is None else function_source(text, qualname, code.co_firstlineno)
-        if module is None or source is None:
+        if module is None or text is None:
+            continue
+        if module not in trees:
+            trees[module] = parse_module(text)
+        tree = trees[module]
+        source = (
+            None if tree is None else function_source(text, qualname, code.co_firstlineno, tree)
+        )
+        if source is None:
             continue
         records[key] = {
             "module": module,

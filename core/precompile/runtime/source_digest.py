@@ -20,15 +20,29 @@ if TYPE_CHECKING:  # annotations only: artifacts carry these functions without t
     from typing import Any
 
 
-def function_source(module_text: str, qualname: str, line: int = 0) -> str | None:
+def parse_module(module_text: str) -> Any:
+    """``ast.parse(module_text)``, or None where it does not parse: what
+    ``function_source`` searches. A caller looking up several functions of one module
+    parses it once (a long module takes milliseconds, a huge one seconds)."""
+    import ast
+
+    try:
+        return ast.parse(module_text)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def function_source(module_text: str, qualname: str, line: int = 0, tree: Any = None) -> str | None:
     """The source of the function ``qualname`` (``Cls.method``, ``f.<locals>.g``) in
     ``module_text``, from its first decorator to its last line, dedented; None when the
     text has no such function (or does not parse). ``line`` (the function's first line
-    at capture) picks among same-named definitions, and places a lambda."""
+    at capture) picks among same-named definitions, and places a lambda. ``tree``:
+    ``parse_module(module_text)``, where the caller has it."""
     import ast
     import textwrap
 
-    tree = _parsed(module_text)
+    if tree is None:
+        tree = parse_module(module_text)
     if tree is None:
         return None
     path = [part for part in qualname.split(".") if part != "<locals>"]
@@ -69,28 +83,6 @@ def function_source(module_text: str, qualname: str, line: int = 0) -> str | Non
     return textwrap.dedent(text)
 
 
-#: The last few module texts parsed, and their trees (None: the text does not parse). A
-#: capture asks for each function it ran through, many per module, and parsing a long
-#: module takes milliseconds; kept small, as a long-lived process sees many texts.
-_PARSED: dict[str, Any] = {}
-
-
-def _parsed(module_text: str) -> Any:
-    """``ast.parse(module_text)``, or None where it does not parse."""
-    import ast
-
-    if module_text in _PARSED:
-        return _PARSED[module_text]
-    try:
-        tree: Any = ast.parse(module_text)
-    except (SyntaxError, ValueError):
-        tree = None
-    if len(_PARSED) >= 8:
-        _PARSED.clear()
-    _PARSED[module_text] = tree
-    return tree
-
-
 def source_digest(text: str) -> str:
     """The digest recorded for a function's source (sha256 of its UTF-8 text)."""
     import hashlib
@@ -107,6 +99,7 @@ def changed_functions(
     text (None when it cannot), once per module."""
     texts: dict[tuple[str, str], str | None] = {}
     digests: dict[tuple[str, str], str] = {}
+    trees: dict[tuple[str, str], Any] = {}
     for record in records:
         key = (record["module"], record["path"])
         if key not in texts:
@@ -119,10 +112,12 @@ def changed_functions(
                 digests[key] = source_digest(text)
             if digests[key] == record["module_sha256"]:
                 continue
+        if text is not None and key not in trees:
+            trees[key] = parse_module(text)
         source = (
             None
-            if text is None
-            else function_source(text, record["function"], record.get("line", 0))
+            if text is None or trees[key] is None
+            else function_source(text, record["function"], record.get("line", 0), trees[key])
         )
         if source is None or source_digest(source) != record["sha256"]:
             yield record, source is None
