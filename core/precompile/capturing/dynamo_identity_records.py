@@ -369,6 +369,15 @@ class IdentityRecorder:
                 return
         self.relation_groups = groups
 
+    def code_functions(self) -> list[types.FunctionType]:
+        """The functions fn's arguments held whose code ``ARG_IDENTITIES`` compares per
+        call (rows of kind ``code``), as the capture saw them."""
+        return [
+            self.identity_values[path]
+            for path, row in self.identities.items()
+            if row.get("kind") == "code"
+        ]
+
     def rows(self) -> dict[str, list[dict[str, Any]]]:
         """``ARG_IDENTITIES`` and ``ARG_RELATIONS``, as artifact literals."""
         identities = list(self.identities.values())

@@ -42,6 +42,7 @@ from precompile.capturing.live_functions import (
     live_functions,
     referrers_of,
     refuse_unwatched,
+    unwatched_cached,
     unwatched_live,
 )
 from precompile.errors import PrecompileError
@@ -356,7 +357,7 @@ _MISSING = object()
 def traced_function_rows(
     codes: Iterable[types.CodeType],
     reads: dict[tuple[str, str], types.FunctionType] | None = None,
-    argument_codes: Iterable[str] = (),
+    argument_functions: Iterable[types.FunctionType] = (),
     hooks: Iterable[Any] = (),
 ) -> list[dict[str, Any]]:
     """``TRACED_FUNCS``: every project function whose code the trace ran (frames, what
@@ -372,7 +373,7 @@ def traced_function_rows(
     from module globals the trace read it at (``reads``: Dynamo's sources of the
     identity guards it dropped, ``G['ACTS']['gelu']``), which serving evaluates. One
     needs no path where something else watches it: reached from fn's arguments
-    (``argument_codes``: ``ARG_IDENTITIES`` compares its code per call), a module hook
+    (``argument_functions``: ``ARG_IDENTITIES`` compares their code per call), a module hook
     or global hook (``hooks``: the hook checks identify a hook by its code and closure),
     held in a closure cell of a watched function (watched with it), or made per call by
     traced code (its maker's digest includes its code) -- only where no function object
@@ -406,9 +407,16 @@ def traced_function_rows(
             nameless[code] = digest
     # Its lists hold the functions: dropped before the check of what holds them.
     del running
+    by_name = {id(fn) for fn in watched}
+    traced_project = set(project)
     paths: dict[types.CodeType, list[dict[str, str]]] = {}
     for (scope, path), fn in sorted((reads or {}).items()):
-        if fn.__code__ in nameless:
+        # A function read at a path is watched there, unless it is the named function
+        # itself: one of a code a named function also runs (one factory made a
+        # module-level function and a registry's entries) is another object, whose
+        # ``__code__`` swapped the named row would not see.
+        if fn.__code__ in nameless or (fn.__code__ in traced_project and id(fn) not in by_name):
+            nameless.setdefault(fn.__code__, code_fingerprint(fn.__code__))
             watched.append(fn)
             paths.setdefault(fn.__code__, []).append({"scope": scope, "path": path})
     for code, found in _class_paths(list(nameless)).items():
@@ -418,7 +426,8 @@ def traced_function_rows(
     hook_functions = [fn for hook in hooks for fn in _functions_of(hook)]
     watched += hook_functions
     covered = _closure_codes(watched) | {fn.__code__ for fn in hook_functions}
-    arguments = set(argument_codes)
+    arguments = list(argument_functions)
+    digests = {code_fingerprint(fn.__code__) for fn in arguments}
     # A function made per call by traced code is covered by its maker's digest only
     # while no function object running its code outlives the trace: one something holds
     # (an lru_cache, a weak dictionary) is what eager calls next time, and nothing
@@ -426,18 +435,21 @@ def traced_function_rows(
     unreached = [
         code
         for code, digest in nameless.items()
-        if code not in paths and digest not in arguments and code not in covered
+        if code not in paths and digest not in digests and code not in covered
     ]
-    cached = cached_makers(traced)
+    # A function an lru_cache holds is what eager calls next time: one running a code
+    # the trace made under a cached maker must be watched itself, by identity, and a
+    # cache holding none (Dynamo traced the maker as uncached) is refused.
+    by_cache, cold = unwatched_cached(project, cached_makers(traced), [*watched, *arguments])
     refuse_unwatched(
-        unwatched_live(unreached, watched),
-        cached={code: maker for code, maker in cached.items() if code in unreached},
+        by_cache or unwatched_live([c for c in unreached if c not in cold], watched),
+        cached=cold,
     )
     covered |= _nested_codes(traced)
     for code, digest in nameless.items():
         qualname = getattr(code, "co_qualname", code.co_name)
         where = f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
-        if code not in paths and digest not in arguments and code not in covered:
+        if code not in paths and digest not in digests and code not in covered:
             raise PrecompileError(
                 f"the trace ran function {qualname} ({user_path(code.co_filename)}:"
                 f"{code.co_firstlineno}), which no name another process imports reaches, "

@@ -462,7 +462,7 @@ class DynamoSession:
             "TRACED_FUNCS": traced_function_rows(
                 codes,
                 self.dependencies.names.read_functions,
-                (row["code"] for row in recorded.get("ARG_IDENTITIES", []) if "code" in row),
+                self.dependencies.identities.code_functions(),
                 module_hooks(
                     [
                         *(

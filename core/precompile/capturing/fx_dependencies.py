@@ -512,11 +512,17 @@ def refuse_unwatched_functions(
         for hook in list(hooks.values()):
             watched += [hook, getattr(hook, "__func__", None), getattr(hook, "func", None)]
             watched += [vars(c).get("__call__") for c in type(hook).__mro__]
+    codes = log.project_codes()
+    watched = live_functions.closure_functions(watched)
+    # A function an lru_cache holds is what eager calls next time: one running a code
+    # made under a cached maker the trace called must be watched itself, by identity.
+    # The trace ran the maker for real: a code no cache holds a function of came by
+    # another way, and is ruled as any other.
+    by_cache, _cold = live_functions.unwatched_cached(
+        codes, live_functions.cached_makers(codes, log.scopes), watched
+    )
     live_functions.refuse_unwatched(
-        live_functions.unwatched_live(
-            log.project_codes(), live_functions.closure_functions(watched)
-        ),
-        where,
+        by_cache or live_functions.unwatched_live(codes, watched), where
     )
 
 

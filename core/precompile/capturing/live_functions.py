@@ -13,9 +13,15 @@ refused at capture (``refuse_unwatched``).
 
 A code counts as watched when one of the live functions running it is watched: functions
 with the same code are told apart only by identity, which a trace does not record (a
-frame does not name its function object in CPython 3.11). A code with no live function
-after the trace was made per call by traced code (a closure defined in ``forward``), and
-its maker's code is what is watched.
+frame does not name its function object in CPython 3.11), and one factory's functions
+kept in a registry share their code with the entry the trace read. Except for a code
+made under an lru_cache'd maker the trace called (``cached_makers``): the function eager
+calls next time is the one the cache holds, which no watched path reaches even where a
+module-level function of the same factory is watched, so each function of that code the
+cache holds must be watched itself, by identity, and a cache that holds none (Dynamo
+traced the maker as uncached and kept nothing) is refused (``unwatched_cached``). A code
+with no live function after the trace was made per call by traced code (a closure
+defined in ``forward``), and its maker's code is what is watched.
 """
 
 from __future__ import annotations
@@ -135,16 +141,14 @@ def unwatched_live(
     return found
 
 
-def _cache_of(code: types.CodeType) -> Any:
+def _cache_of(code: types.CodeType, module: Any) -> Any:
     """The lru_cache wrapper that a project code's qualified name resolves to in its
     module, wrapping a function of that code (``@functools.cache def cached_act``), or
     None. By name, not by a heap walk: this runs for every traced code."""
-    import inspect
-
     qualname = getattr(code, "co_qualname", code.co_name)
-    if "<locals>" in qualname or not is_project_file(code.co_filename):
+    if "<locals>" in qualname:
         return None
-    owner: Any = inspect.getmodule(code)
+    owner: Any = module
     for part in qualname.split("."):
         owner = getattr(owner, part, None)
     wrapped = getattr(owner, "__wrapped__", None)
@@ -153,26 +157,42 @@ def _cache_of(code: types.CodeType) -> Any:
     return None
 
 
-def cached_makers(codes: Iterable[types.CodeType]) -> dict[types.CodeType, str]:
-    """The codes among ``codes`` made, per call, under a function an lru_cache wraps:
-    that function's nested code, and (transitively) that of the traced functions it
-    loads by global name -- with the qualified name of the cached function.
+def cached_makers(
+    codes: Iterable[types.CodeType], scopes: dict[types.CodeType, dict[str, Any]] | None = None
+) -> dict[types.CodeType, list[Any]]:
+    """Per code, the lru_cache wrappers it is made under, per call: the nested code of a
+    cached function the trace ran (its code is among ``codes``: Dynamo traces it) or
+    called (a code among ``codes`` loads the cache by global name, in its module or in
+    ``scopes``: make_fx runs nothing of the maker on a cache hit), and (transitively)
+    that of the project functions it loads by global name.
 
-    Dynamo traces the wrapped function as if uncached (it warns so) and keeps nothing
-    of what it made, while eager keeps its result in the cache and calls it again: a
-    function made there outlives the call in eager though no function object runs its
-    code at capture. The call tree is approximated by global names (``cached_act``
-    calls ``make_act``, whose nested ``act`` it returns)."""
+    Eager keeps the maker's result in the cache and calls it again: the function a
+    served call must watch is the cache's, not a module-level function of the same
+    factory the trace may also have read. The call tree is approximated by global names
+    (``cached_act`` calls ``make_act``, whose nested ``act`` it returns)."""
+    import inspect
+
     from precompile.capturing.bytecode_names import global_loads
 
-    traced = set(codes)
-    found: dict[types.CodeType, str] = {}
-    for code in traced:
-        wrapper = _cache_of(code)
-        if wrapper is None:
+    wrappers: dict[int, Any] = {}
+    for code in codes:
+        if not is_project_file(code.co_filename):
             continue
+        module = inspect.getmodule(code)
+        own = _cache_of(code, module)
+        if own is not None:
+            wrappers[id(own)] = own
+        scope = (scopes or {}).get(code) or (vars(module) if module is not None else {})
+        for name in global_loads(code):
+            value = scope.get(name)
+            if isinstance(value, _LRU_CACHE) and isinstance(
+                getattr(value, "__wrapped__", None), types.FunctionType
+            ):
+                wrappers[id(value)] = value
+    found: dict[types.CodeType, list[Any]] = {}
+    for wrapper in wrappers.values():
         maker = wrapper.__wrapped__
-        pending: list[tuple[types.CodeType, dict[str, Any]]] = [(code, maker.__globals__)]
+        pending: list[tuple[types.CodeType, dict[str, Any]]] = [(maker.__code__, maker.__globals__)]
         seen: set[types.CodeType] = set()
         while pending:
             at, scope = pending.pop()
@@ -181,13 +201,60 @@ def cached_makers(codes: Iterable[types.CodeType]) -> dict[types.CodeType, str]:
             seen.add(at)
             for const in at.co_consts:
                 if isinstance(const, types.CodeType):
-                    found.setdefault(const, maker.__qualname__)
+                    found.setdefault(const, []).append(wrapper)
                     pending.append((const, scope))
             for name in global_loads(at):
                 callee = scope.get(name)
-                if isinstance(callee, types.FunctionType) and callee.__code__ in traced:
+                if isinstance(callee, types.FunctionType) and is_project_file(
+                    callee.__code__.co_filename
+                ):
                     pending.append((callee.__code__, callee.__globals__))
     return found
+
+
+def _cached_functions(wrapper: Any) -> list[types.FunctionType]:
+    """The functions ``wrapper``'s cache holds: its results (the cache is a dict the
+    wrapper alone holds; a bounded one keeps each result in a link list), what tuples,
+    lists and dicts among them hold, and the functions their closure cells hold."""
+    found: list[Any] = []
+    pending: list[tuple[Any, int]] = [(held, 0) for held in gc.get_referents(wrapper)]
+    seen: set[int] = set()
+    while pending:
+        value, depth = pending.pop()
+        if id(value) in seen or depth > 4:
+            continue
+        seen.add(id(value))
+        if isinstance(value, types.FunctionType):
+            if value is not wrapper.__wrapped__:
+                found.append(value)
+        elif isinstance(value, (dict, list, tuple)):
+            items = value.values() if isinstance(value, dict) else value
+            pending += [(item, depth + 1) for item in items]
+    return closure_functions(found)
+
+
+def unwatched_cached(
+    codes: Iterable[types.CodeType], cached: dict[types.CodeType, list[Any]], watched: Iterable[Any]
+) -> tuple[dict[types.CodeType, list[types.FunctionType]], dict[types.CodeType, str]]:
+    """For the codes among ``codes`` made under an lru_cache'd maker (``cached``): the
+    functions of that code a cache holds that are not among ``watched`` (by identity),
+    and -- where ``cold`` -- the codes whose caches hold none, with the maker's
+    qualified name: eager fills the cache on its next call with a function nothing
+    watches."""
+    ids = {id(fn) for fn in watched}
+    found: dict[types.CodeType, list[types.FunctionType]] = {}
+    cold: dict[types.CodeType, str] = {}
+    for code in codes:
+        wrappers = cached.get(code)
+        if not wrappers:
+            continue
+        held = [fn for w in wrappers for fn in _cached_functions(w) if fn.__code__ is code]
+        unwatched = [fn for fn in held if id(fn) not in ids]
+        if unwatched:
+            found[code] = unwatched
+        elif not held:
+            cold[code] = wrappers[0].__wrapped__.__qualname__
+    return found, cold
 
 
 def closure_functions(functions: Iterable[Any]) -> list[types.FunctionType]:
@@ -293,5 +360,6 @@ __all__ = [
     "referrers",
     "referrers_of",
     "refuse_unwatched",
+    "unwatched_cached",
     "unwatched_live",
 ]

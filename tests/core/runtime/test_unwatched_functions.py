@@ -130,8 +130,8 @@ def make_shared(k: float) -> Callable[[torch.Tensor], torch.Tensor]:
     return act
 
 
-#: A function of make_shared's code bound to a module-level name: the rule is by code,
-#: so it makes the code "watched" for Dynamo, though the trace ran the cached one.
+#: A function of make_shared's code bound to a module-level name: a code is watched by
+#: any one of its functions, except the ones an lru_cache holds (each is compared).
 SHARED = make_shared(4.0)
 
 
@@ -143,6 +143,22 @@ def cached_shared(k: float) -> Callable[[torch.Tensor], torch.Tensor]:
 class UsesCachedShared(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return cached_shared(2.0)(x) + 1
+
+
+class UsesSharedAndCached(nn.Module):
+    """Reads SHARED too: make_fx then watches SHARED, which runs the cached one's code."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return SHARED(x) + cached_shared(2.0)(x)
+
+
+#: One factory's function in a registry the trace reads, besides SHARED.
+REGISTRY_SHARED = {"a": make_shared(3.0)}
+
+
+class UsesRegistryShared(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return REGISTRY_SHARED["a"](x) + 1
 
 
 def serve(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -281,38 +297,57 @@ from tests.harness import served_or_refused
 
 run = precompile.load({artifact!r}, {cache!r})
 torch.manual_seed(0)
-model, x = case.UsesCachedShared().eval(), torch.randn(3, 4)
+model, x = case.UsesRegistryShared().eval(), torch.randn(3, 4)
 out = {{}}
 with torch.no_grad():
     out["first"] = served_or_refused(lambda: run(model, x), lambda: case.serve(model, x))
-    case.cached_shared(2.0).__code__ = case.make_other(0.0).__code__
-    out["cached function's code swapped"] = served_or_refused(
+    case.REGISTRY_SHARED["a"].__code__ = case.make_other(0.0).__code__
+    out["entry's code swapped"] = served_or_refused(
         lambda: run(model, x), lambda: case.serve(model, x)
     )
 print(json.dumps(out))
 """
 
-#: Found by the review of this stop, not fixed: the live-function rule is by code, so a
-#: function an lru_cache holds counts as watched when another function of the same code
-#: (``SHARED``, made by the same factory) is bound to a module-level name. make_fx does
-#: not watch SHARED here and refuses; Dynamo records the code by SHARED's name and serves
-#: a swap of the cached function's ``__code__`` stale. Asserted as it is, so this test
-#: fails once it is fixed (then: refused, as for make_fx).
-KNOWN_WRONG_SHARED_CODE = {"dynamo": ["served", False]}
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold cache", "warm cache"])
+@pytest.mark.parametrize("model", [UsesCachedShared, UsesSharedAndCached])
+@pytest.mark.parametrize("tracer", sorted(TRACERS))
+def test_a_cached_function_sharing_its_code_with_a_named_one_is_refused(
+    tracer: str, model: type[nn.Module], warm: bool, tmp_path: Path
+) -> None:
+    """The function an lru_cache holds is what eager calls next time; ``SHARED``, a
+    module-level function the same factory made, runs the same code. Watching a code
+    by any one of its functions let Dynamo serve a swap of the cached function's
+    ``__code__`` stale (and make_fx too, where the trace also read ``SHARED``): the
+    cache's functions are compared by identity, and Dynamo's empty cache (it traced the
+    maker as uncached) is refused too."""
+    cached_shared.cache_clear()
+    if warm:
+        cached_shared(2.0)
+    torch.manual_seed(0)
+    with torch.no_grad(), pytest.raises(precompile.PrecompileError) as refused:
+        capture_pair(
+            serve, model().eval(), torch.randn(3, 4), directory=tmp_path, tracer=TRACERS[tracer]()
+        )
+    assert "make_shared.<locals>.act" in str(refused.value), refused.value
+    assert "the lru_cache of cached_shared" in str(refused.value), refused.value
 
 
 @pytest.mark.parametrize("tracer", sorted(TRACERS))
-def test_a_cached_function_sharing_its_code_with_a_named_one(tracer: str, tmp_path: Path) -> None:
-    cached_shared.cache_clear()
-    torch.manual_seed(0)
-    model, x = UsesCachedShared().eval(), torch.randn(3, 4)
-    if tracer == "make_fx":
-        with torch.no_grad(), pytest.raises(precompile.PrecompileError) as refused:
-            capture_pair(serve, model, x, directory=tmp_path, tracer=TRACERS[tracer]())
-        assert "the lru_cache of cached_shared" in str(refused.value)
-        return
+def test_a_registry_entry_sharing_its_code_with_a_named_one_is_watched(
+    tracer: str, tmp_path: Path
+) -> None:
+    """A registry entry the trace read, made by the factory that also made ``SHARED``:
+    Dynamo recorded the code by SHARED's name only and served a swap of the entry's
+    ``__code__`` stale. The entry is watched at the path the trace read it, as one no
+    name reaches: served equal to eager in a fresh process, and the swap refused."""
     out = attack_in_child(
-        SHARED_CHILD, serve, lambda: model, lambda: x, directory=tmp_path, tracer=TRACERS[tracer]()
+        SHARED_CHILD,
+        serve,
+        UsesRegistryShared,
+        lambda: torch.randn(3, 4),
+        directory=tmp_path,
+        tracer=TRACERS[tracer](),
     )
     assert out["first"] == ["served", True], out
-    assert out["cached function's code swapped"] == KNOWN_WRONG_SHARED_CODE[tracer], out
+    assert out["entry's code swapped"][0] == "refused", out
