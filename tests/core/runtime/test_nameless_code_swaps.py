@@ -223,7 +223,7 @@ def test_a_nameless_function_no_serving_process_can_find_is_refused_at_capture()
     ]
     # Reached from fn's arguments (ARG_IDENTITIES watches its code), or made per call
     # by traced code (its maker's digest covers it): no path needed.
-    assert traced_function_rows([hidden.__code__], None, [rows[0]["code"]])[0]["nameless"]
+    assert traced_function_rows([hidden.__code__], None, [hidden])[0]["nameless"]
     made = traced_function_rows([make_other.__code__, hidden.__code__])
     assert [r["qualname"] for r in made] == ["make_other", "make_other.<locals>.act"], made
 
