@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -131,6 +132,7 @@ class Zygote:
         if self.alive():
             self.process.kill()
             self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def run(
         self,
@@ -202,8 +204,14 @@ def zygote(env: dict[str, str], cwd: Path, base: dict[str, str]) -> Zygote | Non
     return _ZYGOTE[0] if _ZYGOTE[0].cwd == cwd else None
 
 
+#: Variables no interpreter start and no ``import torch`` reads, which tests set in
+#: this process: pytest's (``PYTEST_CURRENT_TEST`` changes per test), precompile's (read
+#: by the child's own import of precompile), and the address Inductor's kernels read when
+#: one loads (set by an earlier test's in-process load).
+_NOT_READ_AT_IMPORT = ("PYTEST_", "PRECOMPILE_", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR")
+
+
 def _read_at_import(env: dict[str, str]) -> dict[str, str]:
-    """``env`` without pytest's own variables (``PYTEST_CURRENT_TEST`` changes per test;
-    nothing an import reads): what a fork and a spawn could see differently. The child
-    gets the whole current environment either way."""
-    return {k: v for k, v in env.items() if not k.startswith("PYTEST_")}
+    """``env`` without ``_NOT_READ_AT_IMPORT``: what a fork and a spawn could see
+    differently. The child gets the whole current environment either way."""
+    return {k: v for k, v in env.items() if not k.startswith(_NOT_READ_AT_IMPORT)}
