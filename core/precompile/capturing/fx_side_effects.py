@@ -193,5 +193,6 @@ def refuse_trace_side_effects(changes: list[str], where: Any) -> None:
             location=where,
             hint="return the value from fn instead of storing it (into an argument or a "
             "global), keep per-call state in tensors (a registered buffer updated in "
-            "place), or make the change outside fn",
+            "place), make the change outside fn, or capture with precompile.DynamoTracer(), "
+            "which repeats a store it can replay and refuses one it cannot",
         )

@@ -426,9 +426,11 @@ def trace_single_graph(
         check_graph(gm, node_stacks, fn, modules)
         check_spec_serializable(out_spec_box[-1], "fn's outputs", where)
         names = fx_watch.read_names(ran)
-        fx_side_effects.refuse_trace_side_effects(
-            before.changed_during(modules, names, ran) + argument_changes, where
-        )
+        # The snapshot's words first (a global named by the code that stored, a module
+        # attribute); then any other store into the user's state the walk recorded (a
+        # hook's closure list, a deque, a slot, a closure cell, a deep container).
+        changes = before.changed_during(modules, names, ran) + argument_changes
+        fx_side_effects.refuse_trace_side_effects(changes or user.changed()[:3], where)
     finally:
         user.restore()
     reads = {**ran.reads, **opaque.reads}

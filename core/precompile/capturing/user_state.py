@@ -33,7 +33,7 @@ import torch
 
 from precompile._compat.prelude import global_module_hooks
 from precompile.errors import PrecompileError
-from precompile.locations import is_project_module
+from precompile.locations import is_project_file, is_project_module
 
 #: How deep the walk goes from a root, how many objects it records in all, and how
 #: many items of one container it walks into (the container itself is recorded whole).
@@ -49,15 +49,30 @@ _LEAVES = (torch.Tensor, types.ModuleType, str, bytes, int, float, complex, bool
 def capture_roots(fn: Any, args: Any) -> list[Any]:
     """Where the user's state a capture can reach starts: fn, its arguments (the
     modules, with their hooks), fn's globals (a notebook's ``__main__`` has no file),
-    the globals of the project's modules and the global module hooks."""
+    the globals of the project's modules and the global module hooks -- each a
+    ``Root``, named for a refusal."""
     # Tuples: walked into, not recorded (they are the walk's own).
-    roots: list[Any] = [fn, tuple(args)]
+    roots: list[Any] = [Root("fn", fn), Root("fn's arguments", tuple(args))]
     scope = getattr(getattr(fn, "__func__", fn), "__globals__", None)
     if isinstance(scope, dict):
-        roots.append(scope)
-    roots += [vars(m) for m in list(sys.modules.values()) if is_project_module(m)]
-    roots += [tuple(hooks.values()) for hooks in global_module_hooks()]
+        roots.append(Root(f"module {scope.get('__name__', '?')}", scope))
+    roots += [
+        Root(f"module {m.__name__}", vars(m))
+        for m in list(sys.modules.values())
+        if is_project_module(m)
+    ]
+    roots += [
+        Root("the global module hooks", tuple(hooks.values())) for hooks in global_module_hooks()
+    ]
     return roots
+
+
+class Root(tuple[str, Any]):
+    """A root of the walk with the words that name it (``module m``, ``fn's arguments``):
+    what a refusal says a changed object was reached from."""
+
+    def __new__(cls, name: str, value: Any) -> Root:
+        return super().__new__(cls, (name, value))
 
 
 class UserState:
@@ -66,70 +81,168 @@ class UserState:
 
     def __init__(self, roots: list[Any]) -> None:
         self.records: list[tuple[Any, Any]] = []
+        #: Per record, the index in ``trail`` of the object it was reached as.
+        self.reached: list[int] = []
+        #: Per object walked: (the index of the one it was reached from, or -1 for a
+        #: root; the object; the key it was reached by, or a root's name): the path a
+        #: refusal names, built only then.
+        self.trail: list[tuple[int, Any, Any]] = []
+        #: Per object walked: whether it is the user's own state (``_owned``), every
+        #: object on its way from a root included.
+        self.owned: list[bool] = []
         seen: set[int] = set()
-        level = list(roots)
+        level: list[tuple[Any, int, Any]] = []
+        for root in roots:
+            name, value = root if isinstance(root, Root) else ("fn's state", root)
+            level.append((value, -1, name))
         for _ in range(_DEPTH):
-            following: list[Any] = []
-            for value in level:
+            following: list[tuple[Any, int, Any]] = []
+            for value, parent, key in level:
                 if isinstance(value, _LEAVES) or id(value) in seen:
                     continue
                 if len(seen) >= _BUDGET:
                     return
                 seen.add(id(value))
-                following += self._record(value)
+                at = len(self.trail)
+                self.trail.append((parent, value, key))
+                self.owned.append((parent < 0 or self.owned[parent]) and _owned(value, key))
+                recorded = len(self.records)
+                following += [(held, at, k) for k, held in self._record(value)]
+                self.reached += [at] * (len(self.records) - recorded)
             level = following
 
-    def _record(self, value: Any) -> list[Any]:
-        """Record ``value``'s shallow contents; the objects to walk into."""
+    def _record(self, value: Any) -> list[tuple[Any, Any]]:
+        """Record ``value``'s shallow contents; the objects to walk into, each with the
+        key it is held by."""
         if isinstance(value, (list, collections.deque)):
             self.records.append((value, list(value)))
-            return list(value)[:_WIDTH]
+            return list(enumerate(list(value)[:_WIDTH]))
         if isinstance(value, dict):
             items = list(value.items())
             self.records.append((value, items))
-            return [v for _, v in items[:_WIDTH]]
+            return items[:_WIDTH]
         if isinstance(value, (set, bytearray)):
             self.records.append((value, value.copy()))
             return []
         if isinstance(value, tuple):
-            return list(value[:_WIDTH])
+            return list(enumerate(value[:_WIDTH]))
         if isinstance(value, types.CellType):
             try:
                 held = value.cell_contents
             except ValueError:
                 held = _EMPTY
             self.records.append((value, held))
-            return [] if held is _EMPTY else [held]
+            return [] if held is _EMPTY else [(_CONTENTS, held)]
         if isinstance(value, types.FunctionType):
+            cells = zip(value.__code__.co_freevars, value.__closure__ or ())
             return [
-                *(value.__closure__ or ()),
-                value.__dict__,
-                value.__defaults__,
-                value.__kwdefaults__,
+                *((_Cell(name), cell) for name, cell in cells),
+                (_ATTRS, value.__dict__),
+                (_Dot(".__defaults__"), value.__defaults__),
+                (_Dot(".__kwdefaults__"), value.__kwdefaults__),
             ]
         if isinstance(value, types.MethodType):
-            return [value.__self__, value.__func__]
+            return [(_Dot(".__self__"), value.__self__), (_Dot(".__func__"), value.__func__)]
         if isinstance(value, functools.partial):
-            return [value.func, value.args, value.keywords, vars(value)]
+            return [
+                (_Dot(".func"), value.func),
+                (_Dot(".args"), value.args),
+                (_Dot(".keywords"), value.keywords),
+                (_ATTRS, vars(value)),
+            ]
         if isinstance(value, type):
             module = sys.modules.get(value.__module__)
             if not is_project_module(module) and value.__module__ != "__main__":
                 return []
             attrs = {k: v for k, v in vars(value).items() if not k.startswith("__")}
             self.records.append((value, attrs))
-            return list(attrs.values())
+            return [(_Dot(f".{k}"), v) for k, v in attrs.items()]
         slots = _slot_values(value)
         if slots:
             self.records.append((value, slots))
+        slotted = [(_Dot(f".{slot.__name__}"), held) for slot, held in slots.items()]
         try:
             # Not getattr: a class's __getattr__ (a lazy proxy) runs no code here.
             held = object.__getattribute__(value, "__dict__")
         except Exception:
-            return list(slots.values())
+            return slotted
         if isinstance(value, torch.nn.Module):
             # Every submodule at once: a store deep in a model is as near as its root's.
-            return [held, *(vars(sub) for sub in value.modules())]
-        return [held, *slots.values()] if isinstance(held, dict) else list(slots.values())
+            return [
+                (_ATTRS, held),
+                *((_Attrs(name), vars(sub)) for name, sub in value.named_modules() if name),
+            ]
+        return [(_ATTRS, held), *slotted] if isinstance(held, dict) else slotted
+
+    def changed(self) -> list[str]:
+        """Where the user's own state (``_owned``) differs from what was recorded, by
+        identity: a path from a root, with what changed (``module m: SEEN``,
+        ``fn's arguments: [0].hook_calls``). A module bound under a new key of a dict
+        (the import system binding a submodule imported for the first time) is no
+        change. An installed library's objects are put back but not held against the
+        trace: their caches fill as they are used (a logger's level cache, the import
+        hook a test runner installs as a module's ``__loader__``)."""
+        found: list[str] = []
+        for (obj, saved), at in zip(self.records, self.reached):
+            if not self.owned[at] or _same(obj, saved):
+                continue
+            if isinstance(obj, dict):
+                # A module bound under a new key: the import system's binding of a
+                # submodule imported for the first time (``_restore_dict`` keeps it).
+                keys = {k for k, _ in saved}
+                imported = [
+                    (k, v)
+                    for k, v in _items(obj)
+                    if k not in keys and isinstance(v, types.ModuleType)
+                ]
+                if imported and _same(obj, [*saved, *imported]):
+                    continue
+            root, words, names = self._path(at)
+            if isinstance(obj, dict):
+                before, now = dict(saved), dict(_items(obj))
+                keys = [
+                    k for k in {**before, **now} if before.get(k, _EMPTY) is not now.get(k, _EMPTY)
+                ]
+                for key in keys[:3] or [None]:
+                    if key is None:
+                        found.append(f"{root}: {words or 'a dict'} (its order)")
+                    else:
+                        shown = f".{key}" if names and isinstance(key, str) else f"[{key!r}]"
+                        found.append(f"{root}: {(words + shown).lstrip('.')}")
+            elif isinstance(saved, _Slots):
+                now_slots = _slot_values(obj)
+                for slot in [k for k in saved if now_slots.get(k, _EMPTY) is not saved[k]][:3]:
+                    found.append(f"{root}: {(words + '.' + slot.__name__).lstrip('.')} (a slot)")
+            else:
+                found.append(f"{root}: {words.lstrip('.') or 'itself'} ({_named(obj)})")
+        return found
+
+    def _path(self, at: int) -> tuple[str, str, bool]:
+        """The walked object at ``at`` in words: its root's name, the keys from there,
+        and whether its own keys are names (a module's globals, an object's
+        attributes)."""
+        keys: list[Any] = []
+        while True:
+            parent, _value, key = self.trail[at]
+            if parent < 0:
+                break
+            keys.append(key)
+            at = parent
+        words = ""
+        # A root dict is a module's globals: its keys are names, as an object's are.
+        previous: Any = _ATTRS if isinstance(self.trail[at][1], dict) else None
+        for key in reversed(keys):
+            if isinstance(key, _Attrs) and key:
+                words += f".{key}"
+            elif isinstance(key, _Cell):
+                words += f" (closure cell {key})"
+            elif isinstance(key, _Dot):
+                words += key
+            elif key is not _ATTRS and key is not _CONTENTS:
+                attribute = isinstance(previous, _Attrs) and isinstance(key, str)
+                words += f".{key}" if attribute else f"[{key!r}]"
+            previous = key
+        return self.trail[at][2], words, isinstance(previous, _Attrs)
 
     def restore(self) -> None:
         """Put back, in place, every recorded object whose contents changed. One whose
@@ -226,6 +339,41 @@ def _same(obj: Any, saved: Any) -> bool:
         attrs = {k: v for k, v in vars(obj).items() if not k.startswith("__")}
         return attrs.keys() == saved.keys() and all(attrs[k] is saved[k] for k in attrs)
     return True
+
+
+def _owned(value: Any, key: Any) -> bool:
+    """Whether ``value``, reached by ``key``, is the user's own state: not a dunder
+    (``__loader__``, ``__spec__``, ``__warningregistry__``: the interpreter's), and a
+    builtin container, a closure cell, a project function (with its cells and
+    attributes), a method or partial of one, a project class, an instance of one or an
+    ``nn.Module``."""
+    if isinstance(key, str) and key.startswith("__") and key.endswith("__"):
+        return False
+    if isinstance(value, (list, collections.deque, dict, set, bytearray, tuple, types.CellType)):
+        return True
+    if isinstance(value, (types.MethodType, functools.partial, torch.nn.Module)):
+        return True
+    if isinstance(value, types.FunctionType):
+        return is_project_file(value.__code__.co_filename)
+    owner = value if isinstance(value, type) else type(value)
+    return owner.__module__ == "__main__" or is_project_module(sys.modules.get(owner.__module__))
+
+
+class _Attrs(str):
+    """The key of an object's attribute dict (a submodule's, by its name in the model)."""
+
+
+class _Cell(str):
+    """The key of a closure cell: the name of its free variable."""
+
+
+class _Dot(str):
+    """The key of an attribute read directly (``.__self__``, a slot, a class's)."""
+
+
+#: The keys of an object's own ``__dict__`` and of a cell's contents in a path.
+_ATTRS = _Attrs("")
+_CONTENTS = object()
 
 
 class _Slots(dict[Any, Any]):
