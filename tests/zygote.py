@@ -205,10 +205,18 @@ def zygote(env: dict[str, str], cwd: Path, base: dict[str, str]) -> Zygote | Non
 
 
 #: Variables no interpreter start and no ``import torch`` reads, which tests set in
-#: this process: pytest's (``PYTEST_CURRENT_TEST`` changes per test), precompile's (read
-#: by the child's own import of precompile), and the address Inductor's kernels read when
-#: one loads (set by an earlier test's in-process load).
-_NOT_READ_AT_IMPORT = ("PYTEST_", "PRECOMPILE_", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR")
+#: this process: pytest's (``PYTEST_CURRENT_TEST`` changes per test), precompile's,
+#: Hugging Face's and Inductor's (read by the child's own import of precompile,
+#: transformers or torch._inductor, none of which ``import torch`` imports: Inductor sets
+#: its cache folder, and the address its kernels read, in this process as it runs).
+_NOT_READ_AT_IMPORT = (
+    "PYTEST_",
+    "PRECOMPILE_",
+    "_TORCHINDUCTOR_",
+    "TORCHINDUCTOR_",
+    "HF_",
+    "TRANSFORMERS_",
+)
 
 
 def _read_at_import(env: dict[str, str]) -> dict[str, str]:

@@ -26,6 +26,7 @@ import contextlib
 import functools
 import sys
 import types
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -57,7 +58,7 @@ def capture_roots(fn: Any, args: Any) -> list[Any]:
     if isinstance(scope, dict):
         roots.append(Root(f"module {scope.get('__name__', '?')}", scope))
     roots += [
-        Root(f"module {m.__name__}", vars(m))
+        Root(f"module {m.__name__}", vars(m), _user_named(m.__name__))
         for m in list(sys.modules.values())
         if is_project_module(m)
     ]
@@ -67,12 +68,14 @@ def capture_roots(fn: Any, args: Any) -> list[Any]:
     return roots
 
 
-class Root(tuple[str, Any]):
+class Root(tuple[str, Any, bool]):
     """A root of the walk with the words that name it (``module m``, ``fn's arguments``):
-    what a refusal says a changed object was reached from."""
+    what a refusal says a changed object was reached from; and whether it is the user's
+    own (not the globals of a module in an installed library's namespace, such as the
+    kernel modules Inductor writes to its cache folder, outside site-packages)."""
 
-    def __new__(cls, name: str, value: Any) -> Root:
-        return super().__new__(cls, (name, value))
+    def __new__(cls, name: str, value: Any, owned: bool = True) -> Root:
+        return super().__new__(cls, (name, value, owned))
 
 
 class UserState:
@@ -92,8 +95,10 @@ class UserState:
         self.owned: list[bool] = []
         seen: set[int] = set()
         level: list[tuple[Any, int, Any]] = []
+        owned_roots: dict[int, bool] = {}
         for root in roots:
-            name, value = root if isinstance(root, Root) else ("fn's state", root)
+            name, value, owned = root if isinstance(root, Root) else ("fn's state", root, True)
+            owned_roots[id(value)] = owned
             level.append((value, -1, name))
         for _ in range(_DEPTH):
             following: list[tuple[Any, int, Any]] = []
@@ -105,7 +110,10 @@ class UserState:
                 seen.add(id(value))
                 at = len(self.trail)
                 self.trail.append((parent, value, key))
-                self.owned.append((parent < 0 or self.owned[parent]) and _owned(value, key))
+                above = owned_roots.get(id(value), True) if parent < 0 else self.owned[parent]
+                self.owned.append(
+                    above and _owned(value, key, self.trail[parent][2] if parent >= 0 else None)
+                )
                 recorded = len(self.records)
                 following += [(held, at, k) for k, held in self._record(value)]
                 self.reached += [at] * (len(self.records) - recorded)
@@ -169,10 +177,10 @@ class UserState:
         if isinstance(value, torch.nn.Module):
             # Every submodule at once: a store deep in a model is as near as its root's.
             return [
-                (_ATTRS, held),
-                *((_Attrs(name), vars(sub)) for name, sub in value.named_modules() if name),
+                (_attrs_of(value, ""), held),
+                *((_attrs_of(sub, name), vars(sub)) for name, sub in value.named_modules() if name),
             ]
-        return [(_ATTRS, held), *slotted] if isinstance(held, dict) else slotted
+        return [(_attrs_of(value, ""), held), *slotted] if isinstance(held, dict) else slotted
 
     def changed(self) -> list[str]:
         """Where the user's own state (``_owned``) differs from what was recorded, by
@@ -189,20 +197,30 @@ class UserState:
             if isinstance(obj, dict):
                 # A module bound under a new key: the import system's binding of a
                 # submodule imported for the first time (``_restore_dict`` keeps it).
-                keys = {k for k, _ in saved}
+                known = {k for k, _ in saved}
                 imported = [
                     (k, v)
                     for k, v in _items(obj)
-                    if k not in keys and isinstance(v, types.ModuleType)
+                    if k not in known and isinstance(v, types.ModuleType)
                 ]
                 if imported and _same(obj, [*saved, *imported]):
                     continue
             root, words, names = self._path(at)
             if isinstance(obj, dict):
                 before, now = dict(saved), dict(_items(obj))
+                holder_key = self.trail[at][2]
+                if not isinstance(holder_key, _Attrs) and self.trail[at][0] < 0:
+                    holder_key = _ATTRS  # a module's globals
                 keys = [
-                    k for k in {**before, **now} if before.get(k, _EMPTY) is not now.get(k, _EMPTY)
+                    k
+                    for k in {**before, **now}
+                    if _user_key(k, holder_key)
+                    and not _equivalent(before.get(k, _EMPTY), now.get(k, _EMPTY))
                 ]
+                if not keys and [k for k in before if _user_key(k, holder_key)] == [
+                    k for k in now if _user_key(k, holder_key)
+                ]:
+                    continue
                 for key in keys[:3] or [None]:
                     if key is None:
                         found.append(f"{root}: {words or 'a dict'} (its order)")
@@ -238,7 +256,7 @@ class UserState:
                 words += f" (closure cell {key})"
             elif isinstance(key, _Dot):
                 words += key
-            elif key is not _ATTRS and key is not _CONTENTS:
+            elif not (isinstance(key, _Attrs) or key is _CONTENTS):
                 attribute = isinstance(previous, _Attrs) and isinstance(key, str)
                 words += f".{key}" if attribute else f"[{key!r}]"
             previous = key
@@ -341,13 +359,52 @@ def _same(obj: Any, saved: Any) -> bool:
     return True
 
 
-def _owned(value: Any, key: Any) -> bool:
-    """Whether ``value``, reached by ``key``, is the user's own state: not a dunder
-    (``__loader__``, ``__spec__``, ``__warningregistry__``: the interpreter's), and a
+def _user_named(module: str) -> bool:
+    """Whether a module's name is the user's: its top-level package is not an installed
+    library's (``torch._inductor.runtime.compile_tasks.c3x...`` is Inductor's kernel
+    module, loaded from its cache folder)."""
+    top = module.partition(".")[0]
+    return top == "__main__" or is_project_module(sys.modules.get(top))
+
+
+def _equivalent(before: Any, now: Any) -> bool:
+    """Whether a value rebound in a dict is the same state: the same object, or a list
+    or tuple rebuilt with the same items (a weak reference to the same object counts as
+    the same item). ``nn.LSTM`` rebuilds its ``_flat_weights`` list whenever a
+    parameter is set, as the trace's swap of its parameters does, and back."""
+    if before is now:
+        return True
+    if type(before) is not type(now) or not isinstance(before, (list, tuple)):
+        return False
+    return len(before) == len(now) and all(
+        a is b or (isinstance(a, weakref.ref) and type(a) is type(b) and a() is b())
+        for a, b in zip(before, now)
+    )
+
+
+def _user_key(key: Any, holder_key: Any) -> bool:
+    """Whether what ``key`` holds in the dict ``holder_key`` reached can be the user's:
+    not a name with two leading underscores (the interpreter's ``__loader__``,
+    ``__spec__``, ``__warningregistry__``; Dynamo's ``__compiled_fn_3`` it binds in a
+    module's globals), nor an installed library's private attribute
+    (``nn.LSTM._flat_weights``, rebuilt when the capture sets the traced tensors into
+    the module and back) other than a module's hook dicts, which hold the user's hooks."""
+    if not isinstance(key, str):
+        return True
+    if key.startswith("__"):
+        return False
+    return not (isinstance(holder_key, _LibraryAttrs) and key.startswith("_")) or key.endswith(
+        "hooks"
+    )
+
+
+def _owned(value: Any, key: Any, holder_key: Any) -> bool:
+    """Whether ``value``, reached by ``key`` from what ``holder_key`` reached, is the
+    user's own state: under a key that can be the user's (``_user_key``), and a
     builtin container, a closure cell, a project function (with its cells and
     attributes), a method or partial of one, a project class, an instance of one or an
     ``nn.Module``."""
-    if isinstance(key, str) and key.startswith("__") and key.endswith("__"):
+    if not _user_key(key, holder_key):
         return False
     if isinstance(value, (list, collections.deque, dict, set, bytearray, tuple, types.CellType)):
         return True
@@ -361,6 +418,18 @@ def _owned(value: Any, key: Any) -> bool:
 
 class _Attrs(str):
     """The key of an object's attribute dict (a submodule's, by its name in the model)."""
+
+
+class _LibraryAttrs(_Attrs):
+    """The key of the attribute dict of an installed library's object."""
+
+
+def _attrs_of(value: Any, name: str) -> _Attrs:
+    """The key of ``value``'s attribute dict: ``_LibraryAttrs`` where its class is an
+    installed library's."""
+    owner = type(value)
+    mine = owner.__module__ == "__main__" or is_project_module(sys.modules.get(owner.__module__))
+    return _Attrs(name) if mine else _LibraryAttrs(name)
 
 
 class _Cell(str):
