@@ -55,11 +55,6 @@ def fresh_env(*, pythonpath: Sequence[Path] = (), **extra: str) -> dict[str, str
     return env
 
 
-#: A child's environment where no test changed this process's (``tests.zygote``): read
-#: when the tests are collected, before any test runs.
-_UNCHANGED_ENV = fresh_env()
-
-
 def _spawn(
     argv: list[str],
     *,
@@ -67,29 +62,11 @@ def _spawn(
     timeout: float,
     pythonpath: Sequence[Path],
     env: dict[str, str],
-    own_interpreter: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """The child, forked from the test process's zygote (``tests.zygote``: an
-    interpreter that imported torch and nothing else) where nothing it could see
-    differs from a spawned ``python -c``/``python -m tests.X``; spawned otherwise."""
-    full = fresh_env(pythonpath=pythonpath, **env)
-    here = Path(cwd or REPO)
-    if not (own_interpreter or pythonpath or env) and here == REPO:
-        from tests.zygote import zygote
-
-        forked = zygote(full, here, _UNCHANGED_ENV)
-        if forked is not None and argv[0] == "-c":
-            return forked.run(
-                code=argv[1], module=None, args=argv[2:], argv=argv, env=full, timeout=timeout
-            )
-        if forked is not None and argv[0] == "-m" and argv[1].startswith("tests."):
-            return forked.run(
-                code=None, module=argv[1], args=argv[2:], argv=argv, env=full, timeout=timeout
-            )
     return subprocess.run(
         [sys.executable, *argv],
-        cwd=here,
-        env=full,
+        cwd=cwd or REPO,
+        env=fresh_env(pythonpath=pythonpath, **env),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -102,20 +79,10 @@ def run_python(
     cwd: Path | None = None,
     timeout: float = 300,
     pythonpath: Sequence[Path] = (),
-    own_interpreter: bool = False,
     **env: str,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter; the caller asserts on the result.
-    ``own_interpreter``: spawned, never forked from the zygote (its own ``str`` hash
-    seed: for a test that compares two processes' output)."""
-    return _spawn(
-        ["-c", code],
-        cwd=cwd,
-        timeout=timeout,
-        pythonpath=pythonpath,
-        env=env,
-        own_interpreter=own_interpreter,
-    )
+    """Run ``code`` in a fresh interpreter; the caller asserts on the result."""
+    return _spawn(["-c", code], cwd=cwd, timeout=timeout, pythonpath=pythonpath, env=env)
 
 
 def run_script(

@@ -404,9 +404,7 @@ with precompile.capture(dynamo_models.explicit_break, artifact_path={out!r} + ".
     texts = []
     procs = together(
         *(
-            lambda name=name: run_python(
-                script.format(out=str(tmp_path / name), backend=backend), own_interpreter=True
-            )
+            lambda name=name: run_python(script.format(out=str(tmp_path / name), backend=backend))
             for name in ("one", "two")
         )
     )
