@@ -159,8 +159,7 @@ class UserState:
                 (_ATTRS, vars(value)),
             ]
         if isinstance(value, type):
-            module = sys.modules.get(value.__module__)
-            if not is_project_module(module) and value.__module__ != "__main__":
+            if not _project_class(value):
                 return []
             attrs = {k: v for k, v in vars(value).items() if not k.startswith("__")}
             self.records.append((value, attrs))
@@ -412,7 +411,11 @@ def _owned(value: Any, key: Any, holder_key: Any) -> bool:
         return True
     if isinstance(value, types.FunctionType):
         return is_project_file(value.__code__.co_filename)
-    owner = value if isinstance(value, type) else type(value)
+    return _project_class(value if isinstance(value, type) else type(value))
+
+
+def _project_class(owner: type) -> bool:
+    """Whether ``owner`` is defined in the project (or in ``__main__``: a notebook)."""
     return owner.__module__ == "__main__" or is_project_module(sys.modules.get(owner.__module__))
 
 
@@ -427,9 +430,7 @@ class _LibraryAttrs(_Attrs):
 def _attrs_of(value: Any, name: str) -> _Attrs:
     """The key of ``value``'s attribute dict: ``_LibraryAttrs`` where its class is an
     installed library's."""
-    owner = type(value)
-    mine = owner.__module__ == "__main__" or is_project_module(sys.modules.get(owner.__module__))
-    return _Attrs(name) if mine else _LibraryAttrs(name)
+    return _Attrs(name) if _project_class(type(value)) else _LibraryAttrs(name)
 
 
 class _Cell(str):
