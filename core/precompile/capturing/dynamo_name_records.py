@@ -437,13 +437,18 @@ def traced_function_rows(
         for code, digest in nameless.items()
         if code not in paths and digest not in digests and code not in covered
     ]
-    # A function an lru_cache holds is what eager calls next time: one running a code
-    # the trace made under a cached maker must be watched itself, by identity, and a
-    # cache holding none (Dynamo traced the maker as uncached) is refused.
-    by_cache, cold = unwatched_cached(project, cached_makers(traced), [*watched, *arguments])
+    # A function an lru_cache holds is what eager calls next time. Dynamo traced the
+    # maker as uncached and ran a function of its own: the one eager calls is the
+    # cache's entry for that call's arguments, which nothing recorded tells apart from
+    # the cache's other entries (a watched one for other arguments proves nothing), nor
+    # finds while the cache is empty. So a code made under a cached maker is refused:
+    # naming an unwatched function the cache holds, else the cache.
+    cached = cached_makers(traced)
+    by_cache = unwatched_cached(project, cached, [*watched, *arguments])
+    made = {c: cached[c][0].__wrapped__.__qualname__ for c in project if c in cached}
     refuse_unwatched(
-        by_cache or unwatched_live([c for c in unreached if c not in cold], watched),
-        cached=cold,
+        by_cache or unwatched_live([c for c in unreached if c not in made], watched),
+        cached=made,
     )
     covered |= _nested_codes(traced)
     for code, digest in nameless.items():

@@ -518,7 +518,7 @@ def refuse_unwatched_functions(
     # made under a cached maker the trace called must be watched itself, by identity.
     # The trace ran the maker for real: a code no cache holds a function of came by
     # another way, and is ruled as any other.
-    by_cache, _cold = live_functions.unwatched_cached(
+    by_cache = live_functions.unwatched_cached(
         codes, live_functions.cached_makers(codes, log.scopes), watched
     )
     live_functions.refuse_unwatched(

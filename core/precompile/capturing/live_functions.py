@@ -18,8 +18,8 @@ kept in a registry share their code with the entry the trace read. Except for a 
 made under an lru_cache'd maker the trace called (``cached_makers``): the function eager
 calls next time is the one the cache holds, which no watched path reaches even where a
 module-level function of the same factory is watched, so each function of that code the
-cache holds must be watched itself, by identity, and a cache that holds none (Dynamo
-traced the maker as uncached and kept nothing) is refused (``unwatched_cached``). A code
+cache holds must be watched itself, by identity (``unwatched_cached``); Dynamo, which
+traced the maker as uncached and ran a function of its own, refuses such a code. A code
 with no live function after the trace was made per call by traced code (a closure
 defined in ``forward``), and its maker's code is what is watched.
 """
@@ -235,26 +235,17 @@ def _cached_functions(wrapper: Any) -> list[types.FunctionType]:
 
 def unwatched_cached(
     codes: Iterable[types.CodeType], cached: dict[types.CodeType, list[Any]], watched: Iterable[Any]
-) -> tuple[dict[types.CodeType, list[types.FunctionType]], dict[types.CodeType, str]]:
+) -> dict[types.CodeType, list[types.FunctionType]]:
     """For the codes among ``codes`` made under an lru_cache'd maker (``cached``): the
-    functions of that code a cache holds that are not among ``watched`` (by identity),
-    and -- where ``cold`` -- the codes whose caches hold none, with the maker's
-    qualified name: eager fills the cache on its next call with a function nothing
-    watches."""
+    functions of that code a cache holds that are not among ``watched`` (by identity)."""
     ids = {id(fn) for fn in watched}
     found: dict[types.CodeType, list[types.FunctionType]] = {}
-    cold: dict[types.CodeType, str] = {}
     for code in codes:
-        wrappers = cached.get(code)
-        if not wrappers:
-            continue
-        held = [fn for w in wrappers for fn in _cached_functions(w) if fn.__code__ is code]
-        unwatched = [fn for fn in held if id(fn) not in ids]
+        held = [fn for w in cached.get(code, ()) for fn in _cached_functions(w)]
+        unwatched = [fn for fn in held if fn.__code__ is code and id(fn) not in ids]
         if unwatched:
             found[code] = unwatched
-        elif not held:
-            cold[code] = wrappers[0].__wrapped__.__qualname__
-    return found, cold
+    return found
 
 
 def closure_functions(functions: Iterable[Any]) -> list[types.FunctionType]:

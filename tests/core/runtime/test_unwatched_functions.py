@@ -15,6 +15,7 @@ serving is refused.
 from __future__ import annotations
 
 import functools
+import sys
 import textwrap
 import weakref
 from collections.abc import Callable
@@ -309,21 +310,28 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("warm", [False, True], ids=["cold cache", "warm cache"])
+@pytest.mark.parametrize(
+    "warm", ["cold", "warm", "another argument, named"], ids=lambda w: f"{w} cache"
+)
 @pytest.mark.parametrize("model", [UsesCachedShared, UsesSharedAndCached])
 @pytest.mark.parametrize("tracer", sorted(TRACERS))
 def test_a_cached_function_sharing_its_code_with_a_named_one_is_refused(
-    tracer: str, model: type[nn.Module], warm: bool, tmp_path: Path
+    tracer: str, model: type[nn.Module], warm: str, tmp_path: Path, monkeypatch: Any
 ) -> None:
     """The function an lru_cache holds is what eager calls next time; ``SHARED``, a
     module-level function the same factory made, runs the same code. Watching a code
     by any one of its functions let Dynamo serve a swap of the cached function's
     ``__code__`` stale (and make_fx too, where the trace also read ``SHARED``): the
     cache's functions are compared by identity, and Dynamo's empty cache (it traced the
-    maker as uncached) is refused too."""
+    maker as uncached), or one that holds a watched function for other arguments, is
+    refused too."""
     cached_shared.cache_clear()
-    if warm:
+    if warm == "warm":
         cached_shared(2.0)
+    if warm == "another argument, named":
+        # The cache holds only a watched function, made for other arguments: Dynamo
+        # served the call's own (2.0) stale, which eager makes and caches next call.
+        monkeypatch.setattr(sys.modules[__name__], "SHARED_FIVE", cached_shared(5.0), raising=False)
     torch.manual_seed(0)
     with torch.no_grad(), pytest.raises(precompile.PrecompileError) as refused:
         capture_pair(
