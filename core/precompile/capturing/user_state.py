@@ -26,7 +26,6 @@ import contextlib
 import functools
 import sys
 import types
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -213,8 +212,7 @@ class UserState:
                 keys = [
                     k
                     for k in {**before, **now}
-                    if _user_key(k, holder_key)
-                    and not _equivalent(before.get(k, _EMPTY), now.get(k, _EMPTY))
+                    if _user_key(k, holder_key) and before.get(k, _EMPTY) is not now.get(k, _EMPTY)
                 ]
                 if not keys and [k for k in before if _user_key(k, holder_key)] == [
                     k for k in now if _user_key(k, holder_key)
@@ -364,21 +362,6 @@ def _user_named(module: str) -> bool:
     module, loaded from its cache folder)."""
     top = module.partition(".")[0]
     return top == "__main__" or is_project_module(sys.modules.get(top))
-
-
-def _equivalent(before: Any, now: Any) -> bool:
-    """Whether a value rebound in a dict is the same state: the same object, or a list
-    or tuple rebuilt with the same items (a weak reference to the same object counts as
-    the same item). ``nn.LSTM`` rebuilds its ``_flat_weights`` list whenever a
-    parameter is set, as the trace's swap of its parameters does, and back."""
-    if before is now:
-        return True
-    if type(before) is not type(now) or not isinstance(before, (list, tuple)):
-        return False
-    return len(before) == len(now) and all(
-        a is b or (isinstance(a, weakref.ref) and type(a) is type(b) and a() is b())
-        for a, b in zip(before, now)
-    )
 
 
 def _user_key(key: Any, holder_key: Any) -> bool:
