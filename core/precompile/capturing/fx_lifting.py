@@ -33,10 +33,14 @@ class LiftedState:
         share a tensor is what the graph baked (it reads one input for all of them), so
         the runtime checks that the same names share it, in whatever walk order."""
         return [
-            [f"m{mi}.{name}" if self.multi else name for mi, name in names]
+            [self.qualified(mi, name) for mi, name in names]
             for names in self.aliases
             if len(names) > 1
         ]
+
+    def qualified(self, module_index: int, name: str) -> str:
+        """``name`` of module argument ``module_index`` as the artifact names it."""
+        return f"m{module_index}.{name}" if self.multi else name
 
     @property
     def params(self) -> list[torch.Tensor]:
@@ -58,7 +62,7 @@ def lift_module_state(modules: list[torch.nn.Module]) -> LiftedState:
                 if k is None:
                     k = index[id(tensor)] = len(state.tensors)
                     state.tensors.append(tensor)
-                    state.names.append(f"m{mi}.{name}" if multi else name)
+                    state.names.append(state.qualified(mi, name))
                     state.aliases.append([])
                 state.aliases[k].append((mi, name))
         if kind == "named_parameters":

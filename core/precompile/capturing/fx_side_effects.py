@@ -4,7 +4,7 @@ runs no Python, would not repeat, refused at capture.
 ``Snapshot`` holds the state before the trace (module attributes and training flags,
 the globals of the project's modules, by the identity of what they hold);
 ``ArgumentWatch`` holds fn's arguments as the trace passed them (containers appended
-to, a tensor's ``requires_grad`` flipped). ``refuse_trace_side_effects`` names every
+to, a tensor's ``requires_grad`` flipped, a parameter or buffer rebound). ``refuse_trace_side_effects`` names every
 change found.
 """
 
@@ -19,6 +19,7 @@ import torch
 from precompile._compat import tracing
 from precompile.capturing.bytecode_names import global_names
 from precompile.capturing.fx_watch import CallLog
+from precompile.capturing.user_state import base_contents
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_module
 from precompile.runtime import value_fingerprints
@@ -110,7 +111,7 @@ _WIDTH = 10_000
 def _scope_contents(scope: dict[str, Any]) -> dict[str, Any]:
     return {
         name: _contents(value, _DEPTH)
-        for name, value in list(scope.items())
+        for name, value in base_contents(scope)
         if not name.startswith("__")
     }
 
@@ -119,23 +120,20 @@ def _contents(value: Any, depth: int) -> Any:
     """What a global holds, by identity: the object, and for a list, tuple, dict, set,
     bytearray or plain object (its ``__dict__``) the objects inside, ``depth`` levels
     down. Equal results mean no rebinding and no in-place change the trace could make
-    through Python (a tensor's data is not Python state: it is read as a constant)."""
+    through Python (a tensor's data is not Python state: it is read as a constant).
+    Read through the builtin bases' methods (``base_contents``): a subclass's own run
+    code."""
     if depth <= 0 or isinstance(value, (types.ModuleType, type, types.FunctionType, torch.Tensor)):
         return id(value)
-    if isinstance(value, (list, tuple)):
-        if len(value) > _WIDTH:
-            return (id(value), len(value))
-        return (id(value), tuple(_contents(v, depth - 1) for v in value))
-    if isinstance(value, dict):
-        if len(value) > _WIDTH:
-            return (id(value), len(value))
-        return (id(value), tuple((k, _contents(v, depth - 1)) for k, v in list(value.items())))
-    if isinstance(value, (set, frozenset)):
-        return (
-            (id(value), len(value))
-            if len(value) > _WIDTH
-            else (id(value), frozenset(map(id, value)))
-        )
+    if isinstance(value, (list, tuple, dict, set, frozenset)):
+        held = base_contents(value)
+        if len(held) > _WIDTH:
+            return (id(value), len(held))
+        if isinstance(value, dict):
+            return (id(value), tuple((k, _contents(v, depth - 1)) for k, v in held))
+        if isinstance(held, set):
+            return (id(value), frozenset(map(id, held)))
+        return (id(value), tuple(_contents(v, depth - 1) for v in held))
     if isinstance(value, bytearray):
         return (id(value), bytes(value))
     attrs = getattr(value, "__dict__", None)
@@ -155,23 +153,46 @@ class ArgumentWatch:
         self,
         tensors: list[tuple[str, torch.Tensor]],
         arguments: list[tuple[int, Any]],
+        slots: list[tuple[str, torch.nn.Module, str, torch.Tensor]],
     ) -> None:
         self.tensors = tensors
         self.flags = [bool(t.requires_grad) for _, t in tensors]
         self.arguments = arguments
         self.before = [tracing.pytree.tree_flatten(value) for _, value in arguments]
+        #: (label, module, qualified name, the tensor the trace swapped in there).
+        self.slots = slots
 
     def changes(self) -> list[str]:
+        """What fn's Python did to its arguments; read while the trace's tensors are
+        still swapped into the modules: ``self.mean = f(self.mean)`` rebinds a buffer
+        in the module, and the swap's exit puts the original back over it, so after
+        the trace neither the module nor any snapshot shows the store (an artifact
+        would serve every call from the captured buffer)."""
         found = [
             f"{label}.requires_grad"
             for (label, t), flag in zip(self.tensors, self.flags)
             if bool(t.requires_grad) != flag
+        ]
+        found += [
+            f"{label} rebound (fn set it to another object)"
+            for label, module, name, swapped in self.slots
+            if _slot(module, name) is not swapped
         ]
         for (position, value), (leaves, spec) in zip(self.arguments, self.before):
             now, now_spec = tracing.pytree.tree_flatten(value)
             if now_spec != spec or len(now) != len(leaves) or any(map(_is_not, now, leaves)):
                 found.append(f"the {type(value).__name__} passed as fn's argument {position}")
         return found
+
+
+def _slot(module: torch.nn.Module, name: str) -> object:
+    """What ``module``'s dotted ``name`` holds now (None where it is gone: a submodule
+    on its path replaced or deleted counts as the slot rebound)."""
+    prefix, _, leaf = name.rpartition(".")
+    try:
+        return getattr(module.get_submodule(prefix), leaf)
+    except AttributeError:
+        return None
 
 
 def _is_not(a: object, b: object) -> bool:

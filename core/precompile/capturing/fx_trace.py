@@ -303,14 +303,17 @@ def trace_single_graph(
         call_args = [
             args[i] if i in module_positions else next(user_args) for i in range(len(args))
         ]
+        kinds = ["parameter" if k < lifted.num_params else "buffer" for k in range(n_state)]
         with fx_keyed_inputs.quiet():
             watch = fx_side_effects.ArgumentWatch(
-                [
-                    (f"{'parameter' if k < lifted.num_params else 'buffer'} {name!r}", t)
-                    for k, (name, t) in enumerate(zip(lifted.names, state))
-                ]
+                [(f"{kind} {name!r}", t) for kind, name, t in zip(kinds, lifted.names, state)]
                 + [(f"input value {slot}", t) for slot, t in zip(tensor_slots, user_tensors)],
                 [(i, a) for i, a in enumerate(call_args) if i not in module_positions],
+                [
+                    (f"{kinds[k]} {lifted.qualified(mi, name)!r}", modules[mi], name, state[k])
+                    for k, names in enumerate(lifted.aliases)
+                    for mi, name in names
+                ],
             )
         with contextlib.ExitStack() as stack:
             for mi, module in enumerate(modules):

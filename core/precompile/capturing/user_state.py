@@ -16,7 +16,9 @@ included, so attributes of modules and plain objects), sets, bytearrays, ``__slo
 values, closure cells, and the attributes of the project's classes. ``restore`` puts
 back, in place, each one whose contents changed (the user's objects keep their
 identity), through the base types' own methods (a dict subclass may refuse deletes);
-what the walk does not reach is not restored.
+what the walk does not reach is not restored. An ``lru_cache`` the walk reaches that
+stored a result meanwhile is emptied: its entries cannot be taken out one by one, and a
+make_fx trace's entry is a fake tensor that the next eager call would return.
 """
 
 from __future__ import annotations
@@ -121,18 +123,14 @@ class UserState:
     def _record(self, value: Any) -> list[tuple[Any, Any]]:
         """Record ``value``'s shallow contents; the objects to walk into, each with the
         key it is held by."""
-        if isinstance(value, (list, collections.deque)):
-            self.records.append((value, list(value)))
-            return list(enumerate(list(value)[:_WIDTH]))
-        if isinstance(value, dict):
-            items = list(value.items())
-            self.records.append((value, items))
-            return items[:_WIDTH]
-        if isinstance(value, (set, bytearray)):
-            self.records.append((value, value.copy()))
-            return []
+        if isinstance(value, (list, collections.deque, dict, set, bytearray)):
+            contents = base_contents(value)
+            self.records.append((value, contents))
+            if isinstance(value, dict):
+                return contents[:_WIDTH]
+            return [] if isinstance(value, (set, bytearray)) else list(enumerate(contents[:_WIDTH]))
         if isinstance(value, tuple):
-            return list(enumerate(value[:_WIDTH]))
+            return list(enumerate(base_contents(value)[:_WIDTH]))
         if isinstance(value, types.CellType):
             try:
                 held = value.cell_contents
@@ -140,6 +138,11 @@ class UserState:
                 held = _EMPTY
             self.records.append((value, held))
             return [] if held is _EMPTY else [(_CONTENTS, held)]
+        if _cache_info(value) is not None:
+            # An lru_cache: what it holds is C state, not walked; a call that missed
+            # stored its result (a make_fx trace's result is a fake tensor).
+            self.records.append((value, _CacheFill(_cache_info(value).misses)))
+            return [(_attrs_of(value, ""), getattr(value, "__dict__", {}))]
         if isinstance(value, types.FunctionType):
             cells = zip(value.__code__.co_freevars, value.__closure__ or ())
             return [
@@ -190,7 +193,7 @@ class UserState:
         hook a test runner installs as a module's ``__loader__``)."""
         found: list[str] = []
         for (obj, saved), at in zip(self.records, self.reached):
-            if not self.owned[at] or _same(obj, saved):
+            if not self.owned[at] or isinstance(saved, _CacheFill) or _same(obj, saved):
                 continue
             if isinstance(obj, dict):
                 # A module bound under a new key: the import system's binding of a
@@ -287,7 +290,11 @@ class UserState:
 def _put_back(obj: Any, saved: Any) -> None:
     """Put ``saved`` (what ``UserState`` recorded of ``obj``) back into ``obj``, through
     the base types' own methods."""
-    if isinstance(saved, _Slots):
+    if isinstance(saved, _CacheFill):
+        # No entry of an lru_cache can be taken out alone: all go, the trace's among
+        # them (a cache holds nothing a later call cannot compute again).
+        obj.cache_clear()
+    elif isinstance(saved, _Slots):
         for slot, held in saved.items():
             if held is _EMPTY:
                 with contextlib.suppress(AttributeError):
@@ -331,19 +338,24 @@ def _named(obj: Any) -> str:
 
 def _same(obj: Any, saved: Any) -> bool:
     """Whether ``obj`` holds what ``saved`` recorded, by identity."""
+    if isinstance(saved, _CacheFill):
+        return _cache_info(obj).misses == saved
     if isinstance(saved, _Slots):
         now = _slot_values(obj)
         return now.keys() == saved.keys() and all(now[k] is saved[k] for k in saved)
     if isinstance(obj, (list, collections.deque)):
-        return len(obj) == len(saved) and all(map(_is, obj, saved))
+        now = base_contents(obj)
+        return len(now) == len(saved) and all(map(_is, now, saved))
     if isinstance(obj, dict):
-        return len(obj) == len(saved) and all(
-            k is k2 and v is v2 for (k, v), (k2, v2) in zip(_items(obj), saved)
+        now = base_contents(obj)
+        return len(now) == len(saved) and all(
+            k is k2 and v is v2 for (k, v), (k2, v2) in zip(now, saved)
         )
     if isinstance(obj, set):
-        return len(obj) == len(saved) and set(map(id, obj)) == set(map(id, saved))
+        now = base_contents(obj)
+        return len(now) == len(saved) and set(map(id, now)) == set(map(id, saved))
     if isinstance(obj, bytearray):
-        return bool(obj == saved)
+        return bool(base_contents(obj) == saved)
     if isinstance(obj, types.CellType):
         try:
             held = obj.cell_contents
@@ -384,8 +396,8 @@ def _owned(value: Any, key: Any, holder_key: Any) -> bool:
     """Whether ``value``, reached by ``key`` from what ``holder_key`` reached, is the
     user's own state: under a key that can be the user's (``_user_key``), and a
     builtin container, a closure cell, a project function (with its cells and
-    attributes), a method or partial of one, a project class, an instance of one or an
-    ``nn.Module``."""
+    attributes), a method or partial of one, a project class, an instance of one, an
+    ``nn.Module`` or a standard-library data class's instance (``_DATA_CLASSES``)."""
     if not _user_key(key, holder_key):
         return False
     if isinstance(value, (list, collections.deque, dict, set, bytearray, tuple, types.CellType)):
@@ -394,7 +406,28 @@ def _owned(value: Any, key: Any, holder_key: Any) -> bool:
         return True
     if isinstance(value, types.FunctionType):
         return is_project_file(value.__code__.co_filename)
-    return _project_class(value if isinstance(value, type) else type(value))
+    return _users_class(value if isinstance(value, type) else type(value))
+
+
+#: The standard library's classes whose instances are only data the user put there,
+#: kept in public attributes (a ChainMap's ``maps``, a UserDict's ``data``, a
+#: namespace's fields): the user's own, as a dict is. (A logger, or any other library
+#: object, keeps caches it fills as it is used: not the user's.)
+_DATA_CLASSES = frozenset(
+    {
+        ("collections", "ChainMap"),
+        ("collections", "UserDict"),
+        ("collections", "UserList"),
+        ("types", "SimpleNamespace"),
+        ("argparse", "Namespace"),
+    }
+)
+
+
+def _users_class(kind: type) -> bool:
+    """Whether instances of ``kind`` hold the user's own state: a project class, or a
+    standard-library data class."""
+    return _project_class(kind) or (kind.__module__, kind.__qualname__) in _DATA_CLASSES
 
 
 def _project_class(owner: type) -> bool:
@@ -413,7 +446,21 @@ class _LibraryAttrs(_Attrs):
 def _attrs_of(value: Any, name: str) -> _Attrs:
     """The key of ``value``'s attribute dict: ``_LibraryAttrs`` where its class is an
     installed library's."""
-    return _Attrs(name) if _project_class(type(value)) else _LibraryAttrs(name)
+    return _Attrs(name) if _users_class(type(value)) else _LibraryAttrs(name)
+
+
+class _CacheFill(int):
+    """What an lru_cache's record keeps: its count of misses (each a stored result)."""
+
+
+def _cache_info(value: Any) -> Any:
+    """An lru_cache's ``cache_info()`` (``functools.lru_cache`` or ``cache``), or None
+    for anything else; looked up on the type, so a lazy proxy's ``__getattr__`` does
+    not run."""
+    if isinstance(value, type) or getattr(type(value), "cache_clear", None) is None:
+        return None
+    info = getattr(type(value), "cache_info", None)
+    return None if info is None else info(value)
 
 
 class _Cell(str):
@@ -477,6 +524,27 @@ def _restore_dict(obj: dict[Any, Any], saved: list[tuple[Any, Any]]) -> None:
         base.clear(obj)
         base.update(obj, saved)
         base.update(obj, imported)
+
+
+def base_contents(value: Any) -> Any:
+    """A copy of a container's contents through its builtin base's own methods: a
+    subclass's ``items``, ``__iter__`` or ``__len__`` may run code (transformers'
+    ``MODEL_MAPPING`` imports every model it names, and raises where one is missing).
+    A list of the items of a list, tuple or deque, of the (key, value) pairs of a dict;
+    a set of a set's or frozenset's; a bytearray's bytes."""
+    if isinstance(value, list):
+        return list.copy(value)
+    if isinstance(value, tuple):
+        return list(tuple.__iter__(value))
+    if isinstance(value, collections.deque):
+        return list(collections.deque.__iter__(value))
+    if isinstance(value, dict):
+        return list(_items(value))
+    if isinstance(value, set):
+        return set.copy(value)
+    if isinstance(value, frozenset):
+        return set(frozenset.__iter__(value))
+    return bytearray.copy(value)
 
 
 def _items(obj: dict[Any, Any]) -> Any:

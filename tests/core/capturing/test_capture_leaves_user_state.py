@@ -6,7 +6,7 @@ a module-global list, a global dict, a module attribute (of the model, of a subm
 four levels down), a global hook's closure list,
 the model's own hook's closure list, a global container nested deep, a closure cell,
 a global deque, a global object with ``__slots__``, a global mapping that refuses
-deletes.
+deletes, a submodule's registered buffer rebound, a global ChainMap.
 Each store is prefilled with a real tensor, as an earlier call would have left it. After
 the capture -- captured or refused -- every stored object is a plain real tensor, and:
 
@@ -56,6 +56,13 @@ REFUSED = {
     ("make_fx", "deque"): STATE + "RECENT (a deque)",
     ("make_fx", "slots"): STATE + "SLOTTED.last (a slot)",
     ("make_fx", "mapping"): "global RESULTS of module tests.fixtures.user_state_stores",
+    # The swap of the trace's tensors into the module put the captured buffer back over
+    # the store, so nothing after the trace saw it: served calls kept the first mean.
+    ("make_fx", "buffer"): "buffer '0.mean' rebound",
+    # A ChainMap is a library's object: the walk stopped at it, and the store into the
+    # dict it holds was captured and not repeated. A standard-library data class is
+    # the user's own now.
+    ("make_fx", "chainmap"): STATE + "CHAIN.maps[0]['out']",
     ("dynamo", "global_hook"): "the global module hook `tests.fixtures.user_state_stores.",
 }
 CELLS = [(tracer, kind) for tracer in sorted(TRACERS) for kind in u.KINDS]
@@ -311,6 +318,60 @@ def test_a_class_whose_metaclass_forbids_writes_is_put_back(tmp_path: Path, trac
         assert after is before
     else:
         assert torch.equal(after, x * 2)
+
+
+def test_a_dict_subclass_whose_methods_run_code_is_read_through_dict(tmp_path: Path) -> None:
+    """The walk read a dict subclass through its own ``items`` (and a list's, deque's
+    and set's through theirs): transformers' ``MODEL_MAPPING`` in a project module's
+    globals imports every model on ``items()``, and raised out of every make_fx capture
+    (a ValueError, not a refusal). The builtin bases' methods run no user code: the
+    capture serves, and the mapping is neither read through its methods nor changed."""
+    from tests.fixtures import user_state_library_shapes as lazy
+
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(4, 4), torch.randn(3, 4)
+    with torch.no_grad():
+        artifact, cache = capture_pair(lazy.serve, model, x, directory=tmp_path)
+        served = precompile.load(artifact, cache)(model, x)
+        assert torch.equal(served, lazy.serve(model, x))
+    assert list(dict.items(lazy.MAPPING)) == [("gpt2", "GPT2Model")]
+
+
+@pytest.mark.parametrize("tracer", sorted(TRACERS))
+def test_an_lru_cache_the_trace_filled_holds_no_trace_time_value(
+    tmp_path: Path, tracer: str
+) -> None:
+    """fn calls an ``lru_cache``d helper that builds a tensor. A make_fx trace calls it
+    with fake tensors around: the cache kept a FakeTensor, which every later eager call
+    of the helper returned (an eager forward after the capture answered with a
+    FakeTensor). The capture empties a cache that stored a result meanwhile; the
+    artifact serves eager's answer in a fresh process."""
+    from tests.fixtures import user_state_library_shapes as shapes
+
+    shapes.causal_mask.cache_clear()
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(6, 6), torch.randn(6, 6)
+    with torch.no_grad():
+        artifact, cache = capture_pair(
+            shapes.masked, model, x, directory=tmp_path, tracer=TRACERS[tracer]()
+        )
+        after = shapes.masked(model, x)
+    assert _real(shapes.causal_mask(6)), type(shapes.causal_mask(6))
+    assert _real(after), type(after)
+    result = run_json(
+        textwrap.dedent(
+            f"""
+            import json, torch, precompile
+            from tests.fixtures import user_state_library_shapes as shapes
+            torch.manual_seed(0)
+            model, x = torch.nn.Linear(6, 6), torch.randn(6, 6)
+            with torch.no_grad():
+                served = precompile.load({artifact!r}, {cache!r})(model, x)
+                print(json.dumps(torch.equal(served, shapes.masked(model, x))))
+            """
+        )
+    )
+    assert result is True
 
 
 def test_a_put_back_that_still_fails_is_a_refusal_naming_it(monkeypatch: Any) -> None:
