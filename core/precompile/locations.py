@@ -13,6 +13,8 @@ import importlib.util
 import itertools
 import linecache
 import os
+import site
+import sys
 import sysconfig
 import types
 from collections.abc import Iterable
@@ -31,9 +33,27 @@ _LIBRARY_DIRS = tuple(
     d for d in (_package_dir("torch"), os.path.realpath(os.path.dirname(__file__)) + os.sep) if d
 )
 _STDLIB_DIR = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
-_SITE_DIRS = tuple(
-    os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("purelib", "platlib")
-)
+
+
+def _site_dirs() -> tuple[str, ...]:
+    """Where installed libraries live: this environment's site-packages, and every
+    other install folder on the path -- the base interpreter's (a venv made with
+    ``--system-site-packages``), the user's (``pip install --user``), Debian's
+    ``dist-packages``, a folder a ``.pth`` file adds. Only the first used to count:
+    every other installed library was taken for the project's code, its globals walked
+    and held against a trace."""
+    found = [sysconfig.get_paths()[k] for k in ("purelib", "platlib")]
+    found += site.getsitepackages() if hasattr(site, "getsitepackages") else []
+    found += [site.getusersitepackages()] if hasattr(site, "getusersitepackages") else []
+    found += [
+        p
+        for p in sys.path
+        if os.path.basename(p.rstrip(os.sep)) in ("site-packages", "dist-packages")
+    ]
+    return tuple(dict.fromkeys(os.path.realpath(p) + os.sep for p in found if p))
+
+
+_SITE_DIRS = _site_dirs()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -399,6 +399,7 @@ def trace_single_graph(
         with (
             # First, so that it exits last: the recorders are off when it puts back.
             user_state.restored_on_error(user),
+            user.recording_imports(),
             tracing.recording_user_stacks(flat_fn.__code__) as stack_of,
             tracing.recording_grad_access(
                 lambda frame: frame.f_code.co_filename != __file__

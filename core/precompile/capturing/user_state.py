@@ -23,6 +23,7 @@ make_fx trace's entry is a fake tensor that the next eager call would return.
 
 from __future__ import annotations
 
+import builtins
 import collections
 import contextlib
 import functools
@@ -58,15 +59,16 @@ def capture_roots(fn: Any, args: Any) -> list[Any]:
     scope = getattr(getattr(fn, "__func__", fn), "__globals__", None)
     if isinstance(scope, dict):
         roots.append(Root(f"module {scope.get('__name__', '?')}", scope))
-    roots += [
-        Root(f"module {m.__name__}", vars(m), _user_named(m.__name__))
-        for m in list(sys.modules.values())
-        if is_project_module(m)
-    ]
+    roots += [_module_root(m) for m in list(sys.modules.values()) if is_project_module(m)]
     roots += [
         Root("the global module hooks", tuple(hooks.values())) for hooks in global_module_hooks()
     ]
     return roots
+
+
+def _module_root(module: types.ModuleType) -> Root:
+    """A project module's globals as a root of the walk."""
+    return Root(f"module {module.__name__}", vars(module), _user_named(module.__name__))
 
 
 class Root(tuple[str, Any, bool]):
@@ -94,13 +96,18 @@ class UserState:
         #: Per object walked: whether it is the user's own state (``_owned``), every
         #: object on its way from a root included.
         self.owned: list[bool] = []
-        seen: set[int] = set()
+        self._seen: set[int] = set()
+        self._owned_roots: dict[int, bool] = {}
+        self._walk(roots)
+
+    def _walk(self, roots: list[Any]) -> None:
+        """Record what is reachable from ``roots`` that no earlier walk recorded."""
         level: list[tuple[Any, int, Any]] = []
-        owned_roots: dict[int, bool] = {}
         for root in roots:
             name, value, owned = root if isinstance(root, Root) else ("fn's state", root, True)
-            owned_roots[id(value)] = owned
+            self._owned_roots[id(value)] = owned
             level.append((value, -1, name))
+        seen = self._seen
         for _ in range(_DEPTH):
             following: list[tuple[Any, int, Any]] = []
             for value, parent, key in level:
@@ -111,7 +118,7 @@ class UserState:
                 seen.add(id(value))
                 at = len(self.trail)
                 self.trail.append((parent, value, key))
-                above = owned_roots.get(id(value), True) if parent < 0 else self.owned[parent]
+                above = self._owned_roots.get(id(value), True) if parent < 0 else self.owned[parent]
                 self.owned.append(
                     above and _owned(value, key, self.trail[parent][2] if parent >= 0 else None)
                 )
@@ -119,6 +126,35 @@ class UserState:
                 following += [(held, at, k) for k, held in self._record(value)]
                 self.reached += [at] * (len(self.records) - recorded)
             level = following
+
+    @contextlib.contextmanager
+    def recording_imports(self) -> Iterator[None]:
+        """While the trace runs, walk each project module an ``import`` statement loads
+        for the first time, as its import ends: what the trace then stores into it
+        (``import stats; stats.CALLS.append(1)`` inside fn) is a change from that
+        state. Unrecorded, such a module's globals were neither checked nor put back:
+        make_fx captured the store, and served calls did not repeat it.
+        (``importlib.import_module`` does not go through ``__import__``.)"""
+        real = builtins.__import__
+
+        def importing(*args: Any, **kwargs: Any) -> Any:
+            count = len(sys.modules)
+            module = real(*args, **kwargs)
+            if len(sys.modules) != count:
+                self._walk(
+                    [
+                        _module_root(m)
+                        for m in list(sys.modules.values())
+                        if is_project_module(m) and id(vars(m)) not in self._seen
+                    ]
+                )
+            return module
+
+        builtins.__import__ = importing
+        try:
+            yield
+        finally:
+            builtins.__import__ = real
 
     def _record(self, value: Any) -> list[tuple[Any, Any]]:
         """Record ``value``'s shallow contents; the objects to walk into, each with the
