@@ -27,8 +27,10 @@ import builtins
 import collections
 import contextlib
 import functools
+import operator
 import sys
 import types
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -229,7 +231,9 @@ class UserState:
         hook a test runner installs as a module's ``__loader__``)."""
         found: list[str] = []
         for (obj, saved), at in zip(self.records, self.reached):
-            if not self.owned[at] or isinstance(saved, _CacheFill) or _same(obj, saved):
+            if not self.owned[at] or isinstance(saved, _CacheFill):
+                continue
+            if _same(obj, saved, _same_value):
                 continue
             if isinstance(obj, dict):
                 # A module bound under a new key: the import system's binding of a
@@ -251,7 +255,8 @@ class UserState:
                 keys = [
                     k
                     for k in {**before, **now}
-                    if _user_key(k, holder_key) and before.get(k, _EMPTY) is not now.get(k, _EMPTY)
+                    if _user_key(k, holder_key)
+                    and not _same_value(before.get(k, _EMPTY), now.get(k, _EMPTY))
                 ]
                 if not keys and [k for k in before if _user_key(k, holder_key)] == [
                     k for k in now if _user_key(k, holder_key)
@@ -265,7 +270,9 @@ class UserState:
                         found.append(f"{root}: {(words + shown).lstrip('.')}")
             elif isinstance(saved, _Slots):
                 now_slots = _slot_values(obj)
-                for slot in [k for k in saved if now_slots.get(k, _EMPTY) is not saved[k]][:3]:
+                for slot in [
+                    k for k in saved if not _same_value(now_slots.get(k, _EMPTY), saved[k])
+                ][:3]:
                     found.append(f"{root}: {(words + '.' + slot.__name__).lstrip('.')} (a slot)")
             else:
                 found.append(f"{root}: {words.lstrip('.') or 'itself'} ({_named(obj)})")
@@ -372,20 +379,22 @@ def _named(obj: Any) -> str:
     return f"a {type(obj).__qualname__}"
 
 
-def _same(obj: Any, saved: Any) -> bool:
-    """Whether ``obj`` holds what ``saved`` recorded, by identity."""
+def _same(obj: Any, saved: Any, same: Callable[[Any, Any], bool] = operator.is_) -> bool:
+    """Whether ``obj`` holds what ``saved`` recorded, each value compared by ``same``
+    (identity; ``_same_value`` where the question is whether a served call would
+    differ)."""
     if isinstance(saved, _CacheFill):
         return _cache_info(obj).misses == saved
     if isinstance(saved, _Slots):
         now = _slot_values(obj)
-        return now.keys() == saved.keys() and all(now[k] is saved[k] for k in saved)
+        return now.keys() == saved.keys() and all(same(now[k], saved[k]) for k in saved)
     if isinstance(obj, (list, collections.deque)):
         now = base_contents(obj)
-        return len(now) == len(saved) and all(map(_is, now, saved))
+        return len(now) == len(saved) and all(map(same, now, saved))
     if isinstance(obj, dict):
         now = base_contents(obj)
         return len(now) == len(saved) and all(
-            k is k2 and v is v2 for (k, v), (k2, v2) in zip(now, saved)
+            k is k2 and same(v, v2) for (k, v), (k2, v2) in zip(now, saved)
         )
     if isinstance(obj, set):
         now = base_contents(obj)
@@ -397,11 +406,17 @@ def _same(obj: Any, saved: Any) -> bool:
             held = obj.cell_contents
         except ValueError:
             held = _EMPTY
-        return held is saved
+        return same(held, saved)
     if isinstance(obj, type):
         attrs = {k: v for k, v in vars(obj).items() if not k.startswith("__")}
-        return attrs.keys() == saved.keys() and all(attrs[k] is saved[k] for k in attrs)
+        return attrs.keys() == saved.keys() and all(same(attrs[k], saved[k]) for k in attrs)
     return True
+
+
+def _same_value(a: object, b: object) -> bool:
+    """``a is b``, or both an equal int, str, bytes or bool: storing ``300`` over an equal
+    ``300`` (a new int object each time) changes nothing a served call would show."""
+    return a is b or (type(a) is type(b) and type(a) in (int, str, bytes, bool) and a == b)
 
 
 def _user_named(module: str) -> bool:
@@ -418,13 +433,17 @@ def _user_key(key: Any, holder_key: Any) -> bool:
     ``__spec__``, ``__warningregistry__``; Dynamo's ``__compiled_fn_3`` it binds in a
     module's globals), nor an installed library's private attribute
     (``nn.LSTM._flat_weights``, rebuilt when the capture sets the traced tensors into
-    the module and back) other than a module's hook dicts, which hold the user's hooks."""
+    the module and back) other than a module's hook dicts, which hold the user's hooks
+    -- on the library's objects, and on the project's objects whose class inherits the
+    attribute's use from a library base (``class MyLSTM(nn.LSTM)``)."""
     if not isinstance(key, str):
         return True
     if key.startswith("__"):
         return False
-    return not (isinstance(holder_key, _LibraryAttrs) and key.startswith("_")) or key.endswith(
-        "hooks"
+    if not key.startswith("_") or key.endswith("hooks"):
+        return True
+    return not (
+        isinstance(holder_key, _LibraryAttrs) or key in getattr(holder_key, "inherited", ())
     )
 
 
@@ -472,7 +491,10 @@ def _project_class(owner: type) -> bool:
 
 
 class _Attrs(str):
-    """The key of an object's attribute dict (a submodule's, by its name in the model)."""
+    """The key of an object's attribute dict (a submodule's, by its name in the model),
+    with the private names its class's library bases use (``inherited``)."""
+
+    inherited: frozenset[str] = frozenset()
 
 
 class _LibraryAttrs(_Attrs):
@@ -482,7 +504,48 @@ class _LibraryAttrs(_Attrs):
 def _attrs_of(value: Any, name: str) -> _Attrs:
     """The key of ``value``'s attribute dict: ``_LibraryAttrs`` where its class is an
     installed library's."""
-    return _Attrs(name) if _users_class(type(value)) else _LibraryAttrs(name)
+    kind = type(value)
+    if not _users_class(kind):
+        return _LibraryAttrs(name)
+    key = _Attrs(name)
+    key.inherited = _inherited_private_names(kind)
+    return key
+
+
+#: ``_inherited_private_names`` per class, for as long as the class lives.
+_INHERITED: weakref.WeakKeyDictionary[type, frozenset[str]] = weakref.WeakKeyDictionary()
+
+
+def _inherited_private_names(kind: type) -> frozenset[str]:
+    """The single-underscore names the code of ``kind``'s library bases reads or
+    stores (``nn.RNNBase``'s ``_flat_weights``): what an object of a project subclass
+    holds under those names is the library's bookkeeping, not the user's."""
+    known = _INHERITED.get(kind)
+    if known is not None:
+        return known
+    names: set[str] = set()
+    codes = [
+        code
+        for base in kind.__mro__
+        if base is not object and not _users_class(base)
+        for attr in vars(base).values()
+        for code in _codes_of(attr)
+    ]
+    while codes:
+        code = codes.pop()
+        names.update(n for n in code.co_names if n.startswith("_") and not n.startswith("__"))
+        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    found = _INHERITED[kind] = frozenset(names)
+    return found
+
+
+def _codes_of(attr: Any) -> list[types.CodeType]:
+    """The code objects of a class attribute: a function's, a static or class method's,
+    a property's accessors'."""
+    if isinstance(attr, (staticmethod, classmethod)):
+        attr = attr.__func__
+    functions = [attr.fget, attr.fset, attr.fdel] if isinstance(attr, property) else [attr]
+    return [f.__code__ for f in functions if isinstance(f, types.FunctionType)]
 
 
 class _CacheFill(int):
@@ -588,10 +651,6 @@ def _items(obj: dict[Any, Any]) -> Any:
     if isinstance(obj, collections.OrderedDict):
         return collections.OrderedDict.items(obj)
     return dict.items(obj)
-
-
-def _is(a: object, b: object) -> bool:
-    return a is b
 
 
 @contextlib.contextmanager

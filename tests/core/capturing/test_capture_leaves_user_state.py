@@ -394,6 +394,37 @@ def test_an_lru_cache_the_trace_filled_holds_no_trace_time_value(
     assert result is True
 
 
+def test_a_library_base_classs_bookkeeping_and_an_equal_value_stored_are_served(
+    tmp_path: Path,
+) -> None:
+    """Two needless make_fx refusals. A project's ``class MyLSTM(nn.LSTM)``: the
+    library's private ``_flat_weights`` list, rebuilt when the capture swaps tensors in
+    and back, counted as the user's store because the class is the project's (the
+    private names a library base uses are the library's now). ``self.rows = 300`` over
+    an equal ``300`` (a new int object) counted as a change (an equal int, str, bytes or
+    bool is no change now). Both serve eager's answer in a fresh process."""
+    from tests.fixtures import user_state_library_shapes as shapes
+
+    torch.manual_seed(0)
+    model, x = shapes.Rows(), torch.randn(300, 2, 4)
+    with torch.no_grad():
+        artifact, cache = capture_pair(shapes.run_rows, model, x, directory=tmp_path)
+    result = run_json(
+        textwrap.dedent(
+            f"""
+            import json, torch, precompile
+            from tests.fixtures import user_state_library_shapes as shapes
+            torch.manual_seed(0)
+            model, x = shapes.Rows(), torch.randn(300, 2, 4)
+            with torch.no_grad():
+                served = precompile.load({artifact!r}, {cache!r})(model, x)
+                print(json.dumps(torch.equal(served, shapes.run_rows(model, x))))
+            """
+        )
+    )
+    assert result is True
+
+
 def test_a_put_back_that_still_fails_is_a_refusal_naming_it(monkeypatch: Any) -> None:
     """Where an object's own rules refuse even the base types' methods, the capture does
     not go on silently with what the trace stored there: the refusal names the object,
