@@ -18,6 +18,7 @@ import torch
 
 from precompile._compat.patching import patched
 from precompile._compat.prelude import GLOBAL_MODULE_HOOK_NAMES
+from precompile.errors import PrecompileError
 from precompile.runtime.guard_text import user_path
 
 #: Guard types whose checks compare object identities: they cannot survive a process.
@@ -510,7 +511,20 @@ def builtins_key_of(guards_state: bytes) -> str | None:
     guards and bytecode read through."""
     from torch._dynamo.package import load_guards_state
 
-    return load_guards_state(guards_state).output_graph.name_of_builtins_dict_key_in_fglobals
+    try:
+        state = load_guards_state(guards_state)
+    except Exception as error:
+        # The first load of what Dynamo saved: a value in it that pickles but does not
+        # unpickle (a torch.Generator a module holds) raised out of the capture raw.
+        raise PrecompileError(
+            f"the guards Dynamo saved for this capture cannot be loaded back "
+            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
+            f"an artifact could not check its calls",
+            hint="keep objects that do not survive pickling (a torch.Generator, an open "
+            "file, a lock) out of what fn reads: seed the default generator, or draw random "
+            "tensors outside fn and pass them in",
+        ) from error
+    return state.output_graph.name_of_builtins_dict_key_in_fglobals
 
 
 def variant_guard_managers(

@@ -184,6 +184,20 @@ def is_literal_constant(node: torch.fx.Node, value: Any) -> bool:
     )
 
 
+def _generator_refusal(where: Location | None) -> PrecompileError:
+    """A graph that holds a ``torch.Generator`` object: the emitted graph drew from the
+    process's default generator instead (served silently wrong, every call), or its
+    code failed to load (a raw AttributeError out of the capture)."""
+    return PrecompileError(
+        "fn draws random numbers from a torch.Generator object it holds; an artifact "
+        "cannot carry a generator, so its calls would draw another sequence than eager's",
+        invariant=1,
+        location=where,
+        hint="draw from the default generator (seed it with torch.manual_seed), or draw "
+        "the random tensor outside fn and pass it as an argument",
+    )
+
+
 def check_graph(
     gm: torch.fx.GraphModule,
     node_stacks: dict[str, list[StackFrame]],
@@ -194,6 +208,8 @@ def check_graph(
         frames = node_stacks.get(node.name, [])
         if node.op == "get_attr":
             value = getattr(gm, node.target)
+            if isinstance(value, torch.Generator):
+                raise _generator_refusal(innermost(frames) or fn_location(fn))
             if not isinstance(value, torch.Tensor) or is_literal_constant(node, value):
                 continue  # a subgraph of a control-flow op is refused at that op
             raise PrecompileError(
