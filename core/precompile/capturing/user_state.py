@@ -48,7 +48,11 @@ _WIDTH = 10_000
 #: An empty closure cell.
 _EMPTY = object()
 #: Values that hold no user state the trace could store into.
-_LEAVES = (torch.Tensor, types.ModuleType, str, bytes, int, float, complex, bool, type(None))
+_LEAVES = (types.ModuleType, str, bytes, int, float, complex, bool, type(None))
+#: What ``nn.Module.__init__`` keeps on every module: the user's registrations
+#: (parameters, buffers, submodules, which buffers are persistent, hooks), whichever
+#: class the module is -- private names, but not a library's bookkeeping.
+_MODULE_STATE = frozenset(vars(torch.nn.Module()))
 
 
 def capture_roots(fn: Any, args: Any) -> list[Any]:
@@ -161,6 +165,11 @@ class UserState:
     def _record(self, value: Any) -> list[tuple[Any, Any]]:
         """Record ``value``'s shallow contents; the objects to walk into, each with the
         key it is held by."""
+        if isinstance(value, torch.Tensor):
+            # Its data is no Python state; a Python attribute set on it is
+            # (``T.log = []``, appended to by fn).
+            held = object.__getattribute__(value, "__dict__")
+            return [(_attrs_of(value, ""), held)] if held else []
         if isinstance(value, (list, collections.deque, dict, set, bytearray)):
             contents = base_contents(value)
             self.records.append((value, contents))
@@ -414,9 +423,15 @@ def _same(obj: Any, saved: Any, same: Callable[[Any, Any], bool] = operator.is_)
 
 
 def _same_value(a: object, b: object) -> bool:
-    """``a is b``, or both an equal int, str, bytes or bool: storing ``300`` over an equal
-    ``300`` (a new int object each time) changes nothing a served call would show."""
-    return a is b or (type(a) is type(b) and type(a) in (int, str, bytes, bool) and a == b)
+    """``a is b``, or both an equal int, float, str, bytes or bool: storing ``300`` over an
+    equal ``300`` (a new int object each time) changes nothing a served call would
+    show."""
+    if a is b:
+        return True
+    if type(a) is not type(b) or type(a) not in (int, float, str, bytes, bool):
+        return False
+    # Floats by their spelling: -0.0 is not 0.0 (1 / x tells them apart), nan is nan.
+    return repr(a) == repr(b) if type(a) is float else a == b
 
 
 def _user_named(module: str) -> bool:
@@ -433,14 +448,15 @@ def _user_key(key: Any, holder_key: Any) -> bool:
     ``__spec__``, ``__warningregistry__``; Dynamo's ``__compiled_fn_3`` it binds in a
     module's globals), nor an installed library's private attribute
     (``nn.LSTM._flat_weights``, rebuilt when the capture sets the traced tensors into
-    the module and back) other than a module's hook dicts, which hold the user's hooks
-    -- on the library's objects, and on the project's objects whose class inherits the
+    the module and back) other than a module's hook dicts and what ``nn.Module`` keeps
+    on every module (``_MODULE_STATE``: the user's registrations) -- on the library's
+    objects, and on the project's objects whose class inherits the
     attribute's use from a library base (``class MyLSTM(nn.LSTM)``)."""
     if not isinstance(key, str):
         return True
     if key.startswith("__"):
         return False
-    if not key.startswith("_") or key.endswith("hooks"):
+    if not key.startswith("_") or key.endswith("hooks") or key in _MODULE_STATE:
         return True
     return not (
         isinstance(holder_key, _LibraryAttrs) or key in getattr(holder_key, "inherited", ())
@@ -452,12 +468,13 @@ def _owned(value: Any, key: Any, holder_key: Any) -> bool:
     user's own state: under a key that can be the user's (``_user_key``), and a
     builtin container, a closure cell, a project function (with its cells and
     attributes), a method or partial of one, a project class, an instance of one, an
-    ``nn.Module`` or a standard-library data class's instance (``_DATA_CLASSES``)."""
+    ``nn.Module``, a tensor (its Python attributes) or a standard-library data class's
+    instance (``_DATA_CLASSES``)."""
     if not _user_key(key, holder_key):
         return False
     if isinstance(value, (list, collections.deque, dict, set, bytearray, tuple, types.CellType)):
         return True
-    if isinstance(value, (types.MethodType, functools.partial, torch.nn.Module)):
+    if isinstance(value, (types.MethodType, functools.partial, torch.nn.Module, torch.Tensor)):
         return True
     if isinstance(value, types.FunctionType):
         return is_project_file(value.__code__.co_filename)

@@ -425,6 +425,50 @@ def test_a_library_base_classs_bookkeeping_and_an_equal_value_stored_are_served(
     assert result is True
 
 
+@pytest.mark.parametrize(
+    ("model", "words"),
+    [
+        ("AddsSubmodule", "fn's arguments: [0]._modules['s0']"),
+        ("GrowsModuleList", "fn's arguments: [0].hist._modules['0']"),
+        ("MarksNonPersistent", "fn's arguments: [0]._non_persistent_buffers_set"),
+        ("LogsOnATensor", "module tests.fixtures.module_registrations: LOGGED.log"),
+    ],
+)
+def test_make_fx_refuses_a_store_into_a_modules_registrations_or_a_tensors_attributes(
+    tmp_path: Path, model: str, words: str
+) -> None:
+    """What ``nn.Module`` keeps on every module (``_modules``, ``_parameters``,
+    ``_buffers``, ``_non_persistent_buffers_set``) is the user's registrations, even
+    under a private name on a library's container (``nn.ModuleList``); a tensor's Python
+    attributes are the user's too. Each store was captured and served wrong from the
+    second call (the tensor's list also kept the trace's FakeTensor): now refused, and
+    the state is put back."""
+    from tests.fixtures import module_registrations as r
+
+    r.LOGGED.log.clear()  # type: ignore[attr-defined]
+    instance = getattr(r, model)()
+    before = {k: (v, dict(v) if isinstance(v, dict) else None) for k, v in vars(instance).items()}
+    with torch.no_grad(), pytest.raises(precompile.PrecompileError) as refused:
+        capture_pair(r.call, instance, torch.randn(4, 3), directory=tmp_path)
+    assert words in str(refused.value), str(refused.value)
+    assert r.LOGGED.log == []  # type: ignore[attr-defined]
+    for key, (value, contents) in before.items():
+        assert vars(instance)[key] is value
+        assert contents is None or dict(vars(instance)[key]) == contents
+
+
+def test_an_equal_float_stored_is_served(tmp_path: Path) -> None:
+    """``self.scale = float(x.shape[1])`` storing 3.0 over an equal 3.0 was refused as a
+    change (a new float object)."""
+    from tests.fixtures import module_registrations as r
+
+    x = torch.randn(4, 3)
+    with torch.no_grad():
+        artifact, cache = capture_pair(r.call, r.StoresItsWidth(), x, directory=tmp_path)
+        served = precompile.load(artifact, cache)(r.StoresItsWidth(), x)
+    assert torch.equal(served, x * 3.0)
+
+
 def test_a_put_back_that_still_fails_is_a_refusal_naming_it(monkeypatch: Any) -> None:
     """Where an object's own rules refuse even the base types' methods, the capture does
     not go on silently with what the trace stored there: the refusal names the object,
