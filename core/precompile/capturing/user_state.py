@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from precompile._compat.prelude import global_module_hooks
+from precompile.capturing import c_object_state
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file, is_project_module
 
@@ -170,6 +171,10 @@ class UserState:
             # (``T.log = []``, appended to by fn).
             held = object.__getattribute__(value, "__dict__")
             return [(_attrs_of(value, ""), held)] if held else []
+        state = c_object_state.value_state(value)
+        if state is not None:
+            self.records.append((value, state))
+            return []
         if isinstance(value, (list, collections.deque, dict, set, bytearray)):
             contents = base_contents(value)
             self.records.append((value, contents))
@@ -342,7 +347,9 @@ class UserState:
 def _put_back(obj: Any, saved: Any) -> None:
     """Put ``saved`` (what ``UserState`` recorded of ``obj``) back into ``obj``, through
     the base types' own methods."""
-    if isinstance(saved, _CacheFill):
+    if isinstance(saved, c_object_state.ValueState):
+        saved.put_back(obj)
+    elif isinstance(saved, _CacheFill):
         # No entry of an lru_cache can be taken out alone: all go, the trace's among
         # them (a cache holds nothing a later call cannot compute again).
         obj.cache_clear()
@@ -392,6 +399,8 @@ def _same(obj: Any, saved: Any, same: Callable[[Any, Any], bool] = operator.is_)
     """Whether ``obj`` holds what ``saved`` recorded, each value compared by ``same``
     (identity; ``_same_value`` where the question is whether a served call would
     differ)."""
+    if isinstance(saved, c_object_state.ValueState):
+        return saved.same(obj)
     if isinstance(saved, _CacheFill):
         return _cache_info(obj).misses == saved
     if isinstance(saved, _Slots):
@@ -468,13 +477,16 @@ def _owned(value: Any, key: Any, holder_key: Any) -> bool:
     user's own state: under a key that can be the user's (``_user_key``), and a
     builtin container, a closure cell, a project function (with its cells and
     attributes), a method or partial of one, a project class, an instance of one, an
-    ``nn.Module``, a tensor (its Python attributes) or a standard-library data class's
-    instance (``_DATA_CLASSES``)."""
+    ``nn.Module``, a tensor (its Python attributes), a standard-library data class's
+    instance (``_DATA_CLASSES``) or an object that keeps its state in C
+    (``c_object_state``: a ``random.Random``, an ``array.array``, a numpy array)."""
     if not _user_key(key, holder_key):
         return False
     if isinstance(value, (list, collections.deque, dict, set, bytearray, tuple, types.CellType)):
         return True
     if isinstance(value, (types.MethodType, functools.partial, torch.nn.Module, torch.Tensor)):
+        return True
+    if c_object_state.holds_c_state(value):
         return True
     if isinstance(value, types.FunctionType):
         return is_project_file(value.__code__.co_filename)

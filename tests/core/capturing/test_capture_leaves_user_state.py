@@ -432,6 +432,9 @@ def test_a_library_base_classs_bookkeeping_and_an_equal_value_stored_are_served(
         ("GrowsModuleList", "fn's arguments: [0].hist._modules['0']"),
         ("MarksNonPersistent", "fn's arguments: [0]._non_persistent_buffers_set"),
         ("LogsOnATensor", "module tests.fixtures.module_registrations: LOGGED.log"),
+        ("DrawsFromRandom", "fn's arguments: [0].rng (a Random)"),
+        ("CountsInArray", "fn's arguments: [0].counts (a array)"),
+        ("CountsInNumpy", "fn's arguments: [0].counts (a ndarray)"),
     ],
 )
 def test_make_fx_refuses_a_store_into_a_modules_registrations_or_a_tensors_attributes(
@@ -440,14 +443,16 @@ def test_make_fx_refuses_a_store_into_a_modules_registrations_or_a_tensors_attri
     """What ``nn.Module`` keeps on every module (``_modules``, ``_parameters``,
     ``_buffers``, ``_non_persistent_buffers_set``) is the user's registrations, even
     under a private name on a library's container (``nn.ModuleList``); a tensor's Python
-    attributes are the user's too. Each store was captured and served wrong from the
-    second call (the tensor's list also kept the trace's FakeTensor): now refused, and
-    the state is put back."""
+    attributes are the user's too, and so is an object's C state Python can read (a
+    ``random.Random``'s, an ``array.array``'s, a numpy array's: ``c_object_state``).
+    Each store was captured and served wrong from the second call (the tensor's list
+    also kept the trace's FakeTensor): now refused, and the state is put back."""
     from tests.fixtures import module_registrations as r
 
     r.LOGGED.log.clear()  # type: ignore[attr-defined]
     instance = getattr(r, model)()
     before = {k: (v, dict(v) if isinstance(v, dict) else None) for k, v in vars(instance).items()}
+    saved = {k: _state_words(v) for k, v in vars(instance).items()}
     with torch.no_grad(), pytest.raises(precompile.PrecompileError) as refused:
         capture_pair(r.call, instance, torch.randn(4, 3), directory=tmp_path)
     assert words in str(refused.value), str(refused.value)
@@ -455,6 +460,12 @@ def test_make_fx_refuses_a_store_into_a_modules_registrations_or_a_tensors_attri
     for key, (value, contents) in before.items():
         assert vars(instance)[key] is value
         assert contents is None or dict(vars(instance)[key]) == contents
+        assert _state_words(vars(instance)[key]) == saved[key]
+
+
+def _state_words(value: Any) -> str:
+    """What ``value`` holds, in words to compare (a Random by its generator state)."""
+    return repr(value.getstate() if hasattr(value, "getstate") else value)
 
 
 def test_an_equal_float_stored_is_served(tmp_path: Path) -> None:
