@@ -121,6 +121,17 @@ def tracing_dispatch_modes() -> list[str]:
     return [type(m).__name__ for m in _get_current_dispatch_mode_stack() if isinstance(m, kinds)]
 
 
+def is_trace_value(value: object) -> bool:
+    """Whether ``value`` is a tensor only a trace makes (a fake or functional tensor):
+    one left in the user's state would be returned by later eager code."""
+    from torch._subclasses.fake_tensor import is_fake
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return isinstance(value, torch.Tensor) and (
+        isinstance(value, FunctionalTensor) or bool(is_fake(value))
+    )
+
+
 @contextlib.contextmanager
 def recording_user_stacks(
     boundary: types.CodeType,

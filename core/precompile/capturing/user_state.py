@@ -17,8 +17,9 @@ values, closure cells, and the attributes of the project's classes. ``restore`` 
 back, in place, each one whose contents changed (the user's objects keep their
 identity), through the base types' own methods (a dict subclass may refuse deletes);
 what the walk does not reach is not restored. An ``lru_cache`` the walk reaches that
-stored a result meanwhile is emptied: its entries cannot be taken out one by one, and a
-make_fx trace's entry is a fake tensor that the next eager call would return.
+stored a result meanwhile and now holds a trace's tensor is emptied: its entries cannot
+be taken out one by one, and a make_fx trace's fake tensor would be what the next eager
+call returned.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import builtins
 import collections
 import contextlib
 import functools
+import gc
 import operator
 import sys
 import types
@@ -36,6 +38,7 @@ from typing import Any
 
 import torch
 
+from precompile._compat import tracing
 from precompile._compat.prelude import global_module_hooks
 from precompile.capturing import c_object_state
 from precompile.errors import PrecompileError
@@ -350,9 +353,12 @@ def _put_back(obj: Any, saved: Any) -> None:
     if isinstance(saved, c_object_state.ValueState):
         saved.put_back(obj)
     elif isinstance(saved, _CacheFill):
-        # No entry of an lru_cache can be taken out alone: all go, the trace's among
-        # them (a cache holds nothing a later call cannot compute again).
-        obj.cache_clear()
+        # No entry of an lru_cache can be taken out alone: where one holds a trace's
+        # tensor, all go (a cache holds nothing a later call cannot compute again).
+        # One that stored only real values is kept: the functions a cached maker
+        # returned are the ones the capture's checks compare by identity next.
+        if _holds_trace_value(obj):
+            obj.cache_clear()
     elif isinstance(saved, _Slots):
         for slot, held in saved.items():
             if held is _EMPTY:
@@ -575,6 +581,26 @@ def _codes_of(attr: Any) -> list[types.CodeType]:
         attr = attr.__func__
     functions = [attr.fget, attr.fset, attr.fdel] if isinstance(attr, property) else [attr]
     return [f.__code__ for f in functions if isinstance(f, types.FunctionType)]
+
+
+def _holds_trace_value(wrapper: Any) -> bool:
+    """Whether an lru_cache holds a tensor only a trace makes, among its results and
+    what tuples, lists and dicts among them hold (read through the garbage collector's
+    referents: the cache is a dict the wrapper alone holds, a bounded one keeping each
+    result in a link list)."""
+    pending = [(held, 0) for held in gc.get_referents(wrapper)]
+    seen: set[int] = set()
+    while pending:
+        value, depth = pending.pop()
+        if id(value) in seen or depth > 4 or len(seen) > 100_000:
+            continue
+        seen.add(id(value))
+        if tracing.is_trace_value(value):
+            return True
+        if isinstance(value, (dict, list, tuple)):
+            items = base_contents(value)
+            pending += [(item, depth + 1) for item in items]
+    return False
 
 
 class _CacheFill(int):
