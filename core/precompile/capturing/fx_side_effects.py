@@ -4,8 +4,8 @@ runs no Python, would not repeat, refused at capture.
 ``Snapshot`` holds the state before the trace (module attributes and training flags,
 the globals of the project's modules, by the identity of what they hold);
 ``ArgumentWatch`` holds fn's arguments as the trace passed them (containers appended
-to, a tensor's ``requires_grad`` flipped, a parameter or buffer rebound). ``refuse_trace_side_effects`` names every
-change found.
+to, a tensor's ``requires_grad`` flipped, a parameter or buffer rebound).
+``refuse_trace_side_effects`` names every change found.
 """
 
 from __future__ import annotations

@@ -76,6 +76,12 @@ def capture_roots(fn: Any, args: Any) -> list[Any]:
     return roots
 
 
+def _tensor_attrs(tensor: torch.Tensor) -> dict[str, Any]:
+    """A tensor's Python attributes (its instance dict)."""
+    attrs: dict[str, Any] = object.__getattribute__(tensor, "__dict__")
+    return attrs
+
+
 def _module_root(module: types.ModuleType) -> Root:
     """A project module's globals as a root of the walk."""
     return Root(f"module {module.__name__}", vars(module), _user_named(module.__name__))
@@ -123,6 +129,8 @@ class UserState:
             for value, parent, key in level:
                 if isinstance(value, _LEAVES) or id(value) in seen:
                     continue
+                if isinstance(value, torch.Tensor) and not _tensor_attrs(value):
+                    continue  # no Python state; not counted against the budget
                 if len(seen) >= _BUDGET:
                     return
                 seen.add(id(value))
@@ -172,8 +180,7 @@ class UserState:
         if isinstance(value, torch.Tensor):
             # Its data is no Python state; a Python attribute set on it is
             # (``T.log = []``, appended to by fn).
-            held = object.__getattribute__(value, "__dict__")
-            return [(_attrs_of(value, ""), held)] if held else []
+            return [(_attrs_of(value, ""), _tensor_attrs(value))]
         state = c_object_state.value_state(value)
         if state is not None:
             self.records.append((value, state))
