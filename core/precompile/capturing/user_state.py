@@ -24,7 +24,6 @@ call returned.
 
 from __future__ import annotations
 
-import builtins
 import collections
 import contextlib
 import functools
@@ -40,7 +39,7 @@ import torch
 
 from precompile._compat import tracing
 from precompile._compat.prelude import global_module_hooks
-from precompile.capturing import c_object_state
+from precompile.capturing import c_object_state, import_watch
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file, is_project_module
 
@@ -147,32 +146,14 @@ class UserState:
 
     @contextlib.contextmanager
     def recording_imports(self) -> Iterator[None]:
-        """While the trace runs, walk each project module an ``import`` statement loads
-        for the first time, as its import ends: what the trace then stores into it
-        (``import stats; stats.CALLS.append(1)`` inside fn) is a change from that
-        state. Unrecorded, such a module's globals were neither checked nor put back:
-        make_fx captured the store, and served calls did not repeat it.
-        (``importlib.import_module`` does not go through ``__import__``.)"""
-        real = builtins.__import__
-
-        def importing(*args: Any, **kwargs: Any) -> Any:
-            count = len(sys.modules)
-            module = real(*args, **kwargs)
-            if len(sys.modules) != count:
-                self._walk(
-                    [
-                        _module_root(m)
-                        for m in list(sys.modules.values())
-                        if is_project_module(m) and id(vars(m)) not in self._seen
-                    ]
-                )
-            return module
-
-        builtins.__import__ = importing
-        try:
+        """While the trace runs, walk each project module fn imports for the first time
+        (or reloads), as its code has run (``import_watch``): what the trace then
+        stores into it (``import stats; stats.CALLS.append(1)`` inside fn, or through
+        ``importlib.import_module``) is a change from that state. Unrecorded, such a
+        module's globals were neither checked nor put back: make_fx captured the
+        store, and served calls did not repeat it."""
+        with import_watch.loaded_modules(lambda module: self._walk([_module_root(module)])):
             yield
-        finally:
-            builtins.__import__ = real
 
     def _record(self, value: Any) -> list[tuple[Any, Any]]:
         """Record ``value``'s shallow contents; the objects to walk into, each with the

@@ -266,24 +266,33 @@ def test_a_module_imported_during_the_capture_stays_bound_in_its_package(
     assert user_state_lazy.sub is sys.modules["tests.fixtures.user_state_lazy.sub"]
 
 
-def test_make_fx_refuses_a_store_into_a_module_the_trace_imported_first(tmp_path: Path) -> None:
-    """fn imports a project module for the first time and appends to its global list.
-    The walk had not seen the module (it did not exist when the walk ran): make_fx
-    captured the store, served calls did not repeat it (eager multiplies by 1, 2, 3;
-    the artifact by 1 every call), and the capture left the trace's append behind. The
-    module is walked as its import ends: the store is refused, and put back."""
+@pytest.mark.parametrize(
+    ("fn", "stats"), [("lazy_store", "stats"), ("lazy_store_by_name", "stats_by_name")]
+)
+def test_make_fx_refuses_a_store_into_a_module_the_trace_imported_first(
+    tmp_path: Path, fn: str, stats: str
+) -> None:
+    """fn imports a project module for the first time (an import statement, or
+    ``importlib.import_module``) and appends to its global list. The walk had not seen
+    the module (it did not exist when the walk ran): make_fx captured the store, served
+    calls did not repeat it (eager multiplies by 1, 2, 3; the artifact by 1 every call),
+    and the capture left the trace's append behind. The module is walked as its import
+    ends: the store is refused, and put back."""
     import sys
 
     from tests.fixtures import user_state_lazy
 
-    sys.modules.pop("tests.fixtures.user_state_lazy.stats", None)
-    vars(user_state_lazy).pop("stats", None)
+    name = f"tests.fixtures.user_state_lazy.{stats}"
+    sys.modules.pop(name, None)
+    vars(user_state_lazy).pop(stats, None)
     torch.manual_seed(0)
     model, x = torch.nn.Linear(4, 4), torch.randn(3, 4)
     with torch.no_grad(), pytest.raises(precompile.PrecompileError) as refused:
-        capture_pair(user_state_lazy.lazy_store, model, x, directory=tmp_path)
-    assert "module tests.fixtures.user_state_lazy.stats: CALLS" in str(refused.value)
-    assert sys.modules["tests.fixtures.user_state_lazy.stats"].CALLS == []
+        capture_pair(getattr(user_state_lazy, fn), model, x, directory=tmp_path)
+    assert f"module {name}: CALLS" in str(refused.value)
+    assert sys.modules[name].CALLS == []
+    # The module keeps its own loader.
+    assert type(sys.modules[name].__loader__).__name__ == "SourceFileLoader"
 
 
 class _Stored:
