@@ -30,6 +30,7 @@ import functools
 import gc
 import operator
 import sys
+import threading
 import types
 import weakref
 from collections.abc import Callable, Iterator
@@ -152,7 +153,13 @@ class UserState:
         ``importlib.import_module``) is a change from that state. Unrecorded, such a
         module's globals were neither checked nor put back: make_fx captured the
         store, and served calls did not repeat it."""
-        with import_watch.loaded_modules(lambda module: self._walk([_module_root(module)])):
+        lock = threading.Lock()  # another thread's import during the trace calls back too
+
+        def loaded(module: types.ModuleType) -> None:
+            with lock:
+                self._walk([_module_root(module)])
+
+        with import_watch.loaded_modules(loaded):
             yield
 
     def _record(self, value: Any) -> list[tuple[Any, Any]]:
