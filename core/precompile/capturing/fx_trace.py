@@ -26,6 +26,7 @@ from precompile.capturing import (
     fx_dependencies,
     fx_keyed_inputs,
     fx_side_effects,
+    fx_tensor_attributes,
     fx_watch,
     hook_stores,
     neutral_reads,
@@ -286,6 +287,8 @@ def trace_single_graph(
     out_requires_grad: list[bool] = []
     opaque = _RefuseOpaqueAccess()
     argument_changes: list[str] = []
+    # Reads of a tensor's Python attributes its stand-in lacks (fx_tensor_attributes).
+    attribute_reads: list[str] = []
     # The input dicts fn observed beyond values by key (keyed_inputs).
     dicts_observed: set[int] = set()
 
@@ -324,6 +327,19 @@ def trace_single_graph(
                     if m == mi
                 }
                 stack.enter_context(fx_watch.unrecorded(tracing.reparametrized(module, swap)))
+            stack.enter_context(
+                fx_tensor_attributes.watching_reads(
+                    [
+                        (f"{kind} {name!r}", real, t)
+                        for kind, name, real, t in zip(kinds, lifted.names, lifted.tensors, state)
+                    ]
+                    + [
+                        (f"input value {slot}", leaves[slot], t)
+                        for slot, t in zip(tensor_slots, user_tensors)
+                    ],
+                    attribute_reads,
+                )
+            )
             out = fx_keyed_inputs.plain(fx_watch.traced_call(fn, call_args))
             with fx_keyed_inputs.quiet():
                 argument_changes[:] = watch.changes()
@@ -424,8 +440,12 @@ def trace_single_graph(
     except PrecompileError:
         raise
     except Exception as error:
+        if attribute_reads:  # the read raised, as it would have, or took another path
+            raise fx_tensor_attributes.refusal(attribute_reads) from error
         raise refuse_from_exception(error, training) from error
     try:
+        if attribute_reads:
+            raise fx_tensor_attributes.refusal(attribute_reads)
         hook_stores.refuse_global_hook_stores(hook_states)
         check_graph(gm, node_stacks, fn, modules)
         check_spec_serializable(out_spec_box[-1], "fn's outputs", where)

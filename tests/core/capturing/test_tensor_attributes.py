@@ -1,0 +1,62 @@
+"""A Python attribute set on a parameter, a buffer or an input is not on the make_fx
+trace's stand-in for that tensor: a read of it is refused at capture, naming the tensor
+and the attribute (``capturing/fx_tensor_attributes``).
+
+Before, ``getattr(weight, "scale", 1.0)`` took the default in the trace and the artifact
+served ``1.0`` where eager used ``2.0`` -- a wrong answer from the first call -- and a
+plain read raised an AttributeError about a fake tensor. A tensor whose attributes fn
+never reads (transformers marks buffers with ``persistent`` and ``_is_buffer``) is
+captured and served in a fresh process."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import precompile
+from tests.fixtures import tensor_attributes as t
+from tests.harness import capture_pair, run_json
+
+
+@pytest.mark.parametrize(
+    ("model", "fn", "x_attribute", "words"),
+    [
+        ("ScaledByWeightAttribute", "step", None, "'scale' of parameter 'lin.weight'"),
+        ("ShiftedByBufferAttribute", "step", None, "'shift' of buffer 'offset'"),
+        ("MarkedBuffer", "read_input_attribute", 3.0, "'weight' of input value 0"),
+    ],
+)
+def test_a_read_of_a_tensors_python_attribute_is_refused(
+    tmp_path: Path, model: str, fn: str, x_attribute: float | None, words: str
+) -> None:
+    x = torch.randn(2, 3)
+    if x_attribute is not None:
+        x.weight = x_attribute  # type: ignore[attr-defined]
+    with torch.no_grad(), pytest.raises(precompile.PrecompileError) as refused:
+        capture_pair(getattr(t, fn), getattr(t, model)(), x, directory=tmp_path)
+    assert f"fn reads the Python attribute {words}" in str(refused.value), str(refused.value)
+
+
+def test_a_tensor_whose_attributes_are_not_read_is_served(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        artifact, cache = capture_pair(t.step, t.MarkedBuffer(), x, directory=tmp_path)
+    result = run_json(
+        textwrap.dedent(
+            f"""
+            import json, torch, precompile
+            from tests.fixtures import tensor_attributes as t
+            torch.manual_seed(0)
+            x = torch.randn(2, 3)
+            model = t.MarkedBuffer()
+            with torch.no_grad():
+                served = precompile.load({artifact!r}, {cache!r})(model, x)
+                print(json.dumps(torch.equal(served, t.step(model, x))))
+            """
+        )
+    )
+    assert result is True
