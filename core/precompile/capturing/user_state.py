@@ -602,14 +602,15 @@ class _CacheFill(int):
     """What an lru_cache's record keeps: its count of misses (each a stored result)."""
 
 
+#: The type of what ``functools.lru_cache`` and ``functools.cache`` return.
+_LRU_CACHE = type(functools.lru_cache(maxsize=None)(lambda: None))
+
+
 def _cache_info(value: Any) -> Any:
     """An lru_cache's ``cache_info()`` (``functools.lru_cache`` or ``cache``), or None
-    for anything else; looked up on the type, so a lazy proxy's ``__getattr__`` does
-    not run."""
-    if isinstance(value, type) or getattr(type(value), "cache_clear", None) is None:
-        return None
-    info = getattr(type(value), "cache_info", None)
-    return None if info is None else info(value)
+    for anything else (by exact type: ``FakeTensorMode`` has a ``cache_info`` of its
+    own, a class method)."""
+    return value.cache_info() if type(value) is _LRU_CACHE else None
 
 
 class _Cell(str):
