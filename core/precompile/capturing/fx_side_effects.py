@@ -157,6 +157,9 @@ class ArgumentWatch:
     ) -> None:
         self.tensors = tensors
         self.flags = [bool(t.requires_grad) for _, t in tensors]
+        # The names of the stand-ins' public Python attributes: torch's own (a fake
+        # tensor's ``fake_mode``); a real tensor's are not copied onto its stand-in.
+        self.attributes = [frozenset(_public_attributes(t)) for _, t in tensors]
         self.arguments = arguments
         self.before = [tracing.pytree.tree_flatten(value) for _, value in arguments]
         #: (label, module, qualified name, the tensor the trace swapped in there).
@@ -174,6 +177,11 @@ class ArgumentWatch:
             if bool(t.requires_grad) != flag
         ]
         found += [
+            f"{label}.{name} (a Python attribute set on the trace's stand-in)"
+            for (label, t), before in zip(self.tensors, self.attributes)
+            for name in sorted(_public_attributes(t).keys() - before)
+        ]
+        found += [
             f"{label} rebound (fn set it to another object)"
             for label, module, name, swapped in self.slots
             if _slot(module, name) is not swapped
@@ -183,6 +191,13 @@ class ArgumentWatch:
             if now_spec != spec or len(now) != len(leaves) or any(map(_is_not, now, leaves)):
                 found.append(f"the {type(value).__name__} passed as fn's argument {position}")
         return found
+
+
+def _public_attributes(tensor: torch.Tensor) -> dict[str, Any]:
+    """A tensor's Python attributes whose names are not private (torch keeps its own
+    bookkeeping on a fake tensor under private names)."""
+    attrs: dict[str, Any] = object.__getattribute__(tensor, "__dict__")
+    return {k: v for k, v in attrs.items() if not k.startswith("_")}
 
 
 def _slot(module: torch.nn.Module, name: str) -> object:

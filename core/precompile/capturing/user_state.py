@@ -29,6 +29,7 @@ import contextlib
 import functools
 import gc
 import operator
+import os
 import sys
 import threading
 import types
@@ -171,8 +172,8 @@ class UserState:
             return [(_attrs_of(value, ""), _tensor_attrs(value))]
         state = c_object_state.value_state(value)
         if state is not None:
+            # Its C state by value; its Python attributes (a subclass's) walked on.
             self.records.append((value, state))
-            return []
         if isinstance(value, (list, collections.deque, dict, set, bytearray)):
             contents = base_contents(value)
             self.records.append((value, contents))
@@ -449,7 +450,14 @@ def _user_named(module: str) -> bool:
     library's (``torch._inductor.runtime.compile_tasks.c3x...`` is Inductor's kernel
     module, loaded from its cache folder)."""
     top = module.partition(".")[0]
-    return top == "__main__" or is_project_module(sys.modules.get(top))
+    package = sys.modules.get(top)
+    if top == "__main__" or is_project_module(package):
+        return True
+    # A namespace package (no __init__.py) has no file: its folders say whose it is.
+    folders = (
+        getattr(package, "__path__", None) if getattr(package, "__file__", None) is None else None
+    )
+    return any(is_project_file(os.path.join(folder, "__init__.py")) for folder in folders or ())
 
 
 def _user_key(key: Any, holder_key: Any) -> bool:

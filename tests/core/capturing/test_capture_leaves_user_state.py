@@ -295,6 +295,38 @@ def test_make_fx_refuses_a_store_into_a_module_the_trace_imported_first(
     assert type(sys.modules[name].__loader__).__name__ == "SourceFileLoader"
 
 
+def test_make_fx_refuses_a_store_into_a_namespace_packages_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module of a namespace package (a folder without ``__init__.py``) is the
+    project's: its package has no file, which counted as not the user's, and a store
+    into it was put back but captured (served wrong from the second call)."""
+    import importlib
+    import sys
+
+    root = tmp_path / "ns"
+    (root / "nspkg_state").mkdir(parents=True)
+    (root / "nspkg_state" / "leaf.py").write_text("CALLS = []\n")
+    (root / "ns_model.py").write_text(
+        "def fn(model, x):\n"
+        "    import nspkg_state.leaf\n"
+        "    nspkg_state.leaf.CALLS.append(1)\n"
+        "    return model(x) * len(nspkg_state.leaf.CALLS)\n"
+    )
+    monkeypatch.syspath_prepend(str(root))
+    try:
+        fn = importlib.import_module("ns_model").fn
+        importlib.import_module("nspkg_state.leaf")
+        model, x = torch.nn.Linear(4, 4), torch.randn(3, 4)
+        with torch.no_grad(), pytest.raises(precompile.PrecompileError) as refused:
+            capture_pair(fn, model, x, directory=tmp_path)
+        assert "module nspkg_state.leaf: CALLS" in str(refused.value)
+        assert sys.modules["nspkg_state.leaf"].CALLS == []
+    finally:
+        for name in ("ns_model", "nspkg_state.leaf", "nspkg_state"):
+            sys.modules.pop(name, None)
+
+
 class _Stored:
     __slots__ = ("_value",)
 
@@ -442,6 +474,7 @@ def test_a_library_base_classs_bookkeeping_and_an_equal_value_stored_are_served(
         ("MarksNonPersistent", "fn's arguments: [0]._non_persistent_buffers_set"),
         ("LogsOnATensor", "module tests.fixtures.module_registrations: LOGGED.log"),
         ("DrawsFromRandom", "fn's arguments: [0].rng (a Random)"),
+        ("DrawsFromCountingRandom", "(rng)"),
         ("CountsInArray", "fn's arguments: [0].counts (a array)"),
         ("CountsInNumpy", "fn's arguments: [0].counts (a ndarray)"),
     ],
@@ -470,6 +503,8 @@ def test_make_fx_refuses_a_store_into_a_modules_registrations_or_a_tensors_attri
         assert vars(instance)[key] is value
         assert contents is None or dict(vars(instance)[key]) == contents
         assert _state_words(vars(instance)[key]) == saved[key]
+    if model == "DrawsFromCountingRandom":  # its Python attribute too, not only its C state
+        assert instance.rng.k == 0
 
 
 def _state_words(value: Any) -> str:

@@ -40,6 +40,17 @@ def test_a_read_of_a_tensors_python_attribute_is_refused(
     assert f"fn reads the Python attribute {words}" in str(refused.value), str(refused.value)
 
 
+def test_a_python_attribute_set_on_a_parameter_in_forward_is_refused(tmp_path: Path) -> None:
+    """``weight.calls = getattr(weight, "calls", 0) + 1``: the trace set it on the
+    stand-in, where no check looked, and served calls multiplied by 1 where eager counts
+    up (found by an attack on these checks)."""
+    model = t.CountsOnItsWeight()
+    with torch.no_grad(), pytest.raises(precompile.PrecompileError) as refused:
+        capture_pair(t.step, model, torch.randn(2, 3), directory=tmp_path)
+    assert "parameter 'lin.weight'.calls (a Python attribute set on" in str(refused.value)
+    assert "calls" not in vars(model.lin.weight)
+
+
 def test_a_tensor_whose_attributes_are_not_read_is_served(tmp_path: Path) -> None:
     torch.manual_seed(0)
     x = torch.randn(2, 3)
