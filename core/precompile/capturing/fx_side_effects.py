@@ -18,6 +18,7 @@ import torch
 
 from precompile._compat import tracing
 from precompile.capturing.bytecode_names import global_names
+from precompile.capturing.fx_tensor_attributes import python_attributes
 from precompile.capturing.fx_watch import CallLog
 from precompile.capturing.user_state import base_contents
 from precompile.errors import PrecompileError
@@ -196,8 +197,7 @@ class ArgumentWatch:
 def _public_attributes(tensor: torch.Tensor) -> dict[str, Any]:
     """A tensor's Python attributes whose names are not private (torch keeps its own
     bookkeeping on a fake tensor under private names)."""
-    attrs: dict[str, Any] = object.__getattribute__(tensor, "__dict__")
-    return {k: v for k, v in attrs.items() if not k.startswith("_")}
+    return {k: v for k, v in python_attributes(tensor).items() if not k.startswith("_")}
 
 
 def _slot(module: torch.nn.Module, name: str) -> object:

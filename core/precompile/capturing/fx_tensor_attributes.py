@@ -30,9 +30,9 @@ def watching_reads(
     the block of a Python attribute a real tensor has and its stand-in lacks, as
     ``'name' of label`` (a plain read also raises, as it would have)."""
     watched = {
-        id(stand): (label, frozenset(_attributes(real)))
+        id(stand): (label, frozenset(python_attributes(real)))
         for label, real, stand in pairs
-        if _attributes(real)
+        if python_attributes(real)
     }
     if not watched:
         yield
@@ -63,6 +63,8 @@ def refusal(reads: list[str]) -> PrecompileError:
     )
 
 
-def _attributes(tensor: torch.Tensor) -> dict[str, Any]:
+def python_attributes(tensor: torch.Tensor) -> dict[str, Any]:
+    """A tensor's Python attributes: its instance dict, read without its class's
+    attribute lookup (the one place the capture reads it)."""
     attrs: dict[str, Any] = object.__getattribute__(tensor, "__dict__")
     return attrs

@@ -42,6 +42,7 @@ import torch
 from precompile._compat import tracing
 from precompile._compat.prelude import global_module_hooks
 from precompile.capturing import c_object_state, import_watch
+from precompile.capturing.fx_tensor_attributes import python_attributes
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file, is_project_module
 
@@ -75,12 +76,6 @@ def capture_roots(fn: Any, args: Any) -> list[Any]:
         Root("the global module hooks", tuple(hooks.values())) for hooks in global_module_hooks()
     ]
     return roots
-
-
-def _tensor_attrs(tensor: torch.Tensor) -> dict[str, Any]:
-    """A tensor's Python attributes (its instance dict)."""
-    attrs: dict[str, Any] = object.__getattribute__(tensor, "__dict__")
-    return attrs
 
 
 def _module_root(module: types.ModuleType) -> Root:
@@ -130,7 +125,7 @@ class UserState:
             for value, parent, key in level:
                 if isinstance(value, _LEAVES) or id(value) in seen:
                     continue
-                if isinstance(value, torch.Tensor) and not _tensor_attrs(value):
+                if isinstance(value, torch.Tensor) and not python_attributes(value):
                     continue  # no Python state; not counted against the budget
                 if len(seen) >= _BUDGET:
                     return
@@ -169,7 +164,7 @@ class UserState:
         if isinstance(value, torch.Tensor):
             # Its data is no Python state; a Python attribute set on it is
             # (``T.log = []``, appended to by fn).
-            return [(_attrs_of(value, ""), _tensor_attrs(value))]
+            return [(_attrs_of(value, ""), python_attributes(value))]
         state = c_object_state.value_state(value)
         if state is not None:
             # Its C state by value; its Python attributes (a subclass's) walked on.
