@@ -64,8 +64,9 @@ _MODULE_STATE = frozenset(vars(torch.nn.Module()))
 def capture_roots(fn: Any, args: Any) -> list[Any]:
     """Where the user's state a capture can reach starts: fn, its arguments (the
     modules, with their hooks), fn's globals (a notebook's ``__main__`` has no file),
-    the globals of the project's modules and the global module hooks -- each a
-    ``Root``, named for a refusal."""
+    the globals of the project's modules, the global module hooks and the global random
+    generators outside torch (``c_object_state.global_generators``) -- each a ``Root``,
+    named for a refusal."""
     # Tuples: walked into, not recorded (they are the walk's own).
     roots: list[Any] = [Root("fn", fn), Root("fn's arguments", tuple(args))]
     scope = getattr(getattr(fn, "__func__", fn), "__globals__", None)
@@ -75,6 +76,7 @@ def capture_roots(fn: Any, args: Any) -> list[Any]:
     roots += [
         Root("the global module hooks", tuple(hooks.values())) for hooks in global_module_hooks()
     ]
+    roots += [Root(name, generator) for name, generator in c_object_state.global_generators()]
     return roots
 
 
