@@ -8,6 +8,7 @@ so a change to another function in the same file is not a change to this one.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 from typing import Any
@@ -28,6 +29,15 @@ def _module_text(code: types.CodeType) -> tuple[str | None, str | None]:
         return module.__name__, None
 
 
+@functools.lru_cache(maxsize=32)
+def _parsed(text: str) -> Any:
+    """``parse_module(text)``, parsed once per process while the text is unchanged: a
+    notebook or a language-server worker recaptures after each edit, mostly of modules
+    the edit did not touch, and a long module takes tens of milliseconds to parse. The
+    tree is only read (``function_source``)."""
+    return parse_module(text)
+
+
 def function_records(codes: list[types.CodeType], artifact_path: str) -> list[dict[str, Any]]:
     """One record per distinct project function among ``codes`` (torch is pinned by its
     version check; installed libraries change by version, not by edit)."""
@@ -44,7 +54,7 @@ def function_records(codes: list[types.CodeType], artifact_path: str) -> list[di
         if module is None or text is None:
             continue
         if module not in trees:
-            trees[module] = parse_module(text)
+            trees[module] = _parsed(text)
         tree = trees[module]
         source = (
             None if tree is None else function_source(text, qualname, code.co_firstlineno, tree)
