@@ -8,11 +8,15 @@ call; a plain read raised an AttributeError about a fake tensor. ``watching_read
 notes each lookup of such a name on a stand-in (the stand-in's class gets a
 ``__getattr__`` for the trace's length: Python calls it only after the normal lookup
 failed), so the capture refuses it in words that name the tensor and the attribute.
+A read through the instance dict (``vars(weight).get("scale", 1.0)``,
+``"scale" in weight.__dict__``) makes no attribute lookup: the stand-in's instance dict
+is, for the trace's length, a dict that notes the reads project code makes of it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
@@ -20,6 +24,7 @@ import torch
 
 from precompile._compat.patching import patched
 from precompile.errors import PrecompileError
+from precompile.locations import is_project_file
 
 
 @contextlib.contextmanager
@@ -45,10 +50,86 @@ def watching_reads(
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     kinds = {type(stand) for _, _, stand in pairs if id(stand) in watched}
+    stands = {id(stand): stand for _, _, stand in pairs if id(stand) in watched}
     with contextlib.ExitStack() as stack:
         for kind in kinds:
             stack.enter_context(patched(kind, "__getattr__", missing))
+        for key, stand in stands.items():
+            label, names = watched[key]
+            stack.enter_context(_watched_dict(stand, _ReadNoting(label, names, reads)))
         yield
+
+
+@contextlib.contextmanager
+def _watched_dict(stand: torch.Tensor, noting: _ReadNoting) -> Iterator[None]:
+    """``stand``'s instance dict replaced by ``noting`` (holding what it held) for the
+    block; a plain dict holding what ``noting`` then holds is put back."""
+    noting.update(python_attributes(stand))
+    object.__setattr__(stand, "__dict__", noting)
+    try:
+        yield
+    finally:
+        object.__setattr__(stand, "__dict__", dict(dict.items(noting)))
+
+
+class _ReadNoting(dict[str, Any]):
+    """A stand-in's instance dict that notes the reads project code makes through it:
+    a key the real tensor has (its stand-in answers otherwise), or the whole (its
+    keys, length, items: the real tensor's differ). Attribute lookups read it through
+    the C API, which no method here sees; torch's own reads come from torch's code."""
+
+    def __init__(self, label: str, names: frozenset[str], reads: list[str]) -> None:
+        super().__init__()
+        self.label, self.names, self.reads = label, names, reads
+
+    def _note(self, key: object = None, *, whole: bool = False) -> None:
+        if (whole or key in self.names) and is_project_file(sys._getframe(2).f_code.co_filename):
+            what = f"{key!r}" if not whole else "the instance dict"
+            self.reads.append(f"{what} of {self.label} (read through vars() or __dict__)")
+
+    def __getitem__(self, key: str) -> Any:
+        self._note(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._note(key)
+        return super().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self._note(key)
+        return super().__contains__(key)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self._note(key)
+        return super().setdefault(key, default)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self._note(key)
+        return super().pop(key, *default)
+
+    def __iter__(self) -> Iterator[str]:
+        self._note(whole=True)
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._note(whole=True)
+        return super().__len__()
+
+    def keys(self) -> Any:
+        self._note(whole=True)
+        return super().keys()
+
+    def items(self) -> Any:
+        self._note(whole=True)
+        return super().items()
+
+    def values(self) -> Any:
+        self._note(whole=True)
+        return super().values()
+
+    def copy(self) -> dict[str, Any]:
+        self._note(whole=True)
+        return dict(super().items())
 
 
 def refusal(reads: list[str]) -> PrecompileError:

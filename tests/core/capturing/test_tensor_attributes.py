@@ -27,6 +27,11 @@ from tests.harness import capture_pair, run_json
         ("ScaledByWeightAttribute", "step", None, "'scale' of parameter 'lin.weight'"),
         ("ShiftedByBufferAttribute", "step", None, "'shift' of buffer 'offset'"),
         ("MarkedBuffer", "read_input_attribute", 3.0, "'weight' of input value 0"),
+        # Through the instance dict (no attribute lookup): baked before, now refused.
+        ("ScaledThroughVars", "step", None, "'scale' of parameter 'lin.weight' (read through"),
+        ("ShiftedThroughDunderDict", "step", None, "'shift' of buffer 'offset' (read through"),
+        ("CountsWeightAttributes", "step", None, "the instance dict of parameter 'lin.weight'"),
+        ("MarkedBuffer", "read_input_vars", 3.0, "'weight' of input value 0 (read through"),
     ],
 )
 def test_a_read_of_a_tensors_python_attribute_is_refused(
@@ -51,11 +56,14 @@ def test_a_python_attribute_set_on_a_parameter_in_forward_is_refused(tmp_path: P
     assert "calls" not in vars(model.lin.weight)
 
 
-def test_a_tensor_whose_attributes_are_not_read_is_served(tmp_path: Path) -> None:
+@pytest.mark.parametrize("model", ["MarkedBuffer", "LooksUpAnotherName"])
+def test_a_tensor_whose_attributes_are_not_read_is_served(tmp_path: Path, model: str) -> None:
+    """Attributes fn never reads, or a name looked up through the instance dict that
+    neither the real tensor nor its stand-in has: eager's answer either way."""
     torch.manual_seed(0)
     x = torch.randn(2, 3)
     with torch.no_grad():
-        artifact, cache = capture_pair(t.step, t.MarkedBuffer(), x, directory=tmp_path)
+        artifact, cache = capture_pair(t.step, getattr(t, model)(), x, directory=tmp_path)
     result = run_json(
         textwrap.dedent(
             f"""
@@ -63,7 +71,7 @@ def test_a_tensor_whose_attributes_are_not_read_is_served(tmp_path: Path) -> Non
             from tests.fixtures import tensor_attributes as t
             torch.manual_seed(0)
             x = torch.randn(2, 3)
-            model = t.MarkedBuffer()
+            model = t.{model}()
             with torch.no_grad():
                 served = precompile.load({artifact!r}, {cache!r})(model, x)
                 print(json.dumps(torch.equal(served, t.step(model, x))))
