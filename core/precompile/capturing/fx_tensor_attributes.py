@@ -16,6 +16,7 @@ is, for the trace's length, a dict that notes the reads project code makes of it
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any, NoReturn
@@ -24,7 +25,7 @@ import torch
 
 from precompile._compat.patching import patched
 from precompile.errors import PrecompileError
-from precompile.locations import is_project_file
+from precompile.locations import real_path
 
 
 @contextlib.contextmanager
@@ -33,7 +34,8 @@ def watching_reads(
 ) -> Iterator[None]:
     """For (label, real tensor, its stand-in) ``pairs``: append to ``reads`` each read in
     the block of a Python attribute a real tensor has and its stand-in lacks, as
-    ``'name' of label`` (a plain read also raises, as it would have)."""
+    ``the Python attribute 'name' of label`` (a plain read also raises, as it would
+    have)."""
     watched = {
         id(stand): (label, frozenset(python_attributes(real)))
         for label, real, stand in pairs
@@ -46,7 +48,7 @@ def watching_reads(
     def missing(self: Any, name: str) -> NoReturn:
         entry = watched.get(id(self))
         if entry is not None and name in entry[1]:
-            reads.append(f"{name!r} of {entry[0]}")
+            reads.append(f"the Python attribute {name!r} of {entry[0]}")
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     kinds = {type(stand) for _, _, stand in pairs if id(stand) in watched}
@@ -72,19 +74,32 @@ def _watched_dict(stand: torch.Tensor, noting: _ReadNoting) -> Iterator[None]:
         object.__setattr__(stand, "__dict__", dict(dict.items(noting)))
 
 
+#: Where the code whose reads of a stand-in's instance dict are the trace's own lives:
+#: torch (the fake tensor's bookkeeping) and this package (the argument watch).
+_OWN_DIRS = tuple(
+    real_path(os.path.dirname(path)) + os.sep
+    for path in (torch.__file__, os.path.dirname(os.path.abspath(__file__)))
+)
+
+
 class _ReadNoting(dict[str, Any]):
-    """A stand-in's instance dict that notes the reads project code makes through it:
-    a key the real tensor has (its stand-in answers otherwise), or the whole (its
-    keys, length, items: the real tensor's differ). Attribute lookups read it through
-    the C API, which no method here sees; torch's own reads come from torch's code."""
+    """A stand-in's instance dict that notes the reads made through it by any code but
+    torch's and this package's (the user's, a library helper's, the standard library's
+    on its behalf: a ``ChainMap``, a deep copy): a key the real tensor has (its
+    stand-in answers otherwise), or the whole (its keys, length, items: the real
+    tensor's differ). Attribute lookups read it through the C API, which no method here
+    sees, as do C functions called on it directly (``dict.get(vars(w), k)``,
+    ``str(vars(w))``)."""
 
     def __init__(self, label: str, names: frozenset[str], reads: list[str]) -> None:
         super().__init__()
         self.label, self.names, self.reads = label, names, reads
 
     def _note(self, key: object = None, *, whole: bool = False) -> None:
-        if (whole or key in self.names) and is_project_file(sys._getframe(2).f_code.co_filename):
-            what = f"{key!r}" if not whole else "the instance dict"
+        if (whole or key in self.names) and not real_path(
+            sys._getframe(2).f_code.co_filename
+        ).startswith(_OWN_DIRS):
+            what = "the instance dict" if whole else f"the Python attribute {key!r}"
             self.reads.append(f"{what} of {self.label} (read through vars() or __dict__)")
 
     def __getitem__(self, key: str) -> Any:
@@ -135,9 +150,9 @@ class _ReadNoting(dict[str, Any]):
 def refusal(reads: list[str]) -> PrecompileError:
     """The refusal of the first of ``reads``."""
     return PrecompileError(
-        f"fn reads the Python attribute {reads[0]}, which the trace's stand-in for that "
-        f"tensor does not have (make_fx traces fake tensors without the attributes set "
-        f"on the real ones): the trace took another path than eager",
+        f"fn reads {reads[0]}: make_fx traces a fake stand-in for that tensor, without "
+        f"the Python attributes set on the real one, so the trace took another path than "
+        f"eager",
         invariant=1,
         hint="keep the value on the module (an attribute or a registered buffer) rather "
         "than on the tensor",

@@ -48,7 +48,7 @@ from precompile.locations import is_project_file, is_project_module
 
 #: How deep the walk goes from a root, how many objects it records in all, and how
 #: many items of one container it walks into (the container itself is recorded whole).
-_DEPTH = 8
+_DEPTH = 12
 _BUDGET = 200_000
 _WIDTH = 10_000
 #: An empty closure cell.
@@ -201,6 +201,10 @@ class UserState:
             ]
         if isinstance(value, types.MethodType):
             return [(_Dot(".__self__"), value.__self__), (_Dot(".__func__"), value.__func__)]
+        if _bound_builtin(value):
+            # ``self.log = history.append``, ``self.step = iter(xs).__next__``: what it
+            # is bound to is what a call changes.
+            return [(_Dot(".__self__"), value.__self__)]
         if isinstance(value, functools.partial):
             return [
                 (_Dot(".func"), value.func),
@@ -492,6 +496,8 @@ def _owned(value: Any, key: Any, holder_key: Any) -> bool:
         return True
     if isinstance(value, (types.MethodType, functools.partial, torch.nn.Module, torch.Tensor)):
         return True
+    if _bound_builtin(value):
+        return True
     if c_object_state.holds_c_state(value):
         return True
     if isinstance(value, types.FunctionType):
@@ -512,6 +518,14 @@ _DATA_CLASSES = frozenset(
         ("argparse", "Namespace"),
     }
 )
+
+
+def _bound_builtin(value: Any) -> bool:
+    """Whether ``value`` is a builtin method bound to an object (``lst.append``,
+    ``it.__next__``), not to a module or a class (``torch.relu``, ``dict.fromkeys``)."""
+    return isinstance(value, (types.BuiltinMethodType, types.MethodWrapperType)) and not (
+        isinstance(getattr(value, "__self__", None), (types.ModuleType, type))
+    )
 
 
 def _users_class(kind: type) -> bool:
