@@ -139,7 +139,13 @@ class UserState:
                     above and _owned(value, key, self.trail[parent][2] if parent >= 0 else None)
                 )
                 recorded = len(self.records)
-                following += [(held, at, k) for k, held in self._record(value)]
+                # Leaves filtered here, not at the next level: a module's globals or a
+                # list of numbers would otherwise queue an entry per item to drop.
+                following += [
+                    (held, at, k)
+                    for k, held in self._record(value)
+                    if not isinstance(held, _LEAVES)
+                ]
                 self.reached += [at] * (len(self.records) - recorded)
             level = following
 
