@@ -105,11 +105,20 @@ class _NumpyGeneratorState(ValueState):
 
 def _numpy_generators() -> tuple[type, ...]:
     """numpy's generator classes, where numpy.random is imported (else no generator
-    exists)."""
+    exists); looked up once it is (the walk asks for every object it reaches)."""
+    if _GENERATOR_CLASSES:
+        return _GENERATOR_CLASSES[0]
     nprandom = sys.modules.get("numpy.random")
     if nprandom is None:
         return ()
-    return (nprandom.RandomState, nprandom.Generator, nprandom.BitGenerator, nprandom.SeedSequence)
+    found = (nprandom.RandomState, nprandom.Generator, nprandom.BitGenerator, nprandom.SeedSequence)
+    _GENERATOR_CLASSES.append(found)
+    return found
+
+
+_GENERATOR_CLASSES: list[tuple[type, ...]] = []
+#: The containers the walk reads itself: no C state of their own to record.
+_CONTAINERS = frozenset({dict, list, tuple, set, frozenset, types.FunctionType, types.CellType})
 
 
 def _seed_state(obj: Any) -> Any:
@@ -242,6 +251,8 @@ def value_state(value: Any) -> ValueState | None:
 
 
 def _value_state(value: Any) -> ValueState | None:
+    if type(value) in _CONTAINERS:
+        return None
     if isinstance(value, random.Random):
         return _RandomState(value.getstate())
     if isinstance(value, array.array):
