@@ -12,7 +12,18 @@ each cell an object with ``"result"`` (``"exact"``, ``"wrong"``, ``"refused"`` o
 ``"error"``) and ``"message"`` (the refusal's words). Where tensors must come back
 (``run_saving_job``, ``serve_fresh``) the child also writes them with ``torch.save`` to the
 ``output`` path its job names: a payload next to the result, not a second format.
-``watched_load`` is a load under a spy on process creation and compilation. The raw
+``watched_load`` is a load under a spy on process creation and compilation.
+
+A child is forked from this process's fork server (``tests/fork_server.py``: an
+interpreter that imported torch and nothing of this repository, and reseeds the
+generators a fork would copy) where that is the interpreter it would be: the same
+environment as the server's (but variables ``import torch`` does not read: pytest's
+``PYTEST_CURRENT_TEST``, ``TMPDIR``, Inductor's), not a module that
+must never import torch (``precompile_lsp``: the CLI and the language server), and not
+``cold``. A child that asserts what its own imports loaded (``import precompile`` stays
+light) passes ``cold=True`` and gets a fresh interpreter, as does every child given an
+environment of its own. tests/test_harness.py holds the fork to the fresh interpreter;
+``PRECOMPILE_TEST_FRESH_INTERPRETERS=1`` makes every child a fresh interpreter. The raw
 runners (``run_python``, ``run_script``, ``run_module``) hand back the process, for tests
 that assert on a child that fails (its exit status, its stderr). In an attack child,
 ``served_or_refused`` is the one outcome of a served call after a change: refused (the
@@ -25,6 +36,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -43,11 +55,17 @@ def together(*calls: Callable[[], T]) -> list[T]:
         return [future.result() for future in futures]
 
 
-def fresh_env(*, pythonpath: Sequence[Path] = (), **extra: str) -> dict[str, str]:
+#: The environment this process started with: what its fork server runs under.
+_START_ENVIRON = dict(os.environ)
+
+
+def fresh_env(
+    *, pythonpath: Sequence[Path] = (), _base: dict[str, str] | None = None, **extra: str
+) -> dict[str, str]:
     """This process's environment with ``pythonpath`` and then the repository first on
     ``PYTHONPATH`` (so a child imports the worktree's ``tests`` and sources), plus
     ``extra``."""
-    env = dict(os.environ)
+    env = dict(os.environ if _base is None else _base)
     env["PYTHONPATH"] = os.pathsep.join(
         [*map(str, pythonpath), str(REPO), env.get("PYTHONPATH", "")]
     ).rstrip(os.pathsep)
@@ -62,15 +80,159 @@ def _spawn(
     timeout: float,
     pythonpath: Sequence[Path],
     env: dict[str, str],
+    cold: bool = False,
 ) -> subprocess.CompletedProcess[str]:
+    """Start the child: forked from this worker's fork server (``tests/fork_server.py``)
+    where it would start exactly as that server did -- the same environment, and not a
+    module that must never import torch (the CLI, the language server) nor a ``cold``
+    child (one that asserts what its own imports loaded) -- else a fresh interpreter."""
+    child_env = fresh_env(pythonpath=pythonpath, **env)
+    server = None
+    cold = cold or os.environ.get("PRECOMPILE_TEST_FRESH_INTERPRETERS") == "1"
+    if not cold and not (argv[0] == "-m" and argv[1].startswith("precompile_lsp")):
+        server = _fork_server()
+    if server is not None and server.serves(child_env):
+        return server.run(argv, cwd or REPO, timeout, child_env)
     return subprocess.run(
         [sys.executable, *argv],
         cwd=cwd or REPO,
-        env=fresh_env(pythonpath=pythonpath, **env),
+        env=child_env,
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+class _ForkServer:
+    """A running ``tests/fork_server.py`` of this process, and how to start a child of
+    it as ``subprocess.run(..., capture_output=True, text=True)`` would."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        import atexit
+        import tempfile
+
+        self.env = env
+        self.socket = os.path.join(tempfile.mkdtemp(prefix="fork-server-"), "socket")
+        self.process = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "fork_server.py"), self.socket],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        atexit.register(self.process.kill)
+
+    def serves(self, env: dict[str, str]) -> bool:
+        """Whether a child in ``env`` starts as one forked from here: the same
+        environment but for variables ``import torch`` reads none of (the child runs
+        with its own ``env``)."""
+        return _read_at_import(env) == _read_at_import(self.env)
+
+    def _connect(self) -> Any:
+        import socket
+        import time
+
+        while not os.path.exists(self.socket):
+            if self.process.poll() is not None:
+                return None
+            time.sleep(0.02)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(self.socket)
+        return conn
+
+    def run(
+        self, argv: list[str], cwd: Path, timeout: float, env: dict[str, str]
+    ) -> subprocess.CompletedProcess[str]:
+        import io
+        import selectors
+        import signal
+        import socket
+        import time
+
+        conn = self._connect()
+        if conn is None:  # the server could not start: a fresh interpreter, as before
+            return subprocess.run(
+                [sys.executable, *argv],
+                cwd=cwd,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        deadline = time.monotonic() + timeout
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        with conn:
+            payload = json.dumps({"argv": argv, "cwd": str(cwd), "env": env}).encode()
+            socket.send_fds(conn, [len(payload).to_bytes(8, "big")], [out_w, err_w])
+            conn.sendall(payload)
+            os.close(out_w)
+            os.close(err_w)
+            answers = conn.makefile("rb")
+            pid = json.loads(answers.readline())["pid"]
+            output: dict[int, list[bytes]] = {out_r: [], err_r: []}
+            with selectors.DefaultSelector() as selector:
+                for fd in output:
+                    selector.register(fd, selectors.EVENT_READ)
+                open_fds = set(output)
+                while open_fds:
+                    left = deadline - time.monotonic()
+                    ready = selector.select(max(left, 0)) if left > 0 else []
+                    if not ready:
+                        for fd in output:
+                            os.close(fd)
+                        os.kill(pid, signal.SIGKILL)
+                        raise subprocess.TimeoutExpired([sys.executable, *argv], timeout)
+                    for key, _ in ready:
+                        chunk = os.read(key.fd, 65536)
+                        if chunk:
+                            output[key.fd].append(chunk)
+                        else:
+                            selector.unregister(key.fd)
+                            open_fds.discard(key.fd)
+                            os.close(key.fd)
+            conn.settimeout(max(deadline - time.monotonic(), 0.001))
+            try:
+                status = json.loads(answers.readline())["status"]
+            except (OSError, ValueError) as error:
+                os.kill(pid, signal.SIGKILL)
+                raise subprocess.TimeoutExpired([sys.executable, *argv], timeout) from error
+
+        def text(chunks: list[bytes]) -> str:
+            # What text=True gives: the locale's encoding, universal newlines.
+            return io.TextIOWrapper(io.BytesIO(b"".join(chunks))).read()
+
+        return subprocess.CompletedProcess(
+            [sys.executable, *argv], status, text(output[out_r]), text(output[err_r])
+        )
+
+
+def _read_at_import(env: dict[str, str]) -> dict[str, str]:
+    """``env`` but the variables ``import torch`` reads none of: the one pytest rewrites
+    per test phase, the temporary folder (nothing asks for it at import) and Inductor's
+    (torch does not import Inductor; Inductor sets some of its own as it runs)."""
+    return {
+        k: v
+        for k, v in env.items()
+        if k not in ("PYTEST_CURRENT_TEST", "TMPDIR")
+        and not k.startswith(("TORCHINDUCTOR_", "_TORCHINDUCTOR_"))
+    }
+
+
+_FORK_SERVERS: dict[int, _ForkServer] = {}
+_FORK_SERVER_LOCK = threading.Lock()
+
+
+def _fork_server() -> _ForkServer:
+    """This process's fork server, started on first use in the environment this process
+    started with (a child whose environment differs -- a test changed it, or gave the
+    child more -- gets a fresh interpreter)."""
+    with _FORK_SERVER_LOCK:
+        server = _FORK_SERVERS.get(os.getpid())
+        if server is None:
+            server = _FORK_SERVERS[os.getpid()] = _ForkServer(fresh_env(_base=_START_ENVIRON))
+        return server
 
 
 def run_python(
@@ -79,10 +241,11 @@ def run_python(
     cwd: Path | None = None,
     timeout: float = 300,
     pythonpath: Sequence[Path] = (),
+    cold: bool = False,
     **env: str,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter; the caller asserts on the result."""
-    return _spawn(["-c", code], cwd=cwd, timeout=timeout, pythonpath=pythonpath, env=env)
+    return _spawn(["-c", code], cwd=cwd, timeout=timeout, pythonpath=pythonpath, env=env, cold=cold)
 
 
 def run_script(
@@ -91,11 +254,13 @@ def run_script(
     cwd: Path | None = None,
     timeout: float = 300,
     pythonpath: Sequence[Path] = (),
+    cold: bool = False,
     **env: str,
 ) -> subprocess.CompletedProcess[str]:
     """Run the file ``script`` with ``args`` (so its code is ``__main__``, as a user's
     capture script is) in a fresh interpreter; the caller asserts on the result."""
-    return _spawn([str(script), *args], cwd=cwd, timeout=timeout, pythonpath=pythonpath, env=env)
+    argv = [str(script), *args]
+    return _spawn(argv, cwd=cwd, timeout=timeout, pythonpath=pythonpath, env=env, cold=cold)
 
 
 def run_module(
@@ -104,11 +269,12 @@ def run_module(
     cwd: Path | None = None,
     timeout: float = 300,
     pythonpath: Sequence[Path] = (),
+    cold: bool = False,
     **env: str,
 ) -> subprocess.CompletedProcess[str]:
     """``python -m module ARGS`` in a fresh interpreter; the caller asserts on the result."""
     argv = ["-m", module, *args]
-    return _spawn(argv, cwd=cwd, timeout=timeout, pythonpath=pythonpath, env=env)
+    return _spawn(argv, cwd=cwd, timeout=timeout, pythonpath=pythonpath, env=env, cold=cold)
 
 
 def precompile_cli(
@@ -131,10 +297,12 @@ def run_json(
     cwd: Path | None = None,
     timeout: float = 300,
     pythonpath: Sequence[Path] = (),
+    cold: bool = False,
     **env: str,
 ) -> Any:
     """Run ``code`` in a fresh interpreter that must succeed; its result (``last_json``)."""
-    return last_json(run_python(code, cwd=cwd, timeout=timeout, pythonpath=pythonpath, **env))
+    proc = run_python(code, cwd=cwd, timeout=timeout, pythonpath=pythonpath, cold=cold, **env)
+    return last_json(proc)
 
 
 def run_job(

@@ -375,7 +375,8 @@ def test_serving_arguments_are_validated(pairs: dict[str, tuple[str, str]]) -> N
 def test_import_precompile_stays_light() -> None:
     proc = run_python(
         "import sys, precompile.serving, precompile.loading;"
-        "print(any(n.startswith('torch') for n in sys.modules))"
+        "print(any(n.startswith('torch') for n in sys.modules))",
+        cold=True,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"

@@ -274,6 +274,7 @@ def test_the_engine_and_the_server_never_import_torch(shop: Path, checked: dict[
         "or m.startswith(('torch.', 'precompile_lsp.worker.', 'precompile.capturing.')))\n"
         "print(json.dumps({'code': code, 'heavy': heavy}))\n",
         cwd=shop,
+        cold=True,
     )
     assert outcome == {"code": 1, "heavy": []}
     report = json.loads((shop / "report.json").read_text())

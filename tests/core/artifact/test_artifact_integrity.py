@@ -206,7 +206,8 @@ def test_unchanged_capture_emits_identical_bytes(pair: tuple[Path, Path], tmp_pa
 def test_import_precompile_is_light() -> None:
     proc = run_python(
         "import sys, precompile; precompile.PrecompileError; "
-        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch._dynamo', 'torch._inductor'))))"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch._dynamo', 'torch._inductor'))))",
+        cold=True,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"

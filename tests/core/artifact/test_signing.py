@@ -303,7 +303,7 @@ code = main({list(argv)!r})
 print(json.dumps(sorted(m for m in sys.modules if m == "torch")))
 raise SystemExit(code)
 """
-    proc = run_python(code)
+    proc = run_python(code, cold=True)
     lines = proc.stdout.strip().splitlines()
     return proc.returncode, "\n".join(lines[:-1]), proc.stderr, json.loads(lines[-1])
 
