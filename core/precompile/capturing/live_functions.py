@@ -55,7 +55,8 @@ def referrers(*objects: Any) -> list[Any]:
     if frozen:
         gc.unfreeze()
     try:
-        return gc.get_referrers(*objects)
+        # ``objects`` itself (the tuple a caller's ``*list`` made) is the walk's own.
+        return [held for held in gc.get_referrers(*objects) if held is not objects]
     finally:
         if frozen:
             gc.freeze()
@@ -92,24 +93,31 @@ def live_functions(
     return found
 
 
-def _held(fn: types.FunctionType, own: set[int]) -> bool:
-    """Whether something other than a frame (and this module's own lists, ``own``)
-    holds ``fn``. One only frames hold -- a local of the capturing code, a frame a
-    traceback keeps -- is reached by nothing fn can read on a later call."""
-    return any(
-        not isinstance(held, types.FrameType) and id(held) not in own for held in referrers(fn)
-    )
-
-
 def _unwatched(
     codes: Iterable[types.CodeType], watched: set[int]
 ) -> dict[types.CodeType, list[types.FunctionType]]:
-    found: dict[types.CodeType, list[types.FunctionType]] = {}
+    """Per code, its live functions that something other than a frame holds, where none
+    of them is watched. A function only frames hold -- a local of the capturing code, a
+    frame a traceback keeps -- is reached by nothing fn can read on a later call. One
+    pass over the heap finds the holders of them all (one per function made a capture
+    cost the heap's size times the functions it traced)."""
     running = live_functions(c for c in codes if is_project_file(c.co_filename))
-    for code, live in running.items():
-        if any(id(fn) in watched for fn in live):
-            continue
-        held = [fn for fn in live if _held(fn, {id(live), id(running)})]
+    unwatched = {
+        code: live for code, live in running.items() if not any(id(fn) in watched for fn in live)
+    }
+    every = [fn for live in unwatched.values() for fn in live]
+    holders_of = referrers_of(every)
+    own = {id(every), id(running), id(unwatched), *map(id, running.values())}
+    found: dict[types.CodeType, list[types.FunctionType]] = {}
+    for code, live in unwatched.items():
+        held = [
+            fn
+            for fn in live
+            if any(
+                not isinstance(holder, types.FrameType) and id(holder) not in own
+                for holder in holders_of[id(fn)]
+            )
+        ]
         if held:
             found[code] = held
     return found
