@@ -51,11 +51,15 @@ def referrers(*objects: Any) -> list[Any]:
     freeze then also holds what was allocated since the user's freeze, which changes
     what the collector visits, never what a program computes. Every heap walk of a
     capture goes through here."""
+    return _referrers(objects)
+
+
+def _referrers(objects: tuple[Any, ...]) -> list[Any]:
+    """``referrers``, but for ``objects`` itself: the walk's own tuple holds them all."""
     frozen = gc.get_freeze_count()
     if frozen:
         gc.unfreeze()
     try:
-        # ``objects`` itself (the tuple a caller's ``*list`` made) is the walk's own.
         return [held for held in gc.get_referrers(*objects) if held is not objects]
     finally:
         if frozen:
@@ -66,11 +70,12 @@ def referrers_of(objects: list[Any]) -> dict[int, list[Any]]:
     """The objects that refer to each of ``objects``, by its id: one pass over the heap
     for all of them (``gc.get_referrers`` walks every tracked object per call, so one
     call per object made a capture's cost grow with the process's heap times the
-    functions it traced)."""
+    functions it traced). The caller's ``objects`` is among them; the walk's own tuple
+    is not."""
     found: dict[int, list[Any]] = {id(o): [] for o in objects}
     if not found:
         return found
-    for referrer in referrers(*objects):
+    for referrer in _referrers(tuple(objects)):
         for target in gc.get_referents(referrer):
             if id(target) in found:
                 found[id(target)].append(referrer)
