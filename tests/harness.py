@@ -17,8 +17,8 @@ each cell an object with ``"result"`` (``"exact"``, ``"wrong"``, ``"refused"`` o
 A child is forked from this process's fork server (``tests/fork_server.py``: an
 interpreter that imported torch and nothing of this repository, and reseeds the
 generators a fork would copy) where that is the interpreter it would be: the same
-environment as the server's (but variables ``import torch`` does not read: pytest's
-``PYTEST_CURRENT_TEST``, ``TMPDIR``, Inductor's), not a module that
+environment as the server's (but variables ``import torch`` does not read:
+``_NOT_READ_AT_IMPORT``; the child runs in its own), not a module that
 must never import torch (``precompile_lsp``: the CLI and the language server), and not
 ``cold``. A child that asserts what its own imports loaded (``import precompile`` stays
 light) passes ``cold=True`` and gets a fresh interpreter, as does every child given an
@@ -208,16 +208,27 @@ class _ForkServer:
         )
 
 
+#: Variables ``import torch`` reads none of (their owners are not imported by it, or read
+#: them later): pytest's per-test-phase name, the temporary folder (nothing asks for it
+#: at import), Inductor's (torch does not import Inductor; Inductor sets some as it
+#: runs), the offline switches of Hugging Face's libraries and Ray's settings (fixtures
+#: and the Ray executor set them in the worker), this project's own, the terminal width.
+_NOT_READ_AT_IMPORT = (
+    "PYTEST_",
+    "TMPDIR",
+    "TORCHINDUCTOR_",
+    "_TORCHINDUCTOR_",
+    "HF_",
+    "TRANSFORMERS_",
+    "RAY_",
+    "PRECOMPILE_",
+    "COLUMNS",
+)
+
+
 def _read_at_import(env: dict[str, str]) -> dict[str, str]:
-    """``env`` but the variables ``import torch`` reads none of: the one pytest rewrites
-    per test phase, the temporary folder (nothing asks for it at import) and Inductor's
-    (torch does not import Inductor; Inductor sets some of its own as it runs)."""
-    return {
-        k: v
-        for k, v in env.items()
-        if k not in ("PYTEST_CURRENT_TEST", "TMPDIR")
-        and not k.startswith(("TORCHINDUCTOR_", "_TORCHINDUCTOR_"))
-    }
+    """``env`` but the variables ``import torch`` reads none of."""
+    return {k: v for k, v in env.items() if not k.startswith(_NOT_READ_AT_IMPORT)}
 
 
 _FORK_SERVERS: dict[int, _ForkServer] = {}

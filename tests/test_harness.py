@@ -104,6 +104,7 @@ def test_a_child_in_another_environment_or_cold_is_a_real_interpreter() -> None:
     assert run_json(code) == ["torch"]  # forked: torch was imported before it started
     assert run_json(code, cold=True) == []
     assert run_json(code, HARNESS_MARKER="1") == []  # its own environment: not forked
+    assert run_json(code, PYTHONHASHSEED="3") == []  # read as the interpreter starts
     proc = run_module("precompile_lsp.cli", "--help")
     assert proc.returncode == 0, proc.stderr  # the CLI: never forked from a torch process
     assert run_json(_STATE, HARNESS_MARKER="m")["marker"] == "m"
@@ -119,3 +120,16 @@ def test_a_forked_child_runs_in_its_own_temporary_and_inductor_folders(tmp_path:
     temp.mkdir()
     got = run_json(code, TMPDIR=str(temp), TORCHINDUCTOR_CACHE_DIR=str(cache))
     assert got == [str(temp), str(cache), True]  # forked, in the environment it was given
+
+
+def test_what_fixtures_set_in_the_worker_leaves_its_children_forked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fixture module's ``os.environ.setdefault("HF_HUB_OFFLINE", "1")`` at import, or
+    the Ray executor's setting, changes the worker's environment for the rest of the run:
+    variables torch's import does not read leave every later child forked, in that
+    environment."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    code = "import json, os, sys; print(json.dumps([os.environ['HF_HUB_OFFLINE'], 'torch' in sys.modules]))"
+    assert run_json(code) == ["1", True]
