@@ -92,7 +92,9 @@ def _spawn(
     if not cold and not (argv[0] == "-m" and argv[1].startswith("precompile_lsp")):
         server = _fork_server()
     if server is not None and server.serves(child_env):
-        return server.run(argv, cwd or REPO, timeout, child_env)
+        forked = server.run(argv, cwd or REPO, timeout, child_env)
+        if forked is not None:
+            return forked
     return subprocess.run(
         [sys.executable, *argv],
         cwd=cwd or REPO,
@@ -138,12 +140,18 @@ class _ForkServer:
                 return None
             time.sleep(0.02)
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.connect(self.socket)
+        try:
+            conn.connect(self.socket)
+        except OSError:  # the server died since it started
+            conn.close()
+            return None
         return conn
 
     def run(
         self, argv: list[str], cwd: Path, timeout: float, env: dict[str, str]
-    ) -> subprocess.CompletedProcess[str]:
+    ) -> subprocess.CompletedProcess[str] | None:
+        """The child's result, as ``subprocess.run`` gives it; None where the server
+        could not start (the caller starts a fresh interpreter, as before)."""
         import io
         import selectors
         import signal
@@ -151,15 +159,8 @@ class _ForkServer:
         import time
 
         conn = self._connect()
-        if conn is None:  # the server could not start: a fresh interpreter, as before
-            return subprocess.run(
-                [sys.executable, *argv],
-                cwd=cwd,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-            )
+        if conn is None:
+            return None
         deadline = time.monotonic() + timeout
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
