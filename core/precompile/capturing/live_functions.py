@@ -112,7 +112,7 @@ def _unwatched(
     }
     every = [fn for live in unwatched.values() for fn in live]
     holders_of = referrers_of(every)
-    own = {id(every), id(running), id(unwatched), *map(id, running.values())}
+    own = {id(every), *map(id, running.values())}  # the lists here that hold the functions
     found: dict[types.CodeType, list[types.FunctionType]] = {}
     for code, live in unwatched.items():
         held = [
