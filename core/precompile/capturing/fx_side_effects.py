@@ -86,6 +86,8 @@ class Snapshot:
                 continue
             module, before = recorded
             for name in global_names(code):
+                if name.startswith("__"):
+                    continue  # the import system's (``__name__``): not snapshotted
                 where = f"global {name} of module {module}"
                 by = f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno})"
                 if where in changes:
