@@ -181,6 +181,11 @@ class UserState:
             contents = base_contents(value)
             self.records.append((value, contents))
             if isinstance(value, dict):
+                if _module_globals(value):
+                    # The import system's objects are not walked into: a test runner's
+                    # import hook (pytest's, every module's ``__loader__``) holds the
+                    # whole session, tens of thousands of objects at every capture.
+                    return [kv for kv in contents[:_WIDTH] if kv[0] not in _IMPORT_SYSTEM]
                 return contents[:_WIDTH]
             return [] if isinstance(value, (set, bytearray)) else list(enumerate(contents[:_WIDTH]))
         if isinstance(value, tuple):
@@ -247,8 +252,8 @@ class UserState:
         ``fn's arguments: [0].hook_calls``). A module bound under a new key of a dict
         (the import system binding a submodule imported for the first time) is no
         change. An installed library's objects are put back but not held against the
-        trace: their caches fill as they are used (a logger's level cache, the import
-        hook a test runner installs as a module's ``__loader__``)."""
+        trace: their caches fill as they are used (a logger's level cache, a
+        ``transformers`` config's)."""
         found: list[str] = []
         for (obj, saved), at in zip(self.records, self.reached):
             if not self.owned[at] or isinstance(saved, _CacheFill):
@@ -395,6 +400,20 @@ def _put_back(obj: Any, saved: Any) -> None:
         for name, held in saved.items():
             if vars(obj).get(name, _EMPTY) is not held:
                 type.__setattr__(obj, name, held)
+
+
+#: A module's globals that hold the import system's objects, not the user's state: its
+#: loader (a test runner's import hook, holding the runner's session), its spec (which
+#: holds the loader again) and the builtins. The bindings themselves are recorded and
+#: put back like any global's; what they hold is not walked.
+_IMPORT_SYSTEM = frozenset({"__loader__", "__spec__", "__builtins__"})
+
+
+def _module_globals(value: dict[Any, Any]) -> bool:
+    """Whether ``value`` is the globals dict of an imported module."""
+    name = dict.get(value, "__name__")
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    return module is not None and getattr(module, "__dict__", None) is value
 
 
 def _named(obj: Any) -> str:

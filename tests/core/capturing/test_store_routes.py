@@ -80,7 +80,7 @@ def test_a_store_by_any_route_is_refused_and_put_back(tmp_path: Path, route: str
     never) and the state holds what it held before."""
     torch.manual_seed(0)
     model, x = torch.nn.Linear(4, 4), torch.randn(3, 4)
-    logging.getLogger(holders.LOGGER.name).setLevel(logging.INFO)
+    logging.getLogger(holders.LOGGER_NAME).setLevel(logging.INFO)
     with torch.no_grad(), pytest.raises(precompile.PrecompileError) as refused:
         capture_pair(getattr(entry, route), model, x, directory=tmp_path)
     assert "changed state in Python while it was traced" in str(refused.value), str(refused.value)
