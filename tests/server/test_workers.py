@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import precompile_cli
+from tests.harness import precompile_cli, run_json
 from tests.server.conftest import FIXTURES
 
 
@@ -210,3 +210,45 @@ def test_a_spawned_jobs_slow_start_is_not_its_capture_timing_out(tmp_path: Path)
     assert fine == [], fine
     targets = {t["target"]: t for t in doc["targets"]}
     assert targets["rogue.targets.fine"]["summary"].endswith("complete")
+
+
+def test_only_an_emit_job_pays_for_inductors_compiler(tmp_path: Path) -> None:
+    """A check captures with the eager backend and never compiles: its worker no longer
+    imports Inductor's compiler while warming up (a fifth of the warm-up). The worker
+    imports it before forking its first emit job, so the emit's child finds it there,
+    and the artifact it writes serves the right answer. The target's module records, as
+    each job's child imports it, whether the compiler was already imported."""
+    workspace = tmp_path / "ws"
+    (workspace / "src" / "probe").mkdir(parents=True)
+    (workspace / "pyproject.toml").write_text(
+        '[tool.precompile]\nsource-roots = ["src"]\nbackend = "inductor"\ntracer = "make_fx"\n'
+    )
+    (workspace / "src" / "probe" / "__init__.py").write_text("")
+    record = tmp_path / "imported.txt"
+    (workspace / "src" / "probe" / "targets.py").write_text(
+        "import os, sys\n"
+        "import precompile, torch\n"
+        f"with open({str(record)!r}, 'a') as f:\n"
+        "    f.write(str('torch._inductor.compile_fx' in sys.modules) + '\\n')\n\n"
+        "def calls():\n"
+        "    return [(torch.ones(3),)]\n\n"
+        "@precompile.target(calls)\n"
+        "def double(x):\n"
+        "    return x * 2\n"
+    )
+    checked = precompile_cli("check", "--format", "json", "--no-cache", cwd=workspace)
+    assert checked.returncode == 0, checked.stderr
+    assert record.read_text().split() == ["False"]
+    record.unlink()
+    emitted = precompile_cli("emit", "probe.targets.double", cwd=workspace)
+    assert emitted.returncode == 0, emitted.stderr
+    assert record.read_text().split()[-1] == "True"
+    (artifact,) = (workspace / "artifacts").glob("probe.targets.double*.py")
+    served = run_json(
+        "import json, torch, precompile\n"
+        f"run = precompile.load({str(artifact)!r})\n"
+        "print(json.dumps(run(torch.ones(3)).tolist()))\n",
+        cwd=workspace,
+        pythonpath=[workspace / "src"],
+    )
+    assert served == [2.0, 2.0, 2.0]

@@ -65,8 +65,13 @@ WARM_IMPORTS = (
     "torch._dynamo.precompile_context",
     "torch._dynamo.variables",
     "torch._functorch.aot_autograd",
-    "torch._inductor.compile_fx",
 )
+#: What only an emit job may need on top: Inductor's compiler (a check captures with the
+#: eager backend and a verify loads without compiling, neither imports it). The worker
+#: imports it before forking its first emit job, so later ones share it, and a worker
+#: that only checks (``precompile check`` without ``--emit``, an editor's session until
+#: its first emit) never pays for it.
+EMIT_IMPORTS = ("torch._inductor.compile_fx",)
 
 
 def _send(channel: IO[str], message: protocol.Message) -> None:
@@ -495,12 +500,35 @@ def _warm_up() -> None:
     """What every job needs before its capture starts: torch, ``WARM_IMPORTS`` and what
     jobs work out about them. The warm worker pays it once before forking; a spawned
     job's interpreter pays it before its capture's clock starts."""
+    _import(("torch", *WARM_IMPORTS))
+
+
+_EMIT_READY = False
+
+
+def warm_for(job: JobRequest) -> None:
+    """What ``job`` needs on top of ``_warm_up``: ``EMIT_IMPORTS`` for an emit job, once."""
+    global _EMIT_READY
+    if job.kind is protocol.JobKind.EMIT and not _EMIT_READY:
+        _EMIT_READY = True
+        _import(EMIT_IMPORTS)
+
+
+def _import(names: tuple[str, ...]) -> None:
+    """Import ``names`` with the collector paused, then collect once, and work out again
+    what jobs need to know about the modules imported. Importing torch's compilers
+    crosses the collector's thresholds over and over, and each full collection
+    traverses the whole heap again (a quarter of the warm-up's time); collecting once
+    after leaves no import's garbage for every forked child to traverse."""
+    import gc
     import importlib
 
-    import torch  # noqa: F401  (the point: paid once, shared by every child)
+    from precompile.capturing import collector
 
-    for name in WARM_IMPORTS:
-        importlib.import_module(name)
+    with collector.paused():
+        for name in names:
+            importlib.import_module(name)
+    gc.collect()
     from precompile_lsp.worker.jobs import warm_up
 
     warm_up()
@@ -541,6 +569,7 @@ def serve(channel: IO[str]) -> None:
             _send(channel, protocol.Progress(job_id, stage))
 
         _send(channel, protocol.Started(job_id))
+        warm_for(message.job)
         if fork:
             result = run_forked(message.job, on_cancel, on_stage)
         else:
@@ -555,6 +584,7 @@ def run_once(job_file: str, result_file: str, ready_file: str) -> None:
         job = protocol.from_json_value(json.load(f), JobRequest)
     try:
         _warm_up()
+        warm_for(job)
     except Exception:
         pass  # the job itself reports what failed to import (_run_job_reporting_failure)
     with open(ready_file, "w", encoding="utf-8"):

@@ -567,3 +567,70 @@ def test_a_put_back_that_still_fails_is_a_refusal_naming_it(monkeypatch: Any) ->
     with pytest.raises(precompile.PrecompileError, match="a list .RuntimeError: this list refuses"):
         state.restore()
     assert other[0].item() == 1.0
+
+
+def test_the_walk_and_the_side_effect_snapshot_start_no_collection() -> None:
+    """The walk copies every container it reaches, tens of thousands of new objects at a
+    capture, and each burst crossed the collector's thresholds: in the full suite two
+    thirds of a walk's time was full collections traversing the whole heap
+    (``precompile.capturing.collector``). The walk, the side-effect snapshot and their
+    comparisons now run with the collector paused: with thresholds that would collect
+    every ten allocations, none starts inside them but at their edges."""
+    import gc
+
+    from precompile.capturing.fx_side_effects import Snapshot
+    from precompile.capturing.user_state import UserState, capture_roots
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    history = {f"step{i}": [i] for i in range(5000)}  # an argument of fn: walked, recorded
+    started: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started.append(info["generation"])
+
+    roots = capture_roots(u.append_global, (model, history))
+    thresholds = gc.get_threshold()
+    gc.set_threshold(10, 1, 1)
+    gc.callbacks.append(count)
+    try:
+        state = UserState(roots)
+        in_walk = len(started)
+        snapshot = Snapshot([model])
+        in_snapshot = len(started)
+        changed = state.changed()
+        in_changed = len(started)
+        state.restore()
+        in_restore = len(started)
+        compared = snapshot.changed_during([model], frozenset())
+        in_compared = len(started)
+    finally:
+        gc.callbacks.remove(count)
+        gc.set_threshold(*thresholds)
+    assert len(state.trail) > 5000
+    assert changed == [] and compared == []
+    # At most the collection the first allocations make before the pause, and the one
+    # the first allocation after it makes; without the pause, thousands.
+    ends = [0, in_walk, in_snapshot, in_changed, in_restore, in_compared]
+    assert max(b - a for a, b in zip(ends, ends[1:])) <= 2, ends
+    assert gc.isenabled()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_capture_leaves_the_collector_as_it_found_it(tmp_path: Path, enabled: bool) -> None:
+    """A capture that pauses the collector enables it again only where the user had it
+    enabled: one who disabled it (a latency-critical server) keeps it disabled, also
+    after a capture refused for a store its trace made."""
+    import gc
+
+    x = torch.ones(2)
+    if not enabled:
+        gc.disable()
+    try:
+        capture_pair(u.plain, torch.nn.Linear(2, 2), x, directory=tmp_path)
+        assert gc.isenabled() is enabled
+        with pytest.raises(precompile.PrecompileError):
+            capture_pair(u.append_global, torch.nn.Linear(2, 2), x, directory=tmp_path, name="b")
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
