@@ -11,7 +11,8 @@ The walk itself makes no garbage cycles, so collecting during it finds nothing.
 
 Pausing changes when the collector runs, never what a program computes. The user's own
 setting is kept: a collector the user disabled stays disabled, and ``paused`` enables
-again only what it disabled, however its body ends.
+again only what it disabled, however its body ends. (The switch is the process's: a
+``gc.disable()`` another thread makes while a walk runs is undone when the walk ends.)
 """
 
 from __future__ import annotations

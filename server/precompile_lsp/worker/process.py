@@ -569,7 +569,10 @@ def serve(channel: IO[str]) -> None:
             _send(channel, protocol.Progress(job_id, stage))
 
         _send(channel, protocol.Started(job_id))
-        warm_for(message.job)
+        try:
+            warm_for(message.job)
+        except Exception:
+            pass  # the job's child imports it again and reports what failed
         if fork:
             result = run_forked(message.job, on_cancel, on_stage)
         else:
