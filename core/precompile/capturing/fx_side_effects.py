@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from precompile._compat import tracing
-from precompile.capturing import collector
 from precompile.capturing.bytecode_names import global_names
 from precompile.capturing.fx_tensor_attributes import python_attributes
 from precompile.capturing.fx_watch import CallLog
@@ -40,7 +39,6 @@ class Snapshot:
     attributes and training flags, and the globals of the project's modules (the ones
     the traced code read or wrote are compared afterwards, with the objects they hold)."""
 
-    @collector.paused()
     def __init__(self, modules: list[torch.nn.Module]) -> None:
         self.modules = [
             [(name, _attr_fps(sub)) for name, sub in m.named_modules()] for m in modules
@@ -52,7 +50,6 @@ class Snapshot:
             if is_project_module(module)
         }
 
-    @collector.paused()
     def changed_during(
         self, modules: list[torch.nn.Module], names: frozenset[str], log: CallLog | None = None
     ) -> list[str]:

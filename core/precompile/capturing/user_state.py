@@ -41,7 +41,7 @@ import torch
 
 from precompile._compat import tracing
 from precompile._compat.prelude import global_module_hooks
-from precompile.capturing import c_object_state, collector, import_watch
+from precompile.capturing import c_object_state, import_watch
 from precompile.capturing.fx_tensor_attributes import python_attributes
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file, is_project_module
@@ -114,10 +114,8 @@ class UserState:
         self._owned_roots: dict[int, bool] = {}
         self._walk(roots)
 
-    @collector.paused()
     def _walk(self, roots: list[Any]) -> None:
-        """Record what is reachable from ``roots`` that no earlier walk recorded (with the
-        collector paused: ``collector``)."""
+        """Record what is reachable from ``roots`` that no earlier walk recorded."""
         level: list[tuple[Any, int, Any]] = []
         for root in roots:
             name, value, owned = root if isinstance(root, Root) else ("fn's state", root, True)
@@ -248,7 +246,6 @@ class UserState:
             ]
         return [(_attrs_of(value, ""), held), *slotted] if isinstance(held, dict) else slotted
 
-    @collector.paused()
     def changed(self) -> list[str]:
         """Where the user's own state (``_owned``) differs from what was recorded, by
         identity: a path from a root, with what changed (``module m: SEEN``,
@@ -333,7 +330,6 @@ class UserState:
             previous = key
         return self.trail[at][2], words, isinstance(previous, _Attrs)
 
-    @collector.paused()
     def restore(self) -> None:
         """Put back, in place, every recorded object whose contents changed. One whose
         own rules refuse even the base types' methods is named in a PrecompileError,
