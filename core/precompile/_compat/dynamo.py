@@ -10,6 +10,7 @@ import collections
 import contextlib
 import copyreg
 import pickle
+import sys
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -35,6 +36,23 @@ UNSERIALIZABLE_GUARD_TYPES = frozenset(
         "WEAKREF_ALIVE",
     }
 )
+
+
+def self_deleting_globals() -> set[tuple[int, str]]:
+    """The globals Dynamo has bound in modules for code it compiled (``_<id>_c<n>``,
+    ``__compiled_fn_<n>``), each as (the id of the globals dict, the name): Dynamo's own
+    bookkeeping, which its cleanup hook deletes when that code dies -- whenever the
+    garbage collector frees it, in the middle of anything. Read from Dynamo's registry
+    of those hooks; empty where Dynamo was never imported (then nothing bound them)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    instance = getattr(getattr(utils, "CleanupManager", None), "instance", None)
+    found: set[tuple[int, str]] = set()
+    for hooks in list(getattr(instance, "values", {}).values()):
+        for hook in hooks if isinstance(hooks, list) else ():
+            scope, name = getattr(hook, "scope", None), getattr(hook, "name", None)
+            if isinstance(scope, dict) and isinstance(name, str):
+                found.add((id(scope), name))
+    return found
 
 
 def compares_identity(entry: Any) -> bool:

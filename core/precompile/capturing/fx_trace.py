@@ -23,6 +23,7 @@ from torch.overrides import TorchFunctionMode
 from precompile._compat import tracing
 from precompile._compat.tracing import pytree
 from precompile.capturing import (
+    collector,
     fx_dependencies,
     fx_keyed_inputs,
     fx_side_effects,
@@ -252,6 +253,7 @@ def _read_training_flags(
     ]
 
 
+@collector.paused()  # from the walk of the user's state to its put-back (``collector``)
 def trace_single_graph(
     fn: Callable[..., Any],
     args: Sequence[Any],

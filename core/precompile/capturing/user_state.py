@@ -40,8 +40,9 @@ from typing import Any
 import torch
 
 from precompile._compat import tracing
+from precompile._compat.dynamo import self_deleting_globals
 from precompile._compat.prelude import global_module_hooks
-from precompile.capturing import c_object_state, import_watch
+from precompile.capturing import c_object_state, collector, import_watch
 from precompile.capturing.fx_tensor_attributes import python_attributes
 from precompile.errors import PrecompileError
 from precompile.locations import is_project_file, is_project_module
@@ -112,6 +113,8 @@ class UserState:
         self.owned: list[bool] = []
         self._seen: set[int] = set()
         self._owned_roots: dict[int, bool] = {}
+        #: The library's own bindings in module globals (``_library_bindings``).
+        self._bound_by_library = self_deleting_globals()
         self._walk(roots)
 
     def _walk(self, roots: list[Any]) -> None:
@@ -246,15 +249,29 @@ class UserState:
             ]
         return [(_attrs_of(value, ""), held), *slotted] if isinstance(held, dict) else slotted
 
+    def _library_bindings(self) -> dict[int, set[str]]:
+        """Per globals dict (by id), the names Dynamo bound there for code it compiled,
+        then or since the walk (``self_deleting_globals``): its own bookkeeping, which it
+        deletes when the garbage collector frees that code -- during a trace as well
+        as anywhere else. Such a name is no store of fn's, and never the walk's to put
+        back or take out: neither held against the trace nor restored."""
+        self._bound_by_library |= self_deleting_globals()
+        found: dict[int, set[str]] = collections.defaultdict(set)
+        for scope, name in self._bound_by_library:
+            found[scope].add(name)
+        return found
+
     def changed(self) -> list[str]:
         """Where the user's own state (``_owned``) differs from what was recorded, by
         identity: a path from a root, with what changed (``module m: SEEN``,
         ``fn's arguments: [0].hook_calls``). A module bound under a new key of a dict
         (the import system binding a submodule imported for the first time) is no
-        change. An installed library's objects are put back but not held against the
+        change, nor a name a library binds and deletes itself (``_library_bindings``).
+        An installed library's objects are put back but not held against the
         trace: their caches fill as they are used (a logger's level cache, a
         ``transformers`` config's)."""
         found: list[str] = []
+        library = self._library_bindings()
         for (obj, saved), at in zip(self.records, self.reached):
             if not self.owned[at] or isinstance(saved, _CacheFill):
                 continue
@@ -277,15 +294,17 @@ class UserState:
                 holder_key = self.trail[at][2]
                 if not isinstance(holder_key, _Attrs) and self.trail[at][0] < 0:
                     holder_key = _ATTRS  # a module's globals
+                bound = library.get(id(obj), set())
+
+                def users(k: Any, holder_key: Any = holder_key, bound: set[str] = bound) -> bool:
+                    return _user_key(k, holder_key) and k not in bound
+
                 keys = [
                     k
                     for k in {**before, **now}
-                    if _user_key(k, holder_key)
-                    and not _same_value(before.get(k, _EMPTY), now.get(k, _EMPTY))
+                    if users(k) and not _same_value(before.get(k, _EMPTY), now.get(k, _EMPTY))
                 ]
-                if not keys and [k for k in before if _user_key(k, holder_key)] == [
-                    k for k in now if _user_key(k, holder_key)
-                ]:
+                if not keys and [k for k in before if users(k)] == [k for k in now if users(k)]:
                     continue
                 for key in keys[:3] or [None]:
                     if key is None:
@@ -337,11 +356,12 @@ class UserState:
         (a make_fx trace stores fake tensors), and a capture must not leave that
         silently."""
         failed: list[str] = []
+        library = self._library_bindings()
         for obj, saved in self.records:
             if _same(obj, saved):
                 continue
             try:
-                _put_back(obj, saved)
+                _put_back(obj, saved, library.get(id(obj), set()))
             except Exception as error:
                 failed.append(f"{_named(obj)} ({type(error).__name__}: {error})")
         if failed:
@@ -355,9 +375,9 @@ class UserState:
             )
 
 
-def _put_back(obj: Any, saved: Any) -> None:
+def _put_back(obj: Any, saved: Any, library: set[str]) -> None:
     """Put ``saved`` (what ``UserState`` recorded of ``obj``) back into ``obj``, through
-    the base types' own methods."""
+    the base types' own methods; in a dict, the keys in ``library`` left as they are."""
     if isinstance(saved, c_object_state.ValueState):
         saved.put_back(obj)
     elif isinstance(saved, _CacheFill):
@@ -382,7 +402,7 @@ def _put_back(obj: Any, saved: Any) -> None:
     elif isinstance(obj, bytearray):
         bytearray.__setitem__(obj, slice(None), saved)
     elif isinstance(obj, dict):
-        _restore_dict(obj, saved)
+        _restore_dict(obj, saved, library)
     elif isinstance(obj, set):
         set.clear(obj)
         set.update(obj, saved)
@@ -696,28 +716,37 @@ def _slot_values(value: Any) -> _Slots:
     return found
 
 
-def _restore_dict(obj: dict[Any, Any], saved: list[tuple[Any, Any]]) -> None:
+def _restore_dict(obj: dict[Any, Any], saved: list[tuple[Any, Any]], library: set[str]) -> None:
     """Put ``saved``'s items back into ``obj``: the keys the trace added removed and the
     values it rebound set back, so the dict is never empty meanwhile (a module's
     globals); cleared and refilled only where its order still differs. A module bound
     under a new key stays: the import system binds a submodule imported for the first
     time in its package's globals (``sys.modules`` keeps it, and ``pkg.sub`` must
-    find it), which is no store of the trace."""
+    find it), which is no store of the trace. The keys in ``library`` (a library's
+    own bindings, ``UserState._library_bindings``) are left as they are now: put
+    back, a deleted one would outlive its code; taken out, a new one would leave that
+    code a name it cannot load and the library's cleanup a key it cannot delete."""
     # The builtin base's methods (an OrderedDict keeps its order in its own links).
     base: Any = collections.OrderedDict if isinstance(obj, collections.OrderedDict) else dict
+    saved = [(k, v) for k, v in saved if k not in library]
     keep = dict(saved)
     now = list(_items(obj))
     imported = {k: v for k, v in now if k not in keep and isinstance(v, types.ModuleType)}
     for key, _ in now:
-        if key not in keep and key not in imported:
+        if key not in keep and key not in imported and key not in library:
             base.__delitem__(obj, key)
     for key, value in saved:
         if base.get(obj, key, _EMPTY) is not value:
             base.__setitem__(obj, key, value)
-    if not _same(obj, [*saved, *imported.items()]):
+    expected = [*saved, *imported.items()]
+    now = [(k, v) for k, v in _items(obj) if k not in library]
+    if len(now) != len(expected) or not all(
+        k is k2 and v is v2 for (k, v), (k2, v2) in zip(now, expected)
+    ):
+        bound = {k: v for k, v in _items(obj) if k in library}
         base.clear(obj)
-        base.update(obj, saved)
-        base.update(obj, imported)
+        base.update(obj, expected)
+        base.update(obj, bound)
 
 
 def base_contents(value: Any) -> Any:
@@ -751,12 +780,13 @@ def _items(obj: dict[Any, Any]) -> Any:
 @contextlib.contextmanager
 def restored(roots: list[Any]) -> Iterator[UserState]:
     """Take the user's state reachable from ``roots``, and put it back on exit, however
-    the body ends."""
-    state = UserState(roots)
-    try:
-        yield state
-    finally:
-        state.restore()
+    the body ends; the collector paused meanwhile (``collector``)."""
+    with collector.paused():
+        state = UserState(roots)
+        try:
+            yield state
+        finally:
+            state.restore()
 
 
 @contextlib.contextmanager

@@ -558,12 +558,140 @@ def test_a_put_back_that_still_fails_is_a_refusal_naming_it(monkeypatch: Any) ->
     seen[0], other[0] = torch.full((1,), 5.0), torch.full((1,), 6.0)
     real_put_back = user_state._put_back
 
-    def put_back(obj: Any, saved: Any) -> None:
+    def put_back(obj: Any, saved: Any, *rest: Any) -> None:
         if obj is seen:
             raise RuntimeError("this list refuses")
-        real_put_back(obj, saved)
+        real_put_back(obj, saved, *rest)
 
     monkeypatch.setattr(user_state, "_put_back", put_back)
     with pytest.raises(precompile.PrecompileError, match="a list .RuntimeError: this list refuses"):
         state.restore()
     assert other[0].item() == 1.0
+
+
+class _CompiledCode:
+    """Stands in for a code object Dynamo compiled, which keys its cleanup hooks: one
+    that only the garbage collector frees (a cycle), as compiled code left by an
+    earlier ``torch.compile`` often is."""
+
+    def __init__(self) -> None:
+        self.cycle = self
+
+
+def _dynamo_binds(name: str, value: Any) -> _CompiledCode:
+    """Bind ``name`` to ``value`` in the fixture module's globals as Dynamo binds a global
+    its compiled code loads (``OutputGraph.install_global_by_id``: ``_<id>_c<n>``),
+    with Dynamo's own cleanup hook, which deletes it when the returned code dies."""
+    from torch._dynamo.utils import CleanupHook, CleanupManager
+
+    code = _CompiledCode()
+    CleanupManager.instance[code] = [CleanupHook.create(vars(u), name, value)]
+    return code
+
+
+def test_a_global_dynamo_deletes_when_the_collector_frees_its_code_is_no_store_of_fn(
+    tmp_path: Path,
+) -> None:
+    """A full run of the suite refused a make_fx capture for "changing" ``module
+    tests.fixtures.training_flag_models: _140678844627952_c150``: a global Dynamo had
+    bound there when an earlier test compiled that module's code, deleted by Dynamo's
+    cleanup hook when the collector freed the compiled code in the middle of the trace.
+    A library's own binding is no store of fn's: not held against the trace, and not
+    put back after its owner deleted it."""
+    import gc
+
+    name = f"_{id(torch)}_c900001"
+    gc.disable()  # the compiled code dies at the collection inside fn, not before
+    try:
+        code = _dynamo_binds(name, torch)  # what ``type(x)`` of a tensor binds
+        del code
+        assert name in vars(u)
+        capture_pair(u.collecting, torch.nn.Linear(2, 2), torch.ones(2), directory=tmp_path)
+    finally:
+        gc.enable()
+    assert name not in vars(u)
+
+
+def test_a_global_dynamo_binds_during_a_trace_is_left_bound_and_its_own() -> None:
+    """Dynamo may bind a global while fn is traced (fn calls code it compiles): the walk
+    neither holds it against the trace nor takes it out -- taken out, the compiled code
+    could not load it, and Dynamo's cleanup would fail to delete it."""
+    import gc
+    import weakref
+
+    from precompile.capturing.user_state import UserState, capture_roots
+
+    bound = weakref.ref(torch.nn.Linear)  # what ``store_global_weakref_by_id`` binds
+    name = f"_{id(bound)}_c900002"
+    state = UserState(capture_roots(u.plain, (torch.nn.Linear(2, 2), torch.ones(2))))
+    code = _dynamo_binds(name, bound)
+    assert state.changed() == []
+    state.restore()
+    assert vars(u)[name] is bound
+    errors: list[Any] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = errors.append
+    try:
+        del code
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert name not in vars(u) and errors == []
+
+
+def test_no_collection_starts_while_a_make_fx_capture_watches_the_users_state(
+    tmp_path: Path,
+) -> None:
+    """A collection that lands between the walk of the user's state and its comparison
+    runs finalizers and weakref callbacks (Dynamo's cleanup hook, a ``__del__``), whose
+    changes the capture would hold against fn; and the walk's allocation bursts made
+    such collections frequent, each traversing the whole heap (two thirds of the walk's
+    time in the full suite). The make_fx trace runs with the collector paused
+    (``precompile.capturing.collector``): with thresholds that would collect every ten
+    allocations, collections run during the capture, but none inside the trace."""
+    import gc
+
+    inside: list[int] = []
+    started: list[int] = []
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase != "start":
+            return
+        started.append(info["generation"])
+        frame = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code.co_name == "trace_single_graph":
+                inside.append(info["generation"])
+                return
+            frame = frame.f_back  # type: ignore[assignment]
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(10, 1, 1)
+    gc.callbacks.append(note)
+    try:
+        capture_pair(u.plain, torch.nn.Linear(2, 2), torch.ones(2), directory=tmp_path)
+    finally:
+        gc.callbacks.remove(note)
+        gc.set_threshold(*thresholds)
+    assert started and inside == [], (len(started), inside)
+    assert gc.isenabled()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_capture_leaves_the_collector_as_it_found_it(tmp_path: Path, enabled: bool) -> None:
+    """A capture that pauses the collector enables it again only where the user had it
+    enabled: one who disabled it (a latency-critical server) keeps it disabled, also
+    after a capture refused for a store its trace made."""
+    import gc
+
+    x = torch.ones(2)
+    if not enabled:
+        gc.disable()
+    try:
+        capture_pair(u.plain, torch.nn.Linear(2, 2), x, directory=tmp_path)
+        assert gc.isenabled() is enabled
+        with pytest.raises(precompile.PrecompileError):
+            capture_pair(u.append_global, torch.nn.Linear(2, 2), x, directory=tmp_path, name="b")
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
