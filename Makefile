@@ -25,15 +25,21 @@ demo: install
 # fifth of a worker's time is spent waiting on the fresh processes its tests start. Each run gets an empty TMPDIR and
 # Inductor cache of its own, removed afterwards: it neither reuses nor fills the
 # machine's (Inductor keeps precompiled headers under TMPDIR, whatever
-# TORCHINDUCTOR_CACHE_DIR says). Options: make test TEST_WORKERS=1 PYTEST_ARGS="-k lsp".
+# TORCHINDUCTOR_CACHE_DIR says). The extension's checks (`make vscode`, which no test
+# reads) run alongside the tests, in the time their workers wait; their output follows
+# the tests' (whole where they fail), and either failing fails the run.
+# Options: make test TEST_WORKERS=1 PYTEST_ARGS="-k lsp".
 TEST_WORKERS ?= 3
 PYTEST_ARGS ?=
 test: install
 	@run=$$(mktemp -d -t precompile-test-XXXXXX) && mkdir $$run/tmp $$run/inductor && \
-	export TMPDIR=$$run/tmp TORCHINDUCTOR_CACHE_DIR=$$run/inductor && \
-	$(MAKE) --no-print-directory vscode && \
+	export TMPDIR=$$run/tmp TORCHINDUCTOR_CACHE_DIR=$$run/inductor || exit 1; \
+	{ $(MAKE) --no-print-directory vscode > $$run/vscode.log 2>&1; echo $$? > $$run/vscode.status; } & \
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); \
-	status=$$?; rm -rf $$run; exit $$status
+	status=$$?; wait; vscode=$$(cat $$run/vscode.status 2>/dev/null || echo 1); \
+	if [ "$$vscode" -ne 0 ]; then cat $$run/vscode.log; echo "make vscode failed (exit $$vscode)"; \
+	else echo "make vscode (alongside): type-check, bundle, unit and smoke tests, .vsix: ok"; fi; \
+	rm -rf $$run; [ $$status -ne 0 ] && exit $$status; exit $$vscode
 
 # The VS Code extension (editor/vscode): type-check, bundle, unit tests, a strict-framing
 # smoke test against the real server, and the .vsix (needs Node 20 and npm).

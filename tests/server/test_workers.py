@@ -252,3 +252,30 @@ def test_only_an_emit_job_pays_for_inductors_compiler(tmp_path: Path) -> None:
         pythonpath=[workspace / "src"],
     )
     assert served == [2.0, 2.0, 2.0]
+
+
+def test_a_failed_import_of_inductors_compiler_leaves_the_worker_serving(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before its first emit job the worker imports Inductor's compiler; where that
+    import fails (a broken install), the worker goes on serving -- the job's own child
+    imports it again and reports the failure as the job's -- and does not try again
+    before every later job."""
+    import types
+
+    from precompile_lsp import protocol
+    from precompile_lsp.worker import process
+
+    tried: list[tuple[str, ...]] = []
+
+    def failing(names: tuple[str, ...]) -> None:
+        tried.append(names)
+        raise ImportError("no compiler in this install")
+
+    monkeypatch.setattr(process, "_import", failing)
+    monkeypatch.setattr(process, "_EMIT_READY", False)
+    emit = types.SimpleNamespace(kind=protocol.JobKind.EMIT)
+    check = types.SimpleNamespace(kind=protocol.JobKind.CHECK)
+    for job in (check, emit, emit, check):
+        process.warm_for(job)  # type: ignore[arg-type]
+    assert tried == [process.EMIT_IMPORTS]

@@ -22,6 +22,7 @@ capture file, so nothing user code or a C extension prints can corrupt the chann
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -507,11 +508,14 @@ _EMIT_READY = False
 
 
 def warm_for(job: JobRequest) -> None:
-    """What ``job`` needs on top of ``_warm_up``: ``EMIT_IMPORTS`` for an emit job, once."""
+    """What ``job`` needs on top of ``_warm_up``: ``EMIT_IMPORTS`` for an emit job, tried
+    once. A failed import leaves the worker serving: the job imports the module again
+    and reports what failed (``_run_job_reporting_failure``)."""
     global _EMIT_READY
     if job.kind is protocol.JobKind.EMIT and not _EMIT_READY:
         _EMIT_READY = True
-        _import(EMIT_IMPORTS)
+        with contextlib.suppress(Exception):
+            _import(EMIT_IMPORTS)
 
 
 def _import(names: tuple[str, ...]) -> None:
@@ -573,10 +577,7 @@ def serve(channel: IO[str]) -> None:
             _send(channel, protocol.Progress(job_id, stage))
 
         _send(channel, protocol.Started(job_id))
-        try:
-            warm_for(message.job)
-        except Exception:
-            pass  # the job's child imports it again and reports what failed
+        warm_for(message.job)
         if fork:
             result = run_forked(message.job, on_cancel, on_stage)
         else:
@@ -591,9 +592,9 @@ def run_once(job_file: str, result_file: str, ready_file: str) -> None:
         job = protocol.from_json_value(json.load(f), JobRequest)
     try:
         _warm_up()
-        warm_for(job)
     except Exception:
         pass  # the job itself reports what failed to import (_run_job_reporting_failure)
+    warm_for(job)
     with open(ready_file, "w", encoding="utf-8"):
         pass
     _write_result(_run_job_reporting_failure(job), result_file)

@@ -47,10 +47,7 @@ def _prepare(job: JobRequest) -> str | None:
         except Exception:
             pass  # the job itself reports what failed to import
         _warm = True
-    try:
-        process.warm_for(job)
-    except Exception:
-        pass  # the job itself reports what failed to import
+    process.warm_for(job)
     return None
 
 
