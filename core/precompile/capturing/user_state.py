@@ -253,8 +253,8 @@ class UserState:
         """Per globals dict (by id), the names Dynamo bound there for code it compiled,
         then or since the walk (``self_deleting_globals``): its own bookkeeping, which it
         deletes when the garbage collector frees that code -- during a trace as well
-        as anywhere else. Such a name is no store of fn's, and never the walk's to put
-        back or take out: neither held against the trace nor restored."""
+        as anywhere else. Its binding or deletion is no store of fn's, and never the
+        walk's to put back or take out (``_appeared_or_vanished``); a store over it is."""
         self._bound_by_library |= self_deleting_globals()
         found: dict[int, set[str]] = collections.defaultdict(set)
         for scope, name in self._bound_by_library:
@@ -294,7 +294,7 @@ class UserState:
                 holder_key = self.trail[at][2]
                 if not isinstance(holder_key, _Attrs) and self.trail[at][0] < 0:
                     holder_key = _ATTRS  # a module's globals
-                bound = library.get(id(obj), set())
+                bound = _appeared_or_vanished(library.get(id(obj), set()), before, now)
 
                 def users(k: Any, holder_key: Any = holder_key, bound: set[str] = bound) -> bool:
                     return _user_key(k, holder_key) and k not in bound
@@ -716,6 +716,16 @@ def _slot_values(value: Any) -> _Slots:
     return found
 
 
+def _appeared_or_vanished(
+    library: set[str], before: dict[Any, Any], now: dict[Any, Any]
+) -> set[str]:
+    """The names of ``library`` (a library's own bindings in a dict) that were bound only
+    before or only now: the library bound or deleted them itself. One bound on both
+    sides to different objects was rebound by someone else (the library never rebinds
+    one), fn's store like any other: held against it and put back."""
+    return {k for k in library if (k in before) != (k in now)}
+
+
 def _restore_dict(obj: dict[Any, Any], saved: list[tuple[Any, Any]], library: set[str]) -> None:
     """Put ``saved``'s items back into ``obj``: the keys the trace added removed and the
     values it rebound set back, so the dict is never empty meanwhile (a module's
@@ -728,6 +738,7 @@ def _restore_dict(obj: dict[Any, Any], saved: list[tuple[Any, Any]], library: se
     code a name it cannot load and the library's cleanup a key it cannot delete."""
     # The builtin base's methods (an OrderedDict keeps its order in its own links).
     base: Any = collections.OrderedDict if isinstance(obj, collections.OrderedDict) else dict
+    library = _appeared_or_vanished(library, dict(saved), dict(_items(obj)))
     saved = [(k, v) for k, v in saved if k not in library]
     keep = dict(saved)
     now = list(_items(obj))

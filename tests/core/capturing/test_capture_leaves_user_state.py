@@ -695,3 +695,25 @@ def test_a_capture_leaves_the_collector_as_it_found_it(tmp_path: Path, enabled: 
         assert gc.isenabled() is enabled
     finally:
         gc.enable()
+
+
+def test_a_store_over_a_global_dynamo_bound_is_held_and_put_back() -> None:
+    """Only a library's own binding and deletion are its own: fn storing over a global
+    Dynamo bound (its compiled code would then load fn's value) is a store like any
+    other, named and put back -- left in place, the compiled function failed on its next
+    call (an independent attack found it)."""
+    import weakref
+
+    from precompile.capturing.user_state import UserState, capture_roots
+
+    bound = weakref.ref(torch.nn.Linear)
+    name = f"_{id(bound)}_c900003"
+    code = _dynamo_binds(name, bound)
+    try:
+        state = UserState(capture_roots(u.plain, (torch.nn.Linear(2, 2), torch.ones(2))))
+        vars(u)[name] = None  # what a trace storing over it leaves
+        assert state.changed() == [f"module tests.fixtures.user_state_stores: {name}"]
+        state.restore()
+        assert vars(u)[name] is bound
+    finally:
+        del code
