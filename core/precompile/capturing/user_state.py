@@ -377,7 +377,8 @@ class UserState:
 
 def _put_back(obj: Any, saved: Any, library: set[str]) -> None:
     """Put ``saved`` (what ``UserState`` recorded of ``obj``) back into ``obj``, through
-    the base types' own methods; in a dict, the keys in ``library`` left as they are."""
+    the base types' own methods; in a dict, the names of ``library`` the library itself
+    bound or deleted meanwhile left as they are (``_restore_dict``)."""
     if isinstance(saved, c_object_state.ValueState):
         saved.put_back(obj)
     elif isinstance(saved, _CacheFill):
@@ -732,10 +733,11 @@ def _restore_dict(obj: dict[Any, Any], saved: list[tuple[Any, Any]], library: se
     globals); cleared and refilled only where its order still differs. A module bound
     under a new key stays: the import system binds a submodule imported for the first
     time in its package's globals (``sys.modules`` keeps it, and ``pkg.sub`` must
-    find it), which is no store of the trace. The keys in ``library`` (a library's
-    own bindings, ``UserState._library_bindings``) are left as they are now: put
-    back, a deleted one would outlive its code; taken out, a new one would leave that
-    code a name it cannot load and the library's cleanup a key it cannot delete."""
+    find it), which is no store of the trace. The names of ``library`` (a library's
+    own bindings, ``UserState._library_bindings``) bound on one side of the trace only
+    (``_appeared_or_vanished``) are left as they are now: put back, a deleted one would
+    outlive its code; taken out, a new one would leave that code a name it cannot load
+    and the library's cleanup a key it cannot delete."""
     # The builtin base's methods (an OrderedDict keeps its order in its own links).
     base: Any = collections.OrderedDict if isinstance(obj, collections.OrderedDict) else dict
     library = _appeared_or_vanished(library, dict(saved), dict(_items(obj)))
