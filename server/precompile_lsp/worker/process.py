@@ -524,18 +524,16 @@ def _import(names: tuple[str, ...]) -> None:
     crosses the collector's thresholds over and over, and each full collection
     traverses the whole heap again (a quarter of the warm-up's time: 3.3 against 2.5 s
     of CPU); collecting once after leaves no import's garbage for every forked child to
-    traverse. A collector the user's environment disabled stays disabled."""
+    traverse. A collector the user's environment disabled stays disabled (the capture's
+    own pause, ``collector.paused``)."""
     import gc
     import importlib
 
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    from precompile.capturing import collector
+
+    with collector.paused():
         for name in names:
             importlib.import_module(name)
-    finally:
-        if enabled:
-            gc.enable()
     gc.collect()
     from precompile_lsp.worker.jobs import warm_up
 
