@@ -164,7 +164,13 @@ def inductor_capture_config(cache_dir: str) -> Iterator[None]:
     private Inductor cache whose files become the artifact's kernel cache. Random ops
     call torch's own, drawing eager's numbers (``inductor_layout_config``)."""
     from torch._inductor import config
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
+    # Which vector ISAs this machine builds and loads, asked here, in the machine's own
+    # cache, and remembered for the process. Asked first inside the private cache, it
+    # dry-compiled its three probe programs there (seconds of g++ each) in every
+    # process that captures, since no private cache has the machine's built probes.
+    valid_vec_isa_list()
     with (
         _inductor_cache_dir(cache_dir),
         torch._functorch.config.patch(

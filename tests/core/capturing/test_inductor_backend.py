@@ -15,7 +15,7 @@ import torch
 import precompile
 from precompile import CacheFallbackWarning, PrecompileError
 from tests.fixtures.models import ConvBN, convbn_fn
-from tests.harness import run_python, watched_load
+from tests.harness import run_json, run_python, watched_load
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +159,44 @@ def test_generated_module_is_inlined_and_rewired(convbn: tuple[Path, Path]) -> N
     assert "from torch._inductor" not in text  # every such import goes through the resolver
     assert "_inductor_import('torch._inductor.async_compile', 'AsyncCompile')" in text
     assert "benchmark_compiled_module" not in text and '__name__ == "__main__"' not in text
+
+
+_ISA_PROBES = """
+import json, os, torch, precompile
+from torch._inductor import cpu_vec_isa
+from tests.fixtures.models import MLP, mlp_fn
+
+machine = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+probed_in = []
+check_build = cpu_vec_isa.VecISA.check_build
+
+def spy(self, code):
+    probed_in.append(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+    return check_build(self, code)
+
+cpu_vec_isa.VecISA.check_build = spy
+torch.manual_seed(0)
+model, x = MLP().eval(), torch.randn(2, 8)
+with precompile.capture(
+    mlp_fn, artifact_path={artifact!r}, cache_path={cache!r},
+    tracer=precompile.DynamoTracer(), backend="inductor",
+) as cap:
+    out = cap(model, x)
+print(json.dumps({{"machine": machine, "probed_in": probed_in,
+                  "served": bool(torch.allclose(out, mlp_fn(model, x), atol=1e-5))}}))
+"""
+
+
+def test_a_dynamo_capture_asks_the_machines_cache_which_vector_isa_it_builds(
+    tmp_path: Path,
+) -> None:
+    """A Dynamo capture with Inductor compiles into a private cache (its files become the
+    artifact's); the machine's vector ISA is asked before it, in the machine's cache,
+    where an earlier process left the built probes -- not dry-compiled again (three g++
+    runs, seconds each) in every capturing process's empty private cache."""
+    seen = run_json(
+        _ISA_PROBES.format(artifact=str(tmp_path / "a.py"), cache=str(tmp_path / "a.cache"))
+    )
+    assert seen["served"]
+    assert seen["probed_in"], "the capture never asked which vector ISA this machine builds"
+    assert set(seen["probed_in"]) == {seen["machine"]}, seen
