@@ -200,3 +200,48 @@ def test_a_dynamo_capture_asks_the_machines_cache_which_vector_isa_it_builds(
     assert seen["served"]
     assert seen["probed_in"], "the capture never asked which vector ISA this machine builds"
     assert set(seen["probed_in"]) == {seen["machine"]}, seen
+
+
+_UNWRITABLE_MACHINE_CACHE = """
+import json, os, torch, precompile
+from torch._inductor import cpu_vec_isa
+from tests.fixtures.models import MLP, mlp_fn
+
+valid_vec_isa_list = cpu_vec_isa.valid_vec_isa_list
+refused = []
+answered = []
+
+def unwritable_outside_the_capture():
+    # What Inductor's probe meets in a machine cache it may not write (a non-root user's
+    # read-only cache): the write of the probe's source fails, until an answer is
+    # remembered (then Inductor reads it from memory, as it does).
+    if not answered and "precompile-capture-" not in os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""):
+        refused.append(True)
+        raise PermissionError(13, "Permission denied", "the machine's Inductor cache")
+    answered.append(True)
+    return valid_vec_isa_list()
+
+cpu_vec_isa.valid_vec_isa_list = unwritable_outside_the_capture
+torch.manual_seed(0)
+model, x = MLP().eval(), torch.randn(2, 8)
+with precompile.capture(
+    mlp_fn, artifact_path={artifact!r}, cache_path={cache!r},
+    tracer=precompile.DynamoTracer(), backend="inductor",
+) as cap:
+    out = cap(model, x)
+print(json.dumps({{"refused": len(refused),
+                  "served": bool(torch.allclose(out, mlp_fn(model, x), atol=1e-5))}}))
+"""
+
+
+def test_a_machine_cache_the_probe_cannot_write_leaves_the_probe_to_the_private_one(
+    tmp_path: Path,
+) -> None:
+    """Where the machine's Inductor cache refuses the probe's files, the capture asks
+    inside its private cache, as before: the capture succeeds and serves."""
+    seen = run_json(
+        _UNWRITABLE_MACHINE_CACHE.format(
+            artifact=str(tmp_path / "a.py"), cache=str(tmp_path / "a.cache")
+        )
+    )
+    assert seen == {"refused": 1, "served": True}
