@@ -161,7 +161,20 @@ def test_generated_module_is_inlined_and_rewired(convbn: tuple[Path, Path]) -> N
     assert "benchmark_compiled_module" not in text and '__name__ == "__main__"' not in text
 
 
-_ISA_PROBES = """
+#: A child's capture of the MLP with Dynamo and Inductor, and whether it served eager's answer.
+_CAPTURE_MLP = """
+torch.manual_seed(0)
+model, x = MLP().eval(), torch.randn(2, 8)
+with precompile.capture(
+    mlp_fn, artifact_path={artifact!r}, cache_path={cache!r},
+    tracer=precompile.DynamoTracer(), backend="inductor",
+) as cap:
+    out = cap(model, x)
+served = bool(torch.allclose(out, mlp_fn(model, x), atol=1e-5))
+"""
+
+_ISA_PROBES = (
+    """
 import json, os, torch, precompile
 from torch._inductor import cpu_vec_isa
 from tests.fixtures.models import MLP, mlp_fn
@@ -175,16 +188,12 @@ def spy(self, code):
     return check_build(self, code)
 
 cpu_vec_isa.VecISA.check_build = spy
-torch.manual_seed(0)
-model, x = MLP().eval(), torch.randn(2, 8)
-with precompile.capture(
-    mlp_fn, artifact_path={artifact!r}, cache_path={cache!r},
-    tracer=precompile.DynamoTracer(), backend="inductor",
-) as cap:
-    out = cap(model, x)
-print(json.dumps({{"machine": machine, "probed_in": probed_in,
-                  "served": bool(torch.allclose(out, mlp_fn(model, x), atol=1e-5))}}))
 """
+    + _CAPTURE_MLP
+    + """
+print(json.dumps({{"machine": machine, "probed_in": probed_in, "served": served}}))
+"""
+)
 
 
 def test_a_dynamo_capture_asks_the_machines_cache_which_vector_isa_it_builds(
@@ -202,7 +211,8 @@ def test_a_dynamo_capture_asks_the_machines_cache_which_vector_isa_it_builds(
     assert set(seen["probed_in"]) == {seen["machine"]}, seen
 
 
-_UNWRITABLE_MACHINE_CACHE = """
+_UNWRITABLE_MACHINE_CACHE = (
+    """
 import json, os, torch, precompile
 from torch._inductor import cpu_vec_isa
 from tests.fixtures.models import MLP, mlp_fn
@@ -222,16 +232,12 @@ def unwritable_outside_the_capture():
     return valid_vec_isa_list()
 
 cpu_vec_isa.valid_vec_isa_list = unwritable_outside_the_capture
-torch.manual_seed(0)
-model, x = MLP().eval(), torch.randn(2, 8)
-with precompile.capture(
-    mlp_fn, artifact_path={artifact!r}, cache_path={cache!r},
-    tracer=precompile.DynamoTracer(), backend="inductor",
-) as cap:
-    out = cap(model, x)
-print(json.dumps({{"refused": len(refused),
-                  "served": bool(torch.allclose(out, mlp_fn(model, x), atol=1e-5))}}))
 """
+    + _CAPTURE_MLP
+    + """
+print(json.dumps({{"refused": len(refused), "served": served}}))
+"""
+)
 
 
 def test_a_machine_cache_the_probe_cannot_write_leaves_the_probe_to_the_private_one(
