@@ -170,8 +170,8 @@ def inductor_capture_config(cache_dir: str) -> Iterator[None]:
     # cache, and remembered for the process. Asked first inside the private cache, it
     # dry-compiled its three probe programs there (seconds of g++ each) in every
     # process that captures, since no private cache has the machine's built probes.
-    # Where the machine's cache cannot be used (not a folder, not writable), nothing is
-    # remembered and Inductor asks inside the private cache, as it did before.
+    # Where the machine's cache refuses the probe's files (a read-only cache), nothing
+    # is remembered and Inductor asks inside the private cache, as it did before.
     with contextlib.suppress(OSError):
         valid_vec_isa_list()
     with (
