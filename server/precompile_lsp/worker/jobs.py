@@ -22,7 +22,6 @@ import importlib.metadata
 import linecache
 import os
 import sys
-import sysconfig
 import tempfile
 import traceback
 import warnings
@@ -49,6 +48,7 @@ from precompile_lsp.protocol import (
     Outcome,
     Stage,
 )
+from precompile_lsp.worker import sources
 
 #: Where a forked job child reports its stages (a pipe the worker reads), if anywhere.
 STAGE_FD: int | None = None
@@ -117,17 +117,17 @@ def _workspace_frames(error: BaseException, root: str) -> list[tuple[str, int, i
 
     def inside(file: str | None) -> bool:
         # Frozen modules name no file ("<frozen importlib._bootstrap>").
-        real = _realpath(file) if file and os.path.isabs(file) else ""
+        real = sources.realpath(file) if file and os.path.isabs(file) else ""
         return real.startswith(prefix) and "site-packages" not in real and not real.startswith(mine)
 
     frames = [
-        (_realpath(f.filename), f.lineno or 1, _indent(f.filename, f.lineno or 1), f.name)
+        (sources.realpath(f.filename), f.lineno or 1, _indent(f.filename, f.lineno or 1), f.name)
         for f in traceback.extract_tb(error.__traceback__)
         if inside(f.filename)
     ]
     if isinstance(error, SyntaxError) and inside(error.filename) and error.filename:
         column = max((error.offset or 1) - 1, 0)
-        frames.append((_realpath(error.filename), error.lineno or 1, column, "<module>"))
+        frames.append((sources.realpath(error.filename), error.lineno or 1, column, "<module>"))
     return frames
 
 
@@ -162,6 +162,7 @@ def _option_errors_stay_on_their_target() -> Iterator[None]:
 
 
 def _import_target(job: JobRequest) -> Any:
+    sources.import_from_disk(job.root)  # the bytes the result's key hashes, not a .pyc
     for root in reversed(job.source_roots):
         if root not in sys.path:
             sys.path.insert(0, root)
@@ -182,7 +183,9 @@ def _import_target(job: JobRequest) -> Any:
         invalid, where = marked
         raise PrecompileError(
             f"this @precompile.target's arguments are invalid: {invalid}",
-            location=Location(_realpath(where.file), where.line, _indent(where.file, where.line)),
+            location=Location(
+                sources.realpath(where.file), where.line, _indent(where.file, where.line)
+            ),
             hint="fix this decorator's arguments; other targets of the module are not "
             "affected (but importing the module outside precompile check raises this)",
         )
@@ -224,25 +227,6 @@ def _describe_call(example: Any) -> str:
     return f"({', '.join(parts)})"
 
 
-def _versioned_prefixes() -> tuple[str, ...]:
-    """Folders whose modules a version stands for: the standard library (the build is in
-    the engine's key) and this product's own packages (its version is too). Everything
-    else imported from outside site-packages -- an editable install of a sibling library,
-    a PYTHONPATH or .pth folder -- has no version that changes with its code, so its
-    files are hashed like the workspace's."""
-    paths = sysconfig.get_paths()
-    folders = {paths["stdlib"], paths["platstdlib"]}
-    folders |= {os.path.dirname(precompile.__file__), os.path.dirname(os.path.dirname(__file__))}
-    return tuple(os.path.realpath(f) + os.sep for f in folders)
-
-
-_VERSIONED = _versioned_prefixes()
-
-
-def _installed(real: str) -> bool:
-    return "site-packages" in real or "dist-packages" in real
-
-
 def _dependencies(root: str) -> tuple[dict[str, str], dict[str, str]]:
     """Source files the child imported that no version stands for (with hashes): the
     workspace's, and any outside it that is not in an installed distribution's
@@ -251,33 +235,22 @@ def _dependencies(root: str) -> tuple[dict[str, str], dict[str, str]]:
     what a result depends on."""
     files: dict[str, str] = {}
     packages: dict[str, str] = {}
-    root_prefix = os.path.realpath(root) + os.sep
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
         if not path:
             continue
-        real = _realpath(path)
-        if not _installed(real) and (
-            real.startswith(root_prefix) or not real.startswith(_VERSIONED)
-        ):
+        real = sources.realpath(path)
+        if sources.recorded(real, root):
             digest = file_sha256(real)
             if digest:
                 files[real] = digest
-        elif _installed(real) and "." not in name:
+        elif sources.installed(real) and "." not in name:
             for dist in _DISTRIBUTIONS.of(name):
                 try:
                     packages[dist] = importlib.metadata.version(dist)
                 except importlib.metadata.PackageNotFoundError:
                     pass
     return files, packages
-
-
-#: Resolving the path of every imported module (thousands, with torch) and mapping
-#: modules to distributions (reading every installed package's metadata) were more than
-#: half of a warm check job. The warm worker fills both before forking (``warm_up``), so
-#: a job resolves only what it imported itself. A resolved path changes only if a
-#: symlink is re-pointed while the worker runs.
-_realpath = functools.cache(os.path.realpath)
 
 
 class _Distributions:
