@@ -273,10 +273,12 @@ def build_code_check() -> Callable[[], None] | None:
     def changed(row: dict[str, Any]) -> None:
         refuse(
             f"precompile: {named(row)} has other code in this process than the capture "
-            f"traced (its __code__ was replaced, by a hot patch or IPython's autoreload, "
-            f"and its source file was not edited); this artifact serves only the traced "
-            f"code. Restore the function, or capture again with the new code (re-emit "
-            f"the artifact)"
+            f"traced, and its source file was not edited since: its __code__ was replaced "
+            f"(a hot patch, IPython's autoreload), or Python imported it from a stale "
+            f"__pycache__ .pyc (an edit that kept the file's size, saved within the second "
+            f"of an earlier import: delete that __pycache__ folder); this artifact serves "
+            f"only the traced code. Restore the function, or capture again with the new "
+            f"code (re-emit the artifact)"
         )
 
     for row in TRACED_FUNCS:
