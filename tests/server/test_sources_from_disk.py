@@ -52,6 +52,20 @@ print(json.dumps(run(torch.ones(3)).tolist()))
 """
 
 
+def _workspace(tmp_path: Path, factor_in: str) -> tuple[Path, Path, Path]:
+    """A workspace whose target imports ``factor`` from its source root (``factor_in`` is
+    ``"workspace"``) or from a folder outside it on PYTHONPATH; returns the workspace,
+    that folder and factor.py."""
+    workspace, outside = tmp_path / "ws", tmp_path / "outside"
+    (workspace / "src").mkdir(parents=True)
+    outside.mkdir()
+    (workspace / "pyproject.toml").write_text(PYPROJECT)
+    (workspace / "src" / "edits.py").write_text(TARGET)
+    factor = (workspace / "src" if factor_in == "workspace" else outside) / "factor.py"
+    factor.write_text("FACTOR = 2.0\n")
+    return workspace, outside, factor
+
+
 def _edit_in_the_same_second(path: Path, old: str, new: str) -> None:
     """Replace ``old`` with ``new`` (same length), keeping the file's times."""
     assert len(old) == len(new)
@@ -62,16 +76,8 @@ def _edit_in_the_same_second(path: Path, old: str, new: str) -> None:
 
 @pytest.mark.parametrize("where", ["workspace", "pythonpath"])
 def test_an_edit_keeping_size_and_second_is_captured_from_disk(tmp_path: Path, where: str) -> None:
-    workspace = tmp_path / "ws"
-    (workspace / "src").mkdir(parents=True)
-    (workspace / "pyproject.toml").write_text(PYPROJECT)
-    (workspace / "src" / "edits.py").write_text(TARGET)
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    factor = (workspace / "src" if where == "workspace" else outside) / "factor.py"
-    factor.write_text("FACTOR = 2.0\n")
+    workspace, outside, factor = _workspace(tmp_path, where)
     # The user's own run of their code left its bytecode behind, wherever Python keeps it.
-    env = {"PYTHONDONTWRITEBYTECODE": ""}
     for source in (factor, workspace / "src" / "edits.py"):
         py_compile.compile(str(source), doraise=True)
 
@@ -83,7 +89,7 @@ def test_an_edit_keeping_size_and_second_is_captured_from_disk(tmp_path: Path, w
             "--verify",
             cwd=workspace,
             pythonpath=[outside],
-            **env,
+            PYTHONDONTWRITEBYTECODE="",  # Python may write .pyc files, as on most machines
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return proc.stdout
@@ -93,7 +99,7 @@ def test_an_edit_keeping_size_and_second_is_captured_from_disk(tmp_path: Path, w
     assert "1 captured" in emit_and_verify()  # the edit is seen: the key hashes the file
 
     # The artifact serves the code on disk (in a serving process without the stale .pyc:
-    # with it, the artifact's code-identity check would refuse, not serve).
+    # with it, that process runs the old code and the artifact's checks refuse it).
     served = run_json(
         SERVE.format(artifact=str(workspace / "artifacts" / "edits.scale.py")),
         cwd=workspace,
@@ -104,13 +110,7 @@ def test_an_edit_keeping_size_and_second_is_captured_from_disk(tmp_path: Path, w
 
 
 def test_a_job_writes_no_bytecode_of_the_files_it_hashes(tmp_path: Path) -> None:
-    workspace = tmp_path / "ws"
-    (workspace / "src").mkdir(parents=True)
-    (workspace / "pyproject.toml").write_text(PYPROJECT)
-    (workspace / "src" / "edits.py").write_text(TARGET)
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "factor.py").write_text("FACTOR = 2.0\n")
+    workspace, outside, _ = _workspace(tmp_path, "pythonpath")
     proc = run_module(
         "precompile_lsp.cli",
         "check",
