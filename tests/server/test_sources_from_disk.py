@@ -1,22 +1,29 @@
-"""A job captures the bytes its result is keyed by, never a stale ``.pyc``.
+"""A job's result is keyed by the bytes its capture ran, whatever imported them.
 
 Python reuses a ``.pyc`` whose recorded modification time (whole seconds) and size match
 the source. An edit saved within the second of the last import that keeps the size was
 captured from the old bytecode and reported -- emitted, verified -- as the new file's
-result. Here the user's own Python run left the ``.pyc`` (``py_compile``), the edit keeps
-size and modification time, and the file lives in the workspace or in a folder on
-``PYTHONPATH`` (both are hashed into the result's key: the same rule must read both).
+result. Here the user's own Python run left the ``.pyc`` (``py_compile``) and the edit
+keeps size and modification time, for every way a hashed file reaches a job: the
+workspace, a folder on ``PYTHONPATH``, a file loaded by path
+(``spec_from_file_location``), a workspace inside a folder whose name has
+"site-packages" in it, a zip archive, and a module ``sitecustomize`` imported when the
+worker started. And an edit saved while the job runs is not taken for what it ran.
 """
 
 from __future__ import annotations
 
 import os
 import py_compile
+import subprocess
+import sys
+import time
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.harness import run_json, run_module
+from tests.harness import fresh_env, run_json, run_module
 
 PYPROJECT = """\
 [project]
@@ -32,17 +39,29 @@ backend = "eager"
 TARGET = """\
 import torch
 import precompile
-from factor import FACTOR
+{load}
 
 
 def examples():
-    return [(torch.ones(3),)]
+{wait}    return [(torch.ones(3),)]
 
 
 @precompile.target(examples)
 def scale(x):
     return x * FACTOR
 """
+
+IMPORT = "from factor import FACTOR"
+BY_PATH = """\
+import importlib.util, os, sys
+_spec = importlib.util.spec_from_file_location(
+    "factor", os.path.join(os.path.dirname(__file__), "..", "config", "factor.py")
+)
+sys.modules["factor"] = _module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_module)
+FACTOR = _module.FACTOR"""
+#: The same without a ``sys.modules`` entry: nothing but the load itself knows the file.
+BY_PATH_ALONE = BY_PATH.replace('sys.modules["factor"] = _module', "_module")
 
 SERVE = """
 import json, warnings, torch, precompile
@@ -52,65 +71,144 @@ print(json.dumps(run(torch.ones(3)).tolist()))
 """
 
 
-def _workspace(tmp_path: Path, factor_in: str) -> tuple[Path, Path, Path]:
-    """A workspace whose target imports ``factor`` from its source root (``factor_in`` is
-    ``"workspace"``) or from a folder outside it on PYTHONPATH; returns the workspace,
-    that folder and factor.py."""
-    workspace, outside = tmp_path / "ws", tmp_path / "outside"
+def _workspace(parent: Path, load: str = IMPORT, wait: str = "") -> Path:
+    workspace = parent / "ws"
     (workspace / "src").mkdir(parents=True)
-    outside.mkdir()
     (workspace / "pyproject.toml").write_text(PYPROJECT)
-    (workspace / "src" / "edits.py").write_text(TARGET)
-    factor = (workspace / "src" if factor_in == "workspace" else outside) / "factor.py"
-    factor.write_text("FACTOR = 2.0\n")
-    return workspace, outside, factor
+    (workspace / "src" / "edits.py").write_text(TARGET.format(load=load, wait=wait))
+    return workspace
 
 
-def _edit_in_the_same_second(path: Path, old: str, new: str) -> None:
-    """Replace ``old`` with ``new`` (same length), keeping the file's times."""
-    assert len(old) == len(new)
+def _edit_in_the_same_second(path: Path) -> None:
+    """``FACTOR = 2.0`` -> ``3.0`` in ``path``, keeping the file's size and times."""
     stat = path.stat()
-    path.write_text(path.read_text().replace(old, new))
+    path.write_text(path.read_text().replace("2.0", "3.0"))
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
-@pytest.mark.parametrize("where", ["workspace", "pythonpath"])
-def test_an_edit_keeping_size_and_second_is_captured_from_disk(tmp_path: Path, where: str) -> None:
-    workspace, outside, factor = _workspace(tmp_path, where)
-    # The user's own run of their code left its bytecode behind, wherever Python keeps it.
-    for source in (factor, workspace / "src" / "edits.py"):
-        py_compile.compile(str(source), doraise=True)
+def _check(workspace: Path, outside: Path, *args: str) -> str:
+    proc = run_module(
+        "precompile_lsp.cli",
+        "check",
+        *args,
+        cwd=workspace,
+        pythonpath=[outside],
+        PYTHONDONTWRITEBYTECODE="",  # Python may write .pyc files, as on most machines
+    )
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    return proc.stdout
 
-    def emit_and_verify() -> str:
-        proc = run_module(
-            "precompile_lsp.cli",
-            "check",
-            "--emit",
-            "--verify",
-            cwd=workspace,
-            pythonpath=[outside],
-            PYTHONDONTWRITEBYTECODE="",  # Python may write .pyc files, as on most machines
-        )
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        return proc.stdout
 
-    assert "1 captured" in emit_and_verify()
-    _edit_in_the_same_second(factor, "2.0", "3.0")
-    assert "1 captured" in emit_and_verify()  # the edit is seen: the key hashes the file
-
-    # The artifact serves the code on disk (in a serving process without the stale .pyc:
-    # with it, that process runs the old code and the artifact's checks refuse it).
-    served = run_json(
+def _served(workspace: Path, outside: Path, tmp_path: Path) -> list[float]:
+    """What the emitted artifact serves in a process without the stale .pyc (with it,
+    that process runs the old code and the artifact's checks refuse it)."""
+    served: list[float] = run_json(
         SERVE.format(artifact=str(workspace / "artifacts" / "edits.scale.py")),
         cwd=workspace,
         pythonpath=[workspace / "src", outside],
         PYTHONPYCACHEPREFIX=str(tmp_path / "serving-pycache"),
     )
-    assert served == [3.0, 3.0, 3.0]
+    return served
+
+
+@pytest.mark.parametrize(
+    "where", ["workspace", "pythonpath", "by path", "by path alone", "in site-packages"]
+)
+def test_an_edit_keeping_size_and_second_is_captured_from_disk(tmp_path: Path, where: str) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    parent = tmp_path / "old-site-packages-backup" if where == "in site-packages" else tmp_path
+    workspace = _workspace(
+        parent, load={"by path": BY_PATH, "by path alone": BY_PATH_ALONE}.get(where, IMPORT)
+    )
+    factor = {
+        "workspace": workspace / "src",
+        "pythonpath": outside,
+        "by path": workspace / "config",
+        "by path alone": workspace / "config",
+        "in site-packages": workspace / "src",
+    }[where] / "factor.py"
+    factor.parent.mkdir(exist_ok=True)
+    factor.write_text("FACTOR = 2.0\n")
+    # The user's own run of their code left its bytecode behind, wherever Python keeps it.
+    for source in (factor, workspace / "src" / "edits.py"):
+        py_compile.compile(str(source), doraise=True)
+
+    assert "1 captured, 0 from cache): 0 errors" in _check(workspace, outside, "--emit", "--verify")
+    _edit_in_the_same_second(factor)
+    # The edit is seen (the key hashes the file), and captured from the file.
+    assert "1 captured, 0 from cache): 0 errors" in _check(workspace, outside, "--emit", "--verify")
+    assert _served(workspace, outside, tmp_path) == [3.0, 3.0, 3.0]
+
+
+def test_a_module_from_a_zip_archive_is_keyed_by_the_archive(tmp_path: Path) -> None:
+    workspace = _workspace(tmp_path)
+    archive = tmp_path / "lib.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("factor.py", "FACTOR = 2.0\n")
+    assert "1 captured" in _check(workspace, archive, "--emit")
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("factor.py", "FACTOR = 3.0\n")
+    assert "1 captured, 0 from cache" in _check(workspace, archive, "--emit")
+    assert _served(workspace, archive, tmp_path) == [3.0, 3.0, 3.0]
+
+
+def test_a_module_imported_at_the_workers_start_from_a_stale_pyc_is_refused(
+    tmp_path: Path,
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "sitecustomize.py").write_text("import factor\n")  # at every interpreter's start
+    factor = outside / "factor.py"
+    factor.write_text("FACTOR = 2.0\n")
+    py_compile.compile(str(factor), doraise=True)
+    workspace = _workspace(tmp_path)
+    assert "0 errors" in _check(workspace, outside)
+    _edit_in_the_same_second(factor)
+    out = _check(workspace, outside, "--emit")
+    assert f"{factor} was imported when the worker started" in out
+    assert "from a stale .pyc" in out and "delete " in out
+    assert not (workspace / "artifacts" / "edits.scale.py").exists()
+
+
+def test_an_edit_saved_while_the_job_runs_is_captured_next_time(tmp_path: Path) -> None:
+    started, saved = tmp_path / "started", tmp_path / "saved"
+    wait = (
+        f"    open({str(started)!r}, 'w').close()\n"
+        f"    while not __import__('os').path.exists({str(saved)!r}):\n"
+        f"        __import__('time').sleep(0.05)\n"
+    )
+    workspace = _workspace(tmp_path, wait=wait)
+    factor = workspace / "src" / "factor.py"
+    factor.write_text("FACTOR = 2.0\n")
+    check = subprocess.Popen(
+        [sys.executable, "-m", "precompile_lsp.cli", "check"],
+        cwd=workspace,
+        env=fresh_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not started.exists():  # the job imported factor.py and runs examples()
+            assert check.poll() is None and time.monotonic() < deadline, check.communicate()
+            time.sleep(0.05)
+        factor.write_text("FACTOR = 3.0\n")
+        saved.touch()
+        out, err = check.communicate(timeout=300)
+    finally:
+        check.kill()
+    assert "1 captured" in out, out + err
+    # Its result holds the bytes it ran (2.0), so the file saved since is captured again.
+    assert "1 captured, 0 from cache" in _check(workspace, tmp_path)
 
 
 def test_a_job_writes_no_bytecode_of_the_files_it_hashes(tmp_path: Path) -> None:
-    workspace, outside, _ = _workspace(tmp_path, "pythonpath")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "factor.py").write_text("FACTOR = 2.0\n")
+    workspace = _workspace(tmp_path)
     proc = run_module(
         "precompile_lsp.cli",
         "check",

@@ -163,6 +163,7 @@ def _option_errors_stay_on_their_target() -> Iterator[None]:
 
 def _import_target(job: JobRequest) -> Any:
     sources.import_from_disk(job.root)  # the bytes the result's key hashes, not a .pyc
+    sources.refuse_stale_preloaded(job.root)
     for root in reversed(job.source_roots):
         if root not in sys.path:
             sys.path.insert(0, root)
@@ -227,12 +228,17 @@ def _describe_call(example: Any) -> str:
     return f"({', '.join(parts)})"
 
 
-def _dependencies(root: str) -> tuple[dict[str, str], dict[str, str]]:
+def _dependencies(root: str, imported: bool = False) -> tuple[dict[str, str], dict[str, str]]:
     """Source files the child imported that no version stands for (with hashes): the
     workspace's, and any outside it that is not in an installed distribution's
     site-packages, the standard library or this product (an editable sibling library,
     a PYTHONPATH folder); and third-party distributions it imported (with versions):
-    what a result depends on."""
+    what a result depends on. A file's hash is that of the bytes the job compiled
+    (``sources.compiled``), else of the file now; an archive's stands for the modules
+    imported from it. Where the target's module ``imported``, files compiled without a
+    ``sys.modules`` entry (loaded by path) count too; where it did not, its own file is
+    not recorded (it left ``sys.modules``), which is how the engine tells a failed
+    import (``job_requests.import_failed``)."""
     files: dict[str, str] = {}
     packages: dict[str, str] = {}
     for name, module in list(sys.modules.items()):
@@ -241,16 +247,17 @@ def _dependencies(root: str) -> tuple[dict[str, str], dict[str, str]]:
             continue
         real = sources.realpath(path)
         if sources.recorded(real, root):
-            digest = file_sha256(real)
+            held = real if real in sources.compiled else sources.holder(real)
+            digest = sources.compiled.get(held) or file_sha256(held)
             if digest:
-                files[real] = digest
-        elif sources.installed(real) and "." not in name:
+                files[held] = digest
+        elif sources.installed(real, root) and "." not in name:
             for dist in _DISTRIBUTIONS.of(name):
                 try:
                     packages[dist] = importlib.metadata.version(dist)
                 except importlib.metadata.PackageNotFoundError:
                     pass
-    return files, packages
+    return ({**sources.compiled, **files} if imported else files), packages
 
 
 class _Distributions:
@@ -436,7 +443,7 @@ def run_job(job: JobRequest) -> JobResult:
     except PrecompileError as error:
         result = attrs.evolve(result, status=Outcome.ERROR, error=capture_error(error))
     finally:
-        files, packages = _dependencies(job.root)
+        files, packages = _dependencies(job.root, imported=job.module in sys.modules)
         result = attrs.evolve(result, dependencies=files, packages=packages)
     return result
 

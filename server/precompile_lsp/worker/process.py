@@ -500,8 +500,12 @@ class _Lines:
 def _warm_up() -> None:
     """What every job needs before its capture starts: torch, ``WARM_IMPORTS`` and what
     jobs work out about them. The warm worker pays it once before forking; a spawned
-    job's interpreter pays it before its capture's clock starts."""
+    job's interpreter pays it before its capture's clock starts. Then what the modules
+    imported before any of this worker's code ran were compiled from (``sources``)."""
     _import(("torch", *WARM_IMPORTS))
+    from precompile_lsp.worker import sources
+
+    sources.note_preloaded()
 
 
 _EMIT_READY = False
