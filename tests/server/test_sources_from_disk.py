@@ -171,6 +171,31 @@ def test_a_module_imported_at_the_workers_start_from_a_stale_pyc_is_refused(
     assert not (workspace / "artifacts" / "edits.scale.py").exists()
 
 
+def test_a_module_imported_at_the_workers_start_past_its_stale_pyc_is_served(
+    tmp_path: Path,
+) -> None:
+    """A .pyc Python did not take (its header names another size) and could not replace
+    (PYTHONDONTWRITEBYTECODE) is not what the module runs: the job is not refused."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "sitecustomize.py").write_text("import factor\n")
+    factor = outside / "factor.py"
+    factor.write_text("FACTOR = 2.0\n")
+    py_compile.compile(str(factor), doraise=True)
+    factor.write_text("FACTOR = 3.00\n")  # another size: the .pyc is ignored
+    workspace = _workspace(tmp_path)
+    proc = run_module(
+        "precompile_lsp.cli",
+        "check",
+        "--emit",
+        cwd=workspace,
+        pythonpath=[outside],
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    assert proc.returncode == 0 and "0 errors" in proc.stdout, proc.stdout + proc.stderr
+    assert _served(workspace, outside, tmp_path) == [3.0, 3.0, 3.0]
+
+
 def test_an_edit_saved_while_the_job_runs_is_captured_next_time(tmp_path: Path) -> None:
     started, saved = tmp_path / "started", tmp_path / "saved"
     wait = (

@@ -118,7 +118,11 @@ def _workspace_frames(error: BaseException, root: str) -> list[tuple[str, int, i
     def inside(file: str | None) -> bool:
         # Frozen modules name no file ("<frozen importlib._bootstrap>").
         real = sources.realpath(file) if file and os.path.isabs(file) else ""
-        return real.startswith(prefix) and "site-packages" not in real and not real.startswith(mine)
+        return (
+            real.startswith(prefix)
+            and not sources.installed(real, root)
+            and not real.startswith(mine)
+        )
 
     frames = [
         (sources.realpath(f.filename), f.lineno or 1, _indent(f.filename, f.lineno or 1), f.name)

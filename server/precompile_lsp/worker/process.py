@@ -500,12 +500,8 @@ class _Lines:
 def _warm_up() -> None:
     """What every job needs before its capture starts: torch, ``WARM_IMPORTS`` and what
     jobs work out about them. The warm worker pays it once before forking; a spawned
-    job's interpreter pays it before its capture's clock starts. Then what the modules
-    imported before any of this worker's code ran were compiled from (``sources``)."""
+    job's interpreter pays it before its capture's clock starts."""
     _import(("torch", *WARM_IMPORTS))
-    from precompile_lsp.worker import sources
-
-    sources.note_preloaded()
 
 
 _EMIT_READY = False
@@ -529,7 +525,8 @@ def _import(names: tuple[str, ...]) -> None:
     traverses the whole heap again (a quarter of the warm-up's time: 3.3 against 2.5 s
     of CPU); collecting once after leaves no import's garbage for every forked child to
     traverse. A collector the user's environment disabled stays disabled (the capture's
-    own pause, ``collector.paused``)."""
+    own pause, ``collector.paused``). What each module imported so far was compiled from
+    is noted (``sources.note_preloaded``): no job imports those again."""
     import gc
     import importlib
 
@@ -539,8 +536,10 @@ def _import(names: tuple[str, ...]) -> None:
         for name in names:
             importlib.import_module(name)
     gc.collect()
+    from precompile_lsp.worker import sources
     from precompile_lsp.worker.jobs import warm_up
 
+    sources.note_preloaded()
     warm_up()
 
 

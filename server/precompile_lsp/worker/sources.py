@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.machinery
+import importlib.util
 import marshal
 import os
 import sys
 import sysconfig
+from importlib.machinery import SourceFileLoader
 from pathlib import PurePath
 from types import CodeType
 from typing import Any
@@ -40,19 +41,21 @@ from precompile.artifact.pair import file_sha256
 from precompile.errors import PrecompileError
 
 
-def _versioned_prefixes() -> tuple[str, ...]:
-    """Folders whose modules a version stands for: the standard library (the build is in
-    the engine's key) and this product's own packages (its version is too). Everything
-    else imported from outside site-packages -- an editable install of a sibling library,
-    a PYTHONPATH or .pth folder -- has no version that changes with its code, so its
-    files are hashed like the workspace's."""
-    paths = sysconfig.get_paths()
-    folders = {paths["stdlib"], paths["platstdlib"]}
-    folders |= {os.path.dirname(precompile.__file__), os.path.dirname(os.path.dirname(__file__))}
-    return tuple(os.path.realpath(f) + os.sep for f in folders)
+def _folders(*paths: str) -> tuple[str, ...]:
+    return tuple(sorted({os.path.realpath(p) + os.sep for p in paths}))
 
 
-_VERSIONED = _versioned_prefixes()
+#: Folders whose modules a version stands for: the standard library (the build is in
+#: the engine's key; also where a workspace keeps its own Python, ``conda create -p``)
+#: and this product's own packages (its version is too, except in a workspace that
+#: holds the product: working on it). Everything else imported from outside
+#: site-packages -- an editable install of a sibling library, a PYTHONPATH or .pth
+#: folder -- has no version that changes with its code, so its files are hashed like
+#: the workspace's.
+_STDLIB = _folders(sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])
+_PRODUCT = _folders(
+    os.path.dirname(precompile.__file__), os.path.dirname(os.path.dirname(__file__))
+)
 
 #: Resolving the path of every imported module (thousands, with torch) was more than
 #: half of a warm check job's dependency walk; the warm worker resolves those it
@@ -68,6 +71,8 @@ def installed(real: str, root: str) -> bool:
     folder named site-packages or dist-packages -- for a file of workspace ``root``, one
     inside the workspace (a virtual environment kept there), not one the workspace
     itself happens to sit in."""
+    if "-packages" not in real:
+        return False
     inside = real.removeprefix(realpath(root) + os.sep)
     return not _INSTALLED_FOLDERS.isdisjoint(PurePath(inside).parts[:-1])
 
@@ -75,9 +80,9 @@ def installed(real: str, root: str) -> bool:
 def recorded(real: str, root: str) -> bool:
     """Whether a result records the hash of ``real`` (a resolved path) for workspace
     ``root``: the workspace's files, and any that is neither installed nor versioned."""
-    if installed(real, root):
+    if installed(real, root) or real.startswith(_STDLIB):
         return False
-    return real.startswith(realpath(root) + os.sep) or not real.startswith(_VERSIONED)
+    return real.startswith(realpath(root) + os.sep) or not real.startswith(_PRODUCT)
 
 
 def holder(real: str) -> str:
@@ -93,15 +98,17 @@ def holder(real: str) -> str:
     return path
 
 
+#: The job's workspace root, once ``import_from_disk`` installed the load path (a list:
+#: empty until then, so the load path is installed once per process).
 _workspace: list[str] = []
 #: Resolved path -> sha256 of the bytes compiled for it in this process, since
 #: ``import_from_disk``.
 compiled: dict[str, str] = {}
 
-_SOURCE_GET_CODE = importlib.machinery.SourceFileLoader.get_code
+_SOURCE_GET_CODE = SourceFileLoader.get_code
 
 
-def _get_code(self: importlib.machinery.SourceFileLoader, fullname: str) -> CodeType | None:
+def _get_code(self: SourceFileLoader, fullname: str) -> CodeType | None:
     """``SourceFileLoader.get_code`` in a job: a recorded file compiled from its bytes on
     disk, their hash kept; any other file as Python loads it."""
     path = self.get_filename(fullname)
@@ -121,67 +128,105 @@ def import_from_disk(root: str) -> None:
     """From now on in this process, load every file a result for workspace ``root``
     records from its bytes on disk, and keep their hashes (``compiled``)."""
     if not _workspace:
-        loader: Any = importlib.machinery.SourceFileLoader
+        loader: Any = SourceFileLoader
         loader.get_code = _get_code
     _workspace[:] = [root]
 
 
-#: Resolved path -> (sha256 of the file when the worker started, or None where the
-#: module's code is not that file's, and then the stale ``.pyc`` it came from) for each
-#: recorded module imported before the worker ran any of its own code (by
-#: ``sitecustomize`` or a ``.pth`` file). No job imports such a module again.
+#: Resolved path -> (sha256 of the file when the worker imported it, or None where the
+#: module's code is not that file's; the stale ``.pyc`` it came from, if that is why) for
+#: each recorded module the worker imported before any job: at the interpreter's start
+#: (``sitecustomize``, a ``.pth`` file) or with its warm-up imports (a plugin torch
+#: loads). No job imports such a module again.
 preloaded: dict[str, tuple[str | None, str]] = {}
 
 
 def note_preloaded() -> None:
-    """At the worker's start: what each module imported so far that no version stands
-    for was compiled from."""
+    """In the warm worker, after each batch of its imports: what each module imported
+    so far that no version stands for was compiled from (first seen, first kept)."""
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
         # (Not a relative name such as ``torch.ops``'s "_ops.py", nor a missing file.)
         if path and os.path.isabs(path) and recorded(real := realpath(path), os.sep):
-            if os.path.isfile(real):
+            if real not in preloaded and os.path.isfile(real):
                 preloaded[real] = _loaded_from(module, real)
 
 
+def _pyc_used(pyc: bytes, source: bytes, real: str) -> bool:
+    """Whether the import system would have taken ``pyc`` for the source ``real`` (its
+    header matches: the magic number, then the source's mtime and size or its hash);
+    where not, it compiled the source."""
+    if pyc[:4] != importlib.util.MAGIC_NUMBER:
+        return False
+    flags = int.from_bytes(pyc[4:8], "little")
+    if flags & 0b1:  # hash-based: checked against the source unless marked unchecked
+        return not flags & 0b10 or pyc[8:16] == importlib.util.source_hash(source)
+    stat = os.stat(real)
+    mtime, size = int(stat.st_mtime) & 0xFFFFFFFF, stat.st_size & 0xFFFFFFFF
+    return pyc[8:12] == mtime.to_bytes(4, "little") and pyc[12:16] == size.to_bytes(4, "little")
+
+
+def _same_code(a: CodeType, b: CodeType) -> bool:
+    """Code objects equal but for their line and column tables (a ``.pyc`` written under
+    ``-X no_debug_ranges`` lacks columns; the code is the same)."""
+    if (a.co_code, a.co_names, a.co_varnames, a.co_flags) != (
+        b.co_code,
+        b.co_names,
+        b.co_varnames,
+        b.co_flags,
+    ) or len(a.co_consts) != len(b.co_consts):
+        return False
+    return all(
+        _same_code(x, y) if isinstance(x, CodeType) and isinstance(y, CodeType) else x == y
+        for x, y in zip(a.co_consts, b.co_consts, strict=True)
+    )
+
+
 def _loaded_from(module: Any, real: str) -> tuple[str | None, str]:
-    """sha256 of ``real`` where the module's code is that file's (it was compiled from
-    the file, or taken from a ``.pyc`` whose code is the file's); else None and the
-    ``.pyc``."""
+    """sha256 of ``real`` where the module's code is that file's: the import system
+    compiled the file, or took a ``.pyc`` whose code is the file's. Else None, with the
+    ``.pyc`` where a stale one is why (a file that no longer compiles, or cannot be read,
+    has changed since the import)."""
     try:
         with open(real, "rb") as f:
             data = f.read()
-    except OSError:
+        code = compile(data, real, "exec", dont_inherit=True)
+    except (OSError, SyntaxError, ValueError):
         return None, ""
-    cached = getattr(module.__spec__, "cached", None)
-    if cached and isinstance(module.__loader__, importlib.machinery.SourceFileLoader):
+    cached = getattr(getattr(module, "__spec__", None), "cached", None)
+    if cached and isinstance(getattr(module, "__loader__", None), SourceFileLoader):
         try:
             with open(cached, "rb") as f:
-                pyc = marshal.loads(f.read()[16:])
-            if pyc != compile(data, real, "exec", dont_inherit=True):
-                return None, cached
-        except (OSError, ValueError, EOFError, TypeError, SyntaxError):
-            pass  # no readable .pyc: the module was compiled from the file
+                pyc = f.read()
+            stale = _pyc_used(pyc, data, real) and not _same_code(marshal.loads(pyc[16:]), code)
+        except (OSError, ValueError, EOFError, TypeError):
+            stale = False  # no readable .pyc: the import compiled the file
+        if stale:
+            return None, cached
     return hashlib.sha256(data).hexdigest(), ""
 
 
 def refuse_stale_preloaded(root: str) -> None:
-    """Refuse a job of workspace ``root`` whose process holds a recorded module imported
-    at the worker's start with other code than its file's now: no job imports it again,
-    so the capture would run that code under the file's hash."""
+    """Refuse a job of workspace ``root`` whose process holds a recorded module the
+    worker imported before any job with other code than its file's now: no job imports
+    it again, so the capture would run that code under the file's hash. Else the key
+    takes the hash checked here (``compiled``), not one read again at the job's end."""
     for real, (digest, pyc) in preloaded.items():
         if not recorded(real, root):
             continue
-        started = f"{real} was imported when the worker started (by sitecustomize or a .pth file)"
-        if digest is None:
+        now = file_sha256(real)
+        started = f"{real} was imported when the worker started, before any job"
+        if digest is None and pyc:
             raise PrecompileError(
-                f"{started} from a stale .pyc ({pyc}) whose code is not the file's: a "
+                f"{started}, from a stale .pyc ({pyc}) whose code is not the file's: a "
                 f"capture would run that code",
                 hint=f"delete {pyc}, then check again",
             )
-        if digest != file_sha256(real):
+        if digest is None or digest != now:
             raise PrecompileError(
-                f"{started} and has changed since: a capture would run the code it held then",
-                hint="run the check again (a new precompile check starts a new worker) or "
-                "restart the language server",
+                f"{started} (by sitecustomize, a .pth file or a plugin), and has changed "
+                f"since: a capture would run the code it held then",
+                hint="run the check again (a new precompile check starts a new worker), or "
+                "restart the language server or precompile daemon",
             )
+        compiled.setdefault(real, digest)
