@@ -114,7 +114,8 @@ class _ForkServer:
         import tempfile
 
         self.env = env
-        self.socket = os.path.join(tempfile.mkdtemp(prefix="fork-server-"), "socket")
+        self.folder = tempfile.mkdtemp(prefix="fork-server-")
+        self.socket = os.path.join(self.folder, "socket")
         self.process = subprocess.Popen(
             [sys.executable, str(REPO / "tests" / "fork_server.py"), self.socket],
             cwd=REPO,
@@ -123,7 +124,16 @@ class _ForkServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        atexit.register(self.process.kill)
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """Kill the server and remove its socket's folder: a test run leaves no folder
+        of its own in the temporary directory."""
+        import shutil
+
+        self.process.kill()
+        self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def serves(self, env: dict[str, str]) -> bool:
         """Whether a child in ``env`` starts as one forked from here: the same

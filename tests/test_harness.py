@@ -133,3 +133,17 @@ def test_what_fixtures_set_in_the_worker_leaves_its_children_forked(
     monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     code = "import json, os, sys; print(json.dumps([os.environ['HF_HUB_OFFLINE'], 'torch' in sys.modules]))"
     assert run_json(code) == ["1", True]
+
+
+def test_a_process_that_used_its_fork_server_leaves_no_folder_behind() -> None:
+    # The pytest worker's own server lives until the worker exits: a child process that
+    # starts one, forks a child from it and exits stands for a worker.
+    code = (
+        "import json, os\n"
+        "from tests.harness import _fork_server, run_json\n"
+        "assert run_json('print(1)') == 1\n"
+        "print(json.dumps(os.path.dirname(_fork_server().socket)))\n"
+    )
+    folder = Path(run_json(code, cold=True))
+    assert folder.name.startswith("fork-server-")
+    assert not folder.exists()
