@@ -80,7 +80,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/python tools/private_torch_names.py
+	$(VENV)/bin/python tools/private_names.py
 	$(VENV)/bin/mypy
 
 format: install

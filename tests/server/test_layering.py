@@ -98,20 +98,22 @@ def test_a_forbidden_import_breaks_its_contract(
     assert contract in broken.replace("\n", " "), proc.stdout
 
 
-PRIVATE_TORCH = REPO / "tools" / "private_torch_names.py"
+PRIVATE_NAMES = REPO / "tools" / "private_names.py"
 
 
-def private_torch_names(root: Path) -> subprocess.CompletedProcess[str]:
+def private_names(root: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(PRIVATE_TORCH), str(root)],
+        [sys.executable, str(PRIVATE_NAMES), str(root)],
         capture_output=True,
         text=True,
         timeout=120,
     )
 
 
-def test_only_the_compat_module_names_private_torch(sources: Path) -> None:
-    proc = private_torch_names(sources)
+def test_only_the_compat_module_names_private_torch_and_no_module_another_s_private_names(
+    sources: Path,
+) -> None:
+    proc = private_names(sources)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -137,6 +139,52 @@ def test_a_private_torch_name_elsewhere_fails_the_check(
 ) -> None:
     path = sources / module
     path.write_text(path.read_text() + f"\n\nimport torch as _torch\n{line}\n")
-    proc = private_torch_names(sources)
+    proc = private_names(sources)
     assert proc.returncode == 1
     assert f"{module}:" in proc.stderr and shown in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "module, line, shown",
+    [
+        # An attribute read through an imported module (the case the check was made for).
+        (
+            "server/precompile_lsp/worker/ray_task.py",
+            "from precompile_lsp.worker import jobs\n_x = jobs._dependencies",
+            "jobs._dependencies",
+        ),
+        # A relative import of a sibling's private name.
+        (
+            "core/precompile/runtime/multigraph.py",
+            "from .multigraph_guards import _fast_check",
+            "from .multigraph_guards import _fast_check",
+        ),
+        # An absolute import, and a whole module imported under an alias.
+        (
+            "server/precompile_lsp/engine.py",
+            "import precompile_lsp.worker.sources as s\n_y = s._pyc_used",
+            "s._pyc_used",
+        ),
+    ],
+)
+def test_another_module_s_private_name_fails_the_check(
+    sources: Path, module: str, line: str, shown: str
+) -> None:
+    path = sources / module
+    path.write_text(path.read_text() + f"\n\n{line}\n")
+    proc = private_names(sources)
+    assert proc.returncode == 1
+    assert f"{module}:" in proc.stderr and shown in proc.stderr, proc.stderr
+    assert "another module's private name" in proc.stderr
+
+
+def test_a_package_s_private_module_is_its_own_to_use(sources: Path) -> None:
+    # ``precompile._compat`` is private to ``precompile``: every module of the package may
+    # import it, a module of the server may not.
+    inside = sources / "core/precompile/capturing/emit.py"
+    inside.write_text(inside.read_text() + "\n\nfrom precompile._compat import tracing as _t\n")
+    assert private_names(sources).returncode == 0
+    outside = sources / "server/precompile_lsp/engine.py"
+    outside.write_text(outside.read_text() + "\n\nfrom precompile._compat import tracing\n")
+    proc = private_names(sources)
+    assert proc.returncode == 1 and "server/precompile_lsp/engine.py:" in proc.stderr

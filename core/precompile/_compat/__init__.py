@@ -2,7 +2,7 @@
 
 Supporting the next torch release means changing this package (and the text it hands the
 emitter for artifacts), nowhere else -- ``make lint`` checks that no other module names
-private torch (``tools/private_torch_names.py``). Tested against torch 2.13.x. One module
+private torch (``tools/private_names.py``). Tested against torch 2.13.x. One module
 per role:
 
 - ``tracing``: make_fx, fake tensors and AOTAutograd's joint trace (capture side).

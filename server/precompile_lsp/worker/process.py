@@ -497,7 +497,7 @@ class _Lines:
                 print(f"precompile worker: ignoring a bad message: {error}", file=sys.stderr)
 
 
-def _warm_up() -> None:
+def warm_imports() -> None:
     """What every job needs before its capture starts: torch, ``WARM_IMPORTS`` and what
     jobs work out about them. The warm worker pays it once before forking; a spawned
     job's interpreter pays it before its capture's clock starts."""
@@ -508,7 +508,7 @@ _EMIT_READY = False
 
 
 def warm_for(job: JobRequest) -> None:
-    """What ``job`` needs on top of ``_warm_up``: ``EMIT_IMPORTS`` for an emit job, tried
+    """What ``job`` needs on top of ``warm_imports``: ``EMIT_IMPORTS`` for an emit job, tried
     once. A failed import leaves the worker serving: the job imports the module again
     and reports what failed (``_run_job_reporting_failure``)."""
     global _EMIT_READY
@@ -545,7 +545,7 @@ def _import(names: tuple[str, ...]) -> None:
 
 def serve(channel: IO[str]) -> None:
     """The warm loop: read jobs, run each in a child, answer with results."""
-    _warm_up()
+    warm_imports()
     _become_subreaper()
     _stop_on_sigterm()
     global _CHANNEL_FD
@@ -592,7 +592,7 @@ def run_once(job_file: str, result_file: str, ready_file: str) -> None:
     with open(job_file, encoding="utf-8") as f:
         job = protocol.from_json_value(json.load(f), JobRequest)
     try:
-        _warm_up()
+        warm_imports()
     except Exception:
         pass  # the job itself reports what failed to import (_run_job_reporting_failure)
     warm_for(job)

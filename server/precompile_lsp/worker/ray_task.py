@@ -43,7 +43,7 @@ def _prepare(job: JobRequest) -> str | None:
     os.chdir(job.root)
     if not _warm:
         try:
-            process._warm_up()
+            process.warm_imports()
         except Exception:
             pass  # the job itself reports what failed to import
         _warm = True
