@@ -6,8 +6,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import os
 import tokenize
 from pathlib import Path
+from typing import BinaryIO
+
+from precompile.artifact.pair import open_regular
 
 #: Sources above this size are not read for targets (generated code, data in .py form):
 #: parsing tens of megabytes would stall every client for seconds.
@@ -46,15 +50,14 @@ class DecodeProblem:
     reason: str
 
 
-def _digest_and_mark(path: Path) -> tuple[str, bool]:
+def _digest_and_mark(f: BinaryIO) -> tuple[str, bool]:
     """A big file's hash, and whether it mentions ``precompile``, in one streamed read."""
     digest = hashlib.sha256()
     found, tail = False, b""
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-            found = found or _MARK in tail + chunk
-            tail = chunk[-(len(_MARK) - 1) :]
+    while chunk := f.read(1 << 20):
+        digest.update(chunk)
+        found = found or _MARK in tail + chunk
+        tail = chunk[-(len(_MARK) - 1) :]
     return digest.hexdigest(), found
 
 
@@ -88,14 +91,15 @@ def _decode(path: Path, data: bytes) -> tuple[str | None, DecodeProblem | None]:
 
 def read_source(path: Path) -> SourceRead:
     try:
-        size = path.stat().st_size
-        if size > MAX_SOURCE_BYTES:
-            digest, mentioned = _digest_and_mark(path)
-            return SourceRead(
-                path, digest, None, too_big=True, size=size, may_hold_targets=mentioned
-            )
-        data = path.read_bytes()
-    except OSError:
+        with open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_SOURCE_BYTES:
+                digest, mentioned = _digest_and_mark(f)
+                return SourceRead(
+                    path, digest, None, too_big=True, size=size, may_hold_targets=mentioned
+                )
+            data = f.read()
+    except OSError:  # missing, unreadable, or no regular file (a FIFO: never waited on)
         return SourceRead(path, None, None)
     digest = hashlib.sha256(data).hexdigest()
     text, problem = _decode(path, data)

@@ -46,6 +46,7 @@ from pathlib import Path
 
 import attrs
 
+from precompile.artifact.pair import open_regular
 from precompile_lsp import protocol
 from precompile_lsp.files import read_source, shown_path
 from precompile_lsp.protocol import JobResult, ProtocolError
@@ -316,10 +317,7 @@ class ResultCache:
     def _read_entry(path: Path) -> bytes:
         """An entry's bytes; anything but a regular file (a link, a FIFO that would
         block the read) is an OSError, so a miss."""
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError(f"{path} is not a regular file")
+        with open_regular(path, follow_links=False) as f:
             return f.read()
 
     def evict(self) -> int:

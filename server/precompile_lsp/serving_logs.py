@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from precompile.artifact.pair import file_sha256
+from precompile.artifact.pair import file_sha256, open_regular
 from precompile_lsp.files import shown_path
 from precompile_lsp.findings import Finding, Related, Span
 
@@ -184,12 +184,8 @@ def read_logs(paths: Iterable[Path], root: Path | None = None) -> LogSet:
         logs.files.append(path)
         shown = shown_path(path, root)
         try:
-            # Non-blocking and fstat'ed: a FIFO or device named like a log is skipped,
-            # never waited on.
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-            with os.fdopen(fd, "rb") as handle:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise OSError(f"{path} is not a regular file")
+            # A FIFO or device named like a log is skipped, never waited on.
+            with open_regular(path) as handle:
                 data = handle.read(MAX_READ_BYTES)
         except OSError as error:
             logs.warnings.append(f"{shown}: cannot be read ({error.strerror or error}); skipped")

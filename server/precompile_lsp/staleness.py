@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from precompile.artifact.metadata import inspect_artifact
-from precompile.artifact.pair import file_sha256
+from precompile.artifact.pair import file_sha256, open_regular
 from precompile.errors import PrecompileError
 from precompile.runtime.source_digest import changed_functions
 from precompile.write_policy import pair_paths, refusal
@@ -50,7 +50,8 @@ class ArtifactStatus:
 
 def _read(path: Path) -> str | None:
     try:
-        return path.read_text(encoding="utf-8")
+        with open_regular(path) as f:
+            return f.read().decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
 

@@ -214,3 +214,40 @@ def test_serving_log_globs_neither_loop_on_symlinks_nor_block_on_a_fifo(tmp_path
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert time.monotonic() - started < 60
     assert stat.S_ISFIFO(os.lstat(logs / "x.jsonl").st_mode)
+
+
+def test_a_fifo_named_like_a_source_or_artifact_is_never_waited_on(tmp_path: Path) -> None:
+    # A named pipe has no writer here: opening it to read would block for ever.
+    root = _workspace(tmp_path / "ws")
+    os.mkfifo(root / "src" / "wp" / "notes.py")
+    proc = precompile_cli("check", "--format", "json", "--no-cache", cwd=root, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert len(doc["targets"]) == 3, doc
+    assert all(t["summary"].endswith("complete") for t in doc["targets"]), doc["targets"]
+    assert {f["code"] for f in doc["findings"]} == {"PC302"}, doc["findings"]  # not emitted
+    assert _kind(root / "src" / "wp" / "notes.py") == stat.S_IFIFO
+    # The artifact side: reading a pair whose artifact is a FIFO is an error that says
+    # so, in `precompile inspect` and in `precompile.load`.
+    artifacts = root / "artifacts"
+    artifacts.mkdir()
+    os.mkfifo(artifacts / "a.py")
+    proc = precompile_cli("inspect", "artifacts/a.py", cwd=root, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "not a regular file" in proc.stderr
+    load = (
+        "import precompile\n"
+        "try:\n"
+        "    precompile.load('artifacts/a.py')\n"
+        "except precompile.PrecompileError as error:\n"
+        "    print(error)\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", load],
+        cwd=root,
+        env=fresh_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "not a regular file" in loaded.stdout, loaded.stderr

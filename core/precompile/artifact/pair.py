@@ -14,11 +14,14 @@ product's own file of the same kind) before ``atomic_write_files`` touches anyth
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import secrets
 import shutil
+import stat
 from collections.abc import Collection, Sequence
+from typing import BinaryIO
 
 from precompile.errors import ArtifactWriteError, PrecompileError
 
@@ -66,9 +69,30 @@ def default_cache_path(artifact_path: str) -> str:
     return root + ".cache"
 
 
+def open_regular(path: PathLike, *, follow_links: bool = True) -> BinaryIO:
+    """``path`` opened for reading if it is a regular file; anything else -- a FIFO, a
+    device, a socket, a folder, and a link when not ``follow_links`` -- is an OSError.
+
+    Every read of a file a user could have put there goes through here (a source, an
+    artifact, its cache, a result-cache entry, a serving log): the file is opened
+    non-blocking and checked on the opened descriptor (``fstat``), so a FIFO named like a
+    source, an artifact or a cache entry is never waited on (an open of a FIFO with no
+    writer blocks; a read of one blocks until a writer comes), and a file swapped for one
+    between a check and the open cannot slip past."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow_links else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_bytes(path: PathLike, what: str) -> bytes:
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             return f.read()
     except OSError as error:
         raise PrecompileError(
@@ -272,7 +296,7 @@ def file_sha256(path: str | os.PathLike[str]) -> str | None:
     an artifact's code hash and a job's imported files are hashed, by capture, engine
     and worker alike."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             return hashlib.sha256(f.read()).hexdigest()
     except OSError:
         return None
