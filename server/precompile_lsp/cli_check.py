@@ -22,6 +22,7 @@ from precompile_lsp.cli_workspace import (
     workspace_files,
     workspace_root,
 )
+from precompile_lsp.files import DIRECTORY
 
 
 def _target_rows(engine: Any, keys: set[str] | None = None) -> list[dict[str, Any]]:
@@ -41,7 +42,10 @@ def _target_rows(engine: Any, keys: set[str] | None = None) -> list[dict[str, An
                 else engine.requests.options_of(state.decl)["tracer"],
                 "backend": engine.requests.options_of(state.decl)["backend"],
                 "artifact": str(engine.emit_paths.artifact_of(state.decl)[0]),
-                "dependencies": sorted(str(p) for p in state.dependencies),
+                # The files it depends on (not the places an import found nothing).
+                "dependencies": sorted(
+                    str(p) for p, d in state.dependencies.items() if d not in (None, DIRECTORY)
+                ),
             }
         )
     return rows

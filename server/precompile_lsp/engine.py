@@ -38,7 +38,7 @@ from precompile_lsp.discovery import TargetDecl, scan
 from precompile_lsp.emit_paths import EmitPaths
 from precompile_lsp.engine_records import Event, Job, Stats, TargetState, TextStore
 from precompile_lsp.executors import make_executor
-from precompile_lsp.files import MAX_SOURCE_BYTES, SourceRead, read_source
+from precompile_lsp.files import ABSENT, DIRECTORY, MAX_SOURCE_BYTES, SourceRead, read_source
 from precompile_lsp.findings import (
     WRITE_ERRORS,
     Finding,
@@ -327,7 +327,11 @@ class Engine:
         state.result_decl = decl
         state.verified = None
         state.emit_failure = None
-        state.dependencies = {Path(p): d for p, d in result.dependencies.items()}
+        # A place an import looked and found nothing is None, as the engine's scan says
+        # of a file that is not there: a file created there makes the target stale.
+        state.dependencies = {
+            Path(p): None if d == ABSENT else d for p, d in result.dependencies.items()
+        }
         self._derive(state)
 
     async def _refresh_artifact(self, state: TargetState) -> None:
@@ -341,7 +345,7 @@ class Engine:
             p: sha
             for s in states
             for p, sha in s.dependencies.items()
-            if self.texts.get(sha) is None
+            if sha not in (None, DIRECTORY) and self.texts.get(sha) is None
         }
         reads = await asyncio.to_thread(lambda: [read_source(p) for p in wanted])
         for read in reads:

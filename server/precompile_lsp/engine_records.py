@@ -53,8 +53,9 @@ class TargetState:
     emit_failure: JobResult | None = None
     artifact: ArtifactStatus | None = None
     findings: list[Finding] = dataclasses.field(default_factory=list)
-    #: Content hashes of the files the result was computed from (what it depends on).
-    dependencies: dict[Path, str] = dataclasses.field(default_factory=dict)
+    #: What each path the result was computed from held (what it depends on): a file's
+    #: content hash, ``files.DIRECTORY``, or None where an import looked and found nothing.
+    dependencies: dict[Path, str | None] = dataclasses.field(default_factory=dict)
     jobs: dict[JobKind, Job] = dataclasses.field(default_factory=dict)
 
 

@@ -11,7 +11,7 @@ import tokenize
 from pathlib import Path
 from typing import BinaryIO
 
-from precompile.artifact.pair import open_regular
+from precompile.artifact.pair import file_sha256, open_regular
 
 #: Sources above this size are not read for targets (generated code, data in .py form):
 #: parsing tens of megabytes would stall every client for seconds.
@@ -121,3 +121,21 @@ def shown_path(path: Path | str, root: Path | None) -> str:
         return str(path)
     relative = relative_path(path, root)
     return str(path) if relative is None else relative
+
+
+#: What a path held where it held no file: nothing (or nothing an import reads: a FIFO,
+#: a device), or a folder.
+ABSENT = "absent"
+DIRECTORY = "directory"
+
+
+def path_state(path: str | os.PathLike[str]) -> str:
+    """What ``path`` holds, as a cached result records what it depends on: a regular
+    file's sha256, ``DIRECTORY``, or ``ABSENT``. The same function in the job that records
+    and in the engine that compares, so a file appearing where an import looked for one
+    (a new module shadowing another, an optional import now found), a folder appearing
+    (a namespace package) or a file's bytes changing each make the result stale."""
+    digest = file_sha256(path)
+    if digest is not None:
+        return digest
+    return DIRECTORY if os.path.isdir(path) else ABSENT

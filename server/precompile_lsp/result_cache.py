@@ -1,8 +1,11 @@
 """``.precompile/cache/<hash>.json``: a job's result with the hashes of what it depends on.
 
-A result is valid while every workspace file it imported reads as it did and every
-third-party distribution it imported has the version it had, so an unchanged target is
-never captured again, in the editor or across CI runs. Paths inside the workspace are
+A result is valid while every path it depends on holds what it held (``files.path_state``):
+each workspace file it imported reads as it did, every place its imports looked and found
+nothing still holds nothing (no new module shadows one, no optional import finds one), and
+the file recording each third-party distribution it imported (its ``RECORD``) is unchanged
+-- else that distribution has the version it had -- so an unchanged target is never
+captured again, in the editor or across CI runs. Paths inside the workspace are
 stored relative to its root, so a cache restored into another checkout (another CI
 runner) still hits. An entry that does not decode as a ``JobResult`` of this protocol is
 a miss, never an error. The cache is an optimisation: one that cannot be written
@@ -48,10 +51,10 @@ import attrs
 
 from precompile.artifact.pair import open_regular
 from precompile_lsp import protocol
-from precompile_lsp.files import read_source, shown_path
+from precompile_lsp.files import ABSENT, path_state
 from precompile_lsp.protocol import JobResult, ProtocolError
 
-CACHE_FORMAT = 4
+CACHE_FORMAT = 5
 #: The first bytes of every entry: what eviction checks before it deletes a file.
 MAGIC = "torch-precompile-result"
 _ENTRY = re.compile(r"^[0-9a-f]{32}\.json$")
@@ -121,7 +124,15 @@ class ResultCache:
         self._writes = 0
 
     def portable(self, path: str) -> str:
-        return shown_path(path, self.root)
+        """``path`` relative to the root when it is inside it, else as it is: as named,
+        symbolic links not followed -- a link inside the workspace is itself a place
+        a result depends on (re-pointed, it leads to other bytes), not the file it
+        leads to now."""
+        absolute = os.path.abspath(path)
+        for root in dict.fromkeys((os.path.abspath(self.root), os.path.realpath(self.root))):
+            if absolute.startswith(root + os.sep):
+                return absolute[len(root) + 1 :]
+        return absolute
 
     def _local(self, path: str) -> Path:
         return Path(path) if os.path.isabs(path) else self.root / path
@@ -129,11 +140,15 @@ class ResultCache:
     def _path(self, key: str) -> Path:
         return self.directory / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
 
-    def get(self, key: str, known: Mapping[Path, str | None] | None = None) -> JobResult | None:
+    def get(self, key: str, known: dict[Path, str | None] | None = None) -> JobResult | None:
         """The cached result for ``key`` if everything it depends on is unchanged.
-        ``known``: content hashes the caller read moments ago (the engine's last scan),
-        used instead of reading those files again. An entry that cannot be read, is cut
-        short, is not UTF-8 or not of the shape ``put`` writes is a miss."""
+        Each path it depends on must hold what it held (``files.path_state``: a file's
+        hash, a folder, or nothing where an import looked and found nothing). ``known``:
+        content hashes the caller read moments ago (the engine's last scan; None for a
+        file it could not read), used instead of reading those files again; what this
+        call reads is added to it, so the calls of one batch read each file once (a
+        distribution's RECORD). An entry that cannot be read, is cut short, is not UTF-8
+        or not of the shape ``put`` writes is a miss."""
         if not self.enabled:
             return None
         entry_path = self._path(key)
@@ -150,14 +165,15 @@ class ResultCache:
         if decoded is None:
             return None
         dependencies, packages, result = decoded
-        known = known or {}
-        for path, digest in dependencies.items():
+        known = known if known is not None else {}
+        for path, state in dependencies.items():
             local = self._local(path)
             try:
-                current = known[local] if local in known else read_source(local).sha
+                if local not in known:
+                    known[local] = path_state(local)
             except ValueError:  # a path no file system has (a NUL in it)
                 return None
-            if current != digest:
+            if (known[local] or ABSENT) != state:
                 return None
         for dist, version in packages.items():
             if distribution_version(dist) != version:

@@ -37,6 +37,7 @@ from precompile.artifact.pair import default_cache_path, file_sha256
 from precompile.errors import Location, PrecompileError
 from precompile.targets import as_example
 from precompile_lsp import protocol
+from precompile_lsp.files import path_state
 from precompile_lsp.protocol import (
     CaptureError,
     CaptureFacts,
@@ -233,16 +234,20 @@ def _describe_call(example: Any) -> str:
 
 
 def _dependencies(root: str, imported: bool = False) -> tuple[dict[str, str], dict[str, str]]:
-    """Source files the child imported that no version stands for (with hashes): the
-    workspace's, and any outside it that is not in an installed distribution's
-    site-packages, the standard library or this product (an editable sibling library,
-    a PYTHONPATH folder); and third-party distributions it imported (with versions):
-    what a result depends on. A file's hash is that of the bytes the job compiled
+    """What a result depends on, as paths with what each held (``files.path_state``):
+    the source files the child imported that no version stands for -- the workspace's,
+    and any outside it that is not in an installed distribution's site-packages, the
+    standard library or this product (an editable sibling library, a PYTHONPATH folder)
+    --, the places its imports looked (``sources.looked``), and for each third-party
+    distribution it imported the file that records its installed files (``RECORD``,
+    else its metadata): an upgrade, a reinstall or an uninstall changes or removes it,
+    in whichever interpreter ran the job. Second, by version, the distributions without
+    such a file. A file's hash is that of the bytes the job compiled
     (``sources.compiled``), else of the file now; an archive's stands for the modules
     imported from it. Where the target's module ``imported``, files compiled without a
-    ``sys.modules`` entry (loaded by path) count too; where it did not, its own file is
-    not recorded (it left ``sys.modules``), which is how the engine tells a failed
-    import (``job_requests.import_failed``)."""
+    ``sys.modules`` entry (loaded by path) and the lookups count too; where it did not,
+    its own file is not recorded (it left ``sys.modules``), which is how the engine
+    tells a failed import (``job_requests.import_failed``)."""
     files: dict[str, str] = {}
     packages: dict[str, str] = {}
     for name, module in list(sys.modules.items()):
@@ -257,11 +262,35 @@ def _dependencies(root: str, imported: bool = False) -> tuple[dict[str, str], di
                 files[held] = digest
         elif sources.installed(real, root) and "." not in name:
             for dist in _DISTRIBUTIONS.of(name):
+                record = _installed_record(dist)
+                if record is not None:
+                    files[record[0]] = record[1]
+                    continue
                 try:
                     packages[dist] = importlib.metadata.version(dist)
                 except importlib.metadata.PackageNotFoundError:
                     pass
-    return ({**sources.compiled, **files} if imported else files), packages
+    if not imported:
+        return files, packages
+    return {**sources.looked, **sources.compiled, **files}, packages
+
+
+@functools.cache
+def _installed_record(dist: str) -> tuple[str, str] | None:
+    """The file that records what distribution ``dist`` installed (its ``RECORD``, else
+    its ``METADATA`` or ``PKG-INFO``), with its ``path_state``; None where it lists
+    none. Read once per process: the warm worker reads those it imported before forking
+    (listing torch's files takes a tenth of a second)."""
+    try:
+        listed = importlib.metadata.distribution(dist).files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for wanted in ("RECORD", "METADATA", "PKG-INFO"):
+        for file in listed:
+            if file.name == wanted and file.parent.name.endswith((".dist-info", ".egg-info")):
+                path = str(file.locate())
+                return path, path_state(path)
+    return None
 
 
 class _Distributions:

@@ -20,6 +20,14 @@ and no ``.pyc`` is written into the user's folders. The key takes that hash, not
 file's hash at the end of the job, so an edit saved while the job ran makes the next
 check capture again. Files a version stands for (installed distributions, the standard
 library, this product) keep their bytecode: their version, not their bytes, is in the key.
+
+Which file an import finds depends on more than the files found: a module created in an
+earlier folder of the path shadows it, an optional import (``try: import fast``) finds a
+module created since, a symbolic link re-pointed leads elsewhere. So every lookup the
+path-based finder makes in a job is recorded too (``looked``): each place it looked, in
+its order, up to the one it took, with what each held (``files.path_state``); in an
+installed distribution's folder only a lookup that found nothing (an install since makes
+it find something). The engine compares those states as it compares the files' hashes.
 """
 
 from __future__ import annotations
@@ -31,7 +39,13 @@ import marshal
 import os
 import sys
 import sysconfig
-from importlib.machinery import SourceFileLoader
+from importlib.machinery import (
+    BYTECODE_SUFFIXES,
+    EXTENSION_SUFFIXES,
+    SOURCE_SUFFIXES,
+    FileFinder,
+    SourceFileLoader,
+)
 from pathlib import PurePath
 from types import CodeType
 from typing import Any
@@ -39,6 +53,7 @@ from typing import Any
 import precompile
 from precompile.artifact.pair import file_sha256
 from precompile.errors import PrecompileError
+from precompile_lsp.files import ABSENT, DIRECTORY, path_state
 
 
 def _folders(*paths: str) -> tuple[str, ...]:
@@ -124,12 +139,61 @@ def _get_code(self: SourceFileLoader, fullname: str) -> CodeType | None:
     return code
 
 
+#: Path -> what it held (``files.path_state``) for each place a lookup looked, since
+#: ``import_from_disk``.
+looked: dict[str, str] = {}
+
+_FIND_SPEC = FileFinder.find_spec
+#: In FileFinder's order: extension modules, then source, then bytecode.
+_SUFFIXES = (*EXTENSION_SUFFIXES, *SOURCE_SUFFIXES, *BYTECODE_SUFFIXES)
+
+
+def _places(folder: str, tail: str) -> list[tuple[str, bool]]:
+    """Where a lookup of ``tail`` in ``folder`` looks, in the path-based finder's order,
+    each with whether a folder (not a file) there is what it takes: a package's
+    ``__init__``, a module file, then a namespace package's folder."""
+    package = os.path.join(folder, tail)
+    return [
+        *((os.path.join(package, "__init__" + suffix), False) for suffix in _SUFFIXES),
+        *((os.path.join(folder, tail + suffix), False) for suffix in _SUFFIXES),
+        (package, True),
+    ]
+
+
+def _find_spec(self: FileFinder, fullname: str, target: Any = None) -> Any:
+    """``FileFinder.find_spec`` in a job: the lookup, and what it looked at recorded."""
+    spec = _FIND_SPEC(self, fullname, target)
+    if _workspace:
+        try:
+            _note_lookup(os.fspath(self.path), fullname.rpartition(".")[2], spec is None)
+        except (OSError, ValueError):
+            pass  # a folder that vanished meanwhile: its files are not in the result
+    return spec
+
+
+def _note_lookup(folder: str, tail: str, missed: bool) -> None:
+    """Record the places a lookup of ``tail`` in ``folder`` looked, up to the one it
+    took (all of them where it ``missed``): in a folder whose files the key records, and
+    in an installed distribution's folder where nothing was found."""
+    root = _workspace[0]
+    real = realpath(os.path.join(folder, tail))
+    if not (recorded(real, root) or (missed and installed(real, root))):
+        return
+    for place, folder_taken in _places(folder, tail):
+        state = looked[place] = path_state(place)
+        if (state == DIRECTORY) if folder_taken else (state not in (ABSENT, DIRECTORY)):
+            return
+
+
 def import_from_disk(root: str) -> None:
     """From now on in this process, load every file a result for workspace ``root``
-    records from its bytes on disk, and keep their hashes (``compiled``)."""
+    records from its bytes on disk, and keep their hashes (``compiled``); and record
+    where each lookup of a module looked (``looked``)."""
     if not _workspace:
         loader: Any = SourceFileLoader
         loader.get_code = _get_code
+        finder: Any = FileFinder
+        finder.find_spec = _find_spec
     _workspace[:] = [root]
 
 
