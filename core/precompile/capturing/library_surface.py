@@ -329,6 +329,18 @@ def record_surface(
         for attr, value in list(vars(module).items()):
             if not attr.startswith("__") and hit(value):
                 rows[(name, None, attr)] = _row(name, None, attr, value)
+    # The first step of such a path: the name a library module's code reached that module
+    # by (``F`` in ``torch.nn.modules.linear``, for ``F.linear``). Rebound
+    # (``torch.nn.modules.linear.F = other``), nn.Linear's forward calls something else.
+    used = {module for module, _cls, _attr in rows}
+    for scope in scopes:
+        own = sys.modules.get(str(scope.get("__name__")))
+        if own is None or not _library_module(own):
+            continue
+        for attr, value in list(scope.items()):
+            if isinstance(value, types.ModuleType) and getattr(value, "__name__", None) in used:
+                if not attr.startswith("__"):
+                    rows[(own.__name__, None, attr)] = _row(own.__name__, None, attr, value)
     rows.update(_registry_rows(modules, hit_entry))
     # A parameter is a Tensor subclass: ``nn.Parameter.__mul__ = f`` changes what
     # ``self.p * x`` runs, as ``torch.Tensor.__mul__ = f`` does for a plain tensor.

@@ -65,6 +65,10 @@ def surface_key(value: Any) -> list[str]:
     kind, ``module.qualname`` and, of Python code, a digest of the code (a replacement
     that copies the name still differs); of a builtin, the module, type or class that
     owns it."""
+    import types
+
+    if isinstance(value, types.ModuleType):  # a name a library's code reaches a module by
+        return ["module", str(value.__name__), ""]
     target: Any = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
     if isinstance(target, property):
         target = target.fget
@@ -93,6 +97,10 @@ def surface_key(value: Any) -> list[str]:
 
 def surface_shown(value: Any) -> str:
     """What is at a library path, in words: a function by its name and definition."""
+    import types
+
+    if isinstance(value, types.ModuleType):
+        return f"the module {value.__name__}"
     target = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
     code = getattr(target, "__code__", None)
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)

@@ -1,6 +1,6 @@
 """The library surface a trace went through (issue 26): a torch Python API replaced
 before or after ``load`` -- ``F.scaled_dot_product_attention``, ``F.gelu`` under
-``nn.GELU``, ``torch.relu``, ``torch.Tensor.softmax``, ``nn.LayerNorm.forward``, ``Tensor.__add__`` under
+``nn.GELU``, the module ``F`` names in ``torch.nn.modules.activation``, ``torch.relu``, ``torch.Tensor.softmax``, ``nn.LayerNorm.forward``, ``Tensor.__add__`` under
 ``+``, ``Tensor.__getitem__``, the ``Tensor.mT`` property, and a library
 registry's entry (``AttentionInterface.register("sdpa", kernel)`` or
 ``ALL_ATTENTION_FUNCTIONS["sdpa"] = kernel`` under a tiny ``transformers`` BertModel) --
@@ -24,6 +24,8 @@ from tests.harness import capture_pair, run_job
 NAMES = {
     "sdpa": "torch.nn.functional.scaled_dot_product_attention",
     "gelu": "torch.nn.functional.gelu",
+    # The module name a library's code reached that function by, rebound.
+    "module_alias": "torch.nn.modules.activation.F",
     "relu": "torch.relu",
     "softmax": "torch.Tensor.softmax",
     "layernorm": "torch.nn.LayerNorm.forward",
