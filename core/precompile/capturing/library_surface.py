@@ -422,6 +422,14 @@ def record_dynamo_surface(
             if node.op == "call_function":
                 called += _body_calls(node.target)
     codes = list(codes)
+    classes = list(classes)
+    if any(isinstance(c, type) and issubclass(c, torch.nn.Module) for c in classes):
+        # Dynamo calls a module by its own rules, which are those of nn.Module's call
+        # machinery (hooks, then forward); the graph bakes them, so that machinery is
+        # code the trace ran: replaced (``nn.Module._call_impl = f``), eager runs f.
+        base = torch.nn.Module
+        codes += [base._wrapped_call_impl.__code__, base._call_impl.__code__]
+        classes.append(base)
     scopes = {id(fn.__globals__): fn.__globals__}
     for code in codes:
         module = inspect.getmodule(code)

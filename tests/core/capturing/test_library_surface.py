@@ -26,6 +26,7 @@ NAMES = {
     "gelu": "torch.nn.functional.gelu",
     # The module name a library's code reached that function by, rebound.
     "module_alias": "torch.nn.modules.activation.F",
+    "call_impl": "torch.nn.GELU._call_impl",
     "relu": "torch.relu",
     "softmax": "torch.Tensor.softmax",
     "layernorm": "torch.nn.LayerNorm.forward",
