@@ -87,15 +87,42 @@ def is_signature(path: str) -> bool:
 
 
 #: The last line of a text report (``precompile check``'s summary).
-_TEXT_SUMMARY = re.compile(r"^\d+ targets? checked in ")
-_ANNOTATION = re.compile(r"^::(error|warning|notice) ")
+_TEXT_SUMMARY = re.compile(r"^\d+ targets? checked in [\d.]+ s \(\d+ captured, \d+ from cache\): ")
+#: A finding's first line in the text format (``file:line:col: severity PCnnn message``).
+_TEXT_FINDING = re.compile(r"^\S.*:\d+:\d+: (error|warning|information|hint) PC\d{3} ")
+#: A GitHub annotation of a finding: its title starts with the finding's code.
+_ANNOTATION = re.compile(r"^::(error|warning|notice) [^:]*title=PC\d{3} ")
+#: The top-level keys of each JSON report, exactly: ``check`` (``shard`` when sharded,
+#: and ``merge``'s) and ``coverage``.
+_JSON_REPORTS = (
+    frozenset({"version", "root", "findings", "targets", "stats"}),
+    frozenset({"version", "root", "findings", "targets", "stats", "shard"}),
+    frozenset(
+        {
+            "version",
+            "root",
+            "logs",
+            "records",
+            "artifacts",
+            "findings",
+            "warnings",
+            "max_refused",
+            "over_max_refused",
+        }
+    ),
+)
+#: An empty file with such a name is a module (an empty ``__init__.py`` makes a package):
+#: its existence is its content.
+_SOURCE_SUFFIXES = (".py", ".pyi", ".pyw")
 
 
 def is_report(path: str) -> bool:
-    """A report ``precompile check --output`` wrote, in any of its formats: the JSON
-    document (``version``, ``root``, ``findings``), SARIF whose tool is torch-precompile,
-    text ending in the check's summary line, or GitHub annotations only (an empty file
-    is one: no findings, and nothing to lose)."""
+    """A report ``precompile check``, ``merge`` or ``coverage`` wrote with ``--output``,
+    recognised by its whole shape, never by a line a user could paste into their own file:
+    the JSON documents, by exactly their top-level keys; SARIF whose tool is
+    torch-precompile; text of finding lines (and their indented continuations) ending in
+    the check's summary line; GitHub annotations of findings only. An empty file is one
+    (nothing to lose: ``mktemp`` makes them), unless it is a Python module."""
     data = _head(path, 64 * 1024 * 1024)
     try:
         text = data.decode("utf-8")
@@ -105,12 +132,17 @@ def is_report(path: str) -> bool:
         document = json.loads(text)
     except ValueError:
         lines = [line for line in text.splitlines() if line.strip()]
-        if not lines or all(_ANNOTATION.match(line) for line in lines):
+        if not lines:
+            return not path.endswith(_SOURCE_SUFFIXES)
+        if all(_ANNOTATION.match(line) for line in lines):
             return True
-        return bool(_TEXT_SUMMARY.match(lines[-1]))
+        *body, last = lines
+        return bool(_TEXT_SUMMARY.match(last)) and all(
+            line[0].isspace() or _TEXT_FINDING.match(line) for line in body
+        )
     if not isinstance(document, dict):
         return False
-    if {"version", "root", "findings"} <= document.keys():
+    if frozenset(document) in _JSON_REPORTS and document.get("version") == 1:
         return True
     runs = document.get("runs")
     if not isinstance(runs, list):

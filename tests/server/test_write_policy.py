@@ -263,3 +263,36 @@ def test_a_report_replaces_only_a_report(emitted: dict[str, Any]) -> None:
         proc = precompile_cli("check", "--format", fmt, "--output", "report.out", cwd=root)
         assert proc.returncode == 1, (fmt, proc.stderr)
     assert json.loads((root / "report.out").read_text())["version"] == "2.1.0"
+
+
+def test_a_file_that_only_looks_like_a_report_is_never_replaced(
+    emitted: dict[str, Any],
+) -> None:
+    # helper-78's attack: each of these was replaced by `check --output`, because one
+    # line, a key set or emptiness was all that recognised a report.
+    root: Path = emitted["root"]
+    lookalikes = {
+        # An empty module: its existence is its content (an empty __init__.py makes
+        # a package).
+        "empty_mod.py": "",
+        # A changelog whose last line is a pasted summary.
+        "CHANGELOG.md": "# Changelog\n\n- CI runs precompile check; it printed:\n\n"
+        "2 targets checked in 3.1 s (2 captured, 0 from cache): 0 errors, 0 warnings\n",
+        # Another tool's GitHub annotations.
+        "eslint.txt": "::warning file=src/app.js,line=3::Unexpected console statement\n",
+        # A JSON document with the report's keys and one of its own.
+        "audit.json": '{"version": 1, "root": "/srv", "findings": [], "targets": [], '
+        '"stats": {}, "owner": "me"}\n',
+    }
+    for name, content in lookalikes.items():
+        (root / name).write_text(content)
+        for fmt in ("text", "json"):
+            proc = precompile_cli("check", "--format", fmt, "--output", name, cwd=root)
+            assert proc.returncode == 2, (name, fmt, proc.stderr)
+            assert f"{name} already exists and is not a precompile check report" in proc.stderr
+            assert (root / name).read_text() == content
+    # An empty file of another name is a new report's place (``mktemp``).
+    (root / "empty.out").write_text("")
+    proc = precompile_cli("check", "--format", "text", "--output", "empty.out", cwd=root)
+    assert proc.returncode == 1, proc.stderr
+    assert "targets checked in" in (root / "empty.out").read_text()
