@@ -45,6 +45,11 @@ _any_autocast_enabled = _torch._C._is_any_autocast_enabled
 _set_grad_enabled = _torch._C._set_grad_enabled
 _dict_version = _torch._C._dynamo.guards.dict_version
 _deterministic_enabled = _torch._C._get_deterministic_algorithms
+# torch.library's record of the kernels registered from Python ("ns/op/key"), and the
+# dispatcher's own account of an operator's kernels (where each was registered).
+import torch.library as _torch_library
+_python_kernels = _torch_library._impls
+_dispatch_dump = _torch._C._dispatch_dump
 _TensorGuards = _torch._C._dynamo.guards.TensorGuards
 dispatch_tls_local_exclude_set = _torch._C._dispatch_tls_local_exclude_set
 privateuse1_backend_name = _torch._C._get_privateuse1_backend_name
@@ -261,3 +266,11 @@ from torch._functorch._aot_autograd.utils import (
 def _saved_tensors_hooks_inlineable():
     return _hooks_inlineable(_top_saved_tensors_hooks())
 """
+
+
+def python_kernels_registry() -> Any:
+    """torch.library's set of the kernels registered from Python (``"aten/relu/CPU"``),
+    the set the artifact prelude binds as ``_python_kernels``."""
+    import torch.library
+
+    return torch.library._impls

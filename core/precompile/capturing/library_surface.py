@@ -40,9 +40,9 @@ from typing import Any
 
 import torch
 
-from precompile._compat.prelude import GLOBAL_MODULE_HOOK_NAMES
+from precompile._compat.prelude import GLOBAL_MODULE_HOOK_NAMES, python_kernels_registry
 from precompile.locations import is_project_file, is_user_file
-from precompile.runtime.surface_checks import surface_key, surface_shown
+from precompile.runtime.surface_checks import python_kernels, surface_key, surface_shown
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 #: torch's Python code that eager runs inside a model's forward as the trace does.
@@ -359,7 +359,9 @@ def record_surface(
                 if wanted or hit(value):
                     key = (leaf.__module__, leaf.__qualname__, attr)
                     rows[key] = _row(leaf.__module__, leaf.__qualname__, attr, value)
-    return [rows[k] for k in sorted(rows, key=lambda k: (k[0], k[1] or "", k[2]))]
+    # torch's registry of kernels: those registered from Python for aten operators.
+    kernels = {"kernels": python_kernels(python_kernels_registry())}
+    return [*(rows[k] for k in sorted(rows, key=lambda k: (k[0], k[1] or "", k[2]))), kernels]
 
 
 def _body_calls(target: Any) -> list[Any]:

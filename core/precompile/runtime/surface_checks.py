@@ -39,6 +39,10 @@ from precompile.runtime.state_checks import code_fingerprint
 if TYPE_CHECKING:
     # Bound by the artifact prelude (precompile._compat.prelude) and its metadata.
     LIBRARY_SURFACE: list[dict[str, Any]] = []
+    _torch: Any = None
+    _python_kernels: set[str] = set()
+
+    def _dispatch_dump(name: str) -> str: ...
 
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
@@ -110,6 +114,31 @@ def surface_shown(value: Any) -> str:
     return f"{type(value).__name__} {getattr(target, '__module__', None) or '?'}.{name}{where}"
 
 
+def python_kernels(registered: Any) -> list[str]:
+    """The kernels registered from Python (``torch.library``) for aten operators, but
+    meta kernels (shape functions, never run on data): ``"aten/relu/CPU"``. The library
+    surface records those present at capture (``{"kernels": [...]}``): one registered
+    since overrides what an operator runs in eager, where a graph lowered (Inductor) or
+    decomposed (make_fx: ``aten::linear`` is ``t`` and ``addmm`` in its graph) runs
+    what it baked."""
+    return sorted(e for e in registered if e.startswith("aten/") and not e.endswith("/Meta"))
+
+
+def _registered_at(entry: str) -> str | None:
+    """Where the kernel ``entry`` names was registered (a file and line), or None where
+    torch registered it itself (a lazily imported part of torch, never a change)."""
+    import os
+
+    _namespace, op, key = entry.split("/")
+    for line in _dispatch_dump(f"aten::{op}").splitlines():
+        head, _, rest = line.partition(" registered at ")  # "CPU: registered at f.py:3 :: ..."
+        if head in (f"{key}:", f"{key}[alias]:"):
+            where = rest.partition(" :: ")[0]
+            torch_dir = os.path.dirname(_torch.__file__) + os.sep
+            return None if where.startswith(torch_dir) else where
+    return None  # no such kernel active any more
+
+
 def _build_surface_check() -> Any:
     """``check()`` for ``LIBRARY_SURFACE``, or None when there is none: each library path
     the trace resolved must still hold the object it ran. Refuses at once (at load) a
@@ -166,9 +195,34 @@ def _build_surface_check() -> Any:
         except Exception:  # an entry gone is a change like any other
             return dicts, missing
 
+    captured_kernels = next((set(r["kernels"]) for r in LIBRARY_SURFACE if "kernels" in r), None)
+
+    def kernels_hold(when: str) -> None:
+        """Refuse an aten kernel registered from Python that the capture did not have."""
+        if captured_kernels is None:
+            return
+        for entry in python_kernels(_python_kernels):
+            if entry in captured_kernels:
+                continue
+            where = _registered_at(entry)
+            if where is None:
+                continue
+            _namespace, op, key = entry.split("/")
+            refuse(
+                f"precompile: `aten::{op}` has a kernel for {key} registered from Python "
+                f"{when} (at {where}, through torch.library) that the capture did not "
+                f"have: eager runs it, while the artifact runs the operations its graph "
+                f"baked. Serve the artifact where that kernel is not registered, or "
+                f"capture again with it registered (re-emit the artifact)",
+                2,
+            )
+
+    kernels_hold("since capture")
     rows: list[tuple[dict[str, Any], Any, Any]] = []
     watched_by_row: list[list[dict[str, Any]]] = []
     for row in LIBRARY_SURFACE:
+        if "kernels" in row:
+            continue
         try:
             owner = importlib.import_module(row["module"])
             if row["class"]:
@@ -200,6 +254,7 @@ def _build_surface_check() -> Any:
         return list({id(d): d for dicts in watched_by_row for d in dicts}.values())
 
     def recheck() -> None:
+        kernels_hold("after this artifact was loaded")
         for i, (row, owner, loaded) in enumerate(rows):
             dicts, now = watched_of(row, owner)
             watched_by_row[i] = dicts
@@ -218,4 +273,8 @@ def _build_surface_check() -> Any:
                 2,
             )
 
-    return watch_dicts(watch, recheck)
+    if captured_kernels is None:
+        return watch_dicts(watch, recheck)
+    # A registration adds to torch.library's set: its size, compared per call with the
+    # dicts' tags, tells when to look again.
+    return watch_dicts(watch, recheck, key=len, keyed=lambda _dicts: [_python_kernels])

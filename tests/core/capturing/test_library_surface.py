@@ -1,6 +1,7 @@
 """The library surface a trace went through (issue 26): a torch Python API replaced
 before or after ``load`` -- ``F.scaled_dot_product_attention``, ``F.gelu`` under
-``nn.GELU``, the module ``F`` names in ``torch.nn.modules.activation``, ``torch.relu``, ``torch.Tensor.softmax``, ``nn.LayerNorm.forward``, ``Tensor.__add__`` under
+``nn.GELU``, the module ``F`` names in ``torch.nn.modules.activation``, ``torch.relu``, a
+kernel of ``aten::relu`` registered from Python (``torch.library``; eager and Inductor), ``torch.Tensor.softmax``, ``nn.LayerNorm.forward``, ``Tensor.__add__`` under
 ``+``, ``Tensor.__getitem__``, the ``Tensor.mT`` property, and a library
 registry's entry (``AttentionInterface.register("sdpa", kernel)`` or
 ``ALL_ATTENTION_FUNCTIONS["sdpa"] = kernel`` under a tiny ``transformers`` BertModel) --
@@ -28,6 +29,8 @@ NAMES = {
     "module_alias": "torch.nn.modules.activation.F",
     "call_impl": "torch.nn.GELU._call_impl",
     "relu": "torch.relu",
+    # torch's registry of kernels: one registered from Python for an aten operator.
+    "aten_kernel": "aten::relu",
     "softmax": "torch.Tensor.softmax",
     "layernorm": "torch.nn.LayerNorm.forward",
     # Reached with no call the tracers see: ``+`` runs Tensor.__add__ through the type's
@@ -41,6 +44,8 @@ NAMES = {
     "registry": "transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS['sdpa']",
     "registry_local": "transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS['sdpa']",
 }
+#: case -> what its refusal must say happened, where not "was replaced".
+HAPPENED = {"aten_kernel": "registered from Python"}
 TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
 
 
@@ -49,7 +54,9 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     directory = tmp_path_factory.mktemp("surface")
     captured: dict[str, Any] = {}
     cells = [(case, tracer, "eager") for case in NAMES for tracer in TRACERS]
-    cells += [("softmax", tracer, "inductor") for tracer in TRACERS]
+    cells += [
+        (case, tracer, "inductor") for case in ("softmax", "aten_kernel") for tracer in TRACERS
+    ]
     for case, tracer, backend in cells:
         name = f"{case}-{tracer}-{backend}"
         model, x = library_surface.build(case)
@@ -82,7 +89,7 @@ def test_a_replaced_library_function_is_refused_naming_it(
         got = results[name]
         if got["result"] != "refused" or f"`{NAMES[case]}`" not in got["message"]:
             problems.append(f"{name} ({cell}): expected a refusal naming {NAMES[case]}, got {got}")
-        elif "was replaced" not in got["message"]:
+        elif HAPPENED.get(case, "was replaced") not in got["message"]:
             problems.append(f"{name} ({cell}): the refusal does not say what happened: {got}")
     assert not problems, "\n".join(problems)
 
