@@ -1,0 +1,74 @@
+"""A tensor with its conjugate or negative bit set (``z.conj()``, ``z.conj().imag``) is a
+lazy view eager resolves where an op needs it. helper-77 found a make_fx artifact that,
+given one, crashed inside its graph with a raw RuntimeError (``view_as_real doesn't work
+on unresolved conjugated tensors``) -- and the comparison behind the input guard let such
+a view through to the graph. The capture refuses one, naming the fix, and the served call
+refuses one as a PrecompileError, cold and warm; the plain tensor is served exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import precompile
+from tests.harness import capture_pair, run_json
+
+
+def real_plus_imag(model: torch.nn.Module, z: torch.Tensor) -> torch.Tensor:
+    return model(z.real) + z.imag
+
+
+def _model_and_input() -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return torch.nn.Linear(4, 4).eval(), torch.randn(2, 4, dtype=torch.cfloat)
+
+
+def linear(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x)
+
+
+SERVE = """
+import json, torch, precompile
+from tests.core.runtime.test_lazy_view_inputs import _model_and_input, linear, real_plus_imag
+model, z = _model_and_input()
+complex_run = precompile.load(*{complex_paths!r})
+real_run = precompile.load(*{real_paths!r})
+cells = {{}}
+def call(name, run, fn, value):
+    try:
+        with torch.no_grad():
+            got = run(model, value)
+            cells[name] = "exact" if torch.equal(got, fn(model, value)) else "wrong"
+    except precompile.PrecompileError as error:
+        cells[name] = "refused: " + str(error)
+    except Exception as error:
+        cells[name] = "error: " + repr(error)
+negated = z.conj().imag  # a real tensor with its negative bit set
+assert negated.is_neg()
+# Cold (the first call) and warm (after a served call built the input guard).
+call("conj cold", complex_run, real_plus_imag, z.conj())
+call("plain", complex_run, real_plus_imag, z)
+call("conj warm", complex_run, real_plus_imag, z.conj())
+call("real plain", real_run, linear, z.real.contiguous())
+call("neg warm", real_run, linear, negated)
+print(json.dumps(cells))
+"""
+
+
+def test_a_lazy_conjugate_view_is_refused_at_capture_and_served_call(tmp_path: Path) -> None:
+    model, z = _model_and_input()
+    with pytest.raises(precompile.PrecompileError, match=r"(?s)conjugate bit.*resolve_conj\(\)"):
+        capture_pair(real_plus_imag, model, z.conj(), directory=tmp_path, name="conj")
+    complex_paths = capture_pair(real_plus_imag, model, z, directory=tmp_path)
+    real_paths = capture_pair(linear, model, z.real.contiguous(), directory=tmp_path, name="r")
+    cells = run_json(SERVE.format(complex_paths=list(complex_paths), real_paths=list(real_paths)))
+    assert cells["plain"] == "exact" and cells["real plain"] == "exact", cells
+    for name, bit, fix in (
+        ("conj cold", "conjugate", "resolve_conj()"),
+        ("conj warm", "conjugate", "resolve_conj()"),
+        ("neg warm", "negative", "resolve_neg()"),
+    ):
+        assert cells[name].startswith("refused: "), cells
+        assert f"{bit} bit set" in cells[name] and fix in cells[name], cells
