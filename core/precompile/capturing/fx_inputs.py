@@ -118,12 +118,11 @@ def check_tensor(t: torch.Tensor, what: str, where: Location | None) -> None:
     elif t.is_pinned():
         problem = "is in pinned memory"
         fix = "pass an unpinned copy"
-    elif t.is_conj() or t.is_neg():
-        # A lazy view: eager resolves the bit where an op needs it, the graph's ops as
-        # traced (on a resolved tensor) would not.
-        bit = "conjugate" if t.is_conj() else "negative"
-        problem = f"has its {bit} bit set (a lazy {'x.conj()' if t.is_conj() else 'negation'} view)"
-        fix = f"pass x.resolve_{'conj' if t.is_conj() else 'neg'}()"
+    elif t.is_conj():
+        # A lazy view: eager resolves the bit where an op needs it, the ops of the graph
+        # as traced (``z.real`` is ``view_as_real``) would not.
+        problem = "has its conjugate bit set (a lazy z.conj() view)"
+        fix = "pass z.resolve_conj()"
     elif type(t) not in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer):
         problem = f"is a tensor subclass ({type(t).__name__})"
         fix = "pass a plain torch.Tensor"

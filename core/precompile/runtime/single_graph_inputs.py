@@ -125,19 +125,19 @@ def check_tensor_types(labels: list[str], tensors: list[Any], invariant: int) ->
     overrides) may compute otherwise in eager, where the graph would run on its data
     as if it were plain. A Parameter where a tensor was captured (or the reverse)
     changes nothing the graph computes, so both are served. A tensor with its conjugate
-    or negative bit set is refused too. Called on the slow paths
+    bit set is refused too. Called on the slow paths
     only: the C-level guards of the fast paths compare each tensor's exact type."""
     served = (_torch.Tensor, _torch.nn.Parameter)
     for label, t in zip(labels, tensors):
-        if t.is_conj() or t.is_neg():
+        if t.is_conj():
             # A lazy view the capture never takes (capturing.fx_inputs.check_tensor):
-            # eager resolves the bit where an op needs it; the graph's ops, traced on
-            # resolved tensors, would read the data as it lies (or fail).
-            bit = "conjugate" if t.is_conj() else "negative"
+            # eager resolves the bit where an op needs it; ops make_fx decomposed into
+            # (``z.real`` is ``view_as_real``) refuse an unresolved one, or read its
+            # data as it lies. (A negative bit is resolved by every op's dispatch.)
             refuse(
-                f"precompile: {label} has its {bit} bit set (a lazy view), but the capture "
-                f"saw a resolved tensor there, and the graph's operations do not resolve "
-                f"it as eager's do. Pass t.resolve_{'conj' if t.is_conj() else 'neg'}()",
+                f"precompile: {label} has its conjugate bit set (a lazy z.conj() view), "
+                f"but the capture saw a resolved tensor there, and the graph's operations "
+                f"do not resolve it as eager's do. Pass z.resolve_conj()",
                 invariant,
             )
         kind = type(t)
@@ -524,9 +524,9 @@ def build_input_check() -> (
         if (
             tuple(map(input_meta, tensors_in)) != expected_inputs
             or not set(map(type, tensors_in)) <= served_types
-            # A lazy conjugate or negative view (the guard compares dispatch keys; this
-            # comparison must too): the slow path refuses it.
-            or any(t.is_conj() or t.is_neg() for t in tensors_in)
+            # A lazy conjugate view (the guard compares dispatch keys; this comparison
+            # must too): the slow path refuses it.
+            or any(t.is_conj() for t in tensors_in)
             or (check_input_strides and tuple(map(stride_of, tensors_in)) != expected_input_strides)
         ):
             return False
