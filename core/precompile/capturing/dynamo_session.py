@@ -23,7 +23,7 @@ from precompile._compat import (
     dynamo_recording,
     inductor,
 )
-from precompile.capturing import neutral_reads, user_state
+from precompile.capturing import call_context, neutral_reads, user_state
 from precompile.capturing.dynamo_backends import DynamoBackends
 from precompile.capturing.dynamo_capture import DynamoCapture
 from precompile.capturing.dynamo_dependencies import DependencyRecorder
@@ -258,11 +258,13 @@ class DynamoSession:
                 self.dependencies.calling(args, kwargs)
                 rng = torch.random.get_rng_state()
                 versions = input_versions(args, kwargs)
+                entered = call_context.snapshot()
                 try:
                     result = self.compiled(*args, **kwargs)
                 finally:
                     self.break_events += events
                     self.calls += 1
+                call_context.refuse_left_changed(entered, self.fn)
                 refuse_replayed_global_hook_stores(stores)
                 self.dependencies.verify(args, kwargs)
                 library = [b for b in branches if not is_project_file(b["file"])]

@@ -23,6 +23,7 @@ from torch.overrides import TorchFunctionMode
 from precompile._compat import tracing
 from precompile._compat.tracing import pytree
 from precompile.capturing import (
+    call_context,
     collector,
     fx_dependencies,
     fx_keyed_inputs,
@@ -342,7 +343,9 @@ def trace_single_graph(
                     attribute_reads,
                 )
             )
+            entered = call_context.snapshot()
             out = fx_keyed_inputs.plain(fx_watch.traced_call(fn, call_args))
+            call_context.refuse_left_changed(entered, fn)
             with fx_keyed_inputs.quiet():
                 argument_changes[:] = watch.changes()
         out_leaves, out_spec = pytree.tree_flatten(out)
