@@ -277,8 +277,11 @@ def _breakdown(run: Any, model: nn.Module, x: torch.Tensor, raw: Any) -> dict[st
             # the builtins' and the model state's own, then the model's other checks.
             from torch._C._dynamo.guards import dict_version
 
-            dicts, versions = epoch[0], epoch[1]  # (dicts, tags, tensors)
-            pieces["epoch"] = lambda: tuple(map(dict_version, dicts)) == versions
+            # (dicts, tags, tensors, key, keyed objects, their keys)
+            dicts, versions, key, items, keys = epoch[0], epoch[1], *epoch[3:]
+            pieces["epoch"] = lambda: (
+                tuple(map(dict_version, dicts)) == versions and tuple(map(key, items)) == keys
+            )
             pieces["model tensors + state"] = lambda: model_tensors.rest((model,))
         else:
             pieces["model tensors + state"] = lambda: model_tensors((model,))

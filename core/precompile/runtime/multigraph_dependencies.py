@@ -346,7 +346,9 @@ def _dependency_epoch(
             empties,
             modules,
             idicts,
-            keyed,
+            # The keyed objects as three parallel lists (key functions, objects, keys),
+            # compared with C-level maps only: no Python frame per call.
+            ([k for k, _o, _v in keyed], [o for _k, o, _v in keyed], [v for _k, _o, v in keyed]),
             tuple(idict_versions),
         )
 
@@ -359,7 +361,7 @@ def _dependency_epoch(
             and tuple(map(_dict_version, now[1])) == now[2]
             and not any(now[3])
             and all(map(is_, map(instance_dict, now[4]), now[5]))
-            and (not now[6] or all(tuple(map(k, o)) == v for k, o, v in now[6]))
+            and list(map(tuple, map(map, now[6][0], now[6][1]))) == now[6][2]
         ):
             full(args, kwargs)
             take()

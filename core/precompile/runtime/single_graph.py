@@ -185,19 +185,24 @@ def _build_single_graph_forward() -> Any:
     surface_snapshot = getattr(surface_ok, "snapshot", None) if surface_ok is not None else None
 
     def _new_epoch(state: list[Any]) -> None:
-        """Fold the checks' recorded dicts and tags into the epoch, or leave it unset
-        where one check has none to offer (keyed, never verified, or disagreeing)."""
+        """Fold the checks' recorded dicts and tags (and the surface's keyed objects with
+        their keys) into the epoch, or leave it unset where one check has none to offer
+        (never verified, or disagreeing)."""
         epoch[0] = None
         if model_recorded is None or model_rest is model_tensors:
             return
         if surface_ok is not None and surface_snapshot is None:
             return
         pairs: list[tuple[Any, Any]] = []
+        # The surface's objects compared by a key (torch.library's set of kernels, by
+        # its size), with the keys it last verified; none: an empty tuple of each.
+        keyed: tuple[Any, tuple[Any, ...], tuple[Any, ...]] = (len, (), ())
         if surface_snapshot is not None:
-            dicts, versions, key, items, _keys = surface_snapshot()
-            if versions is None or (key is not None and items):
-                # Never verified, or keyed objects whose keys a tag does not see.
-                return
+            dicts, versions, key, items, keys = surface_snapshot()
+            if versions is None:
+                return  # never verified
+            if key is not None and items:
+                keyed = (key, tuple(items), tuple(keys))
             pairs += zip(dicts, versions)
         if builtins_scopes:
             if builtins_seen[0] is None:
@@ -218,6 +223,7 @@ def _build_single_graph_forward() -> Any:
             tuple(d for d, _ in seen.values()),
             tuple(v for _, v in seen.values()),
             state,
+            *keyed,
         )
 
     def checked_inputs(
@@ -230,9 +236,14 @@ def _build_single_graph_forward() -> Any:
         if not ordinary:
             check_modes()
         held = epoch[0]
-        if held is not None and tuple(map(_dict_version, held[0])) == held[1]:
+        if (
+            held is not None
+            and tuple(map(_dict_version, held[0])) == held[1]
+            and tuple(map(held[3], held[4])) == held[5]
+        ):
             # No dict the surface, builtins and model-state checks watch changed since
-            # each verified it: those checks' own comparisons of them would pass.
+            # each verified it (nor a keyed object's key): those checks' own
+            # comparisons of them would pass.
             mods, tensors_in = checked_call(args, kwargs, running)
             state = model_rest(mods)
             if state is not held[2]:
@@ -343,6 +354,7 @@ def _build_single_graph_forward() -> Any:
             )
             == ordinary_state
             and tuple(map(_dict_version, held[0])) == held[1]
+            and tuple(map(held[3], held[4])) == held[5]
         ):
             mods, tensors_in = checked_call(args, kwargs, True)
             state = model_rest(mods)
