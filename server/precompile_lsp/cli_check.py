@@ -22,7 +22,7 @@ from precompile_lsp.cli_workspace import (
     workspace_files,
     workspace_root,
 )
-from precompile_lsp.files import DIRECTORY
+from precompile_lsp.files import holds_file
 
 
 def _target_rows(engine: Any, keys: set[str] | None = None) -> list[dict[str, Any]]:
@@ -44,7 +44,7 @@ def _target_rows(engine: Any, keys: set[str] | None = None) -> list[dict[str, An
                 "artifact": str(engine.emit_paths.artifact_of(state.decl)[0]),
                 # The files it depends on (not the places an import found nothing).
                 "dependencies": sorted(
-                    str(p) for p, d in state.dependencies.items() if d not in (None, DIRECTORY)
+                    str(p) for p, d in state.dependencies.items() if holds_file(d)
                 ),
             }
         )

@@ -38,7 +38,7 @@ from precompile_lsp.discovery import TargetDecl, scan
 from precompile_lsp.emit_paths import EmitPaths
 from precompile_lsp.engine_records import Event, Job, Stats, TargetState, TextStore
 from precompile_lsp.executors import make_executor
-from precompile_lsp.files import ABSENT, DIRECTORY, MAX_SOURCE_BYTES, SourceRead, read_source
+from precompile_lsp.files import ABSENT, MAX_SOURCE_BYTES, SourceRead, holds_file, read_source
 from precompile_lsp.findings import (
     WRITE_ERRORS,
     Finding,
@@ -345,7 +345,7 @@ class Engine:
             p: sha
             for s in states
             for p, sha in s.dependencies.items()
-            if sha not in (None, DIRECTORY) and self.texts.get(sha) is None
+            if holds_file(sha) and self.texts.get(sha) is None
         }
         reads = await asyncio.to_thread(lambda: [read_source(p) for p in wanted])
         for read in reads:

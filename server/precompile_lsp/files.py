@@ -139,3 +139,9 @@ def path_state(path: str | os.PathLike[str]) -> str:
     if digest is not None:
         return digest
     return DIRECTORY if os.path.isdir(path) else ABSENT
+
+
+def holds_file(state: str | None) -> bool:
+    """Whether a recorded ``state`` (``path_state``, or None: the engine's word for
+    nothing there) is a file's content hash, not a folder or nothing."""
+    return state not in (None, ABSENT, DIRECTORY)

@@ -131,11 +131,11 @@ def _registered_at(entry: str) -> str | None:
     import os
 
     _namespace, op, key = entry.split("/")
+    torch_dir = os.path.dirname(_torch.__file__) + os.sep
     for line in _dispatch_dump(f"aten::{op}").splitlines():
         head, _, rest = line.partition(" registered at ")  # "CPU: registered at f.py:3 :: ..."
         if head in (f"{key}:", f"{key}[alias]:"):
             where = rest.partition(" :: ")[0]
-            torch_dir = os.path.dirname(_torch.__file__) + os.sep
             return None if where.startswith(torch_dir) else where
     return "a place the dispatcher does not name"  # never passed over unread
 

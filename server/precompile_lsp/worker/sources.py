@@ -164,10 +164,7 @@ def _find_spec(self: FileFinder, fullname: str, target: Any = None) -> Any:
     """``FileFinder.find_spec`` in a job: the lookup, and what it looked at recorded."""
     spec = _FIND_SPEC(self, fullname, target)
     if _workspace:
-        try:
-            _note_lookup(os.fspath(self.path), fullname.rpartition(".")[2], spec is None)
-        except (OSError, ValueError):
-            pass  # a folder that vanished meanwhile: its files are not in the result
+        _note_lookup(os.fspath(self.path), fullname.rpartition(".")[2], spec is None)
     return spec
 
 
