@@ -38,6 +38,8 @@ TARGETS = {
     ),
     "shadowed": "import shadowed_mod as impl\n",
     "installed": "import fakedist_mod as impl\n",
+    # A RECORD that leaves the dist-info's own files out (some installers do).
+    "installed_unlisted": "import unlisted_mod as impl\n",
 }
 
 TARGET = """import precompile
@@ -54,20 +56,21 @@ def _scale(factor: float) -> str:
     return f"def scale(x):\n    return x * {factor}\n"
 
 
-def _install(site: Path, factor: float) -> None:
-    """A distribution ``fakedist`` 1.0 in ``site`` (a folder named site-packages), as pip
-    leaves one: its module and a dist-info whose RECORD lists the module's hash."""
-    module = site / "fakedist_mod.py"
+def _install(site: Path, factor: float, name: str = "fakedist", own_files: bool = True) -> None:
+    """A distribution ``name`` 1.0 in ``site`` (a folder named site-packages), as an
+    installer leaves one: its module and a dist-info whose RECORD lists the module's hash
+    (and, where ``own_files``, the dist-info's own files, as pip's does)."""
+    module = site / f"{name}_mod.py"
     module.write_text(_scale(factor))
-    info = site / "fakedist-1.0.dist-info"
+    info = site / f"{name}-1.0.dist-info"
     info.mkdir(exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakedist\nVersion: 1.0\n")
-    (info / "top_level.txt").write_text("fakedist_mod\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "top_level.txt").write_text(f"{name}_mod\n")
     digest = base64.urlsafe_b64encode(hashlib.sha256(module.read_bytes()).digest())
     size = module.stat().st_size
+    own = f"{info.name}/METADATA,,\n{info.name}/RECORD,,\n" if own_files else ""
     (info / "RECORD").write_text(
-        f"fakedist_mod.py,sha256={digest.decode().rstrip('=')},{size}\n"
-        "fakedist-1.0.dist-info/METADATA,,\nfakedist-1.0.dist-info/RECORD,,\n"
+        f"{module.name},sha256={digest.decode().rstrip('=')},{size}\n{own}"
     )
 
 
@@ -97,6 +100,7 @@ def _workspace(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     site = tmp_path / "venv" / "site-packages"
     site.mkdir(parents=True)
     _install(site, 2.0)
+    _install(site, 2.0, "unlisted", own_files=False)
     env = {"PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(site)])}
     return root, env
 
@@ -111,6 +115,7 @@ def _change_what_each_import_finds(root: Path, tmp_path: Path) -> None:
     (package / "fast.py").write_text(_scale(3.0))
     (root / "src" / "shadowed_mod.py").write_text(_scale(3.0))
     _install(tmp_path / "venv" / "site-packages", 3.0)  # reinstalled, same version
+    _install(tmp_path / "venv" / "site-packages", 3.0, "unlisted", own_files=False)
 
 
 def _failed_verifications(stdout: str) -> set[str]:
@@ -124,10 +129,10 @@ def test_a_change_to_what_an_import_finds_is_never_answered_from_the_cache(
     root, env = _workspace(tmp_path)
     first = precompile_cli("check", "--emit", "--verify", cwd=root, timeout=600, **env)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert "(5 captured, 0 from cache)" in first.stdout, first.stdout
+    assert "(6 captured, 0 from cache)" in first.stdout, first.stdout
     # Unchanged: every result from the cache (what the lookups record is stable).
     again = precompile_cli("check", "--verify", cwd=root, timeout=600, **env)
-    assert "(0 captured, 10 from cache)" in again.stdout, again.stdout + again.stderr
+    assert "(0 captured, 12 from cache)" in again.stdout, again.stdout + again.stderr
 
     _change_what_each_import_finds(root, tmp_path)
     after = precompile_cli("check", "--verify", "--format", "json", cwd=root, timeout=600, **env)

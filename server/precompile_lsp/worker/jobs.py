@@ -282,14 +282,36 @@ def _installed_record(dist: str) -> tuple[str, str] | None:
     none. Read once per process: the warm worker reads those it imported before forking
     (listing torch's files takes a tenth of a second)."""
     try:
-        listed = importlib.metadata.distribution(dist).files or []
+        found = importlib.metadata.distribution(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+    listed = found.files or []
     for wanted in ("RECORD", "METADATA", "PKG-INFO"):
         for file in listed:
             if file.name == wanted and file.parent.name.endswith((".dist-info", ".egg-info")):
                 path = str(file.locate())
                 return path, path_state(path)
+    # A RECORD that does not list the metadata folder's own files (some installers
+    # leave them out): the folder beside the distribution's files whose METADATA is
+    # the one read here, and its RECORD where it has one.
+    site = str(found.locate_file(""))
+    for wanted in ("METADATA", "PKG-INFO"):
+        text = found.read_text(wanted)
+        if text is None:
+            continue
+        try:
+            folders = os.listdir(site)
+        except OSError:
+            return None
+        for folder in folders:
+            path = os.path.join(site, folder, wanted)
+            if folder.endswith((".dist-info", ".egg-info")) and os.path.isfile(path):
+                with contextlib.suppress(OSError, UnicodeDecodeError):
+                    with open(path, encoding="utf-8") as f:
+                        if f.read() == text:
+                            record = os.path.join(site, folder, "RECORD")
+                            path = record if os.path.isfile(record) else path
+                            return path, path_state(path)
     return None
 
 
