@@ -3,8 +3,9 @@ it found: helper-78's attack found four changes to what a target imports that le
 every imported file's bytes alone -- a symbolic link to a module re-pointed, one to a
 package folder re-pointed, an optional import (``try: from .fast import f``) now finding
 its module, and a module shadowed by a new file in an earlier source root -- and a
-distribution reinstalled with other files under the same version. Each was answered
-from the cache ("0 errors") while the emitted artifact no longer matched the source.
+distribution reinstalled with other files under the same version. (A source root that
+did not exist at the job, created since with the module in it, is the same shadowing.)
+Each was answered from the cache ("0 errors") while the emitted artifact no longer matched the source.
 The job now records every place its imports looked (``worker/sources.py``) and each
 distribution's ``RECORD``; the cache compares what each held
 (``files.path_state``)."""
@@ -37,6 +38,8 @@ TARGETS = {
         "    from pkg import slow as impl\n"
     ),
     "shadowed": "import shadowed_mod as impl\n",
+    # Shadowed from a source root created since (no folder, so no finder, at the job).
+    "late_root": "import late_mod as impl\n",
     "installed": "import fakedist_mod as impl\n",
     # A RECORD that leaves the dist-info's own files out (some installers do).
     "installed_unlisted": "import unlisted_mod as impl\n",
@@ -92,10 +95,11 @@ def _workspace(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     (package / "linked_dir").symlink_to(shared / "one")
     (package / "slow.py").write_text(_scale(2.0))
     (root / "lib" / "shadowed_mod.py").write_text(_scale(2.0))
+    (root / "lib" / "late_mod.py").write_text(_scale(2.0))
     for name, imports in TARGETS.items():
         (package / f"t_{name}.py").write_text(TARGET.format(name=name, imports=imports))
     (root / "pyproject.toml").write_text(
-        '[tool.precompile]\nsource-roots = ["src", "lib"]\nbackend = "eager"\n'
+        '[tool.precompile]\nsource-roots = ["src", "gen", "lib"]\nbackend = "eager"\n'
     )
     site = tmp_path / "venv" / "site-packages"
     site.mkdir(parents=True)
@@ -114,6 +118,8 @@ def _change_what_each_import_finds(root: Path, tmp_path: Path) -> None:
     (package / "linked_dir").symlink_to(tmp_path / "shared" / "two")
     (package / "fast.py").write_text(_scale(3.0))
     (root / "src" / "shadowed_mod.py").write_text(_scale(3.0))
+    (root / "gen").mkdir()
+    (root / "gen" / "late_mod.py").write_text(_scale(3.0))
     _install(tmp_path / "venv" / "site-packages", 3.0)  # reinstalled, same version
     _install(tmp_path / "venv" / "site-packages", 3.0, "unlisted", own_files=False)
 
@@ -129,10 +135,11 @@ def test_a_change_to_what_an_import_finds_is_never_answered_from_the_cache(
     root, env = _workspace(tmp_path)
     first = precompile_cli("check", "--emit", "--verify", cwd=root, timeout=600, **env)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert "(6 captured, 0 from cache)" in first.stdout, first.stdout
+    assert f"({len(TARGETS)} captured, 0 from cache)" in first.stdout, first.stdout
     # Unchanged: every result from the cache (what the lookups record is stable).
     again = precompile_cli("check", "--verify", cwd=root, timeout=600, **env)
-    assert "(0 captured, 12 from cache)" in again.stdout, again.stdout + again.stderr
+    cached = f"(0 captured, {2 * len(TARGETS)} from cache)"
+    assert cached in again.stdout, again.stdout + again.stderr
 
     _change_what_each_import_finds(root, tmp_path)
     after = precompile_cli("check", "--verify", "--format", "json", cwd=root, timeout=600, **env)

@@ -182,16 +182,52 @@ def _note_lookup(folder: str, tail: str, missed: bool) -> None:
             return
 
 
+class _FolderNotThere:
+    """The finder of a path entry that is no folder (a source root not created yet): it
+    finds nothing, as the import system's own answer for such an entry does, but records
+    each lookup, so that creating the folder with the module in it changes what the
+    lookup found."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def find_spec(self, fullname: str, target: Any = None) -> None:
+        _note_lookup(self.path, fullname.rpartition(".")[2], True)
+
+    def invalidate_caches(self) -> None:
+        """Nothing cached: the next lookup after the folder exists asks again."""
+
+
+def _folder_not_there(path: str) -> _FolderNotThere:
+    """A path hook, tried before the others: an entry inside the workspace that does not
+    exist (a source root not created yet). Any other entry is left to the import
+    system's own hooks -- one outside the workspace too (an interpreter's
+    ``python311.zip``, which no one creates)."""
+    if (
+        not _workspace
+        or os.path.exists(path or ".")
+        or not realpath(path).startswith(realpath(_workspace[0]) + os.sep)
+    ):
+        raise ImportError("not a missing folder of the workspace")
+    return _FolderNotThere(path)
+
+
 def import_from_disk(root: str) -> None:
     """From now on in this process, load every file a result for workspace ``root``
     records from its bytes on disk, and keep their hashes (``compiled``); and record
-    where each lookup of a module looked (``looked``)."""
+    where each lookup of a module looked (``looked``), in a folder of the path that does
+    not exist too."""
     if not _workspace:
         loader: Any = SourceFileLoader
         loader.get_code = _get_code
         finder: Any = FileFinder
         finder.find_spec = _find_spec
+        sys.path_hooks.insert(0, _folder_not_there)
     _workspace[:] = [root]
+    # An entry looked at before (no finder: not a folder then) is asked again.
+    for path, entry_finder in list(sys.path_importer_cache.items()):
+        if entry_finder is None or isinstance(entry_finder, _FolderNotThere):
+            del sys.path_importer_cache[path]
 
 
 #: Resolved path -> (sha256 of the file when the worker imported it, or None where the
