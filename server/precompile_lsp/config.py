@@ -54,6 +54,9 @@ EDITOR_NAMES = {
     "docs-url": "docsUrl",
     "serving-logs": "servingLogs",
 }
+#: The keys ``precompile check`` sets from its options, by option. No key is both an
+#: editor setting and an option, so an overridden key says which of them set it.
+CLI_OPTIONS = {"workers": "--jobs", "cache-dir": "--cache-dir"}
 
 
 def _timeout_problem(value: Any) -> str | None:
@@ -293,13 +296,19 @@ class _Table:
         return self.values[key]
 
     def where(self, key: str) -> str:
-        """How the user names ``key``: the editor setting, or the table and its file."""
+        """How the user names ``key``: the editor setting, the command line's option, or
+        the table's key."""
+        if key in self.overridden and key in CLI_OPTIONS:
+            return f"the option {CLI_OPTIONS[key]}"
         if key in self.overridden:
             return f"the editor setting precompile.{EDITOR_NAMES.get(key, key)}"
         return f"[tool.precompile] {key}"
 
     def source(self, key: str) -> str:
-        return "from the editor" if key in self.overridden else f"in {self.pyproject}"
+        """Where the value of ``key`` was set."""
+        if key in self.overridden:
+            return "on the command line" if key in CLI_OPTIONS else "from the editor"
+        return f"in {self.pyproject}"
 
     def check(self, key: str) -> Any:
         """The value of ``key``, or a ConfigError by the key's rule (``VALUE_RULES``)."""
@@ -380,9 +389,10 @@ def load_config(
     root: Path, overrides: dict[str, Any] | None = None, *, gate: TrustGate | None = None
 ) -> Config:
     """The configuration of the workspace at ``root`` (its pyproject.toml, if any), with
-    ``overrides`` (editor settings) applied on top. Settings that name programs run them
-    only if ``gate`` allows (default: an untrusted gate, so nothing of the workspace runs
-    unless the caller says it is trusted)."""
+    ``overrides`` (editor settings, or the options of ``precompile check``) applied on
+    top. Settings that name programs run them only if ``gate`` allows (default: an
+    untrusted gate, so nothing of the workspace runs unless the caller says it is
+    trusted)."""
     gate = gate if gate is not None else TrustGate(trusted=False)
     root = root.resolve()
     pyproject = root / "pyproject.toml"

@@ -172,6 +172,28 @@ def test_editor_overrides_are_named_as_editor_settings(tmp_path: Path) -> None:
         load_config(root, {"timeout": math.inf})
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("cache-dir", "a-file", "the option --cache-dir names a file, not a folder"),
+        ("workers", 0, "the option --jobs must be a positive integer"),
+    ],
+)
+def test_check_options_are_named_as_options(
+    tmp_path: Path, key: str, value: object, said: str
+) -> None:
+    """``precompile check``'s options reach the configuration as overrides too; an error
+    in one names the option the user typed, not an editor setting."""
+    root = workspace(tmp_path, "")
+    (root / "a-file").write_text("")
+    if key == "cache-dir":
+        value = str(root / "a-file")
+    with pytest.raises(ConfigError) as info:
+        load_config(root, {key: value})
+    assert str(info.value).startswith(said), info.value
+    assert str(info.value).endswith("(on the command line)"), info.value
+
+
 # ------------------------------------------------------------ each key reaches where it acts
 
 
