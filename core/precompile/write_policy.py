@@ -36,7 +36,7 @@ KIND_NAMES = {
     "artifact": "torch-precompile artifact",
     "cache": "torch-precompile cache",
     "signature": "torch-precompile signature",
-    "report": "precompile check report",
+    "report": "report of precompile check, merge or coverage",
     "key": "key",
 }
 

@@ -59,6 +59,14 @@ def test_json_and_sarif_reports(served: Path) -> None:
     assert document["findings"][0]["message"].startswith(
         "production refused 3 of 10 calls of `rank`: input 0 has shape (3, 4)"
     )
+    # The write policy knows this document for a report by its exact top-level keys (a
+    # copy core keeps): written twice to one --output, the second replaces the first.
+    for _ in range(2):
+        written = cli(
+            "coverage", "logs/*.jsonl", "--format", "json", "--output", "cov.json", cwd=served
+        )
+        assert written.returncode == 0, written.stderr
+    assert json.loads((served / "cov.json").read_text()) == document
     proc = cli("coverage", "logs/*.jsonl", "--format", "sarif", cwd=served)
     assert proc.returncode == 0, proc.stderr
     [run] = json.loads(proc.stdout)["runs"]

@@ -256,7 +256,10 @@ def test_a_report_replaces_only_a_report(emitted: dict[str, Any]) -> None:
     root: Path = emitted["root"]
     proc = precompile_cli("check", "--format", "sarif", "--output", "README.md", cwd=root)
     assert proc.returncode == 2
-    assert "README.md already exists and is not a precompile check report" in proc.stderr
+    assert (
+        "README.md already exists and is not a report of precompile check, merge or coverage"
+        in proc.stderr
+    )
     assert (root / "README.md").read_bytes() == b"# Read me\n"
     # A new file, then the same report again in each format: a report replaces a report.
     for fmt in ("sarif", "json", "text", "github", "sarif"):
@@ -289,7 +292,10 @@ def test_a_file_that_only_looks_like_a_report_is_never_replaced(
         for fmt in ("text", "json"):
             proc = precompile_cli("check", "--format", fmt, "--output", name, cwd=root)
             assert proc.returncode == 2, (name, fmt, proc.stderr)
-            assert f"{name} already exists and is not a precompile check report" in proc.stderr
+            assert (
+                f"{name} already exists and is not a report of precompile check, merge or coverage"
+                in proc.stderr
+            )
             assert (root / name).read_text() == content
     # An empty file of another name is a new report's place (``mktemp``).
     (root / "empty.out").write_text("")
