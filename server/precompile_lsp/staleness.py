@@ -2,9 +2,12 @@
 
 Staleness is per function: an artifact records a digest of each function its capture ran
 through (``FUNCTION_SOURCES``), and it is stale when one of those functions reads
-differently in the workspace now, or is gone. Editing another function of the same file,
-a comment outside the function, or lines above it changes nothing. Artifacts that predate
-function records fall back to their per-file ``SOURCES`` hashes.
+differently in the workspace now, or is gone -- or when a name one of them reads from
+outside itself is bound differently now (``K = 2.0`` at its module's top level, a class
+attribute, a project module's attribute: ``precompile.runtime.source_bindings``).
+Editing another function of the same file, a comment outside the function, or lines above
+it changes nothing. Artifacts that predate function records fall back to their per-file
+``SOURCES`` hashes.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 from precompile.artifact.metadata import inspect_artifact
 from precompile.artifact.pair import file_sha256, open_regular
 from precompile.errors import PrecompileError
+from precompile.runtime.source_bindings import changed_bindings
 from precompile.runtime.source_digest import changed_functions
 from precompile.write_policy import pair_paths, refusal
 from precompile_lsp.files import shown_path
@@ -29,10 +33,18 @@ class StaleSource:
     file: Path
     function: str | None
     gone: bool = False
+    #: What changed is not the function but where names it reads are bound (in
+    #: ``file``, at its top level or in the class ``scope``): these names.
+    reads: tuple[str, ...] = ()
+    scope: str = ""
 
     def describe(self, shown_file: str) -> str:
         if self.function is None:
             return f"{shown_file} changed"
+        if self.reads:
+            where = f"{self.scope}." if self.scope else ""
+            names = ", ".join(f"`{where}{name}`" for name in self.reads)
+            return f"{names} ({shown_file}), which `{self.function}` reads, changed"
         if self.gone:
             return f"`{self.function}` ({shown_file}) is gone or renamed"
         return f"`{self.function}` ({shown_file}) changed"
@@ -56,6 +68,33 @@ def _read(path: Path) -> str | None:
         return None
 
 
+def _strings(row: object, keys: tuple[str, ...]) -> bool:
+    return isinstance(row, dict) and all(isinstance(row.get(k), str) for k in keys)
+
+
+def _malformed(records: list[object]) -> str | None:
+    """What is wrong with the shape of ``FUNCTION_SOURCES`` records, or None: a workspace
+    may hold an artifact written by hand or by another tool, and a record of the wrong
+    shape is an artifact that cannot be read, not an internal error."""
+    for i, record in enumerate(records):
+        if not _strings(record, ("module", "function", "path", "sha256")):
+            return f"FUNCTION_SOURCES[{i}] is not a function record"
+        assert isinstance(record, dict)
+        if not isinstance(record.get("line", 0), int) or not isinstance(
+            record.get("module_sha256", ""), str
+        ):
+            return f"FUNCTION_SOURCES[{i}] is not a function record"
+        reads = record.get("reads", [])
+        if not isinstance(reads, list) or not all(
+            _strings(r, ("module", "path", "scope", "module_sha256"))
+            and isinstance(r.get("names"), dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in r["names"].items())
+            for r in reads
+        ):
+            return f"FUNCTION_SOURCES[{i}]['reads'] is not a list of read records"
+    return None
+
+
 def artifact_status(artifact: Path, root: Path | None = None) -> ArtifactStatus:
     """What the workspace says of ``artifact`` now (reads files: call off the event loop;
     paths in messages are shown relative to ``root``)."""
@@ -75,6 +114,8 @@ def artifact_status(artifact: Path, root: Path | None = None) -> ArtifactStatus:
     base = artifact.parent
     stale: list[StaleSource] = []
     records = metadata.get("FUNCTION_SOURCES")
+    if isinstance(records, list) and (malformed := _malformed(records)) is not None:
+        return ArtifactStatus(exists=True, unreadable=f"{malformed}: it was edited")
     if isinstance(records, list) and records:
 
         def module_text(module: str, path: str) -> str | None:
@@ -83,6 +124,14 @@ def artifact_status(artifact: Path, root: Path | None = None) -> ArtifactStatus:
         for record, gone in changed_functions(records, module_text):
             path = Path(os.path.normpath(base / record["path"]))
             stale.append(StaleSource(path, record["function"], gone=gone))
+        changed = {(s.file, s.function) for s in stale}
+        for record, read, names in changed_bindings(records, module_text):
+            path = Path(os.path.normpath(base / read["path"]))
+            if (Path(os.path.normpath(base / record["path"])), record["function"]) in changed:
+                continue  # the function itself changed: that says it
+            stale.append(
+                StaleSource(path, record["function"], reads=tuple(names), scope=read["scope"])
+            )
         return ArtifactStatus(exists=True, stale=tuple(stale))
     for record in metadata.get("SOURCES", []):
         path = Path(os.path.normpath(base / record["path"]))

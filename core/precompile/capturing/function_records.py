@@ -3,7 +3,10 @@ to the artifact), first line and a digest of the function's own source.
 
 Loading an artifact compares each with the live source, and the language server compares
 them with the workspace to call an artifact stale; both use ``precompile.runtime.source_digest``,
-so a change to another function in the same file is not a change to this one.
+so a change to another function in the same file is not a change to this one. Each record
+also carries what the function reads from outside it (``reads``: its globals, its class's
+attributes, a project module's attributes), by the digests of the statements that bind
+them (``precompile.runtime.source_bindings``), which the language server compares too.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import types
 from typing import Any
 
 from precompile.artifact.pair import artifact_relative
-from precompile.locations import is_project_file
+from precompile.locations import is_project_file, is_project_module
+from precompile.runtime.source_bindings import binding_digests, function_reads
 from precompile.runtime.source_digest import function_source, parse_module, source_digest
 
 
@@ -36,6 +40,62 @@ def _parsed(text: str) -> Any:
     the edit did not touch, and a long module takes tens of milliseconds to parse. The
     tree is only read (``function_source``)."""
     return parse_module(text)
+
+
+def _read(module: str, path: str, text: str, scope: str, names: Any) -> dict[str, Any]:
+    """One row of a record's ``reads``: ``names`` as bound in ``module`` (at its top
+    level, or in the class ``scope``) now."""
+    return {
+        "module": module,
+        "path": path,
+        "scope": scope,
+        "names": binding_digests(text, _parsed(text), names, scope),
+        "module_sha256": source_digest(text),
+    }
+
+
+def _reads(
+    code: types.CodeType, source: str, text: str, artifact_path: str
+) -> list[dict[str, Any]]:
+    """What the function of ``code`` (its ``source``, in a module of ``text``) reads from
+    outside itself, as ``reads`` rows: the names it loads, as its module binds them; the
+    attributes it reads from its first parameter, in the body of the class it is a
+    method of; and the attributes it reads from a class or project module its globals
+    hold, where that class or module binds them."""
+    found = function_reads(source)
+    module = inspect.getmodule(code)
+    if found is None or module is None or _parsed(text) is None:
+        return []
+    names, first, attributes = found
+    path = artifact_relative(code.co_filename, artifact_path) or code.co_filename
+    rows = [_read(module.__name__, path, text, "", names)]
+    qualname = getattr(code, "co_qualname", code.co_name)
+    owner = qualname.rpartition(".")[0]
+    if first in attributes and owner and "<locals>" not in qualname:
+        rows.append(_read(module.__name__, path, text, owner, sorted(attributes[first])))
+    for name in names:
+        value = vars(module).get(name)
+        read = sorted(attributes.get(name, ()))
+        if not read:
+            continue
+        if (
+            isinstance(value, type)
+            and value.__module__ == module.__name__
+            and "<locals>" not in value.__qualname__
+        ):
+            rows.append(_read(module.__name__, path, text, value.__qualname__, read))
+        elif isinstance(value, types.ModuleType) and value is not module:
+            file = value.__file__
+            if not is_project_module(value) or file is None:
+                continue
+            try:
+                other = inspect.getsource(value)
+            except (OSError, TypeError):
+                continue
+            if _parsed(other) is not None:
+                where = artifact_relative(file, artifact_path) or file
+                rows.append(_read(value.__name__, where, other, "", read))
+    return rows
 
 
 def function_records(codes: list[types.CodeType], artifact_path: str) -> list[dict[str, Any]]:
@@ -70,6 +130,7 @@ def function_records(codes: list[types.CodeType], artifact_path: str) -> list[di
             # The whole module's: while it is unchanged, no function in it changed, and a
             # load need not parse it (``source_digest.changed_functions``).
             "module_sha256": source_digest(text or ""),
+            "reads": _reads(code, source, text, artifact_path),
         }
     return sorted(records.values(), key=lambda r: (r["path"], r["line"]))
 

@@ -1,0 +1,184 @@
+"""The module-level statements a captured function's code reads: its globals' bindings.
+
+An artifact records a digest of each function its capture ran through
+(``runtime.source_digest``), so an edit to one is seen as stale. A function also reads
+names bound outside it -- ``K = 2.0`` at the top of its module, a class attribute
+``Cfg.HIDDEN``, ``config.SCALE`` of a project module it imported -- and the capture
+specialised on their values. Serving checks those values per call and refuses a call
+they no longer match, but the language server, which never imports the workspace, would
+still call the artifact current. So each function record carries, per module, the names
+the function reads there and a digest of the statements that bind them (this module),
+and the workspace compares them as it compares the functions' own digests.
+
+What counts as a read, from the function's source: every name it loads, and every
+``name.attr`` whose ``name`` is a class of the same module (its body's bindings of
+``attr``) or a project module the function's globals hold (that module's bindings of
+``attr``; resolved at capture, where the module is live). The binding statements are the
+module's top-level ones (inside ``if``/``try``/``with``/``for`` blocks too), function and
+class definitions left out: a function the capture ran through has its own record, and
+an edit to one it did not run changes nothing it computed.
+
+Imports nothing but the standard library and ``source_digest``: the language server reads
+this without torch. Not carried by artifacts (a load checks the values themselves); it
+sits beside ``source_digest``, whose meaning of "changed" it extends.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from precompile.runtime.source_digest import parse_module, source_digest
+
+
+def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements of ``body`` that run in its own scope: compound statements'
+    blocks (``if``, ``try``, ``with``, ``for``, ``while``, ``match``) entered, a
+    function's or class's body not."""
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for field in ("body", "orelse", "finalbody"):
+            inner = getattr(stmt, field, None)
+            if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                yield from _statements(inner)
+        for handler in getattr(stmt, "handlers", []):
+            yield from _statements(handler.body)
+        for case in getattr(stmt, "cases", []):
+            yield from _statements(case.body)
+
+
+def _bound(stmt: ast.stmt) -> set[str]:
+    """The names a simple statement binds in its scope (a compound one: its header's)."""
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in stmt.names}
+    targets: list[ast.expr] = []
+    if isinstance(stmt, ast.Assign):
+        targets = list(stmt.targets)
+    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign, ast.For, ast.AsyncFor)):
+        targets = [stmt.target]
+    elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+        targets = [i.optional_vars for i in stmt.items if i.optional_vars is not None]
+    names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    if not isinstance(stmt, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)):
+        # A walrus at the statement's own level binds in this scope too.
+        names |= {
+            n.target.id
+            for n in ast.walk(stmt)
+            if isinstance(n, ast.NamedExpr) and isinstance(n.target, ast.Name)
+        }
+    return names
+
+
+def _header(stmt: ast.stmt, text: str) -> str:
+    """A statement's own text, without a comment after it; of a ``for`` or ``with``, its
+    header's lines (its block's statements are bindings of their own)."""
+    body = getattr(stmt, "body", None)
+    if isinstance(stmt, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)) and body:
+        return "".join(text.splitlines(keepends=True)[stmt.lineno - 1 : body[0].lineno - 1])
+    return ast.get_source_segment(text, stmt) or ""
+
+
+def binding_digests(text: str, tree: Any, names: Iterable[str], scope: str = "") -> dict[str, str]:
+    """For each of ``names``: a digest of the statements of ``text`` (parsed: ``tree``)
+    that bind it at the top level of the module, or of the class ``scope`` (a dotted
+    qualified name) -- their text in order; a name nothing binds has the digest of no
+    statement, so a binding added (shadowing a builtin) or removed changes it too. A
+    scope not found binds nothing. Digests are 16 hex digits: they tell a change, they
+    do not authenticate (the pair's signature does)."""
+    body: list[ast.stmt] = tree.body
+    for part in filter(None, scope.split(".")):
+        found = [s for s in body if isinstance(s, ast.ClassDef) and s.name == part]
+        if not found:
+            body = []
+            break
+        body = found[-1].body
+    pieces: dict[str, list[str]] = {name: [] for name in names}
+    for stmt in _statements(body):
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for name in _bound(stmt) & pieces.keys():
+            pieces[name].append(_header(stmt, text))
+    return {
+        name: hashlib.sha256("\0".join(texts).encode("utf-8")).hexdigest()[:16]
+        for name, texts in sorted(pieces.items())
+    }
+
+
+def function_reads(source: str) -> tuple[list[str], str, dict[str, set[str]]] | None:
+    """What a function's source (``source_digest.function_source``) reads from outside
+    it: the names it loads that it does not bind itself (globals and builtins), the name
+    of its first parameter (``self``, ``cls``), and per name loaded the attributes read
+    from it (``name.attr``). None where the source does not parse on its own."""
+    tree: ast.AST
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        try:
+            tree = ast.parse(source.strip(), mode="eval")  # a lambda's own text
+        except SyntaxError:
+            return None
+    top = tree.body[0] if isinstance(tree, ast.Module) and tree.body else tree.body
+    first = ""
+    if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        positional = top.args.posonlyargs + top.args.args
+        first = positional[0].arg if positional else ""
+    local: set[str] = set()
+    declared_global: set[str] = set()
+    loaded: set[str] = set()
+    attributes: dict[str, set[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else local).add(node.id)
+        elif isinstance(node, ast.arg):
+            local.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node is not top:
+                local.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            local.update(_bound(node))
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            declared_global.update(node.names)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            attributes.setdefault(node.value.id, set()).add(node.attr)
+    names = sorted(loaded - (local - declared_global))
+    return names, first, attributes
+
+
+def changed_bindings(
+    records: Iterable[dict[str, Any]], module_text: Callable[[str, str], str | None]
+) -> Iterator[tuple[dict[str, Any], dict[str, Any], list[str]]]:
+    """Yield ``(record, read, names)`` for each read (a row of a ``FUNCTION_SOURCES``
+    record's ``reads``: module, path, class scope, each name's digest) some of whose
+    ``names`` are bound differently now. ``module_text(module, path)`` reads a module's
+    live text (None when it cannot, or it does not parse: every name read there has
+    changed)."""
+    texts: dict[tuple[str, str], str | None] = {}
+    trees: dict[tuple[str, str], tuple[str, Any] | None] = {}
+    for record in records:
+        for read in record.get("reads", ()):
+            key = (read["module"], read["path"])
+            if key not in texts:
+                texts[key] = module_text(*key)
+            text = texts[key]
+            if text is not None and source_digest(text) == read["module_sha256"]:
+                continue  # the module reads as captured: so does every binding in it
+            if key not in trees:
+                tree = None if text is None else parse_module(text)
+                trees[key] = None if text is None or tree is None else (text, tree)
+            parsed = trees[key]
+            recorded: dict[str, str] = read["names"]
+            now = {} if parsed is None else binding_digests(*parsed, recorded, read["scope"])
+            changed = [name for name, digest in recorded.items() if now.get(name) != digest]
+            if changed:
+                yield record, read, changed
+
+
+__all__ = [
+    "binding_digests",
+    "changed_bindings",
+    "function_reads",
+]

@@ -1,0 +1,208 @@
+"""An artifact is stale when a name its capture read from outside the functions it ran
+through is bound differently now -- not only when one of those functions changed.
+
+helper-78's attack: ``K = 2.0`` at the top of a helper module, read by a traced helper,
+changed to ``K = 3.0``; the artifact refused every call (its guard on ``K``) while plain
+``precompile check`` reported nothing. Every way a function reads a name bound outside it
+is a target here -- its module's global, a project module's attribute, a class attribute
+by name and through ``self``, a builtin its module comes to shadow -- under both tracers
+(and Inductor, whose artifacts carry the same records). Changes that bind nothing a
+capture read (another constant, a comment, a new name) leave every artifact current.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.harness import precompile_cli
+
+HELPER = """K = 2.0
+SCALE = 3.0
+UNUSED = 1.0
+
+
+def scale(x):
+    return x * K
+"""
+
+TARGETS = """import torch
+
+import precompile
+from pkg import helper
+from pkg.helper import scale
+
+OFFSET = 1.0
+
+
+class Cfg:
+    GAIN = 2.0
+
+
+class Net(torch.nn.Module):
+    BIAS = 0.5
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x) + self.BIAS
+
+
+def examples():
+    torch.manual_seed(0)
+    return [precompile.Example(torch.nn.Linear(4, 4).eval(), torch.randn(2, 4))]
+
+
+def net_examples():
+    torch.manual_seed(0)
+    return [precompile.Example(Net().eval(), torch.randn(2, 4))]
+
+
+@precompile.target(examples)
+def by_helper(model, x):
+    return scale(model(x))
+
+
+@precompile.target(examples)
+def by_module_attribute(model, x):
+    return model(x) * helper.SCALE
+
+
+@precompile.target(examples)
+def by_global(model, x):
+    return model(x) + OFFSET
+
+
+@precompile.target(examples)
+def by_class_attribute(model, x):
+    return model(x) * Cfg.GAIN
+
+
+@precompile.target(net_examples)
+def by_self_attribute(model, x):
+    return model(x)
+
+
+@precompile.target(examples)
+def by_builtin(model, x):
+    return abs(model(x))
+"""
+
+#: Target -> what its staleness message says changed, after ``_rebind_what_each_reads``.
+CHANGED = {
+    "by_helper": "`K` (src/pkg/helper.py), which `scale` reads, changed",
+    "by_module_attribute": "`SCALE` (src/pkg/helper.py), which `by_module_attribute` reads",
+    "by_global": "`OFFSET` (src/pkg/t.py), which `by_global` reads, changed",
+    "by_class_attribute": "`Cfg.GAIN` (src/pkg/t.py), which `by_class_attribute` reads",
+    "by_self_attribute": "`Net.BIAS` (src/pkg/t.py), which `Net.forward` reads, changed",
+    "by_builtin": "`abs` (src/pkg/t.py), which `by_builtin` reads, changed",
+}
+
+
+def _workspace(tmp_path: Path, tracer: str, backend: str) -> Path:
+    root = tmp_path / "ws"
+    package = root / "src" / "pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "helper.py").write_text(HELPER)
+    (package / "t.py").write_text(TARGETS)
+    (root / "pyproject.toml").write_text(
+        f'[tool.precompile]\nsource-roots = ["src"]\ntracer = "{tracer}"\n'
+        f'backend = "{backend}"\nartifact-dir = "artifacts"\n'
+    )
+    return root
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new, 1))
+
+
+def _stale(root: Path) -> dict[str, str]:
+    proc = precompile_cli("check", "--format", "json", cwd=root, timeout=600)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    return {
+        f["target"].rsplit(".", 1)[-1]: f["message"]
+        for f in json.loads(proc.stdout)["findings"]
+        if f["code"] == "PC301"
+    }
+
+
+@pytest.mark.parametrize(
+    ("tracer", "backend"), [("make_fx", "eager"), ("dynamo", "eager"), ("dynamo", "inductor")]
+)
+def test_a_name_a_capture_read_bound_differently_makes_its_artifact_stale(
+    tmp_path: Path, tracer: str, backend: str
+) -> None:
+    root = _workspace(tmp_path, tracer, backend)
+    emitted = precompile_cli("check", "--emit", cwd=root, timeout=600)
+    assert emitted.returncode == 0, emitted.stdout + emitted.stderr
+    assert len(list((root / "artifacts").glob("*.py"))) == len(CHANGED)
+
+    helper, targets = root / "src" / "pkg" / "helper.py", root / "src" / "pkg" / "t.py"
+    # Nothing a capture read is bound differently: every artifact stays current.
+    _edit(helper, "UNUSED = 1.0\n", "UNUSED = 5.0\n\n# the gain\n")
+    _edit(helper, "K = 2.0\n", "K = 2.0  # the gain\n")
+    _edit(targets, "OFFSET = 1.0\n", "OFFSET = 1.0\nNEW = 2\n")
+    assert _stale(root) == {}
+
+    _edit(helper, "K = 2.0", "K = 3.0")
+    _edit(helper, "SCALE = 3.0", "SCALE = 4.0")
+    _edit(targets, "OFFSET = 1.0", "OFFSET = 2.0")
+    _edit(targets, "    GAIN = 2.0", "    GAIN = 3.0")
+    _edit(targets, "    BIAS = 0.5", "    BIAS = 0.25")
+    _edit(targets, "NEW = 2\n", "NEW = 2\nabs = torch.neg\n")
+    stale = _stale(root)
+    assert set(stale) == set(CHANGED), stale
+    for name, said in CHANGED.items():
+        assert said in stale[name], (name, stale[name])
+
+
+GOOD_RECORD = {"module": "pkg.t", "function": "f", "path": "t.py", "sha256": "0" * 64}
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        [5],
+        [{**GOOD_RECORD, "line": "7"}],
+        [{**GOOD_RECORD, "reads": [5]}],
+        [{**GOOD_RECORD, "reads": [{"module": 1, "path": "y", "scope": "", "names": 3}]}],
+        [
+            {
+                **GOOD_RECORD,
+                "reads": [
+                    {"module": "m", "path": "m.py", "scope": "", "module_sha256": "", "names": 3}
+                ],
+            }
+        ],
+    ],
+)
+def test_a_function_record_of_the_wrong_shape_is_an_unreadable_artifact(
+    tmp_path: Path, records: list[object]
+) -> None:
+    """A workspace may hold an artifact edited by hand or written by another tool: the
+    language server reads its records without running it, and one of the wrong shape is
+    reported as an artifact that cannot be read, never an internal error."""
+    from precompile.artifact.metadata import (
+        ARTIFACT_FORMAT,
+        ARTIFACT_FORMAT_VERSION,
+        METADATA_END,
+    )
+    from precompile.write_policy import ARTIFACT_MARKER
+    from precompile_lsp.staleness import artifact_status
+
+    artifact = tmp_path / "pkg.t.f.py"
+    artifact.write_text(
+        f"{ARTIFACT_MARKER.decode()}\nFORMAT = {ARTIFACT_FORMAT!r}\n"
+        f"FORMAT_VERSION = {ARTIFACT_FORMAT_VERSION!r}\nFUNCTION_SOURCES = {records!r}\n"
+        f"{METADATA_END}\n"
+    )
+    status = artifact_status(artifact)
+    assert status.exists and status.unreadable is not None, status
+    assert "FUNCTION_SOURCES[0]" in status.unreadable and "edited" in status.unreadable
