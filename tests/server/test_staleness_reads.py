@@ -4,8 +4,9 @@ through is bound differently now -- not only when one of those functions changed
 helper-78's attack: ``K = 2.0`` at the top of a helper module, read by a traced helper,
 changed to ``K = 3.0``; the artifact refused every call (its guard on ``K``) while plain
 ``precompile check`` reported nothing. Every way a function reads a name bound outside it
-is a target here -- its module's global, a project module's attribute, a class attribute
-by name and through ``self``, a builtin its module comes to shadow -- under both tracers
+is a target here -- its module's global, a project module's attribute, a name imported
+from one, a class attribute by name and through ``self``, a builtin its module comes to
+shadow -- under both tracers
 (and Inductor, whose artifacts carry the same records). Changes that bind nothing a
 capture read (another constant, a comment, a new name) leave every artifact current.
 """
@@ -21,6 +22,7 @@ from tests.harness import precompile_cli
 
 HELPER = """K = 2.0
 SCALE = 3.0
+SHIFT = 1.0
 UNUSED = 1.0
 
 
@@ -33,6 +35,8 @@ TARGETS = """import torch
 import precompile
 from pkg import helper
 from pkg.helper import scale
+
+from .helper import SHIFT
 
 OFFSET = 1.0
 
@@ -90,6 +94,11 @@ def by_self_attribute(model, x):
 @precompile.target(examples)
 def by_builtin(model, x):
     return abs(model(x))
+
+
+@precompile.target(examples)
+def by_imported_name(model, x):
+    return model(x) - SHIFT
 """
 
 #: Target -> what its staleness message says changed, after ``_rebind_what_each_reads``.
@@ -100,6 +109,7 @@ CHANGED = {
     "by_class_attribute": "`Cfg.GAIN` (src/pkg/t.py), which `by_class_attribute` reads",
     "by_self_attribute": "`Net.BIAS` (src/pkg/t.py), which `Net.forward` reads, changed",
     "by_builtin": "`abs` (src/pkg/t.py), which `by_builtin` reads, changed",
+    "by_imported_name": "`SHIFT` (src/pkg/helper.py), which `by_imported_name` reads",
 }
 
 
@@ -153,6 +163,7 @@ def test_a_name_a_capture_read_bound_differently_makes_its_artifact_stale(
 
     _edit(helper, "K = 2.0", "K = 3.0")
     _edit(helper, "SCALE = 3.0", "SCALE = 4.0")
+    _edit(helper, "SHIFT = 1.0", "SHIFT = 5.0")
     _edit(targets, "OFFSET = 1.0", "OFFSET = 2.0")
     _edit(targets, "    GAIN = 2.0", "    GAIN = 3.0")
     _edit(targets, "    BIAS = 0.5", "    BIAS = 0.25")

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import types
 from typing import Any
 
 from precompile.artifact.pair import artifact_relative
 from precompile.locations import is_project_file, is_project_module
-from precompile.runtime.source_bindings import binding_digests, function_reads
+from precompile.runtime.source_bindings import binding_digests, function_reads, imported_from
 from precompile.runtime.source_digest import function_source, parse_module, source_digest
 
 
@@ -75,6 +76,12 @@ def _reads(
         rows.append(_read(module.__name__, path, text, owner, sorted(attributes[first])))
     for name in names:
         value = vars(module).get(name)
+        source_module = imported_from(_parsed(text), name, module.__package__)
+        if source_module is not None and not isinstance(value, (type, types.ModuleType)):
+            # ``from .helper import K``: K as the helper binds it.
+            row = _module_read(sys.modules.get(source_module[0]), [source_module[1]], artifact_path)
+            if row is not None and row["module"] != module.__name__:
+                rows.append(row)
         read = sorted(attributes.get(name, ()))
         if not read:
             continue
@@ -85,17 +92,25 @@ def _reads(
         ):
             rows.append(_read(module.__name__, path, text, value.__qualname__, read))
         elif isinstance(value, types.ModuleType) and value is not module:
-            file = value.__file__
-            if not is_project_module(value) or file is None:
-                continue
-            try:
-                other = inspect.getsource(value)
-            except (OSError, TypeError):
-                continue
-            if _parsed(other) is not None:
-                where = artifact_relative(file, artifact_path) or file
-                rows.append(_read(value.__name__, where, other, "", read))
+            row = _module_read(value, read, artifact_path)
+            if row is not None:
+                rows.append(row)
     return rows
+
+
+def _module_read(value: Any, names: list[str], artifact_path: str) -> dict[str, Any] | None:
+    """The ``reads`` row of ``names`` bound at the top level of ``value``, where it is a
+    project module whose source can be read; else None."""
+    if not isinstance(value, types.ModuleType) or not is_project_module(value):
+        return None
+    file = value.__file__
+    try:
+        other = inspect.getsource(value)
+    except (OSError, TypeError):
+        return None
+    if file is None or _parsed(other) is None:
+        return None
+    return _read(value.__name__, artifact_relative(file, artifact_path) or file, other, "", names)
 
 
 def function_records(codes: list[types.CodeType], artifact_path: str) -> list[dict[str, Any]]:

@@ -13,7 +13,9 @@ and the workspace compares them as it compares the functions' own digests.
 What counts as a read, from the function's source: every name it loads, and every
 ``name.attr`` whose ``name`` is a class of the same module (its body's bindings of
 ``attr``) or a project module the function's globals hold (that module's bindings of
-``attr``; resolved at capture, where the module is live). The binding statements are the
+``attr``; resolved at capture, where the module is live), and a name the module imports
+from a project module (``from .helper import K``: the helper's bindings of ``K``, one hop).
+The binding statements are the
 module's top-level ones (inside ``if``/``try``/``with``/``for`` blocks too), function and
 class definitions left out: a function the capture ran through has its own record, and
 an edit to one it did not run changes nothing it computed.
@@ -108,6 +110,28 @@ def binding_digests(text: str, tree: Any, names: Iterable[str], scope: str = "")
     }
 
 
+def imported_from(tree: Any, name: str, package: str | None) -> tuple[str, str] | None:
+    """Where the module's last top-level ``from X import a as name`` binding ``name``
+    takes it from: X as an absolute module name (a relative X resolved in ``package``)
+    and ``a``; None where no such statement binds it."""
+    import importlib.util
+
+    found = None
+    for stmt in _statements(tree.body):
+        if isinstance(stmt, ast.ImportFrom):
+            for alias in stmt.names:
+                if (alias.asname or alias.name) == name and alias.name != "*":
+                    found = (stmt, alias.name)
+    if found is None:
+        return None
+    stmt, attribute = found
+    try:
+        module = importlib.util.resolve_name("." * stmt.level + (stmt.module or ""), package)
+    except (ImportError, ValueError):
+        return None
+    return module, attribute
+
+
 def function_reads(source: str) -> tuple[list[str], str, dict[str, set[str]]] | None:
     """What a function's source (``source_digest.function_source``) reads from outside
     it: the names it loads that it does not bind itself (globals and builtins), the name
@@ -181,4 +205,5 @@ __all__ = [
     "binding_digests",
     "changed_bindings",
     "function_reads",
+    "imported_from",
 ]
