@@ -19,7 +19,7 @@ from typing import Any
 
 from precompile.artifact.pair import artifact_relative
 from precompile.locations import is_project_file, is_project_module
-from precompile.runtime.source_bindings import binding_digests, function_reads, imported_from
+from precompile.runtime.source_bindings import binding_digests, function_reads, imported_names
 from precompile.runtime.source_digest import function_source, parse_module, source_digest
 
 
@@ -41,6 +41,12 @@ def _parsed(text: str) -> Any:
     the edit did not touch, and a long module takes tens of milliseconds to parse. The
     tree is only read (``function_source``)."""
     return parse_module(text)
+
+
+@functools.lru_cache(maxsize=32)
+def _imported(text: str, package: str | None) -> dict[str, tuple[str, str]]:
+    """``imported_names`` of a module's text, once per process while it is unchanged."""
+    return imported_names(_parsed(text), package)
 
 
 def _read(module: str, path: str, text: str, scope: str, names: Any) -> dict[str, Any]:
@@ -74,12 +80,13 @@ def _reads(
     owner = qualname.rpartition(".")[0]
     if first in attributes and owner and "<locals>" not in qualname:
         rows.append(_read(module.__name__, path, text, owner, sorted(attributes[first])))
+    imported = _imported(text, module.__package__)
     for name in names:
         value = vars(module).get(name)
-        source_module = imported_from(_parsed(text), name, module.__package__)
-        if source_module is not None and not isinstance(value, (type, types.ModuleType)):
+        if name in imported and not isinstance(value, (type, types.ModuleType)):
             # ``from .helper import K``: K as the helper binds it.
-            row = _module_read(sys.modules.get(source_module[0]), [source_module[1]], artifact_path)
+            source, attribute = imported[name]
+            row = _module_read(sys.modules.get(source), [attribute], artifact_path)
             if row is not None and row["module"] != module.__name__:
                 rows.append(row)
         read = sorted(attributes.get(name, ()))

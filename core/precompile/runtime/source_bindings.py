@@ -110,26 +110,24 @@ def binding_digests(text: str, tree: Any, names: Iterable[str], scope: str = "")
     }
 
 
-def imported_from(tree: Any, name: str, package: str | None) -> tuple[str, str] | None:
-    """Where the module's last top-level ``from X import a as name`` binding ``name``
-    takes it from: X as an absolute module name (a relative X resolved in ``package``)
-    and ``a``; None where no such statement binds it."""
+def imported_names(tree: Any, package: str | None) -> dict[str, tuple[str, str]]:
+    """Each name the module's top-level ``from X import a as name`` statements bind (the
+    last one, where several do): X as an absolute module name (a relative X resolved in
+    ``package``) and ``a``."""
     import importlib.util
 
-    found = None
+    found: dict[str, tuple[str, str]] = {}
     for stmt in _statements(tree.body):
-        if isinstance(stmt, ast.ImportFrom):
-            for alias in stmt.names:
-                if (alias.asname or alias.name) == name and alias.name != "*":
-                    found = (stmt, alias.name)
-    if found is None:
-        return None
-    stmt, attribute = found
-    try:
-        module = importlib.util.resolve_name("." * stmt.level + (stmt.module or ""), package)
-    except (ImportError, ValueError):
-        return None
-    return module, attribute
+        if not isinstance(stmt, ast.ImportFrom):
+            continue
+        try:
+            module = importlib.util.resolve_name("." * stmt.level + (stmt.module or ""), package)
+        except (ImportError, ValueError):
+            continue
+        for alias in stmt.names:
+            if alias.name != "*":
+                found[alias.asname or alias.name] = (module, alias.name)
+    return found
 
 
 def function_reads(source: str) -> tuple[list[str], str, dict[str, set[str]]] | None:
@@ -205,5 +203,5 @@ __all__ = [
     "binding_digests",
     "changed_bindings",
     "function_reads",
-    "imported_from",
+    "imported_names",
 ]
