@@ -434,11 +434,19 @@ def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
     Some of its decompositions ask ``torch._inductor.lowering`` whether to decompose at
     all (max-pool with indices: ``torch._inductor.lowering.should_fallback_...``) as an
     attribute of the package, which torch.compile has imported by then and a make_fx
-    capture has not: imported here, or such a graph fails to trace."""
+    capture has not: imported here, or such a graph fails to trace.
+
+    The table as Inductor selects it with random ops left to torch
+    (``inductor_layout_config``'s ``fallback_random``): without it Inductor adds its fast
+    random decompositions (``exponential_``, ``cauchy_``, ``geometric_``,
+    ``log_normal_``, RReLU in training, rewritten over ``rand``), which draw other numbers
+    than eager from the same generator and leave it elsewhere."""
     import torch._inductor.lowering  # noqa: F401  (bound as torch._inductor.lowering)
+    from torch._inductor import config
     from torch._inductor.decomposition import select_decomp_table
 
-    return dict(select_decomp_table())
+    with config.patch(fallback_random=True):
+        return dict(select_decomp_table())
 
 
 def inductor_autograd_config() -> Any:
