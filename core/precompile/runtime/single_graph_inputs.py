@@ -125,10 +125,19 @@ def check_tensor_types(labels: list[str], tensors: list[Any], invariant: int) ->
     overrides) may compute otherwise in eager, where the graph would run on its data
     as if it were plain. A Parameter where a tensor was captured (or the reverse)
     changes nothing the graph computes, so both are served. A tensor with its conjugate
-    bit set is refused too. Called on the slow paths
-    only: the C-level guards of the fast paths compare each tensor's exact type."""
+    bit set is refused too, and on Inductor one with its negative bit set (``z.conj().imag``):
+    Inductor's kernels read a tensor's storage as it lies, where the bit says to negate
+    it. Called on the slow paths only: the C-level guards of the fast paths compare each
+    tensor's exact type and dispatch keys."""
     served = (_torch.Tensor, _torch.nn.Parameter)
     for label, t in zip(labels, tensors):
+        if BACKEND == "inductor" and t.is_neg():
+            refuse(
+                f"precompile: {label} has its negative bit set (a lazy view such as "
+                f"z.conj().imag), which Inductor's kernels do not apply: they read its "
+                f"storage, which holds the values negated. Pass t.resolve_neg()",
+                invariant,
+            )
         if t.is_conj():
             # A lazy view the capture never takes (capturing.fx_inputs.check_tensor):
             # eager resolves the bit where an op needs it; ops make_fx decomposed into
@@ -524,9 +533,9 @@ def build_input_check() -> (
         if (
             tuple(map(input_meta, tensors_in)) != expected_inputs
             or not set(map(type, tensors_in)) <= served_types
-            # A lazy conjugate view (the guard compares dispatch keys; this comparison
-            # must too): the slow path refuses it.
-            or any(t.is_conj() for t in tensors_in)
+            # A lazy conjugate view, or on Inductor a negative one (the guard compares
+            # dispatch keys; this comparison must too): the slow path refuses it.
+            or any(t.is_conj() or (BACKEND == "inductor" and t.is_neg()) for t in tensors_in)
             or (check_input_strides and tuple(map(stride_of, tensors_in)) != expected_input_strides)
         ):
             return False

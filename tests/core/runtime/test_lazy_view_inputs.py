@@ -30,6 +30,12 @@ def linear(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model(x)
 
 
+def scaled(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Its input and bias read by a kernel Inductor generates, not only by an ATen call
+    (``addmm`` resolves the bit as eager does)."""
+    return model(x * 2.0) + model.bias * 3.0
+
+
 SERVE = """
 import json, torch, precompile
 from tests.core.runtime.test_lazy_view_inputs import _model_and_input, linear, real_plus_imag
@@ -71,3 +77,48 @@ def test_a_lazy_conjugate_view_is_refused_at_capture_and_served_call(tmp_path: P
         assert "conjugate bit set" in cells[name] and "resolve_conj()" in cells[name], cells
     # A negative bit every op's dispatch resolves: served, and exact.
     assert cells["neg warm"] == "exact", cells
+
+
+SERVE_INDUCTOR = """
+import json, torch, precompile
+from tests.core.runtime.test_lazy_view_inputs import _model_and_input, scaled
+model, z = _model_and_input()
+run = precompile.load(*{paths!r})
+cells = {{}}
+def call(name, m, value):
+    try:
+        with torch.no_grad():
+            got = run(m, value)
+            cells[name] = "exact" if torch.equal(got, scaled(m, value)) else "wrong"
+    except precompile.PrecompileError as error:
+        cells[name] = "refused: " + str(error)
+    except Exception as error:
+        cells[name] = "error: " + repr(error)
+x = z.real.contiguous()
+# Contiguous, as captured (a one-element z.conj().imag is too): no layout copy resolves it.
+negated = torch._neg_view(x)  # its storage holds x; the bit says it is -x
+assert negated.is_neg() and negated.is_contiguous()
+call("neg cold", model, negated)
+call("plain", model, x)
+call("neg warm", model, negated)
+call("resolved", model, negated.resolve_neg())
+model.bias = torch.nn.Parameter(torch._neg_view(model.bias.detach().clone()))
+assert model.bias.is_neg()
+call("neg parameter", model, x)
+print(json.dumps(cells))
+"""
+
+
+def test_a_negative_bit_view_is_refused_by_an_inductor_artifact(tmp_path: Path) -> None:
+    """helper-79: Inductor's kernels read a negative-bit view's storage as it lies (the
+    values negated), so a make_fx/Inductor artifact served ``-x`` for ``x``, as an input
+    and as a parameter. Refused now, naming the fix; the resolved tensor is served."""
+    model, z = _model_and_input()
+    paths = capture_pair(
+        scaled, model, z.real.contiguous(), directory=tmp_path, name="ind", backend="inductor"
+    )
+    cells = run_json(SERVE_INDUCTOR.format(paths=list(paths)))
+    assert cells["plain"] == "exact" and cells["resolved"] == "exact", cells
+    for name in ("neg cold", "neg warm", "neg parameter"):
+        assert cells[name].startswith("refused: "), cells
+        assert "negative bit set" in cells[name] and "resolve_neg()" in cells[name], cells
