@@ -4,7 +4,7 @@ Staleness is per function: an artifact records a digest of each function its cap
 through (``FUNCTION_SOURCES``), and it is stale when one of those functions reads
 differently in the workspace now, or is gone -- or when a name one of them reads from
 outside itself is bound differently now (``K = 2.0`` at its module's top level, a class
-attribute, a project module's attribute: ``precompile.runtime.source_bindings``).
+attribute, a project module's attribute: ``precompile.source_bindings``).
 Editing another function of the same file, a comment outside the function, or lines above
 it changes nothing. Artifacts that predate function records fall back to their per-file
 ``SOURCES`` hashes.
@@ -19,8 +19,8 @@ from pathlib import Path
 from precompile.artifact.metadata import inspect_artifact
 from precompile.artifact.pair import file_sha256, open_regular
 from precompile.errors import PrecompileError
-from precompile.runtime.source_bindings import changed_bindings
 from precompile.runtime.source_digest import changed_functions
+from precompile.source_bindings import changed_bindings
 from precompile.write_policy import pair_paths, refusal
 from precompile_lsp.files import shown_path
 

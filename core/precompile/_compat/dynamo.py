@@ -545,6 +545,42 @@ def builtins_key_of(guards_state: bytes) -> str | None:
     return state.output_graph.name_of_builtins_dict_key_in_fglobals
 
 
+def captured_guard_values(
+    guards_state: bytes, code: types.CodeType, scope: dict[str, Any]
+) -> dict[str, Any]:
+    """Source name -> value, for each plain value (a number, string, None, a tuple of
+    them) Dynamo's guard builder reads while rebuilding a variant's guards in this
+    process, the capturing one: what each guard expects, as the capture saw it. A load
+    rebuilds with these (``_compat.runtime.dynamo_serving_runtime``), not with what its
+    own process reads there. Empty where the guards do not rebuild here (the load then
+    refuses as well)."""
+    from torch._dynamo import guards
+    from torch._dynamo.package import load_guard_manager, load_guards_state
+
+    found: dict[str, Any] = {}
+    read = guards.GuardBuilder.get
+
+    def plain(value: Any) -> bool:
+        if isinstance(value, (tuple, frozenset)):
+            return all(map(plain, value))
+        return value is None or type(value) in (bool, int, float, complex, str, bytes)
+
+    def get(self: Any, guard_or_source: Any, closure_vars: Any = None) -> Any:
+        value = read(self, guard_or_source, closure_vars)
+        source = getattr(guard_or_source, "originating_source", guard_or_source)
+        name = getattr(source, "name", None)
+        if isinstance(name, str) and plain(value):
+            found[name] = value
+        return value
+
+    try:
+        with patched(guards.GuardBuilder, "get", get):
+            load_guard_manager(load_guards_state(guards_state), code, scope)
+    except Exception:
+        return {}
+    return found
+
+
 def variant_guard_managers(
     variants: list[tuple[bytes, Any]], code: types.CodeType, scope: dict[str, Any]
 ) -> list[Any]:

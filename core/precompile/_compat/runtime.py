@@ -127,8 +127,42 @@ def dict_keys_by_name(state: Any, records: list[dict[str, Any]]) -> Any:
     return state
 
 
+def guards_rebuilt_as_captured(
+    load: Any, state: Any, code: Any, scope: Any, captured: dict[str, Any]
+) -> Any:
+    """``load(state, code, scope)`` -- Dynamo's ``load_guard_manager`` -- with each plain
+    value a guard expects being the one the capture read (``captured``: source name ->
+    value, ``_compat.dynamo.captured_guard_values``), not what this process holds there.
+    Dynamo's rebuild reads each guard's source again and makes what it reads the guard's
+    expectation: a class attribute (``self.SCALE``, inherited or through
+    ``type(self)``), an enum member's value or a global changed in the source since the
+    capture would pass its own guard and be served by a graph that baked the old value."""
+    if not captured:
+        return load(state, code, scope)
+    from torch._dynamo import guards
+
+    read = guards.GuardBuilder.get
+    missing = object()
+
+    def get(self: Any, guard_or_source: Any, closure_vars: Any = None) -> Any:
+        value = read(self, guard_or_source, closure_vars)
+        source = getattr(guard_or_source, "originating_source", guard_or_source)
+        name = getattr(source, "name", None)
+        then = captured.get(name, missing) if isinstance(name, str) else missing
+        return value if then is missing else then
+
+    guards.GuardBuilder.get = get  # type: ignore[method-assign]  # for this rebuild only
+    try:
+        return load(state, code, scope)
+    finally:
+        guards.GuardBuilder.get = read  # type: ignore[method-assign]
+
+
 def dynamo_serving_runtime() -> Any:
-    """The few Dynamo internals a standalone artifact needs to rebuild its frames."""
+    """The few Dynamo internals a standalone artifact needs to rebuild its frames; its
+    ``load_guard_manager`` rebuilds a variant's guards with the values the capture read
+    (``guards_rebuilt_as_captured``)."""
+    import functools
     import types as _types
 
     import torch
@@ -140,7 +174,7 @@ def dynamo_serving_runtime() -> Any:
     return _types.SimpleNamespace(
         to_code=SerializedCode.to_code_object,
         load_guards_state=load_guards_state,
-        load_guard_manager=load_guard_manager,
+        load_guard_manager=functools.partial(guards_rebuilt_as_captured, load_guard_manager),
         name_dict_keys=dict_keys_by_name,
         builtins_dict=get_builtins_dict,
         bind_locals=bind_locals,
@@ -303,8 +337,41 @@ def dynamo_installed_runtime() -> Any:
         for code in targets:
             _reset_precompile_entries(code)
 
+    def install(package: Any, backends: dict[str, Any], captured: dict[str, Any]) -> None:
+        """``package.install(backends)``, each guarded code's guards rebuilt with the
+        values the capture read (``captured``: sha256 of its guards state -> source name
+        -> value; ``guards_rebuilt_as_captured``)."""
+        import hashlib
+
+        from torch._dynamo import package as package_module
+
+        load_state, load_manager = (
+            package_module.load_guards_state,
+            package_module.load_guard_manager,
+        )
+        digests: dict[int, str] = {}
+
+        def state_of(data: bytes) -> Any:
+            state = load_state(data)
+            digests[id(state)] = hashlib.sha256(data).hexdigest()
+            return state
+
+        def manager_of(state: Any, code: Any, scope: Any) -> Any:
+            values = captured.get(digests.get(id(state), ""), {})
+            return guards_rebuilt_as_captured(load_manager, state, code, scope, values)
+
+        # Both looked up in the package module when install calls them, for this install.
+        vars(package_module).update(load_guards_state=state_of, load_guard_manager=manager_of)
+        try:
+            package.install(backends)
+        finally:
+            vars(package_module).update(
+                load_guards_state=load_state, load_guard_manager=load_manager
+            )
+
     return _types.SimpleNamespace(
         CompilePackage=CompilePackage,
+        install=install,
         package_for=package_for,
         OptimizeContext=OptimizeContext,
         optimize=torch._dynamo.optimize,

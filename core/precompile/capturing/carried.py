@@ -171,6 +171,7 @@ class MultiGraph:
                 source_digest,
                 guard_text,
                 compat_runtime.disown_cleanup_hooks,
+                compat_runtime.guards_rebuilt_as_captured,
                 *(
                     (multigraph_guards, compat_runtime.plain_serving_runtime)
                     if plain_guards

@@ -188,15 +188,30 @@ def _name_map(frames: list[FrameRecord], tag: str) -> dict[str, str]:
     return names
 
 
+def _capture_scope(frame: FrameRecord) -> dict[str, Any]:
+    """A copy of the frame's module globals as a load binds them: with what Dynamo bound
+    there and the modules its bytecode imports by alias."""
+    import importlib
+
+    scope = {**vars(importlib.import_module(frame.python_module)), **frame.installed_globals}
+    for alias, module_name in frame.import_sources.items():
+        scope.setdefault(alias, importlib.import_module(module_name))
+    return scope
+
+
 def _frame_payload(frames: list[FrameRecord], tag: str) -> list[dict[str, Any]]:
     names = _name_map(frames, tag)
     payload = []
     for frame in frames:
         variants = []
         notes = frame.layout_notes or [[] for _ in frame.variants]
+        scope = _capture_scope(frame) if frame.variants else {}
         for number, ((guards_state, dynamo_code), layout_notes) in enumerate(
             zip(frame.variants, notes)
         ):
+            # What each guard expects, as the capture read it: a load rebuilding the
+            # guards through Dynamo compares against these, not what it reads itself.
+            captured = dynamo.captured_guard_values(guards_state, frame.code, scope)
             # The guard state stays as Dynamo's own pickler wrote it, but for its
             # builtins-dict key, renamed in place (see _builtins_key).
             variants.append(
@@ -205,6 +220,9 @@ def _frame_payload(frames: list[FrameRecord], tag: str) -> list[dict[str, Any]]:
                     "dynamo_code": _rename_code(dynamo_code, names),
                     "dict_keys": _variant_dict_keys(frame, number, names),
                     "layout_notes": [list(note) for note in layout_notes],
+                    "captured_values": pickle.loads(
+                        _rekey_guards_state(pickle.dumps(captured, protocol=4), names)
+                    ),
                 }
             )
         payload.append(
@@ -243,15 +261,12 @@ def _plain_payload(
     Dynamo bound there, then renamed like the guard state (same-length names, in place).
     The bytecode's alias of ``torch._dynamo.utils`` is renamed to a tagged one bound to
     the stand-in: a live compile in the module binds the real alias to the real module."""
-    import importlib
 
     stand_in_alias = f"__precompile_dynamo_utils_{tag}"
 
     plain = []
     for frame, record in zip(frames, payload):
-        scope = {**vars(importlib.import_module(frame.python_module)), **frame.installed_globals}
-        for alias, module_name in frame.import_sources.items():
-            scope.setdefault(alias, importlib.import_module(module_name))
+        scope = _capture_scope(frame)
         codes = [frame.code] + [guard_translation.code_of(c) for _state, c in frame.variants]
         sources: dict[str, str] = {}
         aliases: dict[str, str] = {}
@@ -437,7 +452,8 @@ def emit_dynamo(capture: DynamoCapture, *, fn_info: dict[str, Any], artifact_pat
             hint="use defaults that are plain Python values",
         ) from error
     tag = content_tag(frames, capture.graphs.sources, fn_info)
-    guard_path, payload = guard_runtime(frames, _frame_payload(frames, tag), tag, serving_mode)
+    frame_payload = _frame_payload(frames, tag)
+    guard_path, payload = guard_runtime(frames, frame_payload, tag, serving_mode)
     plain = guard_path["path"] == "plain"
     names = _name_map(frames, tag)
     helpers = [
@@ -477,7 +493,18 @@ def emit_dynamo(capture: DynamoCapture, *, fn_info: dict[str, Any], artifact_pat
         metadata["EAGER_FRAMES"] = [
             [f.name, f.code.co_firstlineno] for f in frames if f.eager_fallback
         ]
-        payloads = {"_PACKAGE": _encode(_package_payload(package, frames, tag))}
+        payloads = {
+            "_PACKAGE": _encode(_package_payload(package, frames, tag)),
+            # What each guarded code's guards read at capture, by its guards state
+            # (renamed as in the package): the install rebuilds them with these.
+            "_GUARD_VALUES": _encode(
+                {
+                    hashlib.sha256(variant["guards_state"]).hexdigest(): variant["captured_values"]
+                    for record in frame_payload
+                    for variant in record["variants"]
+                }
+            ),
+        }
     else:
         payloads = {"_FRAMES": _encode(payload), "_ENTRY_BINDING": encoded_binding}
     # An ambient autocast is named by state_checks' one list of its devices.

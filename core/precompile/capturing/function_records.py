@@ -6,7 +6,7 @@ them with the workspace to call an artifact stale; both use ``precompile.runtime
 so a change to another function in the same file is not a change to this one. Each record
 also carries what the function reads from outside it (``reads``: its globals, its class's
 attributes, a project module's attributes), by the digests of the statements that bind
-them (``precompile.runtime.source_bindings``), which the language server compares too.
+them (``precompile.source_bindings``), which the language server compares too.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 
 from precompile.artifact.pair import artifact_relative
 from precompile.locations import is_project_file, is_project_module
-from precompile.runtime.source_bindings import binding_digests, function_reads, imported_names
 from precompile.runtime.source_digest import function_source, parse_module, source_digest
+from precompile.source_bindings import binding_digests, function_reads, imported_names
 
 
 def _module_text(code: types.CodeType) -> tuple[str | None, str | None]:

@@ -129,6 +129,8 @@ def _readable(fp: Any) -> str:
         return f"the {fp[1]} bound to {held}" if held else f"an unnamed {fp[1]}"
     if kind == "object" and len(fp) == 3 and fp[2] == ():
         return f"a {fp[1]} that no module-level name holds"
+    if kind == "enum" and len(fp) == 4:
+        return f"{fp[1]}.{fp[2]} (value {_readable(fp[3])})"
     if kind in ("object", "nn.Module", "enum", "deep"):
         return f"a {fp[1]}" + (f".{fp[2]}" if kind == "enum" else "")
     if kind == "partial" and len(fp) == 4:

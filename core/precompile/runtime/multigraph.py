@@ -355,7 +355,9 @@ def _build_multigraph_forward() -> Any:
                     manager = rt.guard_manager(variant["guards"], scope)
                 else:
                     guards_state = rt.name_dict_keys(guards_state, variant.get("dict_keys") or [])
-                    manager = rt.load_guard_manager(guards_state, target, scope)
+                    manager = rt.load_guard_manager(
+                        guards_state, target, scope, variant.get("captured_values") or {}
+                    )
             except Exception as error:
                 # Building a guard manager reads the live objects its guards name (a
                 # dict's keys by position, an attribute of a global): state a process may

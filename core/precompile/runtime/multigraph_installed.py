@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     FN_MODULE: str = ""
     EAGER_FRAMES: list[tuple[str, int]] = []
     _PACKAGE: str = ""
+    #: sha256 of each guarded code's guards state -> the values its guards read at capture.
+    _GUARD_VALUES: str = ""
     DYNAMO_GLOBALS: list[list[str]] = []
     _BACKEND_FNS: dict[str, Any] = {}
 
@@ -108,7 +110,11 @@ def _build_installed_forward() -> Any:
             # Bound before context(fn), which captures the callback when it wraps.
             context.callback = rt.refusing_callback(context.callback, eager)
         compiled = context(fn)
-    package.install({backend_id: rt.Backend(f) for backend_id, f in _BACKEND_FNS.items()})
+    rt.install(
+        package,
+        {backend_id: rt.Backend(f) for backend_id, f in _BACKEND_FNS.items()},
+        pickle.loads(base64.b64decode(_GUARD_VALUES)),
+    )
     helpers: list[tuple[dict[str, Any], str]] = []
     for module_name, name, kind, data in DYNAMO_GLOBALS:
         scope = vars(import_user_module(module_name))

@@ -290,7 +290,10 @@ def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any:
             tuple((k, fingerprint(state[k], context, depth + 1)) for k in read),
         )
     if isinstance(value, enum.Enum):
-        return ("enum", type_name(kind), value.name)
+        # By name and value: a member's value is what ``.value`` reads, and it changes
+        # with the class's source (``A = 2.0`` -> ``A = 3.0``) while its name does not.
+        member_value = getattr(value, "_value_", None)
+        return ("enum", type_name(kind), value.name, fingerprint(member_value, context, depth + 1))
     if depth > 8 or id(value) in context["path"]:
         return ("deep", type_name(kind))
     context["path"].add(id(value))

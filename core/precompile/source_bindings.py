@@ -20,9 +20,9 @@ module's top-level ones (inside ``if``/``try``/``with``/``for`` blocks too), fun
 class definitions left out: a function the capture ran through has its own record, and
 an edit to one it did not run changes nothing it computed.
 
-Imports nothing but the standard library and ``source_digest``: the language server reads
-this without torch. Not carried by artifacts (a load checks the values themselves); it
-sits beside ``source_digest``, whose meaning of "changed" it extends.
+Imports nothing but the standard library and ``runtime.source_digest``, whose meaning of
+"changed" it extends: the language server reads this without torch. Not carried by
+artifacts (a load checks the values themselves).
 """
 
 from __future__ import annotations
