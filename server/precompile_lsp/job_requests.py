@@ -46,6 +46,17 @@ def resources(declared: Any) -> dict[str, float]:
     }
 
 
+#: The variables the interpreter reads at start-up to build sys.path.
+IMPORT_ENVIRONMENT = (
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONNOUSERSITE",
+    "PYTHONUSERBASE",
+    "PYTHONPLATLIBDIR",
+    "PYTHONSAFEPATH",
+)
+
+
 class JobRequests:
     """The requests and cache keys of an engine's jobs. Call ``reconfigured`` when the
     configuration changes."""
@@ -73,6 +84,10 @@ class JobRequests:
             "torch": distribution_version("torch"),
             "torch-precompile": distribution_version("torch-precompile"),
             "cache": CACHE_FORMAT,
+            # What the interpreter puts on sys.path at start-up from the environment the
+            # workers inherit: a folder added to PYTHONPATH can make an optional import
+            # find a module, and no lookup of the job's looked there.
+            "import-environment": {k: os.environ[k] for k in IMPORT_ENVIRONMENT if k in os.environ},
         }
 
     def reconfigured(self, config: Config) -> None:

@@ -4,7 +4,8 @@ every imported file's bytes alone -- a symbolic link to a module re-pointed, one
 package folder re-pointed, an optional import (``try: from .fast import f``) now finding
 its module, and a module shadowed by a new file in an earlier source root -- and a
 distribution reinstalled with other files under the same version. (A source root that
-did not exist at the job, created since with the module in it, is the same shadowing.)
+did not exist at the job, created since with the module in it, is the same shadowing; so
+is a folder added to PYTHONPATH, which the cache key holds.)
 Each was answered from the cache ("0 errors") while the emitted artifact no longer matched the source.
 The job now records every place its imports looked (``worker/sources.py``) and each
 distribution's ``RECORD``; the cache compares what each held
@@ -40,6 +41,11 @@ TARGETS = {
     "shadowed": "import shadowed_mod as impl\n",
     # Shadowed from a source root created since (no folder, so no finder, at the job).
     "late_root": "import late_mod as impl\n",
+    # Found in a folder added to PYTHONPATH since (not on the job's sys.path at all).
+    "on_pythonpath": (
+        "try:\n    import pyp_mod as impl\nexcept ImportError:\n"
+        "    from pkg import slow as impl\n"
+    ),
     "installed": "import fakedist_mod as impl\n",
     # A RECORD that leaves the dist-info's own files out (some installers do).
     "installed_unlisted": "import unlisted_mod as impl\n",
@@ -142,6 +148,10 @@ def test_a_change_to_what_an_import_finds_is_never_answered_from_the_cache(
     assert cached in again.stdout, again.stdout + again.stderr
 
     _change_what_each_import_finds(root, tmp_path)
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "pyp_mod.py").write_text(_scale(3.0))
+    env = {"PYTHONPATH": os.pathsep.join([str(extra), env["PYTHONPATH"]])}
     after = precompile_cli("check", "--verify", "--format", "json", cwd=root, timeout=600, **env)
     uncached = precompile_cli(
         "check", "--verify", "--format", "json", "--no-cache", cwd=root, timeout=600, **env
