@@ -148,7 +148,11 @@ def is_report(path: str) -> bool:
     if not isinstance(runs, list):
         return False
     try:
-        return any(run["tool"]["driver"]["name"] == "torch-precompile" for run in runs)
+        # Every run ours: a log merged from several tools' (sarif-multitool) holds
+        # another tool's findings too, which replacing it would lose.
+        return bool(runs) and all(
+            run["tool"]["driver"]["name"] == "torch-precompile" for run in runs
+        )
     except (TypeError, KeyError):
         return False
 

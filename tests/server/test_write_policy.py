@@ -286,10 +286,21 @@ def test_a_file_that_only_looks_like_a_report_is_never_replaced(
         # A JSON document with the report's keys and one of its own.
         "audit.json": '{"version": 1, "root": "/srv", "findings": [], "targets": [], '
         '"stats": {}, "owner": "me"}\n',
+        # helper-80: a SARIF log merged from several tools' runs (sarif-multitool), one
+        # of them ours: replacing it would lose CodeQL's findings.
+        "combined.sarif": json.dumps(
+            {
+                "version": "2.1.0",
+                "runs": [
+                    {"tool": {"driver": {"name": "CodeQL"}}, "results": [{"ruleId": "py/x"}]},
+                    {"tool": {"driver": {"name": "torch-precompile"}}, "results": []},
+                ],
+            }
+        ),
     }
     for name, content in lookalikes.items():
         (root / name).write_text(content)
-        for fmt in ("text", "json"):
+        for fmt in ("text", "json", "sarif"):
             proc = precompile_cli("check", "--format", fmt, "--output", name, cwd=root)
             assert proc.returncode == 2, (name, fmt, proc.stderr)
             assert (
