@@ -119,7 +119,7 @@ _SOURCE_SUFFIXES = (".py", ".pyi", ".pyw")
 def is_report(path: str) -> bool:
     """A report ``precompile check``, ``merge`` or ``coverage`` wrote with ``--output``,
     recognised by its whole shape, never by a line a user could paste into their own file:
-    the JSON documents, by exactly their top-level keys; SARIF whose tool is
+    the JSON documents, by exactly their top-level keys; SARIF whose every run's tool is
     torch-precompile; text of finding lines (and their indented continuations) ending in
     the check's summary line; GitHub annotations of findings only. An empty file is one
     (nothing to lose: ``mktemp`` makes them), unless it is a Python module."""

@@ -45,6 +45,9 @@ _any_autocast_enabled = _torch._C._is_any_autocast_enabled
 _set_grad_enabled = _torch._C._set_grad_enabled
 _dict_version = _torch._C._dynamo.guards.dict_version
 _deterministic_enabled = _torch._C._get_deterministic_algorithms
+# Whether a torch.func transform (grad, vmap, ...) wrapped a tensor; grad's wrapper.
+_functorch_wrapped = _torch._C._functorch.is_functorch_wrapped_tensor
+_functorch_grad_wrapped = _torch._C._functorch.is_gradtrackingtensor
 # torch.library's record of the kernels registered from Python ("ns/op/key"), and the
 # dispatcher's own account of an operator's kernels (where each was registered).
 import torch.library as _torch_library

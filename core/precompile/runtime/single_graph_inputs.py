@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     # Bound by the artifact prelude (precompile._compat.prelude).
     _pytree: Any = None
 
+    def _functorch_wrapped(tensor: Any) -> bool: ...
+
+    def _functorch_grad_wrapped(tensor: Any) -> bool: ...
+
     # The artifact's metadata.
     AUTOGRAD: dict[str, Any] | None = None
     BACKEND: str = ""
@@ -117,6 +121,18 @@ def check_strides(
             )
 
 
+def refuse_negative_bit(label: str, invariant: int) -> NoReturn:
+    """Refuse a negative-bit tensor an Inductor graph would read as it lies."""
+    refuse(
+        f"precompile: {label} has its negative bit set (a lazy view such as "
+        f"z.conj().imag), which Inductor's kernels do not apply: they read its storage, "
+        f"which holds the values negated, and the graph "
+        + ("holds it as model state" if invariant == 2 else "writes it or returns a view of it")
+        + ", so a resolved copy cannot stand in for it. Pass t.resolve_neg()",
+        invariant,
+    )
+
+
 def check_tensor_types(labels: list[str], tensors: list[Any], invariant: int) -> None:
     """Raise naming the first tensor whose Python type is neither ``torch.Tensor`` nor
     ``nn.Parameter``: the only types a capture takes (``capturing.fx_inputs.check_tensor``
@@ -125,19 +141,29 @@ def check_tensor_types(labels: list[str], tensors: list[Any], invariant: int) ->
     overrides) may compute otherwise in eager, where the graph would run on its data
     as if it were plain. A Parameter where a tensor was captured (or the reverse)
     changes nothing the graph computes, so both are served. A tensor with its conjugate
-    bit set is refused too, and on Inductor one with its negative bit set (``z.conj().imag``):
-    Inductor's kernels read a tensor's storage as it lies, where the bit says to negate
-    it. Called on the slow paths only: the C-level guards of the fast paths compare each
-    tensor's exact type and dispatch keys."""
+    bit set is refused too, and on Inductor a parameter or buffer with its negative bit
+    set (``z.conj().imag``): Inductor's kernels read a tensor's storage as it lies, where
+    the bit says to negate it (an input is served through a resolved copy where one can
+    stand in for it: ``checked_call``). Called on the slow paths only: the C-level guards
+    of the fast paths compare each tensor's exact type and dispatch keys."""
     served = (_torch.Tensor, _torch.nn.Parameter)
     for label, t in zip(labels, tensors):
-        if BACKEND == "inductor" and t.is_neg():
+        if _functorch_grad_wrapped(t) or (BACKEND == "inductor" and _functorch_wrapped(t)):
+            # grad's wrapper: the graph runs without autograd, which grad would need to
+            # see its operations (its gradient would be zero). Any transform's on
+            # Inductor: compiled kernels read the wrapped data outside the transform. (A
+            # vmap of the eager backend's ATen graph goes through each op's batching
+            # rule, as eager does: served.)
             refuse(
-                f"precompile: {label} has its negative bit set (a lazy view such as "
-                f"z.conj().imag), which Inductor's kernels do not apply: they read its "
-                f"storage, which holds the values negated. Pass t.resolve_neg()",
+                f"precompile: {label} is a tensor a torch.func transform (grad, vmap, jvp, "
+                f"...) wrapped, but the capture saw a plain one there; this artifact runs "
+                f"its operations outside the transform, which would not see them "
+                f"(torch.func.grad of the call would be zero). Call fn eagerly under the "
+                f"transform",
                 invariant,
             )
+        if BACKEND == "inductor" and invariant == 2 and t.is_neg():
+            refuse_negative_bit(label, invariant)
         if t.is_conj():
             # A lazy view the capture never takes (capturing.fx_inputs.check_tensor):
             # eager resolves the bit where an op needs it; ops make_fx decomposed into
@@ -495,6 +521,19 @@ def build_input_check() -> (
                     warn_layout_copy(f"input {slot}", tuple(t.stride()), strides)
         return tuple(restrided)
 
+    def _resolved_negative_bits(tensors_in: Any) -> Any:
+        """Each negative-bit input as a resolved copy (its values as they read, in
+        storage), which Inductor's kernels read right; refused where the graph writes the
+        input or returns a view of it (``INPUT_LAYOUT_COPY``), which a copy would cut
+        from the caller's tensor."""
+        resolved = list(tensors_in)
+        for k, t in enumerate(tensors_in):
+            if t.is_neg():
+                if k >= len(INPUT_LAYOUT_COPY) or INPUT_LAYOUT_COPY[k] is not None:
+                    refuse_negative_bit(f"input {tensor_slots[k]}", 3)
+                resolved[k] = t.resolve_neg()
+        return tuple(resolved)
+
     # The user's tensors of the last call that matched the capture, as a C-level guard
     # (it compares each tensor's exact Python type too: a tensor subclass misses it, and
     # the comparison below sends it to the slow path, which refuses it).
@@ -536,6 +575,8 @@ def build_input_check() -> (
             # A lazy conjugate view, or on Inductor a negative one (the guard compares
             # dispatch keys; this comparison must too): the slow path refuses it.
             or any(t.is_conj() or (BACKEND == "inductor" and t.is_neg()) for t in tensors_in)
+            # A torch.func transform's wrapper (the guard sees its dispatch keys).
+            or any(map(_functorch_wrapped, tensors_in))
             or (check_input_strides and tuple(map(stride_of, tensors_in)) != expected_input_strides)
         ):
             return False
@@ -589,6 +630,8 @@ def build_input_check() -> (
         if not ok:
             _describe_input_mismatch(list(leaves), True)
             tensors_in = pick_tensors(leaves)
+            if BACKEND == "inductor" and any(t.is_neg() for t in tensors_in):
+                tensors_in = _resolved_negative_bits(tensors_in)
             if (
                 running
                 and copy_layouts

@@ -36,6 +36,12 @@ def scaled(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model(x * 2.0) + model.bias * 3.0
 
 
+def scaled_in_place(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``scaled``, writing its input: a copy could not stand in for it."""
+    x.mul_(2.0)
+    return model(x) + model.bias * 3.0
+
+
 SERVE = """
 import json, torch, precompile
 from tests.core.runtime.test_lazy_view_inputs import _model_and_input, linear, real_plus_imag
@@ -81,44 +87,57 @@ def test_a_lazy_conjugate_view_is_refused_at_capture_and_served_call(tmp_path: P
 
 SERVE_INDUCTOR = """
 import json, torch, precompile
-from tests.core.runtime.test_lazy_view_inputs import _model_and_input, scaled
+from tests.core.runtime.test_lazy_view_inputs import _model_and_input, scaled, scaled_in_place
 model, z = _model_and_input()
-run = precompile.load(*{paths!r})
+runs = {{"scaled": precompile.load(*{paths!r}), "in place": precompile.load(*{written!r})}}
+fns = {{"scaled": scaled, "in place": scaled_in_place}}
 cells = {{}}
-def call(name, m, value):
+def call(name, which, m, make):
     try:
         with torch.no_grad():
-            got = run(m, value)
-            cells[name] = "exact" if torch.equal(got, scaled(m, value)) else "wrong"
+            served, eager = make(), make()
+            got = runs[which](m, served)
+            want = fns[which](m, eager)
+            same = torch.equal(got, want) and torch.equal(served, eager)
+            cells[name] = "exact" if same else "wrong"
     except precompile.PrecompileError as error:
         cells[name] = "refused: " + str(error)
     except Exception as error:
         cells[name] = "error: " + repr(error)
 x = z.real.contiguous()
-# Contiguous, as captured (a one-element z.conj().imag is too): no layout copy resolves it.
-negated = torch._neg_view(x)  # its storage holds x; the bit says it is -x
-assert negated.is_neg() and negated.is_contiguous()
-call("neg cold", model, negated)
-call("plain", model, x)
-call("neg warm", model, negated)
-call("resolved", model, negated.resolve_neg())
+# Contiguous, as captured (a one-element z.conj().imag is too): no layout copy resolves
+# it. Its storage holds x; the bit says it is -x.
+negated = lambda: torch._neg_view(x.clone())
+assert negated().is_neg() and negated().is_contiguous()
+call("neg cold", "scaled", model, negated)
+call("plain", "scaled", model, lambda: x.clone())
+call("neg warm", "scaled", model, negated)
+call("neg written", "in place", model, negated)
+call("plain written", "in place", model, lambda: x.clone())
 model.bias = torch.nn.Parameter(torch._neg_view(model.bias.detach().clone()))
 assert model.bias.is_neg()
-call("neg parameter", model, x)
+call("neg parameter", "scaled", model, lambda: x.clone())
 print(json.dumps(cells))
 """
 
 
-def test_a_negative_bit_view_is_refused_by_an_inductor_artifact(tmp_path: Path) -> None:
+def test_a_negative_bit_view_is_resolved_or_refused_by_an_inductor_artifact(
+    tmp_path: Path,
+) -> None:
     """helper-79: Inductor's kernels read a negative-bit view's storage as it lies (the
     values negated), so a make_fx/Inductor artifact served ``-x`` for ``x``, as an input
-    and as a parameter. Refused now, naming the fix; the resolved tensor is served."""
+    and as a parameter. An input is served through a resolved copy now, exactly, cold and
+    warm; one the graph writes (a copy would cut it from the caller's tensor) and a
+    parameter are refused, naming the fix."""
     model, z = _model_and_input()
-    paths = capture_pair(
-        scaled, model, z.real.contiguous(), directory=tmp_path, name="ind", backend="inductor"
+    x = z.real.contiguous()
+    paths = capture_pair(scaled, model, x, directory=tmp_path, name="ind", backend="inductor")
+    written = capture_pair(
+        scaled_in_place, model, x.clone(), directory=tmp_path, name="w", backend="inductor"
     )
-    cells = run_json(SERVE_INDUCTOR.format(paths=list(paths)))
-    assert cells["plain"] == "exact" and cells["resolved"] == "exact", cells
-    for name in ("neg cold", "neg warm", "neg parameter"):
+    cells = run_json(SERVE_INDUCTOR.format(paths=list(paths), written=list(written)))
+    for name in ("plain", "neg cold", "neg warm", "plain written"):
+        assert cells[name] == "exact", cells
+    for name in ("neg written", "neg parameter"):
         assert cells[name].startswith("refused: "), cells
         assert "negative bit set" in cells[name] and "resolve_neg()" in cells[name], cells

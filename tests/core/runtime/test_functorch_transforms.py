@@ -1,0 +1,81 @@
+"""A served call made under a ``torch.func`` transform (grad, vmap) is refused: the graph
+runs torch's operations on the wrapped tensors' data outside the transform, so the
+transform would not see them.
+
+helper-79: ``torch.func.grad`` of a make_fx inference artifact's call returned zeros where
+eager returns the gradient (a warn-once InferenceGradWarning was all), and under ``vmap``
+the Inductor artifact crashed with a raw RuntimeError. Both are refused now (a wrapped
+parameter too: the model-state check asks the same question), cold in a fresh process;
+the plain call is served exactly, and so is vmap on the eager backend, whose ATen graph
+goes through the batching rules eager's ops do. Dynamo artifacts refused grad already.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import precompile
+from tests.harness import capture_pair, run_json
+
+
+def relu_linear(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x).relu()
+
+
+def _model_and_input() -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return torch.nn.Linear(4, 4).eval(), torch.randn(2, 4)
+
+
+SERVE = """
+import json, warnings, torch, precompile
+from tests.core.runtime.test_functorch_transforms import _model_and_input, relu_linear
+warnings.simplefilter("ignore")
+model, x = _model_and_input()
+run = precompile.load(*{paths!r})
+calls = {{
+    "grad": lambda f: torch.func.grad(lambda t: f(model, t).sum())(x),
+    "vmap": lambda f: torch.func.vmap(lambda t: f(model, t))(torch.stack([x, 2 * x])),
+}}
+cells = {{"plain": "exact" if torch.equal(run(model, x), relu_linear(model, x)) else "wrong"}}
+for name, call in calls.items():
+    want = call(relu_linear)
+    try:
+        cells[name] = "exact" if torch.equal(call(run), want) else "wrong"
+    except precompile.PrecompileError as error:
+        cells[name] = "refused: " + str(error)
+print(json.dumps(cells))
+"""
+
+
+@pytest.mark.parametrize(
+    ("tracer", "backend"), [("make_fx", "eager"), ("make_fx", "inductor"), ("dynamo", "eager")]
+)
+def test_a_call_under_a_torch_func_transform_is_refused(
+    tmp_path: Path, tracer: str, backend: str
+) -> None:
+    model, x = _model_and_input()
+    with torch.no_grad():
+        paths = capture_pair(
+            relu_linear,
+            model,
+            x,
+            directory=tmp_path,
+            backend=backend,
+            tracer=precompile.DynamoTracer() if tracer == "dynamo" else None,
+        )
+    cells = run_json(SERVE.format(paths=list(paths)))
+    assert cells["plain"] == "exact", cells
+    assert cells["grad"].startswith("refused: "), cells
+    if tracer == "make_fx":
+        assert "torch.func transform" in cells["grad"], cells
+    # vmap of make_fx's eager-backend graph of ATen ops goes through their batching
+    # rules, as eager's does: served, exactly; Inductor's kernels would not see it (and
+    # Dynamo's guards refuse the batched tensor).
+    if (tracer, backend) == ("make_fx", "eager"):
+        assert cells["vmap"] == "exact", cells
+    else:
+        assert cells["vmap"].startswith("refused: "), cells
