@@ -166,6 +166,16 @@ def function_reads(source: str) -> tuple[list[str], str, dict[str, set[str]]] | 
             declared_global.update(node.names)
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             attributes.setdefault(node.value.id, set()).add(node.attr)
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Name)
+            and node.value.func.id == "type"
+            and len(node.value.args) == 1
+            and isinstance(node.value.args[0], ast.Name)
+        ):
+            # ``type(self).k``: a class attribute of the parameter's class.
+            attributes.setdefault(node.value.args[0].id, set()).add(node.attr)
     names = sorted(loaded - (local - declared_global))
     return names, first, attributes
 

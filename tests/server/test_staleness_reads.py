@@ -5,8 +5,9 @@ helper-78's attack: ``K = 2.0`` at the top of a helper module, read by a traced 
 changed to ``K = 3.0``; the artifact refused every call (its guard on ``K``) while plain
 ``precompile check`` reported nothing. Every way a function reads a name bound outside it
 is a target here -- its module's global, a project module's attribute, a name imported
-from one, a class attribute by name and through ``self``, a builtin its module comes to
-shadow -- under both tracers
+from one (through a re-exporting module too), a class attribute by name, through
+``self`` (inherited from a base in another module too) and through ``type(self)``, an
+imported enum's member, a builtin its module comes to shadow -- under both tracers
 (and Inductor, whose artifacts carry the same records). Changes that bind nothing a
 capture read (another constant, a comment, a new name) leave every artifact current.
 """
@@ -20,10 +21,23 @@ import pytest
 
 from tests.harness import precompile_cli
 
-HELPER = """K = 2.0
+HELPER = """import enum
+
+import torch
+
+K = 2.0
 SCALE = 3.0
 SHIFT = 1.0
+DEEP = 1.0
 UNUSED = 1.0
+
+
+class Base(torch.nn.Module):
+    GAIN = 2.0
+
+
+class Mode(enum.Enum):
+    A = 2.0
 
 
 def scale(x):
@@ -37,6 +51,8 @@ from pkg import helper
 from pkg.helper import scale
 
 from .helper import SHIFT
+from .reexport import DEEP
+from .helper import Base, Mode
 
 OFFSET = 1.0
 
@@ -54,6 +70,36 @@ class Net(torch.nn.Module):
 
     def forward(self, x):
         return self.lin(x) + self.BIAS
+
+
+class Inherited(Base):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x) * self.GAIN
+
+
+class ByType(torch.nn.Module):
+    FACTOR = 2.0
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x) * type(self).FACTOR
+
+
+def inherited_examples():
+    torch.manual_seed(0)
+    return [precompile.Example(Inherited().eval(), torch.randn(2, 4))]
+
+
+def by_type_examples():
+    torch.manual_seed(0)
+    return [precompile.Example(ByType().eval(), torch.randn(2, 4))]
 
 
 def examples():
@@ -99,6 +145,26 @@ def by_builtin(model, x):
 @precompile.target(examples)
 def by_imported_name(model, x):
     return model(x) - SHIFT
+
+
+@precompile.target(examples)
+def by_two_hops(model, x):
+    return model(x) - DEEP
+
+
+@precompile.target(inherited_examples)
+def by_inherited_attribute(model, x):
+    return model(x)
+
+
+@precompile.target(by_type_examples)
+def by_type_of_self(model, x):
+    return model(x)
+
+
+@precompile.target(examples)
+def by_enum_member(model, x):
+    return model(x) * Mode.A.value
 """
 
 #: Target -> what its staleness message says changed, after ``_rebind_what_each_reads``.
@@ -110,6 +176,10 @@ CHANGED = {
     "by_self_attribute": "`Net.BIAS` (src/pkg/t.py), which `Net.forward` reads, changed",
     "by_builtin": "`abs` (src/pkg/t.py), which `by_builtin` reads, changed",
     "by_imported_name": "`SHIFT` (src/pkg/helper.py), which `by_imported_name` reads",
+    "by_two_hops": "`DEEP` (src/pkg/helper.py), which `by_two_hops` reads",
+    "by_inherited_attribute": "`Base.GAIN` (src/pkg/helper.py), which `Inherited.forward` reads",
+    "by_type_of_self": "`ByType.FACTOR` (src/pkg/t.py), which `ByType.forward` reads",
+    "by_enum_member": "`Mode.A` (src/pkg/helper.py), which `by_enum_member` reads",
 }
 
 
@@ -120,6 +190,7 @@ def _workspace(tmp_path: Path, tracer: str, backend: str) -> Path:
     (package / "__init__.py").write_text("")
     (package / "helper.py").write_text(HELPER)
     (package / "t.py").write_text(TARGETS)
+    (package / "reexport.py").write_text("from pkg.helper import DEEP\n")
     (root / "pyproject.toml").write_text(
         f'[tool.precompile]\nsource-roots = ["src"]\ntracer = "{tracer}"\n'
         f'backend = "{backend}"\nartifact-dir = "artifacts"\n'
@@ -164,6 +235,10 @@ def test_a_name_a_capture_read_bound_differently_makes_its_artifact_stale(
     _edit(helper, "K = 2.0", "K = 3.0")
     _edit(helper, "SCALE = 3.0", "SCALE = 4.0")
     _edit(helper, "SHIFT = 1.0", "SHIFT = 5.0")
+    _edit(helper, "DEEP = 1.0", "DEEP = 5.0")
+    _edit(helper, "    GAIN = 2.0", "    GAIN = 5.0")
+    _edit(helper, "    A = 2.0", "    A = 5.0")
+    _edit(targets, "    FACTOR = 2.0", "    FACTOR = 5.0")
     _edit(targets, "OFFSET = 1.0", "OFFSET = 2.0")
     _edit(targets, "    GAIN = 2.0", "    GAIN = 3.0")
     _edit(targets, "    BIAS = 0.5", "    BIAS = 0.25")

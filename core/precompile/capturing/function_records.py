@@ -65,10 +65,12 @@ def _reads(
     code: types.CodeType, source: str, text: str, artifact_path: str
 ) -> list[dict[str, Any]]:
     """What the function of ``code`` (its ``source``, in a module of ``text``) reads from
-    outside itself, as ``reads`` rows: the names it loads, as its module binds them; the
-    attributes it reads from its first parameter, in the body of the class it is a
-    method of; and the attributes it reads from a class or project module its globals
-    hold, where that class or module binds them."""
+    outside itself, as ``reads`` rows: the names it loads, as its module binds them (a
+    name it imports, as the module it comes from binds it, hop by hop); the attributes it
+    reads from its first parameter (``self.k``, ``type(self).k``), in the bodies of the
+    project classes of its class's MRO; and the attributes it reads from a class or
+    project module its globals hold, where that class (and its bases) or module binds
+    them."""
     found = function_reads(source)
     module = inspect.getmodule(code)
     if found is None or module is None or _parsed(text) is None:
@@ -79,25 +81,20 @@ def _reads(
     qualname = getattr(code, "co_qualname", code.co_name)
     owner = qualname.rpartition(".")[0]
     if first in attributes and owner and "<locals>" not in qualname:
-        rows.append(_read(module.__name__, path, text, owner, sorted(attributes[first])))
-    imported = _imported(text, module.__package__)
+        cls: Any = module
+        for part in owner.split("."):
+            cls = getattr(cls, part, None)
+        if isinstance(cls, type):
+            rows += _class_reads(cls, sorted(attributes[first]), artifact_path)
     for name in names:
         value = vars(module).get(name)
-        if name in imported and not isinstance(value, (type, types.ModuleType)):
-            # ``from .helper import K``: K as the helper binds it.
-            source, attribute = imported[name]
-            row = _module_read(sys.modules.get(source), [attribute], artifact_path)
-            if row is not None and row["module"] != module.__name__:
-                rows.append(row)
+        if not isinstance(value, (type, types.ModuleType)):
+            rows += _imported_reads(module, text, name, artifact_path)
         read = sorted(attributes.get(name, ()))
         if not read:
             continue
-        if (
-            isinstance(value, type)
-            and value.__module__ == module.__name__
-            and "<locals>" not in value.__qualname__
-        ):
-            rows.append(_read(module.__name__, path, text, value.__qualname__, read))
+        if isinstance(value, type):
+            rows += _class_reads(value, read, artifact_path)
         elif isinstance(value, types.ModuleType) and value is not module:
             row = _module_read(value, read, artifact_path)
             if row is not None:
@@ -105,9 +102,48 @@ def _reads(
     return rows
 
 
-def _module_read(value: Any, names: list[str], artifact_path: str) -> dict[str, Any] | None:
-    """The ``reads`` row of ``names`` bound at the top level of ``value``, where it is a
-    project module whose source can be read; else None."""
+def _class_reads(cls: type, names: list[str], artifact_path: str) -> list[dict[str, Any]]:
+    """``reads`` rows of ``names`` in the body of each project class of ``cls``'s MRO (a
+    value inherited from a base, or shadowed in a subclass later, changes what the read
+    finds)."""
+    rows = []
+    for klass in cls.__mro__:
+        owner = sys.modules.get(klass.__module__)
+        if "<locals>" in klass.__qualname__ or owner is None:
+            continue
+        row = _module_read(owner, names, artifact_path, klass.__qualname__)
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def _imported_reads(
+    module: types.ModuleType, text: str, name: str, artifact_path: str
+) -> list[dict[str, Any]]:
+    """``reads`` rows of a name a module imports from a project module (``from .helper
+    import K``): K as that module binds it, following each module that imports it in
+    turn (a re-export from ``__init__``, a constants module), up to ten hops."""
+    rows: list[dict[str, Any]] = []
+    current, source_text = module, text
+    for _hop in range(10):
+        imported = _imported(source_text, current.__package__)
+        if name not in imported:
+            return rows
+        source, name = imported[name]
+        following = sys.modules.get(source)
+        row = _module_read(following, [name], artifact_path)
+        if row is None or following is None or following is current:
+            return rows
+        rows.append(row)
+        current, source_text = following, inspect.getsource(following)
+    return rows
+
+
+def _module_read(
+    value: Any, names: list[str], artifact_path: str, scope: str = ""
+) -> dict[str, Any] | None:
+    """The ``reads`` row of ``names`` bound at the top level of ``value`` (or in its class
+    ``scope``), where it is a project module whose source can be read; else None."""
     if not isinstance(value, types.ModuleType) or not is_project_module(value):
         return None
     file = value.__file__
@@ -117,7 +153,8 @@ def _module_read(value: Any, names: list[str], artifact_path: str) -> dict[str, 
         return None
     if file is None or _parsed(other) is None:
         return None
-    return _read(value.__name__, artifact_relative(file, artifact_path) or file, other, "", names)
+    where = artifact_relative(file, artifact_path) or file
+    return _read(value.__name__, where, other, scope, names)
 
 
 def function_records(codes: list[types.CodeType], artifact_path: str) -> list[dict[str, Any]]:
