@@ -135,7 +135,10 @@ def _imported_reads(
         if row is None or following is None or following is current:
             return rows
         rows.append(row)
-        current, source_text = following, inspect.getsource(following)
+        try:
+            current, source_text = following, inspect.getsource(following)
+        except (OSError, TypeError):
+            return rows
     return rows
 
 

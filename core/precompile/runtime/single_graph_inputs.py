@@ -121,14 +121,14 @@ def check_strides(
             )
 
 
-def refuse_negative_bit(label: str, invariant: int) -> NoReturn:
-    """Refuse a negative-bit tensor an Inductor graph would read as it lies."""
+def refuse_negative_bit(label: str, held: str, invariant: int) -> NoReturn:
+    """Refuse a negative-bit tensor an Inductor graph would read as it lies, where a
+    resolved copy cannot stand in for it (the graph ``held`` it so)."""
     refuse(
         f"precompile: {label} has its negative bit set (a lazy view such as "
         f"z.conj().imag), which Inductor's kernels do not apply: they read its storage, "
-        f"which holds the values negated, and the graph "
-        + ("holds it as model state" if invariant == 2 else "writes it or returns a view of it")
-        + ", so a resolved copy cannot stand in for it. Pass t.resolve_neg()",
+        f"which holds the values negated, and the graph {held}, so a resolved copy "
+        f"cannot stand in for it. Pass t.resolve_neg()",
         invariant,
     )
 
@@ -163,7 +163,7 @@ def check_tensor_types(labels: list[str], tensors: list[Any], invariant: int) ->
                 invariant,
             )
         if BACKEND == "inductor" and invariant == 2 and t.is_neg():
-            refuse_negative_bit(label, invariant)
+            refuse_negative_bit(label, "holds it as model state", invariant)
         if t.is_conj():
             # A lazy view the capture never takes (capturing.fx_inputs.check_tensor):
             # eager resolves the bit where an op needs it; ops make_fx decomposed into
@@ -530,7 +530,9 @@ def build_input_check() -> (
         for k, t in enumerate(tensors_in):
             if t.is_neg():
                 if k >= len(INPUT_LAYOUT_COPY) or INPUT_LAYOUT_COPY[k] is not None:
-                    refuse_negative_bit(f"input {tensor_slots[k]}", 3)
+                    refuse_negative_bit(
+                        f"input {tensor_slots[k]}", "writes it or returns a view of it", 3
+                    )
                 resolved[k] = t.resolve_neg()
         return tuple(resolved)
 
@@ -572,8 +574,9 @@ def build_input_check() -> (
         if (
             tuple(map(input_meta, tensors_in)) != expected_inputs
             or not set(map(type, tensors_in)) <= served_types
-            # A lazy conjugate view, or on Inductor a negative one (the guard compares
-            # dispatch keys; this comparison must too): the slow path refuses it.
+            # A lazy conjugate view (the slow path refuses it), or on Inductor a
+            # negative one (the slow path resolves or refuses it): the guard compares
+            # dispatch keys, and this comparison must too.
             or any(t.is_conj() or (BACKEND == "inductor" and t.is_neg()) for t in tensors_in)
             # A torch.func transform's wrapper (the guard sees its dispatch keys).
             or any(map(_functorch_wrapped, tensors_in))
