@@ -84,13 +84,45 @@ def _header(stmt: ast.stmt, text: str) -> str:
     return ast.get_source_segment(text, stmt) or ""
 
 
+def _binders(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
+    """Name -> the statements of ``body``'s scope that bind it, in order (function and
+    class definitions left out: see the module's docstring)."""
+    found: dict[str, list[ast.stmt]] = {}
+    for stmt in _statements(body):
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for name in sorted(_bound(stmt)):
+            found.setdefault(name, []).append(stmt)
+    return found
+
+
+def _loads(stmt: ast.stmt) -> list[str]:
+    """The names a binding statement reads (of a ``for`` or ``with``, its header's), in
+    order of first appearance."""
+    if isinstance(stmt, (ast.For, ast.AsyncFor)):
+        parts: list[ast.AST] = [stmt.iter]
+    elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+        parts = [item.context_expr for item in stmt.items]
+    else:
+        parts = [stmt]
+    seen = [
+        n.id
+        for part in parts
+        for n in ast.walk(part)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+    ]
+    return list(dict.fromkeys(seen))
+
+
 def binding_digests(text: str, tree: Any, names: Iterable[str], scope: str = "") -> dict[str, str]:
     """For each of ``names``: a digest of the statements of ``text`` (parsed: ``tree``)
     that bind it at the top level of the module, or of the class ``scope`` (a dotted
-    qualified name) -- their text in order; a name nothing binds has the digest of no
-    statement, so a binding added (shadowing a builtin) or removed changes it too. A
-    scope not found binds nothing. Digests are 16 hex digits: they tell a change, they
-    do not authenticate (the pair's signature does)."""
+    qualified name) -- their text in order -- and of the statements binding what those
+    read, in turn (``SCALE = BASE * 2`` changes with ``BASE``; a ``partial`` with the
+    constant it binds). A name nothing binds has the digest of no statement, so a
+    binding added (shadowing a builtin) or removed changes it too. A scope not found
+    binds nothing. Digests are 16 hex digits: they tell a change, they do not
+    authenticate (the pair's signature does)."""
     body: list[ast.stmt] = tree.body
     for part in filter(None, scope.split(".")):
         found = [s for s in body if isinstance(s, ast.ClassDef) and s.name == part]
@@ -98,16 +130,25 @@ def binding_digests(text: str, tree: Any, names: Iterable[str], scope: str = "")
             body = []
             break
         body = found[-1].body
-    pieces: dict[str, list[str]] = {name: [] for name in names}
-    for stmt in _statements(body):
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue
-        for name in _bound(stmt) & pieces.keys():
-            pieces[name].append(_header(stmt, text))
-    return {
-        name: hashlib.sha256("\0".join(texts).encode("utf-8")).hexdigest()[:16]
-        for name, texts in sorted(pieces.items())
-    }
+    module_binders = _binders(tree.body)
+    scope_binders = _binders(body) if scope else module_binders
+    digests = {}
+    for name in sorted(set(names)):
+        texts: list[str] = []
+        seen: set[tuple[str, bool]] = set()
+        pending = [(name, True)]  # (name, looked up in the scope first)
+        while pending:
+            wanted, in_scope = pending.pop(0)
+            table = scope_binders if in_scope and wanted in scope_binders else module_binders
+            key = (wanted, table is scope_binders)
+            if key in seen:
+                continue
+            seen.add(key)
+            for stmt in table.get(wanted, []):
+                texts.append(_header(stmt, text))
+                pending += [(read, table is scope_binders) for read in _loads(stmt)]
+        digests[name] = hashlib.sha256("\0".join(texts).encode("utf-8")).hexdigest()[:16]
+    return digests
 
 
 def imported_names(tree: Any, package: str | None) -> dict[str, tuple[str, str]]:
@@ -127,6 +168,23 @@ def imported_names(tree: Any, package: str | None) -> dict[str, tuple[str, str]]
         for alias in stmt.names:
             if alias.name != "*":
                 found[alias.asname or alias.name] = (module, alias.name)
+    return found
+
+
+def star_sources(tree: Any, package: str | None) -> list[str]:
+    """The modules the module's top-level ``from X import *`` statements import from, as
+    absolute names, in order."""
+    import importlib.util
+
+    found = []
+    for stmt in _statements(tree.body):
+        if isinstance(stmt, ast.ImportFrom) and any(a.name == "*" for a in stmt.names):
+            try:
+                found.append(
+                    importlib.util.resolve_name("." * stmt.level + (stmt.module or ""), package)
+                )
+            except (ImportError, ValueError):
+                continue
     return found
 
 
@@ -214,4 +272,5 @@ __all__ = [
     "changed_bindings",
     "function_reads",
     "imported_names",
+    "star_sources",
 ]

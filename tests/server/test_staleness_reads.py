@@ -7,7 +7,9 @@ changed to ``K = 3.0``; the artifact refused every call (its guard on ``K``) whi
 is a target here -- its module's global, a project module's attribute, a name imported
 from one (through a re-exporting module too), a class attribute by name, through
 ``self`` (inherited from a base in another module too) and through ``type(self)``, an
-imported enum's member, a builtin its module comes to shadow -- under both tracers
+imported enum's member, a value derived from another (``DERIVED = BASE * 2``, BASE
+edited), a name a star import binds, a builtin its module comes to shadow -- under both
+tracers
 (and Inductor, whose artifacts carry the same records). Changes that bind nothing a
 capture read (another constant, a comment, a new name) leave every artifact current.
 """
@@ -29,6 +31,8 @@ K = 2.0
 SCALE = 3.0
 SHIFT = 1.0
 DEEP = 1.0
+BASE = 1.5
+DERIVED = BASE * 2
 UNUSED = 1.0
 
 
@@ -53,6 +57,7 @@ from pkg.helper import scale
 from .helper import SHIFT
 from .reexport import DEEP
 from .helper import Base, Mode
+from .starred import starred
 
 OFFSET = 1.0
 
@@ -165,6 +170,16 @@ def by_type_of_self(model, x):
 @precompile.target(examples)
 def by_enum_member(model, x):
     return model(x) * Mode.A.value
+
+
+@precompile.target(examples)
+def by_derived(model, x):
+    return model(x) * helper.DERIVED
+
+
+@precompile.target(examples)
+def by_star_import(model, x):
+    return starred(model, x)
 """
 
 #: Target -> what its staleness message says changed, after ``_rebind_what_each_reads``.
@@ -180,6 +195,8 @@ CHANGED = {
     "by_inherited_attribute": "`Base.GAIN` (src/pkg/helper.py), which `Inherited.forward` reads",
     "by_type_of_self": "`ByType.FACTOR` (src/pkg/t.py), which `ByType.forward` reads",
     "by_enum_member": "`Mode.A` (src/pkg/helper.py), which `by_enum_member` reads",
+    "by_derived": "`DERIVED` (src/pkg/helper.py), which `by_derived` reads",
+    "by_star_import": "`STARRED` (src/pkg/consts.py), which `starred` reads",
 }
 
 
@@ -191,6 +208,11 @@ def _workspace(tmp_path: Path, tracer: str, backend: str) -> Path:
     (package / "helper.py").write_text(HELPER)
     (package / "t.py").write_text(TARGETS)
     (package / "reexport.py").write_text("from pkg.helper import DEEP\n")
+    (package / "starred.py").write_text(
+        "from pkg.consts import *  # noqa: F403\n\n\ndef starred(model, x):\n"
+        "    return model(x) * STARRED  # noqa: F405\n"
+    )
+    (package / "consts.py").write_text("STARRED = 2.0\n")
     (root / "pyproject.toml").write_text(
         f'[tool.precompile]\nsource-roots = ["src"]\ntracer = "{tracer}"\n'
         f'backend = "{backend}"\nartifact-dir = "artifacts"\n'
@@ -238,6 +260,8 @@ def test_a_name_a_capture_read_bound_differently_makes_its_artifact_stale(
     _edit(helper, "DEEP = 1.0", "DEEP = 5.0")
     _edit(helper, "    GAIN = 2.0", "    GAIN = 5.0")
     _edit(helper, "    A = 2.0", "    A = 5.0")
+    _edit(helper, "BASE = 1.5", "BASE = 2.5")
+    _edit(root / "src" / "pkg" / "consts.py", "STARRED = 2.0", "STARRED = 5.0")
     _edit(targets, "    FACTOR = 2.0", "    FACTOR = 5.0")
     _edit(targets, "OFFSET = 1.0", "OFFSET = 2.0")
     _edit(targets, "    GAIN = 2.0", "    GAIN = 3.0")

@@ -20,7 +20,12 @@ from typing import Any
 from precompile.artifact.pair import artifact_relative
 from precompile.locations import is_project_file, is_project_module
 from precompile.runtime.source_digest import function_source, parse_module, source_digest
-from precompile.source_bindings import binding_digests, function_reads, imported_names
+from precompile.source_bindings import (
+    binding_digests,
+    function_reads,
+    imported_names,
+    star_sources,
+)
 
 
 def _module_text(code: types.CodeType) -> tuple[str | None, str | None]:
@@ -121,15 +126,24 @@ def _imported_reads(
     module: types.ModuleType, text: str, name: str, artifact_path: str
 ) -> list[dict[str, Any]]:
     """``reads`` rows of a name a module imports from a project module (``from .helper
-    import K``): K as that module binds it, following each module that imports it in
-    turn (a re-export from ``__init__``, a constants module), up to ten hops."""
+    import K``, or ``import *`` from one that has it): K as that module binds it,
+    following each module that imports it in turn (a re-export from ``__init__``, a
+    constants module), up to ten hops."""
     rows: list[dict[str, Any]] = []
     current, source_text = module, text
     for _hop in range(10):
         imported = _imported(source_text, current.__package__)
-        if name not in imported:
-            return rows
-        source, name = imported[name]
+        if name in imported:
+            source, name = imported[name]
+        else:  # ``from .consts import *``: the last such module that has it
+            held = [
+                m
+                for m in star_sources(_parsed(source_text), current.__package__)
+                if (held_by := sys.modules.get(m)) is not None and name in vars(held_by)
+            ]
+            if not held:
+                return rows
+            source = held[-1]
         following = sys.modules.get(source)
         row = _module_read(following, [name], artifact_path)
         if row is None or following is None or following is current:
