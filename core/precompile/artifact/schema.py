@@ -96,6 +96,7 @@ class MultiGraphDependencies(TypedDict):
     GRAD_MODE_READ: str
     ARG_RELATIONS: list[Any]
     GRAD_FLAGS: dict[str, Any]
+    PROCESS_STATE: list[list[Any]]
 
 
 class MultiGraphMetadata(_Common, MultiGraphDependencies):

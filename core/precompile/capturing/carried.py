@@ -40,6 +40,7 @@ from precompile.runtime import (
     multigraph_serving,
     multigraph_variants,
     refusal,
+    setting_checks,
     single_graph,
     single_graph_ambient,
     single_graph_checks,
@@ -87,6 +88,7 @@ class SingleGraph:
             fingerprint_differences,
             guard_text.typed_value,
             single_graph_checks,
+            setting_checks,
             version_watch,
             surface_checks,
             *_REFUSAL,
@@ -157,6 +159,7 @@ class MultiGraph:
                 state_checks.type_name,
                 state_checks.ambient_modes,
                 state_checks.code_fingerprint,
+                state_checks.state_getter,
                 # How both tracers identify a hook (hooks_fingerprint, hook_records), and
                 # which hooks change nothing (hook_kinds).
                 hook_kinds,
@@ -179,6 +182,7 @@ class MultiGraph:
                 ),
                 version_watch,
                 surface_checks,
+                setting_checks,
                 multigraph_argument_checks,
                 multigraph_name_checks,
                 multigraph_dependencies,

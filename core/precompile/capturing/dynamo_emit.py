@@ -413,6 +413,7 @@ def _renamed_dependencies(
         "LIBRARY_SURFACE": dependencies.get("LIBRARY_SURFACE", []),
         "GRAD_MODE_READ": dependencies.get("GRAD_MODE_READ", ""),
         "GRAD_FLAGS": dependencies.get("GRAD_FLAGS", {"params": None, "read": ""}),
+        "PROCESS_STATE": dependencies.get("PROCESS_STATE", []),
     }
 
 

@@ -448,6 +448,7 @@ class DynamoSession:
         dependencies the recorders refuse; the emitter refuses what is left (default
         arguments, helper globals)."""
         from precompile.capturing.dynamo_name_records import module_hooks, traced_function_rows
+        from precompile.capturing.fx_process_state import lowered_graph_reads, state_records
         from precompile.capturing.library_surface import record_dynamo_surface
 
         frames = self.frames()
@@ -475,6 +476,14 @@ class DynamoSession:
                         *self.dependencies.paths.global_modules.values(),
                     ]
                 ),
+            ),
+            # An eager graph calls each torch function per call, under the settings
+            # of the call; a lowered one holds the kernel its settings chose.
+            "PROCESS_STATE": state_records(
+                lowered_graph_reads(
+                    graphs.lowered,
+                    f"{self.fn.__code__.co_filename}:{self.fn.__code__.co_firstlineno}",
+                )
             ),
             "LIBRARY_SURFACE": record_dynamo_surface(
                 self.fn,

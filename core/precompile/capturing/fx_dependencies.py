@@ -545,22 +545,8 @@ def surface_record(modules: list[torch.nn.Module], log: CallLog) -> list[dict[st
 
 
 def _process_state_records(log: CallLog) -> list[list[Any]]:
-    """Each torch setting user code read, with its value as the artifact's per-call
-    check reads it again (``state_checks.state_getter``)."""
-    context = value_fingerprints.new_context(frozenset())
-    records = []
-    for read, site in sorted(log.state.items(), key=lambda item: item[0].expression):
-        value = state_checks.state_getter(read.module, read.path, read.call)()
-        records.append(
-            [
-                read.module,
-                read.path,
-                read.call,
-                f"{read.expression} at {site}",
-                value_fingerprints.fingerprint(value, context),
-            ]
-        )
-    return records
+    """Each torch setting user code (or a kernel the graph bakes the choice of) read."""
+    return fx_process_state.state_records(log.state)
 
 
 def refuse_trace_only_reads(log: CallLog, where: Any) -> None:

@@ -25,21 +25,32 @@ from typing import Any
 import torch
 
 from precompile._compat import tracing
+from precompile._compat.kernel_settings import graph_kernel_settings, kernel_settings
 from precompile.locations import is_user_file
+from precompile.runtime import state_checks, value_fingerprints
 
 
 @dataclasses.dataclass(frozen=True)
 class StateRead:
     """A read as another process repeats it: ``module``'s attribute ``path``, called
-    when ``call``."""
+    when ``call``. ``through``: the torch operation whose kernel read it, where fn did
+    not read it itself (``_compat.kernel_settings``)."""
 
     module: str
     path: str
     call: bool
+    through: str = ""
 
     @property
     def expression(self) -> str:
         return f"{self.module}.{self.path}" + ("()" if self.call else "")
+
+    @property
+    def shown(self) -> str:
+        """The read as a refusal names it."""
+        if not self.through:
+            return self.expression
+        return f"{self.through}'s kernel switch {self.expression}"
 
 
 #: Public zero-argument getters of process state outside torch.backends (grad mode,
@@ -64,11 +75,13 @@ _TORCH_GETTERS = {
 @dataclasses.dataclass(frozen=True)
 class Tables:
     """What the profile hook looks events up in: Python getters by code object (a
-    "call" event), C ones by id (a "c_call"; the getter is kept alive, so the id is its), the code of
+    "call" event), C ones by id (a "c_call"; the getter is kept alive, so the id is its),
+    the builtins whose kernels read settings in C++, by id, the code of
     the probes true only in a trace (a "return" event), torch.backends' directory."""
 
     getter_codes: dict[types.CodeType, StateRead]
     getter_builtins: dict[int, tuple[Any, StateRead]]
+    kernel_builtins: dict[int, tuple[Any, tuple[StateRead, ...]]]
     probe_codes: dict[types.CodeType, str]
     backends_dir: str
 
@@ -89,6 +102,10 @@ def tables() -> Tables:
     return Tables(
         getter_codes=codes,
         getter_builtins=builtins,
+        kernel_builtins={
+            key: (builtin, tuple(StateRead(m, p, c, name) for m, p, c in reads))
+            for key, (builtin, name, reads) in kernel_settings().items()
+        },
         probe_codes={f.__code__: name for name, f in tracing.tracing_probes().items()},
         backends_dir=os.path.join(os.path.dirname(torch.backends.__file__), ""),
     )
@@ -165,3 +182,72 @@ def read_site(frame: types.FrameType | None) -> str | None:
     if frame is None or not is_user_file(frame.f_code.co_filename):
         return None
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def call_site(frame: types.FrameType) -> str:
+    """``FILE:LINE`` of the innermost user frame at or above ``frame`` (the user's line
+    that led to a call in torch.nn's code), or of ``frame`` where no user frame is."""
+    found: types.FrameType | None = frame
+    while found is not None and not is_user_file(found.f_code.co_filename):
+        found = found.f_back
+    at = found or frame
+    return f"{at.f_code.co_filename}:{at.f_lineno}"
+
+
+def state_records(reads: dict[StateRead, str]) -> list[list[Any]]:
+    """``PROCESS_STATE``: each setting read (with ``FILE:LINE`` of the read), with its
+    value as the artifact's per-call check reads it again (``state_checks.state_getter``,
+    ``runtime.setting_checks``)."""
+    context = value_fingerprints.new_context(frozenset())
+    records = []
+    # Public settings first: a refusal names the first that changed.
+    for read, site in sorted(
+        reads.items(), key=lambda item: (item[0].module.startswith("torch._"), item[0].shown)
+    ):
+        value = state_checks.state_getter(read.module, read.path, read.call)()
+        records.append(
+            [
+                read.module,
+                read.path,
+                read.call,
+                f"{read.shown} at {site}",
+                value_fingerprints.fingerprint(value, context),
+            ]
+        )
+    return records
+
+
+def lowered_graph_reads(graphs: list[torch.fx.GraphModule], where: str) -> dict[StateRead, str]:
+    """The settings the kernels of ``graphs`` chose by, where a lowering (Inductor's, in a
+    Dynamo capture) baked the choice, each with ``FILE:LINE`` of the user's call (from
+    the node's stack trace; ``where``, fn's definition, where it names none). A node
+    calling a torch Python function (``F.multi_head_attention_forward``) counts what its
+    body calls, as the library surface does (``library_surface.body_calls``)."""
+    from precompile.capturing.library_surface import body_calls
+
+    found: dict[StateRead, str] = {}
+    for gm in graphs:
+        for node in gm.graph.nodes:
+            if node.op != "call_function":
+                continue
+            kernels = [graph_kernel_settings(t) for t in (node.target, *body_calls(node.target))]
+            for kernel in kernels:
+                if kernel is not None:
+                    _note_kernel(found, node, kernel, where)
+    return found
+
+
+def _note_kernel(
+    found: dict[StateRead, str],
+    node: torch.fx.Node,
+    kernel: tuple[str, tuple[tuple[str, str, bool], ...]],
+    where: str,
+) -> None:
+    """Each setting of ``kernel`` (name, reads), at the user's line of ``node``."""
+    import re
+
+    name, reads = kernel
+    sites = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
+    user = [f"{file}:{line}" for file, line in sites if is_user_file(file)]
+    for module, path, call in reads:
+        found.setdefault(StateRead(module, path, call, name), user[-1] if user else where)

@@ -143,6 +143,7 @@ def recording_calls() -> Iterator[CallLog]:
     tables = fx_process_state.tables()
     getter_codes, probe_codes = tables.getter_codes, tables.probe_codes
     getter_builtins, backends_dir = tables.getter_builtins, tables.backends_dir
+    kernel_builtins = tables.kernel_builtins
     called, tensor_methods, entered = log.called, log.tensor_methods, log.entered
     eager_file = library_surface.is_eager_file
     tensor_type, module_type = torch.Tensor, types.ModuleType
@@ -240,6 +241,14 @@ def recording_calls() -> Iterator[CallLog]:
             site = fx_process_state.read_site(frame) if arg is getter else None
             if site:
                 state.setdefault(read, site)
+        elif event == "c_call" and inside[0] and id(arg) in kernel_builtins:
+            # A torch operation whose kernel chooses by settings read in C++: the
+            # graph holds the choice (``_compat.kernel_settings``).
+            builtin, kernel_reads = kernel_builtins[id(arg)]
+            if arg is builtin:
+                site = fx_process_state.call_site(frame)
+                for read in kernel_reads:
+                    state.setdefault(read, site)
         if importing or not inside[0]:
             # Only what the traced call reached: the capture's machinery calls library
             # code a served call never runs.

@@ -364,7 +364,7 @@ def record_surface(
     return [*(rows[k] for k in sorted(rows, key=lambda k: (k[0], k[1] or "", k[2]))), kernels]
 
 
-def _body_calls(target: Any) -> list[Any]:
+def body_calls(target: Any) -> list[Any]:
     """What a library Python function's own body names through its module globals,
     one level deep: each ``module.attr`` (``torch.relu`` in ``F.relu``) and each global
     bound to a library callable. Read from the bytecode, so every branch counts (more
@@ -407,7 +407,7 @@ def record_dynamo_surface(
     library functions Dynamo inlined (``codes``), resolved among the library modules
     the globals of fn and of the inlined code hold and the classes of the modules the
     trace reached (``classes``); for the ``lowered`` graphs also what the bodies of the
-    torch Python functions they call name (``_body_calls``)."""
+    torch Python functions they call name (``body_calls``)."""
     called: list[Any] = []
     methods: set[str] = set()
     for gm in graphs:
@@ -422,7 +422,7 @@ def record_dynamo_surface(
     for gm in lowered:
         for node in gm.graph.nodes:
             if node.op == "call_function":
-                called += _body_calls(node.target)
+                called += body_calls(node.target)
     codes = list(codes)
     classes = list(classes)
     if any(isinstance(c, type) and issubclass(c, torch.nn.Module) for c in classes):

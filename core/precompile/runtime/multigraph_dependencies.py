@@ -78,6 +78,11 @@ if TYPE_CHECKING:
 
     def build_builtin_check() -> Any: ...
 
+    # precompile.runtime.setting_checks, emitted before this module.
+    def build_setting_check(records: list[list[Any]]) -> Callable[[], None] | None: ...
+
+    PROCESS_STATE: list[list[Any]] = []
+
     def build_code_check() -> Any: ...
 
     # precompile.runtime.version_watch, emitted before this module.
@@ -228,6 +233,12 @@ def build_dependency_check(before: Callable[[], None] | None = None) -> Any:
     import inspect
     import operator
 
+    # The torch settings a lowered kernel chose by (``PROCESS_STATE``): compared on
+    # every call with the driver's own check, as a cheap comparison of the values.
+    settings_ok = build_setting_check(PROCESS_STATE)
+    if settings_ok is not None:
+        before = settings_ok if before is None else _both(before, settings_ok)
+
     # First: a library function replaced before load (at import) is named as such, not
     # as the global read or class attribute its replacement also changes.
     surface_ok = _build_surface_check()
@@ -270,6 +281,14 @@ def build_dependency_check(before: Callable[[], None] | None = None) -> Any:
     return _dependency_epoch(
         watchers, module_hooks_ok, full, before, arguments_ok, reads_ok, code_ok
     )
+
+
+def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        first()
+        second()
+
+    return both
 
 
 def _dependency_epoch(

@@ -51,10 +51,8 @@ if TYPE_CHECKING:
 
     def autocast_keys() -> dict[str, Any] | None: ...
 
-    def state_getter(module: str, path: str, call: bool) -> Any: ...
-
-    # single_graph_checks, emitted before this module.
-    def check_process_state(values: list[Any]) -> None: ...
+    # precompile.runtime.setting_checks, emitted before this module.
+    def build_setting_check(records: list[list[Any]]) -> Callable[[], None] | None: ...
 
     # precompile.runtime.refusal, emitted before this module.
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
@@ -312,10 +310,9 @@ def build_ambient_checks() -> tuple[Callable[[], None], Callable[[], None], tupl
     # capture under inference mode that reads it is refused).
     inference_mode_read = STATE_READS.get("inference_mode")
     is_inference_mode_enabled = _torch.is_inference_mode_enabled
-    # fn read torch settings (deterministic algorithms, a torch.backends flag): each is
-    # read again per call and compared with the last values that verified.
-    state_getters = tuple(state_getter(m, p, c) for m, p, c, _, _ in PROCESS_STATE)
-    state_seen: list[Any] = [None]
+    # fn read torch settings (deterministic algorithms, a torch.backends flag), or a
+    # kernel the graph holds the choice of did: each is read again per call.
+    settings_ok = build_setting_check(PROCESS_STATE)
     # A tensor fn built from Python numbers took the default dtype at capture; the
     # graph carries that dtype where eager would take today's.
     default_dtype = getattr(_torch, DEFAULT_DTYPE.split(".")[-1])
@@ -344,11 +341,8 @@ def build_ambient_checks() -> tuple[Callable[[], None], Callable[[], None], tupl
     autocast_dtypes = tuple(getattr(_torch, dtype.split(".")[-1]) for _, dtype in captured_autocast)
 
     def check_state() -> None:
-        if state_getters:
-            values = [get() for get in state_getters]
-            if values != state_seen[0]:
-                check_process_state(values)
-                state_seen[0] = values
+        if settings_ok is not None:
+            settings_ok()
         if grad_mode_read is not None and is_grad_enabled() != traced_grad_mode:
             mode = "on" if traced_grad_mode else "off"
             kind = "a training" if TRAINING else "an inference"
@@ -396,7 +390,7 @@ def build_ambient_checks() -> tuple[Callable[[], None], Callable[[], None], tupl
     # (PROCESS_STATE, then no shortcut); a call in the other mode takes both checks.
     ordinary = (
         None
-        if state_getters or grad_mode_read or inference_mode_read or captured_autocast
+        if settings_ok or grad_mode_read or inference_mode_read or captured_autocast
         else ordinary_ambient(captured_modes, default_dtype, _deterministic_enabled())
     )
     return check_modes, check_state, ordinary

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     GLOBAL_HOOKS: dict[str, Any] = {}
     GLOBAL_HOOK_DICTS: tuple[str, ...] = ()
     FUNCTION_SOURCES: list[dict[str, Any]] = []
-    PROCESS_STATE: list[list[Any]] = []
     ENTRY: dict[str, Any] | None = None
 
     def _global_module_hooks() -> tuple[dict[Any, Any], ...]: ...
@@ -534,21 +533,3 @@ def check_class_state(subs: list[Any], context: dict[str, Any]) -> None:
                     f"artifact)",
                     2,
                 )
-
-
-def check_process_state(values: list[Any]) -> None:
-    """Raise for a torch setting fn read (``PROCESS_STATE``) whose value now differs
-    from the trace's: the graph holds the branch of the captured value."""
-    context = new_context(frozenset())
-    for (_, _, _, site, then), value in zip(PROCESS_STATE, values):
-        now = fingerprint(value, context)
-        if now != then:
-            what, _, where = site.partition(" at ")
-            refuse(
-                f"precompile: fn reads {what} ({where}), which was {describe_value(then)} "
-                f"when the trace ran but is {describe_value(now)} now; the graph baked the "
-                f"branch of the captured value. Restore the setting around the call, read "
-                f"it outside fn and pass it as an argument (checked per call), or capture "
-                f"again under this setting",
-                3,
-            )
