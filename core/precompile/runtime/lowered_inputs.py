@@ -47,6 +47,8 @@ _Tensor = _torch.Tensor
 _data_ptr = _Tensor.data_ptr
 _nbytes = _operator.attrgetter("nbytes")
 _is_contiguous = _Tensor.is_contiguous
+_is_inference = _Tensor.is_inference
+_is_inference_mode_enabled = _torch.is_inference_mode_enabled
 
 
 def _element_span(t: Any) -> tuple[int, int]:
@@ -141,7 +143,13 @@ def check_written_inputs(
 ) -> None:
     """Refuse the call when an input the graph writes shares memory with another input,
     or when an input's memory cannot be read to tell (a tensor without ordinary storage
-    reaching here: ``data_ptr`` raises), which is never served as if it did not."""
+    reaching here: ``data_ptr`` raises), which is never served as if it did not; or when
+    it is an inference tensor and the call runs outside inference mode, where eager's
+    in-place op raises and the kernels would write it."""
+    if not _is_inference_mode_enabled():
+        for i in mutated:
+            if i < len(inputs) and _is_inference(inputs[i]):
+                refuse_inference_write(_name(labels, i))
     try:
         pair = aliased_mutation(inputs, mutated)
     except RuntimeError as error:
@@ -153,6 +161,19 @@ def check_written_inputs(
         )
     if pair is not None:
         refuse_aliased_mutation(pair, labels)
+
+
+def refuse_inference_write(written: str) -> NoReturn:
+    """Refuse the call: the graph writes ``written``, an inference tensor, outside
+    inference mode."""
+    refuse(
+        f"precompile: the captured graph writes {written} in place, and it is an inference "
+        f"tensor (made under torch.inference_mode()) while this call runs outside inference "
+        f'mode: eager raises there ("Inplace update to inference tensor outside '
+        f'InferenceMode is not allowed"), and the compiled kernels would write it. Pass a '
+        f"clone (.clone()) of it, or make the call under torch.inference_mode()",
+        4,
+    )
 
 
 def refuse_aliased_mutation(pair: tuple[int, int], labels: Sequence[str | None]) -> NoReturn:

@@ -114,8 +114,11 @@ def test_a_graph_writing_no_input_serves_aliased_inputs(
 ) -> None:
     results = dict(served[artifact])
     if artifact.startswith("dynamo"):
-        # One object passed twice is a different call to Dynamo (its guards refuse it).
+        # One object passed twice is a different call to Dynamo (its guards refuse it),
+        # and so is an inference tensor where an ordinary one was captured (its
+        # tensor guard compares the dispatch keys): refused, though eager reads it.
         assert "are one tensor" in results.pop("same")["message"]
+        assert results.pop("inference")["result"] == "refused"
     assert {cell["result"] for cell in results.values()} == {"exact"}, results
 
 
@@ -138,6 +141,27 @@ def test_an_input_sharing_memory_with_a_written_buffer_is_refused(
             assert "are one tensor" in message, message  # Dynamo's guard
             continue
         assert f"writes {names[0]} in place, and {names[1]} shares memory" in message
+
+
+@pytest.mark.parametrize(
+    ("artifact", "case", "written"),
+    [
+        *((name, "inference", names[0]) for name, names in sorted(WRITES.items())),
+        ("fx buffer", "an inference-mode model", "buffer 'total'"),
+        ("dynamo buffer", "an inference-mode model", "model.total"),
+    ],
+)
+def test_an_inference_tensor_written_outside_inference_mode_is_refused(
+    served: dict[str, dict[str, dict[str, str]]], artifact: str, case: str, written: str
+) -> None:
+    """Eager raises "Inplace update to inference tensor outside InferenceMode"; make_fx's
+    Inductor kernels wrote the tensor and answered (helper-79). Dynamo's guards tell an
+    inference tensor from the captured one."""
+    cell = served[artifact][case]
+    assert cell["result"] == "refused", cell  # and nothing written (the cell's check)
+    if artifact.startswith("fx"):
+        assert f"writes {written} in place, and it is an inference tensor" in cell["message"]
+        assert "torch.inference_mode()" in cell["message"], cell
 
 
 def test_a_dynamic_int_past_int64_is_refused(served: dict[str, dict[str, dict[str, str]]]) -> None:
