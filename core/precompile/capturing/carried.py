@@ -170,6 +170,8 @@ class MultiGraph:
                 *_REFUSAL,
                 single_graph_ambient.check_ambient_modes,
                 single_graph_ambient.warn_inference_grad,
+                single_graph_ambient.nan_detection_on,
+                single_graph_ambient.refuse_nan_detection,
                 single_graph_inputs.warn_layout_copy,
                 source_digest,
                 guard_text,

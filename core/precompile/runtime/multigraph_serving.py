@@ -37,6 +37,12 @@ if TYPE_CHECKING:
 
     def warn_inference_grad(what: str, more_fixes: str = "") -> None: ...
 
+    def nan_detection_on() -> bool: ...
+
+    def refuse_nan_detection() -> NoReturn: ...
+
+    BACKEND: str = ""
+
     def autocast_state() -> tuple[tuple[str, str], ...]: ...
 
     def check_ambient_modes(
@@ -333,6 +339,10 @@ def serve_as_captured(entry: Any, check: Any, installed: bool = False) -> Any:
     ordinary = None if captured_modes else (0, 0, dtype, deterministic, False)
     default_dtype = torch.get_default_dtype
 
+    # A training capture's Inductor graphs hold the backward AOTAutograd compiled:
+    # anomaly detection sees none of it (the eager backend's graphs run eager's).
+    backward_compiled = GRAD_MODE and BACKEND == "inductor"
+
     def forward(*args: Any, **kwargs: Any) -> Any:
         if (
             function_mode_depth(),
@@ -344,6 +354,8 @@ def serve_as_captured(entry: Any, check: Any, installed: bool = False) -> Any:
             check(args, kwargs)
         else:
             _check_ambient_state(args, kwargs)
+        if backward_compiled and nan_detection_on():
+            refuse_nan_detection()
         grad = torch.is_grad_enabled()
         if grad != GRAD_MODE:
             if GRAD_MODE_READ:

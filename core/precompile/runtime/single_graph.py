@@ -86,6 +86,10 @@ if TYPE_CHECKING:
     # precompile.runtime.single_graph_ambient, emitted before this module.
     def warn_inference_grad(what: str, more_fixes: str = "") -> None: ...
 
+    def nan_detection_on() -> bool: ...
+
+    def refuse_nan_detection() -> NoReturn: ...
+
     def load_spec(text: str) -> Any: ...
 
     def build_ambient_checks() -> (
@@ -138,6 +142,8 @@ def _build_single_graph_forward() -> Any:
     # A call whose ambient state (one tuple of C calls) is the ordinary one skips the
     # mode and state checks, which would pass; any other runs both.
     check_modes, check_ambient, ordinary_state = build_ambient_checks()
+    # A training capture's backward is in its graph: anomaly detection sees none of it.
+    backward_in_graph = TRAINING
     checked_call = build_input_check()
     model_tensors, check_grads = build_model_state_check(scopes, identities, entry)
     out_spec = load_spec(OUT_SPEC)
@@ -371,6 +377,8 @@ def _build_single_graph_forward() -> Any:
             _check_mode_sees_backward(state)
         grad_was_enabled = is_grad_enabled()
         through_autograd = grad_was_enabled and autograd_run is not None
+        if (backward_in_graph or through_autograd) and nan_detection_on():
+            refuse_nan_detection()
         run = _apply_flat if through_autograd else call
         if grad_was_enabled and not through_autograd:
             if grad_loss_unwarned[0]:

@@ -171,6 +171,31 @@ def dispatch_refusal_reason() -> str:
     )
 
 
+def nan_detection_on() -> bool:
+    """Whether autograd's anomaly detection would check this call's backward for NaN
+    (``torch.autograd.detect_anomaly()``, ``set_detect_anomaly(True)``; not with
+    ``check_nan=False``, which only records where each node was made). Eager then
+    raises naming the backward function whose output holds a NaN; an artifact whose
+    backward is compiled into its graph (a training capture, an AOTAutograd pair, an
+    Inductor one) runs no such node to check."""
+    import torch
+
+    return torch.is_anomaly_enabled() and torch.is_anomaly_check_nan_enabled()
+
+
+def refuse_nan_detection() -> NoReturn:
+    """Refuse a call made under anomaly detection's NaN checks (``nan_detection_on``)."""
+    refuse(
+        "precompile: this call runs under autograd's anomaly detection "
+        "(torch.autograd.detect_anomaly() or set_detect_anomaly(True)), which checks the "
+        "output of every backward function eager runs and raises at the first NaN; this "
+        "artifact's backward is compiled into its graph and runs no such function, so it "
+        "cannot check what eager checks. Call it outside anomaly detection (or with "
+        "check_nan=False), or run fn eagerly to find the NaN",
+        6,
+    )
+
+
 def warn_inference_grad(what: str, more_fixes: str = "") -> None:
     """Say, as an InferenceGradWarning, that an inference artifact's outputs carry no
     gradient though this call runs with grad mode on and ``what`` requires grad. A
