@@ -10,11 +10,14 @@ still call the artifact current. So each function record carries, per module, th
 the function reads there and a digest of the statements that bind them (this module),
 and the workspace compares them as it compares the functions' own digests.
 
-What counts as a read, from the function's source: every name it loads, and every
-``name.attr`` whose ``name`` is a class of the same module (its body's bindings of
-``attr``) or a project module the function's globals hold (that module's bindings of
-``attr``; resolved at capture, where the module is live), and a name the module imports
-from a project module (``from .helper import K``: the helper's bindings of ``K``, one hop).
+What counts as a read, from the function's source: every name it loads that no scope
+of its own binds (a nested function's parameter shadows a global only inside it), and
+every ``name.attr`` whose ``name`` is a class of the same module (its body's bindings of
+``attr``), a project module the function's globals hold (that module's bindings of
+``attr``, and along ``name.sub.attr`` the submodule's; resolved at capture, where the
+module is live) or an instance of a project class (the class body's: a dataclass's
+defaults), and a name the module imports from a project module (``from .helper import
+K``: the helper's bindings of ``K``, hop by hop).
 The binding statements are the
 module's top-level ones (inside ``if``/``try``/``with``/``for`` blocks too), function and
 class definitions left out: a function the capture ran through has its own record, and
@@ -188,11 +191,127 @@ def star_sources(tree: Any, package: str | None) -> list[str]:
     return found
 
 
-def function_reads(source: str) -> tuple[list[str], str, dict[str, set[str]]] | None:
+#: The nodes that open a scope of their own: names bound in them are theirs.
+_SCOPES = (
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.Lambda,
+    ast.ClassDef,
+    ast.ListComp,
+    ast.SetComp,
+    ast.DictComp,
+    ast.GeneratorExp,
+)
+
+
+def _scope_parts(scope: ast.AST) -> tuple[list[ast.AST], list[ast.AST]]:
+    """What of ``scope`` runs in the scope itself, and what runs in the enclosing one (a
+    function's decorators, defaults and annotations; a class's bases; a comprehension's
+    first iterable)."""
+    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        args = scope.args
+        outside: list[ast.AST] = [*args.defaults, *(d for d in args.kw_defaults if d)]
+        if not isinstance(scope, ast.Lambda):
+            outside += [*scope.decorator_list, *(a.annotation for a in _args(args) if a.annotation)]
+            if scope.returns is not None:
+                outside.append(scope.returns)
+            return list(scope.body), outside
+        return [scope.body], outside
+    if isinstance(scope, ast.ClassDef):
+        return list(scope.body), [*scope.decorator_list, *scope.bases, *scope.keywords]
+    generators = scope.generators  # type: ignore[attr-defined]
+    inside: list[ast.AST] = [generators[0].target, *generators[0].ifs]
+    for generator in generators[1:]:
+        inside += [generator.target, generator.iter, *generator.ifs]
+    inside += [scope.key, scope.value] if isinstance(scope, ast.DictComp) else [scope.elt]  # type: ignore[attr-defined]
+    return inside, [generators[0].iter]
+
+
+def _args(args: ast.arguments) -> list[ast.arg]:
+    extra = [a for a in (args.vararg, args.kwarg) if a is not None]
+    return [*args.posonlyargs, *args.args, *args.kwonlyargs, *extra]
+
+
+def _own_nodes(parts: list[ast.AST]) -> Iterator[ast.AST]:
+    """Every node of ``parts`` that runs in their scope: nested scopes' own parts left
+    out (their parts that run here, yielded as the nested scope itself)."""
+    pending = list(parts)
+    while pending:
+        node = pending.pop()
+        yield node
+        if isinstance(node, _SCOPES):
+            pending += _scope_parts(node)[1]
+            continue
+        pending += list(ast.iter_child_nodes(node))
+
+
+def _free_names(scope: ast.AST, enclosing: frozenset[str]) -> set[str]:
+    """The names loaded in ``scope`` (and the scopes inside it) that no function scope
+    around the load binds: the globals and builtins it reads. A class body's names
+    are not seen by the functions inside it, as Python resolves them."""
+    inside, _outside = _scope_parts(scope)
+    nodes = list(_own_nodes(inside))
+    bound: set[str] = set()
+    declared: set[str] = set()
+    loaded: set[str] = set()
+    nested: list[ast.AST] = []
+    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        bound |= {a.arg for a in _args(scope.args)}
+    for node in nodes:
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, _SCOPES):
+            nested.append(node)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= _bound(node)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            declared |= set(node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    own = bound - declared
+    free = {n for n in loaded if n not in own and n not in enclosing}
+    # A class body's bindings are not a scope its methods see.
+    passed = enclosing if isinstance(scope, ast.ClassDef) else enclosing | own
+    for inner in nested:
+        free |= _free_names(inner, frozenset(passed))
+    return free
+
+
+def _attribute_chain(node: ast.Attribute) -> tuple[str, list[str]] | None:
+    """``a.b.c`` as ``("a", ["b", "c"])``; ``type(a).b`` as ``("a", ["b"])``; None for a
+    chain that starts elsewhere (a call's result, a subscript)."""
+    path: list[str] = []
+    value: ast.expr = node
+    while isinstance(value, ast.Attribute):
+        path.append(value.attr)
+        value = value.value
+    path.reverse()
+    if isinstance(value, ast.Name):
+        return value.id, path
+    if (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Name)
+        and value.func.id == "type"
+        and len(value.args) == 1
+        and isinstance(value.args[0], ast.Name)
+    ):
+        # ``type(self).k``: a class attribute of the parameter's class.
+        return value.args[0].id, path
+    return None
+
+
+def function_reads(
+    source: str,
+) -> tuple[list[str], str, dict[str, set[str]], dict[str, set[tuple[str, ...]]]] | None:
     """What a function's source (``source_digest.function_source``) reads from outside
-    it: the names it loads that it does not bind itself (globals and builtins), the name
-    of its first parameter (``self``, ``cls``), and per name loaded the attributes read
-    from it (``name.attr``). None where the source does not parse on its own."""
+    it: the names it loads that no scope of its own binds (globals and builtins: a
+    nested function's parameter shadows a global only inside that function), the name
+    of its first parameter (``self``, ``cls``), per name loaded the attributes read
+    from it (``name.attr``), and per name the longer attribute chains read from it
+    (``pkg.helper.K`` as ``("helper", "K")``). None where the source does not parse on
+    its own."""
     tree: ast.AST
     try:
         tree = ast.parse(source)
@@ -201,41 +320,46 @@ def function_reads(source: str) -> tuple[list[str], str, dict[str, set[str]]] | 
             tree = ast.parse(source.strip(), mode="eval")  # a lambda's own text
         except SyntaxError:
             return None
-    top = tree.body[0] if isinstance(tree, ast.Module) and tree.body else tree.body
+    top: ast.AST
+    if isinstance(tree, ast.Module):
+        if not tree.body:
+            return [], "", {}, {}
+        top = tree.body[0]
+    else:
+        top = tree.body  # an ast.Expression's
+    if isinstance(top, ast.Expr):  # a lambda's own text, parsed as a statement
+        top = top.value
     first = ""
     if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
         positional = top.args.posonlyargs + top.args.args
         first = positional[0].arg if positional else ""
-    local: set[str] = set()
-    declared_global: set[str] = set()
-    loaded: set[str] = set()
+    if isinstance(top, _SCOPES):
+        # Its defaults, decorators and annotations were evaluated in its module.
+        names = _free_names(top, frozenset()) | {
+            n.id
+            for part in _scope_parts(top)[1]
+            for n in ast.walk(part)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+        }
+    else:  # a statement holding the function (``f = lambda x: ...``)
+        names = set()
+        for node in _own_nodes([top]):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                names.add(node.id)
+            elif isinstance(node, _SCOPES):
+                names |= _free_names(node, frozenset())
     attributes: dict[str, set[str]] = {}
+    chains: dict[str, set[tuple[str, ...]]] = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            (loaded if isinstance(node.ctx, ast.Load) else local).add(node.id)
-        elif isinstance(node, ast.arg):
-            local.add(node.arg)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            if node is not top:
-                local.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            local.update(_bound(node))
-        elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            declared_global.update(node.names)
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-            attributes.setdefault(node.value.id, set()).add(node.attr)
-        elif (
-            isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Call)
-            and isinstance(node.value.func, ast.Name)
-            and node.value.func.id == "type"
-            and len(node.value.args) == 1
-            and isinstance(node.value.args[0], ast.Name)
-        ):
-            # ``type(self).k``: a class attribute of the parameter's class.
-            attributes.setdefault(node.value.args[0].id, set()).add(node.attr)
-    names = sorted(loaded - (local - declared_global))
-    return names, first, attributes
+        if isinstance(node, ast.Attribute):
+            found = _attribute_chain(node)
+            if found is None:
+                continue
+            root, path = found
+            attributes.setdefault(root, set()).add(path[0])
+            if len(path) > 1:
+                chains.setdefault(root, set()).add(tuple(path))
+    return sorted(names), first, attributes, chains
 
 
 def changed_bindings(

@@ -8,7 +8,10 @@ is a target here -- its module's global, a project module's attribute, a name im
 from one (through a re-exporting module too), a class attribute by name, through
 ``self`` (inherited from a base in another module too) and through ``type(self)``, an
 imported enum's member, a value derived from another (``DERIVED = BASE * 2``, BASE
-edited), a name a star import binds, a builtin its module comes to shadow -- under both
+edited), a name a star import binds, a builtin its module comes to shadow, a submodule's
+attribute through a dotted import (``pkg.consts.DOTTED``), a dataclass instance's field
+default, a global its function reads where a nested function's parameter has its name
+(helper-80's three misses) -- under both
 tracers
 (and Inductor, whose artifacts carry the same records). Changes that bind nothing a
 capture read (another constant, a comment, a new name) leave every artifact current.
@@ -48,8 +51,11 @@ def scale(x):
     return x * K
 """
 
-TARGETS = """import torch
+TARGETS = """import dataclasses
 
+import torch
+
+import pkg.consts
 import precompile
 from pkg import helper
 from pkg.helper import scale
@@ -60,10 +66,19 @@ from .helper import Base, Mode
 from .starred import starred
 
 OFFSET = 1.0
+NESTED = 2.0
 
 
 class Cfg:
     GAIN = 2.0
+
+
+@dataclasses.dataclass
+class Settings:
+    scale: float = 2.0
+
+
+SETTINGS = Settings()
 
 
 class Net(torch.nn.Module):
@@ -180,6 +195,24 @@ def by_derived(model, x):
 @precompile.target(examples)
 def by_star_import(model, x):
     return starred(model, x)
+
+
+@precompile.target(examples)
+def by_dotted_module(model, x):
+    return model(x) * pkg.consts.DOTTED
+
+
+@precompile.target(examples)
+def by_dataclass_default(model, x):
+    return model(x) * SETTINGS.scale
+
+
+@precompile.target(examples)
+def by_nested_shadow(model, x):
+    def halved(NESTED):  # this NESTED is the parameter: the global is read below
+        return NESTED / 2
+
+    return halved(model(x)) * NESTED
 """
 
 #: Target -> what its staleness message says changed, after ``_rebind_what_each_reads``.
@@ -197,6 +230,9 @@ CHANGED = {
     "by_enum_member": "`Mode.A` (src/pkg/helper.py), which `by_enum_member` reads",
     "by_derived": "`DERIVED` (src/pkg/helper.py), which `by_derived` reads",
     "by_star_import": "`STARRED` (src/pkg/consts.py), which `starred` reads",
+    "by_dotted_module": "`DOTTED` (src/pkg/consts.py), which `by_dotted_module` reads",
+    "by_dataclass_default": "`Settings.scale` (src/pkg/t.py), which `by_dataclass_default` reads",
+    "by_nested_shadow": "`NESTED` (src/pkg/t.py), which `by_nested_shadow` reads",
 }
 
 
@@ -212,7 +248,7 @@ def _workspace(tmp_path: Path, tracer: str, backend: str) -> Path:
         "from pkg.consts import *  # noqa: F403\n\n\ndef starred(model, x):\n"
         "    return model(x) * STARRED  # noqa: F405\n"
     )
-    (package / "consts.py").write_text("STARRED = 2.0\n")
+    (package / "consts.py").write_text("STARRED = 2.0\nDOTTED = 2.0\n")
     (root / "pyproject.toml").write_text(
         f'[tool.precompile]\nsource-roots = ["src"]\ntracer = "{tracer}"\n'
         f'backend = "{backend}"\nartifact-dir = "artifacts"\n'
@@ -267,6 +303,9 @@ def test_a_name_a_capture_read_bound_differently_makes_its_artifact_stale(
     _edit(targets, "    GAIN = 2.0", "    GAIN = 3.0")
     _edit(targets, "    BIAS = 0.5", "    BIAS = 0.25")
     _edit(targets, "NEW = 2\n", "NEW = 2\nabs = torch.neg\n")
+    _edit(root / "src" / "pkg" / "consts.py", "DOTTED = 2.0", "DOTTED = 5.0")
+    _edit(targets, "    scale: float = 2.0", "    scale: float = 5.0")
+    _edit(targets, "NESTED = 2.0", "NESTED = 5.0")
     stale = _stale(root)
     assert set(stale) == set(CHANGED), stale
     for name, said in CHANGED.items():

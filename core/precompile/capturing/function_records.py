@@ -80,7 +80,7 @@ def _reads(
     module = inspect.getmodule(code)
     if found is None or module is None or _parsed(text) is None:
         return []
-    names, first, attributes = found
+    names, first, attributes, chains = found
     path = artifact_relative(code.co_filename, artifact_path) or code.co_filename
     rows = [_read(module.__name__, path, text, "", names)]
     qualname = getattr(code, "co_qualname", code.co_name)
@@ -100,8 +100,36 @@ def _reads(
             continue
         if isinstance(value, type):
             rows += _class_reads(value, read, artifact_path)
-        elif isinstance(value, types.ModuleType) and value is not module:
-            row = _module_read(value, read, artifact_path)
+        elif isinstance(value, types.ModuleType):
+            if value is not module:
+                row = _module_read(value, read, artifact_path)
+                if row is not None:
+                    rows.append(row)
+            rows += _chain_reads(value, chains.get(name, set()), artifact_path)
+        elif is_project_module(sys.modules.get(type(value).__module__)):
+            # An instance of a project class (``SETTINGS = Settings()``): what it does
+            # not hold itself it reads from its class's body (a dataclass's defaults).
+            rows += _class_reads(type(value), read, artifact_path)
+    return rows
+
+
+def _chain_reads(
+    module: types.ModuleType, chains: set[tuple[str, ...]], artifact_path: str
+) -> list[dict[str, Any]]:
+    """``reads`` rows of attribute chains read from ``module`` through its submodules
+    (``pkg.helper.K`` after ``import pkg.helper``): the first attribute along a chain
+    that is not a module, in the module that holds it."""
+    rows = []
+    for chain in sorted(chains):
+        holder: Any = module
+        depth = 0  # the chain's parts that are modules
+        while depth < len(chain) - 1:
+            inner = getattr(holder, chain[depth], None)
+            if not isinstance(inner, types.ModuleType):
+                break
+            holder, depth = inner, depth + 1
+        if depth:
+            row = _module_read(holder, [chain[depth]], artifact_path)
             if row is not None:
                 rows.append(row)
     return rows
