@@ -54,13 +54,16 @@ def kernel_settings() -> dict[int, tuple[Any, str, tuple[tuple[str, str, bool], 
         )
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    return {
-        id(sdpa): (
-            sdpa,
-            "torch.nn.functional.scaled_dot_product_attention",
-            present(_SDPA_SETTINGS),
-        )
-    }
+    name, reads = "torch.nn.functional.scaled_dot_product_attention", present(_SDPA_SETTINGS)
+    found = {id(sdpa): (sdpa, name, reads)}
+    # Called as an ATen operator (``torch.ops.aten.scaled_dot_product_attention``): the
+    # builtin each of its overloads calls.
+    packet = torch.ops.aten.scaled_dot_product_attention
+    for overload in (packet, *(getattr(packet, n) for n in packet.overloads())):
+        op = getattr(overload, "_op", None)
+        if op is not None:
+            found[id(op)] = (op, name, reads)
+    return found
 
 
 def graph_kernel_settings(target: Any) -> tuple[str, tuple[tuple[str, str, bool], ...]] | None:

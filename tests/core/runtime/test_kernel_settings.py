@@ -13,7 +13,8 @@ compares it per call (``runtime.setting_checks``). Dynamo's eager backend calls
 ``scaled_dot_product_attention`` per call under the call's flags, as eager does: served
 exactly under every setting, raising where eager raises.
 
-Each tracer and backend, in a fresh process: the attention called directly and through
+Each tracer and backend, in a fresh process: the attention called directly, as the ATen
+operator (``torch.ops.aten.scaled_dot_product_attention``) and through
 ``nn.MultiheadAttention`` (torch.nn's code makes the call), ordinary calls served
 exactly before and after a refused one.
 """
@@ -40,6 +41,12 @@ class Attn(torch.nn.Module):
         return F.scaled_dot_product_attention(q, k, v)
 
 
+class Aten(Attn):
+    def forward(self, x):
+        q, k, v = self.qkv(x).unflatten(-1, (3, 2, -1)).permute(2, 0, 3, 1, 4)
+        return torch.ops.aten.scaled_dot_product_attention(q, k, v)
+
+
 class Mha(torch.nn.Module):
     def __init__(self, n=16):
         super().__init__()
@@ -55,9 +62,9 @@ def call(model, x):
 
 def make(name):
     torch.manual_seed(0)
-    model = {"attn": Attn, "mha": Mha}[name]().eval()
+    model = {"attn": Attn, "aten": Aten, "mha": Mha}[name]().eval()
     x = torch.randn(2, 64, 16)
-    if name == "attn":  # where the kernels differ most
+    if name in ("attn", "aten"):  # where the kernels differ most
         return model.to(torch.bfloat16), x.to(torch.bfloat16)
     return model, x
 """
@@ -66,7 +73,7 @@ CAPTURE = """
 import warnings, torch, precompile
 import kmodels
 warnings.simplefilter("ignore")
-for name in ("attn", "mha"):
+for name in ("attn", "aten", "mha"):
     model, x = kmodels.make(name)
     tracer = precompile.MakeFxTracer() if {tracer!r} == "make_fx" else precompile.DynamoTracer()
     with torch.no_grad(), precompile.capture(
@@ -89,7 +96,7 @@ settings = {{
     "ordinary again": contextlib.nullcontext,
 }}
 cells = {{}}
-for name in ("attn", "mha"):
+for name in ("attn", "aten", "mha"):
     run = precompile.load(f"{{name}}.py", f"{{name}}.cache")
     model, x = kmodels.make(name)
     for setting, context in settings.items():
@@ -125,18 +132,18 @@ def test_attention_backend_flags_are_checked_where_the_artifact_holds_the_kernel
     (tmp_path / "kmodels.py").write_text(MODELS)
     run_json(CAPTURE.format(tracer=tracer, backend=backend), cwd=tmp_path, pythonpath=[tmp_path])
     cells = run_json(SERVE.format(), cwd=tmp_path, pythonpath=[tmp_path])
-    for name in ("attn", "mha"):
+    for name in ("attn", "aten", "mha"):
         # nn.MultiheadAttention takes its fused fast path in eager (not while make_fx or
         # Dynamo traces): the artifact computes its composition, float32-close, and
         # exact to eager under torch.backends.mha.set_fastpath_enabled(False).
-        served = {"exact"} if name == "attn" else {"exact", "close"}
+        served = {"exact", "close"} if name == "mha" else {"exact"}
         assert cells[f"{name} ordinary"][0] in served, cells
         assert cells[f"{name} ordinary again"][0] in served, cells
         math, efficient = cells[f"{name} math"], cells[f"{name} efficient"]
         if (tracer, backend) == ("dynamo", "eager"):
             # Its graph calls the attention under the call's flags, as eager does.
             assert math[0] in served, math
-            if name == "attn":
+            if name != "mha":
                 assert efficient[0] == "same", efficient  # eager's own error
             else:  # eager's fast path needs no SDPA backend; the traced path does
                 assert efficient[1].startswith("raises: No viable backend"), efficient
@@ -147,5 +154,5 @@ def test_attention_backend_flags_are_checked_where_the_artifact_holds_the_kernel
             assert "kmodels.py:" in message, message  # the user's line that led to it
         # Under MATH the fused kernel's flag is among the settings named as changed.
         assert "flash_sdp_enabled()" in math[1], math
-        if name == "attn":  # eager has no backend under EFFICIENT_ATTENTION alone
+        if name != "mha":  # eager has no backend under EFFICIENT_ATTENTION alone
             assert efficient[2].startswith("raises: No viable backend"), efficient
