@@ -25,11 +25,13 @@ from precompile.locations import definition_location
 
 
 def snapshot() -> tuple[tuple[str, Any], ...]:
-    """The process-wide switches a call may change and leave changed, by name. Not grad
-    mode or inference mode: both tracers run fn under the grad mode the capture is for
-    (none, for inference), so a ``torch.set_grad_enabled(False)`` fn leaves behind does
-    not show here -- not caught yet."""
+    """The process-wide switches a call may change and leave changed, by name. Grad mode
+    among them: both tracers run fn under the grad mode the capture is for (off, for
+    inference), so only a change to the other mode shows here; a make_fx trace also
+    follows what fn does to it (``GradModeTrail``), which tells ``set_grad_enabled(False)``
+    left behind under a trace already without grad."""
     return (
+        ("grad mode", torch.is_grad_enabled()),
         ("the default dtype", torch.get_default_dtype()),
         ("deterministic algorithms", torch.are_deterministic_algorithms_enabled()),
         ("autocast on CPU", torch.is_autocast_enabled("cpu")),
@@ -57,3 +59,65 @@ def refuse_left_changed(entered: tuple[tuple[str, Any], ...], fn: Any) -> None:
             hint="undo the change before fn returns (a with-block, or a try/finally that "
             "puts it back), or make it outside fn, around the call",
         )
+
+
+#: The caller's grad mode, as the trail follows it: restored by a with-block's exit.
+CALLER = "the caller's"
+
+
+class GradModeTrail:
+    """What fn does to grad mode, followed symbolically from the caller's mode
+    (``CALLER``): each ``torch.set_grad_enabled(mode)`` and ``no_grad``/``enable_grad``
+    block sets a constant and remembers the mode it found, each exit (and the
+    decorator form's immediate restore) puts back what its object found, and a direct
+    ``torch._C._set_grad_enabled`` call sets a mode not known here. fn returns with the
+    caller's mode unless a set is left in force: ``left`` is then where (the trace's own
+    grad mode is the capture's, so a mode left behind that equals it is seen only here).
+    The make_fx profile hook feeds it (``capturing.fx_watch``) the calls it sees."""
+
+    def __init__(self) -> None:
+        self.state: Any = CALLER
+        self.site = ""
+        self.found: dict[int, tuple[Any, str]] = {}
+
+    def set(self, owner: Any, mode: Any, site: str) -> None:
+        """``owner`` (None for a direct call) sets ``mode`` (None: not known) at ``site``."""
+        if owner is not None:
+            self.found[id(owner)] = (self.state, self.site)
+        self.state, self.site = (bool(mode) if mode is not None else "set directly"), site
+
+    def restore(self, owner: Any) -> None:
+        """``owner``'s exit: the mode it found is in force again."""
+        if id(owner) in self.found:
+            self.state, self.site = self.found.pop(id(owner))
+
+    @property
+    def left(self) -> str | None:
+        """Where fn set the grad mode it returns with, where that is not the caller's."""
+        return None if self.state == CALLER else self.site
+
+
+def refuse_grad_mode_left(
+    trail: GradModeTrail, fn: Any, traced_mode: bool, served_only_so: bool
+) -> None:
+    """Refuse fn, which returns with a grad mode it set and did not undo (``trail``).
+    Not where that mode is the trace's (``traced_mode``) and the artifact serves only
+    calls made under it (``served_only_so``: fn read the grad mode, which the artifact
+    then checks per call): the caller's mode is then that one too (and ``prev =
+    torch.is_grad_enabled(); ...; torch.set_grad_enabled(prev)`` is such a restore)."""
+    site = trail.left
+    if site is None or (served_only_so and trail.state == traced_mode):
+        return
+    mode = {True: "grad mode on", False: "grad mode off"}.get(
+        trail.state, "the grad mode torch._C._set_grad_enabled set"
+    )
+    code = getattr(fn, "__code__", None)
+    raise PrecompileError(
+        f"{getattr(fn, '__qualname__', fn)} returns with {mode}, set at {site} and "
+        f"not undone: eager leaves the caller's code after every call running under that "
+        f"mode, and an artifact does not replay it (it runs the captured program under "
+        f"the grad mode it recorded and puts the caller's back)",
+        location=definition_location(code) if code is not None else None,
+        hint="use a with-block (with torch.no_grad(): ...), or set the grad mode outside "
+        "fn, around the call",
+    )

@@ -346,6 +346,9 @@ def trace_single_graph(
             entered = call_context.snapshot()
             out = fx_keyed_inputs.plain(fx_watch.traced_call(fn, call_args))
             call_context.refuse_left_changed(entered, fn)
+            call_context.refuse_grad_mode_left(
+                ran.grad_trail, fn, training or grad_inputs, "grad_mode" in ran.reads
+            )
             with fx_keyed_inputs.quiet():
                 argument_changes[:] = watch.changes()
         out_leaves, out_spec = pytree.tree_flatten(out)

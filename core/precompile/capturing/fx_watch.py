@@ -24,7 +24,7 @@ from typing import Any, Literal
 import torch
 
 from precompile._compat import patching, tracing
-from precompile.capturing import fx_process_state, library_surface, neutral_reads
+from precompile.capturing import call_context, fx_process_state, library_surface, neutral_reads
 from precompile.locations import is_project_file, is_user_file, real_path
 from precompile.runtime.class_fingerprints import ENTERED_ONLY_DUNDERS, ENTERED_RECORDED
 
@@ -89,6 +89,10 @@ class CallLog:
     #: Reads capture refuses: a probe that was true in the trace, a torch.backends
     #: query an artifact cannot repeat -> "FILE:LINE".
     refused: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: What fn did to grad mode (``call_context.GradModeTrail``).
+    grad_trail: call_context.GradModeTrail = dataclasses.field(
+        default_factory=call_context.GradModeTrail
+    )
     #: The library surface eager code went through (``precompile.capturing.library_surface``):
     #: builtins it called (by id), the names of Tensor methods it called, and the
     #: functions it entered (their code).
@@ -144,6 +148,10 @@ def recording_calls() -> Iterator[CallLog]:
     getter_codes, probe_codes = tables.getter_codes, tables.probe_codes
     getter_builtins, backends_dir = tables.getter_builtins, tables.backends_dir
     kernel_builtins = tables.kernel_builtins
+    # Closure cells, not module globals: torch.cond's tracing runs Dynamo over the
+    # frames it enters, this hook's among them, and Dynamo cannot name a global dict
+    # keyed by code objects in a guard.
+    grad_codes, set_grad, grad_trail = _GRAD_MODE_CODES, _SET_GRAD_ENABLED, log.grad_trail
     called, tensor_methods, entered = log.called, log.tensor_methods, log.entered
     eager_file = library_surface.is_eager_file
     tensor_type, module_type = torch.Tensor, types.ModuleType
@@ -178,6 +186,8 @@ def recording_calls() -> Iterator[CallLog]:
             return None if previous is None else previous(frame, event, arg)
         if event == "c_return" or event == "c_exception":
             return None if previous is None else previous(frame, event, arg)
+        if inside[0] and (code in grad_codes if event == "call" else arg is set_grad):
+            _follow_grad_mode(grad_trail, frame, event, arg)
         if event == "call":
             if code is traced_code:
                 inside[0] += 1
@@ -273,6 +283,49 @@ def recording_calls() -> Iterator[CallLog]:
         yield log
     finally:
         _reinstall_profiler(installed)
+
+
+_GRAD_MODE = torch.autograd.grad_mode
+#: The grad-mode switches fn may call, by code: what each does to the mode.
+_GRAD_MODE_CODES = {
+    _GRAD_MODE.set_grad_enabled.__init__.__code__: "set",
+    _GRAD_MODE.set_grad_enabled.__call__.__code__: "restore",
+    _GRAD_MODE.set_grad_enabled.__exit__.__code__: "restore",
+    _GRAD_MODE.no_grad.__enter__.__code__: "off",
+    _GRAD_MODE.no_grad.__exit__.__code__: "restore",
+    _GRAD_MODE.enable_grad.__enter__.__code__: "on",
+    _GRAD_MODE.enable_grad.__exit__.__code__: "restore",
+}
+_GRAD_MODE_FILE = _GRAD_MODE.set_grad_enabled.__init__.__code__.co_filename
+_SET_GRAD_ENABLED = torch._C._set_grad_enabled
+
+
+def _follow_grad_mode(
+    trail: call_context.GradModeTrail, frame: types.FrameType, event: str, arg: object
+) -> None:
+    """Hand ``trail`` a grad-mode switch the traced call made: a switch's own code
+    entered ("call"), or a direct ``torch._C._set_grad_enabled`` from user code
+    ("c_call"). The switches' calls of each other (``no_grad.__enter__`` sets the mode
+    through ``set_grad_enabled``) are their caller's one step; only user code's sets
+    count (torch's own are paired, or restore what they saved)."""
+    caller = frame.f_back
+    if event == "c_call":
+        if is_user_file(frame.f_code.co_filename):
+            trail.set(None, None, fx_process_state.call_site(frame))
+        return
+    if event != "call" or caller is None or caller.f_code.co_filename == _GRAD_MODE_FILE:
+        return
+    what = _GRAD_MODE_CODES[frame.f_code]
+    owner = frame.f_locals.get("self")
+    if what == "restore":
+        trail.restore(owner)
+        return
+    if not is_user_file(caller.f_code.co_filename):
+        # torch's own code: its switches come in pairs, and a bare set there puts back
+        # a mode it saved (Dynamo's global-state restore under torch.cond).
+        return
+    mode = frame.f_locals.get("mode") if what == "set" else what == "on"
+    trail.set(owner, mode, fx_process_state.call_site(caller))
 
 
 def _reinstall_profiler(installed: object) -> None:
