@@ -433,6 +433,10 @@ def op_overload_qualname(target: Any) -> str | None:
 #: frees them for the eager backend): ``view``, ``_unsafe_view``, and ``_reshape_alias``
 #: (self, size, stride), with which older decompositions of reshape bake the capture's
 #: strides.
+#: The C setter every grad-mode switch of torch's calls (``set_grad_enabled``,
+#: ``enable_grad``), and what user code calls to set the mode directly.
+SET_GRAD_ENABLED = torch._C._set_grad_enabled
+
 LAYOUT_VIEWS = (
     torch.ops.aten.view.default,
     torch.ops.aten._unsafe_view.default,

@@ -297,7 +297,7 @@ _GRAD_MODE_CODES = {
     _GRAD_MODE.enable_grad.__exit__.__code__: "restore",
 }
 _GRAD_MODE_FILE = _GRAD_MODE.set_grad_enabled.__init__.__code__.co_filename
-_SET_GRAD_ENABLED = torch._C._set_grad_enabled
+_SET_GRAD_ENABLED = tracing.SET_GRAD_ENABLED
 
 
 def _follow_grad_mode(
