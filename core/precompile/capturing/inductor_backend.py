@@ -66,6 +66,10 @@ def lower_inductor(graph: SingleGraph) -> LoweredGraph:
     fakes = _graph_fakes(graph)
     try:
         functional = inductor.functional_retrace(graph.graph_module, fakes)
+        # Read before compiling: Inductor's passes rewrite the graph in place, and its
+        # reinplacing folds a write through a view (``x[0] = 5.0``: ``copy_(x,
+        # select_scatter(...))``) into the kernel, leaving no ``copy_`` to find.
+        mutated = inductor.mutated_placeholders(functional)
         with inductor.inductor_layout_config():
             source = inductor.compile_inductor(functional, fakes)
     except PrecompileError:
@@ -75,9 +79,7 @@ def lower_inductor(graph: SingleGraph) -> LoweredGraph:
     section, slim = rewrite_inductor_module(source)
     if len(fakes) == len(graph.lifted.tensors) + len(graph.user_tensors):
         section = drop_proven_size_asserts(section, fakes)
-    return dataclasses.replace(
-        _lowered(section, slim), mutated_inputs=inductor.mutated_placeholders(functional)
-    )
+    return dataclasses.replace(_lowered(section, slim), mutated_inputs=mutated)
 
 
 #: Where a graph input's size/stride assert stood in ``call``, the statement as a comment

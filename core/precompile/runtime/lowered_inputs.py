@@ -169,9 +169,11 @@ def refuse_inference_write(written: str) -> NoReturn:
     refuse(
         f"precompile: the captured graph writes {written} in place, and it is an inference "
         f"tensor (made under torch.inference_mode()) while this call runs outside inference "
-        f'mode: eager raises there ("Inplace update to inference tensor outside '
-        f'InferenceMode is not allowed"), and the compiled kernels would write it. Pass a '
-        f"clone (.clone()) of it, or make the call under torch.inference_mode()",
+        f'mode. Eager raises for an in-place operation on it there ("Inplace update to '
+        f'inference tensor outside InferenceMode is not allowed"), though not for a '
+        f"kernel's own writes (BatchNorm's running statistics); the compiled kernels write "
+        f"it either way, and cannot tell which eager would do. Pass a clone (.clone()) of "
+        f"it, or make the call under torch.inference_mode()",
         4,
     )
 

@@ -24,6 +24,7 @@ from tests.harness import run_job
 #: artifact name -> (function, tracer, how its arguments are built, capture arguments)
 ARTIFACTS: dict[str, tuple[str, str, str, list[tuple[Any, ...]]]] = {
     "fx write": ("write_then_read", "make_fx", "pair", [(torch.ones(3), torch.ones(3))]),
+    "fx setitem": ("set_then_read", "make_fx", "pair", [(torch.ones(3), torch.ones(3))]),
     "dynamo write": ("write_then_read", "dynamo", "pair", [(torch.ones(3), torch.ones(3))]),
     "dynamo break": ("write_across_break", "dynamo", "pair", [(torch.ones(3), torch.ones(3))]),
     "fx read-only": ("read_only", "make_fx", "pair", [(torch.ones(3), torch.ones(3))]),
@@ -78,6 +79,7 @@ EXACT = {"result": "exact", "message": ""}
 
 WRITES = {
     "fx write": ("argument 'a'", "argument 'b'"),
+    "fx setitem": ("argument 'a'", "argument 'b'"),
     "dynamo write": ("a", "b"),
     "dynamo break": ("a", "b"),
 }
