@@ -209,6 +209,8 @@ class CaptureTime:
         "aot binder",
         (
             *_REFUSAL,
+            single_graph_ambient.nan_detection_on,
+            single_graph_ambient.refuse_nan_detection,
             bytecode.compiled_source,
             autograd_serving.bind_autograd,
             inductor_serving.bind_inductor_module,

@@ -31,6 +31,12 @@ if TYPE_CHECKING:
 
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
+    # precompile.runtime.single_graph_ambient's, carried with every section that
+    # carries this module (both drivers, and the capture's AOT binder).
+    def nan_detection_on() -> bool: ...
+
+    def refuse_nan_detection() -> NoReturn: ...
+
 
 def base_spec(outputs: int) -> dict[str, Any]:
     """The spec of a graph with ``outputs`` outputs around which nothing is done: no
@@ -175,6 +181,10 @@ def bind_autograd(
                     f"precompile: graph {name} got {len(grads)} gradients, expected "
                     f"{grad_outs}; this is a precompile bug, please report it"
                 )
+            if nan_detection_on():
+                # The caller's backward, under anomaly detection: eager's checks each
+                # backward function's output, which this compiled backward has none of.
+                refuse_nan_detection()
             if _torch.is_grad_enabled():
                 refuse(
                     f"precompile: a backward with create_graph=True (a double backward) "

@@ -6,7 +6,8 @@ Inductor answering, NaN gradients left in ``.grad``).
 
 Covered, each in a fresh process: training captures (the backward inside fn) under both
 tracers and both backends, and a make_fx inference capture of an input that requires
-grad, whose backward runs when the caller calls ``.backward()``. Dynamo's eager backend
+grad, whose backward runs when the caller calls ``.backward()`` (under anomaly detection
+around the call, or around the caller's backward alone: helper-81's find). Dynamo's eager backend
 runs eager's autograd, so anomaly detection works through it as in eager. Ordinary
 calls, and calls under ``set_detect_anomaly(True, check_nan=False)`` (which only
 records where each node was made), are served with eager's values.
@@ -102,6 +103,25 @@ for name, eager in artifacts.items():
             got[0] == want[0] == "value" and json.dumps(got) == json.dumps(want)
         )
         cells[f"{{name}} {{mode}}"] = ["same" if same else got[0], got[1], want]
+
+
+def backward_only(fn):
+    # The call outside anomaly detection, the caller's backward under it.
+    def call(model, x):
+        loss = fn(model, x.requires_grad_())
+        with torch.autograd.detect_anomaly():
+            loss.backward()
+        return loss.detach()
+    return call
+
+
+if {tracer!r} == "make_fx":
+    run = precompile.load("fwd.py", "fwd.cache")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cells["fwd backward only"] = [
+            *outcome(backward_only(run)), outcome(backward_only(amodels.forward))
+        ]
 print(json.dumps(cells, default=str))
 """
 
@@ -127,3 +147,8 @@ def test_nan_checks_of_anomaly_detection_are_not_skipped_by_a_compiled_backward(
         else:
             assert kind == "refused", (kind, message)
             assert "anomaly detection" in message and "check_nan=False" in message, message
+    if tracer == "make_fx":
+        # The artifact's compiled backward, run by the caller under anomaly detection.
+        kind, message, want = cells["fwd backward only"]
+        assert want == ["raises", "Function 'SqrtBackward0' returned nan values"], want
+        assert kind == "refused" and "anomaly detection" in message, (kind, message)
