@@ -99,6 +99,32 @@ def _binders(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
     return found
 
 
+def _tests(body: list[ast.stmt], around: tuple[ast.expr, ...] = ()) -> dict[int, list[ast.expr]]:
+    """By ``id`` of each statement of ``body``'s scope inside an ``if``, ``while`` or
+    ``match``: the tests it runs under, outermost first (``if FLAG: K = 2.0`` binds K
+    only while FLAG holds: an edit to FLAG changes what K is)."""
+    found: dict[int, list[ast.expr]] = {}
+    for stmt in body:
+        if around:
+            found[id(stmt)] = list(around)
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        inner = around
+        if isinstance(stmt, (ast.If, ast.While)):
+            inner = (*around, stmt.test)
+        elif isinstance(stmt, ast.Match):
+            inner = (*around, stmt.subject)
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(stmt, field, None)
+            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                found.update(_tests(block, inner))
+        for handler in getattr(stmt, "handlers", []):
+            found.update(_tests(handler.body, inner))
+        for case in getattr(stmt, "cases", []):
+            found.update(_tests(case.body, inner))
+    return found
+
+
 def _loads(stmt: ast.stmt) -> list[str]:
     """The names a binding statement reads (of a ``for`` or ``with``, its header's), in
     order of first appearance."""
@@ -120,9 +146,10 @@ def _loads(stmt: ast.stmt) -> list[str]:
 def binding_digests(text: str, tree: Any, names: Iterable[str], scope: str = "") -> dict[str, str]:
     """For each of ``names``: a digest of the statements of ``text`` (parsed: ``tree``)
     that bind it at the top level of the module, or of the class ``scope`` (a dotted
-    qualified name) -- their text in order -- and of the statements binding what those
-    read, in turn (``SCALE = BASE * 2`` changes with ``BASE``; a ``partial`` with the
-    constant it binds). A name nothing binds has the digest of no statement, so a
+    qualified name) -- their text in order, with the tests of the ``if``/``while``/``match``
+    they sit under -- and of the statements binding what those read, in turn
+    (``SCALE = BASE * 2`` changes with ``BASE``; a ``partial`` with the constant it binds;
+    ``if FLAG: K = 2.0`` with ``FLAG``). A name nothing binds has the digest of no statement, so a
     binding added (shadowing a builtin) or removed changes it too. A scope not found
     binds nothing. Digests are 16 hex digits: they tell a change, they do not
     authenticate (the pair's signature does)."""
@@ -135,6 +162,7 @@ def binding_digests(text: str, tree: Any, names: Iterable[str], scope: str = "")
         body = found[-1].body
     module_binders = _binders(tree.body)
     scope_binders = _binders(body) if scope else module_binders
+    conditions = {**_tests(tree.body), **(_tests(body) if scope else {})}
     digests = {}
     for name in sorted(set(names)):
         texts: list[str] = []
@@ -150,6 +178,13 @@ def binding_digests(text: str, tree: Any, names: Iterable[str], scope: str = "")
             for stmt in table.get(wanted, []):
                 texts.append(_header(stmt, text))
                 pending += [(read, table is scope_binders) for read in _loads(stmt)]
+                for test in conditions.get(id(stmt), ()):
+                    texts.append(ast.get_source_segment(text, test) or "")
+                    pending += [
+                        (n.id, table is scope_binders)
+                        for n in ast.walk(test)
+                        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+                    ]
         digests[name] = hashlib.sha256("\0".join(texts).encode("utf-8")).hexdigest()[:16]
     return digests
 

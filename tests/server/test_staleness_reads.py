@@ -11,7 +11,8 @@ imported enum's member, a value derived from another (``DERIVED = BASE * 2``, BA
 edited), a name a star import binds, a builtin its module comes to shadow, a submodule's
 attribute through a dotted import (``pkg.consts.DOTTED``), a dataclass instance's field
 default, a global its function reads where a nested function's parameter has its name
-(helper-80's three misses) -- under both
+(helper-80's three misses), a name bound under an ``if`` whose test changed (helper-82's)
+-- under both
 tracers
 (and Inductor, whose artifacts carry the same records). Changes that bind nothing a
 capture read (another constant, a comment, a new name) leave every artifact current.
@@ -67,6 +68,11 @@ from .starred import starred
 
 OFFSET = 1.0
 NESTED = 2.0
+FAST = True
+if FAST:
+    CHOSEN = 2.0
+else:
+    CHOSEN = 3.0
 
 
 class Cfg:
@@ -208,6 +214,11 @@ def by_dataclass_default(model, x):
 
 
 @precompile.target(examples)
+def by_condition(model, x):
+    return model(x) * CHOSEN
+
+
+@precompile.target(examples)
 def by_nested_shadow(model, x):
     def halved(NESTED):  # this NESTED is the parameter: the global is read below
         return NESTED / 2
@@ -233,6 +244,7 @@ CHANGED = {
     "by_dotted_module": "`DOTTED` (src/pkg/consts.py), which `by_dotted_module` reads",
     "by_dataclass_default": "`Settings.scale` (src/pkg/t.py), which `by_dataclass_default` reads",
     "by_nested_shadow": "`NESTED` (src/pkg/t.py), which `by_nested_shadow` reads",
+    "by_condition": "`CHOSEN` (src/pkg/t.py), which `by_condition` reads",
 }
 
 
@@ -306,6 +318,7 @@ def test_a_name_a_capture_read_bound_differently_makes_its_artifact_stale(
     _edit(root / "src" / "pkg" / "consts.py", "DOTTED = 2.0", "DOTTED = 5.0")
     _edit(targets, "    scale: float = 2.0", "    scale: float = 5.0")
     _edit(targets, "NESTED = 2.0", "NESTED = 5.0")
+    _edit(targets, "FAST = True", "FAST = False")
     stale = _stale(root)
     assert set(stale) == set(CHANGED), stale
     for name, said in CHANGED.items():
