@@ -337,6 +337,32 @@ def _attribute_chain(node: ast.Attribute) -> tuple[str, list[str]] | None:
     return None
 
 
+def local_imports(source: str) -> dict[str, tuple[str, str | None]]:
+    """The names a function's own import statements bind (``from .helper import K``,
+    ``from . import helper as h``, ``import pkg.helper``): name -> the module as written
+    (relative ones with their dots) and the attribute imported from it (None for a
+    plain ``import``). Empty where the source does not parse."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}
+    found: dict[str, tuple[str, str | None]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if alias.name != "*":
+                    module = "." * node.level + (node.module or "")
+                    found[alias.asname or alias.name] = (module, alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    found[alias.asname] = (alias.name, None)
+                else:
+                    head = alias.name.split(".")[0]
+                    found[head] = (head, None)
+    return found
+
+
 def function_reads(
     source: str,
 ) -> tuple[list[str], str, dict[str, set[str]], dict[str, set[tuple[str, ...]]]] | None:
@@ -431,5 +457,6 @@ __all__ = [
     "changed_bindings",
     "function_reads",
     "imported_names",
+    "local_imports",
     "star_sources",
 ]

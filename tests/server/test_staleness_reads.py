@@ -11,7 +11,8 @@ imported enum's member, a value derived from another (``DERIVED = BASE * 2``, BA
 edited), a name a star import binds, a builtin its module comes to shadow, a submodule's
 attribute through a dotted import (``pkg.consts.DOTTED``), a dataclass instance's field
 default, a global its function reads where a nested function's parameter has its name
-(helper-80's three misses), a name bound under an ``if`` whose test changed (helper-82's)
+(helper-80's three misses), a name bound under an ``if`` whose test changed, a name or
+module fn imports inside itself (helper-82's)
 -- under both
 tracers
 (and Inductor, whose artifacts carry the same records). Changes that bind nothing a
@@ -38,6 +39,7 @@ DEEP = 1.0
 BASE = 1.5
 DERIVED = BASE * 2
 UNUSED = 1.0
+LOCAL = 2.0
 
 
 class Base(torch.nn.Module):
@@ -214,6 +216,20 @@ def by_dataclass_default(model, x):
 
 
 @precompile.target(examples)
+def by_local_import(model, x):
+    from .helper import LOCAL
+
+    return model(x) * LOCAL
+
+
+@precompile.target(examples)
+def by_local_module(model, x):
+    from . import consts as c
+
+    return model(x) * c.LOCALMOD
+
+
+@precompile.target(examples)
 def by_condition(model, x):
     return model(x) * CHOSEN
 
@@ -245,6 +261,8 @@ CHANGED = {
     "by_dataclass_default": "`Settings.scale` (src/pkg/t.py), which `by_dataclass_default` reads",
     "by_nested_shadow": "`NESTED` (src/pkg/t.py), which `by_nested_shadow` reads",
     "by_condition": "`CHOSEN` (src/pkg/t.py), which `by_condition` reads",
+    "by_local_import": "`LOCAL` (src/pkg/helper.py), which `by_local_import` reads",
+    "by_local_module": "`LOCALMOD` (src/pkg/consts.py), which `by_local_module` reads",
 }
 
 
@@ -260,7 +278,7 @@ def _workspace(tmp_path: Path, tracer: str, backend: str) -> Path:
         "from pkg.consts import *  # noqa: F403\n\n\ndef starred(model, x):\n"
         "    return model(x) * STARRED  # noqa: F405\n"
     )
-    (package / "consts.py").write_text("STARRED = 2.0\nDOTTED = 2.0\n")
+    (package / "consts.py").write_text("STARRED = 2.0\nDOTTED = 2.0\nLOCALMOD = 2.0\n")
     (root / "pyproject.toml").write_text(
         f'[tool.precompile]\nsource-roots = ["src"]\ntracer = "{tracer}"\n'
         f'backend = "{backend}"\nartifact-dir = "artifacts"\n'
@@ -319,6 +337,8 @@ def test_a_name_a_capture_read_bound_differently_makes_its_artifact_stale(
     _edit(targets, "    scale: float = 2.0", "    scale: float = 5.0")
     _edit(targets, "NESTED = 2.0", "NESTED = 5.0")
     _edit(targets, "FAST = True", "FAST = False")
+    _edit(helper, "LOCAL = 2.0", "LOCAL = 5.0")
+    _edit(root / "src" / "pkg" / "consts.py", "LOCALMOD = 2.0", "LOCALMOD = 5.0")
     stale = _stale(root)
     assert set(stale) == set(CHANGED), stale
     for name, said in CHANGED.items():

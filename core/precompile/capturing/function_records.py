@@ -24,6 +24,7 @@ from precompile.source_bindings import (
     binding_digests,
     function_reads,
     imported_names,
+    local_imports,
     star_sources,
 )
 
@@ -81,6 +82,7 @@ def _reads(
     if found is None or module is None or _parsed(text) is None:
         return []
     names, first, attributes, chains = found
+    rows_local = _local_import_reads(module, source, attributes, chains, artifact_path)
     path = artifact_relative(code.co_filename, artifact_path) or code.co_filename
     rows = [_read(module.__name__, path, text, "", names)]
     qualname = getattr(code, "co_qualname", code.co_name)
@@ -110,6 +112,38 @@ def _reads(
             # An instance of a project class (``SETTINGS = Settings()``): what it does
             # not hold itself it reads from its class's body (a dataclass's defaults).
             rows += _class_reads(type(value), read, artifact_path)
+    return rows + rows_local
+
+
+def _local_import_reads(
+    module: types.ModuleType,
+    source: str,
+    attributes: dict[str, set[str]],
+    chains: dict[str, set[tuple[str, ...]]],
+    artifact_path: str,
+) -> list[dict[str, Any]]:
+    """``reads`` rows of what the function imports itself (``from .helper import K``
+    inside it): K as the project module it comes from binds it, or, for a module it
+    imports (``from . import helper as h``, ``import pkg.helper``), the attributes it
+    reads from that module, as a module global's would be."""
+    import importlib.util
+
+    rows: list[dict[str, Any]] = []
+    for name, (written, attr) in sorted(local_imports(source).items()):
+        try:
+            absolute = importlib.util.resolve_name(written, module.__package__)
+        except (ImportError, ValueError):
+            continue
+        source_module = sys.modules.get(absolute)
+        value: Any = source_module if attr is None else getattr(source_module, attr, None)
+        if isinstance(value, types.ModuleType):
+            read = sorted(attributes.get(name, ()))
+            row = _module_read(value, read, artifact_path) if read else None
+            rows += [row] if row is not None else []
+            rows += _chain_reads(value, chains.get(name, set()), artifact_path)
+        elif attr is not None:
+            row = _module_read(source_module, [attr], artifact_path)
+            rows += [row] if row is not None else []
     return rows
 
 
