@@ -49,16 +49,20 @@ def refuse_left_changed(entered: tuple[tuple[str, Any], ...], fn: Any) -> None:
         if before != after
     ]
     if changed:
-        code = getattr(fn, "__code__", None)
-        raise PrecompileError(
-            f"{getattr(fn, '__qualname__', fn)} returned with {'; '.join(changed)}: eager "
-            f"leaves that change behind after every call, and an artifact does not replay "
-            f"it (it runs the captured program under the context it recorded and puts the "
-            f"caller's back)",
-            location=definition_location(code) if code is not None else None,
-            hint="undo the change before fn returns (a with-block, or a try/finally that "
-            "puts it back), or make it outside fn, around the call",
-        )
+        _refuse_left(fn, "; ".join(changed))
+
+
+def _refuse_left(fn: Any, what: str) -> None:
+    """Refuse fn, which returned with ``what`` of the context changed."""
+    code = getattr(fn, "__code__", None)
+    raise PrecompileError(
+        f"{getattr(fn, '__qualname__', fn)} returned with {what}: eager leaves that change "
+        f"behind after every call, and an artifact does not replay it (it runs the "
+        f"captured program under the context it recorded and puts the caller's back)",
+        location=definition_location(code) if code is not None else None,
+        hint="undo the change before fn returns (a with-block, or a try/finally that puts "
+        "it back), or make it outside fn, around the call",
+    )
 
 
 #: The caller's grad mode, as the trail follows it: restored by a with-block's exit.
@@ -111,13 +115,4 @@ def refuse_grad_mode_left(
     mode = {True: "grad mode on", False: "grad mode off"}.get(
         trail.state, "the grad mode torch._C._set_grad_enabled set"
     )
-    code = getattr(fn, "__code__", None)
-    raise PrecompileError(
-        f"{getattr(fn, '__qualname__', fn)} returns with {mode}, set at {site} and "
-        f"not undone: eager leaves the caller's code after every call running under that "
-        f"mode, and an artifact does not replay it (it runs the captured program under "
-        f"the grad mode it recorded and puts the caller's back)",
-        location=definition_location(code) if code is not None else None,
-        hint="use a with-block (with torch.no_grad(): ...), or set the grad mode outside "
-        "fn, around the call",
-    )
+    _refuse_left(fn, f"{mode}, set at {site} and not undone")

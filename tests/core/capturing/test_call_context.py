@@ -131,8 +131,8 @@ def test_a_change_undone_before_fn_returns_is_served(tmp_path: Path, tracer: str
 @pytest.mark.parametrize(
     "fn, named",
     [
-        (leaves_grad_off, "returns with grad mode off, set at"),
-        (leaves_grad_off_directly, "returns with the grad mode torch._C._set_grad_enabled set"),
+        (leaves_grad_off, "returned with grad mode off, set at"),
+        (leaves_grad_off_directly, "returned with the grad mode torch._C._set_grad_enabled set"),
     ],
 )
 def test_grad_mode_left_off_by_an_inference_capture_is_refused(
