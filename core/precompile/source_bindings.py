@@ -87,6 +87,27 @@ def _header(stmt: ast.stmt, text: str) -> str:
     return ast.get_source_segment(text, stmt) or ""
 
 
+def _binding_text(stmt: ast.stmt, name: str, text: str) -> str:
+    """What of ``stmt`` binds ``name``: of an import, the one alias that binds it
+    (``from .helper import scale`` of ``from .helper import scale, OTHER``; ``import
+    torch`` of ``import torch.utils.data``, which binds the same package), so importing
+    another name beside it changes nothing; of any other statement, its header."""
+    if isinstance(stmt, ast.ImportFrom):
+        for alias in stmt.names:
+            if (alias.asname or alias.name) == name:
+                source = "." * stmt.level + (stmt.module or "")
+                return f"from {source} import {alias.name}" + (
+                    f" as {alias.asname}" if alias.asname else ""
+                )
+    elif isinstance(stmt, ast.Import):
+        for alias in stmt.names:
+            if alias.asname == name:
+                return f"import {alias.name} as {alias.asname}"
+            if not alias.asname and alias.name.split(".")[0] == name:
+                return f"import {name}"
+    return _header(stmt, text)
+
+
 def _binders(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
     """Name -> the statements of ``body``'s scope that bind it, in order (function and
     class definitions left out: see the module's docstring)."""
@@ -176,7 +197,10 @@ def binding_digests(text: str, tree: Any, names: Iterable[str], scope: str = "")
                 continue
             seen.add(key)
             for stmt in table.get(wanted, []):
-                texts.append(_header(stmt, text))
+                bound = _binding_text(stmt, wanted, text)
+                if isinstance(stmt, (ast.Import, ast.ImportFrom)) and bound in texts:
+                    continue  # ``import pkg.a`` and ``import pkg.b``: one binding of pkg
+                texts.append(bound)
                 pending += [(read, table is scope_binders) for read in _loads(stmt)]
                 for test in conditions.get(id(stmt), ()):
                     texts.append(ast.get_source_segment(text, test) or "")

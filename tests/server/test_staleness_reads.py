@@ -318,6 +318,9 @@ def test_a_name_a_capture_read_bound_differently_makes_its_artifact_stale(
     _edit(helper, "UNUSED = 1.0\n", "UNUSED = 5.0\n\n# the gain\n")
     _edit(helper, "K = 2.0\n", "K = 2.0  # the gain\n")
     _edit(targets, "OFFSET = 1.0\n", "OFFSET = 1.0\nNEW = 2\n")
+    # Another name imported beside one a capture read; a submodule of a package it read.
+    _edit(targets, "from .helper import SHIFT\n", "from .helper import SHIFT, UNUSED\n")
+    _edit(targets, "import pkg.consts\n", "import pkg.consts\nimport pkg.starred\n")
     assert _stale(root) == {}
 
     _edit(helper, "K = 2.0", "K = 3.0")
