@@ -285,13 +285,14 @@ def record_surface(
     classes: Iterable[Any],
     methods: Iterable[str] = (),
 ) -> list[dict[str, Any]]:
-    codes = list(codes)
     """``LIBRARY_SURFACE``: where each of ``called`` (objects the trace called: builtins,
     bound builtin methods) and ``codes`` (library functions it ran) was resolved, among
     the library modules bound in ``scopes`` (the globals of the code that ran) and the
     attributes of ``torch.Tensor`` and the library ``classes`` (of the modules the trace
     reached) along their MROs; ``methods`` names Tensor methods called (Dynamo's
     ``call_method``)."""
+    codes = list(codes)
+    called = list(called)
     called_ids: set[int] = set()
     tensor_methods = set(methods) | tensor_attributes_reached(codes)
     for value in called:
@@ -332,14 +333,22 @@ def record_surface(
     # The first step of such a path: the name a library module's code reached that module
     # by (``F`` in ``torch.nn.modules.linear``, for ``F.linear``). Rebound
     # (``torch.nn.modules.linear.F = other``), nn.Linear's forward calls something else.
+    # Only a name that code of the module which ran names: a package also holds each
+    # submodule imported so far (``torch.nn.attention.flex_attention``, bound by the
+    # import system when anything imported it), a binding its own code never reads and
+    # a fresh process that has not imported it yet lacks.
     used = {module for module, _cls, _attr in rows}
+    named: dict[str, set[str]] = {}
+    for code in [*codes, *filter(None, map(_code_of, called))]:
+        named.setdefault(code.co_filename, set()).update(code.co_names)
     for scope in scopes:
         own = sys.modules.get(str(scope.get("__name__")))
         if own is None or not _library_module(own):
             continue
+        names = named.get(str(getattr(own, "__file__", None)), set())
         for attr, value in list(scope.items()):
             if isinstance(value, types.ModuleType) and getattr(value, "__name__", None) in used:
-                if not attr.startswith("__"):
+                if not attr.startswith("__") and attr in names:
                     rows[(own.__name__, None, attr)] = _row(own.__name__, None, attr, value)
     rows.update(_registry_rows(modules, hit_entry))
     # A parameter is a Tensor subclass: ``nn.Parameter.__mul__ = f`` changes what

@@ -14,9 +14,9 @@ compares it per call (``runtime.setting_checks``). Dynamo's eager backend calls
 exactly under every setting, raising where eager raises.
 
 Each tracer and backend, in a fresh process: the attention called directly, as the ATen
-operator (``torch.ops.aten.scaled_dot_product_attention``) and through
-``nn.MultiheadAttention`` (torch.nn's code makes the call), ordinary calls served
-exactly before and after a refused one.
+operator (``torch.ops.aten.scaled_dot_product_attention``), inside fn's own
+``sdpa_kernel`` block and through ``nn.MultiheadAttention`` (torch.nn's code makes the
+call), ordinary calls served exactly before and after a refused one.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from tests.harness import run_json
 
 MODELS = """import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 class Attn(torch.nn.Module):
@@ -47,6 +48,13 @@ class Aten(Attn):
         return torch.ops.aten.scaled_dot_product_attention(q, k, v)
 
 
+class Own(Attn):  # chooses its kernel itself, whatever the caller's flags
+    def forward(self, x):
+        q, k, v = self.qkv(x).unflatten(-1, (3, 2, -1)).permute(2, 0, 3, 1, 4)
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q, k, v)
+
+
 class Mha(torch.nn.Module):
     def __init__(self, n=16):
         super().__init__()
@@ -62,9 +70,9 @@ def call(model, x):
 
 def make(name):
     torch.manual_seed(0)
-    model = {"attn": Attn, "aten": Aten, "mha": Mha}[name]().eval()
+    model = {"attn": Attn, "aten": Aten, "own": Own, "mha": Mha}[name]().eval()
     x = torch.randn(2, 64, 16)
-    if name in ("attn", "aten"):  # where the kernels differ most
+    if name != "mha":  # where the kernels differ most
         return model.to(torch.bfloat16), x.to(torch.bfloat16)
     return model, x
 """
@@ -73,7 +81,7 @@ CAPTURE = """
 import warnings, torch, precompile
 import kmodels
 warnings.simplefilter("ignore")
-for name in ("attn", "aten", "mha"):
+for name in ("attn", "aten", "own", "mha"):
     model, x = kmodels.make(name)
     tracer = precompile.MakeFxTracer() if {tracer!r} == "make_fx" else precompile.DynamoTracer()
     with torch.no_grad(), precompile.capture(
@@ -96,7 +104,7 @@ settings = {{
     "ordinary again": contextlib.nullcontext,
 }}
 cells = {{}}
-for name in ("attn", "aten", "mha"):
+for name in ("attn", "aten", "own", "mha"):
     run = precompile.load(f"{{name}}.py", f"{{name}}.cache")
     model, x = kmodels.make(name)
     for setting, context in settings.items():
@@ -122,6 +130,9 @@ print(json.dumps(cells))
 """
 
 
+SETTINGS = ("ordinary", "math", "efficient", "ordinary again")
+
+
 @pytest.mark.parametrize(
     ("tracer", "backend"),
     [("make_fx", "eager"), ("make_fx", "inductor"), ("dynamo", "eager"), ("dynamo", "inductor")],
@@ -132,6 +143,19 @@ def test_attention_backend_flags_are_checked_where_the_artifact_holds_the_kernel
     (tmp_path / "kmodels.py").write_text(MODELS)
     run_json(CAPTURE.format(tracer=tracer, backend=backend), cwd=tmp_path, pythonpath=[tmp_path])
     cells = run_json(SERVE.format(), cwd=tmp_path, pythonpath=[tmp_path])
+    # fn choosing its kernel itself (``with sdpa_kernel(MATH)`` inside) computes the math
+    # composition under any caller's flags. Served in an unchanged fresh process: its
+    # trace went through torch.nn.attention, a package that by then also held the
+    # submodules imported at capture (``flex_attention``), names its code never reads and
+    # a fresh process lacks; Dynamo's artifact held that binding against the load.
+    own = {setting: cells[f"own {setting}"] for setting in SETTINGS}
+    assert own["ordinary"][0] == "exact", own
+    assert own["ordinary again"][0] == "exact", own
+    for setting in ("math", "efficient"):
+        if (tracer, backend) == ("dynamo", "eager"):
+            assert own[setting][0] == "exact", own
+        else:  # the caller's flags are compared at the call: a refusal, never another kernel
+            assert own[setting][0] in {"exact", "refused"}, own
     for name in ("attn", "aten", "mha"):
         # nn.MultiheadAttention takes its fused fast path in eager (not while make_fx or
         # Dynamo traces): the artifact computes its composition, float32-close, and
