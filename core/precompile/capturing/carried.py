@@ -172,6 +172,7 @@ class MultiGraph:
                 single_graph_ambient.warn_inference_grad,
                 single_graph_ambient.nan_detection_on,
                 single_graph_ambient.refuse_nan_detection,
+                single_graph_ambient.refuse_forward_ad_inputs,
                 single_graph_inputs.warn_layout_copy,
                 source_digest,
                 guard_text,

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
     def refuse_nan_detection() -> NoReturn: ...
 
+    def refuse_forward_ad_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None: ...
+
     BACKEND: str = ""
 
     def autocast_state() -> tuple[tuple[str, str], ...]: ...
@@ -342,6 +344,8 @@ def serve_as_captured(entry: Any, check: Any, installed: bool = False) -> Any:
     # A training capture's Inductor graphs hold the backward AOTAutograd compiled:
     # anomaly detection sees none of it (the eager backend's graphs run eager's).
     backward_compiled = GRAD_MODE and BACKEND == "inductor"
+    # Nor do they carry a forward-AD tangent (refuse_forward_ad_inputs).
+    forward_ad = torch.autograd.forward_ad if BACKEND == "inductor" else None
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         if (
@@ -356,6 +360,8 @@ def serve_as_captured(entry: Any, check: Any, installed: bool = False) -> Any:
             _check_ambient_state(args, kwargs)
         if backward_compiled and nan_detection_on():
             refuse_nan_detection()
+        if forward_ad is not None and forward_ad._current_level >= 0:
+            refuse_forward_ad_inputs(args, kwargs)
         grad = torch.is_grad_enabled()
         if grad != GRAD_MODE:
             if GRAD_MODE_READ:

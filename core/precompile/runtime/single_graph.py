@@ -90,6 +90,8 @@ if TYPE_CHECKING:
 
     def refuse_nan_detection() -> NoReturn: ...
 
+    def refuse_forward_ad_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None: ...
+
     def load_spec(text: str) -> Any: ...
 
     def build_ambient_checks() -> (
@@ -339,6 +341,9 @@ def _build_single_graph_forward() -> Any:
     deterministic = _deterministic_enabled
     autocast_enabled = _any_autocast_enabled
     is_grad_enabled = _torch.is_grad_enabled
+    # Inductor's kernels carry no forward-AD tangent: while a dual level is open, the
+    # call's tensors are looked at (refuse_forward_ad_inputs).
+    forward_ad = _torch.autograd.forward_ad if BACKEND == "inductor" else None
 
     def forward_packed(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A call with its arguments as one tuple and one dict (what the serving wrapper
@@ -375,6 +380,8 @@ def _build_single_graph_forward() -> Any:
             flat, state, tensors_in = checked_inputs(args, kwargs)
         if n_grads and MODES_SEE_OPS and dispatch_mode_depth():
             _check_mode_sees_backward(state)
+        if forward_ad is not None and forward_ad._current_level >= 0:
+            refuse_forward_ad_inputs(args, kwargs)
         grad_was_enabled = is_grad_enabled()
         through_autograd = grad_was_enabled and autograd_run is not None
         if (backward_in_graph or through_autograd) and nan_detection_on():

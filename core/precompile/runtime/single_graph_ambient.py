@@ -196,6 +196,53 @@ def refuse_nan_detection() -> NoReturn:
     )
 
 
+def refuse_forward_ad_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse a call to an Inductor artifact, made while a forward-AD level is open
+    (``torch.autograd.forward_ad.dual_level``), that passes a dual tensor (``make_dual``)
+    as an argument, in a list, tuple or dict argument, or as a parameter or buffer of a
+    module argument. Eager carries the tangent through every operation; Inductor's
+    kernels read the primal's data and drop it, and its extern calls (``addmm``'s out=
+    form) raise. The eager backend's graph runs ATen ops, which carry it, and is served.
+    Called only while a level is open, so an ordinary call pays one attribute read."""
+    import torch
+
+    unpack = torch.autograd.forward_ad.unpack_dual
+
+    def dual(label: str, value: Any) -> str:
+        if isinstance(value, torch.Tensor):
+            return label if unpack(value).tangent is not None else ""
+        if isinstance(value, torch.nn.Module):
+            named = [*value.named_parameters(), *value.named_buffers()]
+            return next((f"{label}'s {n!r}" for n, t in named if dual("", t)), "")
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, (list, tuple)):
+            return next((found for item in value if (found := dual(label, item))), "")
+        return ""
+
+    found = next(
+        (
+            found
+            for label, value in [
+                *((f"argument {i}", a) for i, a in enumerate(args)),
+                *((f"argument {k!r}", v) for k, v in kwargs.items()),
+            ]
+            if (found := dual(label, value))
+        ),
+        "",
+    )
+    if found:
+        refuse(
+            f"precompile: {found} is a forward-AD dual tensor "
+            f"(torch.autograd.forward_ad.make_dual), but this artifact runs Inductor's "
+            f"compiled kernels, which carry no tangent: eager would compute the "
+            f"output's tangent, the kernels would drop it. Call fn eagerly under forward "
+            f"AD, or capture with backend='eager' (its graph's ATen operations carry "
+            f"tangents)",
+            2,
+        )
+
+
 def warn_inference_grad(what: str, more_fixes: str = "") -> None:
     """Say, as an InferenceGradWarning, that an inference artifact's outputs carry no
     gradient though this call runs with grad mode on and ``what`` requires grad. A

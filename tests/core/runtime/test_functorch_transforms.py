@@ -8,6 +8,10 @@ the Inductor artifact crashed with a raw RuntimeError. Both are refused now (a w
 parameter too: the model-state check asks the same question), cold in a fresh process;
 the plain call is served exactly, and so is vmap on the eager backend, whose ATen graph
 goes through the batching rules eager's ops do. Dynamo artifacts refused grad already.
+
+A forward-AD dual input (``torch.autograd.forward_ad.make_dual``) on Inductor crashed with
+a raw NotImplementedError from its extern matmul (its fused kernels would drop the
+tangent); it is refused on both tracers, and served by the eager backend's graphs.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ def _model_and_input() -> tuple[torch.nn.Module, torch.Tensor]:
 
 SERVE = """
 import json, warnings, torch, precompile
+import torch.autograd.forward_ad as fwAD
 from tests.core.runtime.test_functorch_transforms import _model_and_input, relu_linear
 warnings.simplefilter("ignore")
 model, x = _model_and_input()
@@ -39,7 +44,16 @@ run = precompile.load(*{paths!r})
 calls = {{
     "grad": lambda f: torch.func.grad(lambda t: f(model, t).sum())(x),
     "vmap": lambda f: torch.func.vmap(lambda t: f(model, t))(torch.stack([x, 2 * x])),
+    "forward-AD": lambda f: tangent(lambda: f(model, fwAD.make_dual(x, torch.ones_like(x)))),
+    "forward-AD, plain input": lambda f: tangent(lambda: fwAD.make_dual(f(model, x), x)),
 }}
+
+
+def tangent(call):
+    with fwAD.dual_level():
+        return fwAD.unpack_dual(call()).tangent.clone()
+
+
 cells = {{"plain": "exact" if torch.equal(run(model, x), relu_linear(model, x)) else "wrong"}}
 for name, call in calls.items():
     want = call(relu_linear)
@@ -52,7 +66,8 @@ print(json.dumps(cells))
 
 
 @pytest.mark.parametrize(
-    ("tracer", "backend"), [("make_fx", "eager"), ("make_fx", "inductor"), ("dynamo", "eager")]
+    ("tracer", "backend"),
+    [("make_fx", "eager"), ("make_fx", "inductor"), ("dynamo", "eager"), ("dynamo", "inductor")],
 )
 def test_a_call_under_a_torch_func_transform_is_refused(
     tmp_path: Path, tracer: str, backend: str
@@ -79,3 +94,13 @@ def test_a_call_under_a_torch_func_transform_is_refused(
         assert cells["vmap"] == "exact", cells
     else:
         assert cells["vmap"].startswith("refused: "), cells
+    # A forward-AD dual input: the eager backend's ATen operations carry its tangent, as
+    # eager's do; Inductor's kernels would drop it (its extern matmul raised a raw
+    # NotImplementedError), so it is refused, naming the argument. A call made inside a
+    # dual level with plain tensors is served.
+    assert cells["forward-AD, plain input"] == "exact", cells
+    if backend == "eager":
+        assert cells["forward-AD"] == "exact", cells
+    else:
+        assert cells["forward-AD"].startswith("refused: "), cells
+        assert "argument 1 is a forward-AD dual tensor" in cells["forward-AD"], cells
