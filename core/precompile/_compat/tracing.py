@@ -51,6 +51,39 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+#: torch's own files a dispatched operator passes through on its way to a fake kernel
+#: (``torch.ops`` call, the proxy and fake modes, their decorators).
+_DISPATCH_FILES = (
+    "/torch/_ops.py",
+    "/torch/_compile.py",
+    "/torch/_dynamo/eval_frame.py",
+    "/torch/utils/_stats.py",
+    "/torch/fx/experimental/proxy_tensor.py",
+    "/torch/_subclasses/",
+)
+
+
+def dispatched_by_autograd_engine(tb: types.TracebackType | None) -> bool:
+    """Whether the failing operator of ``tb`` was called by autograd's C++ engine itself
+    (no Python frame between ``torch.autograd.graph._engine_run_backward`` and the
+    dispatch machinery): a value read there is the engine's own, as anomaly detection's
+    NaN check of every gradient (``isnan(grad).any().item()``), not a backward
+    formula's or fn's."""
+    frames = [f.f_code for f, _ in traceback.walk_tb(tb)]
+    engine = [
+        i
+        for i, code in enumerate(frames)
+        if code.co_name == "_engine_run_backward"
+        and code.co_filename.replace("\\", "/").endswith("/torch/autograd/graph.py")
+    ]
+    if not engine:
+        return False
+    return all(
+        any(part in code.co_filename.replace("\\", "/") for part in _DISPATCH_FILES)
+        for code in frames[engine[-1] + 1 :]
+    )
+
+
 #: ``Tensor.requires_grad``'s descriptor: how a trace's reads of it are recognised.
 requires_grad_descriptor = torch._C.TensorBase.__dict__["requires_grad"]
 

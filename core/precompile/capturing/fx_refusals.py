@@ -115,6 +115,19 @@ def refuse_from_exception(error: BaseException, training: bool) -> PrecompileErr
         )
     if isinstance(error, tracing.DATA_DEPENDENT_ERRORS):
         op = getattr(error, "func", None)
+        if tracing.dispatched_by_autograd_engine(error.__traceback__):
+            return PrecompileError(
+                f"fn's backward reads tensor values inside autograd's engine ({op}), as "
+                f"anomaly detection's NaN check of every gradient does "
+                f"(torch.autograd.detect_anomaly() or set_detect_anomaly(True)); a single "
+                f"graph cannot specialize on values it has not seen, and an artifact's "
+                f"backward runs no such check",
+                invariant=3,
+                location=where,
+                hint="run the backward outside anomaly detection, or under "
+                "detect_anomaly(check_nan=False), which only records where each node was "
+                "made; debug a NaN by running fn eagerly",
+            )
         return PrecompileError(
             f"fn depends on tensor values ({op}: .item(), .tolist(), a tensor in an "
             f"`if`, .nonzero() or another op whose output shape depends on data); a "

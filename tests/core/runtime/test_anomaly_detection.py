@@ -16,9 +16,12 @@ records where each node was made), are served with eager's values.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
+import precompile
 from tests.harness import run_json
 
 MODELS = """import torch
@@ -152,3 +155,45 @@ def test_nan_checks_of_anomaly_detection_are_not_skipped_by_a_compiled_backward(
         kind, message, want = cells["fwd backward only"]
         assert want == ["raises", "Function 'SqrtBackward0' returned nan values"], want
         assert kind == "refused" and "anomaly detection" in message, (kind, message)
+
+
+def backward_under_detection(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    loss = model(x).sqrt().sum()
+    with torch.autograd.detect_anomaly():
+        loss.backward()
+    return loss.detach()
+
+
+def backward_without_nan_check(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    loss = model(x).sqrt().sum()
+    with torch.autograd.detect_anomaly(check_nan=False):
+        loss.backward()
+    return loss.detach()
+
+
+def test_fn_running_its_backward_under_anomaly_detection_is_refused_at_capture_naming_it(
+    tmp_path: Path,
+) -> None:
+    """make_fx traces the NaN check autograd's engine runs on every gradient under
+    detection (``isnan(grad).any().item()``) as a read of tensor values; the refusal
+    names anomaly detection and ``check_nan=False``, where it said only "fn depends on
+    tensor values" (helper-81). Without the NaN check the same fn is captured."""
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(4, 4), torch.randn(3, 4)
+    paths = {"artifact_path": str(tmp_path / "a.py"), "cache_path": str(tmp_path / "a.cache")}
+    fn: Any = backward_under_detection
+    with pytest.raises(precompile.PrecompileError) as refused:
+        with precompile.capture(
+            fn, tracer=precompile.MakeFxTracer(), training=True, **paths
+        ) as cap:
+            cap(model, x)
+    message = str(refused.value)
+    assert "anomaly detection" in message and "inside autograd's engine" in message, message
+    assert "check_nan=False" in message, message
+    location = refused.value.location
+    assert location is not None and location.file == __file__, location
+    assert location.line == fn.__code__.co_firstlineno + 3, location  # loss.backward()
+    fn = backward_without_nan_check
+    with precompile.capture(fn, tracer=precompile.MakeFxTracer(), training=True, **paths) as cap:
+        cap(model, x)
+    assert (tmp_path / "a.py").is_file()
