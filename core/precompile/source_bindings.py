@@ -17,7 +17,11 @@ every ``name.attr`` whose ``name`` is a class of the same module (its body's bin
 ``attr``, and along ``name.sub.attr`` the submodule's; resolved at capture, where the
 module is live) or an instance of a project class (the class body's: a dataclass's
 defaults), and a name the module imports from a project module (``from .helper import
-K``: the helper's bindings of ``K``, hop by hop).
+K``: the helper's bindings of ``K``, hop by hop). A name spelled as a string constant
+counts as spelled out (``getattr(helper, "K")``, ``vars(helper)["K"]``,
+``globals()["K"]``), ``self.__class__.k`` and ``super().k`` as ``self.k``; a class
+attribute's digest covers the class's header and a decorator or metaclass defined
+beside it.
 The binding statements are the
 module's top-level ones (inside ``if``/``try``/``with``/``for`` blocks too), function and
 class definitions left out: a function the capture ran through has its own record, and
@@ -67,7 +71,7 @@ def _bound(stmt: ast.stmt) -> set[str]:
         targets = [stmt.target]
     elif isinstance(stmt, (ast.With, ast.AsyncWith)):
         targets = [i.optional_vars for i in stmt.items if i.optional_vars is not None]
-    names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    names = {name for t in targets for name in _target_names(t)}
     if not isinstance(stmt, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)):
         # A walrus at the statement's own level binds in this scope too.
         names |= {
@@ -76,6 +80,24 @@ def _bound(stmt: ast.stmt) -> set[str]:
             if isinstance(n, ast.NamedExpr) and isinstance(n.target, ast.Name)
         }
     return names
+
+
+def _target_names(target: ast.expr) -> set[str]:
+    """The names an assignment to ``target`` binds or changes: a name, each of a
+    tuple's or list's, and the object a subscript or attribute store writes into
+    (``NAMES[K] = v`` changes NAMES, not K; ``Cfg.X = v`` changes Cfg)."""
+    if isinstance(target, ast.Name):
+        return {target.id}
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return {name for elt in target.elts for name in _target_names(elt)}
+    if isinstance(target, ast.Starred):
+        return _target_names(target.value)
+    if isinstance(target, (ast.Subscript, ast.Attribute)):
+        value = target.value
+        while isinstance(value, (ast.Subscript, ast.Attribute)):
+            value = value.value
+        return {value.id} if isinstance(value, ast.Name) else set()
+    return set()
 
 
 def _header(stmt: ast.stmt, text: str) -> str:
@@ -170,27 +192,62 @@ def binding_digests(text: str, tree: Any, names: Iterable[str], scope: str = "")
     qualified name) -- their text in order, with the tests of the ``if``/``while``/``match``
     they sit under -- and of the statements binding what those read, in turn
     (``SCALE = BASE * 2`` changes with ``BASE``; a ``partial`` with the constant it binds;
-    ``if FLAG: K = 2.0`` with ``FLAG``). A name nothing binds has the digest of no statement, so a
-    binding added (shadowing a builtin) or removed changes it too. A scope not found
-    binds nothing. Digests are 16 hex digits: they tell a change, they do not
+    ``if FLAG: K = 2.0`` with ``FLAG``). In a class scope, the classes' headers count
+    for every name (see below), and a name the body does not bind is not looked up
+    among the module's globals (the bases have rows of their own). A name nothing binds
+    has the digest of no statement, so a binding added (shadowing a builtin) or removed
+    changes it too. A scope not found binds nothing. Digests are 16 hex digits: they tell a change, they do not
     authenticate (the pair's signature does)."""
     body: list[ast.stmt] = tree.body
+    # A class's header -- its bases, decorators and keywords (a metaclass) -- decides
+    # where an attribute its body does not bind comes from, and what the class is made
+    # with: a decorator or metaclass defined in this module counts whole (the body of
+    # ``with_gain`` in ``@with_gain(2.0)`` sets the attribute). A base's body has rows
+    # of its own.
+    headers: list[ast.AST] = []
+    makers: set[str] = set()
     for part in filter(None, scope.split(".")):
         found = [s for s in body if isinstance(s, ast.ClassDef) and s.name == part]
         if not found:
-            body = []
+            body, headers, makers = [], [], set()
             break
-        body = found[-1].body
+        cls = found[-1]
+        body = cls.body
+        headers += [*cls.decorator_list, *cls.bases, *cls.keywords]
+        makers |= {
+            n.id
+            for h in [*cls.decorator_list, *cls.keywords]
+            for n in ast.walk(h)
+            if isinstance(n, ast.Name)
+        }
     module_binders = _binders(tree.body)
     scope_binders = _binders(body) if scope else module_binders
     conditions = {**_tests(tree.body), **(_tests(body) if scope else {})}
+    made_with = [
+        stmt
+        for stmt in tree.body
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and stmt.name in makers
+    ]
+    header = [ast.get_source_segment(text, h) or "" for h in [*headers, *made_with]]
+    header_loads = [
+        (n.id, False)  # as the module binds them: ``SCALE`` in the decorator's body too
+        for h in [*headers, *made_with]
+        for n in ast.walk(h)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+    ]
     digests = {}
     for name in sorted(set(names)):
-        texts: list[str] = []
+        texts: list[str] = list(header)
         seen: set[tuple[str, bool]] = set()
-        pending = [(name, True)]  # (name, looked up in the scope first)
+        pending = [(name, True), *header_loads]  # (name, looked up in the scope first)
         while pending:
             wanted, in_scope = pending.pop(0)
+            if scope and (wanted, in_scope) == (name, True) and wanted not in scope_binders:
+                # A class attribute its body does not bind is its bases' (their own
+                # rows), never the module's global of that name.
+                seen.add((wanted, True))
+                continue
             table = scope_binders if in_scope and wanted in scope_binders else module_binders
             key = (wanted, table is scope_binders)
             if key in seen:
@@ -338,15 +395,19 @@ def _free_names(scope: ast.AST, enclosing: frozenset[str]) -> set[str]:
     return free
 
 
-def _attribute_chain(node: ast.Attribute) -> tuple[str, list[str]] | None:
-    """``a.b.c`` as ``("a", ["b", "c"])``; ``type(a).b`` as ``("a", ["b"])``; None for a
-    chain that starts elsewhere (a call's result, a subscript)."""
+def _attribute_chain(node: ast.Attribute, first: str = "") -> tuple[str, list[str]] | None:
+    """``a.b.c`` as ``("a", ["b", "c"])``; ``type(a).b`` and ``a.__class__.b`` as
+    ``("a", ["b"])``; ``super().b`` as the attribute ``b`` of ``first`` (the function's
+    first parameter); None for a chain that starts elsewhere (a call's result, a
+    subscript)."""
     path: list[str] = []
     value: ast.expr = node
     while isinstance(value, ast.Attribute):
         path.append(value.attr)
         value = value.value
     path.reverse()
+    if path[:1] == ["__class__"] and len(path) > 1:
+        path = path[1:]  # ``self.__class__.k`` is ``type(self).k``
     if isinstance(value, ast.Name):
         return value.id, path
     if (
@@ -358,7 +419,66 @@ def _attribute_chain(node: ast.Attribute) -> tuple[str, list[str]] | None:
     ):
         # ``type(self).k``: a class attribute of the parameter's class.
         return value.args[0].id, path
+    if (
+        first
+        and isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Name)
+        and value.func.id == "super"
+        and not value.args
+    ):
+        # ``super().k`` in a method: the attribute along its class's MRO.
+        return first, path
     return None
+
+
+def _named_read(node: ast.AST, first: str) -> tuple[str, list[str]] | None:
+    """A read spelled with the name as a string constant: ``getattr(x, "k")`` (with a
+    default too), ``vars(x)["k"]`` and ``x.__dict__["k"]`` as ``x.k``;
+    ``globals()["k"]`` and ``globals().get("k")`` as the global ``k`` (``("", ["k"])``).
+    None for anything else (a computed name is not followed: ``--verify`` is)."""
+
+    def constant(expr: ast.expr | None) -> str | None:
+        if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+            return expr.value
+        return None
+
+    def called(expr: ast.expr, name: str) -> list[ast.expr] | None:
+        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name):
+            return list(expr.args) if expr.func.id == name else None
+        return None
+
+    def held(expr: ast.expr) -> tuple[str, list[str]] | None:
+        if isinstance(expr, ast.Name):
+            return expr.id, []
+        if isinstance(expr, ast.Attribute):
+            return _attribute_chain(expr, first)
+        return None
+
+    key: str | None = None
+    owner: tuple[str, list[str]] | None = None
+    if isinstance(node, ast.Call):
+        args = called(node, "getattr")
+        if args is not None and len(args) in (2, 3):
+            key, owner = constant(args[1]), held(args[0])
+        elif (
+            isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and called(node.func.value, "globals") == []
+            and node.args
+        ):
+            key, owner = constant(node.args[0]), ("", [])
+    elif isinstance(node, ast.Subscript):
+        key = constant(node.slice)
+        args = called(node.value, "vars")
+        if args is not None and len(args) == 1:
+            owner = held(args[0])
+        elif called(node.value, "globals") == []:
+            owner = ("", [])
+        elif isinstance(node.value, ast.Attribute) and node.value.attr == "__dict__":
+            owner = held(node.value.value)
+    if key is None or owner is None:
+        return None
+    return owner[0], [*owner[1], key]
 
 
 def local_imports(source: str) -> dict[str, tuple[str, str | None]]:
@@ -437,10 +557,19 @@ def function_reads(
     chains: dict[str, set[tuple[str, ...]]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
-            found = _attribute_chain(node)
-            if found is None:
-                continue
-            root, path = found
+            found = _attribute_chain(node, first)
+        elif isinstance(node, (ast.Call, ast.Subscript)):
+            found = _named_read(node, first)
+        else:
+            continue
+        if found is None:
+            continue
+        root, path = found
+        if not root:  # ``globals()["k"]``
+            names.add(path[0])
+        elif not path:
+            continue
+        else:
             attributes.setdefault(root, set()).add(path[0])
             if len(path) > 1:
                 chains.setdefault(root, set()).add(tuple(path))

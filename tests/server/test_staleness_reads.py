@@ -12,11 +12,15 @@ edited), a name a star import binds, a builtin its module comes to shadow, a sub
 attribute through a dotted import (``pkg.consts.DOTTED``), a dataclass instance's field
 default, a global its function reads where a nested function's parameter has its name
 (helper-80's three misses), a name bound under an ``if`` whose test changed, a name or
-module fn imports inside itself (helper-82's)
+module fn imports inside itself, a name read as a string (``getattr(helper, "K")``,
+``vars(helper)["K"]``, ``helper.__dict__["K"]``), ``self.__class__.K``, and ``super().K`` after
+the class's bases changed (helper-82's)
 -- under both
 tracers
 (and Inductor, whose artifacts carry the same records). Changes that bind nothing a
-capture read (another constant, a comment, a new name) leave every artifact current.
+capture read (another constant, a comment, a new name, ``LOOKUP[K] = ...``, a module
+global named like a class attribute read through the class) leave every artifact
+current.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ BASE = 1.5
 DERIVED = BASE * 2
 UNUSED = 1.0
 LOCAL = 2.0
+GETATTRED = 2.0
+VARSED = 2.0
+DICTED = 2.0
 
 
 class Base(torch.nn.Module):
@@ -75,6 +82,8 @@ if FAST:
     CHOSEN = 2.0
 else:
     CHOSEN = 3.0
+LOOKUP = {}
+GAIN = 9.0
 
 
 class Cfg:
@@ -118,6 +127,44 @@ class ByType(torch.nn.Module):
 
     def forward(self, x):
         return self.lin(x) * type(self).FACTOR
+
+
+class ByDunder(torch.nn.Module):
+    DUNDER = 2.0
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x) * self.__class__.DUNDER
+
+
+class Left(torch.nn.Module):
+    PICKED = 2.0
+
+
+class Right(torch.nn.Module):
+    PICKED = 3.0
+
+
+class Rebased(Left):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x) * super().PICKED
+
+
+def dunder_examples():
+    torch.manual_seed(0)
+    return [precompile.Example(ByDunder().eval(), torch.randn(2, 4))]
+
+
+def rebased_examples():
+    torch.manual_seed(0)
+    return [precompile.Example(Rebased().eval(), torch.randn(2, 4))]
 
 
 def inherited_examples():
@@ -235,6 +282,22 @@ def by_condition(model, x):
 
 
 @precompile.target(examples)
+def by_name_strings(model, x):
+    scale = getattr(helper, "GETATTRED") * vars(helper)["VARSED"] * helper.__dict__["DICTED"]
+    return model(x) * scale
+
+
+@precompile.target(dunder_examples)
+def by_dunder_class(model, x):
+    return model(x)
+
+
+@precompile.target(rebased_examples)
+def by_super_after_rebase(model, x):
+    return model(x)
+
+
+@precompile.target(examples)
 def by_nested_shadow(model, x):
     def halved(NESTED):  # this NESTED is the parameter: the global is read below
         return NESTED / 2
@@ -242,8 +305,8 @@ def by_nested_shadow(model, x):
     return halved(model(x)) * NESTED
 """
 
-#: Target -> what its staleness message says changed, after ``_rebind_what_each_reads``.
-CHANGED = {
+#: Target -> what its staleness message says changed (each of several), after the edits.
+CHANGED: dict[str, str | tuple[str, ...]] = {
     "by_helper": "`K` (src/pkg/helper.py), which `scale` reads, changed",
     "by_module_attribute": "`SCALE` (src/pkg/helper.py), which `by_module_attribute` reads",
     "by_global": "`OFFSET` (src/pkg/t.py), which `by_global` reads, changed",
@@ -263,6 +326,15 @@ CHANGED = {
     "by_condition": "`CHOSEN` (src/pkg/t.py), which `by_condition` reads",
     "by_local_import": "`LOCAL` (src/pkg/helper.py), which `by_local_import` reads",
     "by_local_module": "`LOCALMOD` (src/pkg/consts.py), which `by_local_module` reads",
+    "by_name_strings": (
+        "`DICTED`, `GETATTRED`, `VARSED` (src/pkg/helper.py), which `by_name_strings` reads"
+    ),
+    "by_dunder_class": "`ByDunder.DUNDER` (src/pkg/t.py), which `ByDunder.forward` reads",
+    # The bases changed: every attribute read through the class, `lin` (an instance's)
+    # too.
+    "by_super_after_rebase": (
+        "`Rebased.PICKED`, `Rebased.lin` (src/pkg/t.py), which `Rebased.forward` reads"
+    ),
 }
 
 
@@ -321,6 +393,11 @@ def test_a_name_a_capture_read_bound_differently_makes_its_artifact_stale(
     # Another name imported beside one a capture read; a submodule of a package it read.
     _edit(targets, "from .helper import SHIFT\n", "from .helper import SHIFT, UNUSED\n")
     _edit(targets, "import pkg.consts\n", "import pkg.consts\nimport pkg.starred\n")
+    # A store keyed by a name a capture read (it binds LOOKUP, not OFFSET); a module
+    # global named as a class attribute a capture read through a class (Inherited.GAIN
+    # is Base's, never the module's GAIN).
+    _edit(targets, "LOOKUP = {}\n", "LOOKUP = {}\nLOOKUP[OFFSET] = 'offset'\n")
+    _edit(targets, "GAIN = 9.0\n", "GAIN = 10.0\n")
     assert _stale(root) == {}
 
     _edit(helper, "K = 2.0", "K = 3.0")
@@ -342,10 +419,15 @@ def test_a_name_a_capture_read_bound_differently_makes_its_artifact_stale(
     _edit(targets, "FAST = True", "FAST = False")
     _edit(helper, "LOCAL = 2.0", "LOCAL = 5.0")
     _edit(root / "src" / "pkg" / "consts.py", "LOCALMOD = 2.0", "LOCALMOD = 5.0")
+    for name in ("GETATTRED", "VARSED", "DICTED"):
+        _edit(helper, f"{name} = 2.0", f"{name} = 5.0")
+    _edit(targets, "    DUNDER = 2.0", "    DUNDER = 5.0")
+    _edit(targets, "class Rebased(Left):", "class Rebased(Right):")
     stale = _stale(root)
     assert set(stale) == set(CHANGED), stale
     for name, said in CHANGED.items():
-        assert said in stale[name], (name, stale[name])
+        for part in (said,) if isinstance(said, str) else said:
+            assert part in stale[name], (name, stale[name])
 
 
 GOOD_RECORD = {"module": "pkg.t", "function": "f", "path": "t.py", "sha256": "0" * 64}
@@ -391,3 +473,81 @@ def test_a_function_record_of_the_wrong_shape_is_an_unreadable_artifact(
     status = artifact_status(artifact)
     assert status.exists and status.unreadable is not None, status
     assert "FUNCTION_SOURCES[0]" in status.unreadable and "edited" in status.unreadable
+
+
+MADE = """
+def with_gain(g):
+    def deco(cls):
+        cls.GAIN = g * SCALE
+        return cls
+    return deco
+
+
+class Meta(type):
+    def __new__(mcs, name, bases, ns):
+        ns["BIAS"] = 2.0
+        return super().__new__(mcs, name, bases, ns)
+
+
+class A:
+    GAIN = 2.0
+
+
+SCALE = 1.0
+GAIN = 9.0
+
+
+@with_gain(2.0)
+class Cfg(A, metaclass=Meta):
+    OWN = 1.0
+
+
+def unrelated():
+    return 1
+"""
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "stale"),
+    [
+        ("@with_gain(2.0)", "@with_gain(5.0)", True),  # the decorator's argument
+        ("cls.GAIN = g * SCALE", "cls.GAIN = g * 3", True),  # the decorator's body
+        ('ns["BIAS"] = 2.0', 'ns["BIAS"] = 5.0', True),  # the metaclass's body
+        ("class Cfg(A,", "class Cfg(object,", True),  # its bases
+        ("SCALE = 1.0", "SCALE = 2.0", True),  # a global the header's maker reads
+        ("GAIN = 9.0", "GAIN = 10.0", False),  # a module global, not the attribute
+        ("return 1", "return 2", False),  # a function the class is not made with
+    ],
+)
+def test_a_class_attribute_reads_the_class_header_and_what_the_class_is_made_with(
+    old: str, new: str, stale: bool
+) -> None:
+    """``Cfg.GAIN`` (a read recorded in the class scope ``Cfg``) changes with the class's
+    header and with a decorator or metaclass defined beside it (helper-82's
+    class-decorator, metaclass and change-of-bases misses), not with a module global of
+    the same name (its false stale)."""
+    import ast
+
+    from precompile.source_bindings import binding_digests
+
+    edited = MADE.replace(old, new, 1)
+    assert edited != MADE
+    names = ["GAIN", "BIAS", "OWN"]
+    before = binding_digests(MADE, ast.parse(MADE), names, "Cfg")
+    after = binding_digests(edited, ast.parse(edited), names, "Cfg")
+    assert (before != after) is stale, (old, new)
+
+
+def test_a_global_read_through_globals_is_a_read_of_that_name() -> None:
+    """``globals()["K"]`` and ``globals().get("K")`` read the global K, as ``K`` does
+    (helper-82); a computed name is not followed (``--verify`` is)."""
+    from precompile.source_bindings import function_reads
+
+    source = (
+        "def f(model, x, name):\n"
+        "    return model(x) * globals()['K'] * globals().get('G') * globals()[name]\n"
+    )
+    found = function_reads(source)
+    assert found is not None
+    names, _first, _attributes, _chains = found
+    assert {"K", "G"} <= set(names), names
