@@ -13,7 +13,7 @@ attribute through a dotted import (``pkg.consts.DOTTED``), a dataclass instance'
 default, a global its function reads where a nested function's parameter has its name
 (helper-80's three misses), a name bound under an ``if`` whose test changed, a name or
 module fn imports inside itself, a name read as a string (``getattr(helper, "K")``,
-``vars(helper)["K"]``, ``helper.__dict__["K"]``), ``self.__class__.K``, and ``super().K`` after
+``vars(helper)["K"]``, ``helper.__dict__["K"]``, ``globals()["K"]``), ``self.__class__.K``, and ``super().K`` after
 the class's bases changed (helper-82's)
 -- under both
 tracers
@@ -82,6 +82,8 @@ if FAST:
     CHOSEN = 2.0
 else:
     CHOSEN = 3.0
+GLOBALED = 2.0
+GOTTEN = 2.0
 LOOKUP = {}
 GAIN = 9.0
 
@@ -284,7 +286,7 @@ def by_condition(model, x):
 @precompile.target(examples)
 def by_name_strings(model, x):
     scale = getattr(helper, "GETATTRED") * vars(helper)["VARSED"] * helper.__dict__["DICTED"]
-    return model(x) * scale
+    return model(x) * scale * globals()["GLOBALED"] * globals().get("GOTTEN")
 
 
 @precompile.target(dunder_examples)
@@ -327,7 +329,8 @@ CHANGED: dict[str, str | tuple[str, ...]] = {
     "by_local_import": "`LOCAL` (src/pkg/helper.py), which `by_local_import` reads",
     "by_local_module": "`LOCALMOD` (src/pkg/consts.py), which `by_local_module` reads",
     "by_name_strings": (
-        "`DICTED`, `GETATTRED`, `VARSED` (src/pkg/helper.py), which `by_name_strings` reads"
+        "`DICTED`, `GETATTRED`, `VARSED` (src/pkg/helper.py), which `by_name_strings` reads",
+        "`GLOBALED`, `GOTTEN` (src/pkg/t.py), which `by_name_strings` reads",
     ),
     "by_dunder_class": "`ByDunder.DUNDER` (src/pkg/t.py), which `ByDunder.forward` reads",
     # The bases changed: every attribute read through the class, `lin` (an instance's)
@@ -421,6 +424,8 @@ def test_a_name_a_capture_read_bound_differently_makes_its_artifact_stale(
     _edit(root / "src" / "pkg" / "consts.py", "LOCALMOD = 2.0", "LOCALMOD = 5.0")
     for name in ("GETATTRED", "VARSED", "DICTED"):
         _edit(helper, f"{name} = 2.0", f"{name} = 5.0")
+    _edit(targets, "GLOBALED = 2.0", "GLOBALED = 5.0")
+    _edit(targets, "GOTTEN = 2.0", "GOTTEN = 5.0")
     _edit(targets, "    DUNDER = 2.0", "    DUNDER = 5.0")
     _edit(targets, "class Rebased(Left):", "class Rebased(Right):")
     stale = _stale(root)

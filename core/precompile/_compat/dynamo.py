@@ -452,6 +452,19 @@ def _unread_attributes_missing(pickler: Any, obj: Any) -> None:
         pickler.missing_values[id(value)] = value
 
 
+def _builtin(obj: Any) -> bool:
+    """Whether ``obj`` is a member of the ``builtins`` module (``getattr``, ``dict``),
+    which pickles by name. Torch marks as missing every leaf of a frame's locals no guard
+    reads; a module's ``globals()`` held across a graph break has the builtins dict among
+    them, and pickle calls ``getattr`` to rebuild every bound method it saves (the
+    tensors' own reducer): saved as missing, the frame's tensors came back as torch's
+    placeholder and its guards could not be rebuilt."""
+    import builtins
+
+    name = getattr(obj, "__name__", None)
+    return isinstance(name, str) and getattr(builtins, name, None) is obj
+
+
 def raised_pickling_guards(error: BaseException) -> bool:
     """Whether ``error`` (or what it was raised from) came out of Dynamo's guard pickler
     (``pickle_guards_state``): a value a guard checks could not be saved, which is not a
@@ -485,13 +498,19 @@ def guard_examples_pickled_as_read() -> Iterator[None]:
       part a guard reads is there.
     - It pickles a plain object whole, so one unpicklable attribute no guard reads
       failed the capture: such attributes are left out as torch leaves a module's out
-      (``_unread_attributes_missing``)."""
+      (``_unread_attributes_missing``).
+    - It marks ``getattr`` missing where a frame's locals hold the builtins dict (a
+      module's ``globals()`` across a graph break), and every bound method it pickles
+      (the tensors' reducer) is rebuilt through ``getattr``: builtins are pickled by
+      name (``_builtin``)."""
     from torch._dynamo.guards import GuardsStatePickler
 
     original = GuardsStatePickler.reducer_override
 
     def reducer_override(self: Any, obj: Any) -> Any:
         _unread_attributes_missing(self, obj)
+        if id(obj) in self.missing_values and _builtin(obj):
+            del self.missing_values[id(obj)]
         reduced = original(self, obj)
         if isinstance(reduced, tuple) and len(reduced) == 2:
             if reduced[0] == type(self)._unpickle_cell:

@@ -397,3 +397,57 @@ def test_a_guarded_value_that_cannot_be_pickled_is_named_not_blamed_on_fn(
     text = str(caught.value)
     assert "SETTINGS.lock" in text and "cannot be serialized" in text, text
     assert "fn runs for real" not in text, text
+
+
+GLOBAL_GAIN = 2.0
+
+
+def reads_globals(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``globals()`` breaks Dynamo's graph mid-expression: the continuation's locals hold
+    the module's globals dict, and with it the builtins dict."""
+    return model(x) * globals()["GLOBAL_GAIN"]
+
+
+GLOBALS_CHILD = """
+import json, torch, precompile
+import tests.core.runtime.test_guard_examples_pickled as t
+torch.manual_seed(0)
+model, x = torch.nn.Linear(4, 4).eval(), torch.randn(3, 4)
+run = precompile.load({artifact!r}, {cache!r})
+
+def outcome():
+    try:
+        got = run(model, x)
+    except precompile.PrecompileError as error:
+        return ["refused", str(error)]
+    return ["served" if torch.equal(got, t.reads_globals(model, x)) else "wrong", ""]
+
+out = {{"first": outcome()}}
+t.GLOBAL_GAIN = 3.0
+out["changed"] = outcome()
+t.GLOBAL_GAIN = 2.0
+out["restored"] = outcome()
+print(json.dumps(out))
+"""
+
+
+def test_a_module_globals_dict_across_a_graph_break_is_captured_and_checked(
+    tmp_path: Path,
+) -> None:
+    """Was refused at capture: "the guards of torch_dynamo_resume_in_reads_globals_at_...
+    could not be rebuilt in this process: TypeError: _dispatch_keys() ... _Missing(None)".
+    Dynamo's pickler saved the builtins dict's ``getattr`` as missing, and pickle rebuilds
+    every bound method through it, the continuation's tensor's reducer included. Served
+    now, and the global's change is refused (the continuation guards its value)."""
+    out = attack_in_child(
+        GLOBALS_CHILD,
+        reads_globals,
+        lambda: torch.nn.Linear(4, 4).eval(),
+        lambda: torch.randn(3, 4),
+        directory=tmp_path,
+        tracer=precompile.DynamoTracer(),
+    )
+    assert out["first"] == ["served", ""], out
+    assert out["restored"] == ["served", ""], out
+    kind, text = out["changed"]
+    assert kind == "refused" and "GLOBAL_GAIN" in text, out
