@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from precompile._compat.tracing import node_sites
 from precompile.errors import PrecompileError
 
 #: No tensor has this many elements on any machine: what ``arange`` over a size that the
@@ -231,15 +232,9 @@ def _index_inputs(node: torch.fx.Node) -> list[torch.fx.Node]:
 
 
 def _where(node: torch.fx.Node) -> str:
-    """`` at FILE:LINE`` of the user line that made ``node``, when the trace kept it."""
-    trace = node.meta.get("stack_trace") or ""
-    lines = [line.strip() for line in str(trace).splitlines() if line.strip().startswith("File ")]
-    if not lines:
-        return ""
-    parts = lines[-1].split(",")
-    file = parts[0].removeprefix("File ").strip('"')
-    line = parts[1].strip().removeprefix("line ") if len(parts) > 1 else "?"
-    return f" at {file}:{line}"
+    """`` at FILE:LINE`` of the innermost frame that made ``node``, when the trace kept it."""
+    sites = node_sites(node)
+    return f" at {sites[-1][0]}:{sites[-1][1]}" if sites else ""
 
 
 def refuse_wrapping_integer_ops(gm: torch.fx.GraphModule) -> None:

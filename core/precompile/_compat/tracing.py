@@ -51,6 +51,15 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def node_sites(node: Any) -> list[tuple[str, str]]:
+    """``(file, line)`` of each frame of the stack torch recorded for an FX node
+    (``node.meta["stack_trace"]``, in a traceback's format), outermost first; empty
+    where the trace kept none."""
+    import re
+
+    return re.findall(r'File "([^"]+)", line (\d+)', str(node.meta.get("stack_trace") or ""))
+
+
 #: torch's own files a dispatched operator passes through on its way to a fake kernel
 #: (``torch.ops`` call, the proxy and fake modes, their decorators).
 _DISPATCH_FILES = (

@@ -244,10 +244,7 @@ def _note_kernel(
     where: str,
 ) -> None:
     """Each setting of ``kernel`` (name, reads), at the user's line of ``node``."""
-    import re
-
     name, reads = kernel
-    sites = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
-    user = [f"{file}:{line}" for file, line in sites if is_user_file(file)]
+    user = [f"{file}:{line}" for file, line in tracing.node_sites(node) if is_user_file(file)]
     for module, path, call in reads:
         found.setdefault(StateRead(module, path, call, name), user[-1] if user else where)
