@@ -200,10 +200,10 @@ def state_records(reads: dict[StateRead, str]) -> list[list[Any]]:
     ``runtime.setting_checks``)."""
     context = value_fingerprints.new_context(frozenset())
     records = []
-    # Public settings first: a refusal names the first that changed.
-    for read, site in sorted(
-        reads.items(), key=lambda item: (item[0].module.startswith("torch._"), item[0].shown)
-    ):
+    # Public settings first, each kind in the order it was read (a kernel's in its
+    # table's: the fused kernels' flags before cuDNN's): a refusal names the first that
+    # changed.
+    for read, site in sorted(reads.items(), key=lambda item: item[0].module.startswith("torch._")):
         value = state_checks.state_getter(read.module, read.path, read.call)()
         records.append(
             [

@@ -176,7 +176,8 @@ def test_attention_backend_flags_are_checked_where_the_artifact_holds_the_kernel
             assert kind == "refused", (math, efficient)
             assert "scaled_dot_product_attention's kernel switch" in message, message
             assert "kmodels.py:" in message, message  # the user's line that led to it
-        # Under MATH the fused kernel's flag is among the settings named as changed.
-        assert "flash_sdp_enabled()" in math[1], math
+        # Under MATH the fused kernel's flag is the setting named first (not cuDNN's,
+        # which CPU never reads), the others after it.
+        assert "kernel switch torch.backends.cuda.flash_sdp_enabled()" in math[1], math
         if name != "mha":  # eager has no backend under EFFICIENT_ATTENTION alone
             assert efficient[2].startswith("raises: No viable backend"), efficient
