@@ -20,8 +20,8 @@ defaults), and a name the module imports from a project module (``from .helper i
 K``: the helper's bindings of ``K``, hop by hop). A name spelled as a string constant
 counts as spelled out (``getattr(helper, "K")``, ``vars(helper)["K"]``,
 ``globals()["K"]``), ``self.__class__.k`` and ``super().k`` as ``self.k``; a class
-attribute's digest covers the class's header and a decorator or metaclass defined
-beside it.
+attribute's digest covers the class's header and a decorator, metaclass or base's
+``__init_subclass__`` defined beside it.
 The binding statements are the
 module's top-level ones (inside ``if``/``try``/``with``/``for`` blocks too), function and
 class definitions left out: a function the capture ran through has its own record, and
@@ -202,14 +202,15 @@ def binding_digests(text: str, tree: Any, names: Iterable[str], scope: str = "")
     # A class's header -- its bases, decorators and keywords (a metaclass) -- decides
     # where an attribute its body does not bind comes from, and what the class is made
     # with: a decorator or metaclass defined in this module counts whole (the body of
-    # ``with_gain`` in ``@with_gain(2.0)`` sets the attribute). A base's body has rows
-    # of its own.
+    # ``with_gain`` in ``@with_gain(2.0)`` sets the attribute), and so does the
+    # ``__init_subclass__`` of a base defined there. A base's body has rows of its own.
     headers: list[ast.AST] = []
     makers: set[str] = set()
+    bases: set[str] = set()
     for part in filter(None, scope.split(".")):
         found = [s for s in body if isinstance(s, ast.ClassDef) and s.name == part]
         if not found:
-            body, headers, makers = [], [], set()
+            body, headers, makers, bases = [], [], set(), set()
             break
         cls = found[-1]
         body = cls.body
@@ -220,14 +221,22 @@ def binding_digests(text: str, tree: Any, names: Iterable[str], scope: str = "")
             for n in ast.walk(h)
             if isinstance(n, ast.Name)
         }
+        bases |= {b.id for b in cls.bases if isinstance(b, ast.Name)}
     module_binders = _binders(tree.body)
     scope_binders = _binders(body) if scope else module_binders
     conditions = {**_tests(tree.body), **(_tests(body) if scope else {})}
-    made_with = [
+    made_with: list[ast.stmt] = [
         stmt
         for stmt in tree.body
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
         and stmt.name in makers
+    ]
+    made_with += [  # a base's __init_subclass__ runs as the class is made
+        method
+        for stmt in tree.body
+        if isinstance(stmt, ast.ClassDef) and stmt.name in bases
+        for method in stmt.body
+        if isinstance(method, ast.FunctionDef) and method.name == "__init_subclass__"
     ]
     header = [ast.get_source_segment(text, h) or "" for h in [*headers, *made_with]]
     header_loads = [

@@ -497,6 +497,9 @@ class Meta(type):
 class A:
     GAIN = 2.0
 
+    def __init_subclass__(cls, **kwargs):
+        cls.MARK = 1.0
+
 
 SCALE = 1.0
 GAIN = 9.0
@@ -519,6 +522,7 @@ def unrelated():
         ("cls.GAIN = g * SCALE", "cls.GAIN = g * 3", True),  # the decorator's body
         ('ns["BIAS"] = 2.0', 'ns["BIAS"] = 5.0', True),  # the metaclass's body
         ("class Cfg(A,", "class Cfg(object,", True),  # its bases
+        ("cls.MARK = 1.0", "cls.MARK = 2.0", True),  # a base's __init_subclass__
         ("SCALE = 1.0", "SCALE = 2.0", True),  # a global the header's maker reads
         ("GAIN = 9.0", "GAIN = 10.0", False),  # a module global, not the attribute
         ("return 1", "return 2", False),  # a function the class is not made with
@@ -528,8 +532,9 @@ def test_a_class_attribute_reads_the_class_header_and_what_the_class_is_made_wit
     old: str, new: str, stale: bool
 ) -> None:
     """``Cfg.GAIN`` (a read recorded in the class scope ``Cfg``) changes with the class's
-    header and with a decorator or metaclass defined beside it (helper-82's
-    class-decorator, metaclass and change-of-bases misses), not with a module global of
+    header and with a decorator, metaclass or base's ``__init_subclass__`` defined beside
+    it (helper-82's class-decorator, metaclass, __init_subclass__ and change-of-bases
+    misses), not with a module global of
     the same name (its false stale)."""
     import ast
 
@@ -537,7 +542,7 @@ def test_a_class_attribute_reads_the_class_header_and_what_the_class_is_made_wit
 
     edited = MADE.replace(old, new, 1)
     assert edited != MADE
-    names = ["GAIN", "BIAS", "OWN"]
+    names = ["GAIN", "BIAS", "OWN", "MARK"]
     before = binding_digests(MADE, ast.parse(MADE), names, "Cfg")
     after = binding_digests(edited, ast.parse(edited), names, "Cfg")
     assert (before != after) is stale, (old, new)
