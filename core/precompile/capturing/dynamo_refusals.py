@@ -200,6 +200,43 @@ def compile_only_branch_check(
     )
 
 
+#: What user code turns grad mode on or off with, as a name its bytecode reads.
+_GRAD_SWITCHES = frozenset({"set_grad_enabled", "_set_grad_enabled"})
+
+
+def names_grad_switch(codes: Any) -> bool:
+    """Whether project code among ``codes`` names a grad-mode switch."""
+    return any(
+        is_project_file(code.co_filename) and _GRAD_SWITCHES & set(code.co_names) for code in codes
+    )
+
+
+def refuse_grad_mode_left_off(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    rng: torch.Tensor,
+) -> None:
+    """An inference capture runs fn with grad off, so a fn that turns grad off and
+    leaves it so (``torch.set_grad_enabled(False)``, no with-block) returns looking
+    unchanged, and Dynamo's compiled code sets nothing it finds set already. Eager
+    leaves its caller without grad; an artifact puts the caller's mode back. Called
+    where the project code the trace went through names a grad switch
+    (``names_grad_switch``): fn runs once more eagerly under grad on (from the
+    capture's RNG state; the caller puts the user's state back) and is refused where it
+    returns with grad off. A fn that fails under grad on is left served: nothing
+    tells."""
+    from precompile.capturing.call_context import refuse_left_changed, snapshot
+
+    with torch.enable_grad():
+        entered = snapshot()
+        try:
+            _eager_rerun(fn, args, kwargs, rng, torch.random.get_rng_state())
+        except Exception:
+            return
+        refuse_left_changed(entered, fn)
+
+
 def _eager_rerun(
     fn: Callable[..., Any], args: Any, kwargs: dict[str, Any], rng: Any, after: Any
 ) -> Any:

@@ -44,8 +44,10 @@ from precompile.capturing.dynamo_refusals import (
     check_dynamo_fn,
     compile_only_branch_check,
     input_versions,
+    names_grad_switch,
     raised_inside_torch,
     refusal_inside,
+    refuse_grad_mode_left_off,
     refuse_replayed_global_hook_stores,
     refuse_tracing_probes,
 )
@@ -268,11 +270,19 @@ class DynamoSession:
                 refuse_replayed_global_hook_stores(stores)
                 self.dependencies.verify(args, kwargs)
                 library = [b for b in branches if not is_project_file(b["file"])]
-                if library and not self.training and input_versions(args, kwargs) == versions:
+                switches = names_grad_switch(self.traced_codes)
+                if (
+                    (library or switches)
+                    and not self.training
+                    and input_versions(args, kwargs) == versions
+                ):
                     # fn's extra eager runs store for real again (a hook's append): the
                     # user's state is put back to what the captured call left, eager's.
                     with user_state.restored(user_state.capture_roots(self.fn, (args, kwargs))):
-                        compile_only_branch_check(self.fn, args, kwargs, result, rng, library)
+                        if switches:
+                            refuse_grad_mode_left_off(self.fn, args, kwargs, rng)
+                        if library:
+                            compile_only_branch_check(self.fn, args, kwargs, result, rng, library)
                 return result
         except PrecompileError:
             raise

@@ -129,19 +129,28 @@ def test_a_change_undone_before_fn_returns_is_served(tmp_path: Path, tracer: str
 
 
 @pytest.mark.parametrize(
-    "fn, named",
+    "tracer, fn, named",
     [
-        (leaves_grad_off, "returned with grad mode off, set at"),
-        (leaves_grad_off_directly, "returned with the grad mode torch._C._set_grad_enabled set"),
+        ("make_fx", leaves_grad_off, "returned with grad mode off, set at"),
+        (
+            "make_fx",
+            leaves_grad_off_directly,
+            "returned with the grad mode torch._C._set_grad_enabled set",
+        ),
+        ("dynamo", leaves_grad_off, "returned with grad mode False (it was True"),
+        ("dynamo", leaves_grad_off_directly, "returned with grad mode False (it was True"),
     ],
 )
 def test_grad_mode_left_off_by_an_inference_capture_is_refused(
-    tmp_path: Path, fn: object, named: str
+    tmp_path: Path, tracer: str, fn: object, named: str
 ) -> None:
-    """Off is the trace's own mode: only the trail of switches tells it was left set."""
+    """Off is the trace's own mode: make_fx follows the trail of switches, which tells it
+    was left set; Dynamo runs no Python of fn while it traces, and its compiled code sets
+    nothing already set, so a fn whose code names a switch runs once more eagerly under
+    grad on, which shows it left off."""
     model, x = _model_and_input()
     with pytest.raises(precompile.PrecompileError) as refused:
-        capture_pair(fn, model, x, directory=tmp_path)
+        capture_pair(fn, model, x, directory=tmp_path, tracer=TRACERS[tracer]())
     assert named in str(refused.value) and "test_call_context.py:" in str(refused.value)
 
 
