@@ -333,10 +333,14 @@ def record_surface(
     # The first step of such a path: the name a library module's code reached that module
     # by (``F`` in ``torch.nn.modules.linear``, for ``F.linear``). Rebound
     # (``torch.nn.modules.linear.F = other``), nn.Linear's forward calls something else.
-    # Only a name that code of the module which ran names: a package also holds each
-    # submodule imported so far (``torch.nn.attention.flex_attention``, bound by the
-    # import system when anything imported it), a binding its own code never reads and
-    # a fresh process that has not imported it yet lacks.
+    # Recorded: each module global that code of that module which ran names
+    # (``torch.nn.functional._VF``, ``math``: modules with no row of their own), and
+    # each that holds a module with rows (``torch`` in torch.nn.functional, reached by
+    # code a profile does not attribute to it: a ``boolean_dispatch`` pool). Never a
+    # package's own submodule (``torch.nn.attention``'s ``flex_attention``, bound by
+    # the import system when anything imported it; ``torch._dynamo``, which torch
+    # imports on first use): a fresh process that has not imported it yet lacks the
+    # binding, and its code imports it when it needs it.
     used = {module for module, _cls, _attr in rows}
     named: dict[str, set[str]] = {}
     for code in [*codes, *filter(None, map(_code_of, called))]:
@@ -347,9 +351,12 @@ def record_surface(
             continue
         names = named.get(str(getattr(own, "__file__", None)), set())
         for attr, value in list(scope.items()):
-            if isinstance(value, types.ModuleType) and getattr(value, "__name__", None) in used:
-                if not attr.startswith("__") and attr in names:
-                    rows[(own.__name__, None, attr)] = _row(own.__name__, None, attr, value)
+            if not isinstance(value, types.ModuleType) or attr.startswith("__"):
+                continue
+            held = getattr(value, "__name__", None)
+            submodule = held == f"{own.__name__}.{attr}"
+            if not submodule and (attr in names or held in used):
+                rows[(own.__name__, None, attr)] = _row(own.__name__, None, attr, value)
     rows.update(_registry_rows(modules, hit_entry))
     # A parameter is a Tensor subclass: ``nn.Parameter.__mul__ = f`` changes what
     # ``self.p * x`` runs, as ``torch.Tensor.__mul__ = f`` does for a plain tensor.
@@ -383,6 +390,16 @@ def body_calls(target: Any) -> list[Any]:
     if code is None or scope is None or is_project_file(code.co_filename):
         return []
     found: list[Any] = []
+    # A wrapper that picks among functions it closes over (``F.max_pool1d``, torch's
+    # ``boolean_dispatch``): each of them, and what its own body names.
+    for cell in getattr(target, "__closure__", None) or ():
+        try:
+            inner = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(inner, types.FunctionType) and inner is not target:
+            if not is_project_file(inner.__code__.co_filename) and inner.__closure__ is None:
+                found += [inner, *body_calls(inner)]
     held: Any = None
     for ins in dis.get_instructions(code):
         if ins.opname == "LOAD_GLOBAL":
@@ -442,7 +459,7 @@ def record_dynamo_surface(
         codes += [base._wrapped_call_impl.__code__, base._call_impl.__code__]
         classes.append(base)
     scopes = {id(fn.__globals__): fn.__globals__}
-    for code in codes:
+    for code in [*codes, *filter(None, map(_code_of, called))]:
         module = inspect.getmodule(code)
         if module is not None and is_eager_file(code.co_filename):
             scopes.setdefault(id(vars(module)), vars(module))

@@ -199,38 +199,42 @@ def refuse_nan_detection() -> NoReturn:
 def refuse_forward_ad_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Refuse a call to an Inductor artifact, made while a forward-AD level is open
     (``torch.autograd.forward_ad.dual_level``), that passes a dual tensor (``make_dual``)
-    as an argument, in a list, tuple or dict argument, or as a parameter or buffer of a
-    module argument. Eager carries the tangent through every operation; Inductor's
-    kernels read the primal's data and drop it, and its extern calls (``addmm``'s out=
-    form) raise. The eager backend's graph runs ATen ops, which carry it, and is served.
-    Called only while a level is open, so an ordinary call pays one attribute read."""
+    anywhere in its arguments: as one, in a list, tuple or dict, as a parameter or
+    buffer of a module, or in an object's attributes (a dataclass), a few levels deep.
+    Eager carries the tangent through every operation; Inductor's kernels read the
+    primal's data and drop it, and its extern calls (``addmm``'s out= form) raise. The
+    eager backend's graph runs ATen ops, which carry it, and is served. Called only
+    while a level is open, so an ordinary call pays one attribute read."""
     import torch
 
     unpack = torch.autograd.forward_ad.unpack_dual
+    seen: set[int] = set()
 
-    def dual(label: str, value: Any) -> str:
+    def dual(label: str, value: Any, depth: int) -> str:
         if isinstance(value, torch.Tensor):
             return label if unpack(value).tangent is not None else ""
+        if depth > 4 or id(value) in seen:
+            return ""
+        seen.add(id(value))
+        items: list[tuple[str, Any]]
         if isinstance(value, torch.nn.Module):
             named = [*value.named_parameters(), *value.named_buffers()]
-            return next((f"{label}'s {n!r}" for n, t in named if dual("", t)), "")
-        if isinstance(value, dict):
-            value = list(value.values())
-        if isinstance(value, (list, tuple)):
-            return next((found for item in value if (found := dual(label, item))), "")
-        return ""
+            items = [(f"{label}'s {name!r}", t) for name, t in named]
+        elif isinstance(value, dict):
+            items = [(label, v) for v in list(value.values())]
+        elif isinstance(value, (list, tuple)):
+            items = [(label, v) for v in value]
+        elif isinstance(getattr(value, "__dict__", None), dict):
+            items = [(f"{label}'s {k!r}", v) for k, v in list(vars(value).items())]
+        else:
+            return ""
+        return next((found for at, item in items if (found := dual(at, item, depth + 1))), "")
 
-    found = next(
-        (
-            found
-            for label, value in [
-                *((f"argument {i}", a) for i, a in enumerate(args)),
-                *((f"argument {k!r}", v) for k, v in kwargs.items()),
-            ]
-            if (found := dual(label, value))
-        ),
-        "",
-    )
+    labelled = [
+        *((f"argument {i}", a) for i, a in enumerate(args)),
+        *((f"argument {k!r}", v) for k, v in kwargs.items()),
+    ]
+    found = next((found for label, value in labelled if (found := dual(label, value, 0))), "")
     if found:
         refuse(
             f"precompile: {found} is a forward-AD dual tensor "

@@ -68,11 +68,15 @@ def surface_key(value: Any) -> list[str]:
     """What tells the object at a library path from a replacement, in any process: its
     kind, ``module.qualname`` and, of Python code, a digest of the code (a replacement
     that copies the name still differs); of a builtin, the module, type or class that
-    owns it."""
+    owns it; of a module, its name and whether it is the module imported under it."""
+    import sys
     import types
 
     if isinstance(value, types.ModuleType):  # a name a library's code reaches a module by
-        return ["module", str(value.__name__), ""]
+        # By name, and as the module imported under that name: a stand-in that copies
+        # the name (``types.ModuleType("torch.nn.functional")``) is another module.
+        name = str(value.__name__)
+        return ["module", name, "" if sys.modules.get(name) is value else "not imported"]
     target: Any = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
     if isinstance(target, property):
         target = target.fget
@@ -101,9 +105,12 @@ def surface_key(value: Any) -> list[str]:
 
 def surface_shown(value: Any) -> str:
     """What is at a library path, in words: a function by its name and definition."""
+    import sys
     import types
 
     if isinstance(value, types.ModuleType):
+        if sys.modules.get(value.__name__) is not value:
+            return f"a module named {value.__name__}, not the one imported under that name"
         return f"the module {value.__name__}"
     target = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
     code = getattr(target, "__code__", None)

@@ -27,6 +27,13 @@ NAMES = {
     "gelu": "torch.nn.functional.gelu",
     # The module name a library's code reached that function by, rebound.
     "module_alias": "torch.nn.modules.activation.F",
+    # A stand-in module named as the original (helper-83: served wrong by make_fx).
+    "module_same_name": "torch.nn.modules.activation.F",
+    # A module global that holds no recorded function (helper-83).
+    "module_global": "torch.nn.functional._VF",
+    # Reached behind F.max_pool1d's boolean_dispatch (helper-83: served wrong by make_fx
+    # after the module rule was narrowed to names the running code spells).
+    "dispatch_module": "torch.nn.functional.torch",
     "call_impl": "torch.nn.GELU._call_impl",
     "relu": "torch.relu",
     # torch's registry of kernels: one registered from Python for an aten operator.
@@ -44,6 +51,10 @@ NAMES = {
     "registry": "transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS['sdpa']",
     "registry_local": "transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS['sdpa']",
 }
+#: Artifacts whose graph calls the replaced path's caller per call, as eager does: exact
+#: (eager's answer in the changed process) is right there too. Dynamo's eager graph
+#: calls ``F.max_pool1d`` itself, which reaches ``torch`` per call.
+SERVED_AS_EAGER = {"dispatch_module-dynamo-eager"}
 #: case -> what its refusal must say happened, where not "was replaced".
 HAPPENED = {"aten_kernel": "registered from Python"}
 TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
@@ -87,6 +98,8 @@ def test_a_replaced_library_function_is_refused_naming_it(
     problems = []
     for name, (_paths, case) in artifacts[1].items():
         got = results[name]
+        if name in SERVED_AS_EAGER and got["result"] == "exact":
+            continue
         if got["result"] != "refused" or f"`{NAMES[case]}`" not in got["message"]:
             problems.append(f"{name} ({cell}): expected a refusal naming {NAMES[case]}, got {got}")
         elif HAPPENED.get(case, "was replaced") not in got["message"]:

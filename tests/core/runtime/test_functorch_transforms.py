@@ -46,7 +46,17 @@ calls = {{
     "vmap": lambda f: torch.func.vmap(lambda t: f(model, t))(torch.stack([x, 2 * x])),
     "forward-AD": lambda f: tangent(lambda: f(model, fwAD.make_dual(x, torch.ones_like(x)))),
     "forward-AD, plain input": lambda f: tangent(lambda: fwAD.make_dual(f(model, x), x)),
+    "forward-AD, dual weight": lambda f: tangent(lambda: with_dual_weight(f)),
 }}
+
+
+def with_dual_weight(f):
+    weight = model.weight
+    model._parameters["weight"] = fwAD.make_dual(weight.detach(), torch.ones_like(weight))
+    try:
+        return f(model, x)
+    finally:
+        model._parameters["weight"] = weight
 
 
 def tangent(call):
@@ -104,3 +114,12 @@ def test_a_call_under_a_torch_func_transform_is_refused(
     else:
         assert cells["forward-AD"].startswith("refused: "), cells
         assert "argument 1 is a forward-AD dual tensor" in cells["forward-AD"], cells
+    # A dual parameter of the module argument (helper-83: the check walked modules but
+    # never reported one). Dynamo's guards refuse a plain tensor where a Parameter was.
+    dual_weight = cells["forward-AD, dual weight"]
+    if (tracer, backend) == ("make_fx", "eager"):
+        assert dual_weight == "exact", cells
+    elif tracer == "make_fx":
+        assert "argument 0's 'weight' is a forward-AD dual tensor" in dual_weight, cells
+    else:
+        assert dual_weight.startswith("refused: "), cells
