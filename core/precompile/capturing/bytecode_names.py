@@ -108,7 +108,7 @@ _KEY_KINDS = (str, int)
 
 
 def keyed_uses(
-    code: types.CodeType, name: str, scope: Mapping[str, Any] | None = None
+    code: types.CodeType, name: str, scope: Mapping[str, Any] | None = None, called: bool = False
 ) -> frozenset[Any] | None:
     """The constant keys by which ``code`` reads the global ``name``, where every load
     of it is one of ``name[k]``, ``k in name`` / ``k not in name`` and
@@ -127,6 +127,9 @@ def keyed_uses(
     and a trace that rebinds it is refused at capture (``fx_side_effects``). A builtin
     or an absent name is no key.
 
+    With ``called``, the dict is what calling the global ``name`` with no arguments
+    returns: ``globals()["K"]``, ``globals().get("K")``, ``"K" in globals()``.
+
     Decoded with ``dis`` (cache entries skipped): only the few project codes that load
     a global dict are asked."""
     instructions = list(dis.get_instructions(code))
@@ -141,11 +144,21 @@ def keyed_uses(
         return False, None
 
     keys: set[Any] = set()
-    for j, ins in enumerate(instructions):
+    for start, ins in enumerate(instructions):
         if ins.opname != "LOAD_GLOBAL" or ins.argval != name:
             continue
+        j = start
+        if called:
+            # ``globals()``: the dict is the call's result, the call of no arguments.
+            ops = [i.opname for i in instructions[start + 1 : start + 3]]
+            if ops == ["PRECALL", "CALL"] and instructions[start + 2].argval == 0:
+                j = start + 2
+            elif ops[:1] == ["CALL"] and instructions[start + 1].argval == 0:
+                j = start + 1
+            else:
+                return None
         after = [i.opname for i in instructions[j + 1 : j + 6]]
-        before = instructions[j - 1] if j else None
+        before = instructions[start - 1] if start else None
         if after[1:2] == ["BINARY_SUBSCR"] and constant(instructions[j + 1])[0]:
             key = constant(instructions[j + 1])[1]
         elif after[:1] == ["CONTAINS_OP"] and before is not None and constant(before)[0]:

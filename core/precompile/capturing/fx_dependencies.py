@@ -222,6 +222,35 @@ def _class_records(
     ]
 
 
+def _read_through_globals(
+    code: types.CodeType, scope: dict[str, Any], table: dict[str, Any]
+) -> list[str]:
+    """The globals ``code`` reads through its module's own dict (``globals()["K"]``,
+    ``globals().get("K", d)``, ``"K" in globals()``), read as a load of each such
+    name is: a name absent at capture must stay absent. Refused where ``code`` uses
+    ``globals()`` any other way (its length, its items, bound to a local): what that
+    depends on is the whole namespace, which no record follows."""
+    if "globals" in scope or table.get("globals") is not builtins.globals:
+        return []
+    if "globals" not in global_loads(code):
+        return []
+    keys = keyed_uses(code, "globals", scope, called=True)
+    if keys is None:
+        from precompile.locations import definition_location
+
+        raise PrecompileError(
+            f"{code.co_qualname} reads its module's namespace through globals() other "
+            f"than by constant names (globals()['K'], globals().get('K')): what it "
+            f"computes may depend on every global of the module, which a single graph "
+            f"cannot follow",
+            invariant=1,
+            location=definition_location(code),
+            hint="read the globals by name, or pass what fn needs as an argument; "
+            "precompile.DynamoTracer() guards what such code reads",
+        )
+    return [k for k in sorted(keys, key=repr) if isinstance(k, str)]
+
+
 def _global_values(
     log: CallLog,
     names: Any,
@@ -249,9 +278,12 @@ def _global_values(
         read = by_module.setdefault(module, GlobalRead(module, scope.get("__file__"), {}))
         held = scope.get("__builtins__", builtins)
         table = held if isinstance(held, dict) else vars(held)
-        for name in global_loads(code):
+        through = _read_through_globals(code, scope, table)
+        for name in [*global_loads(code), *through]:
             if name not in scope:
-                if name in table:
+                if name in through:  # ``globals().get("K", d)`` of a K not bound
+                    read.values[name] = ("absent",)
+                elif name in table:
                     # Resolved through the builtins, whose result the graph baked
                     # (``len(xs)``): the module must not bind the name later, and the
                     # builtin must stay what it was (``builtins.abs`` patched).
