@@ -348,7 +348,17 @@ def content_tag(
     for frame in frames:
         digest.update(frame.name.encode())
         for _state, code in frame.variants:
-            digest.update(pickle.dumps(_rename_code(code, names), protocol=4))
+            try:
+                digest.update(pickle.dumps(_rename_code(code, names), protocol=4))
+            except (TypeError, AttributeError, pickle.PicklingError) as error:
+                raise PrecompileError(
+                    f"the code Dynamo compiled for {frame.name} holds a value that cannot "
+                    f"be saved into an artifact ({error}): Dynamo put a live object among "
+                    f"its constants, as it does where fn walks its module's globals() "
+                    f"(their items, their length)",
+                    hint="read the globals fn needs by name (globals()['K'] is one), or pass "
+                    "them as arguments",
+                ) from error
         for decisions in frame.guards:
             digest.update(
                 repr([(d.name, d.guard_type, d.kept, d.value) for d in decisions]).encode()

@@ -104,3 +104,32 @@ def test_globals_used_whole_is_refused_at_make_fx_capture(tmp_path: Path) -> Non
     message = str(refused.value)
     assert "counts_globals reads its module's namespace through globals()" in message, message
     assert "test_globals_reads.py:" in message, message
+
+
+W_A = 1.0
+W_B = 2.0
+
+
+def sums_globals(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x) * sum(v for k, v in globals().items() if k.startswith("W_"))
+
+
+@pytest.mark.parametrize("tracer", sorted(TRACERS))
+def test_globals_walked_is_refused_at_capture_under_both_tracers(
+    tracer: str, tmp_path: Path
+) -> None:
+    """Was (Dynamo): a raw ``TypeError: cannot pickle 'module' object`` out of the
+    capture, from the constants of Dynamo's compiled code (helper-83)."""
+    torch.manual_seed(0)
+    with pytest.raises(precompile.PrecompileError) as refused:
+        with (
+            precompile.capture(
+                sums_globals,
+                artifact_path=str(tmp_path / "a.py"),
+                cache_path=str(tmp_path / "a.cache"),
+                tracer=TRACERS[tracer](),
+            ) as cap,
+            torch.no_grad(),
+        ):
+            cap(torch.nn.Linear(4, 4).eval(), torch.randn(3, 4))
+    assert "globals()" in str(refused.value), str(refused.value)
