@@ -326,6 +326,23 @@ def record_surface(
         for value in [own, *list(scope.values())]:
             if _library_module(value):
                 modules.setdefault(value.__name__, value)
+    # The module a called builtin belongs to (``torch._C._nn`` of the ``hardtanh``
+    # ``F.hardtanh`` calls through ``torch._C._nn``), which no scope binds: its
+    # attributes, and each step of its dotted path (``torch._C``'s ``_nn``), where a
+    # replacement changes what the call reaches.
+    for value in called:
+        held = getattr(value, "__self__", None)
+        if isinstance(held, types.ModuleType) and _library_module(held):
+            if held.__name__ not in modules:
+                modules[held.__name__] = held
+                path = held.__name__.split(".")
+                for depth in range(1, len(path)):
+                    parent = sys.modules.get(".".join(path[:depth]))
+                    child = sys.modules.get(".".join(path[: depth + 1]))
+                    if parent is not None and child is not None:
+                        if vars(parent).get(path[depth]) is child:
+                            key = (parent.__name__, None, path[depth])
+                            rows[key] = _row(parent.__name__, None, path[depth], child)
     for name, module in sorted(modules.items()):
         for attr, value in list(vars(module).items()):
             if not attr.startswith("__") and hit(value):

@@ -34,6 +34,8 @@ NAMES = {
     # Reached behind F.max_pool1d's boolean_dispatch (helper-83: served wrong by make_fx
     # after the module rule was narrowed to names the running code spells).
     "dispatch_module": "torch.nn.functional.torch",
+    # A builtin reached through a chain of modules (helper-83: served wrong by make_fx).
+    "module_chain": "torch._C._nn.hardtanh",
     "call_impl": "torch.nn.GELU._call_impl",
     "relu": "torch.relu",
     # torch's registry of kernels: one registered from Python for an aten operator.
@@ -53,8 +55,9 @@ NAMES = {
 }
 #: Artifacts whose graph calls the replaced path's caller per call, as eager does: exact
 #: (eager's answer in the changed process) is right there too. Dynamo's eager graph
-#: calls ``F.max_pool1d`` itself, which reaches ``torch`` per call.
-SERVED_AS_EAGER = {"dispatch_module-dynamo-eager"}
+#: calls ``F.max_pool1d`` itself, which reaches ``torch`` per call, and ``F.hardtanh``,
+#: which reaches ``torch._C._nn`` per call.
+SERVED_AS_EAGER = {"dispatch_module-dynamo-eager", "module_chain-dynamo-eager"}
 #: case -> what its refusal must say happened, where not "was replaced".
 HAPPENED = {"aten_kernel": "registered from Python"}
 TRACERS = {"make_fx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
