@@ -88,20 +88,25 @@ def test_a_global_read_through_globals_is_checked(tracer: str, tmp_path: Path) -
                 assert name.split()[0] in text, (name, when, text)
 
 
-def test_globals_used_whole_is_refused_at_make_fx_capture(tmp_path: Path) -> None:
+def _refusal_at_capture(fn: object, tracer: str, tmp_path: Path) -> str:
+    """The PrecompileError a capture of ``fn`` raises, as text."""
     torch.manual_seed(0)
     with pytest.raises(precompile.PrecompileError) as refused:
         with (
             precompile.capture(
-                counts_globals,
+                fn,
                 artifact_path=str(tmp_path / "a.py"),
                 cache_path=str(tmp_path / "a.cache"),
-                tracer=precompile.MakeFxTracer(),
+                tracer=TRACERS[tracer](),
             ) as cap,
             torch.no_grad(),
         ):
             cap(torch.nn.Linear(4, 4).eval(), torch.randn(3, 4))
-    message = str(refused.value)
+    return str(refused.value)
+
+
+def test_globals_used_whole_is_refused_at_make_fx_capture(tmp_path: Path) -> None:
+    message = _refusal_at_capture(counts_globals, "make_fx", tmp_path)
     assert "counts_globals reads its module's namespace through globals()" in message, message
     assert "test_globals_reads.py:" in message, message
 
@@ -120,16 +125,5 @@ def test_globals_walked_is_refused_at_capture_under_both_tracers(
 ) -> None:
     """Was (Dynamo): a raw ``TypeError: cannot pickle 'module' object`` out of the
     capture, from the constants of Dynamo's compiled code (helper-83)."""
-    torch.manual_seed(0)
-    with pytest.raises(precompile.PrecompileError) as refused:
-        with (
-            precompile.capture(
-                sums_globals,
-                artifact_path=str(tmp_path / "a.py"),
-                cache_path=str(tmp_path / "a.cache"),
-                tracer=TRACERS[tracer](),
-            ) as cap,
-            torch.no_grad(),
-        ):
-            cap(torch.nn.Linear(4, 4).eval(), torch.randn(3, 4))
-    assert "globals()" in str(refused.value), str(refused.value)
+    message = _refusal_at_capture(sums_globals, tracer, tmp_path)
+    assert "globals()" in message, message
