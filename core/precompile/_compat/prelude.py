@@ -45,6 +45,9 @@ _any_autocast_enabled = _torch._C._is_any_autocast_enabled
 _set_grad_enabled = _torch._C._set_grad_enabled
 _dict_version = _torch._C._dynamo.guards.dict_version
 _deterministic_enabled = _torch._C._get_deterministic_algorithms
+# Whether autograd's anomaly detection is on, and checks backward outputs for NaN.
+_anomaly_enabled = _torch.is_anomaly_enabled
+_anomaly_check_nan = _torch.is_anomaly_check_nan_enabled
 # Whether a torch.func transform (grad, vmap, ...) wrapped a tensor; grad's wrapper.
 _functorch_wrapped = _torch._C._functorch.is_functorch_wrapped_tensor
 _functorch_grad_wrapped = _torch._C._functorch.is_gradtrackingtensor

@@ -223,16 +223,17 @@ def _class_records(
 
 
 def _read_through_globals(
-    code: types.CodeType, scope: dict[str, Any], table: dict[str, Any]
+    code: types.CodeType, loaded: tuple[str, ...], scope: dict[str, Any], table: dict[str, Any]
 ) -> list[str]:
     """The globals ``code`` reads through its module's own dict (``globals()["K"]``,
     ``globals().get("K", d)``, ``"K" in globals()``), read as a load of each such
-    name is: a name absent at capture must stay absent. Refused where ``code`` uses
+    name is: a name absent at capture must stay absent (``loaded``: the names ``code``
+    loads as globals, ``global_loads``). Refused where ``code`` uses
     ``globals()`` any other way (its length, its items, bound to a local): what that
     depends on is the whole namespace, which no record follows."""
     if "globals" in scope or table.get("globals") is not builtins.globals:
         return []
-    if "globals" not in global_loads(code):
+    if "globals" not in loaded:
         return []
     keys = keyed_uses(code, "globals", scope, called=True)
     if keys is None:
@@ -278,8 +279,9 @@ def _global_values(
         read = by_module.setdefault(module, GlobalRead(module, scope.get("__file__"), {}))
         held = scope.get("__builtins__", builtins)
         table = held if isinstance(held, dict) else vars(held)
-        through = _read_through_globals(code, scope, table)
-        for name in [*global_loads(code), *through]:
+        loaded = global_loads(code)
+        through = _read_through_globals(code, loaded, scope, table)
+        for name in [*loaded, *through]:
             if name not in scope:
                 if name in through:  # ``globals().get("K", d)`` of a K not bound
                     read.values[name] = ("absent",)

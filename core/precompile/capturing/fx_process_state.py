@@ -226,11 +226,17 @@ def lowered_graph_reads(graphs: list[torch.fx.GraphModule], where: str) -> dict[
     from precompile.capturing.library_surface import body_calls
 
     found: dict[StateRead, str] = {}
+    # Per target, once: a graph calls one operator at many nodes (a ResNet's convolutions).
+    # Keyed by identity (a target need not be hashable); the graphs hold every target.
+    by_target: dict[int, list[tuple[str, tuple[tuple[str, str, bool], ...]] | None]] = {}
     for gm in graphs:
         for node in gm.graph.nodes:
             if node.op != "call_function":
                 continue
-            kernels = [graph_kernel_settings(t) for t in (node.target, *body_calls(node.target))]
+            kernels = by_target.get(id(node.target))
+            if kernels is None:
+                targets = (node.target, *body_calls(node.target))
+                kernels = by_target[id(node.target)] = [graph_kernel_settings(t) for t in targets]
             for kernel in kernels:
                 if kernel is not None:
                     _note_kernel(found, node, kernel, where)

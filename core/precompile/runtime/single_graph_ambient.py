@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     _pytree: Any = None
     _any_autocast_enabled: Callable[[], bool] = bool
     _deterministic_enabled: Callable[[], bool] = bool
+    _anomaly_enabled: Callable[[], bool] = bool
+    _anomaly_check_nan: Callable[[], bool] = bool
     _TensorGuards: Any = None
     dispatch_tls_local_exclude_set: Any = None
     function_mode_depth: Callable[[], int] = int
@@ -177,10 +179,9 @@ def nan_detection_on() -> bool:
     ``check_nan=False``, which only records where each node was made). Eager then
     raises naming the backward function whose output holds a NaN; an artifact whose
     backward is compiled into its graph (a training capture, an AOTAutograd pair, an
-    Inductor one) runs no such node to check."""
-    import torch
-
-    return torch.is_anomaly_enabled() and torch.is_anomaly_check_nan_enabled()
+    Inductor one) runs no such node to check. Two C calls bound at load: it is read on
+    every call of an artifact that carries a backward."""
+    return _anomaly_enabled() and _anomaly_check_nan()
 
 
 def refuse_nan_detection() -> NoReturn:
