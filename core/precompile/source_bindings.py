@@ -23,9 +23,14 @@ counts as spelled out (``getattr(helper, "K")``, ``vars(helper)["K"]``,
 attribute's digest covers the class's header and a decorator, metaclass or base's
 ``__init_subclass__`` defined beside it.
 The binding statements are the
-module's top-level ones (inside ``if``/``try``/``with``/``for`` blocks too), function and
-class definitions left out: a function the capture ran through has its own record, and
-an edit to one it did not run changes nothing it computed.
+module's top-level ones (inside ``if``/``try``/``with``/``for`` blocks too). A function or
+class definition that binds a name read itself counts only as binding it (a ``def``
+added after an import of the name): a function the capture ran through has its own
+record, and an edit to one it did not run changes nothing it computed. One a value was
+made with counts whole (``K = compute()``: compute's body ran at import, and the
+capture specialised on its result). An attribute a class body does not bind is the
+instance's: the methods that set it on ``self`` count whole (``self.k = k`` in
+``__init__``, with its default).
 
 Imports nothing but the standard library and ``runtime.source_digest``, whose meaning of
 "changed" it extends: the language server reads this without torch. Not carried by
@@ -40,6 +45,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from precompile.runtime.source_digest import parse_module, source_digest
+
+#: The statements that bind a name to a function or class they define.
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
 def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
@@ -61,7 +69,10 @@ def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
 
 
 def _bound(stmt: ast.stmt) -> set[str]:
-    """The names a simple statement binds in its scope (a compound one: its header's)."""
+    """The names a simple statement binds in its scope (a compound one: its header's; a
+    function or class definition: its name)."""
+    if isinstance(stmt, _DEFINITIONS):
+        return {stmt.name}
     if isinstance(stmt, (ast.Import, ast.ImportFrom)):
         return {(a.asname or a.name).split(".")[0] for a in stmt.names}
     targets: list[ast.expr] = []
@@ -102,10 +113,14 @@ def _target_names(target: ast.expr) -> set[str]:
 
 def _header(stmt: ast.stmt, text: str) -> str:
     """A statement's own text, without a comment after it; of a ``for`` or ``with``, its
-    header's lines (its block's statements are bindings of their own)."""
+    header's lines (its block's statements are bindings of their own); of a definition,
+    its decorators' too."""
     body = getattr(stmt, "body", None)
     if isinstance(stmt, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)) and body:
         return "".join(text.splitlines(keepends=True)[stmt.lineno - 1 : body[0].lineno - 1])
+    if isinstance(stmt, _DEFINITIONS) and stmt.decorator_list:
+        decorators = [ast.get_source_segment(text, d) or "" for d in stmt.decorator_list]
+        return "\n".join(["@" + d for d in decorators] + [ast.get_source_segment(text, stmt) or ""])
     return ast.get_source_segment(text, stmt) or ""
 
 
@@ -131,14 +146,45 @@ def _binding_text(stmt: ast.stmt, name: str, text: str) -> str:
 
 
 def _binders(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
-    """Name -> the statements of ``body``'s scope that bind it, in order (function and
-    class definitions left out: see the module's docstring)."""
+    """Name -> the statements of ``body``'s scope that bind it, in order, function and
+    class definitions included (``binding_digests`` says what of them counts)."""
     found: dict[str, list[ast.stmt]] = {}
     for stmt in _statements(body):
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue
         for name in sorted(_bound(stmt)):
             found.setdefault(name, []).append(stmt)
+    return found
+
+
+def _instance_stores(body: list[ast.stmt], name: str) -> list[ast.stmt]:
+    """The methods of a class body (``body``) that set the attribute ``name`` on their
+    first parameter: ``self.k = ...``, ``self.k += ...``, ``setattr(self, "k", ...)``."""
+    found: list[ast.stmt] = []
+    for method in _statements(body):
+        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        positional = method.args.posonlyargs + method.args.args
+        if not positional:
+            continue
+        first = positional[0].arg
+        for node in ast.walk(method):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and node.attr == name
+                and isinstance(node.value, ast.Name)
+                and node.value.id == first
+            ) or (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "setattr"
+                and len(node.args) == 3
+                and isinstance(node.args[0], ast.Name)
+                and node.args[0].id == first
+                and isinstance(node.args[1], ast.Constant)
+                and node.args[1].value == name
+            ):
+                found.append(method)
+                break
     return found
 
 
@@ -252,10 +298,16 @@ def binding_digests(text: str, tree: Any, names: Iterable[str], scope: str = "")
         pending = [(name, True), *header_loads]  # (name, looked up in the scope first)
         while pending:
             wanted, in_scope = pending.pop(0)
-            if scope and (wanted, in_scope) == (name, True) and wanted not in scope_binders:
+            read_itself = (wanted, in_scope) == (name, True)
+            if scope and read_itself and wanted not in scope_binders:
                 # A class attribute its body does not bind is its bases' (their own
-                # rows), never the module's global of that name.
+                # rows), never the module's global of that name; or an instance's, set
+                # by the class's methods (``self.k = 2.0`` in ``__init__``): they count
+                # whole, with what they read.
                 seen.add((wanted, True))
+                for method in _instance_stores(body, wanted):
+                    texts.append(ast.get_source_segment(text, method) or "")
+                    pending += [(read, False) for read in _loads(method)]
                 continue
             table = scope_binders if in_scope and wanted in scope_binders else module_binders
             key = (wanted, table is scope_binders)
@@ -263,8 +315,16 @@ def binding_digests(text: str, tree: Any, names: Iterable[str], scope: str = "")
                 continue
             seen.add(key)
             for stmt in table.get(wanted, []):
+                if isinstance(stmt, _DEFINITIONS) and read_itself:
+                    # A function the capture ran through has its own record, and an edit
+                    # to one it did not run changes nothing it computed: only that a
+                    # definition binds the name counts (one added after an import).
+                    texts.append(f"{type(stmt).__name__} {stmt.name}")
+                    continue
+                # Anything else a value was made with counts whole: ``K = compute()``
+                # changes with compute's body.
                 bound = _binding_text(stmt, wanted, text)
-                if isinstance(stmt, (ast.Import, ast.ImportFrom)) and bound in texts:
+                if isinstance(stmt, (ast.Import, ast.ImportFrom, *_DEFINITIONS)) and bound in texts:
                     continue  # ``import pkg.a`` and ``import pkg.b``: one binding of pkg
                 texts.append(bound)
                 pending += [(read, table is scope_binders) for read in _loads(stmt)]

@@ -14,7 +14,9 @@ default, a global its function reads where a nested function's parameter has its
 (helper-80's three misses), a name bound under an ``if`` whose test changed, a name or
 module fn imports inside itself, a name read as a string (``getattr(helper, "K")``,
 ``vars(helper)["K"]``, ``helper.__dict__["K"]``, ``globals()["K"]``), ``self.__class__.K``, and ``super().K`` after
-the class's bases changed (helper-82's)
+the class's bases changed, a global made by a function of its module (``K = compute()``,
+the function's body edited) and an attribute ``__init__`` sets on the instance (its
+default edited) (helper-82's)
 -- under both
 tracers
 (and Inductor, whose artifacts carry the same records). Changes that bind nothing a
@@ -148,6 +150,28 @@ class Left(torch.nn.Module):
 
 class Right(torch.nn.Module):
     PICKED = 3.0
+
+
+def computed_gain():
+    return 2.0
+
+
+COMPUTED = computed_gain()
+
+
+class ByInit(torch.nn.Module):
+    def __init__(self, k=2.0):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.k = k
+
+    def forward(self, x):
+        return self.lin(x) * self.k
+
+
+def by_init_examples():
+    torch.manual_seed(0)
+    return [precompile.Example(ByInit().eval(), torch.randn(2, 4))]
 
 
 class Rebased(Left):
@@ -300,6 +324,16 @@ def by_super_after_rebase(model, x):
 
 
 @precompile.target(examples)
+def by_computed(model, x):
+    return model(x) * COMPUTED
+
+
+@precompile.target(by_init_examples)
+def by_instance_attribute(model, x):
+    return model(x)
+
+
+@precompile.target(examples)
 def by_nested_shadow(model, x):
     def halved(NESTED):  # this NESTED is the parameter: the global is read below
         return NESTED / 2
@@ -337,6 +371,12 @@ CHANGED: dict[str, str | tuple[str, ...]] = {
     # too.
     "by_super_after_rebase": (
         "`Rebased.PICKED`, `Rebased.lin` (src/pkg/t.py), which `Rebased.forward` reads"
+    ),
+    # What a global was made with (helper-82's ``K = compute()``); an attribute set on
+    # the instance by ``__init__`` (its default), which sets ``lin`` too.
+    "by_computed": "`COMPUTED` (src/pkg/t.py), which `by_computed` reads",
+    "by_instance_attribute": (
+        "`ByInit.k`, `ByInit.lin` (src/pkg/t.py), which `ByInit.forward` reads"
     ),
 }
 
@@ -401,6 +441,15 @@ def test_a_name_a_capture_read_bound_differently_makes_its_artifact_stale(
     # is Base's, never the module's GAIN).
     _edit(targets, "LOOKUP = {}\n", "LOOKUP = {}\nLOOKUP[OFFSET] = 'offset'\n")
     _edit(targets, "GAIN = 9.0\n", "GAIN = 10.0\n")
+    # A function defined beside the ones a value was made with, and a method of a class
+    # whose instance attributes a capture read that sets none of them.
+    _edit(targets, "def computed_gain():", "def spare():\n    return 1\n\n\ndef computed_gain():")
+    _edit(
+        targets,
+        "    def forward(self, x):\n        return self.lin(x) * self.k\n",
+        "    def forward(self, x):\n        return self.lin(x) * self.k\n\n"
+        "    def describe(self):\n        return 'by init'\n",
+    )
     assert _stale(root) == {}
 
     _edit(helper, "K = 2.0", "K = 3.0")
@@ -428,6 +477,8 @@ def test_a_name_a_capture_read_bound_differently_makes_its_artifact_stale(
     _edit(targets, "GOTTEN = 2.0", "GOTTEN = 5.0")
     _edit(targets, "    DUNDER = 2.0", "    DUNDER = 5.0")
     _edit(targets, "class Rebased(Left):", "class Rebased(Right):")
+    _edit(targets, "    return 2.0\n\n\nCOMPUTED", "    return 5.0\n\n\nCOMPUTED")
+    _edit(targets, "def __init__(self, k=2.0):", "def __init__(self, k=5.0):")
     stale = _stale(root)
     assert set(stale) == set(CHANGED), stale
     for name, said in CHANGED.items():
@@ -545,6 +596,64 @@ def test_a_class_attribute_reads_the_class_header_and_what_the_class_is_made_wit
     names = ["GAIN", "BIAS", "OWN", "MARK"]
     before = binding_digests(MADE, ast.parse(MADE), names, "Cfg")
     after = binding_digests(edited, ast.parse(edited), names, "Cfg")
+    assert (before != after) is stale, (old, new)
+
+
+MADE_BY = """import torch
+
+BASE = 2.0
+
+
+def compute():
+    return BASE * 2
+
+
+K = compute()
+
+
+class Net(torch.nn.Module):
+    def __init__(self, k=2.0):
+        super().__init__()
+        self.k = k
+        setattr(self, "j", 1.0)
+
+    def forward(self, x):
+        return x * self.k * self.j
+
+    def spare(self):
+        return 1
+"""
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "names", "scope", "stale"),
+    [
+        ("return BASE * 2", "return BASE * 3", ["K"], "", True),  # what K was made with
+        ("BASE = 2.0", "BASE = 3.0", ["K"], "", True),  # what that function reads
+        ("def compute():", "def compute(n=1):", ["compute"], "", False),  # its own record
+        ("K = compute()", "K = compute()\n\n\ndef K():\n    pass", ["K"], "", True),
+        ("k=2.0", "k=3.0", ["k"], "Net", True),  # set on the instance by __init__
+        ('"j", 1.0', '"j", 2.0', ["j"], "Net", True),  # setattr(self, "j", ...)
+        ("return 1", "return 2", ["k", "j"], "Net", False),  # a method setting neither
+        ("return x * self.k", "return x + self.k", ["k"], "Net", False),  # a reader
+    ],
+)
+def test_a_binding_counts_what_made_its_value(
+    old: str, new: str, names: list[str], scope: str, stale: bool
+) -> None:
+    """A global made by calling a function of its module (``K = compute()``) changes with
+    that function's body; an attribute a class's body does not bind, with the methods
+    that set it on the instance (``self.k = k`` in ``__init__``, with its default); a
+    name a definition comes to bind, with that (helper-82's misses). A function read
+    itself counts only as bound (the capture records its own body where it ran)."""
+    import ast
+
+    from precompile.source_bindings import binding_digests
+
+    edited = MADE_BY.replace(old, new, 1)
+    assert edited != MADE_BY
+    before = binding_digests(MADE_BY, ast.parse(MADE_BY), names, scope)
+    after = binding_digests(edited, ast.parse(edited), names, scope)
     assert (before != after) is stale, (old, new)
 
 
