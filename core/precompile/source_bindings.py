@@ -244,6 +244,28 @@ def binding_digests(text: str, tree: Any, names: Iterable[str], scope: str = "")
     has the digest of no statement, so a binding added (shadowing a builtin) or removed
     changes it too. A scope not found binds nothing. Digests are 16 hex digits: they tell a change, they do not
     authenticate (the pair's signature does)."""
+    return {
+        name: hashlib.sha256("\0".join(texts).encode("utf-8")).hexdigest()[:16]
+        for name, (texts, _reached) in _bindings(text, tree, names, scope).items()
+    }
+
+
+def binding_reach(text: str, tree: Any, names: Iterable[str], scope: str = "") -> list[str]:
+    """The module globals the bindings of ``names`` read in turn, besides ``names``
+    (``X = BASE * 2``: BASE; ``K = compute()``: compute and what it reads), each once:
+    where one is imported from a project module (``from .config import BASE``), the
+    capture records it as that module binds it, as it does a name read directly."""
+    found: dict[str, None] = {}
+    for _texts, reached in _bindings(text, tree, names, scope).values():
+        found.update(dict.fromkeys(n for n in reached if n not in names))
+    return list(found)
+
+
+def _bindings(
+    text: str, tree: Any, names: Iterable[str], scope: str
+) -> dict[str, tuple[list[str], list[str]]]:
+    """Per name, what ``binding_digests`` digests (the binding texts, in order) and the
+    module globals those bindings read, in turn (``binding_reach``)."""
     body: list[ast.stmt] = tree.body
     # A class's header -- its bases, decorators and keywords (a metaclass) -- decides
     # where an attribute its body does not bind comes from, and what the class is made
@@ -291,7 +313,7 @@ def binding_digests(text: str, tree: Any, names: Iterable[str], scope: str = "")
         for n in ast.walk(h)
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
     ]
-    digests = {}
+    result: dict[str, tuple[list[str], list[str]]] = {}
     for name in sorted(set(names)):
         texts: list[str] = list(header)
         seen: set[tuple[str, bool]] = set()
@@ -335,8 +357,9 @@ def binding_digests(text: str, tree: Any, names: Iterable[str], scope: str = "")
                         for n in ast.walk(test)
                         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
                     ]
-        digests[name] = hashlib.sha256("\0".join(texts).encode("utf-8")).hexdigest()[:16]
-    return digests
+        reached = sorted({n for n, in_scope in seen if not in_scope or not scope})
+        result[name] = (texts, reached)
+    return result
 
 
 def imported_names(tree: Any, package: str | None) -> dict[str, tuple[str, str]]:
@@ -676,6 +699,7 @@ def changed_bindings(
 
 __all__ = [
     "binding_digests",
+    "binding_reach",
     "changed_bindings",
     "function_reads",
     "imported_names",

@@ -15,8 +15,9 @@ default, a global its function reads where a nested function's parameter has its
 module fn imports inside itself, a name read as a string (``getattr(helper, "K")``,
 ``vars(helper)["K"]``, ``helper.__dict__["K"]``, ``globals()["K"]``), ``self.__class__.K``, and ``super().K`` after
 the class's bases changed, a global made by a function of its module (``K = compute()``,
-the function's body edited) and an attribute ``__init__`` sets on the instance (its
-default edited) (helper-82's)
+the function's body edited), a global made from a name imported from another project
+module (``X = BASE * 2``, BASE edited there) and an attribute ``__init__`` sets on the
+instance (its default edited) (helper-82's)
 -- under both
 tracers
 (and Inductor, whose artifacts carry the same records). Changes that bind nothing a
@@ -49,6 +50,7 @@ LOCAL = 2.0
 GETATTRED = 2.0
 VARSED = 2.0
 DICTED = 2.0
+IMPORTED_BASE = 2.0
 
 
 class Base(torch.nn.Module):
@@ -73,6 +75,7 @@ from pkg import helper
 from pkg.helper import scale
 
 from .helper import SHIFT
+from .helper import IMPORTED_BASE
 from .reexport import DEEP
 from .helper import Base, Mode
 from .starred import starred
@@ -157,6 +160,7 @@ def computed_gain():
 
 
 COMPUTED = computed_gain()
+FROM_IMPORTED = IMPORTED_BASE * 2
 
 
 class ByInit(torch.nn.Module):
@@ -328,6 +332,11 @@ def by_computed(model, x):
     return model(x) * COMPUTED
 
 
+@precompile.target(examples)
+def by_derived_import(model, x):
+    return model(x) * FROM_IMPORTED
+
+
 @precompile.target(by_init_examples)
 def by_instance_attribute(model, x):
     return model(x)
@@ -375,6 +384,8 @@ CHANGED: dict[str, str | tuple[str, ...]] = {
     # What a global was made with (helper-82's ``K = compute()``); an attribute set on
     # the instance by ``__init__`` (its default), which sets ``lin`` too.
     "by_computed": "`COMPUTED` (src/pkg/t.py), which `by_computed` reads",
+    # A global made from a name imported from another project module.
+    "by_derived_import": "`IMPORTED_BASE` (src/pkg/helper.py), which `by_derived_import` reads",
     "by_instance_attribute": (
         "`ByInit.k`, `ByInit.lin` (src/pkg/t.py), which `ByInit.forward` reads"
     ),
@@ -479,6 +490,7 @@ def test_a_name_a_capture_read_bound_differently_makes_its_artifact_stale(
     _edit(targets, "class Rebased(Left):", "class Rebased(Right):")
     _edit(targets, "    return 2.0\n\n\nCOMPUTED", "    return 5.0\n\n\nCOMPUTED")
     _edit(targets, "def __init__(self, k=2.0):", "def __init__(self, k=5.0):")
+    _edit(helper, "IMPORTED_BASE = 2.0", "IMPORTED_BASE = 5.0")
     stale = _stale(root)
     assert set(stale) == set(CHANGED), stale
     for name, said in CHANGED.items():

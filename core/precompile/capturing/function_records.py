@@ -22,6 +22,7 @@ from precompile.locations import is_project_file, is_project_module
 from precompile.runtime.source_digest import function_source, parse_module, source_digest
 from precompile.source_bindings import (
     binding_digests,
+    binding_reach,
     function_reads,
     imported_names,
     local_imports,
@@ -93,6 +94,11 @@ def _reads(
             cls = getattr(cls, part, None)
         if isinstance(cls, type):
             rows += _class_reads(cls, sorted(attributes[first]), artifact_path)
+    # A global made from a name imported from a project module (``from .config import
+    # BASE`` then ``X = BASE * 2``): that name as its module binds it, as if read.
+    for name in binding_reach(text, _parsed(text), names):
+        if not isinstance(vars(module).get(name), (type, types.ModuleType)):
+            rows += _imported_reads(module, text, name, artifact_path)
     for name in names:
         value = vars(module).get(name)
         if not isinstance(value, (type, types.ModuleType)):
