@@ -30,7 +30,8 @@ record, and an edit to one it did not run changes nothing it computed. One a val
 made with counts whole (``K = compute()``: compute's body ran at import, and the
 capture specialised on its result). An attribute a class body does not bind is the
 instance's: the methods that set it on ``self`` count whole (``self.k = k`` in
-``__init__``, with its default).
+``__init__``, with its default). A statement that changes a global's object in place
+(``CFG.update(...)``) counts as binding it, where not only an import binds the name.
 
 Imports nothing but the standard library and ``runtime.source_digest``, whose meaning of
 "changed" it extends: the language server reads this without torch. Not carried by
@@ -145,12 +146,42 @@ def _binding_text(stmt: ast.stmt, name: str, text: str) -> str:
     return _header(stmt, text)
 
 
+def _changed_in_place(stmt: ast.stmt) -> set[str]:
+    """The names whose object a statement that binds nothing changes in place: a call of
+    a method along a name (``CFG.update(gain=3.0)``, ``REGISTRY.append(f)``),
+    ``setattr``/``delattr`` of one (``setattr(CFG, "gain", 3.0)``), and ``del`` of an
+    item or attribute (``del CFG["gain"]``: ``del K`` unbinds K)."""
+    if isinstance(stmt, ast.Delete):
+        return {name for target in stmt.targets for name in _target_names(target)}
+    if not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
+        return set()
+    call = stmt.value
+    if isinstance(call.func, ast.Attribute):
+        return _target_names(call.func)
+    if isinstance(call.func, ast.Name) and call.func.id in ("setattr", "delattr") and call.args:
+        held = call.args[0]
+        return {held.id} if isinstance(held, ast.Name) else _target_names(held)
+    return set()
+
+
 def _binders(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
     """Name -> the statements of ``body``'s scope that bind it, in order, function and
-    class definitions included (``binding_digests`` says what of them counts)."""
+    class definitions included (``binding_digests`` says what of them counts); and
+    those that change a bound object in place (``_changed_in_place``), where something
+    other than an import binds the name: ``CFG.update(...)`` after ``CFG = {...}``
+    changes what a read of CFG finds, ``torch.manual_seed(0)`` is not a binding of
+    torch (every function reading torch would be stale with each such line)."""
+    statements = list(_statements(body))
+    assigned = {
+        name
+        for stmt in statements
+        if not isinstance(stmt, (ast.Import, ast.ImportFrom))
+        for name in _bound(stmt)
+    }
     found: dict[str, list[ast.stmt]] = {}
-    for stmt in _statements(body):
-        for name in sorted(_bound(stmt)):
+    for stmt in statements:
+        changed = {n for n in _changed_in_place(stmt) if n in assigned}
+        for name in sorted(_bound(stmt) | changed):
             found.setdefault(name, []).append(stmt)
     return found
 

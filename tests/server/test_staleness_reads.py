@@ -614,6 +614,9 @@ def test_a_class_attribute_reads_the_class_header_and_what_the_class_is_made_wit
 MADE_BY = """import torch
 
 BASE = 2.0
+CFG = {"gain": 2.0}
+CFG.update(gain=BASE)
+torch.manual_seed(0)
 
 
 def compute():
@@ -648,6 +651,13 @@ class Net(torch.nn.Module):
         ('"j", 1.0', '"j", 2.0', ["j"], "Net", True),  # setattr(self, "j", ...)
         ("return 1", "return 2", ["k", "j"], "Net", False),  # a method setting neither
         ("return x * self.k", "return x + self.k", ["k"], "Net", False),  # a reader
+        # A global changed in place at import (helper-82's ``CFG.update(...)``): a
+        # method's call, setattr, del of an item; not torch's own state by a call of it.
+        ("CFG.update(gain=BASE)", "CFG.update(gain=3.0)", ["CFG"], "", True),
+        ("BASE = 2.0", "BASE = 3.0", ["CFG"], "", True),
+        ("torch.manual_seed(0)", 'setattr(CFG, "gain", 1.0)', ["CFG"], "", True),
+        ("torch.manual_seed(0)", 'del CFG["gain"]', ["CFG"], "", True),
+        ("torch.manual_seed(0)", "torch.manual_seed(1)", ["torch", "CFG", "K"], "", False),
     ],
 )
 def test_a_binding_counts_what_made_its_value(
@@ -656,7 +666,8 @@ def test_a_binding_counts_what_made_its_value(
     """A global made by calling a function of its module (``K = compute()``) changes with
     that function's body; an attribute a class's body does not bind, with the methods
     that set it on the instance (``self.k = k`` in ``__init__``, with its default); a
-    name a definition comes to bind, with that (helper-82's misses). A function read
+    name a definition comes to bind, with that; a global changed in place at import
+    (``CFG.update(...)``), with that statement (helper-82's misses). A function read
     itself counts only as bound (the capture records its own body where it ran)."""
     import ast
 
