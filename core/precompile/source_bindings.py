@@ -71,9 +71,11 @@ def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
 
 def _bound(stmt: ast.stmt) -> set[str]:
     """The names a simple statement binds in its scope (a compound one: its header's; a
-    function or class definition: its name)."""
+    function or class definition: its name, and the globals a function declares)."""
     if isinstance(stmt, _DEFINITIONS):
-        return {stmt.name}
+        # A function declaring a global binds it when it runs (``def setup(): global K``).
+        declared = [n for n in ast.walk(stmt) if isinstance(n, ast.Global)]
+        return {stmt.name, *(name for n in declared for name in n.names)}
     if isinstance(stmt, (ast.Import, ast.ImportFrom)):
         return {(a.asname or a.name).split(".")[0] for a in stmt.names}
     targets: list[ast.expr] = []
@@ -368,7 +370,7 @@ def _bindings(
                 continue
             seen.add(key)
             for stmt in table.get(wanted, []):
-                if isinstance(stmt, _DEFINITIONS) and read_itself:
+                if isinstance(stmt, _DEFINITIONS) and read_itself and stmt.name == wanted:
                     # A function the capture ran through has its own record, and an edit
                     # to one it did not run changes nothing it computed: only that a
                     # definition binds the name counts (one added after an import).

@@ -624,6 +624,15 @@ def compute():
 
 
 K = compute()
+J = 1.0
+
+
+def setup():
+    global J
+    J = 2.0
+
+
+setup()
 
 
 class Net(torch.nn.Module):
@@ -658,6 +667,16 @@ class Net(torch.nn.Module):
         ("torch.manual_seed(0)", 'setattr(CFG, "gain", 1.0)', ["CFG"], "", True),
         ("torch.manual_seed(0)", 'del CFG["gain"]', ["CFG"], "", True),
         ("torch.manual_seed(0)", "torch.manual_seed(1)", ["torch", "CFG", "K"], "", False),
+        # A function setting a global it declares (helper-82's ``global K`` in a setup
+        # function), called at import.
+        (
+            "K = compute()",
+            "K = compute()\n\n\ndef setup():\n    global K\n    K = 1\n",
+            ["K"],
+            "",
+            True,
+        ),
+        ("    J = 2.0", "    J = 3.0", ["J"], "", True),
     ],
 )
 def test_a_binding_counts_what_made_its_value(
