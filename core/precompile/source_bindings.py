@@ -30,7 +30,10 @@ record, and an edit to one it did not run changes nothing it computed. One a val
 made with counts whole (``K = compute()``: compute's body ran at import, and the
 capture specialised on its result). An attribute a class body does not bind is the
 instance's: the methods that set it on ``self`` count whole (``self.k = k`` in
-``__init__``, with its default). A statement that changes a global's object in place
+``__init__``, with its default and decorators; ``setattr``, ``vars(self)[...]``,
+``self.__dict__``, ``type(self).k``), and so they do where the body binds it too.
+A definition's body is followed as its module resolves it (its parameters and locals
+are not globals; one in a class body reads the module's names, not the class's). A statement that changes a global's object in place
 (``CFG.update(...)``) counts as binding it, where not only an import binds the name.
 
 Imports nothing but the standard library and ``runtime.source_digest``, whose meaning of
@@ -41,7 +44,9 @@ artifacts (a load checks the values themselves).
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
+import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -114,6 +119,27 @@ def _target_names(target: ast.expr) -> set[str]:
     return set()
 
 
+@functools.lru_cache(maxsize=16)
+def _lines(text: str) -> list[str]:
+    """``text``'s lines with their ends, split as ``ast.get_source_segment`` splits them
+    (``\r\n``, ``\r`` and ``\n``; not a form feed), once per text: that function splits the
+    whole module again, character by character, at each call."""
+    return re.findall(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z", text)
+
+
+def _segment(text: str, node: ast.AST) -> str:
+    """``ast.get_source_segment(text, node) or ""``, from ``_lines``."""
+    end_line, end_col = getattr(node, "end_lineno", None), getattr(node, "end_col_offset", None)
+    if end_line is None or end_col is None or not hasattr(node, "lineno"):
+        return ""
+    lines = _lines(text)
+    first, last, col = node.lineno - 1, end_line - 1, getattr(node, "col_offset", 0)
+    if first == last:
+        return lines[first].encode()[col:end_col].decode()
+    head = lines[first].encode()[col:].decode()
+    return "".join([head, *lines[first + 1 : last], lines[last].encode()[:end_col].decode()])
+
+
 def _header(stmt: ast.stmt, text: str) -> str:
     """A statement's own text, without a comment after it; of a ``for`` or ``with``, its
     header's lines (its block's statements are bindings of their own); of a definition,
@@ -122,9 +148,9 @@ def _header(stmt: ast.stmt, text: str) -> str:
     if isinstance(stmt, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)) and body:
         return "".join(text.splitlines(keepends=True)[stmt.lineno - 1 : body[0].lineno - 1])
     if isinstance(stmt, _DEFINITIONS) and stmt.decorator_list:
-        decorators = [ast.get_source_segment(text, d) or "" for d in stmt.decorator_list]
-        return "\n".join(["@" + d for d in decorators] + [ast.get_source_segment(text, stmt) or ""])
-    return ast.get_source_segment(text, stmt) or ""
+        decorators = [_segment(text, d) for d in stmt.decorator_list]
+        return "\n".join(["@" + d for d in decorators] + [_segment(text, stmt)])
+    return _segment(text, stmt)
 
 
 def _binding_text(stmt: ast.stmt, name: str, text: str) -> str:
@@ -189,36 +215,74 @@ def _binders(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
 
 
 def _instance_stores(body: list[ast.stmt], name: str) -> list[ast.stmt]:
-    """The methods of a class body (``body``) that set the attribute ``name`` on their
-    first parameter: ``self.k = ...``, ``self.k += ...``, ``setattr(self, "k", ...)``."""
+    """The methods of a class body (``body``) that set the attribute ``name`` through
+    their first parameter (``_stores_attribute``)."""
     found: list[ast.stmt] = []
     for method in _statements(body):
         if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         positional = method.args.posonlyargs + method.args.args
-        if not positional:
-            continue
-        first = positional[0].arg
-        for node in ast.walk(method):
-            if (
-                isinstance(node, ast.Attribute)
-                and isinstance(node.ctx, ast.Store)
-                and node.attr == name
-                and isinstance(node.value, ast.Name)
-                and node.value.id == first
-            ) or (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Name)
-                and node.func.id == "setattr"
-                and len(node.args) == 3
-                and isinstance(node.args[0], ast.Name)
-                and node.args[0].id == first
-                and isinstance(node.args[1], ast.Constant)
-                and node.args[1].value == name
-            ):
-                found.append(method)
-                break
+        if positional and any(
+            _stores_attribute(node, positional[0].arg, name) for node in ast.walk(method)
+        ):
+            found.append(method)
     return found
+
+
+def _stores_attribute(node: ast.AST, first: str, name: str) -> bool:
+    """Whether ``node`` sets the attribute ``name`` on ``first`` (``self``) or its class:
+    ``self.k = v`` (``+=``, a ``for``/``with`` target), ``type(self).k = v``,
+    ``self.__class__.k = v``, ``vars(self)["k"] = v``, ``self.__dict__["k"] = v``,
+    ``self.__dict__.update(k=v)``, ``setattr(self, "k", v)``, ``object.__setattr__(self,
+    "k", v)``, ``self.__setattr__("k", v)``; a ``setattr`` of a name not spelled out
+    sets any."""
+
+    def is_self(expr: ast.expr, classes: bool = True) -> bool:
+        if isinstance(expr, ast.Name):
+            return expr.id == first
+        if classes and isinstance(expr, ast.Attribute) and expr.attr == "__class__":
+            return is_self(expr.value, False)
+        return (
+            classes
+            and isinstance(expr, ast.Call)
+            and isinstance(expr.func, ast.Name)
+            and expr.func.id == "type"
+            and len(expr.args) == 1
+            and is_self(expr.args[0], False)
+        )
+
+    def names_it(expr: ast.expr | None, computed: bool = False) -> bool:
+        if isinstance(expr, ast.Constant):
+            return expr.value == name
+        return computed and expr is not None
+
+    def own_dict(expr: ast.expr) -> bool:
+        if isinstance(expr, ast.Attribute) and expr.attr == "__dict__":
+            return is_self(expr.value, False)
+        return (
+            isinstance(expr, ast.Call)
+            and isinstance(expr.func, ast.Name)
+            and expr.func.id == "vars"
+            and len(expr.args) == 1
+            and is_self(expr.args[0], False)
+        )
+
+    if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+        return node.attr == name and is_self(node.value)
+    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+        return own_dict(node.value) and names_it(node.slice)
+    if not isinstance(node, ast.Call):
+        return False
+    func, args = node.func, node.args
+    if isinstance(func, ast.Name) and func.id == "setattr":
+        return len(args) == 3 and is_self(args[0]) and names_it(args[1], computed=True)
+    if isinstance(func, ast.Attribute) and func.attr == "__setattr__":
+        if len(args) == 3:  # object.__setattr__(self, "k", v)
+            return is_self(args[0]) and names_it(args[1], computed=True)
+        return is_self(func.value) and bool(args) and names_it(args[0], computed=True)
+    if isinstance(func, ast.Attribute) and func.attr == "update" and own_dict(func.value):
+        return any(k.arg in (name, None) for k in node.keywords) or bool(args)
+    return False
 
 
 def _tests(body: list[ast.stmt], around: tuple[ast.expr, ...] = ()) -> dict[int, list[ast.expr]]:
@@ -263,6 +327,43 @@ def _loads(stmt: ast.stmt) -> list[str]:
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
     ]
     return list(dict.fromkeys(seen))
+
+
+def _tested(
+    stmt: ast.stmt, in_class: bool, text: str, conditions: dict[int, list[ast.expr]]
+) -> tuple[list[str], list[tuple[str, bool]]]:
+    """The tests ``stmt`` runs under (``_tests``), as text, and the names they read, each
+    as ``(name, looked up in the class scope first)``."""
+    tests = conditions.get(id(stmt), [])
+    reads = [
+        (n.id, in_class)
+        for test in tests
+        for n in ast.walk(test)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+    ]
+    return [_segment(text, test) for test in tests], reads
+
+
+def _counted(
+    stmt: ast.stmt, bound: str, in_class: bool, text: str, conditions: dict[int, list[ast.expr]]
+) -> tuple[list[str], list[tuple[str, bool]]]:
+    """A binding ``stmt`` counted whole: its text ``bound`` and its tests, and the names
+    they read in turn -- a definition's body as its module resolves them (its locals and
+    parameters are not globals), its decorators, defaults and bases as the scope it sits
+    in does (``in_class``: the class body first)."""
+    added, reads = _tested(stmt, in_class, text, conditions)
+    if isinstance(stmt, _DEFINITIONS):
+        outside = [
+            n.id
+            for part in _scope_parts(stmt)[1]
+            for n in ast.walk(part)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+        ]
+        follows = [(read, in_class) for read in outside]
+        follows += [(read, False) for read in sorted(_free_names(stmt, frozenset()))]
+    else:
+        follows = [(read, in_class) for read in _loads(stmt)]
+    return [bound, *added], follows + reads
 
 
 def binding_digests(text: str, tree: Any, names: Iterable[str], scope: str = "") -> dict[str, str]:
@@ -339,7 +440,7 @@ def _bindings(
         for method in stmt.body
         if isinstance(method, ast.FunctionDef) and method.name == "__init_subclass__"
     ]
-    header = [ast.get_source_segment(text, h) or "" for h in [*headers, *made_with]]
+    header = [_segment(text, h) for h in [*headers, *made_with]]
     header_loads = [
         (n.id, False)  # as the module binds them: ``SCALE`` in the decorator's body too
         for h in [*headers, *made_with]
@@ -347,23 +448,39 @@ def _bindings(
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
     ]
     result: dict[str, tuple[list[str], list[str]]] = {}
+    # Per (statement, its text, scope flag): ``_counted``, once for all the names whose
+    # bindings reach it (a module's functions calling each other).
+    memo: dict[tuple[int, str, bool], tuple[list[str], list[tuple[str, bool]]]] = {}
+
+    def counted(
+        stmt: ast.stmt, bound: str, in_class: bool
+    ) -> tuple[list[str], list[tuple[str, bool]]]:
+        key = (id(stmt), bound, in_class)
+        if key not in memo:
+            memo[key] = _counted(stmt, bound, in_class, text, conditions)
+        return memo[key]
+
     for name in sorted(set(names)):
         texts: list[str] = list(header)
         seen: set[tuple[str, bool]] = set()
         pending = [(name, True), *header_loads]  # (name, looked up in the scope first)
+
         while pending:
             wanted, in_scope = pending.pop(0)
             read_itself = (wanted, in_scope) == (name, True)
-            if scope and read_itself and wanted not in scope_binders:
-                # A class attribute its body does not bind is its bases' (their own
-                # rows), never the module's global of that name; or an instance's, set
-                # by the class's methods (``self.k = 2.0`` in ``__init__``): they count
-                # whole, with what they read.
-                seen.add((wanted, True))
+            if scope and read_itself:
+                # An attribute read through the instance is what the class's methods set
+                # on it (``self.k = k`` in ``__init__``, with its default), where they
+                # do, whatever the body binds: they count whole.
                 for method in _instance_stores(body, wanted):
-                    texts.append(ast.get_source_segment(text, method) or "")
-                    pending += [(read, False) for read in _loads(method)]
-                continue
+                    added, reads = counted(method, _header(method, text), True)
+                    texts += added
+                    pending += reads
+                if wanted not in scope_binders:
+                    # A class attribute its body does not bind is its bases' (their own
+                    # rows), never the module's global of that name.
+                    seen.add((wanted, True))
+                    continue
             table = scope_binders if in_scope and wanted in scope_binders else module_binders
             key = (wanted, table is scope_binders)
             if key in seen:
@@ -373,23 +490,21 @@ def _bindings(
                 if isinstance(stmt, _DEFINITIONS) and read_itself and stmt.name == wanted:
                     # A function the capture ran through has its own record, and an edit
                     # to one it did not run changes nothing it computed: only that a
-                    # definition binds the name counts (one added after an import).
+                    # definition binds the name counts (one added after an import), and
+                    # the tests it sits under (``if FAST: def f`` ``else: def f``).
                     texts.append(f"{type(stmt).__name__} {stmt.name}")
+                    added, reads = _tested(stmt, table is scope_binders, text, conditions)
+                    texts += added
+                    pending += reads
                     continue
                 # Anything else a value was made with counts whole: ``K = compute()``
                 # changes with compute's body.
                 bound = _binding_text(stmt, wanted, text)
-                if isinstance(stmt, (ast.Import, ast.ImportFrom, *_DEFINITIONS)) and bound in texts:
+                if isinstance(stmt, (ast.Import, ast.ImportFrom)) and bound in texts:
                     continue  # ``import pkg.a`` and ``import pkg.b``: one binding of pkg
-                texts.append(bound)
-                pending += [(read, table is scope_binders) for read in _loads(stmt)]
-                for test in conditions.get(id(stmt), ()):
-                    texts.append(ast.get_source_segment(text, test) or "")
-                    pending += [
-                        (n.id, table is scope_binders)
-                        for n in ast.walk(test)
-                        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-                    ]
+                added, reads = counted(stmt, bound, table is scope_binders)
+                texts += added
+                pending += reads
         reached = sorted({n for n, in_scope in seen if not in_scope or not scope})
         result[name] = (texts, reached)
     return result

@@ -699,6 +699,73 @@ def test_a_binding_counts_what_made_its_value(
     assert (before != after) is stale, (old, new)
 
 
+SHAPES = {
+    "overridden": "class Net:\n    k = 1.0\n\n    def __init__(self, k=2.0):\n        self.k = k\n",
+    "spelled": (
+        "class Net:\n    def __init__(self):\n        vars(self)['a'] = 1.0\n"
+        "        self.__dict__['b'] = 1.0\n        self.__dict__.update(c=1.0)\n"
+        "        object.__setattr__(self, 'd', 1.0)\n        self.__setattr__('e', 1.0)\n"
+        "        type(self).f = 1.0\n        self.__class__.g = 1.0\n"
+    ),
+    "decorated": (
+        "def with_k(k):\n    return lambda f: f\n\n\nclass Net:\n"
+        "    @with_k(2.0)\n    def __init__(self):\n        self.k = 1.0\n"
+    ),
+    "conditional": (
+        "FAST = True\nif FAST:\n    def f(x):\n        return x\nelse:\n"
+        "    def f(x):\n        return -x\n"
+    ),
+    "class_body_def": (
+        "K = 1\n\n\nclass Net:\n    K = 2\n\n    def make():\n        return K\n\n"
+        "    k = make()\n"
+    ),
+    "locals": "n = 10\n\n\ndef make(n=3):\n    return n\n\n\nK = make()\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("shape", "old", "new", "names", "scope", "stale"),
+    [
+        # An __init__ setting what the class body binds too: the instance's wins.
+        ("overridden", "k=2.0", "k=3.0", ["k"], "Net", True),
+        # The other spellings of a store on the instance or its class.
+        ("spelled", "['a'] = 1.0", "['a'] = 9.0", ["a"], "Net", True),
+        ("spelled", "['b'] = 1.0", "['b'] = 9.0", ["b"], "Net", True),
+        ("spelled", "c=1.0", "c=9.0", ["c"], "Net", True),
+        ("spelled", "'d', 1.0", "'d', 9.0", ["d"], "Net", True),
+        ("spelled", "'e', 1.0", "'e', 9.0", ["e"], "Net", True),
+        ("spelled", "f = 1.0", "f = 9.0", ["f"], "Net", True),
+        ("spelled", "g = 1.0", "g = 9.0", ["g"], "Net", True),
+        ("decorated", "@with_k(2.0)", "@with_k(3.0)", ["k"], "Net", True),  # its decorator
+        ("conditional", "FAST = True", "FAST = False", ["f"], "", True),  # which def binds f
+        # A function defined in a class body reads the module's K, not the class's.
+        ("class_body_def", "K = 1\n", "K = 5\n", ["k"], "Net", True),
+        ("class_body_def", "    K = 2\n", "    K = 5\n", ["k"], "Net", False),
+        # A definition's parameters and locals are not the module's globals.
+        ("locals", "n = 10", "n = 11", ["K"], "", False),
+        ("locals", "n=3", "n=4", ["K"], "", True),
+    ],
+)
+def test_a_binding_is_followed_as_python_resolves_it(
+    shape: str, old: str, new: str, names: list[str], scope: str, stale: bool
+) -> None:
+    """helper-84's attack on the rules above: an attribute set on the instance is what
+    its methods set even where the class body binds it, however the store is spelled,
+    with the method's decorators; a definition read itself counts the tests it sits
+    under; a definition's body is resolved in its module (not the class it sits in),
+    and its parameters are not globals."""
+    import ast
+
+    from precompile.source_bindings import binding_digests
+
+    text = SHAPES[shape]
+    edited = text.replace(old, new, 1)
+    assert edited != text, (old, text)
+    before = binding_digests(text, ast.parse(text), names, scope)
+    after = binding_digests(edited, ast.parse(edited), names, scope)
+    assert (before != after) is stale, (shape, old, new)
+
+
 def test_a_global_read_through_globals_is_a_read_of_that_name() -> None:
     """``globals()["K"]`` and ``globals().get("K")`` read the global K, as ``K`` does
     (helper-82); a computed name is not followed (``--verify`` is)."""
