@@ -33,8 +33,9 @@ instance's: the methods that set it on ``self`` count whole (``self.k = k`` in
 ``__init__``, with its default and decorators; ``setattr``, ``vars(self)[...]``,
 ``self.__dict__``, ``type(self).k``), and so they do where the body binds it too.
 A definition's body is followed as its module resolves it (its parameters and locals
-are not globals; one in a class body reads the module's names, not the class's). A statement that changes a global's object in place
-(``CFG.update(...)``) counts as binding it, where not only an import binds the name.
+are not globals; one in a class body reads the module's names, not the class's). A
+statement that changes a global's object in place (``CFG.update(...)``) counts as
+binding it, where not only an import binds the name.
 
 Imports nothing but the standard library and ``runtime.source_digest``, whose meaning of
 "changed" it extends: the language server reads this without torch. Not carried by
@@ -464,7 +465,6 @@ def _bindings(
         texts: list[str] = list(header)
         seen: set[tuple[str, bool]] = set()
         pending = [(name, True), *header_loads]  # (name, looked up in the scope first)
-
         while pending:
             wanted, in_scope = pending.pop(0)
             read_itself = (wanted, in_scope) == (name, True)
