@@ -45,6 +45,7 @@ artifacts (a load checks the values themselves).
 from __future__ import annotations
 
 import ast
+import collections
 import functools
 import hashlib
 import re
@@ -321,13 +322,19 @@ def _loads(stmt: ast.stmt) -> list[str]:
         parts = [item.context_expr for item in stmt.items]
     else:
         parts = [stmt]
-    seen = [
-        n.id
-        for part in parts
-        for n in ast.walk(part)
-        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-    ]
-    return list(dict.fromkeys(seen))
+    return _loaded(parts)
+
+
+def _loaded(parts: Iterable[ast.AST]) -> list[str]:
+    """The names loaded anywhere in ``parts``, in order of first appearance."""
+    return list(
+        dict.fromkeys(
+            n.id
+            for part in parts
+            for n in ast.walk(part)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+        )
+    )
 
 
 def _tested(
@@ -336,12 +343,7 @@ def _tested(
     """The tests ``stmt`` runs under (``_tests``), as text, and the names they read, each
     as ``(name, looked up in the class scope first)``."""
     tests = conditions.get(id(stmt), [])
-    reads = [
-        (n.id, in_class)
-        for test in tests
-        for n in ast.walk(test)
-        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-    ]
+    reads = [(name, in_class) for name in _loaded(tests)]
     return [_segment(text, test) for test in tests], reads
 
 
@@ -354,13 +356,7 @@ def _counted(
     in does (``in_class``: the class body first)."""
     added, reads = _tested(stmt, in_class, text, conditions)
     if isinstance(stmt, _DEFINITIONS):
-        outside = [
-            n.id
-            for part in _scope_parts(stmt)[1]
-            for n in ast.walk(part)
-            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-        ]
-        follows = [(read, in_class) for read in outside]
+        follows = [(read, in_class) for read in _loaded(_scope_parts(stmt)[1])]
         follows += [(read, False) for read in sorted(_free_names(stmt, frozenset()))]
     else:
         follows = [(read, in_class) for read in _loads(stmt)]
@@ -442,12 +438,8 @@ def _bindings(
         if isinstance(method, ast.FunctionDef) and method.name == "__init_subclass__"
     ]
     header = [_segment(text, h) for h in [*headers, *made_with]]
-    header_loads = [
-        (n.id, False)  # as the module binds them: ``SCALE`` in the decorator's body too
-        for h in [*headers, *made_with]
-        for n in ast.walk(h)
-        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-    ]
+    # As the module binds them: ``SCALE`` in the decorator's body too.
+    header_loads = [(name, False) for name in _loaded([*headers, *made_with])]
     result: dict[str, tuple[list[str], list[str]]] = {}
     # Per (statement, its text, scope flag): ``_counted``, once for all the names whose
     # bindings reach it (a module's functions calling each other).
@@ -464,9 +456,10 @@ def _bindings(
     for name in sorted(set(names)):
         texts: list[str] = list(header)
         seen: set[tuple[str, bool]] = set()
-        pending = [(name, True), *header_loads]  # (name, looked up in the scope first)
+        # (name, looked up in the scope first), in the order met.
+        pending = collections.deque([(name, True), *header_loads])
         while pending:
-            wanted, in_scope = pending.pop(0)
+            wanted, in_scope = pending.popleft()
             read_itself = (wanted, in_scope) == (name, True)
             if scope and read_itself:
                 # An attribute read through the instance is what the class's methods set
@@ -780,12 +773,7 @@ def function_reads(
         first = positional[0].arg if positional else ""
     if isinstance(top, _SCOPES):
         # Its defaults, decorators and annotations were evaluated in its module.
-        names = _free_names(top, frozenset()) | {
-            n.id
-            for part in _scope_parts(top)[1]
-            for n in ast.walk(part)
-            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-        }
+        names = _free_names(top, frozenset()) | set(_loaded(_scope_parts(top)[1]))
     else:  # a statement holding the function (``f = lambda x: ...``)
         names = set()
         for node in _own_nodes([top]):

@@ -720,6 +720,7 @@ SHAPES = {
         "    k = make()\n"
     ),
     "locals": "n = 10\n\n\ndef make(n=3):\n    return n\n\n\nK = make()\n",
+    "identical": "".join(f"def make():\n    return {v}\n\n\n" for v in (1, 2, 1)) + "K = make()\n",
 }
 
 
@@ -744,6 +745,8 @@ SHAPES = {
         # A definition's parameters and locals are not the module's globals.
         ("locals", "n = 10", "n = 11", ["K"], "", False),
         ("locals", "n=3", "n=4", ["K"], "", True),
+        # Three definitions, the last like the first: deleting it changes which binds K.
+        ("identical", "def make():\n    return 1\n\n\nK", "K", ["K"], "", True),
     ],
 )
 def test_a_binding_is_followed_as_python_resolves_it(

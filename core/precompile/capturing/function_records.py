@@ -94,16 +94,14 @@ def _reads(
             cls = getattr(cls, part, None)
         if isinstance(cls, type):
             rows += _class_reads(cls, sorted(attributes[first]), artifact_path)
-    # A global made from a name imported from a project module (``from .config import
-    # BASE`` then ``X = BASE * 2``): that name as its module binds it, as if read.
-    for name in binding_reach(text, _parsed(text), names):
-        if not isinstance(vars(module).get(name), (type, types.ModuleType)):
-            rows += _imported_reads(module, text, name, artifact_path)
-    for name in names:
+    # Besides the names read, those their bindings read in turn: a global made from a
+    # name imported from a project module (``from .config import BASE`` then ``X = BASE
+    # * 2``) reads BASE as its module binds it; only a name read has its attributes read.
+    for name in [*binding_reach(text, _parsed(text), names), *names]:
         value = vars(module).get(name)
         if not isinstance(value, (type, types.ModuleType)):
             rows += _imported_reads(module, text, name, artifact_path)
-        read = sorted(attributes.get(name, ()))
+        read = sorted(attributes.get(name, ())) if name in names else []
         if not read:
             continue
         if isinstance(value, type):
