@@ -52,28 +52,15 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from precompile.runtime.source_digest import parse_module, source_digest
+from precompile.runtime.source_digest import parse_module, scope_statements, source_digest
 
 #: The statements that bind a name to a function or class they define.
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
 def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
-    """The statements of ``body`` that run in its own scope: compound statements'
-    blocks (``if``, ``try``, ``with``, ``for``, ``while``, ``match``) entered, a
-    function's or class's body not."""
-    for stmt in body:
-        yield stmt
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue
-        for field in ("body", "orelse", "finalbody"):
-            inner = getattr(stmt, field, None)
-            if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
-                yield from _statements(inner)
-        for handler in getattr(stmt, "handlers", []):
-            yield from _statements(handler.body)
-        for case in getattr(stmt, "cases", []):
-            yield from _statements(case.body)
+    """The statements of ``body`` that run in its own scope (``scope_statements``)."""
+    return (stmt for stmt, _around in scope_statements(body))
 
 
 def _bound(stmt: ast.stmt) -> set[str]:
@@ -93,13 +80,25 @@ def _bound(stmt: ast.stmt) -> set[str]:
     elif isinstance(stmt, (ast.With, ast.AsyncWith)):
         targets = [i.optional_vars for i in stmt.items if i.optional_vars is not None]
     names = {name for t in targets for name in _target_names(t)}
-    if not isinstance(stmt, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)):
-        # A walrus at the statement's own level binds in this scope too.
-        names |= {
-            n.target.id
-            for n in ast.walk(stmt)
-            if isinstance(n, ast.NamedExpr) and isinstance(n.target, ast.Name)
-        }
+    if isinstance(stmt, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)):
+        return names
+    # A walrus at the statement's own level binds in this scope too: in a compound
+    # statement's header only (its blocks' statements are binders of their own; walking
+    # them from every enclosing ``if`` of an ``elif`` chain made the walk quadratic).
+    if isinstance(stmt, (ast.If, ast.While)):
+        header: list[ast.AST] = [stmt.test]
+    elif isinstance(stmt, ast.Match):
+        header = [stmt.subject]
+    elif isinstance(stmt, (ast.Try, ast.TryStar)):
+        header = [h.type for h in stmt.handlers if h.type is not None]
+    else:
+        header = [stmt]
+    names |= {
+        n.target.id
+        for part in header
+        for n in ast.walk(part)
+        if isinstance(n, ast.NamedExpr) and isinstance(n.target, ast.Name)
+    }
     return names
 
 
@@ -201,17 +200,17 @@ def _binders(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
     other than an import binds the name: ``CFG.update(...)`` after ``CFG = {...}``
     changes what a read of CFG finds, ``torch.manual_seed(0)`` is not a binding of
     torch (every function reading torch would be stale with each such line)."""
-    statements = list(_statements(body))
+    statements = [(stmt, _bound(stmt)) for stmt in _statements(body)]
     assigned = {
         name
-        for stmt in statements
+        for stmt, bound in statements
         if not isinstance(stmt, (ast.Import, ast.ImportFrom))
-        for name in _bound(stmt)
+        for name in bound
     }
     found: dict[str, list[ast.stmt]] = {}
-    for stmt in statements:
+    for stmt, bound in statements:
         changed = {n for n in _changed_in_place(stmt) if n in assigned}
-        for name in sorted(_bound(stmt) | changed):
+        for name in sorted(bound | changed):
             found.setdefault(name, []).append(stmt)
     return found
 
@@ -287,29 +286,31 @@ def _stores_attribute(node: ast.AST, first: str, name: str) -> bool:
     return False
 
 
-def _tests(body: list[ast.stmt], around: tuple[ast.expr, ...] = ()) -> dict[int, list[ast.expr]]:
+#: A test a statement runs under: its text, and the names it loads.
+_Test = tuple[str, list[str]]
+
+
+def _tests(body: list[ast.stmt], text: str) -> dict[int, list[_Test]]:
     """By ``id`` of each statement of ``body``'s scope inside an ``if``, ``while`` or
     ``match``: the tests it runs under, outermost first (``if FLAG: K = 2.0`` binds K
-    only while FLAG holds: an edit to FLAG changes what K is)."""
-    found: dict[int, list[ast.expr]] = {}
-    for stmt in body:
-        if around:
-            found[id(stmt)] = list(around)
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue
-        inner = around
-        if isinstance(stmt, (ast.If, ast.While)):
-            inner = (*around, stmt.test)
-        elif isinstance(stmt, ast.Match):
-            inner = (*around, stmt.subject)
-        for field in ("body", "orelse", "finalbody"):
-            block = getattr(stmt, field, None)
-            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
-                found.update(_tests(block, inner))
-        for handler in getattr(stmt, "handlers", []):
-            found.update(_tests(handler.body, inner))
-        for case in getattr(stmt, "cases", []):
-            found.update(_tests(case.body, inner))
+    only while FLAG holds: an edit to FLAG changes what K is), each described once (the
+    branches of an ``elif`` chain share all the tests before them)."""
+    described: dict[int, _Test] = {}
+
+    def describe(test: ast.expr) -> _Test:
+        if id(test) not in described:
+            described[id(test)] = (_segment(text, test), _loaded([test]))
+        return described[id(test)]
+
+    found: dict[int, list[_Test]] = {}
+    for stmt, around in scope_statements(body):
+        tests = [
+            describe(s.subject if isinstance(s, ast.Match) else s.test)
+            for s in around
+            if isinstance(s, (ast.If, ast.While, ast.Match))
+        ]
+        if tests:
+            found[id(stmt)] = tests
     return found
 
 
@@ -338,23 +339,23 @@ def _loaded(parts: Iterable[ast.AST]) -> list[str]:
 
 
 def _tested(
-    stmt: ast.stmt, in_class: bool, text: str, conditions: dict[int, list[ast.expr]]
+    stmt: ast.stmt, in_class: bool, conditions: dict[int, list[_Test]]
 ) -> tuple[list[str], list[tuple[str, bool]]]:
     """The tests ``stmt`` runs under (``_tests``), as text, and the names they read, each
     as ``(name, looked up in the class scope first)``."""
     tests = conditions.get(id(stmt), [])
-    reads = [(name, in_class) for name in _loaded(tests)]
-    return [_segment(text, test) for test in tests], reads
+    loaded = dict.fromkeys(name for _text, names in tests for name in names)
+    return [test for test, _names in tests], [(name, in_class) for name in loaded]
 
 
 def _counted(
-    stmt: ast.stmt, bound: str, in_class: bool, text: str, conditions: dict[int, list[ast.expr]]
+    stmt: ast.stmt, bound: str, in_class: bool, conditions: dict[int, list[_Test]]
 ) -> tuple[list[str], list[tuple[str, bool]]]:
     """A binding ``stmt`` counted whole: its text ``bound`` and its tests, and the names
     they read in turn -- a definition's body as its module resolves them (its locals and
     parameters are not globals), its decorators, defaults and bases as the scope it sits
     in does (``in_class``: the class body first)."""
-    added, reads = _tested(stmt, in_class, text, conditions)
+    added, reads = _tested(stmt, in_class, conditions)
     if isinstance(stmt, _DEFINITIONS):
         follows = [(read, in_class) for read in _loaded(_scope_parts(stmt)[1])]
         follows += [(read, False) for read in sorted(_free_names(stmt, frozenset()))]
@@ -423,7 +424,7 @@ def _bindings(
         bases |= {b.id for b in cls.bases if isinstance(b, ast.Name)}
     module_binders = _binders(tree.body)
     scope_binders = _binders(body) if scope else module_binders
-    conditions = {**_tests(tree.body), **(_tests(body) if scope else {})}
+    conditions = {**_tests(tree.body, text), **(_tests(body, text) if scope else {})}
     made_with: list[ast.stmt] = [
         stmt
         for stmt in tree.body
@@ -450,7 +451,7 @@ def _bindings(
     ) -> tuple[list[str], list[tuple[str, bool]]]:
         key = (id(stmt), bound, in_class)
         if key not in memo:
-            memo[key] = _counted(stmt, bound, in_class, text, conditions)
+            memo[key] = _counted(stmt, bound, in_class, conditions)
         return memo[key]
 
     for name in sorted(set(names)):
@@ -486,7 +487,7 @@ def _bindings(
                     # definition binds the name counts (one added after an import), and
                     # the tests it sits under (``if FAST: def f`` ``else: def f``).
                     texts.append(f"{type(stmt).__name__} {stmt.name}")
-                    added, reads = _tested(stmt, table is scope_binders, text, conditions)
+                    added, reads = _tested(stmt, table is scope_binders, conditions)
                     texts += added
                     pending += reads
                     continue

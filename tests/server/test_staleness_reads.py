@@ -63,6 +63,13 @@ class Mode(enum.Enum):
 
 def scale(x):
     return x * K
+
+
+try:
+    from pkg._accelerated import fused  # not shipped: the fallback below runs
+except ImportError:
+    def fused(x):
+        return x * 2.0
 """
 
 TARGETS = """import dataclasses
@@ -312,6 +319,11 @@ def by_condition(model, x):
 
 
 @precompile.target(examples)
+def by_fallback_def(model, x):
+    return helper.fused(model(x))
+
+
+@precompile.target(examples)
 def by_name_strings(model, x):
     scale = getattr(helper, "GETATTRED") * vars(helper)["VARSED"] * helper.__dict__["DICTED"]
     return model(x) * scale * globals()["GLOBALED"] * globals().get("GOTTEN")
@@ -369,6 +381,8 @@ CHANGED: dict[str, str | tuple[str, ...]] = {
     "by_dataclass_default": "`Settings.scale` (src/pkg/t.py), which `by_dataclass_default` reads",
     "by_nested_shadow": "`NESTED` (src/pkg/t.py), which `by_nested_shadow` reads",
     "by_condition": "`CHOSEN` (src/pkg/t.py), which `by_condition` reads",
+    # A function the capture ran through, defined inside a ``try``: its own record.
+    "by_fallback_def": "`fused` (src/pkg/helper.py) changed",
     "by_local_import": "`LOCAL` (src/pkg/helper.py), which `by_local_import` reads",
     "by_local_module": "`LOCALMOD` (src/pkg/consts.py), which `by_local_module` reads",
     "by_name_strings": (
@@ -491,6 +505,7 @@ def test_a_name_a_capture_read_bound_differently_makes_its_artifact_stale(
     _edit(targets, "    return 2.0\n\n\nCOMPUTED", "    return 5.0\n\n\nCOMPUTED")
     _edit(targets, "def __init__(self, k=2.0):", "def __init__(self, k=5.0):")
     _edit(helper, "IMPORTED_BASE = 2.0", "IMPORTED_BASE = 5.0")
+    _edit(helper, "        return x * 2.0", "        return x * 5.0")
     stale = _stale(root)
     assert set(stale) == set(CHANGED), stale
     for name, said in CHANGED.items():
@@ -721,6 +736,9 @@ SHAPES = {
     ),
     "locals": "n = 10\n\n\ndef make(n=3):\n    return n\n\n\nK = make()\n",
     "identical": "".join(f"def make():\n    return {v}\n\n\n" for v in (1, 2, 1)) + "K = make()\n",
+    # A generated dispatch table: 1,500 ``elif`` branches nest 1,500 blocks deep.
+    "elif_chain": "X = 700\nif X == 0:\n    K = 0.0\n"
+    + "".join(f"elif X == {i}:\n    K = {i}.0\n" for i in range(1, 1500)),
 }
 
 
@@ -747,6 +765,9 @@ SHAPES = {
         ("locals", "n=3", "n=4", ["K"], "", True),
         # Three definitions, the last like the first: deleting it changes which binds K.
         ("identical", "def make():\n    return 1\n\n\nK", "K", ["K"], "", True),
+        # Deeper than Python's recursion limit: walked, not a RecursionError.
+        ("elif_chain", "K = 1200.0", "K = -1.0", ["K"], "", True),
+        ("elif_chain", "X = 700", "X = 701", ["K"], "", True),
     ],
 )
 def test_a_binding_is_followed_as_python_resolves_it(
@@ -767,6 +788,65 @@ def test_a_binding_is_followed_as_python_resolves_it(
     before = binding_digests(text, ast.parse(text), names, scope)
     after = binding_digests(edited, ast.parse(edited), names, scope)
     assert (before != after) is stale, (shape, old, new)
+
+
+BLOCKS = {
+    "if": "if FAST:\n    def f(x):\n        return 1\nelse:\n    def f(x):\n        return 2\n",
+    "try": "try:\n    from _c import f\nexcept ImportError:\n    def f(x):\n        return 1\n",
+    "finally": "try:\n    pass\nfinally:\n    def f(x):\n        return 1\n",
+    "with": "with ctx():\n    def f(x):\n        return 1\n",
+    "for": "for _ in ():\n    pass\nelse:\n    def f(x):\n        return 1\n",
+    "while": "while True:\n    def f(x):\n        return 1\n    break\n",
+    "match": "match MODE:\n    case 1:\n        def f(x):\n            return 1\n",
+    "method": "if FAST:\n    class Net:\n        if X:\n            def f(self):\n                return 1\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("block", "qualname", "line", "body"),
+    [
+        ("if", "f", 2, "return 1"),
+        ("if", "f", 5, "return 2"),  # the same name in the other branch: by line
+        ("try", "f", 4, "return 1"),
+        ("finally", "f", 4, "return 1"),
+        ("with", "f", 2, "return 1"),
+        ("for", "f", 4, "return 1"),
+        ("while", "f", 2, "return 1"),
+        ("match", "f", 3, "return 1"),
+        ("method", "Net.f", 4, "return 1"),
+    ],
+)
+def test_a_function_defined_inside_a_block_is_found_by_its_record(
+    block: str, qualname: str, line: int, body: str
+) -> None:
+    """A function defined in a block of its scope (``try: ... except ImportError: def
+    f``, ``if FAST: def f``) is the module's as much as one at its top level: its source
+    is found, so a capture records it and an edit to its body makes the artifact stale
+    (it had no record, and ``check`` called the artifact current)."""
+    from precompile.runtime.source_digest import function_source
+
+    source = function_source(BLOCKS[block], qualname, line)
+    assert source is not None and source.splitlines()[-1].strip() == body, source
+
+
+@pytest.mark.parametrize("branches", [5_000, 20_000])
+def test_a_module_deeper_than_the_parser_reaches_has_changed_every_name_read(
+    branches: int,
+) -> None:
+    """A text whose ``elif`` chain nests past what ``ast.parse`` reaches does not parse
+    (nor can Python import it; 5,000 branches are a RecursionError there, 20,000 a
+    "parser stack overflowed" MemoryError): every name read there has changed, reported,
+    not an exception out of the language server's staleness check."""
+    from precompile.source_bindings import changed_bindings
+
+    deep = "X = 1\nif X == 0:\n    K = 0.0\n" + "elif X == 1:\n    K = 1.0\n" * branches
+    record = {
+        "reads": [
+            {"module": "m", "path": "m.py", "scope": "", "module_sha256": "0", "names": {"K": "0"}}
+        ]
+    }
+    found = list(changed_bindings([record], lambda module, path: deep))
+    assert [names for _record, _read, names in found] == [["K"]]
 
 
 def test_a_global_read_through_globals_is_a_read_of_that_name() -> None:

@@ -23,13 +23,44 @@ if TYPE_CHECKING:  # annotations only: artifacts carry these functions without t
 def parse_module(module_text: str) -> Any:
     """``ast.parse(module_text)``, or None where it does not parse: what
     ``function_source`` searches. A caller looking up several functions of one module
-    parses it once (a long module takes milliseconds, a huge one seconds)."""
+    parses it once (a long module takes milliseconds, a huge one seconds). A text nested
+    deeper than the parser reaches (thousands of ``elif`` branches: a RecursionError, or
+    CPython's "parser stack overflowed" MemoryError) does not parse either, as Python
+    could not import it."""
     import ast
 
     try:
         return ast.parse(module_text)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
+
+
+def scope_statements(body: list[Any]) -> Iterator[tuple[Any, tuple[Any, ...]]]:
+    """Each statement of ``body`` that runs in its own scope, in source order, with the
+    compound statements it sits in, outermost first: the blocks of ``if``, ``try``,
+    ``with``, ``for``, ``while`` and ``match`` entered (``if FAST: def f`` and ``try: ...
+    except ImportError: def f`` define f in the module), a function's or class's body
+    not. A stack, not recursion: an ``elif`` chain nests one block per branch, and a
+    generated module's thousands of branches must not exhaust the recursion limit."""
+    import ast
+
+    stack: list[tuple[Iterator[Any], tuple[Any, ...]]] = [(iter(body), ())]
+    while stack:
+        pending, around = stack[-1]
+        stmt = next(pending, None)
+        if stmt is None:
+            stack.pop()
+            continue
+        yield stmt, around
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        blocks = [getattr(stmt, field, None) for field in ("body", "orelse", "finalbody")]
+        blocks += [handler.body for handler in getattr(stmt, "handlers", [])]
+        blocks += [case.body for case in getattr(stmt, "cases", [])]
+        blocks = [b for b in blocks if isinstance(b, list) and b and isinstance(b[0], ast.stmt)]
+        if blocks:
+            inner = (*around, stmt)
+            stack += [(iter(block), inner) for block in reversed(blocks)]
 
 
 def function_source(module_text: str, qualname: str, line: int = 0, tree: Any = None) -> str | None:
@@ -52,7 +83,7 @@ def function_source(module_text: str, qualname: str, line: int = 0, tree: Any = 
     for depth, name in enumerate(path):
         matches: list[ast.stmt | ast.expr] = []
         for body in scopes:
-            for stmt in body:
+            for stmt, _around in scope_statements(body):
                 if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                     if stmt.name == name:
                         matches.append(stmt)
