@@ -57,6 +57,14 @@ from precompile.runtime.source_digest import parse_module, scope_statements, sou
 #: The statements that bind a name to a function or class they define.
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
+#: Where a name a binding reads is looked up: the module's globals; the class scope
+#: first (a name loaded in a class body: a method's default, decorator); an attribute
+#: read through the instance (``self.dim`` in a method counted whole: what the class's
+#: methods set on it, then its body; never a module global). ``False``/``True`` are the
+#: first two.
+_Where = int
+_INSTANCE: _Where = 2
+
 
 def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
     """The statements of ``body`` that run in its own scope (``scope_statements``)."""
@@ -230,6 +238,25 @@ def _instance_stores(body: list[ast.stmt], name: str) -> list[ast.stmt]:
     return found
 
 
+def _instance_reads(method: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """The attributes a method reads through its first parameter (``self.dim``,
+    ``self._make_k()``), sorted."""
+    positional = method.args.posonlyargs + method.args.args
+    if not positional:
+        return []
+    first = positional[0].arg
+    return sorted(
+        {
+            node.attr
+            for node in ast.walk(method)
+            if isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Load)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == first
+        }
+    )
+
+
 def _stores_attribute(node: ast.AST, first: str, name: str) -> bool:
     """Whether ``node`` sets the attribute ``name`` on ``first`` (``self``) or its class:
     ``self.k = v`` (``+=``, a ``for``/``with`` target), ``type(self).k = v``,
@@ -340,7 +367,7 @@ def _loaded(parts: Iterable[ast.AST]) -> list[str]:
 
 def _tested(
     stmt: ast.stmt, in_class: bool, conditions: dict[int, list[_Test]]
-) -> tuple[list[str], list[tuple[str, bool]]]:
+) -> tuple[list[str], list[tuple[str, _Where]]]:
     """The tests ``stmt`` runs under (``_tests``), as text, and the names they read, each
     as ``(name, looked up in the class scope first)``."""
     tests = conditions.get(id(stmt), [])
@@ -350,15 +377,19 @@ def _tested(
 
 def _counted(
     stmt: ast.stmt, bound: str, in_class: bool, conditions: dict[int, list[_Test]]
-) -> tuple[list[str], list[tuple[str, bool]]]:
+) -> tuple[list[str], list[tuple[str, _Where]]]:
     """A binding ``stmt`` counted whole: its text ``bound`` and its tests, and the names
     they read in turn -- a definition's body as its module resolves them (its locals and
     parameters are not globals), its decorators, defaults and bases as the scope it sits
     in does (``in_class``: the class body first)."""
     added, reads = _tested(stmt, in_class, conditions)
+    follows: list[tuple[str, _Where]]
     if isinstance(stmt, _DEFINITIONS):
         follows = [(read, in_class) for read in _loaded(_scope_parts(stmt)[1])]
         follows += [(read, False) for read in sorted(_free_names(stmt, frozenset()))]
+        if in_class and not isinstance(stmt, ast.ClassDef):
+            # A method reads its instance too: ``self.k = self._make_k()``.
+            follows += [(read, _INSTANCE) for read in _instance_reads(stmt)]
     else:
         follows = [(read, in_class) for read in _loads(stmt)]
     return [bound, *added], follows + reads
@@ -444,11 +475,11 @@ def _bindings(
     result: dict[str, tuple[list[str], list[str]]] = {}
     # Per (statement, its text, scope flag): ``_counted``, once for all the names whose
     # bindings reach it (a module's functions calling each other).
-    memo: dict[tuple[int, str, bool], tuple[list[str], list[tuple[str, bool]]]] = {}
+    memo: dict[tuple[int, str, bool], tuple[list[str], list[tuple[str, _Where]]]] = {}
 
     def counted(
         stmt: ast.stmt, bound: str, in_class: bool
-    ) -> tuple[list[str], list[tuple[str, bool]]]:
+    ) -> tuple[list[str], list[tuple[str, _Where]]]:
         key = (id(stmt), bound, in_class)
         if key not in memo:
             memo[key] = _counted(stmt, bound, in_class, conditions)
@@ -457,12 +488,18 @@ def _bindings(
     for name in sorted(set(names)):
         texts: list[str] = list(header)
         seen: set[tuple[str, bool]] = set()
-        # (name, looked up in the scope first), in the order met.
-        pending = collections.deque([(name, True), *header_loads])
+        instance_seen: set[str] = set()
+        # (name, where it is looked up: ``_Where``), in the order met.
+        pending: collections.deque[tuple[str, _Where]] = collections.deque(
+            [(name, True), *header_loads]
+        )
         while pending:
             wanted, in_scope = pending.popleft()
             read_itself = (wanted, in_scope) == (name, True)
-            if scope and read_itself:
+            if scope and (read_itself or in_scope == _INSTANCE):
+                if wanted in instance_seen:
+                    continue
+                instance_seen.add(wanted)
                 # An attribute read through the instance is what the class's methods set
                 # on it (``self.k = k`` in ``__init__``, with its default), where they
                 # do, whatever the body binds: they count whole.
@@ -632,8 +669,8 @@ def _free_names(scope: ast.AST, enclosing: frozenset[str]) -> set[str]:
 def _attribute_chain(node: ast.Attribute, first: str = "") -> tuple[str, list[str]] | None:
     """``a.b.c`` as ``("a", ["b", "c"])``; ``type(a).b`` and ``a.__class__.b`` as
     ``("a", ["b"])``; ``super().b`` as the attribute ``b`` of ``first`` (the function's
-    first parameter); None for a chain that starts elsewhere (a call's result, a
-    subscript)."""
+    first parameter); ``A(...).b`` as ``("A", ["b"])``; None for a chain that starts
+    elsewhere (another call's result, a subscript)."""
     path: list[str] = []
     value: ast.expr = node
     while isinstance(value, ast.Attribute):
@@ -662,6 +699,10 @@ def _attribute_chain(node: ast.Attribute, first: str = "") -> tuple[str, list[st
     ):
         # ``super().k`` in a method: the attribute along its class's MRO.
         return first, path
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+        # ``Cfg().k``: an attribute of an instance the class makes here (what its
+        # methods set on it, or its body binds).
+        return value.func.id, path
     return None
 
 

@@ -180,6 +180,10 @@ class ByInit(torch.nn.Module):
         return self.lin(x) * self.k
 
 
+class Made:
+    MADE = 2.0
+
+
 def by_init_examples():
     torch.manual_seed(0)
     return [precompile.Example(ByInit().eval(), torch.randn(2, 4))]
@@ -324,6 +328,11 @@ def by_fallback_def(model, x):
 
 
 @precompile.target(examples)
+def by_made_instance(model, x):
+    return model(x) * Made().MADE
+
+
+@precompile.target(examples)
 def by_name_strings(model, x):
     scale = getattr(helper, "GETATTRED") * vars(helper)["VARSED"] * helper.__dict__["DICTED"]
     return model(x) * scale * globals()["GLOBALED"] * globals().get("GOTTEN")
@@ -383,6 +392,8 @@ CHANGED: dict[str, str | tuple[str, ...]] = {
     "by_condition": "`CHOSEN` (src/pkg/t.py), which `by_condition` reads",
     # A function the capture ran through, defined inside a ``try``: its own record.
     "by_fallback_def": "`fused` (src/pkg/helper.py) changed",
+    # An attribute of an instance the target makes (``Made().gain``).
+    "by_made_instance": "`Made.MADE` (src/pkg/t.py), which `by_made_instance` reads",
     "by_local_import": "`LOCAL` (src/pkg/helper.py), which `by_local_import` reads",
     "by_local_module": "`LOCALMOD` (src/pkg/consts.py), which `by_local_module` reads",
     "by_name_strings": (
@@ -506,6 +517,7 @@ def test_a_name_a_capture_read_bound_differently_makes_its_artifact_stale(
     _edit(targets, "def __init__(self, k=2.0):", "def __init__(self, k=5.0):")
     _edit(helper, "IMPORTED_BASE = 2.0", "IMPORTED_BASE = 5.0")
     _edit(helper, "        return x * 2.0", "        return x * 5.0")
+    _edit(targets, "    MADE = 2.0", "    MADE = 5.0")
     stale = _stale(root)
     assert set(stale) == set(CHANGED), stale
     for name, said in CHANGED.items():
@@ -736,6 +748,15 @@ SHAPES = {
     ),
     "locals": "n = 10\n\n\ndef make(n=3):\n    return n\n\n\nK = make()\n",
     "identical": "".join(f"def make():\n    return {v}\n\n\n" for v in (1, 2, 1)) + "K = make()\n",
+    # Values computed through the instance in a method counted whole, and a module
+    # global named like an instance attribute (never what ``self.dim`` reads).
+    "through_self": (
+        "dim = 10\n\n\nclass Net:\n    def __init__(self):\n        self.setup()\n"
+        "        self.k = self._make_k()\n        self.scale = self.dim ** -0.5\n\n"
+        "    def setup(self):\n        self.dim = 4\n\n"
+        "    def _make_k(self):\n        return 2.0\n\n"
+        "    def unrelated(self):\n        return 1\n"
+    ),
     # A generated dispatch table: 1,500 ``elif`` branches nest 1,500 blocks deep.
     "elif_chain": "X = 700\nif X == 0:\n    K = 0.0\n"
     + "".join(f"elif X == {i}:\n    K = {i}.0\n" for i in range(1, 1500)),
@@ -765,6 +786,11 @@ SHAPES = {
         ("locals", "n=3", "n=4", ["K"], "", True),
         # Three definitions, the last like the first: deleting it changes which binds K.
         ("identical", "def make():\n    return 1\n\n\nK", "K", ["K"], "", True),
+        # helper-84's ``self.k = self._make_k()`` and ``self.dim`` set by another method.
+        ("through_self", "return 2.0", "return 3.0", ["k"], "Net", True),
+        ("through_self", "self.dim = 4", "self.dim = 5", ["scale"], "Net", True),
+        ("through_self", "return 1", "return 2", ["k", "scale"], "Net", False),
+        ("through_self", "dim = 10\n", "dim = 11\n", ["k", "scale"], "Net", False),
         # Deeper than Python's recursion limit: walked, not a RecursionError.
         ("elif_chain", "K = 1200.0", "K = -1.0", ["K"], "", True),
         ("elif_chain", "X = 700", "X = 701", ["K"], "", True),
@@ -847,6 +873,17 @@ def test_a_module_deeper_than_the_parser_reaches_has_changed_every_name_read(
     }
     found = list(changed_bindings([record], lambda module, path: deep))
     assert [names for _record, _read, names in found] == [["K"]]
+
+
+def test_an_attribute_of_an_instance_made_in_the_function_is_read_from_its_class() -> None:
+    """``Cfg().k`` reads ``k`` as Cfg's instances have it (helper-84): an attribute read
+    of Cfg, so the capture records where Cfg's methods set it."""
+    from precompile.source_bindings import function_reads
+
+    found = function_reads("def f(model, x):\n    return model(x) * Cfg(2).k * helper(x).j\n")
+    assert found is not None
+    _names, _first, attributes, _chains = found
+    assert attributes["Cfg"] == {"k"} and attributes["helper"] == {"j"}, attributes
 
 
 def test_a_global_read_through_globals_is_a_read_of_that_name() -> None:
