@@ -225,17 +225,39 @@ def _binders(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
 
 def _instance_stores(body: list[ast.stmt], name: str) -> list[ast.stmt]:
     """The methods of a class body (``body``) that set the attribute ``name`` through
-    their first parameter (``_stores_attribute``)."""
+    their first parameter (``_stores_attribute``), or hand values to a base's method,
+    which may set it (``super().__init__(k=2.0)``: ``_hands_to_base``)."""
     found: list[ast.stmt] = []
     for method in _statements(body):
         if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         positional = method.args.posonlyargs + method.args.args
         if positional and any(
-            _stores_attribute(node, positional[0].arg, name) for node in ast.walk(method)
+            _stores_attribute(node, positional[0].arg, name)
+            or _hands_to_base(node, positional[0].arg)
+            for node in ast.walk(method)
         ):
             found.append(method)
     return found
+
+
+def _hands_to_base(node: ast.AST, first: str) -> bool:
+    """Whether ``node`` calls a base's method on the instance ``first`` with values:
+    ``super().__init__(k=2.0)``, ``Base.__init__(self, 2.0)``. The base's row records
+    what its method sets; the values this class passes are here."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+        return False
+    owner = node.func.value
+    if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name):
+        return owner.func.id == "super" and bool(node.args or node.keywords)
+    return (
+        isinstance(owner, ast.Name)
+        and owner.id != first
+        and bool(node.args)
+        and isinstance(node.args[0], ast.Name)
+        and node.args[0].id == first
+        and len(node.args) + len(node.keywords) > 1
+    )
 
 
 def _instance_reads(method: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:

@@ -757,6 +757,14 @@ SHAPES = {
         "    def _make_k(self):\n        return 2.0\n\n"
         "    def unrelated(self):\n        return 1\n"
     ),
+    # A subclass handing values to its base's __init__, which sets the attribute.
+    "subclass": (
+        "class Base:\n    def __init__(self, k=1.0, j=1.0):\n        self.k = k\n"
+        "        self.j = j\n\n\nclass Sub(Base):\n    def __init__(self):\n"
+        "        super().__init__(k=2.0)\n\n\nclass Named(Base):\n"
+        "    def __init__(self):\n        Base.__init__(self, 2.0)\n\n"
+        "    def forward(self, x):\n        return super().forward(x)\n"
+    ),
     # A generated dispatch table: 1,500 ``elif`` branches nest 1,500 blocks deep.
     "elif_chain": "X = 700\nif X == 0:\n    K = 0.0\n"
     + "".join(f"elif X == {i}:\n    K = {i}.0\n" for i in range(1, 1500)),
@@ -791,6 +799,17 @@ SHAPES = {
         ("through_self", "self.dim = 4", "self.dim = 5", ["scale"], "Net", True),
         ("through_self", "return 1", "return 2", ["k", "scale"], "Net", False),
         ("through_self", "dim = 10\n", "dim = 11\n", ["k", "scale"], "Net", False),
+        # helper-84's subclass passing a value to its base's ``__init__``.
+        ("subclass", "k=2.0", "k=3.0", ["k"], "Sub", True),
+        ("subclass", "self, 2.0", "self, 3.0", ["k"], "Named", True),
+        (
+            "subclass",
+            "(k=2.0)\n",
+            "(k=2.0)\n\n    def other(self):\n        return 1\n",
+            ["k"],
+            "Sub",
+            False,
+        ),
         # Deeper than Python's recursion limit: walked, not a RecursionError.
         ("elif_chain", "K = 1200.0", "K = -1.0", ["K"], "", True),
         ("elif_chain", "X = 700", "X = 701", ["K"], "", True),
