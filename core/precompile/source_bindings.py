@@ -187,7 +187,22 @@ def _changed_in_place(stmt: ast.stmt) -> set[str]:
     """The names whose object a statement that binds nothing changes in place: a call of
     a method along a name (``CFG.update(gain=3.0)``, ``REGISTRY.append(f)``),
     ``setattr``/``delattr`` of one (``setattr(CFG, "gain", 3.0)``), and ``del`` of an
-    item or attribute (``del CFG["gain"]``: ``del K`` unbinds K)."""
+    item or attribute (``del CFG["gain"]``: ``del K`` unbinds K); of a function, the
+    globals its body changes so (``def fill(): REGISTRY["a"] = 1.0``)."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        changed: set[str] = set()
+        for node in ast.walk(stmt):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                changed |= {
+                    name
+                    for t in targets
+                    if isinstance(t, (ast.Subscript, ast.Attribute))
+                    for name in _target_names(t)
+                }
+            elif isinstance(node, (ast.Delete, ast.Expr)):
+                changed |= _changed_in_place(node)
+        return changed & _free_names(stmt, frozenset()) if changed else changed
     if isinstance(stmt, ast.Delete):
         return {name for target in stmt.targets for name in _target_names(target)}
     if not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
@@ -215,10 +230,22 @@ def _binders(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
         if not isinstance(stmt, (ast.Import, ast.ImportFrom))
         for name in bound
     }
+    in_place = {id(stmt): _changed_in_place(stmt) for stmt, _bound_names in statements}
+    # A call of one of this scope's functions changes what that function changes
+    # (``fill()`` at import, filling REGISTRY).
+    changers = {
+        stmt.name: in_place[id(stmt)]
+        for stmt, _bound_names in statements
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
     found: dict[str, list[ast.stmt]] = {}
     for stmt, bound in statements:
-        changed = {n for n in _changed_in_place(stmt) if n in assigned}
-        for name in sorted(bound | changed):
+        changed = in_place[id(stmt)]
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+            func = stmt.value.func
+            if isinstance(func, ast.Name):
+                changed = changed | changers.get(func.id, set())
+        for name in sorted(bound | {n for n in changed if n in assigned}):
             found.setdefault(name, []).append(stmt)
     return found
 
@@ -545,9 +572,14 @@ def _bindings(
                     # to one it did not run changes nothing it computed: only that a
                     # definition binds the name counts (one added after an import), and
                     # the tests it sits under (``if FAST: def f`` ``else: def f``).
+                    # Its decorators too: one that replaces f runs instead of it
+                    # (``@cached``, ``@torch.compile``), and f then has no record.
                     texts.append(f"{type(stmt).__name__} {stmt.name}")
+                    texts += ["@" + _segment(text, d) for d in stmt.decorator_list]
                     added, reads = _tested(stmt, table is scope_binders, conditions)
                     texts += added
+                    in_class = table is scope_binders
+                    pending += [(n, in_class) for n in _loaded(stmt.decorator_list)]
                     pending += reads
                     continue
                 # Anything else a value was made with counts whole: ``K = compute()``

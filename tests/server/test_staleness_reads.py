@@ -765,6 +765,13 @@ SHAPES = {
         "    def __init__(self):\n        Base.__init__(self, 2.0)\n\n"
         "    def forward(self, x):\n        return super().forward(x)\n"
     ),
+    # A registry a module function fills when called at import; a decorator that
+    # replaces the function it decorates (so that function never runs, and has no record).
+    "filled": (
+        "REG = {}\n\n\ndef fill():\n    REG['a'] = 1.0\n\n\nfill()\n\n\n"
+        "def peek():\n    return REG.get('a')\n\n\n"
+        "def cached(fn):\n    return lambda x: x * 2\n\n\n@cached\ndef f(x):\n    return x\n"
+    ),
     # A generated dispatch table: 1,500 ``elif`` branches nest 1,500 blocks deep.
     "elif_chain": "X = 700\nif X == 0:\n    K = 0.0\n"
     + "".join(f"elif X == {i}:\n    K = {i}.0\n" for i in range(1, 1500)),
@@ -810,6 +817,13 @@ SHAPES = {
             "Sub",
             False,
         ),
+        # helper-84's ``fill()`` at import, and a decorator replacing f.
+        ("filled", "REG['a'] = 1.0", "REG['a'] = 2.0", ["REG"], "", True),
+        ("filled", "\n\nfill()\n", "\n\n", ["REG"], "", True),
+        ("filled", "return REG.get('a')", "return REG.get('b')", ["REG"], "", False),
+        ("filled", "x: x * 2", "x: x * 3", ["f"], "", True),
+        ("filled", "@cached\n", "", ["f"], "", True),
+        ("filled", "    return x\n", "    return -x\n", ["f"], "", False),  # its own record
         # Deeper than Python's recursion limit: walked, not a RecursionError.
         ("elif_chain", "K = 1200.0", "K = -1.0", ["K"], "", True),
         ("elif_chain", "X = 700", "X = 701", ["K"], "", True),
