@@ -250,18 +250,20 @@ def _binders(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
     return found
 
 
-def _instance_stores(body: list[ast.stmt], name: str) -> list[ast.stmt]:
+def _instance_stores(body: list[ast.stmt], name: str, owner: str) -> list[ast.stmt]:
     """The methods of a class body (``body``) that set the attribute ``name`` through
-    their first parameter (``_stores_attribute``), or hand values to a base's method,
-    which may set it (``super().__init__(k=2.0)``: ``_hands_to_base``)."""
+    their first parameter or the class's own name ``owner`` (a staticmethod's ``Net.k =
+    v``; ``_stores_attribute``), or hand values to a base's method, which may set it
+    (``super().__init__(k=2.0)``: ``_hands_to_base``)."""
     found: list[ast.stmt] = []
     for method in _statements(body):
         if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         positional = method.args.posonlyargs + method.args.args
-        if positional and any(
-            _stores_attribute(node, positional[0].arg, name)
-            or _hands_to_base(node, positional[0].arg)
+        first = positional[0].arg if positional else ""
+        if any(
+            (first and (_stores_attribute(node, first, name) or _hands_to_base(node, first)))
+            or (owner and _stores_attribute(node, owner, name))
             for node in ast.walk(method)
         ):
             found.append(method)
@@ -503,6 +505,8 @@ def _bindings(
         }
         bases |= {b.id for b in cls.bases if isinstance(b, ast.Name)}
     module_binders = _binders(tree.body)
+    # A class at the module's top level, stored into by its name there.
+    owner = scope if scope and "." not in scope and body else ""
     scope_binders = _binders(body) if scope else module_binders
     conditions = {**_tests(tree.body, text), **(_tests(body, text) if scope else {})}
     made_with: list[ast.stmt] = [
@@ -551,9 +555,28 @@ def _bindings(
                 instance_seen.add(wanted)
                 # An attribute read through the instance is what the class's methods set
                 # on it (``self.k = k`` in ``__init__``, with its default), where they
-                # do, whatever the body binds: they count whole.
-                for method in _instance_stores(body, wanted):
+                # do, whatever the body binds: they count whole; so does what sets it
+                # on the class by name at the module's level (``Net.k = v``, a function
+                # doing so).
+                for method in _instance_stores(body, wanted, owner):
                     added, reads = counted(method, _header(method, text), True)
+                    texts += added
+                    pending += reads
+                storers: set[str] = set()
+                for stmt in module_binders.get(owner, []) if owner else []:
+                    if isinstance(stmt, ast.ClassDef):
+                        continue
+                    call = stmt.value if isinstance(stmt, ast.Expr) else None
+                    if any(_stores_attribute(n, owner, wanted) for n in ast.walk(stmt)):
+                        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                            storers.add(stmt.name)
+                    elif not (
+                        isinstance(call, ast.Call)
+                        and isinstance(call.func, ast.Name)
+                        and call.func.id in storers
+                    ):
+                        continue  # neither a store of it nor a call of what stores it
+                    added, reads = counted(stmt, _header(stmt, text), False)
                     texts += added
                     pending += reads
                 if wanted not in scope_binders:

@@ -772,6 +772,13 @@ SHAPES = {
         "def peek():\n    return REG.get('a')\n\n\n"
         "def cached(fn):\n    return lambda x: x * 2\n\n\n@cached\ndef f(x):\n    return x\n"
     ),
+    # Stores into a class by its name: a staticmethod's, the module's, a module
+    # function's (called at import).
+    "class_stores": (
+        "class Net:\n    def __init__(self):\n        self.lin = 1\n\n    @staticmethod\n"
+        "    def configure():\n        Net.k = 2.0\n\n\ndef init_params(v):\n"
+        "    setattr(Net, 'j', v)\n\n\nNet.m = 3.0\ninit_params(4.0)\n"
+    ),
     # A generated dispatch table: 1,500 ``elif`` branches nest 1,500 blocks deep.
     "elif_chain": "X = 700\nif X == 0:\n    K = 0.0\n"
     + "".join(f"elif X == {i}:\n    K = {i}.0\n" for i in range(1, 1500)),
@@ -824,6 +831,21 @@ SHAPES = {
         ("filled", "x: x * 2", "x: x * 3", ["f"], "", True),
         ("filled", "@cached\n", "", ["f"], "", True),
         ("filled", "    return x\n", "    return -x\n", ["f"], "", False),  # its own record
+        # helper-84's stores from a staticmethod, at module level, from a module function.
+        ("class_stores", "Net.k = 2.0", "Net.k = 5.0", ["k"], "Net", True),
+        ("class_stores", "Net.m = 3.0", "Net.m = 5.0", ["m"], "Net", True),
+        ("class_stores", "'j', v)", "'j', -v)", ["j"], "Net", True),
+        ("class_stores", "init_params(4.0)", "init_params(5.0)", ["j"], "Net", True),
+        # A function added beside them (a store by the class's name reads the class, so
+        # the methods count whole there: a false stale by choice, docs/diagnostics.md).
+        (
+            "class_stores",
+            "init_params(4.0)\n",
+            "init_params(4.0)\n\n\ndef spare():\n    return 1\n",
+            ["k", "m", "j"],
+            "Net",
+            False,
+        ),
         # Deeper than Python's recursion limit: walked, not a RecursionError.
         ("elif_chain", "K = 1200.0", "K = -1.0", ["K"], "", True),
         ("elif_chain", "X = 700", "X = 701", ["K"], "", True),
