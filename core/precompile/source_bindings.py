@@ -216,7 +216,25 @@ def _changed_in_place(stmt: ast.stmt) -> set[str]:
     return set()
 
 
+#: ``_binders`` of the bodies read lately, by identity (each entry holds its body, so
+#: the identity is not reused while it is here): a capture and a staleness check digest
+#: many names of one module, one call each.
+_BINDERS: dict[int, tuple[list[ast.stmt], dict[str, list[ast.stmt]]]] = {}
+
+
 def _binders(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
+    """``_scope_binders(body)``, remembered for the bodies read lately."""
+    hit = _BINDERS.get(id(body))
+    if hit is not None and hit[0] is body:
+        return hit[1]
+    if len(_BINDERS) >= 64:
+        _BINDERS.clear()
+    found = _scope_binders(body)
+    _BINDERS[id(body)] = (body, found)
+    return found
+
+
+def _scope_binders(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
     """Name -> the statements of ``body``'s scope that bind it, in order, function and
     class definitions included (``binding_digests`` says what of them counts); and
     those that change a bound object in place (``_changed_in_place``), where something
