@@ -48,11 +48,15 @@ import ast
 import collections
 import functools
 import hashlib
-import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from precompile.runtime.source_digest import parse_module, scope_statements, source_digest
+from precompile.runtime.source_digest import (
+    parse_module,
+    scope_statements,
+    source_digest,
+    source_lines,
+)
 
 #: The statements that bind a name to a function or class they define.
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -130,10 +134,9 @@ def _target_names(target: ast.expr) -> set[str]:
 
 @functools.lru_cache(maxsize=16)
 def _lines(text: str) -> list[str]:
-    """``text``'s lines with their ends, split as ``ast.get_source_segment`` splits them
-    (``\r\n``, ``\r`` and ``\n``; not a form feed), once per text: that function splits the
+    """``source_lines(text)``, once per text: ``ast.get_source_segment`` splits the
     whole module again, character by character, at each call."""
-    return re.findall(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z", text)
+    return source_lines(text)
 
 
 def _segment(text: str, node: ast.AST) -> str:
@@ -155,7 +158,7 @@ def _header(stmt: ast.stmt, text: str) -> str:
     its decorators' too."""
     body = getattr(stmt, "body", None)
     if isinstance(stmt, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)) and body:
-        return "".join(text.splitlines(keepends=True)[stmt.lineno - 1 : body[0].lineno - 1])
+        return "".join(_lines(text)[stmt.lineno - 1 : body[0].lineno - 1])
     if isinstance(stmt, _DEFINITIONS) and stmt.decorator_list:
         decorators = [_segment(text, d) for d in stmt.decorator_list]
         return "\n".join(["@" + d for d in decorators] + [_segment(text, stmt)])
@@ -268,24 +271,41 @@ def _scope_binders(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
     return found
 
 
+#: Per class body read lately (by identity, the entry holding its body) and owner: each
+#: method with the attributes it sets (``_ANY`` for any: one handing values to a base's
+#: method, or a store by a computed name). Built once per class, not per attribute: a
+#: long class read for many attributes walked every method again for each.
+_STORES: dict[tuple[int, str], tuple[list[ast.stmt], list[tuple[ast.stmt, set[str]]]]] = {}
+
+
 def _instance_stores(body: list[ast.stmt], name: str, owner: str) -> list[ast.stmt]:
     """The methods of a class body (``body``) that set the attribute ``name`` through
     their first parameter or the class's own name ``owner`` (a staticmethod's ``Net.k =
-    v``; ``_stores_attribute``), or hand values to a base's method, which may set it
+    v``; ``_stored_names``), or hand values to a base's method, which may set it
     (``super().__init__(k=2.0)``: ``_hands_to_base``)."""
-    found: list[ast.stmt] = []
-    for method in _statements(body):
-        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        positional = method.args.posonlyargs + method.args.args
-        first = positional[0].arg if positional else ""
-        if any(
-            (first and (_stores_attribute(node, first, name) or _hands_to_base(node, first)))
-            or (owner and _stores_attribute(node, owner, name))
-            for node in ast.walk(method)
-        ):
-            found.append(method)
-    return found
+    hit = _STORES.get((id(body), owner))
+    if hit is None or hit[0] is not body:
+        if len(_STORES) >= 64:
+            _STORES.clear()
+        methods: list[tuple[ast.stmt, set[str]]] = []
+        for method in _statements(body):
+            if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            positional = method.args.posonlyargs + method.args.args
+            first = positional[0].arg if positional else ""
+            stored: set[str] = set()
+            for node in ast.walk(method):
+                if first:
+                    stored |= _stored_names(node, first)
+                    if _hands_to_base(node, first):
+                        stored.add(_ANY)
+                if owner:
+                    stored |= _stored_names(node, owner)
+            if stored:
+                methods.append((method, stored))
+        hit = (body, methods)
+        _STORES[(id(body), owner)] = hit
+    return [method for method, stored in hit[1] if name in stored or _ANY in stored]
 
 
 def _hands_to_base(node: ast.AST, first: str) -> bool:
@@ -326,13 +346,22 @@ def _instance_reads(method: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]
     )
 
 
+#: In ``_stored_names``: a store whose attribute name is computed, so any.
+_ANY = "*"
+
+
 def _stores_attribute(node: ast.AST, first: str, name: str) -> bool:
-    """Whether ``node`` sets the attribute ``name`` on ``first`` (``self``) or its class:
+    """Whether ``node`` sets the attribute ``name`` on ``first`` (``_stored_names``)."""
+    stored = _stored_names(node, first)
+    return name in stored or _ANY in stored
+
+
+def _stored_names(node: ast.AST, first: str) -> set[str]:
+    """The attributes ``node`` sets on ``first`` (``self``) or its class:
     ``self.k = v`` (``+=``, a ``for``/``with`` target), ``type(self).k = v``,
     ``self.__class__.k = v``, ``vars(self)["k"] = v``, ``self.__dict__["k"] = v``,
     ``self.__dict__.update(k=v)``, ``setattr(self, "k", v)``, ``object.__setattr__(self,
-    "k", v)``, ``self.__setattr__("k", v)``; a ``setattr`` of a name not spelled out
-    sets any."""
+    "k", v)``, ``self.__setattr__("k", v)``; ``_ANY`` for a name not spelled out."""
 
     def is_self(expr: ast.expr, classes: bool = True) -> bool:
         if isinstance(expr, ast.Name):
@@ -348,10 +377,10 @@ def _stores_attribute(node: ast.AST, first: str, name: str) -> bool:
             and is_self(expr.args[0], False)
         )
 
-    def names_it(expr: ast.expr | None, computed: bool = False) -> bool:
+    def named(expr: ast.expr | None, computed: bool = False) -> set[str]:
         if isinstance(expr, ast.Constant):
-            return expr.value == name
-        return computed and expr is not None
+            return {expr.value} if isinstance(expr.value, str) else set()
+        return {_ANY} if computed and expr is not None else set()
 
     def own_dict(expr: ast.expr) -> bool:
         if isinstance(expr, ast.Attribute) and expr.attr == "__dict__":
@@ -365,21 +394,23 @@ def _stores_attribute(node: ast.AST, first: str, name: str) -> bool:
         )
 
     if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-        return node.attr == name and is_self(node.value)
+        return {node.attr} if is_self(node.value) else set()
     if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
-        return own_dict(node.value) and names_it(node.slice)
+        return named(node.slice) if own_dict(node.value) else set()
     if not isinstance(node, ast.Call):
-        return False
+        return set()
     func, args = node.func, node.args
     if isinstance(func, ast.Name) and func.id == "setattr":
-        return len(args) == 3 and is_self(args[0]) and names_it(args[1], computed=True)
+        return named(args[1], computed=True) if len(args) == 3 and is_self(args[0]) else set()
     if isinstance(func, ast.Attribute) and func.attr == "__setattr__":
         if len(args) == 3:  # object.__setattr__(self, "k", v)
-            return is_self(args[0]) and names_it(args[1], computed=True)
-        return is_self(func.value) and bool(args) and names_it(args[0], computed=True)
+            return named(args[1], computed=True) if is_self(args[0]) else set()
+        return named(args[0], computed=True) if is_self(func.value) and args else set()
     if isinstance(func, ast.Attribute) and func.attr == "update" and own_dict(func.value):
-        return any(k.arg in (name, None) for k in node.keywords) or bool(args)
-    return False
+        keys = {k.arg for k in node.keywords if k.arg is not None}
+        spread = bool(args) or any(k.arg is None for k in node.keywords)
+        return keys | ({_ANY} if spread else set())
+    return set()
 
 
 #: A test a statement runs under: its text, and the names it loads.
@@ -508,7 +539,7 @@ def _bindings(
     makers: set[str] = set()
     bases: set[str] = set()
     for part in filter(None, scope.split(".")):
-        found = [s for s in body if isinstance(s, ast.ClassDef) and s.name == part]
+        found = [s for s in _statements(body) if isinstance(s, ast.ClassDef) and s.name == part]
         if not found:
             body, headers, makers, bases = [], [], set(), set()
             break
@@ -529,13 +560,13 @@ def _bindings(
     conditions = {**_tests(tree.body, text), **(_tests(body, text) if scope else {})}
     made_with: list[ast.stmt] = [
         stmt
-        for stmt in tree.body
+        for stmt in _statements(tree.body)
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
         and stmt.name in makers
     ]
     made_with += [  # a base's __init_subclass__ runs as the class is made
         method
-        for stmt in tree.body
+        for stmt in _statements(tree.body)
         if isinstance(stmt, ast.ClassDef) and stmt.name in bases
         for method in stmt.body
         if isinstance(method, ast.FunctionDef) and method.name == "__init_subclass__"
@@ -851,17 +882,13 @@ def _named_read(node: ast.AST, first: str) -> tuple[str, list[str]] | None:
     return owner[0], [*owner[1], key]
 
 
-def local_imports(source: str) -> dict[str, tuple[str, str | None]]:
+def local_imports(top: ast.AST) -> dict[str, tuple[str, str | None]]:
     """The names a function's own import statements bind (``from .helper import K``,
     ``from . import helper as h``, ``import pkg.helper``): name -> the module as written
     (relative ones with their dots) and the attribute imported from it (None for a
-    plain ``import``). Empty where the source does not parse."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return {}
+    plain ``import``). ``top``: the function's node (``function_reads``)."""
     found: dict[str, tuple[str, str | None]] = {}
-    for node in ast.walk(tree):
+    for node in ast.walk(top):
         if isinstance(node, ast.ImportFrom):
             for alias in node.names:
                 if alias.name != "*":
@@ -878,49 +905,26 @@ def local_imports(source: str) -> dict[str, tuple[str, str | None]]:
 
 
 def function_reads(
-    source: str,
-) -> tuple[list[str], str, dict[str, set[str]], dict[str, set[tuple[str, ...]]]] | None:
-    """What a function's source (``source_digest.function_source``) reads from outside
-    it: the names it loads that no scope of its own binds (globals and builtins: a
-    nested function's parameter shadows a global only inside that function), the name
-    of its first parameter (``self``, ``cls``), per name loaded the attributes read
-    from it (``name.attr``), and per name the longer attribute chains read from it
-    (``pkg.helper.K`` as ``("helper", "K")``). None where the source does not parse on
-    its own."""
-    tree: ast.AST
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        try:
-            tree = ast.parse(source.strip(), mode="eval")  # a lambda's own text
-        except SyntaxError:
-            return None
-    top: ast.AST
-    if isinstance(tree, ast.Module):
-        if not tree.body:
-            return [], "", {}, {}
-        top = tree.body[0]
-    else:
-        top = tree.body  # an ast.Expression's
-    if isinstance(top, ast.Expr):  # a lambda's own text, parsed as a statement
-        top = top.value
+    top: ast.AST,
+) -> tuple[list[str], str, dict[str, set[str]], dict[str, set[tuple[str, ...]]]]:
+    """What a function (its definition or lambda in its module's tree:
+    ``source_digest.function_node``) reads from outside it: the names it loads that no
+    scope of its own binds (globals and builtins: a nested function's parameter shadows
+    a global only inside that function), the name of its first parameter (``self``,
+    ``cls``), per name loaded the attributes read from it (``name.attr``), and per name
+    the longer attribute chains read from it (``pkg.helper.K`` as ``("helper", "K")``).
+    The node, not its text parsed again: a line at column 0 inside it (a comment, a
+    string's line) leaves the text undedentable, and a lambda's text alone need not
+    parse."""
     first = ""
     if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
         positional = top.args.posonlyargs + top.args.args
         first = positional[0].arg if positional else ""
-    if isinstance(top, _SCOPES):
-        # Its defaults, decorators and annotations were evaluated in its module.
-        names = _free_names(top, frozenset()) | set(_loaded(_scope_parts(top)[1]))
-    else:  # a statement holding the function (``f = lambda x: ...``)
-        names = set()
-        for node in _own_nodes([top]):
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-                names.add(node.id)
-            elif isinstance(node, _SCOPES):
-                names |= _free_names(node, frozenset())
+    # Its defaults, decorators and annotations were evaluated in its module.
+    names = _free_names(top, frozenset()) | set(_loaded(_scope_parts(top)[1]))
     attributes: dict[str, set[str]] = {}
     chains: dict[str, set[tuple[str, ...]]] = {}
-    for node in ast.walk(tree):
+    for node in ast.walk(top):
         if isinstance(node, ast.Attribute):
             found = _attribute_chain(node, first)
         elif isinstance(node, (ast.Call, ast.Subscript)):

@@ -19,7 +19,7 @@ from pathlib import Path
 from precompile.artifact.metadata import inspect_artifact
 from precompile.artifact.pair import file_sha256, open_regular
 from precompile.errors import PrecompileError
-from precompile.runtime.source_digest import changed_functions
+from precompile.runtime.source_digest import changed_functions, decode_source
 from precompile.source_bindings import changed_bindings
 from precompile.write_policy import pair_paths, refusal
 from precompile_lsp.files import shown_path
@@ -61,10 +61,11 @@ class ArtifactStatus:
 
 
 def _read(path: Path) -> str | None:
+    """A module's text as the capture read it (``decode_source``)."""
     try:
         with open_regular(path) as f:
-            return f.read().decode("utf-8")
-    except (OSError, UnicodeDecodeError):
+            return decode_source(f.read())
+    except OSError:
         return None
 
 

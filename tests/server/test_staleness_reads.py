@@ -933,24 +933,25 @@ def test_a_module_deeper_than_the_parser_reaches_has_changed_every_name_read(
 def test_an_attribute_of_an_instance_made_in_the_function_is_read_from_its_class() -> None:
     """``Cfg().k`` reads ``k`` as Cfg's instances have it (helper-84): an attribute read
     of Cfg, so the capture records where Cfg's methods set it."""
+    import ast
+
     from precompile.source_bindings import function_reads
 
-    found = function_reads("def f(model, x):\n    return model(x) * Cfg(2).k * helper(x).j\n")
-    assert found is not None
-    _names, _first, attributes, _chains = found
+    source = "def f(model, x):\n    return model(x) * Cfg(2).k * helper(x).j\n"
+    _names, _first, attributes, _chains = function_reads(ast.parse(source).body[0])
     assert attributes["Cfg"] == {"k"} and attributes["helper"] == {"j"}, attributes
 
 
 def test_a_global_read_through_globals_is_a_read_of_that_name() -> None:
     """``globals()["K"]`` and ``globals().get("K")`` read the global K, as ``K`` does
     (helper-82); a computed name is not followed (``--verify`` is)."""
+    import ast
+
     from precompile.source_bindings import function_reads
 
     source = (
         "def f(model, x, name):\n"
         "    return model(x) * globals()['K'] * globals().get('G') * globals()[name]\n"
     )
-    found = function_reads(source)
-    assert found is not None
-    names, _first, _attributes, _chains = found
+    names, _first, _attributes, _chains = function_reads(ast.parse(source).body[0])
     assert {"K", "G"} <= set(names), names

@@ -19,7 +19,12 @@ from typing import Any
 
 from precompile.artifact.pair import artifact_relative
 from precompile.locations import is_project_file, is_project_module
-from precompile.runtime.source_digest import function_source, parse_module, source_digest
+from precompile.runtime.source_digest import (
+    function_node,
+    function_source,
+    parse_module,
+    source_digest,
+)
 from precompile.source_bindings import (
     binding_digests,
     binding_reach,
@@ -68,22 +73,19 @@ def _read(module: str, path: str, text: str, scope: str, names: Any) -> dict[str
     }
 
 
-def _reads(
-    code: types.CodeType, source: str, text: str, artifact_path: str
-) -> list[dict[str, Any]]:
-    """What the function of ``code`` (its ``source``, in a module of ``text``) reads from
+def _reads(code: types.CodeType, node: Any, text: str, artifact_path: str) -> list[dict[str, Any]]:
+    """What the function of ``code`` (its ``node`` in the tree of its module's ``text``) reads from
     outside itself, as ``reads`` rows: the names it loads, as its module binds them (a
     name it imports, as the module it comes from binds it, hop by hop); the attributes it
     reads from its first parameter (``self.k``, ``type(self).k``), in the bodies of the
     project classes of its class's MRO; and the attributes it reads from a class or
     project module its globals hold, where that class (and its bases) or module binds
     them."""
-    found = function_reads(source)
     module = inspect.getmodule(code)
-    if found is None or module is None or _parsed(text) is None:
+    if module is None:
         return []
-    names, first, attributes, chains = found
-    rows_local = _local_import_reads(module, source, attributes, chains, artifact_path)
+    names, first, attributes, chains = function_reads(node)
+    rows_local = _local_import_reads(module, node, attributes, chains, artifact_path)
     path = artifact_relative(code.co_filename, artifact_path) or code.co_filename
     rows = [_read(module.__name__, path, text, "", names)]
     qualname = getattr(code, "co_qualname", code.co_name)
@@ -121,7 +123,7 @@ def _reads(
 
 def _local_import_reads(
     module: types.ModuleType,
-    source: str,
+    node: Any,
     attributes: dict[str, set[str]],
     chains: dict[str, set[tuple[str, ...]]],
     artifact_path: str,
@@ -133,7 +135,7 @@ def _local_import_reads(
     import importlib.util
 
     rows: list[dict[str, Any]] = []
-    for name, (written, attr) in sorted(local_imports(source).items()):
+    for name, (written, attr) in sorted(local_imports(node).items()):
         try:
             absolute = importlib.util.resolve_name(written, module.__package__)
         except (ImportError, ValueError):
@@ -258,10 +260,11 @@ def function_records(codes: list[types.CodeType], artifact_path: str) -> list[di
         if module not in trees:
             trees[module] = _parsed(text)
         tree = trees[module]
+        node = None if tree is None else function_node(tree, qualname, code.co_firstlineno)
         source = (
-            None if tree is None else function_source(text, qualname, code.co_firstlineno, tree)
+            None if node is None else function_source(text, qualname, code.co_firstlineno, tree)
         )
-        if source is None:
+        if node is None or source is None:
             continue
         records[key] = {
             "module": module,
@@ -272,7 +275,7 @@ def function_records(codes: list[types.CodeType], artifact_path: str) -> list[di
             # The whole module's: while it is unchanged, no function in it changed, and a
             # load need not parse it (``source_digest.changed_functions``).
             "module_sha256": source_digest(text or ""),
-            "reads": _reads(code, source, text, artifact_path),
+            "reads": _reads(code, node, text, artifact_path),
         }
     return sorted(records.values(), key=lambda r: (r["path"], r["line"]))
 

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
     def changed_functions(records: Any, module_text: Any) -> Any: ...
 
+    def decode_source(data: bytes) -> str | None: ...
+
     def changed_function_message(record: dict[str, Any], gone: bool, consequence: str) -> str: ...
 
     def new_context(names: Any, training: bool = True) -> dict[str, Any]: ...
@@ -143,8 +145,8 @@ def module_text(name: str, path: str) -> str | None:
             return inspect.getsource(module)
         recorded = recorded_path(path)
         if recorded:
-            with open(recorded, encoding="utf-8") as f:
-                return f.read()
+            with open(recorded, "rb") as f:
+                return decode_source(f.read())
     except (OSError, TypeError, UnicodeDecodeError):
         pass
     return None

@@ -20,6 +20,23 @@ if TYPE_CHECKING:  # annotations only: artifacts carry these functions without t
     from typing import Any
 
 
+def decode_source(data: bytes) -> str | None:
+    """A module file's bytes as the text Python compiles and ``inspect.getsource``
+    reads (what a capture recorded): in the encoding its BOM or coding cookie declares,
+    UTF-8 otherwise, the BOM dropped, ``\r\n`` and ``\r`` read as ``\n``. None where it
+    does not decode. Read as plain UTF-8, a Windows checkout's CRLF file differed in every
+    function, and a BOM made every function gone."""
+    import io
+    import tokenize
+
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        text = data.decode(encoding)
+    except (SyntaxError, LookupError, UnicodeDecodeError):
+        return None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def parse_module(module_text: str) -> Any:
     """``ast.parse(module_text)``, or None where it does not parse: what
     ``function_source`` searches. A caller looking up several functions of one module
@@ -63,19 +80,13 @@ def scope_statements(body: list[Any]) -> Iterator[tuple[Any, tuple[Any, ...]]]:
             stack += [(iter(block), inner) for block in reversed(blocks)]
 
 
-def function_source(module_text: str, qualname: str, line: int = 0, tree: Any = None) -> str | None:
-    """The source of the function ``qualname`` (``Cls.method``, ``f.<locals>.g``) in
-    ``module_text``, from its first decorator to its last line, dedented; None when the
-    text has no such function (or does not parse). ``line`` (the function's first line
-    at capture) picks among same-named definitions, and places a lambda. ``tree``:
-    ``parse_module(module_text)``, where the caller has it."""
+def function_node(tree: Any, qualname: str, line: int = 0) -> Any:
+    """The definition (or lambda) of the function ``qualname`` (``Cls.method``,
+    ``f.<locals>.g``) in the module ``tree``; None when it has no such function.
+    ``line`` (the function's first line at capture) picks among same-named definitions,
+    and places a lambda."""
     import ast
-    import textwrap
 
-    if tree is None:
-        tree = parse_module(module_text)
-    if tree is None:
-        return None
     path = [part for part in qualname.split(".") if part != "<locals>"]
     scopes: list[list[ast.stmt]] = [tree.body]
     # Definitions and lambdas: statements and expressions, both with line numbers.
@@ -101,14 +112,39 @@ def function_source(module_text: str, qualname: str, line: int = 0, tree: Any = 
         ]
     if not found:
         return None
+    return min(found, key=lambda n: (abs(_first_line(n) - line) if line else 0))
 
-    def first_line(node: ast.stmt | ast.expr) -> int:
-        decorators = getattr(node, "decorator_list", [])
-        return min([d.lineno for d in decorators] + [node.lineno])
 
-    node = min(found, key=lambda n: (abs(first_line(n) - line) if line else 0))
-    lines = module_text.splitlines(keepends=True)
-    text = "".join(lines[first_line(node) - 1 : node.end_lineno])
+def _first_line(node: Any) -> int:
+    """A definition's first line: its first decorator's."""
+    decorators = getattr(node, "decorator_list", [])
+    return int(min([d.lineno for d in decorators] + [node.lineno]))
+
+
+def source_lines(text: str) -> list[str]:
+    """``text``'s lines with their ends, split where Python's line numbers split them
+    (``\r\n``, ``\r``, ``\n``): ``str.splitlines`` also splits at a form feed and other
+    separators, which shifted every line below one (a ``^L`` page break) out of a
+    function's digest."""
+    import re
+
+    return re.findall(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z", text)
+
+
+def function_source(module_text: str, qualname: str, line: int = 0, tree: Any = None) -> str | None:
+    """The source of the function ``qualname`` in ``module_text`` (``function_node``),
+    from its first decorator to its last line, dedented; None when the text has no such
+    function (or does not parse). ``tree``: ``parse_module(module_text)``, where the
+    caller has it."""
+    import ast
+    import textwrap
+
+    if tree is None:
+        tree = parse_module(module_text)
+    node = None if tree is None else function_node(tree, qualname, line)
+    if node is None:
+        return None
+    text = "".join(source_lines(module_text)[_first_line(node) - 1 : node.end_lineno])
     if isinstance(node, ast.Lambda):
         text = ast.get_source_segment(module_text, node) or text
     return textwrap.dedent(text)

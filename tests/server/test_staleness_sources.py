@@ -1,0 +1,155 @@
+"""A capture and the language server read a function's module the same way, and find the
+same function in it: what the capture records (``function_records``, from the module as
+Python loaded it) is what ``precompile check`` compares with the file on disk
+(``source_digest.decode_source``, ``changed_functions``, ``changed_bindings``).
+
+helper-85's attack on the staleness records: a CRLF, BOM or latin-1 file was stale with no
+edit at all (the server decoded raw UTF-8); a line at column 0 inside a function (a
+comment as some editors write it, a docstring's line) left no reads recorded at all (its
+text could not be dedented and parsed again), as did a lambda split over lines; a class
+defined inside ``try``/``except ImportError`` had no class rows; a form feed above a
+function shifted its digest off its last line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_numbers = itertools.count()
+
+
+def _captured(
+    tmp_path: Path,
+    text: str,
+    ran: Callable[[Any], list[Any]],
+    *,
+    newline: str = "\n",
+    encoding: str = "utf-8",
+    bom: bool = False,
+) -> tuple[Path, list[dict[str, Any]]]:
+    """Write ``text`` as a module of a fresh package (with ``newline``, in ``encoding``),
+    import it, and record the functions ``ran(module)`` as a capture that ran them does."""
+    from precompile.capturing.function_records import function_records
+
+    package = f"sources_pkg{next(_numbers)}"
+    folder = tmp_path / package
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    data = text.replace("\n", newline).encode(encoding)
+    (folder / "m.py").write_bytes(b"\xef\xbb\xbf" + data if bom else data)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module(f"{package}.m")
+    finally:
+        sys.path.remove(str(tmp_path))
+    codes = [getattr(f, "__code__", f) for f in ran(module)]
+    records = json.loads(json.dumps(function_records(codes, str(tmp_path / "a.py"))))
+    return folder / "m.py", records
+
+
+def _stale(tmp_path: Path, records: list[dict[str, Any]]) -> list[Any]:
+    """What ``precompile check`` says changed, reading the files as it does."""
+    from precompile.runtime.source_digest import changed_functions, decode_source
+    from precompile.source_bindings import changed_bindings
+
+    def module_text(module: str, path: str) -> str | None:
+        return decode_source((tmp_path / path).read_bytes())
+
+    functions = [record["function"] for record, _gone in changed_functions(records, module_text)]
+    return functions + [names for _record, _read, names in changed_bindings(records, module_text)]
+
+
+def _edit(path: Path, old: str, new: str, encoding: str = "utf-8") -> None:
+    data = path.read_bytes()
+    assert old.encode(encoding) in data, old
+    path.write_bytes(data.replace(old.encode(encoding), new.encode(encoding), 1))
+
+
+TARGET = "# coding: {encoding}\n# gain, in {note}\nK = 2.0\n\n\ndef target(x):\n    return x * K\n"
+
+
+@pytest.mark.parametrize(
+    ("newline", "encoding", "bom"),
+    [("\r\n", "utf-8", False), ("\n", "utf-8", True), ("\n", "latin-1", False)],
+    ids=["crlf", "bom", "latin-1"],
+)
+def test_a_module_is_read_as_python_reads_it(
+    tmp_path: Path, newline: str, encoding: str, bom: bool
+) -> None:
+    """A Windows checkout's CRLF file, a file with a UTF-8 BOM, a latin-1 file with its
+    coding cookie: unchanged, the artifact is current; the global it reads edited, stale."""
+    text = TARGET.format(encoding=encoding, note="d\u00e9cibels")
+    path, records = _captured(
+        tmp_path, text, lambda m: [m.target], newline=newline, encoding=encoding, bom=bom
+    )
+    assert [r["function"] for r in records] == ["target"]
+    assert _stale(tmp_path, records) == []
+    _edit(path, "K = 2.0", "K = 3.0", encoding)
+    assert _stale(tmp_path, records) == [["K"]]
+
+
+COLUMN_ZERO = '''SCALE = 2.0
+
+try:
+    from _not_shipped import Net
+except ImportError:
+
+    class Net:
+        BIAS = 1.0
+
+        def __init__(self):
+            self.gain = 3.0
+
+        def forward(self, x):
+            """Scale x.
+Unindented, as a docstring may be."""
+#            x = x * 0  (a comment at column 0, as some editors write one)
+            return x * SCALE * self.gain + self.BIAS
+
+
+double = (lambda x:
+          x * SCALE)
+'''
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "changed"),
+    [
+        ("SCALE = 2.0", "SCALE = 5.0", ["SCALE"]),
+        ("BIAS = 1.0", "BIAS = 5.0", ["BIAS"]),
+        ("self.gain = 3.0", "self.gain = 5.0", ["gain"]),
+    ],
+)
+def test_a_function_with_a_line_at_column_zero_has_its_reads_recorded(
+    tmp_path: Path, old: str, new: str, changed: list[str]
+) -> None:
+    """The reads of a method with a docstring line and a comment at column 0, of a class
+    defined inside ``except ImportError``, and of a lambda split over lines: each edit to
+    what they read is stale (none was: no reads were recorded for either function, and
+    the class had no rows)."""
+    path, records = _captured(tmp_path, COLUMN_ZERO, lambda m: [m.Net.forward, m.double])
+    assert sorted(r["function"] for r in records) == ["<lambda>", "Net.forward"]
+    assert _stale(tmp_path, records) == []
+    _edit(path, old, new)
+    stale = [name for names in _stale(tmp_path, records) for name in names]
+    assert set(changed) <= set(stale), stale
+    if changed == ["SCALE"]:
+        assert stale.count("SCALE") == 2, stale  # the method's read and the lambda's
+
+
+def test_a_form_feed_above_a_function_keeps_its_last_line_in_its_digest(tmp_path: Path) -> None:
+    """A ``^L`` page break above a function: Python counts it on its line, ``str.splitlines``
+    as a line of its own, which cut the function's last line out of its digest."""
+    text = "import math\n\f\n\ndef target(x):\n    y = x + 1\n    return y * 2.0\n"
+    path, records = _captured(tmp_path, text, lambda m: [m.target])
+    assert _stale(tmp_path, records) == []
+    _edit(path, "return y * 2.0", "return y * 3.0")
+    assert _stale(tmp_path, records) == ["target"]
