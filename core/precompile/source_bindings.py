@@ -328,22 +328,24 @@ def _hands_to_base(node: ast.AST, first: str) -> bool:
 
 
 def _instance_reads(method: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
-    """The attributes a method reads through its first parameter (``self.dim``,
-    ``self._make_k()``), sorted."""
+    """The attributes a method reads through its first parameter, however spelled
+    (``self.dim``, ``self._make_k()``, ``type(self).K``, ``self.__class__.K``,
+    ``getattr(self, "K")``: ``function_reads``'s spellings), sorted."""
     positional = method.args.posonlyargs + method.args.args
     if not positional:
         return []
     first = positional[0].arg
-    return sorted(
-        {
-            node.attr
-            for node in ast.walk(method)
-            if isinstance(node, ast.Attribute)
-            and isinstance(node.ctx, ast.Load)
-            and isinstance(node.value, ast.Name)
-            and node.value.id == first
-        }
-    )
+    found: set[str] = set()
+    for node in ast.walk(method):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            chain = _attribute_chain(node, first)
+        elif isinstance(node, (ast.Call, ast.Subscript)):
+            chain = _named_read(node, first)
+        else:
+            continue
+        if chain is not None and chain[0] == first and chain[1]:
+            found.add(chain[1][0])
+    return sorted(found)
 
 
 #: In ``_stored_names``: a store whose attribute name is computed, so any.
@@ -851,6 +853,8 @@ def _named_read(node: ast.AST, first: str) -> tuple[str, list[str]] | None:
     def held(expr: ast.expr) -> tuple[str, list[str]] | None:
         if isinstance(expr, ast.Name):
             return expr.id, []
+        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name):
+            return expr.func.id, []  # ``getattr(Cfg(), "k")``, as ``Cfg().k``
         if isinstance(expr, ast.Attribute):
             return _attribute_chain(expr, first)
         return None
@@ -924,6 +928,20 @@ def function_reads(
     names = _free_names(top, frozenset()) | set(_loaded(_scope_parts(top)[1]))
     attributes: dict[str, set[str]] = {}
     chains: dict[str, set[tuple[str, ...]]] = {}
+    # A local made by calling a global (``cfg = Cfg()``): its attributes are read as the
+    # ``Cfg().k`` they are.
+    made: dict[str, set[str]] = {}
+    for node in ast.walk(top):
+        if (
+            isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr))
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Name)
+            and node.value.func.id in names
+        ):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    made.setdefault(target.id, set()).add(node.value.func.id)
     for node in ast.walk(top):
         if isinstance(node, ast.Attribute):
             found = _attribute_chain(node, first)
@@ -939,9 +957,11 @@ def function_reads(
         elif not path:
             continue
         else:
-            attributes.setdefault(root, set()).add(path[0])
-            if len(path) > 1:
-                chains.setdefault(root, set()).add(tuple(path))
+            roots = made.get(root, set()) if root not in names and root != first else set()
+            for owner in [root, *sorted(roots)]:
+                attributes.setdefault(owner, set()).add(path[0])
+                if len(path) > 1:
+                    chains.setdefault(owner, set()).add(tuple(path))
     return sorted(names), first, attributes, chains
 
 

@@ -779,6 +779,11 @@ SHAPES = {
         "    def configure():\n        Net.k = 2.0\n\n\ndef init_params(v):\n"
         "    setattr(Net, 'j', v)\n\n\nNet.m = 3.0\ninit_params(4.0)\n"
     ),
+    "spelled_reads": (
+        "class Net:\n    A = 1.0\n    B = 1.0\n    C = 1.0\n\n    def __init__(self):\n"
+        "        self.a = type(self).A * 2\n        self.b = self.__class__.B * 2\n"
+        "        self.c = getattr(self, 'C') * 2\n"
+    ),
     # A generated dispatch table: 1,500 ``elif`` branches nest 1,500 blocks deep.
     "elif_chain": "X = 700\nif X == 0:\n    K = 0.0\n"
     + "".join(f"elif X == {i}:\n    K = {i}.0\n" for i in range(1, 1500)),
@@ -846,6 +851,10 @@ SHAPES = {
             "Net",
             False,
         ),
+        # helper-85: what a method counted whole reads of its class, however spelled.
+        ("spelled_reads", "A = 1.0", "A = 2.0", ["a"], "Net", True),
+        ("spelled_reads", "B = 1.0", "B = 2.0", ["b"], "Net", True),
+        ("spelled_reads", "C = 1.0", "C = 2.0", ["c"], "Net", True),
         # Deeper than Python's recursion limit: walked, not a RecursionError.
         ("elif_chain", "K = 1200.0", "K = -1.0", ["K"], "", True),
         ("elif_chain", "X = 700", "X = 701", ["K"], "", True),
@@ -937,9 +946,14 @@ def test_an_attribute_of_an_instance_made_in_the_function_is_read_from_its_class
 
     from precompile.source_bindings import function_reads
 
-    source = "def f(model, x):\n    return model(x) * Cfg(2).k * helper(x).j\n"
+    source = (
+        "def f(model, x):\n    made = Made()\n"
+        "    return model(x) * Cfg(2).k * helper(x).j * made.m * getattr(Other(), 'o')\n"
+    )
     _names, _first, attributes, _chains = function_reads(ast.parse(source).body[0])
     assert attributes["Cfg"] == {"k"} and attributes["helper"] == {"j"}, attributes
+    # Bound to a local first (helper-85), or read with getattr.
+    assert attributes["Made"] == {"m"} and attributes["Other"] == {"o"}, attributes
 
 
 def test_a_global_read_through_globals_is_a_read_of_that_name() -> None:
