@@ -49,7 +49,7 @@ import collections
 import functools
 import hashlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from precompile.runtime.source_digest import (
     parse_module,
@@ -57,6 +57,8 @@ from precompile.runtime.source_digest import (
     source_digest,
     source_lines,
 )
+
+T = TypeVar("T")
 
 #: The statements that bind a name to a function or class they define.
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -219,25 +221,33 @@ def _changed_in_place(stmt: ast.stmt) -> set[str]:
     return set()
 
 
-#: ``_binders`` of the bodies read lately, by identity (each entry holds its body, so
-#: the identity is not reused while it is here): a capture and a staleness check digest
-#: many names of one module, one call each.
-_BINDERS: dict[int, tuple[list[ast.stmt], dict[str, list[ast.stmt]]]] = {}
+#: What was built of the scope bodies read lately (``_remembered``): by what, the body's
+#: identity and a key, the body itself (so its identity is not reused while it is here)
+#: and the result.
+_REMEMBERED: dict[tuple[Callable[..., Any], int, str], tuple[list[ast.stmt], Any]] = {}
+
+
+def _remembered(build: Callable[[list[ast.stmt], str], T], body: list[ast.stmt], key: str) -> T:
+    """``build(body, key)``, once for the bodies read lately: a capture and a staleness
+    check digest many names of one module, one call each, and a scope's binders (every
+    function's body walked) or a class's stores (every method's) do not change between
+    them."""
+    hit = _REMEMBERED.get((build, id(body), key))
+    if hit is not None and hit[0] is body:
+        return cast(T, hit[1])
+    if len(_REMEMBERED) >= 64:
+        _REMEMBERED.clear()
+    built = build(body, key)
+    _REMEMBERED[(build, id(body), key)] = (body, built)
+    return built
 
 
 def _binders(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
-    """``_scope_binders(body)``, remembered for the bodies read lately."""
-    hit = _BINDERS.get(id(body))
-    if hit is not None and hit[0] is body:
-        return hit[1]
-    if len(_BINDERS) >= 64:
-        _BINDERS.clear()
-    found = _scope_binders(body)
-    _BINDERS[id(body)] = (body, found)
-    return found
+    """``_scope_binders(body)``, remembered."""
+    return _remembered(_scope_binders, body, "")
 
 
-def _scope_binders(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
+def _scope_binders(body: list[ast.stmt], _key: str = "") -> dict[str, list[ast.stmt]]:
     """Name -> the statements of ``body``'s scope that bind it, in order, function and
     class definitions included (``binding_digests`` says what of them counts); and
     those that change a bound object in place (``_changed_in_place``), where something
@@ -271,41 +281,36 @@ def _scope_binders(body: list[ast.stmt]) -> dict[str, list[ast.stmt]]:
     return found
 
 
-#: Per class body read lately (by identity, the entry holding its body) and owner: each
-#: method with the attributes it sets (``_ANY`` for any: one handing values to a base's
-#: method, or a store by a computed name). Built once per class, not per attribute: a
-#: long class read for many attributes walked every method again for each.
-_STORES: dict[tuple[int, str], tuple[list[ast.stmt], list[tuple[ast.stmt, set[str]]]]] = {}
-
-
 def _instance_stores(body: list[ast.stmt], name: str, owner: str) -> list[ast.stmt]:
     """The methods of a class body (``body``) that set the attribute ``name`` through
     their first parameter or the class's own name ``owner`` (a staticmethod's ``Net.k =
     v``; ``_stored_names``), or hand values to a base's method, which may set it
     (``super().__init__(k=2.0)``: ``_hands_to_base``)."""
-    hit = _STORES.get((id(body), owner))
-    if hit is None or hit[0] is not body:
-        if len(_STORES) >= 64:
-            _STORES.clear()
-        methods: list[tuple[ast.stmt, set[str]]] = []
-        for method in _statements(body):
-            if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            positional = method.args.posonlyargs + method.args.args
-            first = positional[0].arg if positional else ""
-            stored: set[str] = set()
-            for node in ast.walk(method):
-                if first:
-                    stored |= _stored_names(node, first)
-                    if _hands_to_base(node, first):
-                        stored.add(_ANY)
-                if owner:
-                    stored |= _stored_names(node, owner)
-            if stored:
-                methods.append((method, stored))
-        hit = (body, methods)
-        _STORES[(id(body), owner)] = hit
-    return [method for method, stored in hit[1] if name in stored or _ANY in stored]
+    methods = _remembered(_method_stores, body, owner)
+    return [method for method, stored in methods if name in stored or _ANY in stored]
+
+
+def _method_stores(body: list[ast.stmt], owner: str) -> list[tuple[ast.stmt, set[str]]]:
+    """Each method of a class body with the attributes it sets (``_instance_stores``;
+    ``_ANY`` for any), built once per class, not per attribute: a long class read for
+    many attributes walked every method again for each."""
+    methods: list[tuple[ast.stmt, set[str]]] = []
+    for method in _statements(body):
+        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        positional = method.args.posonlyargs + method.args.args
+        first = positional[0].arg if positional else ""
+        stored: set[str] = set()
+        for node in ast.walk(method):
+            if first:
+                stored |= _stored_names(node, first)
+                if _hands_to_base(node, first):
+                    stored.add(_ANY)
+            if owner:
+                stored |= _stored_names(node, owner)
+        if stored:
+            methods.append((method, stored))
+    return methods
 
 
 def _hands_to_base(node: ast.AST, first: str) -> bool:

@@ -21,7 +21,7 @@ from precompile.artifact.pair import artifact_relative
 from precompile.locations import is_project_file, is_project_module
 from precompile.runtime.source_digest import (
     function_node,
-    function_source,
+    node_source,
     parse_module,
     source_digest,
 )
@@ -51,7 +51,7 @@ def _parsed(text: str) -> Any:
     """``parse_module(text)``, parsed once per process while the text is unchanged: a
     notebook or a language-server worker recaptures after each edit, mostly of modules
     the edit did not touch, and a long module takes tens of milliseconds to parse. The
-    tree is only read (``function_source``)."""
+    tree is only read (``function_node``)."""
     return parse_module(text)
 
 
@@ -261,11 +261,9 @@ def function_records(codes: list[types.CodeType], artifact_path: str) -> list[di
             trees[module] = _parsed(text)
         tree = trees[module]
         node = None if tree is None else function_node(tree, qualname, code.co_firstlineno)
-        source = (
-            None if node is None else function_source(text, qualname, code.co_firstlineno, tree)
-        )
-        if node is None or source is None:
+        if node is None:
             continue
+        source = node_source(text, node)
         records[key] = {
             "module": module,
             "function": qualname,

@@ -132,18 +132,21 @@ def source_lines(text: str) -> list[str]:
 
 
 def function_source(module_text: str, qualname: str, line: int = 0, tree: Any = None) -> str | None:
-    """The source of the function ``qualname`` in ``module_text`` (``function_node``),
-    from its first decorator to its last line, dedented; None when the text has no such
-    function (or does not parse). ``tree``: ``parse_module(module_text)``, where the
-    caller has it."""
-    import ast
-    import textwrap
-
+    """The source of the function ``qualname`` in ``module_text`` (``function_node``,
+    ``node_source``); None when the text has no such function (or does not parse).
+    ``tree``: ``parse_module(module_text)``, where the caller has it."""
     if tree is None:
         tree = parse_module(module_text)
     node = None if tree is None else function_node(tree, qualname, line)
-    if node is None:
-        return None
+    return None if node is None else node_source(module_text, node)
+
+
+def node_source(module_text: str, node: Any) -> str:
+    """A definition's text in ``module_text``, from its first decorator to its last line,
+    dedented; a lambda's own expression."""
+    import ast
+    import textwrap
+
     text = "".join(source_lines(module_text)[_first_line(node) - 1 : node.end_lineno])
     if isinstance(node, ast.Lambda):
         text = ast.get_source_segment(module_text, node) or text
