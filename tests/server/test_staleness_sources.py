@@ -153,3 +153,50 @@ def test_a_form_feed_above_a_function_keeps_its_last_line_in_its_digest(tmp_path
     assert _stale(tmp_path, records) == []
     _edit(path, "return y * 2.0", "return y * 3.0")
     assert _stale(tmp_path, records) == ["target"]
+
+
+WORKSPACE_TARGET = """import torch
+
+import precompile
+
+SCALE = 2.0
+
+
+def examples():
+    torch.manual_seed(0)
+    return [precompile.Example(torch.nn.Linear(4, 4).eval(), torch.randn(2, 4))]
+
+
+@precompile.target(examples)
+def run(model, x):
+    return model(x) * SCALE
+"""
+
+
+def test_check_reads_a_crlf_module_with_a_bom_as_the_capture_did(tmp_path: Path) -> None:
+    """``precompile check`` on a Windows checkout (CRLF, a UTF-8 BOM): the emitted
+    artifact is current until what it read changes (it was stale with no edit at all:
+    the language server decoded the bytes as plain UTF-8)."""
+    from tests.harness import precompile_cli
+
+    root = tmp_path / "ws"
+    (root / "src" / "pkg").mkdir(parents=True)
+    (root / "src" / "pkg" / "__init__.py").write_text("")
+    module = root / "src" / "pkg" / "t.py"
+    module.write_bytes(b"\xef\xbb\xbf" + WORKSPACE_TARGET.replace("\n", "\r\n").encode())
+    (root / "pyproject.toml").write_text(
+        '[tool.precompile]\nsource-roots = ["src"]\ntracer = "make_fx"\nbackend = "eager"\n'
+        'artifact-dir = "artifacts"\n'
+    )
+    emitted = precompile_cli("check", "--emit", cwd=root, timeout=600)
+    assert emitted.returncode == 0, emitted.stdout + emitted.stderr
+
+    def stale() -> list[str]:
+        proc = precompile_cli("check", "--format", "json", cwd=root, timeout=600)
+        assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+        findings = json.loads(proc.stdout)["findings"]
+        return [f["message"] for f in findings if f["code"] == "PC301"]
+
+    assert stale() == []
+    _edit(module, "SCALE = 2.0", "SCALE = 3.0")
+    assert [("`SCALE`" in m) for m in stale()] == [True]
