@@ -298,8 +298,7 @@ def _method_stores(body: list[ast.stmt], owner: str) -> list[tuple[ast.stmt, set
     for method in _statements(body):
         if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
-        positional = method.args.posonlyargs + method.args.args
-        first = positional[0].arg if positional else ""
+        first = _first_parameter(method)
         stored: set[str] = set()
         for node in ast.walk(method):
             if first:
@@ -332,25 +331,45 @@ def _hands_to_base(node: ast.AST, first: str) -> bool:
     )
 
 
+def _first_parameter(function: ast.AST) -> str:
+    """The name of a function's or lambda's first positional parameter (``self``,
+    ``cls``); "" for anything else."""
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        return ""
+    positional = function.args.posonlyargs + function.args.args
+    return positional[0].arg if positional else ""
+
+
+def _spelled_reads(top: ast.AST, first: str) -> Iterator[tuple[ast.AST, str, list[str]]]:
+    """Each attribute read in ``top`` however spelled (``_attribute_chain``,
+    ``_named_read``), as ``(node, root, path)``."""
+    for node in ast.walk(top):
+        if isinstance(node, ast.Attribute):
+            found = _attribute_chain(node, first)
+        elif isinstance(node, (ast.Call, ast.Subscript)):
+            found = _named_read(node, first)
+        else:
+            continue
+        if found is not None:
+            yield node, *found
+
+
 def _instance_reads(method: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
     """The attributes a method reads through its first parameter, however spelled
     (``self.dim``, ``self._make_k()``, ``type(self).K``, ``self.__class__.K``,
     ``getattr(self, "K")``: ``function_reads``'s spellings), sorted."""
-    positional = method.args.posonlyargs + method.args.args
-    if not positional:
+    first = _first_parameter(method)
+    if not first:
         return []
-    first = positional[0].arg
-    found: set[str] = set()
-    for node in ast.walk(method):
-        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
-            chain = _attribute_chain(node, first)
-        elif isinstance(node, (ast.Call, ast.Subscript)):
-            chain = _named_read(node, first)
-        else:
-            continue
-        if chain is not None and chain[0] == first and chain[1]:
-            found.add(chain[1][0])
-    return sorted(found)
+    return sorted(
+        {
+            path[0]
+            for node, root, path in _spelled_reads(method, first)
+            if root == first
+            and path
+            and not (isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load))
+        }
+    )
 
 
 #: In ``_stored_names``: a store whose attribute name is computed, so any.
@@ -925,10 +944,7 @@ def function_reads(
     The node, not its text parsed again: a line at column 0 inside it (a comment, a
     string's line) leaves the text undedentable, and a lambda's text alone need not
     parse."""
-    first = ""
-    if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-        positional = top.args.posonlyargs + top.args.args
-        first = positional[0].arg if positional else ""
+    first = _first_parameter(top)
     # Its defaults, decorators and annotations were evaluated in its module.
     names = _free_names(top, frozenset()) | set(_loaded(_scope_parts(top)[1]))
     attributes: dict[str, set[str]] = {}
@@ -947,16 +963,7 @@ def function_reads(
             for target in targets:
                 if isinstance(target, ast.Name):
                     made.setdefault(target.id, set()).add(node.value.func.id)
-    for node in ast.walk(top):
-        if isinstance(node, ast.Attribute):
-            found = _attribute_chain(node, first)
-        elif isinstance(node, (ast.Call, ast.Subscript)):
-            found = _named_read(node, first)
-        else:
-            continue
-        if found is None:
-            continue
-        root, path = found
+    for _node, root, path in _spelled_reads(top, first):
         if not root:  # ``globals()["k"]``
             names.add(path[0])
         elif not path:
