@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from precompile.artifact.bytecode import (
@@ -18,6 +18,7 @@ from precompile.artifact.bytecode import (
 from precompile.artifact.pair import remove_own, validate_pair, write_files
 from precompile.capturing.backends import check_backend
 from precompile.capturing.emit import Artifact
+from precompile.capturing.function_records import input_records
 from precompile.errors import PrecompileError, RiskyGuardWarning
 from precompile.report import CaptureReport, PrecompileSummary
 from precompile.tracers import DynamoTracer, MakeFxTracer
@@ -33,12 +34,17 @@ def capture(
     backend: str = "inductor",
     training: bool = False,
     signing_key: Any = None,
+    inputs_from: Callable[..., Any] | Iterable[Any] | None = None,
 ) -> Capture:
     """Capture ``fn`` into the artifact pair (python_code at ``artifact_path``, cache at
     ``cache_path``). Use as a context manager and call the result like ``fn``. The default
     tracer is ``DynamoTracer()``. With ``signing_key`` (an Ed25519 private key: a PEM
     file's path, its bytes or a key object) every write also signs the pair, writing
-    ``NAME.sig`` beside the artifact together with the two files."""
+    ``NAME.sig`` beside the artifact together with the two files. ``inputs_from`` names
+    what made the example arguments: a function (a target's ``examples``), or the code
+    objects ``precompile.capturing.function_records.codes_run`` saw run while they were
+    made. The artifact records their source (``INPUT_SOURCES``), so ``precompile check``
+    calls the artifact stale when it changes; a load never reads it."""
     return Capture(
         fn,
         artifact_path=artifact_path,
@@ -47,6 +53,7 @@ def capture(
         backend=backend,
         training=training,
         signing_key=signing_key,
+        inputs_from=inputs_from,
     )
 
 
@@ -70,6 +77,7 @@ class Capture:
         backend: str,
         training: bool,
         signing_key: Any = None,
+        inputs_from: Callable[..., Any] | Iterable[Any] | None = None,
     ) -> None:
         self.backend = check_backend(backend)
         if not isinstance(tracer, (MakeFxTracer, DynamoTracer)):
@@ -98,6 +106,8 @@ class Capture:
             from precompile.artifact import signing
 
             self._signing_key = signing.load_private_key(signing_key)
+        # Recorded now, from the source the examples were made with.
+        self._input_sources = input_records(inputs_from, self.artifact_path)
         self.fn = fn
         self.tracer = tracer
         self.training = training
@@ -295,6 +305,7 @@ class Capture:
             backend=self.backend,
             tracer=self.tracer.name,
             artifact_path=self.artifact_path,
+            input_sources=self._input_sources,
         )
         timings["emit_s"] = time.perf_counter() - started
         self._load_and_cache(artifact, lowered.collect_bundle)
@@ -308,7 +319,10 @@ class Capture:
 
         started = time.perf_counter()
         artifact, report, collect_bundle = build_dynamo_artifact(
-            self._session.finish(), fn_info=self._fn_info, artifact_path=self.artifact_path
+            self._session.finish(),
+            fn_info=self._fn_info,
+            artifact_path=self.artifact_path,
+            input_sources=self._input_sources,
         )
         self._report.timings["emit_s"] = time.perf_counter() - started
         for field in (

@@ -400,7 +400,11 @@ CHANGED: dict[str, str | tuple[str, ...]] = {
         "`DICTED`, `GETATTRED`, `VARSED` (src/pkg/helper.py), which `by_name_strings` reads",
         "`GLOBALED`, `GOTTEN` (src/pkg/t.py), which `by_name_strings` reads",
     ),
-    "by_dunder_class": "`ByDunder.DUNDER` (src/pkg/t.py), which `ByDunder.forward` reads",
+    "by_dunder_class": (
+        "`ByDunder.DUNDER` (src/pkg/t.py), which `ByDunder.forward` reads",
+        # Its examples() changed too (capture(inputs_from=...), INPUT_SOURCES).
+        "`dunder_examples` (src/pkg/t.py), which made the example inputs, changed",
+    ),
     # The bases changed: every attribute read through the class, `lin` (an instance's)
     # too.
     "by_super_after_rebase": (
@@ -518,6 +522,12 @@ def test_a_name_a_capture_read_bound_differently_makes_its_artifact_stale(
     _edit(helper, "IMPORTED_BASE = 2.0", "IMPORTED_BASE = 5.0")
     _edit(helper, "        return x * 2.0", "        return x * 5.0")
     _edit(targets, "    MADE = 2.0", "    MADE = 5.0")
+    # What the example inputs are made with: the batch the artifact was captured on.
+    _edit(
+        targets,
+        "[precompile.Example(ByDunder().eval(), torch.randn(2, 4))]",
+        "[precompile.Example(ByDunder().eval(), torch.randn(3, 4))]",
+    )
     stale = _stale(root)
     assert set(stale) == set(CHANGED), stale
     for name, said in CHANGED.items():
@@ -545,8 +555,9 @@ GOOD_RECORD = {"module": "pkg.t", "function": "f", "path": "t.py", "sha256": "0"
         ],
     ],
 )
+@pytest.mark.parametrize("key", ["FUNCTION_SOURCES", "INPUT_SOURCES"])
 def test_a_function_record_of_the_wrong_shape_is_an_unreadable_artifact(
-    tmp_path: Path, records: list[object]
+    tmp_path: Path, records: list[object], key: str
 ) -> None:
     """A workspace may hold an artifact edited by hand or written by another tool: the
     language server reads its records without running it, and one of the wrong shape is
@@ -560,14 +571,22 @@ def test_a_function_record_of_the_wrong_shape_is_an_unreadable_artifact(
     from precompile_lsp.staleness import artifact_status
 
     artifact = tmp_path / "pkg.t.f.py"
+    rows = {"FUNCTION_SOURCES": [GOOD_RECORD], "INPUT_SOURCES": []} | {key: records}
     artifact.write_text(
         f"{ARTIFACT_MARKER.decode()}\nFORMAT = {ARTIFACT_FORMAT!r}\n"
-        f"FORMAT_VERSION = {ARTIFACT_FORMAT_VERSION!r}\nFUNCTION_SOURCES = {records!r}\n"
-        f"{METADATA_END}\n"
+        f"FORMAT_VERSION = {ARTIFACT_FORMAT_VERSION!r}\n"
+        + "".join(f"{name} = {value!r}\n" for name, value in rows.items())
+        + f"{METADATA_END}\n"
     )
     status = artifact_status(artifact)
     assert status.exists and status.unreadable is not None, status
-    assert "FUNCTION_SOURCES[0]" in status.unreadable and "edited" in status.unreadable
+    assert f"{key}[0]" in status.unreadable and "edited" in status.unreadable
+    if key == "INPUT_SOURCES":
+        artifact.write_text(
+            artifact.read_text().replace(f"INPUT_SOURCES = {records!r}", "INPUT_SOURCES = 5")
+        )
+        status = artifact_status(artifact)
+        assert status.unreadable is not None and "INPUT_SOURCES is not a list" in status.unreadable
 
 
 MADE = """

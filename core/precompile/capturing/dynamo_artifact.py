@@ -42,7 +42,11 @@ def summarize(
 
 
 def build_dynamo_artifact(
-    capture: DynamoCapture, *, fn_info: dict[str, Any], artifact_path: str
+    capture: DynamoCapture,
+    *,
+    fn_info: dict[str, Any],
+    artifact_path: str,
+    input_sources: list[dict[str, Any]],
 ) -> tuple[Artifact, CaptureReport, Any]:
     """The artifact (``dynamo_emit``) and the report of a finished capture; the third
     item is what the load caches beside the artifact (``DynamoGraphs.bundle``)."""
@@ -55,7 +59,9 @@ def build_dynamo_artifact(
     report.summary = summarize(frames, len(capture.graph_breaks), len(capture.graphs.order))
     report.audit = audit(frames)
     report.graph = {"graphs": len(capture.graphs.order), "ops": capture.graphs.ops}
-    artifact = emit_dynamo(capture, fn_info=fn_info, artifact_path=artifact_path)
+    artifact = emit_dynamo(
+        capture, fn_info=fn_info, artifact_path=artifact_path, input_sources=input_sources
+    )
     report.guards = artifact.metadata["GUARDS"]
     report.function_sources = artifact.metadata["FUNCTION_SOURCES"]
     report.sources = artifact.metadata["SOURCES"]

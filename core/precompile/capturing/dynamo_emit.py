@@ -447,7 +447,13 @@ def _tensor_guards(
     return found
 
 
-def emit_dynamo(capture: DynamoCapture, *, fn_info: dict[str, Any], artifact_path: str) -> Artifact:
+def emit_dynamo(
+    capture: DynamoCapture,
+    *,
+    fn_info: dict[str, Any],
+    artifact_path: str,
+    input_sources: list[dict[str, Any]],
+) -> Artifact:
     """The artifact of a finished capture. Its graphs section is rendered by
     ``capture.graphs.section(names)`` under the names normalized from the content tag.
     An ``installed`` artifact carries the renamed package (``_PACKAGE``) instead of frame
@@ -496,6 +502,7 @@ def emit_dynamo(capture: DynamoCapture, *, fn_info: dict[str, Any], artifact_pat
         "DYNAMO_GLOBALS": helpers,
         **_renamed_dependencies(capture.dependencies, names),
         "FUNCTION_SOURCES": function_sources(fn, frames, artifact_path, capture.codes),
+        "INPUT_SOURCES": input_sources,
         "TORCH_VERSION": str(torch.__version__),
         "PYTHON_VERSION": list(sys.version_info[:2]),
         "SOURCES": source_records(capture.source_files, artifact_path),

@@ -184,6 +184,7 @@ def single_graph_metadata(
     tracer: str,
     sources: list[dict[str, str]],
     functions: list[dict[str, Any]],
+    input_sources: list[dict[str, Any]],
     artifact_path: str,
     output_detach: list[int],
     autograd: dict[str, Any] | None = None,
@@ -315,6 +316,7 @@ def single_graph_metadata(
         "PYTHON_VERSION": list(sys.version_info[:2]),
         "SOURCES": sources,
         "FUNCTION_SOURCES": functions,
+        "INPUT_SOURCES": input_sources,
     }
 
 
@@ -326,6 +328,7 @@ def emit_single_graph(
     backend: str,
     tracer: str,
     artifact_path: str,
+    input_sources: list[dict[str, Any]],
 ) -> Artifact:
     sources = source_records([*graph.source_files(), fn_info["file"] or ""], artifact_path)
     functions = function_records(graph.functions_run, artifact_path)
@@ -342,6 +345,7 @@ def emit_single_graph(
         tracer=tracer,
         sources=sources,
         functions=functions,
+        input_sources=input_sources,
         artifact_path=artifact_path,
         output_detach=output_detach,
         autograd=autograd,

@@ -11,10 +11,12 @@ them (``precompile.source_bindings``), which the language server compares too.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 from precompile.artifact.pair import artifact_relative
@@ -278,4 +280,61 @@ def function_records(codes: list[types.CodeType], artifact_path: str) -> list[di
     return sorted(records.values(), key=lambda r: (r["path"], r["line"]))
 
 
-__all__ = ["function_records"]
+@contextlib.contextmanager
+def codes_run() -> Iterator[list[types.CodeType]]:
+    """The project code objects called in this thread inside the block, in order of first
+    call: what made a capture's example inputs (``examples()``, the helpers it calls,
+    the ``__init__`` of the models it builds) is recorded the way a trace's functions
+    are, though no trace ran through it."""
+    seen: dict[types.CodeType, None] = {}
+    previous = sys.getprofile()
+
+    def hook(frame: types.FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code not in seen:
+            seen[frame.f_code] = None
+
+    sys.setprofile(hook)
+    ran: list[types.CodeType] = []
+    try:
+        yield ran
+    finally:
+        sys.setprofile(previous)
+        ran.extend(code for code in seen if is_project_file(code.co_filename))
+
+
+def input_records(inputs_from: Any, artifact_path: str) -> list[dict[str, Any]]:
+    """The records of the functions that made a capture's example inputs, in
+    ``function_records``' shape: ``inputs_from`` is one function (a target's
+    ``examples``) or several functions and code objects (``codes_run``'s). What they
+    built (``Net(k=2.0)``) became part of the artifact, yet no trace ran through them:
+    without these records an edit to them (``Net(k=3.0)``) leaves ``precompile check``
+    calling the old artifact current. A ``functools.partial`` or bound method is
+    recorded by its function; a callable with no Python code (a builtin) by nothing."""
+    if inputs_from is None:
+        return []
+    given = [inputs_from] if callable(inputs_from) else inputs_from
+    try:
+        given = list(given)
+    except TypeError:
+        given = [inputs_from]
+    codes = []
+    for item in given:
+        if not callable(item) and not isinstance(item, types.CodeType):
+            raise TypeError(
+                f"precompile: inputs_from must be the Python function that makes the "
+                f"example inputs (a target's examples), or those functions' code objects; "
+                f"got {type(item).__name__}"
+            )
+        while isinstance(item, functools.partial):
+            item = item.func
+        code = (
+            item
+            if isinstance(item, types.CodeType)
+            else getattr(getattr(item, "__func__", item), "__code__", None)
+        )
+        if isinstance(code, types.CodeType):
+            codes.append(code)
+    return function_records(codes, artifact_path)
+
+
+__all__ = ["codes_run", "function_records", "input_records"]

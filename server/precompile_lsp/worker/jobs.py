@@ -34,6 +34,7 @@ import torch
 import precompile
 import precompile.targets
 from precompile.artifact.pair import default_cache_path, file_sha256
+from precompile.capturing.function_records import codes_run
 from precompile.errors import Location, PrecompileError
 from precompile.targets import as_example
 from precompile_lsp import protocol
@@ -370,6 +371,7 @@ def _capture(
     paths: tuple[str, str],
     covers: list[Any] | None = None,
     deliver: str | None = None,
+    inputs_from: Any = None,
 ) -> tuple[Any, list[CoverageFact]]:
     """Capture ``examples``; evaluate ``covers`` against the artifact while the capture
     still holds it (its frames bound as a served artifact binds them). With ``deliver``
@@ -382,6 +384,8 @@ def _capture(
         "tracer": tracer,
         "backend": backend,
         "training": training,
+        # So that ``precompile check`` sees an edit to examples() as a stale artifact.
+        "inputs_from": inputs_from,
     }
     session = (
         precompile.capture(fn, **settings)
@@ -463,7 +467,9 @@ def run_job(job: JobRequest) -> JobResult:
             failures = verify(fn, options, artifact, cache, job.trusted_keys, job.root)
             result = attrs.evolve(result, verify_failures=failures)
         else:
-            examples = _calls(options.examples, "examples", job.root)
+            # What made the example inputs, recorded so an edit to it is a stale artifact.
+            with codes_run() as made_by:
+                examples = _calls(options.examples, "examples", job.root)
             if not examples:
                 raise PrecompileError(
                     "the target's examples() returned no calls", hint="return at least one Example"
@@ -479,6 +485,7 @@ def run_job(job: JobRequest) -> JobResult:
                     backend,
                     (artifact, cache),
                     deliver=job.deliver,
+                    inputs_from=made_by,
                 )
                 result = attrs.evolve(result, artifact=artifact)
             else:

@@ -1,0 +1,169 @@
+"""An artifact is made from its target's example inputs as well as its code: the model
+``examples()`` builds (``Net()`` becoming ``Net(k=3.0)``) and the shapes it passes. No trace
+runs through ``examples``, so its source was never recorded, and ``precompile check``
+called such an artifact current after the examples changed. ``capture(inputs_from=...)``
+records it (``INPUT_SOURCES``), compared as a traced function is; a load never reads it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import run_json
+
+_numbers = itertools.count()
+
+MODULE = """import torch
+
+import precompile
+
+BATCH = 2
+UNUSED = 1.0
+
+
+class Net(torch.nn.Module):
+    def __init__(self, k=1.0):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.k = k
+
+    def forward(self, x):
+        return self.lin(x) * self.k
+
+
+def build():
+    return Net().eval()
+
+
+def examples():
+    torch.manual_seed(0)
+    return [precompile.Example(build(), torch.randn(BATCH, 4))]
+
+
+def other():
+    return 1
+
+
+def target(model, x):
+    return model(x)
+"""
+
+
+def _capture(tmp_path: Path, tracer: str) -> tuple[Path, Path, Path]:
+    """Write MODULE as a fresh package, import it, and capture ``target`` from its
+    ``examples()`` as a target's emit does (``codes_run`` around the call of
+    ``examples``); the module's file and the pair's paths."""
+    import precompile
+    from precompile.capturing.function_records import codes_run
+
+    package = f"examples_pkg{next(_numbers)}"
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("")
+    source = tmp_path / package / "m.py"
+    source.write_text(MODULE)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module(f"{package}.m")
+    finally:
+        sys.path.remove(str(tmp_path))
+    (tmp_path / "art").mkdir()
+    artifact, cache = tmp_path / "art" / "a.py", tmp_path / "art" / "a.cache"
+    with codes_run() as made_by:
+        (example,) = module.examples()
+    with precompile.capture(
+        module.target,
+        artifact_path=artifact,
+        cache_path=cache,
+        tracer=precompile.MakeFxTracer() if tracer == "make_fx" else precompile.DynamoTracer(),
+        backend="eager",
+        inputs_from=made_by,
+    ) as cap:
+        cap(*example.args)
+    return source, artifact, cache
+
+
+def _said(artifact: Path) -> list[str]:
+    from precompile_lsp.staleness import artifact_status
+
+    status = artifact_status(artifact)
+    assert status.exists and status.unreadable is None and status.refused is None, status
+    return [s.describe(s.file.name) for s in status.stale]
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new, 1))
+
+
+@pytest.mark.parametrize("tracer", ["make_fx", "dynamo"])
+def test_an_edit_to_what_made_the_example_inputs_makes_the_artifact_stale(
+    tmp_path: Path, tracer: str
+) -> None:
+    source, artifact, cache = _capture(tmp_path, tracer)
+    assert _said(artifact) == []
+    # Beside examples(), not in it nor read by it: still current.
+    _edit(source, "UNUSED = 1.0", "UNUSED = 5.0")
+    _edit(source, "def other():\n    return 1", "def other():\n    return 2")
+    assert _said(artifact) == []
+
+    _edit(source, "torch.randn(BATCH, 4)", "torch.randn(BATCH, 4) * 2")
+    assert _said(artifact) == ["`examples` (m.py), which made the example inputs, changed"]
+    _edit(source, "torch.randn(BATCH, 4) * 2", "torch.randn(BATCH, 4)")
+    assert _said(artifact) == []
+    # A helper examples() calls, and the model's __init__, ran for it too.
+    _edit(source, "    return Net().eval()", "    return Net(k=3.0).eval()")
+    assert _said(artifact) == ["`build` (m.py), which made the example inputs, changed"]
+    _edit(source, "    return Net(k=3.0).eval()", "    return Net().eval()")
+    _edit(source, "        self.k = k", "        self.k = k * 1.5")
+    assert "`Net.__init__` (m.py), which made the example inputs, changed" in _said(artifact)
+    _edit(source, "        self.k = k * 1.5", "        self.k = k")
+    assert _said(artifact) == []
+    _edit(source, "BATCH = 2", "BATCH = 3")
+    assert _said(artifact) == [
+        "`BATCH` (m.py), which `examples` reads to make the example inputs, changed"
+    ]
+    _edit(source, "def examples():", "def make_examples():")
+    assert "`examples` (m.py), which made the example inputs, is gone or renamed" in _said(artifact)
+
+    # Serving never depended on the examples' source: a fresh process loads the pair and
+    # serves the model it was captured with as eager does; the one examples() makes now
+    # (k=3.0, a value the graph holds) is refused, never answered wrongly.
+    served = run_json(
+        "import json, sys, torch, precompile\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        f"from {source.parent.name}.m import Net\n"
+        f"forward = precompile.load({str(artifact)!r}, {str(cache)!r})\n"
+        "torch.manual_seed(0)\n"
+        "model, x = Net().eval(), torch.randn(2, 4)\n"
+        "same = torch.equal(forward(model, x), model(x))\n"
+        "try:\n"
+        "    forward(Net(k=3.0).eval(), x)\n"
+        "    refused = None\n"
+        "except precompile.PrecompileError as error:\n"
+        "    refused = str(error)\n"
+        "print(json.dumps([same, refused]))\n"
+    )
+    assert served[0] is True
+    assert served[1] is not None, served
+    assert "k = 3.0" in served[1] or "`model.k` is not 1.0" in served[1], served
+
+
+@pytest.mark.parametrize("given", [5, [1, 2], ["examples"]])
+def test_inputs_from_must_be_functions_or_code(tmp_path: Path, given: Any) -> None:
+    import precompile
+
+    fn: Any = lambda x: x  # noqa: E731
+    with pytest.raises(TypeError, match="inputs_from must be the Python function"):
+        precompile.capture(
+            fn,
+            artifact_path=tmp_path / "a.py",
+            cache_path=tmp_path / "a.cache",
+            inputs_from=given,
+        )
