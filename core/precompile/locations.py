@@ -29,8 +29,17 @@ def _package_dir(name: str) -> str | None:
     return os.path.realpath(next(iter(spec.submodule_search_locations))) + os.sep
 
 
+#: Never the user's code: torch, precompile, and its language server (found, not
+#: imported), whose worker calls a target's examples() and imports the user's modules --
+#: from a source checkout (an editable install) its frames are not in site-packages.
 _LIBRARY_DIRS = tuple(
-    d for d in (_package_dir("torch"), os.path.realpath(os.path.dirname(__file__)) + os.sep) if d
+    d
+    for d in (
+        _package_dir("torch"),
+        os.path.realpath(os.path.dirname(__file__)) + os.sep,
+        _package_dir("precompile_lsp"),
+    )
+    if d
 )
 _STDLIB_DIR = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
 
@@ -90,7 +99,7 @@ def real_path(filename: str) -> str:
 
 def is_user_file(filename: str) -> bool:
     """True for code the user wrote or installed (third-party libraries count), never for
-    torch, precompile or the standard library."""
+    torch, precompile (and its language server) or the standard library."""
     cached = _user_file_cache.get(filename)
     if cached is not None:
         return cached

@@ -167,3 +167,89 @@ def test_inputs_from_must_be_functions_or_code(tmp_path: Path, given: Any) -> No
             cache_path=tmp_path / "a.cache",
             inputs_from=given,
         )
+
+
+def _made(calls: Any) -> list[str]:
+    """The qualified names of this file's functions ``codes_run`` saw ``calls()`` run."""
+    from precompile.capturing.function_records import codes_run
+
+    with codes_run() as ran:
+        calls()
+    return [code.co_qualname for code in ran if code.co_filename == __file__]
+
+
+def _helper() -> int:
+    return 1
+
+
+def test_what_made_the_inputs_is_recorded_beside_any_profiler_and_on_threads() -> None:
+    """helper-86: ``codes_run`` handed a C-level profiler (cProfile's) back to
+    ``sys.setprofile`` as a function, so the next call raised; it replaced a Python
+    profiler instead of chaining it, removed a hook the examples installed themselves,
+    and saw nothing a thread the examples started ran."""
+    import concurrent.futures
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        assert _made(_helper) == ["_helper"]
+        assert sys.getprofile() is profiler
+        assert _helper() == 1
+    finally:
+        profiler.disable()
+    sys.setprofile(None)
+
+    seen: list[str] = []
+
+    def outer(frame: Any, event: str, arg: object) -> None:
+        if event == "call":
+            seen.append(frame.f_code.co_name)
+
+    sys.setprofile(outer)
+    try:
+        assert _made(_helper) == ["_helper"]
+        assert sys.getprofile() is outer and "_helper" in seen
+    finally:
+        sys.setprofile(None)
+
+    def installs_its_own() -> None:
+        sys.setprofile(outer)
+
+    try:
+        _made(installs_its_own)
+        assert sys.getprofile() is outer  # the block's own hook is left in place
+    finally:
+        sys.setprofile(None)
+
+    def on_a_thread() -> None:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            assert pool.submit(_helper).result() == 1
+
+    assert "_helper" in _made(on_a_thread)
+    assert sys.getprofile() is None
+
+
+def test_the_products_own_code_is_never_what_made_the_inputs() -> None:
+    """helper-86: from a source checkout, the worker's own frames (``_calls``, its
+    import hooks) were recorded as what made the inputs, with paths out of the
+    workspace, so moving the workspace made every artifact stale."""
+    import precompile.capture_api
+    import precompile_lsp.worker.jobs
+    from precompile.locations import is_project_file
+
+    assert not is_project_file(precompile_lsp.worker.jobs.__file__)
+    assert not is_project_file(precompile.capture_api.__file__)
+    assert is_project_file(__file__)
+
+
+def test_a_callable_instance_is_recorded_by_its_call(tmp_path: Path) -> None:
+    from precompile.capturing.function_records import input_records
+
+    class Examples:
+        def __call__(self) -> list[Any]:
+            return []
+
+    records = input_records(Examples(), str(tmp_path / "a.py"))
+    assert [r["function"] for r in records] == [Examples.__call__.__qualname__]
+    assert input_records(len, str(tmp_path / "a.py")) == []

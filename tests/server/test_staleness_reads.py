@@ -467,6 +467,15 @@ def test_a_name_a_capture_read_bound_differently_makes_its_artifact_stale(
     emitted = precompile_cli("check", "--emit", cwd=root, timeout=600)
     assert emitted.returncode == 0, emitted.stdout + emitted.stderr
     assert len(list((root / "artifacts").glob("*.py"))) == len(CHANGED)
+    from precompile.artifact.metadata import inspect_artifact
+
+    # What made each target's example inputs is the workspace's own code, never the
+    # worker's (whose frames, from a source checkout, pointed out of the workspace).
+    for artifact in (root / "artifacts").glob("*.py"):
+        made = inspect_artifact(artifact)["INPUT_SOURCES"]
+        assert made, artifact
+        for record in made:
+            assert (root / "artifacts" / record["path"]).resolve().is_relative_to(root.resolve())
 
     helper, targets = root / "src" / "pkg" / "helper.py", root / "src" / "pkg" / "t.py"
     # Nothing a capture read is bound differently: every artifact stays current.
@@ -908,6 +917,10 @@ BLOCKS = {
     "while": "while True:\n    def f(x):\n        return 1\n    break\n",
     "match": "match MODE:\n    case 1:\n        def f(x):\n            return 1\n",
     "method": "if FAST:\n    class Net:\n        if X:\n            def f(self):\n                return 1\n",
+    # Lambdas after three lines were added above them (helper-86: found by their exact
+    # first line, a lambda was gone once anything above it moved); one inside g is g's.
+    "lambdas": "\n\n# added\nA = lambda x: 1\n\n\ndef g():\n    return lambda y: 3\n\n\n"
+    "B = [lambda z: 2]\n",
 }
 
 
@@ -923,6 +936,9 @@ BLOCKS = {
         ("while", "f", 2, "return 1"),
         ("match", "f", 3, "return 1"),
         ("method", "Net.f", 4, "return 1"),
+        ("lambdas", "<lambda>", 1, "lambda x: 1"),
+        ("lambdas", "<lambda>", 8, "lambda z: 2"),
+        ("lambdas", "g.<locals>.<lambda>", 5, "lambda y: 3"),
     ],
 )
 def test_a_function_defined_inside_a_block_is_found_by_its_record(

@@ -15,11 +15,13 @@ import contextlib
 import functools
 import inspect
 import sys
+import threading
 import types
 from collections.abc import Iterator
 from typing import Any
 
 from precompile.artifact.pair import artifact_relative
+from precompile.capturing.fx_watch import reinstall_profiler
 from precompile.locations import is_project_file, is_project_module
 from precompile.runtime.source_digest import (
     function_node,
@@ -282,24 +284,31 @@ def function_records(codes: list[types.CodeType], artifact_path: str) -> list[di
 
 @contextlib.contextmanager
 def codes_run() -> Iterator[list[types.CodeType]]:
-    """The project code objects called in this thread inside the block, in order of first
-    call: what made a capture's example inputs (``examples()``, the helpers it calls,
-    the ``__init__`` of the models it builds) is recorded the way a trace's functions
-    are, though no trace ran through it."""
+    """The project code objects called inside the block, on this thread and on threads
+    it starts, in order of first call: what made a capture's example inputs
+    (``examples()``, the helpers it calls, the ``__init__`` of the models it builds) is
+    recorded the way a trace's functions are, though no trace ran through it. A profiler
+    already installed is chained and put back as ``fx_watch.recording_calls`` does; one
+    the block installs itself is left in place (and what runs after it unrecorded)."""
     seen: dict[types.CodeType, None] = {}
-    previous = sys.getprofile()
+    installed, threads = sys.getprofile(), threading.getprofile()
+    previous = installed if callable(installed) else None
 
-    def hook(frame: types.FrameType, event: str, arg: object) -> None:
+    def hook(frame: types.FrameType, event: Any, arg: object) -> object:
         if event == "call" and frame.f_code not in seen:
             seen[frame.f_code] = None
+        return None if previous is None else previous(frame, event, arg)
 
     sys.setprofile(hook)
+    threading.setprofile(hook)
     ran: list[types.CodeType] = []
     try:
         yield ran
     finally:
-        sys.setprofile(previous)
-        ran.extend(code for code in seen if is_project_file(code.co_filename))
+        threading.setprofile(threads)
+        if sys.getprofile() is hook:
+            reinstall_profiler(installed)
+        ran.extend(code for code in list(seen) if is_project_file(code.co_filename))
 
 
 def input_records(inputs_from: Any, artifact_path: str) -> list[dict[str, Any]]:
@@ -308,8 +317,9 @@ def input_records(inputs_from: Any, artifact_path: str) -> list[dict[str, Any]]:
     ``examples``) or several functions and code objects (``codes_run``'s). What they
     built (``Net(k=2.0)``) became part of the artifact, yet no trace ran through them:
     without these records an edit to them (``Net(k=3.0)``) leaves ``precompile check``
-    calling the old artifact current. A ``functools.partial`` or bound method is
-    recorded by its function; a callable with no Python code (a builtin) by nothing."""
+    calling the old artifact current. A function records itself only (``codes_run``
+    finds what it calls); a ``functools.partial``, bound method or callable instance
+    by its function (the instance's ``__call__``); a builtin by nothing."""
     if inputs_from is None:
         return []
     given = [inputs_from] if callable(inputs_from) else inputs_from
@@ -327,11 +337,10 @@ def input_records(inputs_from: Any, artifact_path: str) -> list[dict[str, Any]]:
             )
         while isinstance(item, functools.partial):
             item = item.func
-        code = (
-            item
-            if isinstance(item, types.CodeType)
-            else getattr(getattr(item, "__func__", item), "__code__", None)
-        )
+        if not isinstance(item, (types.CodeType, types.FunctionType, types.MethodType, type)):
+            item = type(item).__call__  # an instance (or builtin): its class's
+        function = getattr(item, "__func__", item)
+        code = item if isinstance(item, types.CodeType) else getattr(function, "__code__", None)
         if isinstance(code, types.CodeType):
             codes.append(code)
     return function_records(codes, artifact_path)

@@ -282,7 +282,7 @@ def recording_calls() -> Iterator[CallLog]:
     try:
         yield log
     finally:
-        _reinstall_profiler(installed)
+        reinstall_profiler(installed)
 
 
 _GRAD_MODE = torch.autograd.grad_mode
@@ -328,8 +328,9 @@ def _follow_grad_mode(
     trail.set(owner, mode, fx_process_state.call_site(caller))
 
 
-def _reinstall_profiler(installed: object) -> None:
-    """Put back the profiler ``sys.getprofile()`` returned before the trace: a Python
+def reinstall_profiler(installed: object) -> None:
+    """Put back the profiler ``sys.getprofile()`` returned before a recording (a trace,
+    ``function_records.codes_run``): a Python
     function as it was; a C-level profiler (``_lsprof.Profiler``) by enabling it again,
     which reinstalls its C hook; anything else (a C hook no Python call can reinstall)
     by removing the trace's own hook, since setting the object would have Python call

@@ -99,11 +99,10 @@ def function_node(tree: Any, qualname: str, line: int = 0) -> Any:
                     if stmt.name == name:
                         matches.append(stmt)
         if name == "<lambda>" and depth == len(path) - 1:
+            # Every lambda of the scope: the nearest to ``line`` is picked below, so
+            # lines added above it do not lose it.
             for body in scopes:
-                for stmt in body:
-                    for child in ast.walk(stmt):
-                        if isinstance(child, ast.Lambda) and child.lineno == line:
-                            matches.append(child)
+                matches.extend(_scope_lambdas(body))
         if not matches:
             return None
         found = matches
@@ -113,6 +112,30 @@ def function_node(tree: Any, qualname: str, line: int = 0) -> Any:
     if not found:
         return None
     return min(found, key=lambda n: (abs(_first_line(n) - line) if line else 0))
+
+
+def _scope_lambdas(body: list[Any]) -> list[Any]:
+    """The lambdas whose qualified name is the scope's ``<lambda>``: in its statements,
+    and in what its definitions evaluate there (decorators, defaults, bases), not in
+    the bodies of its functions, classes and lambdas (their own scopes)."""
+    import ast
+
+    found = []
+    stack: list[Any] = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef)):
+            if isinstance(node, ast.Lambda):
+                found.append(node)
+            else:
+                stack.extend(node.decorator_list)
+            stack.extend(node.args.defaults)
+            stack.extend(d for d in node.args.kw_defaults if d is not None)
+        elif isinstance(node, ast.ClassDef):
+            stack.extend([*node.decorator_list, *node.bases, *(k.value for k in node.keywords)])
+        else:
+            stack.extend(ast.iter_child_nodes(node))
+    return found
 
 
 def _first_line(node: Any) -> int:
