@@ -200,3 +200,53 @@ def test_check_reads_a_crlf_module_with_a_bom_as_the_capture_did(tmp_path: Path)
     assert stale() == []
     _edit(module, "SCALE = 2.0", "SCALE = 3.0")
     assert [("`SCALE`" in m) for m in stale()] == [True]
+
+
+SUBCLASSED = """class Block:
+    SCALE = 1.0
+
+    def __init__(self):
+        self.gain = 1.0
+
+    def forward(self, x):
+        return x * self.SCALE * self.gain
+
+
+class WideBlock(Block):
+    SCALE = 2.0
+
+
+class TunedBlock(WideBlock):
+    def __init__(self):
+        super().__init__()
+        self.gain = 3.0
+
+
+class Other:
+    SCALE = 4.0
+"""
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "changed"),
+    [
+        ("    SCALE = 2.0", "    SCALE = 5.0", ["SCALE"]),
+        ("        self.gain = 3.0", "        self.gain = 5.0", ["gain"]),
+        ("    SCALE = 1.0", "    SCALE = 5.0", ["SCALE"]),
+        ("    SCALE = 4.0", "    SCALE = 5.0", []),
+    ],
+    ids=["subclass", "sub-subclass-init", "base", "unrelated"],
+)
+def test_a_method_run_on_a_subclass_instance_reads_through_the_subclass(
+    tmp_path: Path, old: str, new: str, changed: list[str]
+) -> None:
+    """helper-85: ``Block.forward`` run on a ``WideBlock`` reads ``self.SCALE`` from
+    WideBlock's body, yet its rows followed only Block's MRO, so an edit to the
+    subclass (the instance's class) left the artifact current."""
+    path, records = _captured(tmp_path, SUBCLASSED, lambda m: [m.Block.forward])
+    assert _stale(tmp_path, records) == []
+    _edit(path, old, new)
+    said = {name for names in _stale(tmp_path, records) for name in names}
+    # What changed is named (a subclass's row may name the other attributes read too:
+    # its digests take in what it hands to its base); an unrelated class is not read.
+    assert set(changed) <= said if changed else said == set(), said

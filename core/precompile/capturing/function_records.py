@@ -82,7 +82,7 @@ def _reads(code: types.CodeType, node: Any, text: str, artifact_path: str) -> li
     outside itself, as ``reads`` rows: the names it loads, as its module binds them (a
     name it imports, as the module it comes from binds it, hop by hop); the attributes it
     reads from its first parameter (``self.k``, ``type(self).k``), in the bodies of the
-    project classes of its class's MRO; and the attributes it reads from a class or
+    project classes of its class's MRO and of its subclasses'; and the attributes it reads from a class or
     project module its globals hold, where that class (and its bases) or module binds
     them."""
     module = inspect.getmodule(code)
@@ -99,7 +99,14 @@ def _reads(code: types.CodeType, node: Any, text: str, artifact_path: str) -> li
         for part in owner.split("."):
             cls = getattr(cls, part, None)
         if isinstance(cls, type):
-            rows += _class_reads(cls, sorted(attributes[first]), artifact_path)
+            read = sorted(attributes[first])
+            rows += _class_reads(cls, read, artifact_path)
+            # The instance may be a subclass's, whose body (or __init__) shadows what
+            # the method reads through self: the method runs as the base's code.
+            skip = set(cls.__mro__)
+            for sub in _subclasses(cls):
+                rows += _class_reads(sub, read, artifact_path, skip=tuple(skip))
+                skip.update(sub.__mro__)
     # Besides the names read, those their bindings read in turn: a global made from a
     # name imported from a project module (``from .config import BASE`` then ``X = BASE
     # * 2``) reads BASE as its module binds it; only a name read has its attributes read.
@@ -179,12 +186,28 @@ def _chain_reads(
     return rows
 
 
-def _class_reads(cls: type, names: list[str], artifact_path: str) -> list[dict[str, Any]]:
-    """``reads`` rows of ``names`` in the body of each project class of ``cls``'s MRO (a
-    value inherited from a base, or shadowed in a subclass later, changes what the read
-    finds)."""
+def _subclasses(cls: type) -> list[type]:
+    """Every subclass of ``cls`` alive now, depth first, each once."""
+    found: dict[type, None] = {}
+    stack: list[type] = list(type.__subclasses__(cls))
+    while stack:
+        sub = stack.pop()
+        if sub not in found:
+            found[sub] = None
+            stack.extend(type.__subclasses__(sub))
+    return list(found)
+
+
+def _class_reads(
+    cls: type, names: list[str], artifact_path: str, skip: tuple[type, ...] = ()
+) -> list[dict[str, Any]]:
+    """``reads`` rows of ``names`` in the body of each project class of ``cls``'s MRO but
+    ``skip`` (a value inherited from a base, or shadowed in a subclass later, changes
+    what the read finds)."""
     rows = []
     for klass in cls.__mro__:
+        if klass in skip:
+            continue
         owner = sys.modules.get(klass.__module__)
         if "<locals>" in klass.__qualname__ or owner is None:
             continue
