@@ -5,8 +5,9 @@ through (``FUNCTION_SOURCES``), and it is stale when one of those functions read
 differently in the workspace now, or is gone -- or when a name one of them reads from
 outside itself is bound differently now (``K = 2.0`` at its module's top level, a class
 attribute, a project module's attribute: ``precompile.source_bindings``).
-The function that made the example inputs (``INPUT_SOURCES``: a target's ``examples``) is
-compared the same way: ``Net()`` becoming ``Net(k=3.0)`` there is a new artifact too.
+The functions that made the example inputs (``INPUT_SOURCES``: a target's ``examples``,
+what it called) are compared the same way: ``Net()`` becoming ``Net(k=3.0)`` there is a
+new artifact too.
 Editing another function of the same file, a comment outside the function, or lines above
 it changes nothing. Artifacts that predate function records fall back to their per-file
 ``SOURCES`` hashes.
@@ -128,7 +129,13 @@ def artifact_status(artifact: Path, root: Path | None = None) -> ArtifactStatus:
         if isinstance(rows, list) and (malformed := _malformed(key, rows)) is not None:
             return ArtifactStatus(exists=True, unreadable=f"{malformed}: it was edited")
     if isinstance(records, list) and records:
-        stale = _stale_functions(records, base) + _stale_functions(inputs, base, inputs=True)
+        stale = _stale_functions(records, base)
+        said = {(s.file, s.function, s.reads) for s in stale}
+        stale += [  # a helper both traced and run by examples() is said once
+            s
+            for s in _stale_functions(inputs, base, inputs=True)
+            if (s.file, s.function, s.reads) not in said
+        ]
         return ArtifactStatus(exists=True, stale=tuple(stale))
     stale = []
     for record in metadata.get("SOURCES", []):

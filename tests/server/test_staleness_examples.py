@@ -253,3 +253,38 @@ def test_a_callable_instance_is_recorded_by_its_call(tmp_path: Path) -> None:
     records = input_records(Examples(), str(tmp_path / "a.py"))
     assert [r["function"] for r in records] == [Examples.__call__.__qualname__]
     assert input_records(len, str(tmp_path / "a.py")) == []
+
+
+def test_a_helper_both_traced_and_run_by_examples_is_said_once(tmp_path: Path) -> None:
+    """A function the trace ran and examples() ran too is one change, said once."""
+    import precompile
+    from precompile.capturing.function_records import codes_run
+
+    package = f"examples_pkg{next(_numbers)}"
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("")
+    source = tmp_path / package / "m.py"
+    source.write_text(
+        "import torch\n\nimport precompile\n\n\ndef shift(t):\n    return t + 1\n\n\n"
+        "def examples():\n    return [precompile.Example(shift(torch.ones(2)))]\n\n\n"
+        "def target(x):\n    return shift(x) * 2\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module(f"{package}.m")
+    finally:
+        sys.path.remove(str(tmp_path))
+    with codes_run() as made_by:
+        (example,) = module.examples()
+    artifact = tmp_path / "a.py"
+    with precompile.capture(
+        module.target,
+        artifact_path=artifact,
+        cache_path=tmp_path / "a.cache",
+        tracer=precompile.MakeFxTracer(),
+        backend="eager",
+        inputs_from=made_by,
+    ) as cap:
+        cap(*example.args)
+    _edit(source, "return t + 1", "return t + 2")
+    assert _said(artifact) == ["`shift` (m.py) changed"]

@@ -26,7 +26,7 @@ class _Common(TypedDict):
     GLOBAL_READS: list[dict[str, Any]]
     LIBRARY_SURFACE: list[Any]
     FUNCTION_SOURCES: list[Any]
-    #: The function that made the example inputs (``capture(inputs_from=...)``), in
+    #: The functions that made the example inputs (``capture(inputs_from=...)``), in
     #: ``FUNCTION_SOURCES``' shape: read by ``precompile check``, never by a load.
     INPUT_SOURCES: list[Any]
     TORCH_VERSION: str

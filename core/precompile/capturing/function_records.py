@@ -82,9 +82,9 @@ def _reads(code: types.CodeType, node: Any, text: str, artifact_path: str) -> li
     outside itself, as ``reads`` rows: the names it loads, as its module binds them (a
     name it imports, as the module it comes from binds it, hop by hop); the attributes it
     reads from its first parameter (``self.k``, ``type(self).k``), in the bodies of the
-    project classes of its class's MRO and of its subclasses'; and the attributes it reads from a class or
-    project module its globals hold, where that class (and its bases) or module binds
-    them."""
+    project classes of its class's MRO and of its subclasses'; and the attributes it
+    reads from a class or project module its globals hold, where that class (and its
+    bases) or module binds them."""
     module = inspect.getmodule(code)
     if module is None:
         return []

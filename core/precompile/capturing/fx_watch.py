@@ -330,10 +330,10 @@ def _follow_grad_mode(
 
 def reinstall_profiler(installed: object) -> None:
     """Put back the profiler ``sys.getprofile()`` returned before a recording (a trace,
-    ``function_records.codes_run``): a Python
-    function as it was; a C-level profiler (``_lsprof.Profiler``) by enabling it again,
-    which reinstalls its C hook; anything else (a C hook no Python call can reinstall)
-    by removing the trace's own hook, since setting the object would have Python call
+    ``function_records.codes_run``): a Python function as it was; a C-level profiler
+    (``_lsprof.Profiler``) by enabling it again, which reinstalls its C hook; anything
+    else (a C hook no Python call can reinstall) by removing the recording's own hook,
+    since setting the object would have Python call
     it on every event."""
     if installed is None or callable(installed):
         sys.setprofile(installed)
