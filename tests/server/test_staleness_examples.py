@@ -288,3 +288,85 @@ def test_a_helper_both_traced_and_run_by_examples_is_said_once(tmp_path: Path) -
         cap(*example.args)
     _edit(source, "return t + 1", "return t + 2")
     assert _said(artifact) == ["`shift` (m.py) changed"]
+
+
+BUILT = """class Block:
+    def __init__(self):
+        self.scale = self.default_scale()
+
+    def default_scale(self):
+        return 1.0
+
+    def forward(self, x):
+        return x * self.scale
+
+
+class WideBlock(Block):
+    def default_scale(self):
+        return 2.0
+
+
+class Made:
+    DIM = 4
+
+    def __init__(self, scale):
+        self.scale = scale
+
+    @classmethod
+    def make(cls):
+        return cls(cls.DIM ** -0.5)
+
+    def forward(self, x):
+        return x * self.scale
+"""
+
+
+@pytest.mark.parametrize(
+    ("make", "old", "new", "said"),
+    [
+        ("WideBlock", "        return 2.0", "        return 3.0", "`WideBlock.default_scale`"),
+        ("Made.make", "    DIM = 4", "    DIM = 9", "`Made.DIM`"),
+    ],
+    ids=["template-method", "classmethod-factory"],
+)
+def test_how_the_model_was_built_is_what_made_the_inputs(
+    tmp_path: Path, make: str, old: str, new: str, said: str
+) -> None:
+    """What the traced method reads through ``self`` was computed when the model was
+    built: a subclass's override the base's ``__init__`` calls (the template method), a
+    classmethod factory's ``cls.DIM ** -0.5``. The trace's records do not reach either
+    (helper-85's probes); the functions examples() ran to build the model do."""
+    import operator
+
+    from precompile.capturing.function_records import codes_run, input_records
+    from precompile.runtime.source_digest import changed_functions, decode_source
+    from precompile.source_bindings import changed_bindings
+
+    package = f"examples_pkg{next(_numbers)}"
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("")
+    source = tmp_path / package / "m.py"
+    source.write_text(BUILT)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module(f"{package}.m")
+    finally:
+        sys.path.remove(str(tmp_path))
+    with codes_run() as made_by:
+        operator.attrgetter(make)(module)()
+    records = input_records(made_by, str(tmp_path / "a.py"))
+
+    def changed() -> list[str]:
+        def module_text(module: str, path: str) -> str | None:
+            return decode_source((tmp_path / path).read_bytes())
+
+        functions = [f"`{r['function']}`" for r, _gone in changed_functions(records, module_text)]
+        return functions + [
+            f"`{read['scope']}.{name}`"
+            for _record, read, names in changed_bindings(records, module_text)
+            for name in names
+        ]
+
+    assert changed() == []
+    _edit(source, old, new)
+    assert changed() == [said]
