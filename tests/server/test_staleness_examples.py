@@ -55,6 +55,21 @@ def target(model, x):
 """
 
 
+def _imported(tmp_path: Path, text: str) -> tuple[Any, Path]:
+    """``text`` written as ``m.py`` of a fresh package under ``tmp_path`` and imported:
+    the module and its file."""
+    package = f"examples_pkg{next(_numbers)}"
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("")
+    source = tmp_path / package / "m.py"
+    source.write_text(text)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        return importlib.import_module(f"{package}.m"), source
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
 def _capture(tmp_path: Path, tracer: str) -> tuple[Path, Path, Path]:
     """Write MODULE as a fresh package, import it, and capture ``target`` from its
     ``examples()`` as a target's emit does (``codes_run`` around the call of
@@ -62,16 +77,7 @@ def _capture(tmp_path: Path, tracer: str) -> tuple[Path, Path, Path]:
     import precompile
     from precompile.capturing.function_records import codes_run
 
-    package = f"examples_pkg{next(_numbers)}"
-    (tmp_path / package).mkdir()
-    (tmp_path / package / "__init__.py").write_text("")
-    source = tmp_path / package / "m.py"
-    source.write_text(MODULE)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        module = importlib.import_module(f"{package}.m")
-    finally:
-        sys.path.remove(str(tmp_path))
+    module, source = _imported(tmp_path, MODULE)
     (tmp_path / "art").mkdir()
     artifact, cache = tmp_path / "art" / "a.py", tmp_path / "art" / "a.cache"
     with codes_run() as made_by:
@@ -260,20 +266,12 @@ def test_a_helper_both_traced_and_run_by_examples_is_said_once(tmp_path: Path) -
     import precompile
     from precompile.capturing.function_records import codes_run
 
-    package = f"examples_pkg{next(_numbers)}"
-    (tmp_path / package).mkdir()
-    (tmp_path / package / "__init__.py").write_text("")
-    source = tmp_path / package / "m.py"
-    source.write_text(
+    module, source = _imported(
+        tmp_path,
         "import torch\n\nimport precompile\n\n\ndef shift(t):\n    return t + 1\n\n\n"
         "def examples():\n    return [precompile.Example(shift(torch.ones(2)))]\n\n\n"
-        "def target(x):\n    return shift(x) * 2\n"
+        "def target(x):\n    return shift(x) * 2\n",
     )
-    sys.path.insert(0, str(tmp_path))
-    try:
-        module = importlib.import_module(f"{package}.m")
-    finally:
-        sys.path.remove(str(tmp_path))
     with codes_run() as made_by:
         (example,) = module.examples()
     artifact = tmp_path / "a.py"
@@ -342,16 +340,7 @@ def test_how_the_model_was_built_is_what_made_the_inputs(
     from precompile.runtime.source_digest import changed_functions, decode_source
     from precompile.source_bindings import changed_bindings
 
-    package = f"examples_pkg{next(_numbers)}"
-    (tmp_path / package).mkdir()
-    (tmp_path / package / "__init__.py").write_text("")
-    source = tmp_path / package / "m.py"
-    source.write_text(BUILT)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        module = importlib.import_module(f"{package}.m")
-    finally:
-        sys.path.remove(str(tmp_path))
+    module, source = _imported(tmp_path, BUILT)
     with codes_run() as made_by:
         operator.attrgetter(make)(module)()
     records = input_records(made_by, str(tmp_path / "a.py"))
