@@ -17,7 +17,7 @@ import inspect
 import sys
 import threading
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from precompile.artifact.pair import artifact_relative
@@ -345,13 +345,9 @@ def input_records(inputs_from: Any, artifact_path: str) -> list[dict[str, Any]]:
     by its function (the instance's ``__call__``); a builtin by nothing."""
     if inputs_from is None:
         return []
-    given = [inputs_from] if callable(inputs_from) else inputs_from
-    try:
-        given = list(given)
-    except TypeError:
-        given = [inputs_from]
+    one = callable(inputs_from) or not isinstance(inputs_from, Iterable)
     codes = []
-    for item in given:
+    for item in [inputs_from] if one else inputs_from:
         if not callable(item) and not isinstance(item, types.CodeType):
             raise TypeError(
                 f"precompile: inputs_from must be the Python function that makes the "

@@ -333,8 +333,7 @@ def reinstall_profiler(installed: object) -> None:
     ``function_records.codes_run``): a Python function as it was; a C-level profiler
     (``_lsprof.Profiler``) by enabling it again, which reinstalls its C hook; anything
     else (a C hook no Python call can reinstall) by removing the recording's own hook,
-    since setting the object would have Python call
-    it on every event."""
+    since setting the object would have Python call it on every event."""
     if installed is None or callable(installed):
         sys.setprofile(installed)
         return
