@@ -235,6 +235,18 @@ def test_what_made_the_inputs_is_recorded_beside_any_profiler_and_on_threads() -
     assert "_helper" in _made(on_a_thread)
     assert sys.getprofile() is None
 
+    # A thread starts with threading's profiler: chained there, not the caller's one.
+    import threading
+
+    seen.clear()
+    threading.setprofile(outer)
+    try:
+        assert "_helper" in _made(on_a_thread)
+        assert "_helper" in seen
+        assert threading.getprofile() is outer
+    finally:
+        threading.setprofile(None)
+
 
 def test_the_products_own_code_is_never_what_made_the_inputs() -> None:
     """helper-86: from a source checkout, the worker's own frames (``_calls``, its

@@ -315,15 +315,23 @@ def codes_run() -> Iterator[list[types.CodeType]]:
     the block installs itself is left in place (and what runs after it unrecorded)."""
     seen: dict[types.CodeType, None] = {}
     installed, threads = sys.getprofile(), threading.getprofile()
-    previous = installed if callable(installed) else None
 
-    def hook(frame: types.FrameType, event: Any, arg: object) -> object:
-        if event == "call" and frame.f_code not in seen:
-            seen[frame.f_code] = None
-        return None if previous is None else previous(frame, event, arg)
+    def chaining(after: Any) -> Any:
+        """A hook that records a call, then calls ``after`` when it is a Python profile
+        function (a C-level one, cProfile's, is not callable: it is put back after)."""
+        previous = after if callable(after) else None
 
+        def hook(frame: types.FrameType, event: Any, arg: object) -> object:
+            if event == "call" and frame.f_code not in seen:
+                seen[frame.f_code] = None
+            return None if previous is None else previous(frame, event, arg)
+
+        return hook
+
+    hook = chaining(installed)
     sys.setprofile(hook)
-    threading.setprofile(hook)
+    # A thread starts with threading's own profiler, not this thread's: chain that one.
+    threading.setprofile(chaining(threads))
     ran: list[types.CodeType] = []
     try:
         yield ran
