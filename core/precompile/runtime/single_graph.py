@@ -102,7 +102,10 @@ if TYPE_CHECKING:
 
     # The sub-builders of the call's checks, emitted before this module.
     def build_input_check() -> (
-        Callable[[tuple[Any, ...], dict[str, Any], bool], tuple[tuple[Any, ...], tuple[Any, ...]]]
+        Callable[
+            [tuple[Any, ...], dict[str, Any], bool],
+            tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]],
+        ]
     ): ...
 
     def build_model_state_check(
@@ -234,6 +237,13 @@ def _build_single_graph_forward() -> Any:
             *keyed,
         )
 
+    def _check_written(flat: list[Any], state: list[Any], tensors_in: Any, callers: Any) -> None:
+        """Refuse a call where an input the graph writes shares memory with another:
+        compared on the caller's tensors, never on a copy the input check made of one
+        (``checked_call``), which shares nothing and would hide the tie."""
+        mine = flat if callers is tensors_in else [*state, *callers]
+        check_written_inputs(mine, mutated_inputs, mutation_labels)
+
     def checked_inputs(
         args: tuple[Any, ...], kwargs: dict[str, Any], running: bool = True
     ) -> tuple[list[Any], list[Any], tuple[Any, ...]]:
@@ -252,7 +262,7 @@ def _build_single_graph_forward() -> Any:
             # No dict the surface, builtins and model-state checks watch changed since
             # each verified it (nor a keyed object's key): those checks' own
             # comparisons of them would pass.
-            mods, tensors_in = checked_call(args, kwargs, running)
+            mods, tensors_in, callers = checked_call(args, kwargs, running)
             state = model_rest(mods)
             if state is not held[2]:
                 _new_epoch(state)
@@ -265,7 +275,7 @@ def _build_single_graph_forward() -> Any:
                 # a patched one would make them refuse for the wrong reason.
                 check_globals(builtins_scopes, serving_context(identities))
                 builtins_seen[0] = _dict_version(builtins_scopes[0][0])
-            mods, tensors_in = checked_call(args, kwargs, running)
+            mods, tensors_in, callers = checked_call(args, kwargs, running)
             state = model_tensors(mods)
             _new_epoch(state)
         if not ordinary:
@@ -274,7 +284,7 @@ def _build_single_graph_forward() -> Any:
             check_grads(state)
         flat = [*state, *tensors_in]
         if mutated_inputs:
-            check_written_inputs(flat, mutated_inputs, mutation_labels)
+            _check_written(flat, state, tensors_in, callers)
         return flat, state, tensors_in
 
     def covers(*args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -367,7 +377,7 @@ def _build_single_graph_forward() -> Any:
             and tuple(map(_dict_version, held[0])) == held[1]
             and tuple(map(held[3], held[4])) == held[5]
         ):
-            mods, tensors_in = checked_call(args, kwargs, True)
+            mods, tensors_in, callers = checked_call(args, kwargs, True)
             state = model_rest(mods)
             if state is not held[2]:
                 _new_epoch(state)
@@ -375,7 +385,7 @@ def _build_single_graph_forward() -> Any:
                 check_grads(state)
             flat = [*state, *tensors_in]
             if mutated_inputs:
-                check_written_inputs(flat, mutated_inputs, mutation_labels)
+                _check_written(flat, state, tensors_in, callers)
         else:
             flat, state, tensors_in = checked_inputs(args, kwargs)
         if n_grads and MODES_SEE_OPS and dispatch_mode_depth():

@@ -413,15 +413,22 @@ def _picker(positions: tuple[int, ...]) -> Any:
 
 
 def build_input_check() -> (
-    Callable[[tuple[Any, ...], dict[str, Any], bool], tuple[tuple[Any, ...], tuple[Any, ...]]]
+    Callable[
+        [tuple[Any, ...], dict[str, Any], bool],
+        tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]],
+    ]
 ):
     """Compute once what a call's arguments must be, and return ``checked_call(args,
     kwargs, running)``: it refuses a call whose arguments the graph cannot take as
-    captured, naming the exact mismatch, and returns the module arguments and the
-    user's tensors (an input in another layout copied into the captured one for
-    Inductor, only when ``running`` the graph). The fast path compares the inputs'
-    (shape, dtype, device, requires_grad where compared, strides where baked) as one
-    tuple, through a C-level guard built from the last tensors that passed."""
+    captured, naming the exact mismatch, and returns the module arguments, the tensors
+    for the graph (an input in another layout copied into the captured one for
+    Inductor, only when ``running`` the graph; a negative view resolved) and the
+    caller's own tensors (the same tuple where nothing was copied). What the caller's
+    tensors share with each other and with the model's is checked on them, never on a
+    copy: a copy of ``x`` made before the graph writes a buffer ``x`` views would read
+    the buffer's old values where eager reads the new ones. The fast path compares the
+    inputs' (shape, dtype, device, requires_grad where compared, strides where baked) as
+    one tuple, through a C-level guard built from the last tensors that passed."""
     from operator import attrgetter
     from operator import is_ as _is
     from typing import cast
@@ -588,7 +595,7 @@ def build_input_check() -> (
 
     def checked_call(
         args: tuple[Any, ...], kwargs: dict[str, Any], running: bool
-    ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    ) -> tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]:
         if kwargs or len(args) != n_args:
             if kwargs:
                 refuse(
@@ -630,9 +637,11 @@ def build_input_check() -> (
             )
         except (AttributeError, IndexError, RuntimeError):
             ok = False
-        if not ok:
+        if ok:
+            callers = tensors_in
+        else:
             _describe_input_mismatch(list(leaves), True)
-            tensors_in = pick_tensors(leaves)
+            tensors_in = callers = pick_tensors(leaves)
             if BACKEND == "inductor" and any(t.is_neg() for t in tensors_in):
                 tensors_in = _resolved_negative_bits(tensors_in)
             if (
@@ -650,6 +659,6 @@ def build_input_check() -> (
                     return checked_call(args, kwargs, running)
         if alias_later and not all(map(_is, pick_alias_later(leaves), pick_alias_first(leaves))):
             _refuse_unaliased(list(leaves))
-        return mods, tensors_in
+        return mods, tensors_in, callers
 
     return checked_call

@@ -31,6 +31,8 @@ ARTIFACTS: dict[str, tuple[str, str, str, list[tuple[Any, ...]]]] = {
     "dynamo read-only": ("read_only", "dynamo", "pair", [(torch.ones(3), torch.ones(3))]),
     "fx buffer": ("accumulate", "make_fx", "module", [(models.Accumulator(), torch.ones(3))]),
     "dynamo buffer": ("accumulate", "dynamo", "module", [(models.Accumulator(), torch.ones(3))]),
+    "fx grid": ("bump_grid", "make_fx", "grid", [(models.Grid(), torch.ones(3, 4))]),
+    "dynamo grid": ("bump_grid", "dynamo", "grid", [(models.Grid(), torch.ones(3, 4))]),
     "dynamo int": (
         "scale_shift",
         "dynamo",
@@ -143,6 +145,30 @@ def test_an_input_sharing_memory_with_a_written_buffer_is_refused(
             assert "are one tensor" in message, message  # Dynamo's guard
             continue
         assert f"writes {names[0]} in place, and {names[1]} shares memory" in message
+
+
+@pytest.mark.parametrize(
+    ("artifact", "names"),
+    [
+        ("fx grid", ("buffer 'grid'", "argument 'x'")),
+        ("dynamo grid", ("model.grid", "x")),
+    ],
+)
+def test_an_input_copied_into_the_captured_layout_is_checked_before_the_copy(
+    served: dict[str, dict[str, dict[str, str]]], artifact: str, names: tuple[str, str]
+) -> None:
+    """helper-87: make_fx with Inductor copied an input in another layout (or a negative
+    view, resolved) into the captured one before it checked what the input shares with
+    the buffer the graph writes; the copy shares nothing, so a transposed view of that
+    buffer was served with its values from before the write, where eager reads them
+    after. An input in another layout that shares nothing is still served."""
+    results = served[artifact]
+    assert results["distinct"] == EXACT
+    assert results["another layout"] == EXACT
+    cell = results["a view of the buffer in another layout"]
+    assert cell["result"] == "refused", cell
+    assert f"writes {names[0]} in place, and {names[1]} shares memory" in cell["message"]
+    assert results["a negative view of the buffer"]["result"] == "refused", results
 
 
 @pytest.mark.parametrize(
