@@ -21,6 +21,16 @@ if TYPE_CHECKING:
     from precompile_lsp.engine_records import TargetState
 
 
+def in_resolved_folder(path: Path) -> Path:
+    """``path`` with its folder resolved, so a symlinked folder counts where it leads (out
+    of the workspace, say), and its own name kept: a symbolic link at the file itself is
+    then what the write policy examines, and it never writes through one. Resolving the
+    whole path handed the policy the link's destination instead -- absent (a new module
+    inside the sources) or an older artifact the link points at -- and the emit wrote
+    there."""
+    return path.parent.resolve() / path.name
+
+
 class EmitPaths:
     """The emit paths of an engine's targets (``targets`` is the engine's own dict, read
     live). Call ``reconfigured`` when the configuration changes and ``invalidate`` when
@@ -46,15 +56,15 @@ class EmitPaths:
         declared = decl.options.get("artifact")
         if isinstance(declared, str):
             # Like every path of the workspace's configuration: relative to its root.
-            return (self.root / declared).resolve(), True
-        return self.config.default_artifact(decl.module, decl.function).resolve(), False
+            return in_resolved_folder(self.root / declared), True
+        return in_resolved_folder(self.config.default_artifact(decl.module, decl.function)), False
 
     def written_paths(self, decl: TargetDecl) -> list[tuple[Path, str]]:
         """Every path an emit of ``decl`` writes or removes, with its kind: the artifact,
-        its ``.cache`` and its ``.sig`` (resolved, so a symlinked folder counts where it
-        leads). Temporaries and backups are random siblings created exclusively."""
+        its ``.cache`` and its ``.sig`` (``in_resolved_folder``). Temporaries and backups
+        are random siblings created exclusively."""
         artifact, _ = self.artifact_of(decl)
-        return [(Path(p).resolve(), kind) for p, kind in pair_paths(str(artifact))]
+        return [(in_resolved_folder(Path(p)), kind) for p, kind in pair_paths(str(artifact))]
 
     def _index(self) -> dict[Path, list[tuple[TargetDecl, str]]]:
         """Each written path -> the targets that write it (rebuilt when targets or the

@@ -116,11 +116,13 @@ def relative_path(path: Path | str, root: Path) -> str | None:
 
 def shown_path(path: Path | str, root: Path | None) -> str:
     """How a path is shown to a user and stored portably: relative to the workspace
-    root when inside it, else as it is."""
+    root when its folder is inside it, else as it is. A symbolic link is shown by its
+    own name, not where it leads: a refusal to write through ``artifacts/f.cache`` names
+    that file, not the README it points at."""
     if root is None:
         return str(path)
-    relative = relative_path(path, root)
-    return str(path) if relative is None else relative
+    folder = relative_path(Path(path).parent, root)
+    return str(path) if folder is None else (Path(folder) / Path(path).name).as_posix()
 
 
 #: What a path held where it held no file: nothing (or nothing an import reads: a FIFO,

@@ -73,6 +73,21 @@ def bar(x):
     return x + 1
 
 
+@precompile.target(one_vector, artifact="artifacts/dangling.py")
+def dangling(x):
+    return x + 1
+
+
+@precompile.target(one_vector, artifact="artifacts/kept.py")
+def kept(x):
+    return x + 1
+
+
+@precompile.target(one_vector, artifact="artifacts/cachelink.py")
+def cachelink(x):
+    return x + 1
+
+
 @precompile.target(one_vector, artifact="artifacts/good.py")
 def good(x):
     torch._dynamo.graph_break()
@@ -86,6 +101,16 @@ REFUSED = {
     "own_module": "src/wp/targets.py",
 }
 OUTSIDE = {"up": "up.py", "absolute": "absolute.py", "linked": "link.py"}
+#: Targets whose artifact path (or its .cache) is a symbolic link: the link's path is
+#: refused, whatever it points at.
+LINKS = {
+    # Dangling, into the sources: the emit created a new module there.
+    "dangling": ("artifacts/dangling.py", "src/wp/evil.py"),
+    # An older pair the user kept, this product's own kind: the emit replaced it.
+    "kept": ("artifacts/kept.py", "backup/kept_v1.py"),
+    # The refusal named the README, not the link.
+    "cachelink": ("artifacts/cachelink.cache", "README.md"),
+}
 
 
 def _workspace(base: Path) -> tuple[Path, Path]:
@@ -102,6 +127,17 @@ def _workspace(base: Path) -> tuple[Path, Path]:
     for name in OUTSIDE.values():
         (outside / name).write_bytes(USER_BYTES)
     (root / "linked").symlink_to(outside, target_is_directory=True)
+    import torch
+
+    from precompile.write_policy import ARTIFACT_MARKER, CACHE_FORMAT
+
+    (root / "backup").mkdir()
+    (root / "backup" / "kept_v1.py").write_bytes(ARTIFACT_MARKER + b" the user's kept v1\n")
+    torch.save({"format": CACHE_FORMAT, "kept": "v1"}, root / "backup" / "kept_v1.cache")
+    (root / "artifacts").mkdir()
+    for link, points_at in LINKS.values():
+        (root / link).symlink_to(os.path.relpath(root / points_at, (root / link).parent))
+    (root / "artifacts" / "kept.cache").symlink_to("../backup/kept_v1.cache")
     return root, outside
 
 
@@ -157,6 +193,23 @@ def test_emit_never_writes_outside_the_workspace(emitted: dict[str, Any]) -> Non
         assert "is outside the workspace" in finding["message"], finding["message"]
         assert (outside / name).read_bytes() == USER_BYTES
     assert sorted(p.name for p in outside.iterdir()) == sorted(OUTSIDE.values())
+
+
+def test_emit_never_writes_through_a_symbolic_link(emitted: dict[str, Any]) -> None:
+    """helper-88: the engine resolved the artifact path before it asked the write policy,
+    so the policy saw the link's destination, not the link: a dangling link made the
+    emit create a module inside the sources, and a link to an older pair the user kept
+    replaced it. The refusal of a linked .cache named the README it points at."""
+    root: Path = emitted["root"]
+    for target, (link, points_at) in LINKS.items():
+        [finding] = [f for f in _of(emitted["doc"], target) if f["code"] == "PC305"]
+        assert f"{link} is a symbolic link, never written" in finding["message"], finding
+        assert points_at not in finding["message"], finding
+        assert (root / link).is_symlink()
+    assert not (root / "src" / "wp" / "evil.py").exists()
+    assert not (root / "src" / "wp" / "evil.cache").exists()
+    assert sorted(p.name for p in (root / "backup").iterdir()) == ["kept_v1.cache", "kept_v1.py"]
+    # Their bytes are unchanged: test_emit_refuses_to_overwrite_a_file_it_did_not_write.
 
 
 def test_a_signature_path_beside_another_targets_artifact_is_a_conflict(
