@@ -229,6 +229,44 @@ def test_an_edit_saved_while_the_job_runs_is_captured_next_time(tmp_path: Path) 
     assert "1 captured, 0 from cache" in _check(workspace, tmp_path)
 
 
+SAVES_ITSELF = """\
+import pathlib
+
+import torch
+import precompile
+
+
+def examples():
+    here = pathlib.Path(__file__)  # the user saves an edit while the emit's job runs
+    here.write_text(here.read_text().replace("return x * 2.0", "return x * 3.0"))
+    return [(torch.ones(3),)]
+
+
+@precompile.target(examples)
+def scale(x):
+    return x * 2.0
+"""
+
+
+def test_an_edit_saved_while_an_emit_runs_leaves_the_artifact_stale(tmp_path: Path) -> None:
+    """helper-88: the artifact held the code the job imported (``x * 2.0``), but its
+    source records were read from the file as it was when the capture ended (``x *
+    3.0``): the emit and every check after it called the artifact current. The records
+    are of the text the job compiled."""
+    workspace = _workspace(tmp_path)
+    target = workspace / "src" / "edits.py"
+    target.write_text(SAVES_ITSELF)
+    emitted = _check(workspace, tmp_path, "--emit", "--format", "json")
+    assert "return x * 3.0" in target.read_text()
+    artifact = (workspace / "artifacts" / "edits.scale.py").read_text()
+    assert "* 2.0" in artifact and "* 3.0" not in artifact
+    later = _check(workspace, tmp_path, "--format", "json")
+    for out in (emitted, later):
+        findings = __import__("json").loads(out)["findings"]
+        [stale] = [f for f in findings if f["code"] == "PC301"]
+        assert "is stale: `scale` (src/edits.py) changed" in stale["message"]
+
+
 def test_a_job_writes_no_bytecode_of_the_files_it_hashes(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()

@@ -136,7 +136,25 @@ def _get_code(self: SourceFileLoader, fullname: str) -> CodeType | None:
     # the result is never taken from the cache for either.
     compiled[real] = digest if compiled.get(real, digest) == digest else "changed during the job"
     code: Any = self.source_to_code(data, path)
+    _remember_source(path, data)
     return code
+
+
+def _remember_source(path: str, data: bytes) -> None:
+    """Make the text compiled the source that ``inspect`` and tracebacks read for
+    ``path`` in this job. ``linecache`` reads the file again whenever its size or time
+    on disk changed, so an edit saved while the job ran (while ``examples()`` ran, say)
+    had the capture record the new text's digests (``FUNCTION_SOURCES``) for the old
+    code it traced: the artifact then held ``x * 2.0``, and every later check read its
+    records as matching ``x * 3.0`` on disk. An entry without a time is never checked
+    against the disk."""
+    import linecache
+
+    try:
+        text = importlib.util.decode_source(data)
+    except (SyntaxError, UnicodeDecodeError, LookupError):
+        return  # the compile above would have raised: nothing to remember
+    linecache.cache[path] = (len(data), None, text.splitlines(keepends=True), path)
 
 
 #: Path -> what it held (``files.path_state``) for each place a lookup looked, since
