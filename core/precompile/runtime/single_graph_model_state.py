@@ -437,10 +437,12 @@ def build_model_state_check(
                 held.append(cell)
                 attrs.append("cell_contents")
         # One identity pass per call covers both: each holder's instance dict (``m.__dict__
-        # = d`` swaps it without a store into the watched one) beside the functions'
-        # code, defaults and closure cells.
-        held = [*holders, *held]
-        attrs = [*("__dict__" for _ in holders), *attrs]
+        # = d`` swaps it without a store into the watched one) and its class
+        # (``cfg.__class__ = Other`` stores into no dict either, and the other class's
+        # attributes and properties answer its reads) beside the functions' code,
+        # defaults and closure cells.
+        held = [*holders, *holders, *held]
+        attrs = [*("__dict__" for _ in holders), *("__class__" for _ in holders), *attrs]
         func_holders, func_attrs = tuple(held), tuple(attrs)
         func_snapshot = tuple(map(_held, func_holders, func_attrs))
         subs = tuple(sub_list)

@@ -17,11 +17,17 @@ comparison of its direct contents (``shallow_contents``). Where two fingerprints
 in words, is ``fingerprint_differences``; names and code digests come from
 ``state_checks`` (``type_name``, ``code_fingerprint``), carried before this module.
 
-Imports nothing at module level and nothing but torch and the standard library inside.
+Imports only the standard library at module level, and nothing but torch and the
+standard library inside.
 """
 
 from __future__ import annotations
 
+from collections import ChainMap as _ChainMap
+from collections import UserDict as _UserDict
+from collections import UserList as _UserList
+from collections import UserString as _UserString
+from collections import deque as _deque
 from typing import Any
 
 # >>> not emitted: artifacts carry this module whole after state_checks, hook_kinds and
@@ -78,7 +84,7 @@ def shallow_contents(value: Any) -> tuple[Any, ...]:
     OrderedDict (the only dicts collected here) by its keys in iteration order:
     ``move_to_end`` and ``popitem(last=False)`` reorder it without changing its version
     tag."""
-    if isinstance(value, (list, set, bytearray, dict)):
+    if isinstance(value, (list, _deque, set, bytearray, dict)):
         return tuple(value)
     missing = shallow_contents
     return tuple(getattr(value, slot, missing) for slot in _slots_of(type(value)))
@@ -109,14 +115,25 @@ def _note_class(cls: Any, context: dict[str, Any]) -> None:
         context["classes"].setdefault(cls, None)
 
 
+#: The standard library's wrappers of a mapping or sequence: their data is in their
+#: instance dict (``data``, ``maps``), read by their own methods (``cfg["scale"]`` runs
+#: ``UserDict.__getitem__``), never by name in the traced code, so all of it is
+#: compared, for a user's subclass too. (A ``deque`` is compared like a list.)
+_WRAPPERS = (_UserDict, _UserList, _UserString, _ChainMap)
+
+
 def _is_stdlib_class(cls: Any) -> bool:
     """Objects of standard-library classes keep private bookkeeping (a logger's level
     cache) that changes as they are used: only their type is recorded, except for the
-    classes that exist to hold configuration."""
+    classes that exist to hold data (namespaces, ``_WRAPPERS``)."""
     import sys
     import types
 
-    if cls in (types.SimpleNamespace,) or type_name(cls) == "argparse.Namespace":
+    if (
+        cls in (types.SimpleNamespace,)
+        or type_name(cls) == "argparse.Namespace"
+        or issubclass(cls, _WRAPPERS)
+    ):
         return False
     return str(getattr(cls, "__module__", "")).split(".")[0] in sys.stdlib_module_names
 
@@ -304,7 +321,7 @@ def fingerprint(value: Any, context: dict[str, Any], depth: int = 0) -> Any:
 
 
 #: The builtin containers fingerprinted element by element; a subclass's class is noted.
-_CONTAINER_KINDS = (list, tuple, dict, set, frozenset)
+_CONTAINER_KINDS = (list, tuple, dict, set, frozenset, _deque)
 
 
 def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth: int) -> Any:
@@ -322,7 +339,7 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
         # A subclass (``class Table(dict)`` with ``__missing__``): its lookups run its
         # class's code, checked with its class record like an object's class.
         _note_class(kind, context)
-    if not context["contents"] and isinstance(value, (list, dict)):
+    if not context["contents"] and isinstance(value, (list, _deque, dict)):
         # Less the tensors a hook stores (activations): they change with every call.
         # Still watched (a dict by version, a list by its contents), so that what the
         # hook reads there (``box[0]``, ``table["act"]``) changed is seen per call; a
@@ -333,7 +350,9 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
         pairs = value.items() if isinstance(value, dict) else ((None, v) for v in value)
         kept = tuple((fp(k), fp(v)) for k, v in pairs if not isinstance(v, torch.Tensor))
         return (type_name(kind), kept)
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, _deque)):
+        # A deque too: a standard-library class, yet its elements are the data read
+        # (``self.window[0]``), not bookkeeping; compared per call like a list's.
         if not isinstance(value, tuple):
             context["shallow"].append(value)
         return (type_name(kind), tuple(fp(v) for v in value))
@@ -491,7 +510,10 @@ def _fingerprint_object(value: Any, kind: Any, context: dict[str, Any], depth: i
     if isinstance(state, dict):
         context["dicts"].append(state)
         context["holders"].append(value)
-        attrs += [(k, fingerprint(v, context, depth)) for k, v in state.items() if k in names]
+        whole = isinstance(value, _WRAPPERS)
+        attrs += [
+            (k, fingerprint(v, context, depth)) for k, v in state.items() if whole or k in names
+        ]
     slots = [s for s in _slots_of(kind) if s in names]
     if slots:
         context["shallow"].append(value)

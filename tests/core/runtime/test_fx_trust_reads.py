@@ -120,6 +120,9 @@ SETTINGS_EXPECTED: dict[str, dict[str, tuple[str, ...] | None]] = {
         "unchanged": None,
         "config class attr": ("Config.scale is 5.0", "read 2.0"),
         "config class attr/warm": ("Config.scale is 5.0", "read 2.0"),
+        # helper-87: served as traced after one call (no dict changes).
+        "config class swapped": ("has cfg = a tests.fixtures.fx_trust_reads.LoudConfig",),
+        "config class swapped/warm": ("has cfg = a tests.fixtures.fx_trust_reads.LoudConfig",),
     },
     "global_class_attr": {
         "unchanged": None,
@@ -145,6 +148,23 @@ SETTINGS_EXPECTED: dict[str, dict[str, tuple[str, ...] | None]] = {
         "unchanged": None,
         "staticmethod swap": ("StaticNet.scale.__func__ is function", "<lambda>"),
         "staticmethod swap/warm": ("StaticNet.scale.__func__ is function", "<lambda>"),
+    },
+    # helper-87: a deque, UserDict or ChainMap (standard-library classes) was
+    # fingerprinted by its type alone, so a changed element or length was served as
+    # traced.
+    "stdlib_containers": {
+        "unchanged": None,
+        "unchanged/warm": None,
+        "deque element": ("has window[0] = 9.0 but the trace read 0.5",),
+        "deque element/warm": ("has window[0] = 9.0 but the trace read 0.5",),
+        "deque appended": ("window = deque([0.5, 1.5, 2.5])", "read deque([0.5, 1.5])"),
+        "deque appended/warm": ("window = deque([0.5, 1.5, 2.5])", "read deque([0.5, 1.5])"),
+        "global deque element": ("global WINDOW[0]", "is 9.0", "read 1.0"),
+        "user dict value": ("global OPTIONS.data['shift']", "is 5.0", "read 1.0"),
+        "user dict value/warm": ("global OPTIONS.data['shift']", "is 5.0", "read 1.0"),
+        "chain map lookup": ("global LAYERS.maps[1]['gain']", "is 5.0", "read 2.0"),
+        "chain map lookup/warm": ("global LAYERS.maps[1]['gain']", "is 5.0", "read 2.0"),
+        "global deque element/warm": ("global WINDOW[0]", "is 9.0", "read 1.0"),
     },
 }
 
