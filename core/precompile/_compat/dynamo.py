@@ -452,6 +452,20 @@ def _unread_attributes_missing(pickler: Any, obj: Any) -> None:
         pickler.missing_values[id(value)] = value
 
 
+def _unnamed_module_function(obj: Any) -> bool:
+    """Whether ``obj`` is a function of an imported module that its qualified name does
+    not find there (a module-level lambda, a function bound under another name than its
+    own); a local function (``<locals>``) is torch's own case."""
+    if not isinstance(obj, types.FunctionType) or "<locals>" in obj.__qualname__:
+        return False
+    found: Any = sys.modules.get(obj.__module__)
+    if found is None:
+        return False
+    for name in obj.__qualname__.split("."):
+        found = getattr(found, name, None)
+    return found is not obj
+
+
 def _builtin(obj: Any) -> bool:
     """Whether ``obj`` is a member of the ``builtins`` module (``getattr``, ``dict``),
     which pickles by name. Torch marks as missing every leaf of a frame's locals no guard
@@ -511,6 +525,14 @@ def guard_examples_pickled_as_read() -> Iterator[None]:
         _unread_attributes_missing(self, obj)
         if id(obj) in self.missing_values and _builtin(obj):
             del self.missing_values[id(obj)]
+        if _unnamed_module_function(obj) and id(obj) not in self.missing_values:
+            # ``lam = lambda x, k=2.0: ...`` at module level: its qualified name
+            # (``<lambda>``) finds nothing in its module, and torch saved it as missing
+            # (a guard on ``lam.__defaults__`` then never rebuilt). Saved as torch saves
+            # a local function: its code in its module's globals.
+            unpickle = type(self)._unpickle_nested_function
+            parts = (obj.__code__, obj.__module__, obj.__qualname__, obj.__defaults__)
+            return _nested_function_reduce(self, obj, (unpickle, (*parts, obj.__closure__)))
         reduced = original(self, obj)
         if isinstance(reduced, tuple) and len(reduced) == 2:
             if reduced[0] == type(self)._unpickle_cell:

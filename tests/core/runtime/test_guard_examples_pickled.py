@@ -451,3 +451,68 @@ def test_a_module_globals_dict_across_a_graph_break_is_captured_and_checked(
     assert out["restored"] == ["served", ""], out
     kind, text = out["changed"]
     assert kind == "refused" and "GLOBAL_GAIN" in text, out
+
+
+#: A module-level lambda with a default: its qualified name (``<lambda>``) finds nothing
+#: in this module.
+scale_by = lambda x, k=2.0: x * k  # noqa: E731
+
+
+class UsesLambda(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return scale_by(x) + 1
+
+
+LAMBDA_CHILD = """
+import json, warnings
+warnings.simplefilter("ignore")
+import torch, precompile
+from tests.core.runtime import test_guard_examples_pickled as case
+
+def outcome(run, model, x):
+    try:
+        got = run(model, x)
+    except precompile.PrecompileError as error:
+        return ["refused", str(error)]
+    return ["served", bool(torch.equal(got, case.serve(model, x)))]
+
+lam = case.scale_by
+changes = {{
+    "defaults": lambda: setattr(lam, "__defaults__", (5.0,)),
+    "rebound": lambda: setattr(case, "scale_by", lambda x, k=2.0: x * k + 1),
+}}
+torch.manual_seed(0)
+model, x = case.UsesLambda().eval(), torch.randn(3, 4)
+out = {{}}
+with torch.no_grad():
+    run = precompile.load({artifact!r}, {cache!r})
+    out["first"] = outcome(run, model, x)
+    for name, change in changes.items():
+        change()
+        out[name] = outcome(run, model, x)
+        lam.__defaults__ = (2.0,)
+        case.scale_by = lam
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("tracer", sorted(TRACERS))
+def test_a_module_level_lambda_with_defaults_is_captured_and_checked(
+    tracer: str, tmp_path: Path
+) -> None:
+    """helper-88: Dynamo's guard pickler looks a function up by its qualified name and
+    saved a module-level lambda (``<lambda>``, found nowhere) as missing, so its guard
+    on ``__defaults__`` could never be rebuilt: every capture of a target calling it
+    failed (PC001). It is saved as a local function is now; its defaults and binding are
+    still checked per call."""
+    out = attack_in_child(
+        LAMBDA_CHILD,
+        serve,
+        lambda: UsesLambda().eval(),
+        lambda: torch.randn(3, 4),
+        directory=tmp_path,
+        tracer=TRACERS[tracer](),
+    )
+    assert out["first"] == SERVED, out
+    for name in ("defaults", "rebound"):
+        assert out[name][0] == "refused", (name, out)
