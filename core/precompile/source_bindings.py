@@ -99,6 +99,7 @@ def _bound(stmt: ast.stmt) -> set[str]:
     # A walrus at the statement's own level binds in this scope too: in a compound
     # statement's header only (its blocks' statements are binders of their own; walking
     # them from every enclosing ``if`` of an ``elif`` chain made the walk quadratic).
+    names |= _setattr_names(stmt)
     if isinstance(stmt, (ast.If, ast.While)):
         header: list[ast.AST] = [stmt.test]
     elif isinstance(stmt, ast.Match):
@@ -126,11 +127,45 @@ def _target_names(target: ast.expr) -> set[str]:
         return {name for elt in target.elts for name in _target_names(elt)}
     if isinstance(target, ast.Starred):
         return _target_names(target.value)
+    if isinstance(target, ast.Subscript) and _namespace_call(target.value):
+        # ``globals()["K"] = v`` (or ``vars()``) at a module's level binds K.
+        key = target.slice
+        return (
+            {key.value} if isinstance(key, ast.Constant) and isinstance(key.value, str) else set()
+        )
     if isinstance(target, (ast.Subscript, ast.Attribute)):
         value = target.value
         while isinstance(value, (ast.Subscript, ast.Attribute)):
             value = value.value
         return {value.id} if isinstance(value, ast.Name) else set()
+    return set()
+
+
+def _namespace_call(node: ast.expr) -> bool:
+    """``globals()`` or ``vars()``: the namespace of the scope they are called in."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("globals", "vars")
+        and not node.args
+        and not node.keywords
+    )
+
+
+def _setattr_names(stmt: ast.stmt) -> set[str]:
+    """``setattr(holder, "K", v)`` as a statement: it may bind K in the module
+    (``setattr(sys.modules[__name__], "K", v)``), so it counts as a binding of K; where
+    the holder is another object, an edit of it is only a needless stale."""
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    if (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id == "setattr"
+        and len(call.args) == 3
+        and isinstance(call.args[1], ast.Constant)
+        and isinstance(call.args[1].value, str)
+    ):
+        return {call.args[1].value}
     return set()
 
 
@@ -664,7 +699,15 @@ def _bindings(
             if key in seen:
                 continue
             seen.add(key)
-            for stmt in table.get(wanted, []):
+            binders = table.get(wanted, [])
+            if not binders and table is module_binders and "__getattr__" in module_binders:
+                # ``other.LAZY`` where other binds no LAZY: its ``__getattr__`` (PEP 562)
+                # answers, and counts whole.
+                for stmt in module_binders["__getattr__"]:
+                    added, reads = counted(stmt, _segment(text, stmt), False)
+                    texts += added
+                    pending += reads
+            for stmt in binders:
                 if isinstance(stmt, _DEFINITIONS) and read_itself and stmt.name == wanted:
                     # A function the capture ran through has its own record, and an edit
                     # to one it did not run changes nothing it computed: only that a

@@ -250,3 +250,94 @@ def test_a_method_run_on_a_subclass_instance_reads_through_the_subclass(
     # What changed is named (a subclass's row may name the other attributes read too:
     # its digests take in what it hands to its base); an unrelated class is not read.
     assert set(changed) <= said if changed else said == set(), said
+
+
+NESTED = """class Holder:
+    class Sub:
+        K = 2.0
+        J = 1.0
+
+
+class Net:
+    class Cfg:
+        K = 2.0
+
+    def forward(self, x):
+        return x * self.Cfg.K
+
+
+def target(x):
+    return x * Holder.Sub.K
+"""
+
+
+@pytest.mark.parametrize(
+    ("ran", "old", "new", "changed"),
+    [
+        ("target", "        K = 2.0\n        J", "        K = 5.0\n        J", ["K"]),
+        ("target", "        J = 1.0", "        J = 5.0", []),
+        ("forward", "    class Cfg:\n        K = 2.0", "    class Cfg:\n        K = 5.0", ["K"]),
+    ],
+    ids=["global-nested", "unread-sibling", "self-nested"],
+)
+def test_an_attribute_of_a_nested_class_is_read_where_that_class_binds_it(
+    tmp_path: Path, ran: str, old: str, new: str, changed: list[str]
+) -> None:
+    """helper-88: ``Holder.Sub.K`` (and ``self.Cfg.K``) had a row for ``Sub`` in
+    Holder's body, whose digest is of the class statement's header: an edit of ``K``
+    inside it left the artifact current."""
+    path, records = _captured(
+        tmp_path, NESTED, lambda m: [m.target if ran == "target" else m.Net.forward]
+    )
+    assert _stale(tmp_path, records) == []
+    _edit(path, old, new)
+    said = {name for names in _stale(tmp_path, records) for name in names}
+    assert set(changed) <= said if changed else said == set(), said
+
+
+SPELLED = """import sys
+
+globals()["G1"] = 2.0
+vars()["G2"] = 2.0
+setattr(sys.modules[__name__], "G3", 2.0)
+
+
+def __getattr__(name):
+    if name == "LAZY":
+        return 2.0
+    raise AttributeError(name)
+
+
+def target(x):
+    return x * G1 * G2 * G3 * sys.modules[__name__].LAZY
+
+
+def lazy(x):
+    from . import m
+
+    return x * m.LAZY
+"""
+
+
+@pytest.mark.parametrize(
+    ("ran", "old", "new", "changed"),
+    [
+        ("target", 'globals()["G1"] = 2.0', 'globals()["G1"] = 3.0', ["G1"]),
+        ("target", 'vars()["G2"] = 2.0', 'vars()["G2"] = 3.0', ["G2"]),
+        ("target", '"G3", 2.0', '"G3", 3.0', ["G3"]),
+        ("lazy", "        return 2.0", "        return 3.0", ["LAZY"]),
+    ],
+    ids=["globals", "vars", "setattr", "module-getattr"],
+)
+def test_a_global_bound_by_other_spellings_is_read_where_they_bind_it(
+    tmp_path: Path, ran: str, old: str, new: str, changed: list[str]
+) -> None:
+    """helper-88: a global bound by ``globals()["K"] = v``, ``vars()["K"] = v`` or
+    ``setattr(sys.modules[__name__], "K", v)``, or answered by the module's
+    ``__getattr__`` (PEP 562), had the digest of no statement: an edit of its value left
+    the artifact current."""
+    path, records = _captured(tmp_path, SPELLED, lambda m: [getattr(m, ran)])
+    assert _stale(tmp_path, records) == []
+    _edit(path, old, new)
+    said = {name for names in _stale(tmp_path, records) for name in names}
+    assert set(changed) <= said, said

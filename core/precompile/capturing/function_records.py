@@ -101,6 +101,7 @@ def _reads(code: types.CodeType, node: Any, text: str, artifact_path: str) -> li
         if isinstance(cls, type):
             read = sorted(attributes[first])
             rows += _class_reads(cls, read, artifact_path)
+            rows += _nested_class_reads(cls, chains.get(first, set()), artifact_path)
             # The instance may be a subclass's, whose body (or __init__) shadows what
             # the method reads through self: the method runs as the base's code.
             skip = set(cls.__mro__)
@@ -119,6 +120,7 @@ def _reads(code: types.CodeType, node: Any, text: str, artifact_path: str) -> li
             continue
         if isinstance(value, type):
             rows += _class_reads(value, read, artifact_path)
+            rows += _nested_class_reads(value, chains.get(name, set()), artifact_path)
         elif isinstance(value, types.ModuleType):
             if value is not module:
                 row = _module_read(value, read, artifact_path)
@@ -183,6 +185,25 @@ def _chain_reads(
             row = _module_read(holder, [chain[depth]], artifact_path)
             if row is not None:
                 rows.append(row)
+    return rows
+
+
+def _nested_class_reads(
+    cls: type, chains: set[tuple[str, ...]], artifact_path: str
+) -> list[dict[str, Any]]:
+    """``reads`` rows of attribute chains through classes nested in ``cls``
+    (``Holder.Sub.K``, ``self.Cfg.K``): each attribute read from a nested class, in the
+    bodies of its project classes. A class statement's own row digests its header, not
+    its body, so without these an edit of ``K = 2.0`` inside ``class Sub`` went unseen."""
+    rows = []
+    for chain in sorted(chains):
+        holder: Any = cls
+        for depth, part in enumerate(chain[:-1]):
+            inner = inspect.getattr_static(holder, part, None)
+            if not isinstance(inner, type):
+                break
+            rows += _class_reads(inner, [chain[depth + 1]], artifact_path)
+            holder = inner
     return rows
 
 
