@@ -274,7 +274,13 @@ def guard_failure_text(raw: str, f_locals: dict[str, Any] | None = None) -> str:
         )
         if match:
             name, found = match.groups()
-            return f"`{name}` is a {found}, where the capture saw a plain torch.Tensor"
+            # Torch's words name the type found, not the one captured (a Parameter
+            # captured and a plain tensor passed reads the same as the reverse).
+            return (
+                f"`{name}` is a {found}, not the exact tensor type the capture saw (Dynamo's "
+                f"guards compare it: an nn.Parameter, a plain torch.Tensor and a tensor "
+                f"subclass differ)"
+            )
         if text == "Duplicate tensor found where not expected!":
             return (
                 "two arguments (or an argument and a parameter or buffer of the model) are "

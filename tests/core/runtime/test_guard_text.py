@@ -38,7 +38,16 @@ def test_only_a_plain_value_negated_is_said_to_be_empty() -> None:
         ),
         (
             "expected type of 'L['x']' to be a tensor type, ' but found <class 'torch.nn.parameter.Parameter'>",
-            "`x` is a torch.nn.parameter.Parameter, where the capture saw a plain torch.Tensor",
+            "`x` is a torch.nn.parameter.Parameter, not the exact tensor type the capture saw "
+            "(Dynamo's guards compare it: an nn.Parameter, a plain torch.Tensor and a tensor "
+            "subclass differ)",
+        ),
+        (
+            # helper-87: the reverse (a Parameter captured, a plain tensor passed) was
+            # said as "a torch.Tensor, where the capture saw a plain torch.Tensor".
+            "expected type of 'L['model'].l.bias' to be a tensor type, ' but found <class "
+            "'torch.Tensor'>",
+            "`model.l.bias` is a torch.Tensor, not the exact tensor type the capture saw",
         ),
         (
             "tensor 'L['x']' dispatch key set mismatch. expected DispatchKeySet(CPU, "
