@@ -441,8 +441,11 @@ def build_model_state_check(
         # (``cfg.__class__ = Other`` stores into no dict either, and the other class's
         # attributes and properties answer its reads) beside the functions' code,
         # defaults and closure cells.
-        held = [*holders, *holders, *held]
-        attrs = [*("__dict__" for _ in holders), *("__class__" for _ in holders), *attrs]
+        # (The model's own modules' types are compared with ``sub_types`` below.)
+        own_modules = set(map(id, sub_list))
+        typed = [h for h in holders if id(h) not in own_modules]
+        held = [*holders, *typed, *held]
+        attrs = [*("__dict__" for _ in holders), *("__class__" for _ in typed), *attrs]
         func_holders, func_attrs = tuple(held), tuple(attrs)
         func_snapshot = tuple(map(_held, func_holders, func_attrs))
         subs = tuple(sub_list)
