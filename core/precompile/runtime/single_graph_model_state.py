@@ -336,6 +336,9 @@ def build_model_state_check(
     from operator import is_ as _is
 
     module_positions = tuple(MODULE_POSITIONS)
+    # ``Py_TPFLAGS_HEAPTYPE``: a class a class statement made, whose instances' class
+    # can be assigned (a builtin's cannot).
+    heap_type = 1 << 9
     stride_of = _torch.Tensor.stride if checks_layout() else type
     # One getter for parameters and buffers alike: a buffer's requires_grad is compared
     # against the snapshot too, which only ever makes the fast path more careful.
@@ -437,13 +440,18 @@ def build_model_state_check(
                 held.append(cell)
                 attrs.append("cell_contents")
         # One identity pass per call covers both: each holder's instance dict (``m.__dict__
-        # = d`` swaps it without a store into the watched one) and its class
-        # (``cfg.__class__ = Other`` stores into no dict either, and the other class's
-        # attributes and properties answer its reads) beside the functions' code,
-        # defaults and closure cells.
-        # (The model's own modules' types are compared with ``sub_types`` below.)
+        # = d`` swaps it without a store into the watched one) and the class of every
+        # watched object a class statement made (``cfg.__class__ = Other`` stores into
+        # no dict, and the other class's attributes, properties or ``__getitem__``
+        # answer its reads; a builtin type's instances cannot change class) beside the
+        # functions' code, defaults and closure cells. (The model's own modules' types
+        # are compared with ``sub_types`` below.)
         own_modules = set(map(id, sub_list))
-        typed = [h for h in holders if id(h) not in own_modules]
+        typed = [
+            o
+            for o in {id(o): o for o in [*holders, *shallow, *dicts, *empty_dicts]}.values()
+            if id(o) not in own_modules and type(o).__flags__ & heap_type
+        ]
         held = [*holders, *typed, *held]
         attrs = [*("__dict__" for _ in holders), *("__class__" for _ in typed), *attrs]
         func_holders, func_attrs = tuple(held), tuple(attrs)

@@ -149,6 +149,18 @@ SETTINGS_EXPECTED: dict[str, dict[str, tuple[str, ...] | None]] = {
         "staticmethod swap": ("StaticNet.scale.__func__ is function", "<lambda>"),
         "staticmethod swap/warm": ("StaticNet.scale.__func__ is function", "<lambda>"),
     },
+    # helper-89: a class swapped on a dict or list subclass or a __slots__ object (no
+    # instance dict) was served as traced after one call.
+    "class_swaps": {
+        "unchanged": None,
+        "unchanged/warm": None,
+        "dict subclass swapped": ("has table = a tests.fixtures.fx_trust_reads.LoudTable",),
+        "dict subclass swapped/warm": ("has table = a tests.fixtures.fx_trust_reads.LoudTable",),
+        "list subclass swapped": ("has gains = a tests.fixtures.fx_trust_reads.LoudGains",),
+        "list subclass swapped/warm": ("has gains = a tests.fixtures.fx_trust_reads.LoudGains",),
+        "slots object swapped": ("has slotted = a tests.fixtures.fx_trust_reads.LoudSlotted",),
+        "slots object swapped/warm": ("slotted = a tests.fixtures.fx_trust_reads.LoudSlotted",),
+    },
     # helper-87: a deque, UserDict or ChainMap (standard-library classes) was
     # fingerprinted by its type alone, so a changed element or length was served as
     # traced.
