@@ -284,3 +284,18 @@ def test_a_job_writes_no_bytecode_of_the_files_it_hashes(tmp_path: Path) -> None
     assert "1 captured" in proc.stdout
     written = sorted(p.name for p in tmp_path.rglob("*.pyc"))
     assert written and [n for n in written if n.startswith(("edits.", "factor."))] == []
+
+
+def test_a_jobs_traceback_quotes_the_line_it_names_past_a_form_feed(tmp_path: Path) -> None:
+    """helper-89: the text a job compiled was split into lines with ``str.splitlines``,
+    which also ends a line at a form feed (PEP 8's page break), so every line after one
+    was quoted one line off."""
+    workspace = _workspace(tmp_path)
+    (workspace / "src" / "edits.py").write_text(
+        "import torch\nimport precompile\n\x0c\n\ndef examples():\n    scale = 1.0\n"
+        '    raise ValueError("boom in examples")\n\n\n@precompile.target(examples)\n'
+        "def f(x):\n    return x * 2.0\n"
+    )
+    findings = __import__("json").loads(_check(workspace, tmp_path, "--format", "json"))
+    [failed] = [f for f in findings["findings"] if f["code"] == "PC001"]
+    assert 'line 7, in examples\n    raise ValueError("boom in examples")' in failed["details"]

@@ -148,13 +148,17 @@ def _remember_source(path: str, data: bytes) -> None:
     code it traced: the artifact then held ``x * 2.0``, and every later check read its
     records as matching ``x * 3.0`` on disk. An entry without a time is never checked
     against the disk."""
+    import io
     import linecache
 
     try:
         text = importlib.util.decode_source(data)
     except (SyntaxError, UnicodeDecodeError, LookupError):
         return  # the compile above would have raised: nothing to remember
-    linecache.cache[path] = (len(data), None, text.splitlines(keepends=True), path)
+    # Lines as a file reads them: ``decode_source`` made every newline ``\n``, and only
+    # that ends a line (``str.splitlines`` also splits at a form feed, U+2028, ...).
+    lines = io.StringIO(text).readlines()
+    linecache.cache[path] = (len(data), None, lines, path)
 
 
 #: Path -> what it held (``files.path_state``) for each place a lookup looked, since
