@@ -45,6 +45,7 @@ artifacts (a load checks the values themselves).
 from __future__ import annotations
 
 import ast
+import builtins
 import collections
 import functools
 import hashlib
@@ -99,7 +100,7 @@ def _bound(stmt: ast.stmt) -> set[str]:
     # A walrus at the statement's own level binds in this scope too: in a compound
     # statement's header only (its blocks' statements are binders of their own; walking
     # them from every enclosing ``if`` of an ``elif`` chain made the walk quadratic).
-    names |= _setattr_names(stmt)
+    names |= _call_bindings(stmt)
     if isinstance(stmt, (ast.If, ast.While)):
         header: list[ast.AST] = [stmt.test]
     elif isinstance(stmt, ast.Match):
@@ -127,6 +128,8 @@ def _target_names(target: ast.expr) -> set[str]:
         return {name for elt in target.elts for name in _target_names(elt)}
     if isinstance(target, ast.Starred):
         return _target_names(target.value)
+    if isinstance(target, ast.Attribute) and _this_module(target.value):
+        return {target.attr}  # ``sys.modules[__name__].K = v``
     if isinstance(target, ast.Subscript) and _namespace_call(target.value):
         # ``globals()["K"] = v`` (or ``vars()``) at a module's level binds K.
         key = target.slice
@@ -152,20 +155,47 @@ def _namespace_call(node: ast.expr) -> bool:
     )
 
 
-def _setattr_names(stmt: ast.stmt) -> set[str]:
-    """``setattr(holder, "K", v)`` as a statement: it may bind K in the module
-    (``setattr(sys.modules[__name__], "K", v)``), so it counts as a binding of K; where
-    the holder is another object, an edit of it is only a needless stale."""
+def _this_module(node: ast.expr) -> bool:
+    """``sys.modules[...]``: a module, the one whose text this is as far as a binding of
+    its globals goes (another one's is only a needless stale)."""
+    return (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "modules"
+        and isinstance(node.value.value, ast.Name)
+        and node.value.value.id == "sys"
+    )
+
+
+def _keys(node: ast.expr | None) -> set[str]:
+    """The constant string keys of a name or dict literal."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, ast.Dict):
+        return {
+            k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)
+        }
+    return set()
+
+
+def _call_bindings(stmt: ast.stmt) -> set[str]:
+    """The globals a call statement may bind by name: ``setattr(holder, "K", v)`` (the
+    holder may be the module: ``sys.modules[__name__]``; where it is another object, an
+    edit of it is only a needless stale), ``globals().update(K=v)`` or
+    ``update({"K": v})``, ``globals().__setitem__("K", v)`` and ``setdefault``."""
     call = stmt.value if isinstance(stmt, ast.Expr) else None
-    if (
-        isinstance(call, ast.Call)
-        and isinstance(call.func, ast.Name)
-        and call.func.id == "setattr"
-        and len(call.args) == 3
-        and isinstance(call.args[1], ast.Constant)
-        and isinstance(call.args[1].value, str)
-    ):
-        return {call.args[1].value}
+    if not isinstance(call, ast.Call):
+        return set()
+    func = call.func
+    if isinstance(func, ast.Name) and func.id == "setattr" and len(call.args) == 3:
+        return _keys(call.args[1])
+    if not (isinstance(func, ast.Attribute) and _namespace_call(func.value)):
+        return set()
+    first = call.args[0] if call.args else None
+    if func.attr == "update":
+        return _keys(first) | {k.arg for k in call.keywords if k.arg is not None}
+    if func.attr in ("__setitem__", "setdefault"):
+        return _keys(first)
     return set()
 
 
@@ -700,7 +730,12 @@ def _bindings(
                 continue
             seen.add(key)
             binders = table.get(wanted, [])
-            if not binders and table is module_binders and "__getattr__" in module_binders:
+            if (
+                not binders
+                and table is module_binders
+                and "__getattr__" in module_binders
+                and not hasattr(builtins, wanted)  # a global lookup never asks __getattr__
+            ):
                 # ``other.LAZY`` where other binds no LAZY: its ``__getattr__`` (PEP 562)
                 # answers, and counts whole.
                 for stmt in module_binders["__getattr__"]:

@@ -171,7 +171,8 @@ def _chain_reads(
 ) -> list[dict[str, Any]]:
     """``reads`` rows of attribute chains read from ``module`` through its submodules
     (``pkg.helper.K`` after ``import pkg.helper``): the first attribute along a chain
-    that is not a module, in the module that holds it."""
+    that is not a module, in the module that holds it; where that is a class, the
+    attribute read from it (and through the classes nested in it), in its body."""
     rows = []
     for chain in sorted(chains):
         holder: Any = module
@@ -185,6 +186,11 @@ def _chain_reads(
             row = _module_read(holder, [chain[depth]], artifact_path)
             if row is not None:
                 rows.append(row)
+        value = getattr(holder, chain[depth], None)
+        if isinstance(value, type) and depth + 1 < len(chain):
+            # ``config.Holder.K``, ``config.Holder.Sub.K``: where the class binds it.
+            rows += _class_reads(value, [chain[depth + 1]], artifact_path)
+            rows += _nested_class_reads(value, {chain[depth + 1 :]}, artifact_path)
     return rows
 
 
