@@ -113,6 +113,8 @@ def _readable(fp: Any) -> str:
         # Every part the fingerprint compares, so two that differ read differently.
         grad = "" if len(fp) < 5 else (", requiring grad" if fp[4] else ", not requiring grad")
         return f"a {kind} of shape {fp[1]}, dtype {fp[2]} on {fp[3]}{grad}"
+    if kind == "value" and len(fp) == 3:
+        return str(fp[2])
     if kind == "collections.deque":
         return "deque([" + ", ".join(_readable(v) for v in fp[1]) + "])"
     if kind in ("builtins.list", "builtins.tuple", "builtins.set", "builtins.frozenset"):

@@ -122,6 +122,12 @@ def _note_class(cls: Any, context: dict[str, Any]) -> None:
 _WRAPPERS = (_UserDict, _UserList, _UserString, _ChainMap)
 
 
+def _is_value(cls: Any) -> bool:
+    """A class of immutable values: instances compare by value (``__eq__`` of its own)
+    and are hashable, so their state never changes in place."""
+    return cls.__eq__ is not object.__eq__ and cls.__hash__ is not None
+
+
 def _is_stdlib_class(cls: Any) -> bool:
     """Objects of standard-library classes keep private bookkeeping (a logger's level
     cache) that changes as they are used: only their type is recorded, except for the
@@ -498,6 +504,12 @@ def _fingerprint_object(value: Any, kind: Any, context: dict[str, Any], depth: i
         # No state at all: only its identity tells it apart, named by the module
         # global bound to it. One that no global holds is refused at capture.
         return ("sentinel", type_name(kind), identity_name(value, context))
+    if _is_stdlib_class(kind) and _is_value(kind):
+        # An immutable value (a timedelta, a path, a compiled pattern): by its repr,
+        # which names its value; ``m.delay = timedelta(seconds=5)`` replaces it.
+        text = repr(value)
+        if " at 0x" not in text:  # a repr by identity differs in every process
+            return ("value", type_name(kind), text)
     if _is_stdlib_class(kind):
         # Its state is not compared (see _is_stdlib_class): one a module-level name
         # holds (dataclasses.MISSING) is told apart by that name.

@@ -149,6 +149,19 @@ SETTINGS_EXPECTED: dict[str, dict[str, tuple[str, ...] | None]] = {
         "staticmethod swap": ("StaticNet.scale.__func__ is function", "<lambda>"),
         "staticmethod swap/warm": ("StaticNet.scale.__func__ is function", "<lambda>"),
     },
+    # helper-89: an immutable value of a standard-library class was fingerprinted by
+    # its type alone, so one replaced by another value was served as traced.
+    "stdlib_values": {
+        "unchanged": None,
+        "delay rebuilt equal": None,
+        "delay rebuilt equal/warm": None,
+        "delay replaced": ("delay = datetime.timedelta(seconds=5)", "timedelta(seconds=2)"),
+        "delay replaced/warm": ("delay = datetime.timedelta(seconds=5)",),
+        "path replaced": ("path = PurePosixPath('abcd')", "read PurePosixPath('ab')"),
+        "path replaced/warm": ("path = PurePosixPath('abcd')",),
+        "pattern replaced": ("pattern = re.compile('zz')", "read re.compile('ab')"),
+        "pattern replaced/warm": ("pattern = re.compile('zz')",),
+    },
     # helper-89: a class swapped on a dict or list subclass or a __slots__ object (no
     # instance dict) was served as traced after one call.
     "class_swaps": {
