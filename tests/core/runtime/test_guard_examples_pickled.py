@@ -101,7 +101,8 @@ def serve(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model(x)
 
 
-CHILD = """
+#: What every child below starts with: the artifact's outcome against eager, as JSON.
+CHILD_PRELUDE = """
 import json, warnings
 warnings.simplefilter("ignore")
 import torch, precompile
@@ -113,7 +114,11 @@ def outcome(run, model, x):
     except precompile.PrecompileError as error:
         return ["refused", str(error)]
     return ["served", bool(torch.equal(got, case.serve(model, x)))]
+"""
 
+CHILD = (
+    CHILD_PRELUDE
+    + """
 def kwdefault(value):
     def change():
         case.KW["kw"].__kwdefaults__ = {{"k": value}}
@@ -161,6 +166,7 @@ with torch.no_grad():
         restore()
 print(json.dumps(out))
 """
+)
 
 SERVED = ["served", True]
 
@@ -214,19 +220,9 @@ class UsesSelfRef(nn.Module):
         return RECURSIVE["selfref"](x) + 1
 
 
-SELF_CHILD = """
-import json, warnings
-warnings.simplefilter("ignore")
-import torch, precompile
-from tests.core.runtime import test_guard_examples_pickled as case
-
-def outcome(run, model, x):
-    try:
-        got = run(model, x)
-    except precompile.PrecompileError as error:
-        return ["refused", str(error)]
-    return ["served", bool(torch.equal(got, case.serve(model, x)))]
-
+SELF_CHILD = (
+    CHILD_PRELUDE
+    + """
 def scale(value):
     return lambda: setattr(case.RECURSIVE["selfref"], "scale", value)
 
@@ -257,6 +253,7 @@ with torch.no_grad():
         restore()
 print(json.dumps(out))
 """
+)
 
 
 @pytest.mark.parametrize("tracer", sorted(TRACERS))
@@ -304,18 +301,9 @@ class UsesSettings(nn.Module):
         return x
 
 
-SETTINGS_CHILD = """
-import json, threading, warnings
-warnings.simplefilter("ignore")
-import torch, precompile
-from tests.core.runtime import test_guard_examples_pickled as case
-
-def outcome(run, model, x):
-    try:
-        got = run(model, x)
-    except precompile.PrecompileError as error:
-        return ["refused", str(error)]
-    return ["served", bool(torch.equal(got, case.serve(model, x)))]
+SETTINGS_CHILD = (
+    CHILD_PRELUDE
+    + """import threading
 
 saved = dict(vars(case.SETTINGS))
 def restore():
@@ -347,6 +335,7 @@ with torch.no_grad():
         restore()
 print(json.dumps(out))
 """
+)
 
 
 @pytest.mark.parametrize("tracer", sorted(TRACERS))
@@ -463,19 +452,9 @@ class UsesLambda(nn.Module):
         return scale_by(x) + 1
 
 
-LAMBDA_CHILD = """
-import json, warnings
-warnings.simplefilter("ignore")
-import torch, precompile
-from tests.core.runtime import test_guard_examples_pickled as case
-
-def outcome(run, model, x):
-    try:
-        got = run(model, x)
-    except precompile.PrecompileError as error:
-        return ["refused", str(error)]
-    return ["served", bool(torch.equal(got, case.serve(model, x)))]
-
+LAMBDA_CHILD = (
+    CHILD_PRELUDE
+    + """
 lam = case.scale_by
 changes = {{
     "defaults": lambda: setattr(lam, "__defaults__", (5.0,)),
@@ -494,6 +473,7 @@ with torch.no_grad():
         case.scale_by = lam
 print(json.dumps(out))
 """
+)
 
 
 @pytest.mark.parametrize("tracer", sorted(TRACERS))
