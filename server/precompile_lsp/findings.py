@@ -520,11 +520,14 @@ def conflict_finding(
 def write_refused_finding(decl: Any, why: str, artifact: Path) -> Finding:
     """A target whose emit may not write where its artifact= points (the write policy):
     nothing is written there, and the fix is another path."""
+    example = f"artifacts/{decl.function}.py"
+    if Path(artifact).as_posix().endswith("/" + example):  # the refused path itself
+        example = f"artifacts/{decl.function}_new.py"
     return Finding(
         "PC305",
         f"{decl.function}'s artifact is not written: {why}. Point artifact= at a new path "
-        f"inside the workspace (e.g. artifacts/{decl.function}.py), or move the existing "
-        f"file away if you mean to replace it",
+        f"inside the workspace (e.g. {example}), or move the existing file away if you "
+        f"mean to replace it",
         decl.file,
         decl.decorator,
         decl.key,

@@ -205,6 +205,8 @@ def test_emit_never_writes_through_a_symbolic_link(emitted: dict[str, Any]) -> N
         [finding] = [f for f in _of(emitted["doc"], target) if f["code"] == "PC305"]
         assert f"{link} is a symbolic link, never written" in finding["message"], finding
         assert points_at not in finding["message"], finding
+        # The new path it suggests is not the refused one.
+        assert f"e.g. artifacts/{target}.py)" not in finding["message"], finding
         assert (root / link).is_symlink()
     assert not (root / "src" / "wp" / "evil.py").exists()
     assert not (root / "src" / "wp" / "evil.cache").exists()
