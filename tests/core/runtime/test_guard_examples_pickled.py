@@ -101,6 +101,19 @@ def serve(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model(x)
 
 
+def _attacked(child: str, model: type[nn.Module], tracer: str, tmp_path: Path) -> Any:
+    """The file's attack: ``model()`` in eval mode and a (3, 4) input captured through
+    ``serve`` under ``tracer``, then ``child`` run against the pair in a fresh process."""
+    return attack_in_child(
+        child,
+        serve,
+        lambda: model().eval(),
+        lambda: torch.randn(3, 4),
+        directory=tmp_path,
+        tracer=TRACERS[tracer](),
+    )
+
+
 #: What every child below starts with: the artifact's outcome against eager, as JSON.
 CHILD_PRELUDE = """
 import json, warnings
@@ -193,14 +206,7 @@ CHANGES = {
 def test_registry_beside_recursive_and_kwdefaults_served_near_misses_refused(
     tracer: str, tmp_path: Path
 ) -> None:
-    out = attack_in_child(
-        CHILD,
-        serve,
-        lambda: Uses().eval(),
-        lambda: torch.randn(3, 4),
-        directory=tmp_path,
-        tracer=TRACERS[tracer](),
-    )
+    out = _attacked(CHILD, Uses, tracer, tmp_path)
     assert out["first"] == [SERVED] * 2, out
     for name in NO_OPS:
         for when in ("", ", before load"):
@@ -260,14 +266,7 @@ print(json.dumps(out))
 def test_recursive_function_refilled_by_its_maker_served_its_attribute_refused(
     tracer: str, tmp_path: Path
 ) -> None:
-    out = attack_in_child(
-        SELF_CHILD,
-        serve,
-        lambda: UsesSelfRef().eval(),
-        lambda: torch.randn(3, 4),
-        directory=tmp_path,
-        tracer=TRACERS[tracer](),
-    )
+    out = _attacked(SELF_CHILD, UsesSelfRef, tracer, tmp_path)
     assert out["first"] == SERVED, out
     for name in ("refilled by the same maker", "scale set to its value"):
         for when in ("", ", before load"):
@@ -342,14 +341,7 @@ print(json.dumps(out))
 def test_object_with_unpicklable_unread_attribute_served_read_ones_checked(
     tracer: str, tmp_path: Path
 ) -> None:
-    out = attack_in_child(
-        SETTINGS_CHILD,
-        serve,
-        lambda: UsesSettings().eval(),
-        lambda: torch.randn(3, 4),
-        directory=tmp_path,
-        tracer=TRACERS[tracer](),
-    )
+    out = _attacked(SETTINGS_CHILD, UsesSettings, tracer, tmp_path)
     assert out["first"] == SERVED, out
     for name in ("lock replaced", "note changed"):
         for when in ("", ", before load"):
@@ -485,14 +477,7 @@ def test_a_module_level_lambda_with_defaults_is_captured_and_checked(
     on ``__defaults__`` could never be rebuilt: every capture of a target calling it
     failed (PC001). It is saved as a local function is now; its defaults and binding are
     still checked per call."""
-    out = attack_in_child(
-        LAMBDA_CHILD,
-        serve,
-        lambda: UsesLambda().eval(),
-        lambda: torch.randn(3, 4),
-        directory=tmp_path,
-        tracer=TRACERS[tracer](),
-    )
+    out = _attacked(LAMBDA_CHILD, UsesLambda, tracer, tmp_path)
     assert out["first"] == SERVED, out
     for name in ("defaults", "rebound"):
         assert out[name][0] == "refused", (name, out)
