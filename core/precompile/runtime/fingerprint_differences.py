@@ -54,6 +54,14 @@ def first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any]
                         after.get(name, ("absent",)),
                         f"{path}.{name}",
                     )
+    # What a view, a weak reference or a context variable reads through: followed, so
+    # that the words name the value below (``view['k']``, ``ref().k``, ``VAR.get()``).
+    through = {"mappingproxy": "", "weakref": "()", "context variable": ".get()"}.get(kind)
+    if through is not None and len(old) == len(new) and old[1:-1] == new[1:-1]:
+        inner_old, inner_new = old[-1], new[-1]
+        if kind == "mappingproxy" and len(inner_old) == len(inner_new) == 1:
+            inner_old, inner_new = inner_old[0], inner_new[0]
+        return first_difference(inner_old, inner_new, path + through)
     if kind in ("partial", "method", "property", "staticmethod", "classmethod", "lru_cache"):
         parts = {
             "lru_cache": ("__wrapped__",),
@@ -145,8 +153,16 @@ def _readable(fp: Any) -> str:
         return f"a {kind} of {_readable(fp[1])}"
     if kind == "method" and len(fp) == 3:
         return f"method {_readable(fp[1]).removeprefix('function ')} of {_readable(fp[2])}"
-    if kind == "absent":
-        return "absent"
+    if kind == "library object" and len(fp) == 4:
+        return fp[3] or f"a {fp[1]}"
+    if kind == "context variable" and len(fp) == 3:
+        return f"context variable {fp[1]!r} set to {_readable(fp[2])}"
+    if kind == "mappingproxy" and len(fp) == 2 and len(fp[1]) == 1:
+        return f"mappingproxy({_readable(fp[1][0])})"
+    if kind == "weakref" and len(fp) == 2:
+        return f"a weak reference to {_readable(fp[1])}"
+    if kind in ("absent", "unset", "a tensor or dead"):
+        return kind
     if kind == "empty cell":
         return "an empty cell"
     if isinstance(kind, str) and "." in kind and len(fp) == 2:

@@ -501,9 +501,30 @@ def build_class_check() -> Any:
         held = [d for d in gc.get_referents(vars(cls)) if isinstance(d, dict)]
         dicts.append(held[0] if len(held) == 1 else {})
     loaded = [own(cls) for cls in checked]
-    mro_of = operator.attrgetter("__mro__")
-    mros = tuple(map(mro_of, leaves))
+    mros = tuple(cls.__mro__ for cls in leaves)
     missing = object()
+
+    def parts(value: Any) -> Any:
+        # What a class's MRO is, and a descriptor's functions are: slots no version
+        # tag sees (``P.__dict__['k'].__init__(other)`` re-initialises a property in
+        # place, keeping its identity), compared per call as keys.
+        if isinstance(value, type):
+            return value.__mro__
+        if isinstance(value, property):
+            return (value.fget, value.fset, value.fdel)
+        return (getattr(value, "__func__", None),)
+
+    # The descriptors loaded (one set or rebound later is refused, so these are the
+    # only ones a served call can run); without any, the MROs alone, by a C getter.
+    descriptors = [
+        v
+        for at_load in loaded
+        for v in at_load.values()
+        if isinstance(v, (property, staticmethod, classmethod))
+    ]
+    key = parts if descriptors else operator.attrgetter("__mro__")
+    keyed = [*leaves, *descriptors]
+    loaded_parts = [{n: parts(v) for n, v in at_load.items()} for at_load in loaded]
 
     def shown(value: Any) -> str:
         if value is missing:
@@ -521,17 +542,20 @@ def build_class_check() -> Any:
                 return f"the one it inherits, {shown(vars(base)[name])}"
         return "nothing (it was not defined)"
 
+    loaded_words = [{n: shown(v) for n, v in at_load.items()} for at_load in loaded]
+
     def recheck() -> None:
-        for cls, at_load in zip(checked, loaded):
+        for cls, at_load, load_parts, words in zip(checked, loaded, loaded_parts, loaded_words):
             now = own(cls)
             for name in sorted(set(at_load) | set(now)):
                 before, after = at_load.get(name, missing), now.get(name, missing)
-                if after is before:
+                if after is before and (after is missing or parts(after) == load_parts[name]):
                     continue
-                ran = shown(before) if before is not missing else inherited(cls, name)
+                ran = words[name] if before is not missing else inherited(cls, name)
+                how = "set" if before is missing else "rebound"
                 refuse(
                     f"precompile: `{cls.__qualname__}.{name}` was "
-                    f"{'set' if before is missing else 'rebound'} on class "
+                    f"{how if after is not before else 're-initialised in place'} on class "
                     f"{cls.__module__}.{cls.__qualname__} after this artifact was loaded: it "
                     f"is {shown(after)} now, and the trace ran {ran} (Dynamo resolved it "
                     f"on the class at capture; the artifact does not look it up again). "
@@ -550,7 +574,7 @@ def build_class_check() -> Any:
                     2,
                 )
 
-    return watch_dicts(lambda: dicts, recheck, True, mro_of, lambda _dicts: leaves)
+    return watch_dicts(lambda: dicts, recheck, True, key, lambda _dicts: keyed)
 
 
 def build_builtin_check() -> Any:

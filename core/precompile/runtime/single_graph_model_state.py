@@ -51,6 +51,8 @@ if TYPE_CHECKING:
     # precompile.runtime.value_fingerprints, emitted before this module.
     def shallow_contents(value: Any) -> tuple[Any, ...]: ...
 
+    def same_contents(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool: ...
+
     # single_graph_checks, emitted before this module.
     def serving_context(identities: dict[str, Any]) -> dict[str, Any]: ...
 
@@ -380,7 +382,8 @@ def build_model_state_check(
             return holder
 
     def _same_items(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-        return len(a) == len(b) and all(map(_is, a, b))
+        # By identity; literals read out of C state (an array's bytes) by value.
+        return (len(a) == len(b) and all(map(_is, a, b))) or same_contents(a, b)
 
     def _verify_model(mods: tuple[Any, ...]) -> list[Any]:
         nonlocal snap

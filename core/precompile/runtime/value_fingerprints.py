@@ -28,7 +28,16 @@ from collections import UserDict as _UserDict
 from collections import UserList as _UserList
 from collections import UserString as _UserString
 from collections import deque as _deque
+from contextvars import ContextVar as _ContextVar
+from functools import cached_property as _cached_property
+from functools import partial as _partial
+from queue import Queue as _Queue
+from types import MappingProxyType as _MappingProxyType
 from typing import Any
+from weakref import WeakKeyDictionary as _WeakKeyDictionary
+from weakref import WeakSet as _WeakSet
+from weakref import WeakValueDictionary as _WeakValueDictionary
+from weakref import ref as _weakref
 
 # >>> not emitted: artifacts carry this module whole after state_checks, hook_kinds and
 # hook_words, and their prelude binds the hook dicts' names
@@ -87,7 +96,68 @@ def shallow_contents(value: Any) -> tuple[Any, ...]:
     if isinstance(value, (list, _deque, set, bytearray, dict)):
         return tuple(value)
     missing = shallow_contents
-    return tuple(getattr(value, slot, missing) for slot in _slots_of(type(value)))
+    # Objects whose parts change in place with no store into any dict: a partial's
+    # ``__setstate__``, a descriptor's ``__init__`` called again, a context variable's
+    # ``set`` (or another thread's context), a weak reference's referent dying, an
+    # array's elements or another library object's C state (``reduced_state``).
+    if isinstance(value, _partial):
+        return (value.func, value.args, value.keywords)
+    if isinstance(value, property):
+        return (value.fget, value.fset, value.fdel)
+    if isinstance(value, (staticmethod, classmethod)):
+        return (value.__func__,)
+    if isinstance(value, _cached_property):
+        return (value.func,)
+    if isinstance(value, _ContextVar):
+        return (value.get(missing),)
+    if isinstance(value, _weakref):
+        return (value(),)
+    slots = _slots_of(type(value))
+    if not slots and _is_stdlib_class(type(value)):
+        state = reduced_state(value)
+        if state is not None:
+            return _leaves(state)
+    return tuple(getattr(value, slot, missing) for slot in slots)
+
+
+def same_contents(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
+    """Two ``shallow_contents`` the same, where an identity comparison said they were
+    not: literals read out of C state (an array's bytes, a large int) are new objects
+    on every read, and equal fingerprints are the same value."""
+    return len(old) == len(new) and all(
+        a is b or (type(a) in _LITERAL_KINDS and literal_fingerprint(a) == literal_fingerprint(b))
+        for a, b in zip(old, new)
+    )
+
+
+def reduced_state(value: Any) -> Any:
+    """What a standard-library object's class says defines it, for a copy (its own
+    ``__reduce_ex__``: an array's typecode and bytes, a ctypes value's bytes, a
+    counter's next number, a decimal context's settings, a logger's name): state its
+    methods read, much of it C state no dict holds. None where its class declares none
+    of its own (the default copy of an instance dict: that dict is read by name like a
+    user object's) or cannot be copied (a lock, a thread-local, a file)."""
+    import copyreg
+
+    try:
+        reduced = value.__reduce_ex__(4)
+    except Exception:
+        return None
+    if (
+        not isinstance(reduced, tuple)
+        or len(reduced) < 2
+        or reduced[0] in (copyreg.__newobj__, copyreg.__newobj_ex__, copyreg._reconstructor)  # type: ignore[attr-defined]
+    ):
+        return None
+    return reduced[1:3]
+
+
+def _leaves(value: Any) -> tuple[Any, ...]:
+    if isinstance(value, (tuple, list)):
+        return tuple(leaf for item in value for leaf in _leaves(item))
+    if isinstance(value, dict):
+        return tuple(leaf for pair in value.items() for leaf in _leaves(pair))
+    return (value,)
 
 
 def _slots_of(cls: Any) -> tuple[str, ...]:
@@ -115,11 +185,21 @@ def _note_class(cls: Any, context: dict[str, Any]) -> None:
         context["classes"].setdefault(cls, None)
 
 
-#: The standard library's wrappers of a mapping or sequence: their data is in their
-#: instance dict (``data``, ``maps``), read by their own methods (``cfg["scale"]`` runs
-#: ``UserDict.__getitem__``), never by name in the traced code, so all of it is
-#: compared, for a user's subclass too. (A ``deque`` is compared like a list.)
-_WRAPPERS = (_UserDict, _UserList, _UserString, _ChainMap)
+#: The standard library's wrappers of a mapping, sequence or queue: their data is in
+#: their instance dict (``data``, ``maps``, ``queue``), read by their own methods
+#: (``cfg["scale"]`` runs ``UserDict.__getitem__``, ``q.get()`` reads ``q.queue``),
+#: never by name in the traced code, so all of it is compared, for a user's subclass
+#: too. (A ``deque`` is compared like a list.)
+_WRAPPERS = (
+    _UserDict,
+    _UserList,
+    _UserString,
+    _ChainMap,
+    _Queue,
+    _WeakKeyDictionary,
+    _WeakValueDictionary,
+    _WeakSet,
+)
 
 
 def _is_value(cls: Any) -> bool:
@@ -410,6 +490,11 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
         return ("lru_cache", fp(value.__wrapped__))
     if isinstance(value, types.MethodType):
         return ("method", fp(value.__func__), fp(value.__self__))
+    if isinstance(value, (property, staticmethod, classmethod, _cached_property, _partial)):
+        # Their parts are C slots no dict holds, replaced in place by ``__init__``
+        # called again or a partial's ``__setstate__``: compared per call
+        # (``shallow_contents``) as well.
+        context["shallow"].append(value)
     if isinstance(value, property):
         # A property's behaviour is its functions: one replaced by another property
         # of the same type must not look the same.
@@ -420,6 +505,31 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
         return ("cached_property", fp(value.func))
     if isinstance(value, functools.partial):
         return ("partial", fp(value.func), fp(value.args), fp(value.keywords))
+    if isinstance(value, _weakref):
+        # Read by calling it: what it refers to now, or that it died. One to a tensor
+        # is a cache's (an LSTM's ``_flat_weight_refs``, compared with its parameters
+        # to refresh ``_flat_weights``): a tensor's values are graph inputs, so one
+        # referring to another tensor, or to none since its parameter was replaced,
+        # computes the same.
+        context["shallow"].append(value)
+        referent = value()
+        if referent is None or isinstance(referent, torch.Tensor):
+            return ("weakref", ("a tensor or dead",))
+        return ("weakref", fp(referent))
+    if isinstance(value, _ContextVar):
+        # Read by ``get()``: the value in the calling context, which ``set`` (or
+        # another thread's or task's context) changes with no store into any dict.
+        context["shallow"].append(value)
+        try:
+            current = fp(value.get())
+        except LookupError:
+            current = ("unset",)
+        return ("context variable", value.name, current)
+    if isinstance(value, _MappingProxyType):
+        # A read-only view of a mapping that its owner changes: that mapping.
+        import gc
+
+        return ("mappingproxy", tuple(map(fp, gc.get_referents(value))))
     if type_name(kind) in ("torch._ops.OpOverload", "torch._ops.OpOverloadPacket"):
         return ("op", str(value))
     if callable(value) and not hasattr(value, "__dict__") and hasattr(value, "__qualname__"):
@@ -511,10 +621,22 @@ def _fingerprint_object(value: Any, kind: Any, context: dict[str, Any], depth: i
         if " at 0x" not in text:  # a repr by identity differs in every process
             return ("value", type_name(kind), text)
     if _is_stdlib_class(kind):
-        # Its state is not compared (see _is_stdlib_class): one a module-level name
-        # holds (dataclasses.MISSING) is told apart by that name.
-        named = identity_name(value, context)
-        return ("sentinel", type_name(kind), named) if named else ("object", type_name(kind))
+        state = reduced_state(value)
+        if state is not None:
+            # The state its class declares (``reduced_state``), compared per call:
+            # ``self.arr[0] = 3.0`` changes an array with no store into any dict.
+            context["shallow"].append(value)
+            text = repr(value)  # the words for a refusal, where short and no address
+            shown = text if len(text) <= 120 and " at 0x" not in text else ""
+            return ("library object", type_name(kind), fingerprint(state, context, depth), shown)
+        if getattr(value, "__dict__", None) is None:
+            # No state it declares or holds in a dict (a lock): one a module-level name
+            # holds (dataclasses.MISSING) is told apart by that name.
+            named = identity_name(value, context)
+            return ("sentinel", type_name(kind), named) if named else ("object", type_name(kind))
+        # Otherwise its instance dict, as a user object's: the attributes the traced
+        # code reads by name (``self.local.k`` of a ``threading.local``), not the
+        # private bookkeeping its own methods keep there.
     # Its class-level values (a config's ``scale = 2.0``, a method) are read through it.
     _note_class(kind, context)
     attrs: list[Any] = []

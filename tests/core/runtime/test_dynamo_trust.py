@@ -781,6 +781,7 @@ print(json.dumps(classes.{function}({paths[0]!r}, {paths[1]!r}, {entry!r}, *{mor
 CLASS_NAMES = {
     "call": "`Encoder.__call__`",
     "property": "`Encoder.scale`",
+    "property_reinit": "`Encoder.scale`",
     "encode": "`Encoder.encode`",
     "forward": "`Encoder.forward`",
     "base_helper": "`Base.helper`",
@@ -818,7 +819,7 @@ def test_a_class_attribute_rebound_after_load_is_refused_naming_it(
 
 def test_a_class_attribute_rebound_before_load_is_refused_at_load(tmp_path: Path) -> None:
     paths = _class_capture(tmp_path, "call_step")
-    cells = ["call", "property", "encode", "base_helper"]
+    cells = ["call", "property", "property_reinit", "encode", "base_helper"]
     results = _class_cells("load_cells", paths, "call_step", cells)
     assert results.pop("restored")["result"] == "exact"
     for cell in cells:

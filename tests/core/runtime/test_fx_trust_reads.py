@@ -90,6 +90,9 @@ IDENTITY_EXPECTED: dict[str, dict[str, tuple[str, ...] | None]] = {
         "unchanged": None,
         "partial keywords": ("partial_entry", ".keywords['k']", "is 5.0", "read 2.0"),
         "partial keywords/warm": ("partial_entry", ".keywords['k']", "is 5.0", "read 2.0"),
+        # A partial's __setstate__ replaces its parts in place: no dict sees it.
+        "partial state": ("partial_entry", ".keywords['k']", "is 5.0", "read 2.0"),
+        "partial state/warm": ("partial_entry", ".keywords['k']", "is 5.0", "read 2.0"),
     },
 }
 
@@ -143,11 +146,39 @@ SETTINGS_EXPECTED: dict[str, dict[str, tuple[str, ...] | None]] = {
         "unchanged": None,
         "property swap": ("PropertyNet.scale.fget is function", "<lambda>", "PropertyNet.scale"),
         "property swap/warm": ("PropertyNet.scale.fget is function", "<lambda>"),
+        # The same property object re-initialised with another getter (helper-87).
+        "property reinit": ("PropertyNet.scale.fget is function", "<lambda>"),
+        "property reinit/warm": ("PropertyNet.scale.fget is function", "<lambda>"),
     },
     "staticmethod_swap": {
         "unchanged": None,
         "staticmethod swap": ("StaticNet.scale.__func__ is function", "<lambda>"),
         "staticmethod swap/warm": ("StaticNet.scale.__func__ is function", "<lambda>"),
+        "staticmethod reinit": ("StaticNet.scale.__func__ is function", "<lambda>"),
+        "staticmethod reinit/warm": ("StaticNet.scale.__func__ is function", "<lambda>"),
+    },
+    # Library objects whose data no store into a dict changes: an array's element, a
+    # queue's head, a thread-local's attribute, a weak dictionary's value, a context
+    # variable, a view of a dict were all served as traced (each by its type alone).
+    "library_state": {
+        "unchanged": None,
+        "unchanged/warm": None,
+        "array rebuilt equal": None,
+        "array rebuilt equal/warm": None,
+        "context variable set equal": None,
+        "context variable set equal/warm": None,
+        "array element": ("has gains = array('d', [5.0])", "read array('d', [2.0])"),
+        "array element/warm": ("has gains = array('d', [5.0])", "read array('d', [2.0])"),
+        "queue head": ("has pending.queue[0] = 5.0 but the trace read 0.5",),
+        "queue head/warm": ("has pending.queue[0] = 5.0 but the trace read 0.5",),
+        "thread-local attribute": ("has local.k = 5.0 but the trace read 1.5",),
+        "thread-local attribute/warm": ("has local.k = 5.0 but the trace read 1.5",),
+        "weak value": ("weak.data['b']().value = 5.0", "read 0.25"),
+        "weak value/warm": ("weak.data['b']().value = 5.0", "read 0.25"),
+        "context variable": ("global CONTEXT_GAIN.get()", "is 5.0", "read 2.0"),
+        "context variable/warm": ("global CONTEXT_GAIN.get()", "is 5.0", "read 2.0"),
+        "viewed dict": ("global VIEWED['shift']", "is 5.0", "read 1.0"),
+        "viewed dict/warm": ("global VIEWED['shift']", "is 5.0", "read 1.0"),
     },
     # helper-89: an immutable value of a standard-library class was fingerprinted by
     # its type alone, so one replaced by another value was served as traced.

@@ -167,8 +167,10 @@ def serve(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 #: case -> (model, words the refusal must hold besides the function's name), per tracer
-#: where they differ (Dynamo breaks the graph at the WeakValueDictionary and refuses the
-#: function carried across the break, by its name).
+#: refusing it (Dynamo breaks the graph at the WeakValueDictionary and refuses the
+#: function carried across the break, by its name; make_fx fingerprints a weak
+#: dictionary by what its entries refer to, so it serves and watches that function:
+#: test_a_function_a_weak_dictionary_holds_is_served_and_watched_by_make_fx).
 REFUSED: dict[str, tuple[type[nn.Module], dict[str, str]]] = {
     "functools.cache": (
         UsesCache,
@@ -180,13 +182,14 @@ REFUSED: dict[str, tuple[type[nn.Module], dict[str, str]]] = {
     ),
     "WeakValueDictionary": (
         UsesWeak,
-        {"make_fx": "a WeakValueDictionary (entry 'act')", "dynamo": "make_weak.<locals>.act"},
+        {"dynamo": "make_weak.<locals>.act"},
     ),
 }
 
 
-@pytest.mark.parametrize("tracer", sorted(TRACERS))
-@pytest.mark.parametrize("case", sorted(REFUSED))
+@pytest.mark.parametrize(
+    ("case", "tracer"), [(case, tracer) for case in sorted(REFUSED) for tracer in REFUSED[case][1]]
+)
 def test_a_function_only_c_state_holds_is_refused_at_capture(
     tracer: str, case: str, tmp_path: Path
 ) -> None:
@@ -248,6 +251,58 @@ def test_the_same_function_bound_to_a_name_is_served_and_watched(
     assert kind == "refused" and "ACT" in text, out
     kind, text = out["cached maker changed"]
     assert kind == "refused" and "scale_for" in text, out
+
+
+WEAK_CHILD = """
+import json, warnings
+warnings.simplefilter("ignore")
+import torch, precompile
+from tests.core.runtime import test_unwatched_functions as case
+from tests.harness import served_or_refused
+
+case._fill()
+run = precompile.load({artifact!r}, {cache!r})
+torch.manual_seed(0)
+model, x = case.UsesWeak().eval(), torch.randn(3, 4)
+out = {{}}
+with torch.no_grad():
+    check = lambda: served_or_refused(lambda: run(model, x), lambda: case.serve(model, x))
+    out["first"] = [check() for _ in range(2)]
+    held = case.WEAK["act"]
+    code = held.__code__
+    held.__code__ = case.make_other(0.0).__code__
+    out["code swapped"] = check()
+    held.__code__ = code
+    out["undone"] = check()
+    case._KEEP[:] = [case.make_weak(5.0)]  # the old entry dies, a new one replaces it
+    case.WEAK["act"] = case._KEEP[0]
+    out["entry replaced"] = check()
+print(json.dumps(out))
+"""
+
+
+def test_a_function_a_weak_dictionary_holds_is_served_and_watched_by_make_fx(
+    tmp_path: Path,
+) -> None:
+    """make_fx fingerprints a WeakValueDictionary by what its entries refer to (a weak
+    reference by its referent), so the function an entry holds is watched like one a
+    module-level name holds: served equal to eager, and its ``__code__`` swapped or the
+    entry replaced by another function is refused."""
+    _fill()
+    out = attack_in_child(
+        WEAK_CHILD,
+        serve,
+        lambda: UsesWeak().eval(),
+        lambda: torch.randn(3, 4),
+        directory=tmp_path,
+        tracer=TRACERS["make_fx"](),
+    )
+    assert out["first"] == [["served", True]] * 2, out
+    assert out["undone"] == ["served", True], out
+    kind, text = out["code swapped"]
+    assert kind == "refused" and "WEAK" in text, out
+    kind, text = out["entry replaced"]
+    assert kind == "refused" and "WEAK" in text, out
 
 
 FROZEN = """
