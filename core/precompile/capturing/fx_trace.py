@@ -458,10 +458,14 @@ def trace_single_graph(
         check_graph(gm, node_stacks, fn, modules)
         check_spec_serializable(out_spec_box[-1], "fn's outputs", where)
         names = fx_watch.read_names(ran)
-        # The snapshot's words first (a global named by the code that stored, a module
-        # attribute); then any other store into the user's state the walk recorded (a
-        # hook's closure list, a deque, a slot, a closure cell, a deep container).
+        # The snapshot's words (a global named by the code that stored, a module
+        # attribute) and any store into the user's state the walk recorded (a hook's
+        # closure list, a deque, a slot, a closure cell, a deep container, C state: an
+        # array's, a generator's): the walk's first, which name where the object is
+        # (``fn's arguments: [0].rng (a Random)``), then the snapshot's others.
         changes = before.changed_during(modules, names, ran) + argument_changes
+        walked = user.changed()[:3] if changes else []
+        changes = walked + [c for c in changes if not any(c in w for w in walked)]
         fx_side_effects.refuse_trace_side_effects(changes or user.changed()[:3], where)
     finally:
         user.restore()

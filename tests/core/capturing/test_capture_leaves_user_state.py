@@ -497,7 +497,7 @@ def test_a_library_base_classs_bookkeeping_and_an_equal_value_stored_are_served(
         ("MarksNonPersistent", "fn's arguments: [0]._non_persistent_buffers_set"),
         ("LogsOnATensor", "module tests.fixtures.module_registrations: LOGGED.log"),
         ("DrawsFromRandom", "fn's arguments: [0].rng (a Random)"),
-        ("DrawsFromCountingRandom", "(rng)"),
+        ("DrawsFromCountingRandom", "fn's arguments: [0].rng (a CountingRandom)"),
         ("CountsInArray", "fn's arguments: [0].counts (a array)"),
         ("CountsInNumpy", "fn's arguments: [0].counts (a ndarray)"),
     ],
