@@ -329,6 +329,9 @@ class DependencyRecorder:
         ``CLASS_ATTRS`` (``traced``: the code of every function the trace ran), as
         artifact literals."""
         shared = self.paths.shared_frames()
+        through_metaclass = self.names.metaclass_refusal(list(traced or ()))
+        if through_metaclass is not None:
+            self.refusals.append(through_metaclass)
         if self.refusals or shared:
             message, hint = self.refusals[0] if self.refusals else shared  # type: ignore[misc]  # one of them is set
             raise PrecompileError(message, hint=hint, invariant=1)

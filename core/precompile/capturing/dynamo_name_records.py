@@ -139,6 +139,9 @@ class NameRecorder:
         #: The classes of every module the trace reached (their methods, properties and
         #: ``__call__`` were resolved on the class while tracing; ``CLASS_ATTRS``).
         self.classes: dict[type, None] = {}
+        #: Classes a guard reached whose metaclass is a project class: what Dynamo
+        #: resolves through that metaclass, it guards not at all (``metaclass_refusal``).
+        self.metaclassed: dict[type, type] = {}
 
     def observe_modules(self, modules: Iterable[torch.nn.Module]) -> None:
         """The classes of the modules a frame's guards reached, and of their submodules."""
@@ -149,6 +152,12 @@ class NameRecorder:
     def observe(self, module_name: str, entries: list[Any]) -> None:
         """The module globals a frame of ``module_name`` read and compared by identity."""
         for e in entries:
+            value = getattr(e, "value", None) if getattr(e, "has_value", False) else None
+            if isinstance(value, type) and type(value) is not type:
+                meta = type(value)
+                source = getattr(sys.modules.get(meta.__module__), "__file__", None) or ""
+                if is_project_file(source):
+                    self.metaclassed.setdefault(value, meta)
             if not (getattr(e, "is_global", False) and getattr(e, "has_value", False)):
                 continue
             if not dynamo.compares_identity(e) or "__builtins_dict__" in e.name:
@@ -226,6 +235,38 @@ class NameRecorder:
                 if project and base in forwarding:
                     rows[named]["names"] = sorted(vars(base))
         return list(rows.values())
+
+    def metaclass_refusal(self, traced: list[types.CodeType]) -> tuple[str, str] | None:
+        """A refusal (message, hint) where the traced code may have read an attribute
+        through a project metaclass: ``Cfg.K`` with ``K`` defined on ``type(Cfg)`` (or
+        answered by its ``__getattr__``). Dynamo guards only ``Cfg``'s identity there,
+        so the metaclass's value changed, or ``K`` set on ``Cfg`` itself, would be
+        served as traced (torch 2.13); make_fx records the metaclass with the class."""
+        names: set[str] = set()
+        for code in [*traced, *_nested_codes(traced)]:
+            names.update(code.co_names)
+        for cls, meta in self.metaclassed.items():
+            for klass in meta.__mro__:
+                if klass is type or klass is object:
+                    continue
+                hit = sorted(
+                    n
+                    for n in vars(klass)
+                    if (n in names and not n.startswith("__"))
+                    or n in ("__getattr__", "__getattribute__")
+                )
+                if hit:
+                    where = f"{klass.__module__}.{klass.__qualname__}"
+                    return (
+                        f"`{cls.__qualname__}.{hit[0]}` may resolve through the metaclass "
+                        f"{where}, which defines `{hit[0]}`; Dynamo guards only which class "
+                        f"`{cls.__qualname__}` is there, so a change of that value (or "
+                        f"`{hit[0]}` set on `{cls.__qualname__}` itself) would be served as "
+                        f"traced",
+                        f"define `{hit[0]}` on `{cls.__qualname__}` itself rather than on its "
+                        f"metaclass, or capture with precompile.MakeFxTracer(), which checks it",
+                    )
+        return None
 
     def rows(self) -> list[dict[str, Any]]:
         """``GLOBAL_READS``, as artifact literals. A function read whose code, defaults

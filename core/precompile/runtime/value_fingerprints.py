@@ -180,9 +180,14 @@ def _is_library_class(cls: Any) -> bool:
 
 
 def _note_class(cls: Any, context: dict[str, Any]) -> None:
-    """Record a user class whose class-level values the traced code may read."""
+    """Record a user class whose class-level values the traced code may read, and its
+    user metaclass: ``Cfg.K`` resolves through ``type(Cfg)`` where no class along
+    ``Cfg``'s MRO defines ``K`` (and a data descriptor there answers first)."""
     if not _is_library_class(cls):
         context["classes"].setdefault(cls, None)
+        meta = type(cls)
+        if meta is not type and not _is_library_class(meta):
+            context["classes"].setdefault(meta, None)
 
 
 #: The standard library's wrappers of a mapping, sequence or queue: their data is in

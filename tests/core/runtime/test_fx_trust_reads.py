@@ -157,6 +157,19 @@ SETTINGS_EXPECTED: dict[str, dict[str, tuple[str, ...] | None]] = {
         "staticmethod reinit": ("StaticNet.scale.__func__ is function", "<lambda>"),
         "staticmethod reinit/warm": ("StaticNet.scale.__func__ is function", "<lambda>"),
     },
+    # A value Python finds on the class's metaclass: its dict was watched by nobody
+    # (make_fx served every one of these as traced; Dynamo refuses at capture:
+    # test_a_value_read_through_a_metaclass_is_refused_by_dynamo).
+    "metaclass_attr": {
+        "unchanged": None,
+        "unchanged/warm": None,
+        "metaclass value": ("Tuning.gain is 5.0 but the trace read 2.0",),
+        "metaclass value/warm": ("Tuning.gain is 5.0 but the trace read 2.0",),
+        "metaclass property": ("Tuning.gain is a property", "read 2.0"),
+        "metaclass property/warm": ("Tuning.gain is a property", "read 2.0"),
+        "class shadows metaclass": ("Tuned.gain is 5.0, which no class along its MRO",),
+        "class shadows metaclass/warm": ("Tuned.gain is 5.0, which no class along its MRO",),
+    },
     # Library objects whose data no store into a dict changes: an array's element, a
     # queue's head, a thread-local's attribute, a weak dictionary's value, a context
     # variable, a view of a dict were all served as traced (each by its type alone).
@@ -256,6 +269,20 @@ def test_identity_partial_and_mode_reads_are_checked_per_call(tmp_path: Path) ->
 
 def test_torch_settings_class_and_module_values_are_checked_per_call(tmp_path: Path) -> None:
     serve(tmp_path, SETTINGS_EXPECTED)
+
+
+def test_a_value_read_through_a_metaclass_is_refused_by_dynamo(tmp_path: Path) -> None:
+    """Dynamo guards only which class ``Tuned`` is where the forward reads
+    ``Tuned.gain`` off its metaclass (torch 2.13): the metaclass's value changed, or
+    ``gain`` set on ``Tuned``, was served as traced. Refused at capture, naming both."""
+    model, x = fx_trust_reads.build("metaclass_attr")
+    with pytest.raises(PrecompileError) as refused:
+        capture_pair(
+            fx_trust_reads.call, model, x, directory=tmp_path, tracer=precompile.DynamoTracer()
+        )
+    text = str(refused.value)
+    assert "`Tuned.gain` may resolve through the metaclass" in text, text
+    assert "tests.fixtures.fx_trust_reads.Tuning" in text and "MakeFxTracer" in text, text
 
 
 @pytest.mark.parametrize(
