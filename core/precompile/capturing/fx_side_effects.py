@@ -10,6 +10,7 @@ to, a tensor's ``requires_grad`` flipped, a parameter or buffer rebound).
 
 from __future__ import annotations
 
+import logging
 import sys
 import types
 from typing import Any
@@ -140,6 +141,11 @@ def _contents(value: Any, depth: int) -> Any:
     if isinstance(value, bytearray):
         return (id(value), bytes(value))
     attrs = getattr(value, "__dict__", None)
+    if isinstance(attrs, dict) and isinstance(value, logging.Logger):
+        # ``LOG.debug(...)`` fills the logger's level cache: bookkeeping, not a store
+        # the traced code made (a level set is one).
+        kept = [(k, v) for k, v in base_contents(attrs) if k != "_cache"]
+        return (id(value), tuple((k, _contents(v, depth - 2)) for k, v in kept))
     if isinstance(attrs, dict) and not isinstance(value, torch.nn.Module):
         return (id(value), _contents(attrs, depth - 1))
     return id(value)

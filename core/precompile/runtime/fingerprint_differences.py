@@ -54,6 +54,10 @@ def first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any]
                         after.get(name, ("absent",)),
                         f"{path}.{name}",
                     )
+    if kind == "library object" and len(old) == len(new) == 4 and old[1] == new[1]:
+        if old[3] == new[3]:  # no words of its own tell the two apart: what it holds
+            return first_difference(old[2], new[2], f"{path} (the state it declares)")
+        return path, old, new
     # What a view, a weak reference or a context variable reads through: followed, so
     # that the words name the value below (``view['k']``, ``ref().k``, ``VAR.get()``).
     through = {"mappingproxy": "", "weakref": "()", "context variable": ".get()"}.get(kind)
@@ -123,6 +127,8 @@ def _readable(fp: Any) -> str:
         return f"a {kind} of shape {fp[1]}, dtype {fp[2]} on {fp[3]}{grad}"
     if kind == "value" and len(fp) == 3:
         return str(fp[2])
+    if kind == "builtins.bytearray" and len(fp) == 2:
+        return str(fp[1])
     if kind == "collections.deque":
         return "deque([" + ", ".join(_readable(v) for v in fp[1]) + "])"
     if kind in ("builtins.list", "builtins.tuple", "builtins.set", "builtins.frozenset"):
@@ -159,6 +165,16 @@ def _readable(fp: Any) -> str:
         return f"context variable {fp[1]!r} set to {_readable(fp[2])}"
     if kind == "mappingproxy" and len(fp) == 2 and len(fp[1]) == 1:
         return f"mappingproxy({_readable(fp[1][0])})"
+    if kind == "logger" and len(fp) == 3 and len(fp[2]) == 3:
+        level, disabled, disable = (_readable(part) for part in fp[2])
+        return (
+            f"logger {fp[1]!r} at effective level {level}, disabled {disabled}, "
+            f"logging.disable level {disable}"
+        )
+    if kind == "logger" and len(fp) == 2:
+        return f"logger {fp[1]!r}"
+    if kind == "memoryview" and len(fp) == 3:
+        return f"a memoryview of {fp[2]!r}"
     if kind == "weakref" and len(fp) == 2:
         return f"a weak reference to {_readable(fp[1])}"
     if kind in ("absent", "unset", "a tensor or dead"):

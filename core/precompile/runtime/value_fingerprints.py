@@ -31,6 +31,7 @@ from collections import deque as _deque
 from contextvars import ContextVar as _ContextVar
 from functools import cached_property as _cached_property
 from functools import partial as _partial
+from logging import Logger as _Logger
 from queue import Queue as _Queue
 from types import MappingProxyType as _MappingProxyType
 from typing import Any
@@ -112,12 +113,94 @@ def shallow_contents(value: Any) -> tuple[Any, ...]:
         return (value.get(missing),)
     if isinstance(value, _weakref):
         return (value(),)
+    if isinstance(value, _Logger):
+        return logger_state(value)
+    if isinstance(value, memoryview):
+        return (_view_bytes(value),)
     slots = _slots_of(type(value))
-    if not slots and _is_stdlib_class(type(value)):
+    if not slots and _declares_state(type(value)):
         state = reduced_state(value)
+        if state is None:
+            state = c_attributes(value)
         if state is not None:
             return _leaves(state)
     return tuple(getattr(value, slot, missing) for slot in slots)
+
+
+#: Per C class, the names of the plain attributes it declares (``c_attributes``).
+_C_ATTRIBUTES: dict[Any, tuple[str, ...]] = {}
+
+
+def c_attributes(value: Any) -> tuple[tuple[str, Any], ...] | None:
+    """A library object's public attributes that its C class declares (a
+    ``struct.Struct``'s ``format`` and ``size``) and that hold literals: what tells
+    apart one that can neither be copied nor holds an instance dict, and that
+    ``__init__`` called again changes in place. None where there are none, and for
+    the interpreter's own types (a generator's ``gi_running`` is bookkeeping)."""
+    import types
+
+    cls = type(value)
+    if getattr(cls, "__module__", None) == "builtins":
+        return None
+    names = _C_ATTRIBUTES.get(cls)
+    if names is None:
+        kinds = (types.GetSetDescriptorType, types.MemberDescriptorType)
+        names = tuple(
+            sorted(
+                {
+                    name
+                    for klass in cls.__mro__
+                    for name, attr in vars(klass).items()
+                    if isinstance(attr, kinds) and not name.startswith("_")
+                }
+            )
+        )
+        _C_ATTRIBUTES[cls] = names
+    found = []
+    for name in names:
+        try:
+            held = getattr(value, name)
+        except Exception:
+            continue
+        if type(held) in _LITERAL_KINDS:
+            found.append((name, held))
+    return tuple(found) or None
+
+
+def logger_state(logger: Any) -> tuple[Any, ...]:
+    """What decides whether a logger logs: its effective level (its own or an
+    ancestor's), its ``disabled`` flag and ``logging.disable``'s level."""
+    return (logger.getEffectiveLevel(), logger.disabled, logger.manager.disable)
+
+
+#: The names by which traced code asks a logger whether it logs (and branches on it).
+_LOGGER_QUERIES = frozenset({"isEnabledFor", "getEffectiveLevel", "level", "disabled"})
+
+
+def _view_bytes(view: memoryview) -> bytes | None:
+    try:
+        return view.tobytes()
+    except ValueError:
+        return None  # released
+
+
+#: Per class, whether its instances hold state their class declares for a copy
+#: (``_declares_state``): asked per call of a watched object, so answered once.
+_DECLARES_STATE: dict[Any, bool] = {}
+
+
+def _declares_state(cls: Any) -> bool:
+    """Whether ``cls``'s instances may hold C state that ``reduced_state`` reads: a
+    standard-library class, or a user class built on one (``class Gains(array)``, a
+    ctypes ``Structure``) other than the containers compared element by element."""
+    known = _DECLARES_STATE.get(cls)
+    if known is None:
+        known = _is_stdlib_class(cls) or any(
+            _is_stdlib_class(base) and base not in _CONTAINER_KINDS and base is not object
+            for base in getattr(cls, "__mro__", ())[1:]
+        )
+        _DECLARES_STATE[cls] = known
+    return known
 
 
 def same_contents(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
@@ -143,12 +226,18 @@ def reduced_state(value: Any) -> Any:
         reduced = value.__reduce_ex__(4)
     except Exception:
         return None
-    if (
-        not isinstance(reduced, tuple)
-        or len(reduced) < 2
-        or reduced[0] in (copyreg.__newobj__, copyreg.__newobj_ex__, copyreg._reconstructor)  # type: ignore[attr-defined]
-    ):
-        return None
+    if not isinstance(reduced, tuple) or len(reduced) < 2:
+        return None  # a global's name: the object is that global
+    if reduced[0] in (copyreg.__newobj__, copyreg.__newobj_ex__, copyreg._reconstructor):  # type: ignore[attr-defined]
+        # The default copy; the state is the class's own where it defines
+        # ``__getstate__`` (a StringIO's text and position, an XML element's).
+        if getattr(type(value), "__getstate__", None) is getattr(object, "__getstate__", None):
+            return None
+        return reduced[1:3]
+    if type_name(type(value)) == "decimal.Context" and isinstance(reduced[1], tuple):
+        # Its settings, not its flags (which arithmetic raises as it goes: bookkeeping).
+        args = reduced[1]
+        return (args[:6] + args[7:], None)
     return reduced[1:3]
 
 
@@ -194,7 +283,8 @@ def _note_class(cls: Any, context: dict[str, Any]) -> None:
 #: their instance dict (``data``, ``maps``, ``queue``), read by their own methods
 #: (``cfg["scale"]`` runs ``UserDict.__getitem__``, ``q.get()`` reads ``q.queue``),
 #: never by name in the traced code, so all of it is compared, for a user's subclass
-#: too. (A ``deque`` is compared like a list.)
+#: too (a queue's data only, ``_QUEUE_DATA``: its task count and locks are
+#: bookkeeping). (A ``deque`` is compared like a list.)
 _WRAPPERS = (
     _UserDict,
     _UserList,
@@ -207,6 +297,9 @@ _WRAPPERS = (
 )
 
 
+_QUEUE_DATA = frozenset({"queue", "maxsize"})
+
+
 def _is_value(cls: Any) -> bool:
     """A class of immutable values: instances compare by value (``__eq__`` of its own)
     and are hashable, so their state never changes in place."""
@@ -214,9 +307,10 @@ def _is_value(cls: Any) -> bool:
 
 
 def _is_stdlib_class(cls: Any) -> bool:
-    """Objects of standard-library classes keep private bookkeeping (a logger's level
-    cache) that changes as they are used: only their type is recorded, except for the
-    classes that exist to hold data (namespaces, ``_WRAPPERS``)."""
+    """A standard-library class other than those that exist to hold data (namespaces,
+    ``_WRAPPERS``, compared as a user's objects are): its objects are fingerprinted by
+    what the class declares defines them (``reduced_state``) or their whole instance
+    dict, their own methods being what reads it (``_fingerprint_object``)."""
     import sys
     import types
 
@@ -510,6 +604,14 @@ def _fingerprint_container(value: Any, kind: Any, context: dict[str, Any], depth
         return ("cached_property", fp(value.func))
     if isinstance(value, functools.partial):
         return ("partial", fp(value.func), fp(value.args), fp(value.keywords))
+    if isinstance(value, memoryview):
+        # A view of another object's buffer, written through it or the object.
+        context["shallow"].append(value)
+        try:
+            shape = (value.format, value.shape)
+        except ValueError:
+            shape = None
+        return ("memoryview", repr(shape), _view_bytes(value))
     if isinstance(value, _weakref):
         # Read by calling it: what it refers to now, or that it died. One to a tensor
         # is a cache's (an LSTM's ``_flat_weight_refs``, compared with its parameters
@@ -625,33 +727,65 @@ def _fingerprint_object(value: Any, kind: Any, context: dict[str, Any], depth: i
         text = repr(value)
         if " at 0x" not in text:  # a repr by identity differs in every process
             return ("value", type_name(kind), text)
+    if isinstance(value, _Logger):
+        # By name (``getLogger`` finds it again) and, where the traced code asks it
+        # whether it logs (``isEnabledFor``), by what decides that; its level cache and
+        # handlers are bookkeeping, and ``log.debug(...)`` alone decides nothing.
+        context["shallow"].append(value)
+        if any(query in names for query in _LOGGER_QUERIES):
+            return ("logger", value.name, tuple(map(literal_fingerprint, logger_state(value))))
+        return ("logger", value.name)
     if _is_stdlib_class(kind):
         state = reduced_state(value)
         if state is not None:
             # The state its class declares (``reduced_state``), compared per call:
             # ``self.arr[0] = 3.0`` changes an array with no store into any dict.
             context["shallow"].append(value)
-            text = repr(value)  # the words for a refusal, where short and no address
-            shown = text if len(text) <= 120 and " at 0x" not in text else ""
+            # The words for a refusal, where short, naming no address, and showing only
+            # what the state holds (a decimal context's repr shows its flags too).
+            text = repr(value)
+            plain = len(text) <= 120 and " at 0x" not in text
+            shown = text if plain and type_name(kind) != "decimal.Context" else ""
             return ("library object", type_name(kind), fingerprint(state, context, depth), shown)
         if getattr(value, "__dict__", None) is None:
+            declared = c_attributes(value)
+            if declared is not None:
+                # What its C class declares readable (a ``struct.Struct``'s format):
+                # ``__init__`` called again changes it in place.
+                context["shallow"].append(value)
+                return (
+                    "library object",
+                    type_name(kind),
+                    fingerprint(declared, context, depth),
+                    "",
+                )
             # No state it declares or holds in a dict (a lock): one a module-level name
             # holds (dataclasses.MISSING) is told apart by that name.
             named = identity_name(value, context)
             return ("sentinel", type_name(kind), named) if named else ("object", type_name(kind))
-        # Otherwise its instance dict, as a user object's: the attributes the traced
-        # code reads by name (``self.local.k`` of a ``threading.local``), not the
-        # private bookkeeping its own methods keep there.
+        # Otherwise its whole instance dict (below): its own methods read it
+        # (``Template.substitute`` its ``template``, a ``partialmethod`` its
+        # ``keywords``), never by name in the traced code.
     # Its class-level values (a config's ``scale = 2.0``, a method) are read through it.
     _note_class(kind, context)
     attrs: list[Any] = []
+    if _declares_state(kind) and not _is_stdlib_class(kind):
+        # A user class built on a library one (``class Gains(array.array)``, a ctypes
+        # ``Structure``): the C state its base declares, compared per call.
+        held = reduced_state(value)
+        if held is not None:
+            context["shallow"].append(value)
+            attrs.append(("<its C state>", fingerprint(held, context, depth)))
     state = getattr(value, "__dict__", None)
     if isinstance(state, dict):
         context["dicts"].append(state)
         context["holders"].append(value)
-        whole = isinstance(value, _WRAPPERS)
+        whole = isinstance(value, _WRAPPERS) or _is_stdlib_class(kind)
+        data = _QUEUE_DATA if isinstance(value, _Queue) else None
         attrs += [
-            (k, fingerprint(v, context, depth)) for k, v in state.items() if whole or k in names
+            (k, fingerprint(v, context, depth))
+            for k, v in state.items()
+            if (whole and (data is None or k in data)) or k in names
         ]
     slots = [s for s in _slots_of(kind) if s in names]
     if slots:

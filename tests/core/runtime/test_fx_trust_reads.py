@@ -157,6 +157,43 @@ SETTINGS_EXPECTED: dict[str, dict[str, tuple[str, ...] | None]] = {
         "staticmethod reinit": ("StaticNet.scale.__func__ is function", "<lambda>"),
         "staticmethod reinit/warm": ("StaticNet.scale.__func__ is function", "<lambda>"),
     },
+    # helper-90, on the rule above: a logger's level (asked by isEnabledFor) was
+    # compared only at the first call, and each of these was served as traced; a
+    # module-level logger's LOG.debug() was refused at capture (its level cache), a
+    # queue's task count was compared as if it were data.
+    "library_more": {
+        "unchanged": None,
+        "unchanged/warm": None,
+        "queue task done": None,
+        "queue task done/warm": None,
+        "logger level": (
+            "has log = logger 'tests.fixtures.fx_trust_reads.held' at effective " "level 10",
+        ),
+        "logger level/warm": ("log = logger", "at effective level 10", "read logger"),
+        "memoryview byte": ("view = a memoryview of b'\\x05'", "read a memoryview of b'\\x02'"),
+        "memoryview byte/warm": ("view = a memoryview of b'\\x05'",),
+        "stringio text": ("text (the state it declares)", "'5.0' but the trace read '2.0'"),
+        "stringio text/warm": ("text (the state it declares)",),
+        "structure field": ("pair.<its C state>",),
+        "structure field/warm": ("pair.<its C state>",),
+        "array subclass element": ("gains.<its C state>",),
+        "array subclass element/warm": ("gains.<its C state>",),
+        "struct reinit": ("packer (the state it declares)", "'<f' but the trace read '<d'"),
+        "struct reinit/warm": ("packer (the state it declares)",),
+        "template text": ("words.template = '$v$v' but the trace read '$v'",),
+        "template text/warm": ("words.template = '$v$v' but the trace read '$v'",),
+        "partialmethod keywords": ("LibraryMoreNet.scaled.keywords['k'] is 5.0", "read 2.0"),
+        "partialmethod keywords/warm": ("LibraryMoreNet.scaled.keywords['k'] is 5.0",),
+    },
+    # Logging decides nothing a forward computes: captured (a module-level logger's
+    # cache filled by the trace was refused as a store), and served at any level.
+    "logging_only": {
+        "unchanged": None,
+        "root logger level": None,
+        "root logger level/warm": None,
+        "logger level": None,
+        "logger level/warm": None,
+    },
     # A value Python finds on the class's metaclass: its dict was watched by nobody
     # (make_fx served every one of these as traced; Dynamo refuses at capture:
     # test_a_value_read_through_a_metaclass_is_refused_by_dynamo).

@@ -232,25 +232,34 @@ print(json.dumps(out))
 """
 
 
+def _served_and_watched(
+    child: str, model: type[nn.Module], tracer: str, directory: Path, refused: dict[str, str]
+) -> None:
+    """Capture ``model`` with ``tracer`` and run ``child`` on it in a fresh process: its
+    first two calls and the one after the undo served equal to eager, each cell of
+    ``refused`` refused naming its words."""
+    out = attack_in_child(
+        child,
+        serve,
+        lambda: model().eval(),
+        lambda: torch.randn(3, 4),
+        directory=directory,
+        tracer=TRACERS[tracer](),
+    )
+    assert out["first"] == [["served", True]] * 2, out
+    assert out["undone"] == ["served", True], out
+    for cell, words in refused.items():
+        kind, text = out[cell]
+        assert kind == "refused" and words in text, (cell, out)
+
+
 @pytest.mark.parametrize("tracer", sorted(TRACERS))
 def test_the_same_function_bound_to_a_name_is_served_and_watched(
     tracer: str, tmp_path: Path
 ) -> None:
     scale_for.cache_clear()
-    out = attack_in_child(
-        CHILD,
-        serve,
-        lambda: UsesBound().eval(),
-        lambda: torch.randn(3, 4),
-        directory=tmp_path,
-        tracer=TRACERS[tracer](),
-    )
-    assert out["first"] == [["served", True]] * 2, out
-    assert out["undone"] == ["served", True], out
-    kind, text = out["code swapped"]
-    assert kind == "refused" and "ACT" in text, out
-    kind, text = out["cached maker changed"]
-    assert kind == "refused" and "scale_for" in text, out
+    refused = {"code swapped": "ACT", "cached maker changed": "scale_for"}
+    _served_and_watched(CHILD, UsesBound, tracer, tmp_path, refused)
 
 
 WEAK_CHILD = """
@@ -289,20 +298,8 @@ def test_a_function_a_weak_dictionary_holds_is_served_and_watched_by_make_fx(
     module-level name holds: served equal to eager, and its ``__code__`` swapped or the
     entry replaced by another function is refused."""
     _fill()
-    out = attack_in_child(
-        WEAK_CHILD,
-        serve,
-        lambda: UsesWeak().eval(),
-        lambda: torch.randn(3, 4),
-        directory=tmp_path,
-        tracer=TRACERS["make_fx"](),
-    )
-    assert out["first"] == [["served", True]] * 2, out
-    assert out["undone"] == ["served", True], out
-    kind, text = out["code swapped"]
-    assert kind == "refused" and "WEAK" in text, out
-    kind, text = out["entry replaced"]
-    assert kind == "refused" and "WEAK" in text, out
+    refused = {"code swapped": "WEAK", "entry replaced": "WEAK"}
+    _served_and_watched(WEAK_CHILD, UsesWeak, "make_fx", tmp_path, refused)
 
 
 FROZEN = """
