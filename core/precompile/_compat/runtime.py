@@ -143,19 +143,38 @@ def guards_rebuilt_as_captured(
 
     read = guards.GuardBuilder.get
     missing = object()
+    differ: dict[str, tuple[Any, Any]] = {}
 
     def get(self: Any, guard_or_source: Any, closure_vars: Any = None) -> Any:
         value = read(self, guard_or_source, closure_vars)
         source = getattr(guard_or_source, "originating_source", guard_or_source)
         name = getattr(source, "name", None)
-        then = captured.get(name, missing) if isinstance(name, str) else missing
-        return value if then is missing else then
+        if not isinstance(name, str):
+            return value
+        then = captured.get(name, missing)
+        if then is missing:
+            return value
+        if "type(" in name and (type(value) is not type(then) or repr(value) != repr(then)):
+            differ.setdefault(name, (value, then))
+        return then
 
     guards.GuardBuilder.get = get  # type: ignore[method-assign]  # for this rebuild only
     try:
-        return load(state, code, scope)
+        manager = load(state, code, scope)
     finally:
         guards.GuardBuilder.get = read  # type: ignore[method-assign]
+    if differ:
+        # Read through a class (``self.SCALE``, ``type(self).__dict__[...]``): Dynamo's
+        # manager takes a class dict unchanged since this rebuild for one whose values
+        # it checked, so a value that differs from the capture's now would pass until
+        # the class changes again (torch 2.13). Refused here, naming it.
+        name, (now, then) = next(iter(differ.items()))
+        raise LookupError(
+            f"`{name}` is {now!r} in this process, where the capture read {then!r} (the "
+            f"graph baked it); restore it before loading, or capture again (re-emit the "
+            f"artifact)"
+        )
+    return manager
 
 
 def dynamo_serving_runtime() -> Any:

@@ -234,6 +234,11 @@ class NameRecorder:
                     rows[named]["protocol"] = protocol_bindings(base, LOOKUP_DUNDERS)
                 if project and base in forwarding:
                     rows[named]["names"] = sorted(vars(base))
+                if project:
+                    # What it defines itself: a name set on it later that a base
+                    # defines shadows the base's value, which Dynamo guarded on the
+                    # base alone (``Sub.SCALE = 10.0`` over ``Base.SCALE``).
+                    rows[named]["defines"] = sorted(k for k in vars(base) if isinstance(k, str))
         return list(rows.values())
 
     def metaclass_refusal(self, traced: list[types.CodeType]) -> tuple[str, str] | None:

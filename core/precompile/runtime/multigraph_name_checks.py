@@ -423,6 +423,38 @@ def build_class_check() -> Any:
                 2,
             )
 
+    # A project class -> the names it defined at capture (``defines``).
+    defined: dict[Any, frozenset[str]] = {}
+
+    def check_shadowing(leaf: Any) -> None:
+        """A name a project class along ``leaf``'s MRO did not define at capture, now
+        set on it while a class after it defines it: the trace read the later class's
+        value, the only one Dynamo guarded (a plain class attribute is guarded on the
+        class that held it, not by its absence from the ones before)."""
+        mro = leaf.__mro__
+        for i, cls in enumerate(mro):
+            had = defined.get(cls)
+            if had is None:
+                continue
+            # Dunders are left to the checks of what they bind (``__annotations__``
+            # appears in a class's dict the first time anything reads it).
+            for name in sorted(
+                k
+                for k in list(vars(cls))
+                if isinstance(k, str) and k not in had and not k.startswith("__")
+            ):
+                base = next((b for b in mro[i + 1 :] if name in vars(b)), None)
+                if base is not None and base is not object:
+                    refuse(
+                        f"precompile: `{cls.__qualname__}.{name}` is set on class "
+                        f"{cls.__module__}.{cls.__qualname__} in this process, shadowing "
+                        f"`{base.__qualname__}.{name}`, which the trace read (Dynamo "
+                        f"guarded the value on {base.__qualname__} alone). Remove it (del "
+                        f"{cls.__qualname__}.{name}), or capture again with it (re-emit the "
+                        f"artifact)",
+                        2,
+                    )
+
     for row in CLASS_ATTRS:
         where = f"{row['module']}.{row['qualname']}"
         try:
@@ -475,7 +507,11 @@ def build_class_check() -> Any:
         if names is not None:
             forwarded[cls] = frozenset(names)
             check_forwarded(cls)
+        if row.get("defines") is not None:
+            defined[cls] = frozenset(row["defines"])
         leaves.append(cls)
+    for leaf in leaves:
+        check_shadowing(leaf)
     # Every class along the MROs, once; ``object`` and other builtins cannot change.
     checked = list(
         dict.fromkeys(c for leaf in leaves for c in leaf.__mro__ if c.__module__ != "builtins")
@@ -564,6 +600,8 @@ def build_class_check() -> Any:
                 )
         for cls in forwarded:
             check_forwarded(cls)
+        for leaf in leaves:
+            check_shadowing(leaf)
         for cls, mro in zip(leaves, mros):
             if cls.__mro__ != mro:
                 refuse(

@@ -817,6 +817,37 @@ def test_a_class_attribute_rebound_after_load_is_refused_naming_it(
         assert "(invariant 2)" in result["message"]
 
 
+#: Cell -> words its refusal must hold, before load and after.
+VALUE_WORDS = {
+    "base value": ("`dict(type(L['model']).__mro__[1].__dict__)['SCALE']` is 10.0", "read 2.0"),
+    "class dict item": ("`dict(type(L['model']).__mro__[1].__dict__)['CFG']['k']` is 10.0",),
+    "subclass shadows base": ("`SubTuned.SCALE` is set on class", "shadowing `Tuned.SCALE`"),
+}
+
+
+def test_a_class_level_value_changed_before_or_after_load_is_refused(tmp_path: Path) -> None:
+    """helper-90: Dynamo's guard manager, rebuilt at load with the values the capture
+    read, takes a class dict unchanged since the rebuild for one whose values it
+    checked: a class-level value (``self.SCALE`` defined on a base, a class-level
+    dict's item) changed before load was served as traced on every call; and a plain
+    class attribute set on the subclass, shadowing the base's value Dynamo guarded on
+    the base alone, was served as traced before load and after. Each is refused now,
+    naming the value; restored, served exactly."""
+    paths = _class_capture(tmp_path, "tuned_step")
+    cells = list(VALUE_WORDS)
+    results = _class_cells("value_cells", paths, "tuned_step", cells)
+    for cell in cells:
+        assert results[f"{cell} restored"]["result"] == "exact", (cell, results)
+        after = results[f"{cell} after load"]
+        assert after.pop("first") == "exact", (cell, after)
+        for when in ("before load", "after load"):
+            got = results[f"{cell} {when}"]
+            assert got["result"] == "refused", (cell, when, got)
+            if when == "before load" or cell == "subclass shadows base":
+                words = VALUE_WORDS[cell]
+                assert all(w in got["message"] for w in words), (cell, when, got["message"])
+
+
 def test_a_class_attribute_rebound_before_load_is_refused_at_load(tmp_path: Path) -> None:
     paths = _class_capture(tmp_path, "call_step")
     cells = ["call", "property", "property_reinit", "encode", "base_helper"]
