@@ -214,12 +214,12 @@ def same_contents(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
 
 
 def reduced_state(value: Any) -> Any:
-    """What a standard-library object's class says defines it, for a copy (its own
-    ``__reduce_ex__``: an array's typecode and bytes, a ctypes value's bytes, a
-    counter's next number, a decimal context's settings, a logger's name): state its
-    methods read, much of it C state no dict holds. None where its class declares none
-    of its own (the default copy of an instance dict: that dict is read by name like a
-    user object's) or cannot be copied (a lock, a thread-local, a file)."""
+    """What a library object's class says defines it, for a copy (its own
+    ``__reduce_ex__`` or ``__getstate__``: an array's typecode and bytes, a ctypes
+    value's bytes, a counter's next number, a StringIO's text, a decimal context's
+    settings): state its methods read, much of it C state no dict holds. None where its
+    class declares none of its own (the default copy of an instance dict: that dict is
+    compared instead) or it cannot be copied (a lock, a thread-local, a file)."""
     import copyreg
 
     try:
@@ -769,6 +769,10 @@ def _fingerprint_object(value: Any, kind: Any, context: dict[str, Any], depth: i
     # Its class-level values (a config's ``scale = 2.0``, a method) are read through it.
     _note_class(kind, context)
     attrs: list[Any] = []
+    if isinstance(value, (str, bytes)):
+        # A user class on str or bytes (``class Tag(str)``): the text it is, which
+        # ``self.mode == "fast"`` reads (a slice is of the base type: no user code runs).
+        attrs.append(("<its value>", literal_fingerprint(value[:])))
     if _declares_state(kind) and not _is_stdlib_class(kind):
         # A user class built on a library one (``class Gains(array.array)``, a ctypes
         # ``Structure``): the C state its base declares, compared per call.
