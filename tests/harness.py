@@ -532,6 +532,20 @@ def patched(owner: Any, name: str, value: Any) -> Callable[[], None]:
     return lambda: setattr(owner, name, before)
 
 
+def set_undoably(owner: Any, name: Any, value: Any) -> Callable[[], None]:
+    """``owner[name] = value`` for a dict, else ``owner.name = value``; returns what
+    puts the old one back, or deletes one ``owner`` did not hold itself (a class
+    attribute it inherited stays inherited)."""
+    if isinstance(owner, dict):
+        before = owner[name]
+        owner[name] = value
+        return lambda: owner.__setitem__(name, before)
+    had = name in vars(owner)
+    old = vars(owner).get(name)
+    setattr(owner, name, value)
+    return lambda: setattr(owner, name, old) if had else delattr(owner, name)
+
+
 def patched_cell(fn: Any, value: Any) -> Callable[[], None]:
     """``fn``'s first closure cell set to ``value``; returns what puts it back."""
     cell = fn.__closure__[0]

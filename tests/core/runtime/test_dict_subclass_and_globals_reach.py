@@ -33,7 +33,7 @@ from torch import nn
 
 import precompile
 from tests.core.runtime import _keyed_cfg_module as cfgmod
-from tests.harness import attack_in_child
+from tests.harness import attack_in_child, set_undoably
 
 
 class Table(dict):  # type: ignore[type-arg]
@@ -90,17 +90,7 @@ class ReadsPlainKey(nn.Module):
 def _set(owner: Any, name: str, value: Any) -> Callable[[], Callable[[], None]]:
     """A change setting ``owner.name`` (or ``owner[name]`` for a dict); its undo."""
 
-    def change() -> Callable[[], None]:
-        if isinstance(owner, dict):
-            before = owner[name]
-            owner[name] = value
-            return lambda: owner.__setitem__(name, before)
-        had = name in vars(owner)
-        old = vars(owner).get(name)
-        setattr(owner, name, value)
-        return lambda: setattr(owner, name, old) if had else delattr(owner, name)
-
-    return change
+    return lambda: set_undoably(owner, name, value)
 
 
 #: name -> (model, change, whether the change is a no-op that must stay served)
