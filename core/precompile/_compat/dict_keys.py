@@ -113,8 +113,16 @@ def _value_guarded(tx: Any, source: Any) -> bool:
 
 
 @contextlib.contextmanager
-def guarding_absent_traced_keys_by_key() -> Iterator[None]:
-    """While capturing: ``key in D`` (or ``D.get(key)``, ``D.pop(key, d)``) with a
+def guarding_absent_keys() -> Iterator[None]:
+    """While capturing, every lookup that finds no key is guarded as ``key not in D``.
+
+    ``D[key]`` that raises ``KeyError`` (caught by the traced code: ``try: v = CFG["k"]
+    except KeyError: ...``, a ``Mapping.get`` over ``__getitem__``, ``os.environ.get``)
+    installed no guard at all in torch 2.13 (``getitem_const_raise_exception_if_absent``
+    raises without one), so a process that later held the key was served the branch
+    of its absence. It is guarded as ``key in D`` and ``D.get(key)`` are.
+
+    ``key in D`` (or ``D.get(key)``, ``D.pop(key, d)``) with a
     traced key -- one read from a global or an attribute, ``HAS in CFG`` -- that ``D``
     does not hold is guarded as ``key not in D``, as Dynamo guards a literal key, rather
     than by all of ``D``'s keys and its length (Dynamo's conservative ``DICT_KEYS_MATCH``
@@ -152,7 +160,21 @@ def guarding_absent_traced_keys_by_key() -> Iterator[None]:
             return None
         return original(self, tx, args)
 
-    with patched(ConstDictVariable, "install_dict_contains_guard", install_dict_contains_guard):
+    missing = ConstDictVariable.getitem_const_raise_exception_if_absent
+
+    def getitem_const_raise_exception_if_absent(self: Any, tx: Any, arg: Any) -> Any:
+        if arg not in self:
+            self.install_dict_contains_guard(tx, [arg])
+        return missing(self, tx, arg)
+
+    with (
+        patched(ConstDictVariable, "install_dict_contains_guard", install_dict_contains_guard),
+        patched(
+            ConstDictVariable,
+            "getitem_const_raise_exception_if_absent",
+            getitem_const_raise_exception_if_absent,
+        ),
+    ):
         yield
 
 

@@ -154,6 +154,76 @@ def recording_grad_dependent_reads(
         yield
 
 
+#: Standard-library modules whose globals hold state a process changes as it runs
+#: (``os.environ``). Dynamo skips every guard on a global a standard-library function
+#: reads ("users don't mutate a stdlib attribute"): ``os.getenv("X")``, inlined, was
+#: guarded by nothing, and served the capture's value of X in any environment.
+MUTABLE_STDLIB_MODULES = frozenset({"os"})
+
+
+@contextlib.contextmanager
+def guarding_mutable_stdlib_globals() -> Iterator[None]:
+    """Dynamo guards what the functions of ``MUTABLE_STDLIB_MODULES`` read from their
+    module's globals, as it guards what user code reads."""
+    from torch._dynamo import symbolic_convert
+
+    original = symbolic_convert.is_stdlib
+
+    def is_stdlib(module: object) -> bool:
+        name = getattr(module, "__name__", "")
+        return bool(original(module)) and name not in MUTABLE_STDLIB_MODULES
+
+    with patched(symbolic_convert, "is_stdlib", is_stdlib):
+        yield
+
+
+@contextlib.contextmanager
+def recording_process_hashes(sites: list[str]) -> Iterator[None]:
+    """Record (``hash() of 'text' at FILE:LINE``) each call project code makes whose answer
+    Dynamo folds into a constant guarded by nothing, though another process computes
+    another: ``hash()`` of a constant holding a string or bytes (Python seeds their
+    hashes per process), ``hash()`` of an object hashed by its address, and ``id()``
+    (``fx_process_state.process_sources``, make_fx's side)."""
+    from torch._dynamo.variables.builtin import BuiltinVariable
+
+    from precompile.locations import is_project_file
+
+    original_hash, original_id = BuiltinVariable.call_hash, BuiltinVariable.call_id
+
+    def seeded(value: Any) -> bool:
+        if isinstance(value, (str, bytes)):
+            return True
+        return isinstance(value, (tuple, frozenset)) and any(seeded(v) for v in value)
+
+    def per_process(arg: Any) -> str | None:
+        if arg.is_python_constant():
+            value = arg.as_python_constant()
+            return f"of {value!r:.40}" if seeded(value) else None
+        try:
+            kind = arg.python_type()
+        except Exception:
+            return None
+        return f"of a {kind.__name__}" if kind.__hash__ is object.__hash__ else None
+
+    def note(tx: Any, what: str) -> None:
+        code = getattr(tx, "f_code", None)
+        if code is not None and is_project_file(code.co_filename):
+            sites.append(f"{what} at {code.co_filename}:{getattr(tx, 'lineno', '?')}")
+
+    def call_hash(self: Any, tx: Any, arg: Any, *rest: Any) -> Any:
+        what = per_process(arg)
+        if what is not None:
+            note(tx, f"hash() {what}")
+        return original_hash(self, tx, arg, *rest)
+
+    def call_id(self: Any, tx: Any, *args: Any) -> Any:
+        note(tx, "id()")
+        return original_id(self, tx, *args)
+
+    with patched_builtin_handler(hash, call_hash), patched_builtin_handler(id, call_id):
+        yield
+
+
 @contextlib.contextmanager
 def patched_builtin_handler(builtin: Any, value: Any) -> Iterator[None]:
     """``BuiltinVariable.call_<builtin>`` is ``value`` inside the block, and Dynamo calls

@@ -415,3 +415,20 @@ def refuse_replayed_global_hook_stores(stores: list[dict[str, Any]]) -> None:
         raise hook_stores.global_hook_store_refusal(
             hook if hook is not None else path, f"{what} of {where}", "dynamo"
         )
+
+
+def refuse_process_hashes(sites: list[str], fn: Any) -> None:
+    """Refuse a capture whose traced code asked for a hash or an address
+    (``recording_process_hashes``): Dynamo folded the answer into the graph, and another
+    process seeds string hashes anew and places objects elsewhere."""
+    if sites:
+        raise PrecompileError(
+            f"fn asks the process for a value no argument carries ({sites[0]}): Python "
+            f"seeds the hashes of strings and bytes per process (PYTHONHASHSEED) and an "
+            f"object's id and default hash are its address; Dynamo folded the capture's "
+            f"answer into the graph, and another process would get the capture's",
+            invariant=3,
+            location=definition_location(fn.__code__) if hasattr(fn, "__code__") else None,
+            hint="compute it outside fn and pass the number as an argument, or use a stable "
+            "hash (zlib.crc32, hashlib)",
+        )

@@ -48,6 +48,7 @@ from precompile.capturing.dynamo_refusals import (
     raised_inside_torch,
     refusal_inside,
     refuse_grad_mode_left_off,
+    refuse_process_hashes,
     refuse_replayed_global_hook_stores,
     refuse_tracing_probes,
 )
@@ -215,6 +216,7 @@ class DynamoSession:
             )
         branches: list[dict[str, Any]] = []
         stores: list[dict[str, Any]] = []
+        hashes: list[str] = []
         try:
             with (
                 dynamo.dynamo_config(self.tracer.recompile_limit),
@@ -225,8 +227,9 @@ class DynamoSession:
                 dynamo.dict_subclasses_pickled_in_storage_order(),
                 dynamo.guard_examples_pickled_as_read(),
                 dict_keys.recording_sourced_key_reads(self.sourced_key_reads),
-                # `HAS in CFG` with HAS absent: `HAS not in CFG`, not all of CFG's keys.
-                dict_keys.guarding_absent_traced_keys_by_key(),
+                # `HAS in CFG` with HAS absent: `HAS not in CFG`, not all of CFG's keys;
+                # `CFG["k"]` that raised KeyError: `"k" not in CFG`, not no guard.
+                dict_keys.guarding_absent_keys(),
                 dynamo_recording.recording_grad_dependent_reads(
                     self.dependencies.grad_reads,
                     self.dependencies.library_grad_reads,
@@ -234,6 +237,8 @@ class DynamoSession:
                 ),
                 dynamo_recording.recording_compile_only_branches(branches),
                 dynamo_recording.recording_replayed_stores(stores),
+                dynamo_recording.recording_process_hashes(hashes),
+                dynamo_recording.guarding_mutable_stdlib_globals(),
                 dynamo_guard_relaxing.relaxing_unread_strides(
                     self.backends.relax_strides, self.layout_notes
                 ),
@@ -268,6 +273,7 @@ class DynamoSession:
                     self.calls += 1
                 call_context.refuse_left_changed(entered, self.fn)
                 refuse_replayed_global_hook_stores(stores)
+                refuse_process_hashes(hashes, self.fn)
                 self.dependencies.verify(args, kwargs)
                 library = [b for b in branches if not is_project_file(b["file"])]
                 switches = names_grad_switch(self.traced_codes)

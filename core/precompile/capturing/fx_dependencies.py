@@ -580,7 +580,8 @@ def surface_record(modules: list[torch.nn.Module], log: CallLog) -> list[dict[st
 
 def _process_state_records(log: CallLog) -> list[list[Any]]:
     """Each torch setting user code (or a kernel the graph bakes the choice of) read."""
-    return fx_process_state.state_records(log.state)
+    decimal = fx_process_state.decimal_reads(log.project_codes())
+    return fx_process_state.state_records({**decimal, **log.state})
 
 
 def refuse_trace_only_reads(log: CallLog, where: Any) -> None:

@@ -20,6 +20,7 @@ import importlib
 import os
 import sys
 import types
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -70,6 +71,122 @@ _TORCH_GETTERS = {
     ),
     "torch.cuda": ("is_available", "device_count"),
 }
+
+
+def source_key(builtin: Any) -> tuple[str, str] | None:
+    """A C function by what defines it: (its module's or class's name, its name). Bound
+    afresh on each attribute read (``datetime.datetime.now``), so not by identity; a
+    method of an instance (``f.read``) is none."""
+    owner = getattr(builtin, "__self__", None)
+    if isinstance(owner, types.ModuleType):
+        return owner.__name__, builtin.__name__
+    if isinstance(owner, type):
+        return f"{owner.__module__}.{owner.__qualname__}", builtin.__name__
+    return None
+
+
+#: The modules that define those functions, as users import them.
+_IMPORTED_AS = {"posix": "os", "nt": "os", "_thread": "threading", "_socket": "socket"}
+
+
+def source_call(key: tuple[str, str]) -> str:
+    """A process source's call as the user wrote it: ``os.getpid()``, ``open()``."""
+    owner, name = key
+    owner = _IMPORTED_AS.get(owner, owner)
+    return f"{name}()" if owner in ("builtins", "io") else f"{owner}.{name}()"
+
+
+@functools.cache
+def process_sources() -> dict[tuple[str, str], str]:
+    """The C functions whose answer comes from outside every object a trace can watch,
+    by ``source_key``: what each reads. A make_fx trace bakes the answer into the graph,
+    and a served call never asks again: another time, process, thread, machine, file
+    or hash seed gets the capture's answer. (The environment and Python's random module
+    are read through Python code, and ``fx_watch`` sees those calls.) Dynamo graph-breaks
+    on these and guards the value it resumes with, except ``hash()``, whose answer for
+    a string it folds unguarded (``dynamo_recording.refusing_process_hashes``)."""
+    import datetime
+    import socket
+    import threading
+    import time
+
+    kinds: dict[str, tuple[Any, ...]] = {
+        "the clock": (
+            *(getattr(time, n) for n in dir(time) if n.endswith(("time", "time_ns"))),
+            time.monotonic,
+            time.monotonic_ns,
+            time.perf_counter,
+            time.perf_counter_ns,
+            time.localtime,
+            time.gmtime,
+            time.ctime,
+            time.asctime,
+            time.strftime,
+            datetime.datetime.now,
+            datetime.datetime.utcnow,
+            datetime.datetime.today,
+            datetime.date.today,
+        ),
+        "the process or its machine": (
+            *(
+                getattr(os, n)
+                for n in (
+                    "getpid",
+                    "getppid",
+                    "getuid",
+                    "geteuid",
+                    "getgid",
+                    "getlogin",
+                    "uname",
+                    "cpu_count",
+                    "getloadavg",
+                    "times",
+                )
+                if hasattr(os, n)
+            ),
+            threading.get_ident,
+            threading.get_native_id,
+            socket.gethostname,
+        ),
+        "the file system": (
+            open,
+            os.getcwd,
+            os.listdir,
+            os.scandir,
+            os.stat,
+            os.lstat,
+            os.access,
+            os.readlink,
+        ),
+        "the operating system's randomness": tuple(
+            getattr(os, n) for n in ("urandom", "getrandom") if hasattr(os, n)
+        ),
+        "a per-process hash or an object's address": (hash, id),
+    }
+    table: dict[tuple[str, str], str] = {}
+    for kind, builtins in kinds.items():
+        for builtin in builtins:
+            key = source_key(builtin)
+            if isinstance(builtin, types.BuiltinFunctionType) and key is not None:
+                table[key] = kind
+    return table
+
+
+#: The decimal module's current context: read by every ``Decimal`` operation, so a call
+#: under another precision or rounding computes another number. Compared per call
+#: (``PROCESS_STATE``: a context's fingerprint is its settings, not its flags) wherever
+#: the trace ran project code naming the module or its types.
+DECIMAL_READ = StateRead("decimal", "getcontext", True)
+DECIMAL_NAMES = frozenset({"decimal", "Decimal", "getcontext", "localcontext", "setcontext"})
+
+
+def decimal_reads(codes: Iterable[types.CodeType]) -> dict[StateRead, str]:
+    """The decimal context as a setting the trace read, at the first project code that
+    names the module or its types (``DECIMAL_NAMES``), if any."""
+    for code in codes:
+        if DECIMAL_NAMES.intersection(code.co_names):
+            return {DECIMAL_READ: f"{code.co_filename}:{code.co_firstlineno}"}
+    return {}
 
 
 @dataclasses.dataclass(frozen=True)

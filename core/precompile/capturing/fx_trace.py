@@ -512,6 +512,18 @@ def trace_single_graph(
             hint="draw with torch (torch.rand, torch.randint: graph operations), or draw "
             "outside fn and pass the value as an argument",
         )
+    if "process" in reads:
+        raise PrecompileError(
+            f"fn asks the process for a value no argument carries ({reads['process']}); "
+            f"the answer at capture is baked into the graph, and a served call would not "
+            f"ask again: another time, process, thread, machine, file or hash seed would "
+            f"get the capture's answer",
+            invariant=3,
+            location=where,
+            hint="ask outside fn and pass the answer as an argument: a number or string "
+            "argument is checked per call, a tensor is an input (for a stable hash of a "
+            "string, zlib.crc32 or hashlib)",
+        )
     if "reseed" in reads:
         raise PrecompileError(
             f"fn reseeds torch's random number generator ({reads['reseed']}); the graph "

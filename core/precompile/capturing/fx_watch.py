@@ -15,6 +15,7 @@ import _collections_abc
 import contextlib
 import dataclasses
 import os
+import pathlib
 import random
 import sys
 import types
@@ -67,6 +68,9 @@ _RESEED_WRAPPERS = (
 #: Library frames between a user's read and the code that reads.
 _READ_WRAPPERS = (
     os.getenv.__code__.co_filename,
+    os.path.exists.__code__.co_filename,  # genericpath
+    os.path.realpath.__code__.co_filename,
+    pathlib.Path.read_text.__code__.co_filename,
     _collections_abc.Mapping.get.__code__.co_filename,
     _RANDOM_FILE,
 )
@@ -145,6 +149,8 @@ def recording_calls() -> Iterator[CallLog]:
     codes, scopes, reads = log.codes, log.scopes, log.reads
     state, refused = log.state, log.refused
     tables = fx_process_state.tables()
+    sources, source_key = fx_process_state.process_sources(), fx_process_state.source_key
+    source_names = frozenset(name for _, name in sources)
     getter_codes, probe_codes = tables.getter_codes, tables.probe_codes
     getter_builtins, backends_dir = tables.getter_builtins, tables.backends_dir
     kernel_builtins = tables.kernel_builtins
@@ -202,6 +208,16 @@ def recording_calls() -> Iterator[CallLog]:
         elif event == "c_call" and (arg is _RANDOM_RANDOM or arg is _RANDOM_GETRANDBITS):
             if "random" not in reads:
                 note("random", f"random.{getattr(arg, '__name__', '?')}()", frame)
+        elif (
+            event == "c_call"
+            and inside[0]
+            and "process" not in reads
+            and getattr(arg, "__name__", None) in source_names
+            and source_key(arg) in sources
+        ):
+            key = source_key(arg)
+            assert key is not None
+            note("process", f"{fx_process_state.source_call(key)} reads {sources[key]}", frame)
         elif event == "call" and code in _TORCH_RESEED_CODES and "reseed" not in reads:
             note("reseed", _TORCH_RESEED_CODES[code], _past(frame.f_back, _RESEED_WRAPPERS))
         elif (

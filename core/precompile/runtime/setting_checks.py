@@ -8,7 +8,10 @@ both tracers those a kernel they lowered read in C++ to choose what it computes
 ``[module, path, called, "WHAT at FILE:LINE", fingerprint]``; a call reads each setting
 again (``state_checks.state_getter``) and is refused, naming the setting and the line
 that read it, when one differs from the capture's. The values of the last call that
-passed are kept, so an unchanged process costs one list comparison.
+passed are kept, so an unchanged process costs one list comparison -- where every value
+is a constant (``KEPT_TYPES``): a setting that is an object changed in place (the decimal
+module's current context, whose precision a caller sets) equals itself, so such values
+are fingerprinted again on every call.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ if TYPE_CHECKING:
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
 
+#: Values that cannot change in place, so equal to the last call's means unchanged.
+KEPT_TYPES = frozenset({bool, int, float, str, type(None)})
+
+
 def build_setting_check(records: list[list[Any]]) -> Callable[[], None] | None:
     """``check()``, raising for a setting of ``records`` whose value now differs from the
     capture's; None where the trace depended on none."""
@@ -42,7 +49,8 @@ def build_setting_check(records: list[list[Any]]) -> Callable[[], None] | None:
         values = [get() for get in getters]
         if values != seen[0]:
             refuse_changed_setting(records, values)
-            seen[0] = values
+            if all(type(value) in KEPT_TYPES for value in values):
+                seen[0] = values
 
     return check
 

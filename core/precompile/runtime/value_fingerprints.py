@@ -745,7 +745,12 @@ def _fingerprint_object(value: Any, kind: Any, context: dict[str, Any], depth: i
             # what the state holds (a decimal context's repr shows its flags too).
             text = repr(value)
             plain = len(text) <= 120 and " at 0x" not in text
-            shown = text if plain and type_name(kind) != "decimal.Context" else ""
+            shown = text if plain else ""
+            if type_name(kind) == "decimal.Context":
+                shown = "a decimal context with " + ", ".join(
+                    f"{name}={getattr(value, name)}"
+                    for name in ("prec", "rounding", "Emin", "Emax", "capitals", "clamp")
+                )
             return ("library object", type_name(kind), fingerprint(state, context, depth), shown)
         if getattr(value, "__dict__", None) is None:
             declared = c_attributes(value)

@@ -1,0 +1,207 @@
+"""What a traced function asks the process rather than its arguments: each is refused,
+at capture or per call, never served with the capture's answer.
+
+Found by attack (session 27), each served as traced before: make_fx baked the clock
+(``time.time()``, ``datetime.now()``), the process and thread id, a file's text, the
+working directory, ``os.urandom`` and ``hash()`` of a string into its graph; Dynamo
+folded ``hash("...")`` (seeded per process), ``hash(obj)`` and ``id(obj)`` unguarded;
+Dynamo guarded nothing of what ``os.getenv`` read (it skips the guards of the
+standard library's globals); and Dynamo guarded nothing where
+a dict lookup raised ``KeyError`` that the traced code caught (``try: CFG["k"] except
+KeyError``, a ``Mapping.get``, ``os.environ.get``), so a process holding the key was
+served the branch of its absence. make_fx served the capture's ``Decimal`` arithmetic
+under any precision the caller set (``decimal``'s current context).
+"""
+
+from __future__ import annotations
+
+import decimal
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import precompile
+from precompile import PrecompileError
+from tests.fixtures import process_reads as pr
+from tests.harness import capture_pair, run_json
+
+X = torch.arange(1.0, 5.0)
+
+
+def _capture(fn: Any, directory: Path, name: str, tracer: Any, backend: str = "eager") -> Any:
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return capture_pair(fn, X, directory=directory, name=name, tracer=tracer, backend=backend)
+
+
+@pytest.mark.parametrize("name", sorted(pr.SOURCES))
+def test_make_fx_refuses_a_value_asked_of_the_process(tmp_path: Path, name: str) -> None:
+    target = tmp_path / "scale.txt"
+    target.write_text("2")
+    pr.FILE[:] = [str(target)]
+    fn, call, what = pr.SOURCES[name]
+    with pytest.raises(PrecompileError) as raised:
+        _capture(fn, tmp_path, name, precompile.MakeFxTracer())
+    message = str(raised.value)
+    assert f"({call} reads {what}" in message, message
+    assert "process_reads.py:" in message and "pass the answer as an argument" in message
+    assert not (tmp_path / f"{name}.py").exists()
+
+
+def test_the_refusal_comes_before_any_compile(tmp_path: Path) -> None:
+    with pytest.raises(PrecompileError, match=r"time\.time\(\) reads the clock"):
+        _capture(pr.clock, tmp_path, "clock", precompile.MakeFxTracer(), backend="inductor")
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("string_hash", "hash() of 'bucket' at"),
+        ("object_hash", "hash() of a Token at"),
+        ("object_id", "id() at"),
+    ],
+)
+def test_dynamo_refuses_a_hash_or_address_it_would_fold(
+    tmp_path: Path, name: str, words: str
+) -> None:
+    with pytest.raises(PrecompileError) as raised:
+        _capture(pr.SOURCES[name][0], tmp_path, name, precompile.DynamoTracer())
+    message = str(raised.value)
+    assert words in message and "process_reads.py:" in message, message
+
+
+SERVE = """
+import decimal, json, warnings
+import torch
+import precompile
+from tests.fixtures import process_reads as pr
+from tests.harness import served_or_refused
+warnings.simplefilter("ignore")
+X = torch.arange(1.0, 5.0)
+pairs = {pairs!r}
+fns = {{**pr.LOOKUPS, "third": pr.third, "clock": pr.clock, "process_id": pr.process_id}}
+out = {{}}
+
+def call(label, run, name):
+    out[label] = served_or_refused(lambda: run(X), lambda: fns[name](X))
+
+for key, (name, artifact, cache) in pairs.items():
+    if name in pr.LOOKUPS:
+        change, undo = pr.add_keys, pr.remove_keys
+    elif name == "third":
+        change = lambda: setattr(decimal.getcontext(), "prec", 3)
+        undo = lambda: setattr(decimal.getcontext(), "prec", 28)
+    else:
+        run = precompile.load(artifact, cache)
+        call(key + " in another process", run, name)
+        continue
+    change()
+    run = precompile.load(artifact, cache)
+    call(key + " cold", run, name)
+    undo()
+    call(key + " restored", run, name)
+    change()
+    call(key + " warm", run, name)
+    undo()
+    call(key + " restored again", run, name)
+    if name == "third":
+        decimal.getcontext().rounding = decimal.ROUND_UP
+        call(key + " rounding", run, name)
+        decimal.getcontext().rounding = decimal.ROUND_HALF_EVEN
+print(json.dumps(out))
+"""
+
+#: The words a refusal of each lookup names the key with.
+KEY_WORDS = {
+    "missing_key": "'k'",
+    "mapping_get": "'k'",
+    "environ_get": pr.SCALE_VARIABLE,
+    "getenv": pr.SCALE_VARIABLE,
+    "getenv_present": pr.PRESENT_VARIABLE,
+}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    directory = tmp_path_factory.mktemp("process_reads")
+    dynamo, make_fx = precompile.DynamoTracer(), precompile.MakeFxTracer()
+    captures = [
+        *((f"{name} dynamo", name, dynamo, "eager") for name in pr.LOOKUPS),
+        ("missing_key dynamo inductor", "missing_key", dynamo, "inductor"),
+        ("missing_key make_fx", "missing_key", make_fx, "eager"),
+        ("mapping_get make_fx", "mapping_get", make_fx, "eager"),
+        ("third make_fx", "third", make_fx, "eager"),
+        ("third make_fx inductor", "third", make_fx, "inductor"),
+        ("clock dynamo", "clock", dynamo, "eager"),
+        ("process_id dynamo", "process_id", dynamo, "eager"),
+    ]
+    pr.remove_keys()
+    pairs = {}
+    try:
+        for i, (key, name, tracer, backend) in enumerate(captures):
+            fn = {**pr.LOOKUPS, "third": pr.third, "clock": pr.clock}.get(name, pr.process_id)
+            pairs[key] = (name, *_capture(fn, directory, f"c{i}", tracer, backend))
+    finally:
+        os.environ.pop(pr.PRESENT_VARIABLE, None)
+    return dict(run_json(SERVE.format(pairs=pairs)))
+
+
+LOOKUP_KEYS = [
+    *(f"{name} dynamo" for name in pr.LOOKUPS),
+    "missing_key dynamo inductor",
+    "missing_key make_fx",
+    "mapping_get make_fx",
+]
+
+
+@pytest.mark.parametrize("key", LOOKUP_KEYS)
+def test_a_key_a_lookup_did_not_find_is_checked(served: dict[str, Any], key: str) -> None:
+    """Added before load or after a served call: refused, naming the key; removed
+    again: served exactly."""
+    for when in ("restored", "restored again"):
+        assert served[f"{key} {when}"] == ["served", True], (key, when, served)
+    for when in ("cold", "warm"):
+        outcome, message = served[f"{key} {when}"]
+        assert outcome == "refused", (key, when, message)
+        assert KEY_WORDS[key.split()[0]] in message, (key, when, message)
+
+
+@pytest.mark.parametrize("name", ["environ_get", "getenv", "getenv_present"])
+def test_make_fx_refuses_the_environment_at_capture(tmp_path: Path, name: str) -> None:
+    with pytest.raises(PrecompileError, match="fn reads the process environment"):
+        _capture(pr.LOOKUPS[name], tmp_path, name, precompile.MakeFxTracer())
+
+
+@pytest.mark.parametrize("key", ["third make_fx", "third make_fx inductor"])
+def test_decimal_arithmetic_is_checked_against_the_current_context(
+    served: dict[str, Any], key: str
+) -> None:
+    """Another precision, before load or after a served call, or another rounding:
+    refused, naming the context; the capture's context again: served exactly."""
+    for when in ("restored", "restored again"):
+        assert served[f"{key} {when}"] == ["served", True], (key, when, served)
+    for when in ("cold", "warm"):
+        outcome, message = served[f"{key} {when}"]
+        assert outcome == "refused", (key, when, message)
+        assert "decimal.getcontext()" in message and "prec=3" in message, message
+    outcome, message = served[f"{key} rounding"]
+    assert outcome == "refused" and "rounding=ROUND_UP" in message, message
+
+
+def test_dynamo_refuses_decimal_arithmetic_at_capture(tmp_path: Path) -> None:
+    with pytest.raises(PrecompileError, match="the capture is incomplete"):
+        _capture(pr.third, tmp_path, "third", precompile.DynamoTracer())
+    assert decimal.getcontext().prec == 28
+
+
+@pytest.mark.parametrize("key", ["clock dynamo", "process_id dynamo"])
+def test_dynamo_refuses_the_capture_s_clock_and_process_in_another(
+    served: dict[str, Any], key: str
+) -> None:
+    outcome, message = served[f"{key} in another process"]
+    assert outcome == "refused" and "the value the capture specialized on" in message, message
