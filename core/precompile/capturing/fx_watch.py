@@ -14,11 +14,15 @@ from __future__ import annotations
 import _collections_abc
 import contextlib
 import dataclasses
+import glob
 import os
 import pathlib
+import platform
 import random
+import secrets
 import sys
 import types
+import uuid
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -68,9 +72,15 @@ _RESEED_WRAPPERS = (
 #: Library frames between a user's read and the code that reads.
 _READ_WRAPPERS = (
     os.getenv.__code__.co_filename,
+    # The standard library's wrappers over process sources (``process_sources``): the
+    # user's call of one is the ask (os.path, pathlib, uuid4's os.urandom, glob's scandir).
     os.path.exists.__code__.co_filename,  # genericpath
     os.path.realpath.__code__.co_filename,
     pathlib.Path.read_text.__code__.co_filename,
+    uuid.uuid4.__code__.co_filename,
+    secrets.token_bytes.__code__.co_filename,
+    platform.node.__code__.co_filename,
+    glob.glob.__code__.co_filename,
     _collections_abc.Mapping.get.__code__.co_filename,
     _RANDOM_FILE,
 )
