@@ -33,8 +33,16 @@ if TYPE_CHECKING:
     def refuse(message: str, invariant: int | None = None) -> NoReturn: ...
 
 
-#: Values that cannot change in place, so equal to the last call's means unchanged.
+#: Values that cannot change in place, so equal to the last call's means unchanged:
+#: Python's constants, and torch's devices and dtypes (``torch.get_default_device()``).
 KEPT_TYPES = frozenset({bool, int, float, str, type(None)})
+KEPT_TORCH_TYPES = frozenset({("torch", "device"), ("torch", "dtype")})
+
+
+def kept(value: Any) -> bool:
+    """Whether ``value`` is one of ``KEPT_TYPES`` or ``KEPT_TORCH_TYPES``."""
+    kind = type(value)
+    return kind in KEPT_TYPES or (kind.__module__, kind.__qualname__) in KEPT_TORCH_TYPES
 
 
 def build_setting_check(records: list[list[Any]]) -> Callable[[], None] | None:
@@ -49,7 +57,7 @@ def build_setting_check(records: list[list[Any]]) -> Callable[[], None] | None:
         values = [get() for get in getters]
         if values != seen[0]:
             refuse_changed_setting(records, values)
-            if all(type(value) in KEPT_TYPES for value in values):
+            if all(map(kept, values)):
                 seen[0] = values
 
     return check
