@@ -7,6 +7,7 @@ bytecode replays."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -178,6 +179,40 @@ def guarding_mutable_stdlib_globals() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def guarding_module_attribute_lookups() -> Iterator[None]:
+    """A module's attribute looked up and not found (``getattr(cfgmod, "K", d)``), or
+    asked for (``hasattr(cfgmod, "K")``), is guarded as ``hasattr`` is on an object. In
+    torch 2.13 Dynamo guarded neither on a module: a process that later bound ``K`` was
+    served the branch of its absence (and one that deleted it, of its presence)."""
+    from torch._dynamo.guards import GuardBuilder, install_guard
+    from torch._dynamo.variables.misc import PythonModuleVariable
+
+    original_hasattr = PythonModuleVariable.call_obj_hasattr
+    original_getattr = PythonModuleVariable.var_getattr
+
+    def guard(self: Any, name: str) -> None:
+        if self.source is not None and not getattr(self, "is_torch", False):
+            install_guard(
+                self.source.make_guard(functools.partial(GuardBuilder.HASATTR, attr=name))
+            )
+
+    def call_obj_hasattr(self: Any, tx: Any, name: str) -> Any:
+        guard(self, name)
+        return original_hasattr(self, tx, name)
+
+    def var_getattr(self: Any, tx: Any, name: str) -> Any:
+        if name not in self.value.__dict__:
+            guard(self, name)
+        return original_getattr(self, tx, name)
+
+    with (
+        patched(PythonModuleVariable, "call_obj_hasattr", call_obj_hasattr),
+        patched(PythonModuleVariable, "var_getattr", var_getattr),
+    ):
+        yield
+
+
+@contextlib.contextmanager
 def recording_process_hashes(sites: list[str]) -> Iterator[None]:
     """Record (``hash() of 'text' at FILE:LINE``) each call project code makes whose answer
     Dynamo folds into a constant guarded by nothing, though another process computes
@@ -221,6 +256,20 @@ def recording_process_hashes(sites: list[str]) -> Iterator[None]:
         return original_id(self, tx, *args)
 
     with patched_builtin_handler(hash, call_hash), patched_builtin_handler(id, call_id):
+        yield
+
+
+@contextlib.contextmanager
+def guarding_what_fn_asks(hash_sites: list[str]) -> Iterator[None]:
+    """While capturing: the guards torch 2.13's Dynamo leaves out on what fn asks of the
+    process and of modules (``guarding_mutable_stdlib_globals``,
+    ``guarding_module_attribute_lookups``), and the hashes and addresses it folds
+    unguarded, recorded to refuse (``recording_process_hashes``)."""
+    with (
+        recording_process_hashes(hash_sites),
+        guarding_mutable_stdlib_globals(),
+        guarding_module_attribute_lookups(),
+    ):
         yield
 
 

@@ -237,8 +237,7 @@ class DynamoSession:
                 ),
                 dynamo_recording.recording_compile_only_branches(branches),
                 dynamo_recording.recording_replayed_stores(stores),
-                dynamo_recording.recording_process_hashes(hashes),
-                dynamo_recording.guarding_mutable_stdlib_globals(),
+                dynamo_recording.guarding_what_fn_asks(hashes),
                 dynamo_guard_relaxing.relaxing_unread_strides(
                     self.backends.relax_strides, self.layout_notes
                 ),

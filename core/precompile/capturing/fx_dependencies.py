@@ -331,6 +331,7 @@ def _global_values(
             if name not in shared.values:
                 shared.values[name] = value_fingerprints.fingerprint(table[name], context)
     seen: set[str] = set()
+    asked = _names_asked_by_string(log)
     while pending:
         module_value = pending.pop()
         module = module_value.__name__
@@ -339,7 +340,8 @@ def _global_values(
             continue
         seen.add(module)
         read = by_module.setdefault(module, GlobalRead(module, file, {}))
-        for name, value in list(vars(module_value).items()):
+        state = vars(module_value)
+        for name, value in list(state.items()):
             if name not in names or name.startswith("__"):
                 continue
             if isinstance(value, types.ModuleType):
@@ -348,7 +350,22 @@ def _global_values(
                 # Read through the module as well (``cfgmod.CFG``): whole, not keyed.
                 read.keyed.pop(name, None)
                 read.values[name] = value_fingerprints.fingerprint(value, context)
+        for name in asked - state.keys() - read.values.keys():
+            # ``getattr(cfgmod, "SCALE", 1.0)``, ``hasattr(cfgmod, "FAST")`` of a name
+            # the module did not bind: the graph baked its absence.
+            read.values[name] = ("absent",)
     return [r for _, r in sorted(by_module.items()) if r.values]
+
+
+def _names_asked_by_string(log: CallLog) -> set[str]:
+    """The names traced project code may look up by string (``getattr(m, "K", d)``,
+    ``hasattr(m, "K")``): the identifier constants of the codes that load ``getattr``
+    or ``hasattr``. By name, so conservative, as ``names`` is."""
+    asked: set[str] = set()
+    for code in log.project_codes():
+        if "getattr" in code.co_names or "hasattr" in code.co_names:
+            asked.update(c for c in code.co_consts if isinstance(c, str) and c.isidentifier())
+    return {name for name in asked if not name.startswith("__")}
 
 
 def entry_record(

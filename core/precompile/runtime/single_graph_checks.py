@@ -309,7 +309,8 @@ def check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
                 refuse(
                     f"precompile: module {record['module']} ({where}) binds the "
                     f"global `{name}` to {describe_value(live)}; its traced code resolved "
-                    f"`{name}` to the builtin, and the graph baked what that did. Remove the "
+                    f"`{name}` to the builtin, or found no such name (a lookup by string "
+                    f"that took its default), and the graph baked what that did. Remove the "
                     f"global (del {record['module']}.{name}), or capture again with it "
                     f"bound (re-emit the artifact)",
                     3,

@@ -9,7 +9,9 @@ Dynamo guarded nothing of what ``os.getenv`` read (it skips the guards of the
 standard library's globals); and Dynamo guarded nothing where
 a dict lookup raised ``KeyError`` that the traced code caught (``try: CFG["k"] except
 KeyError``, a ``Mapping.get``, ``os.environ.get``), so a process holding the key was
-served the branch of its absence. make_fx served the capture's ``Decimal`` arithmetic
+served the branch of its absence; and both tracers served the absence of a name a
+project module did not bind at capture, looked up by string (``getattr(cfg, "K", d)``,
+``hasattr(cfg, "K")``), after the module bound it. make_fx served the capture's ``Decimal`` arithmetic
 under any precision the caller set (``decimal``'s current context).
 """
 
@@ -123,6 +125,8 @@ KEY_WORDS = {
     "environ_get": pr.SCALE_VARIABLE,
     "getenv": pr.SCALE_VARIABLE,
     "getenv_present": pr.PRESENT_VARIABLE,
+    "module_getattr": "SCALE",
+    "module_hasattr": "FAST",
 }
 
 
@@ -135,6 +139,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         ("missing_key dynamo inductor", "missing_key", dynamo, "inductor"),
         ("missing_key make_fx", "missing_key", make_fx, "eager"),
         ("mapping_get make_fx", "mapping_get", make_fx, "eager"),
+        ("module_getattr make_fx", "module_getattr", make_fx, "eager"),
+        ("module_hasattr make_fx", "module_hasattr", make_fx, "inductor"),
         ("third make_fx", "third", make_fx, "eager"),
         ("third make_fx inductor", "third", make_fx, "inductor"),
         ("clock dynamo", "clock", dynamo, "eager"),
@@ -156,6 +162,8 @@ LOOKUP_KEYS = [
     "missing_key dynamo inductor",
     "missing_key make_fx",
     "mapping_get make_fx",
+    "module_getattr make_fx",
+    "module_hasattr make_fx",
 ]
 
 
