@@ -155,11 +155,15 @@ def recording_grad_dependent_reads(
         yield
 
 
-#: Standard-library modules whose globals hold state a process changes as it runs
-#: (``os.environ``). Dynamo skips every guard on a global a standard-library function
-#: reads ("users don't mutate a stdlib attribute"): ``os.getenv("X")``, inlined, was
-#: guarded by nothing, and served the capture's value of X in any environment.
-MUTABLE_STDLIB_MODULES = frozenset({"os"})
+#: Standard-library modules whose globals hold state a process changes as it runs:
+#: ``os.environ`` (``os.getenv``, and getpass's ``os``), ``tempfile.tempdir``. Dynamo
+#: skips every guard on a global a standard-library function reads ("users don't
+#: mutate a stdlib attribute"): ``os.getenv("X")``, ``getpass.getuser()`` and
+#: ``tempfile.gettempdir()``, inlined, were guarded by nothing, and served the capture's
+#: answer in any process. Not every module: guarding all of them puts guards on what
+#: torch's own code reads through the standard library, which the artifact's guard
+#: records do not name (logging's level names are such a case, still open).
+MUTABLE_STDLIB_MODULES = frozenset({"os", "getpass", "tempfile"})
 
 
 @contextlib.contextmanager

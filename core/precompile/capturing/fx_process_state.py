@@ -55,8 +55,14 @@ class StateRead:
 
 
 #: Public zero-argument getters of process state outside torch.backends (grad mode,
-#: inference mode, autocast and the default dtype have their own checks).
+#: inference mode, autocast and the default dtype have their own checks), and the
+#: interpreter's and torch's process-wide settings a forward may branch on: re-read
+#: and compared per call (a setting changes rarely; the clock and the like, which
+#: change between calls, are refused at capture: ``process_sources``).
 _TORCH_GETTERS = {
+    "sys": ("getswitchinterval",),
+    "gc": ("get_threshold",),
+    "torch.distributed": ("is_available", "is_initialized"),
     "torch": (
         "are_deterministic_algorithms_enabled",
         "is_deterministic_algorithms_warn_only_enabled",
@@ -68,6 +74,7 @@ _TORCH_GETTERS = {
         "is_anomaly_enabled",
         "is_anomaly_check_nan_enabled",
         "get_default_device",
+        "initial_seed",
     ),
     "torch.cuda": ("is_available", "device_count"),
 }
@@ -86,7 +93,13 @@ def source_key(builtin: Any) -> tuple[str, str] | None:
 
 
 #: The modules that define those functions, as users import them.
-_IMPORTED_AS = {"posix": "os", "nt": "os", "_thread": "threading", "_socket": "socket"}
+_IMPORTED_AS = {
+    "posix": "os",
+    "nt": "os",
+    "_thread": "threading",
+    "_socket": "socket",
+    "_locale": "locale",
+}
 
 
 def source_call(key: tuple[str, str]) -> str:
@@ -105,7 +118,9 @@ def process_sources() -> dict[tuple[str, str], str]:
     are read through Python code, and ``fx_watch`` sees those calls.) Dynamo graph-breaks
     on these and guards the value it resumes with, except ``hash()``, whose answer for
     a string it folds unguarded (``dynamo_recording.refusing_process_hashes``)."""
+    import _locale
     import datetime
+    import gc
     import socket
     import threading
     import time
@@ -126,6 +141,9 @@ def process_sources() -> dict[tuple[str, str], str]:
             datetime.datetime.utcnow,
             datetime.datetime.today,
             datetime.date.today,
+            # By the local time zone (the TZ variable, time.tzset()).
+            datetime.datetime.fromtimestamp,
+            datetime.date.fromtimestamp,
         ),
         "the process or its machine": (
             *(
@@ -141,6 +159,8 @@ def process_sources() -> dict[tuple[str, str], str]:
                     "cpu_count",
                     "getloadavg",
                     "times",
+                    "sched_getaffinity",
+                    "get_terminal_size",
                 )
                 if hasattr(os, n)
             ),
@@ -162,6 +182,11 @@ def process_sources() -> dict[tuple[str, str], str]:
             getattr(os, n) for n in ("urandom", "getrandom") if hasattr(os, n)
         ),
         "a per-process hash or an object's address": (hash, id),
+        "the locale": (_locale.setlocale, _locale.localeconv),
+        # Set by the capture itself while it traces (torch raises the recursion limit,
+        # the capture pauses the collector): the trace reads the capture's, not the
+        # caller's.
+        "what the capture sets while it traces": (sys.getrecursionlimit, gc.isenabled),
     }
     table: dict[tuple[str, str], str] = {}
     for kind, builtins in kinds.items():

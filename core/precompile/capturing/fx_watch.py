@@ -14,13 +14,18 @@ from __future__ import annotations
 import _collections_abc
 import contextlib
 import dataclasses
+import getpass
 import glob
+import linecache
+import locale
 import os
 import pathlib
 import platform
 import random
 import secrets
+import shutil
 import sys
+import tokenize
 import types
 import uuid
 from collections.abc import Iterator
@@ -73,7 +78,8 @@ _RESEED_WRAPPERS = (
 _READ_WRAPPERS = (
     os.getenv.__code__.co_filename,
     # The standard library's wrappers over process sources (``process_sources``): the
-    # user's call of one is the ask (os.path, pathlib, uuid4's os.urandom, glob's scandir).
+    # user's call of one is the ask (os.path, pathlib, uuid4's os.urandom, glob's scandir,
+    # shutil.which's PATH, getpass's environment, linecache's file, the locale module's).
     os.path.exists.__code__.co_filename,  # genericpath
     os.path.realpath.__code__.co_filename,
     pathlib.Path.read_text.__code__.co_filename,
@@ -81,6 +87,11 @@ _READ_WRAPPERS = (
     secrets.token_bytes.__code__.co_filename,
     platform.node.__code__.co_filename,
     glob.glob.__code__.co_filename,
+    shutil.which.__code__.co_filename,
+    getpass.getuser.__code__.co_filename,
+    linecache.getline.__code__.co_filename,
+    tokenize.open.__code__.co_filename,
+    locale.getlocale.__code__.co_filename,
     _collections_abc.Mapping.get.__code__.co_filename,
     _RANDOM_FILE,
 )

@@ -18,6 +18,7 @@ under any precision the caller set (``decimal``'s current context).
 from __future__ import annotations
 
 import decimal
+import gc
 import os
 import warnings
 from pathlib import Path
@@ -86,7 +87,14 @@ from tests.harness import served_or_refused
 warnings.simplefilter("ignore")
 X = torch.arange(1.0, 5.0)
 pairs = {pairs!r}
-fns = {{**pr.LOOKUPS, "third": pr.third, "clock": pr.clock, "process_id": pr.process_id}}
+fns = {{
+    **pr.LOOKUPS,
+    "third": pr.third,
+    "clock": pr.clock,
+    "process_id": pr.process_id,
+    "settings": pr.settings,
+}}
+pr.set_settings()
 out = {{}}
 
 def call(label, run, name):
@@ -98,6 +106,9 @@ for key, (name, artifact, cache) in pairs.items():
     elif name == "third":
         change = lambda: setattr(decimal.getcontext(), "prec", 3)
         undo = lambda: setattr(decimal.getcontext(), "prec", 28)
+    elif name == "settings":
+        change = lambda: pr.set_settings(first=900)
+        undo = pr.set_settings
     else:
         run = precompile.load(artifact, cache)
         call(key + " in another process", run, name)
@@ -115,6 +126,10 @@ for key, (name, artifact, cache) in pairs.items():
         decimal.getcontext().rounding = decimal.ROUND_UP
         call(key + " rounding", run, name)
         decimal.getcontext().rounding = decimal.ROUND_HALF_EVEN
+    if name == "settings":
+        pr.set_settings(seed=99)
+        call(key + " seed", run, name)
+        pr.set_settings()
 print(json.dumps(out))
 """
 
@@ -127,6 +142,7 @@ KEY_WORDS = {
     "getenv_present": pr.PRESENT_VARIABLE,
     "module_getattr": "SCALE",
     "module_hasattr": "FAST",
+    "user_name": "`user_name`",
 }
 
 
@@ -143,17 +159,23 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         ("module_hasattr make_fx", "module_hasattr", make_fx, "inductor"),
         ("third make_fx", "third", make_fx, "eager"),
         ("third make_fx inductor", "third", make_fx, "inductor"),
+        ("settings make_fx", "settings", make_fx, "eager"),
+        ("settings make_fx inductor", "settings", make_fx, "inductor"),
         ("clock dynamo", "clock", dynamo, "eager"),
         ("process_id dynamo", "process_id", dynamo, "eager"),
     ]
     pr.remove_keys()
+    threshold = gc.get_threshold()
+    pr.set_settings()
+    fns = {**pr.LOOKUPS, "third": pr.third, "clock": pr.clock, "settings": pr.settings}
     pairs = {}
     try:
         for i, (key, name, tracer, backend) in enumerate(captures):
-            fn = {**pr.LOOKUPS, "third": pr.third, "clock": pr.clock}.get(name, pr.process_id)
+            fn = fns.get(name, pr.process_id)
             pairs[key] = (name, *_capture(fn, directory, f"c{i}", tracer, backend))
     finally:
         os.environ.pop(pr.PRESENT_VARIABLE, None)
+        gc.set_threshold(*threshold)
     return dict(run_json(SERVE.format(pairs=pairs)))
 
 
@@ -172,17 +194,21 @@ def test_a_key_a_lookup_did_not_find_is_checked(served: dict[str, Any], key: str
     """Added before load or after a served call: refused, naming the key; removed
     again: served exactly."""
     for when in ("restored", "restored again"):
-        assert served[f"{key} {when}"] == ["served", True], (key, when, served)
+        assert served[f"{key} {when}"] == ["served", True], (key, when, served[f"{key} {when}"])
     for when in ("cold", "warm"):
         outcome, message = served[f"{key} {when}"]
         assert outcome == "refused", (key, when, message)
         assert KEY_WORDS[key.split()[0]] in message, (key, when, message)
 
 
-@pytest.mark.parametrize("name", ["environ_get", "getenv", "getenv_present"])
+@pytest.mark.parametrize(
+    "name", ["environ_get", "getenv", "getenv_present", "user_name", "executable_found"]
+)
 def test_make_fx_refuses_the_environment_at_capture(tmp_path: Path, name: str) -> None:
+    """Read directly or through the standard library's wrappers (getpass, shutil)."""
+    fn = pr.LOOKUPS.get(name, pr.executable_found)
     with pytest.raises(PrecompileError, match="fn reads the process environment"):
-        _capture(pr.LOOKUPS[name], tmp_path, name, precompile.MakeFxTracer())
+        _capture(fn, tmp_path, name, precompile.MakeFxTracer())
 
 
 @pytest.mark.parametrize("key", ["third make_fx", "third make_fx inductor"])
@@ -192,7 +218,7 @@ def test_decimal_arithmetic_is_checked_against_the_current_context(
     """Another precision, before load or after a served call, or another rounding:
     refused, naming the context; the capture's context again: served exactly."""
     for when in ("restored", "restored again"):
-        assert served[f"{key} {when}"] == ["served", True], (key, when, served)
+        assert served[f"{key} {when}"] == ["served", True], (key, when, served[f"{key} {when}"])
     for when in ("cold", "warm"):
         outcome, message = served[f"{key} {when}"]
         assert outcome == "refused", (key, when, message)
@@ -213,3 +239,19 @@ def test_dynamo_refuses_the_capture_s_clock_and_process_in_another(
 ) -> None:
     outcome, message = served[f"{key} in another process"]
     assert outcome == "refused" and "the value the capture specialized on" in message, message
+
+
+@pytest.mark.parametrize("key", ["settings make_fx", "settings make_fx inductor"])
+def test_process_settings_fn_branches_on_are_checked_per_call(
+    served: dict[str, Any], key: str
+) -> None:
+    """gc.get_threshold(), changed before load or after a served call, and
+    torch.initial_seed(): refused, naming the setting; as captured: served exactly."""
+    for when in ("restored", "restored again"):
+        assert served[f"{key} {when}"] == ["served", True], (key, when, served[f"{key} {when}"])
+    for when in ("cold", "warm"):
+        outcome, message = served[f"{key} {when}"]
+        assert outcome == "refused", (key, when, message)
+        assert "gc.get_threshold()" in message and "900" in message, message
+    outcome, message = served[f"{key} seed"]
+    assert outcome == "refused" and "torch.initial_seed()" in message, message
