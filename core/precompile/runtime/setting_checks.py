@@ -40,8 +40,11 @@ KEPT_TORCH_TYPES = frozenset({("torch", "device"), ("torch", "dtype")})
 
 
 def kept(value: Any) -> bool:
-    """Whether ``value`` is one of ``KEPT_TYPES`` or ``KEPT_TORCH_TYPES``."""
+    """Whether ``value`` is one of ``KEPT_TYPES`` or ``KEPT_TORCH_TYPES``, or a tuple of
+    them (``gc.get_threshold()``)."""
     kind = type(value)
+    if kind is tuple:
+        return all(map(kept, value))
     return kind in KEPT_TYPES or (kind.__module__, kind.__qualname__) in KEPT_TORCH_TYPES
 
 
