@@ -263,14 +263,52 @@ def recording_process_hashes(sites: list[str]) -> Iterator[None]:
         yield
 
 
+#: Process settings Dynamo folds into constants with no guard, asked with no argument:
+#: (module, name). ``torch.distributed.is_initialized()`` captured in one process and
+#: served under a process group answered as traced.
+FOLDED_SETTINGS = (("torch.distributed", "is_initialized"),)
+
+
 @contextlib.contextmanager
-def guarding_what_fn_asks(hash_sites: list[str]) -> Iterator[None]:
+def recording_folded_settings(reads: dict[tuple[str, str], str]) -> Iterator[None]:
+    """Record each ``FOLDED_SETTINGS`` call project code makes, with ``FILE:LINE``: the
+    artifact re-reads and compares it per call (``PROCESS_STATE``), as make_fx's does."""
+    import importlib
+
+    from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
+
+    from precompile.locations import is_project_file
+
+    folded: dict[int, tuple[str, str]] = {}
+    for module, name in FOLDED_SETTINGS:
+        with contextlib.suppress(ImportError, AttributeError):
+            folded[id(getattr(importlib.import_module(module), name))] = (module, name)
+    original = TorchInGraphFunctionVariable.call_function
+
+    def call_function(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
+        read = folded.get(id(getattr(self, "value", None)))
+        code = getattr(tx, "f_code", None)
+        if read is not None and code is not None and is_project_file(code.co_filename):
+            if not (args and args[0]) and not (args[1:] and args[1]):
+                reads.setdefault(read, f"{code.co_filename}:{getattr(tx, 'lineno', '?')}")
+        return original(self, tx, *args, **kwargs)
+
+    with patched(TorchInGraphFunctionVariable, "call_function", call_function):
+        yield
+
+
+@contextlib.contextmanager
+def guarding_what_fn_asks(
+    hash_sites: list[str], settings: dict[tuple[str, str], str]
+) -> Iterator[None]:
     """While capturing: the guards torch 2.13's Dynamo leaves out on what fn asks of the
     process and of modules (``guarding_mutable_stdlib_globals``,
-    ``guarding_module_attribute_lookups``), and the hashes and addresses it folds
-    unguarded, recorded to refuse (``recording_process_hashes``)."""
+    ``guarding_module_attribute_lookups``), the hashes and addresses it folds
+    unguarded, recorded to refuse (``recording_process_hashes``), and the settings it
+    folds, recorded to check per call (``recording_folded_settings``)."""
     with (
         recording_process_hashes(hash_sites),
+        recording_folded_settings(settings),
         guarding_mutable_stdlib_globals(),
         guarding_module_attribute_lookups(),
     ):

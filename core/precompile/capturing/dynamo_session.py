@@ -86,6 +86,8 @@ class DynamoSession:
         self.sourced_key_reads: set[tuple[str, int | None]] = set()
         self.recompiles: list[dict[str, Any]] = []
         self.bypass_reasons: dict[str, str] = {}
+        #: Settings Dynamo folded (``dynamo_recording.FOLDED_SETTINGS``) -> FILE:LINE.
+        self.folded_settings: dict[tuple[str, str], str] = {}
         self._guard_failures: dict[str, list[str]] = {}
         self.break_events: list[dict[str, Any]] = []
         self.calls = 0
@@ -237,7 +239,7 @@ class DynamoSession:
                 ),
                 dynamo_recording.recording_compile_only_branches(branches),
                 dynamo_recording.recording_replayed_stores(stores),
-                dynamo_recording.guarding_what_fn_asks(hashes),
+                dynamo_recording.guarding_what_fn_asks(hashes, self.folded_settings),
                 dynamo_guard_relaxing.relaxing_unread_strides(
                     self.backends.relax_strides, self.layout_notes
                 ),
@@ -463,7 +465,11 @@ class DynamoSession:
         dependencies the recorders refuse; the emitter refuses what is left (default
         arguments, helper globals)."""
         from precompile.capturing.dynamo_name_records import module_hooks, traced_function_rows
-        from precompile.capturing.fx_process_state import lowered_graph_reads, state_records
+        from precompile.capturing.fx_process_state import (
+            StateRead,
+            lowered_graph_reads,
+            state_records,
+        )
         from precompile.capturing.library_surface import record_dynamo_surface
 
         frames = self.frames()
@@ -495,10 +501,16 @@ class DynamoSession:
             # An eager graph calls each torch function per call, under the settings
             # of the call; a lowered one holds the kernel its settings chose.
             "PROCESS_STATE": state_records(
-                lowered_graph_reads(
-                    graphs.lowered,
-                    f"{self.fn.__code__.co_filename}:{self.fn.__code__.co_firstlineno}",
-                )
+                {
+                    **{
+                        StateRead(module, name, True): site
+                        for (module, name), site in self.folded_settings.items()
+                    },
+                    **lowered_graph_reads(
+                        graphs.lowered,
+                        f"{self.fn.__code__.co_filename}:{self.fn.__code__.co_firstlineno}",
+                    ),
+                }
             ),
             "LIBRARY_SURFACE": record_dynamo_surface(
                 self.fn,

@@ -93,8 +93,10 @@ fns = {{
     "clock": pr.clock,
     "process_id": pr.process_id,
     "settings": pr.settings,
+    "distributed": pr.distributed,
 }}
 pr.set_settings()
+stores = iter(range(100))
 out = {{}}
 
 def call(label, run, name):
@@ -109,6 +111,9 @@ for key, (name, artifact, cache) in pairs.items():
     elif name == "settings":
         change = lambda: pr.set_settings(first=900)
         undo = pr.set_settings
+    elif name == "distributed":
+        change = lambda: pr.join_group({store!r} + str(next(stores)))
+        undo = pr.leave_group
     else:
         run = precompile.load(artifact, cache)
         call(key + " in another process", run, name)
@@ -160,6 +165,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         ("third make_fx", "third", make_fx, "eager"),
         ("third make_fx inductor", "third", make_fx, "inductor"),
         ("settings make_fx", "settings", make_fx, "eager"),
+        ("distributed make_fx", "distributed", make_fx, "eager"),
+        ("distributed dynamo", "distributed", dynamo, "eager"),
         ("settings make_fx inductor", "settings", make_fx, "inductor"),
         ("clock dynamo", "clock", dynamo, "eager"),
         ("process_id dynamo", "process_id", dynamo, "eager"),
@@ -167,7 +174,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     pr.remove_keys()
     threshold = gc.get_threshold()
     pr.set_settings()
-    fns = {**pr.LOOKUPS, "third": pr.third, "clock": pr.clock, "settings": pr.settings}
+    fns = {
+        **pr.LOOKUPS,
+        "third": pr.third,
+        "clock": pr.clock,
+        "settings": pr.settings,
+        "distributed": pr.distributed,
+    }
     pairs = {}
     try:
         for i, (key, name, tracer, backend) in enumerate(captures):
@@ -176,7 +189,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     finally:
         os.environ.pop(pr.PRESENT_VARIABLE, None)
         gc.set_threshold(*threshold)
-    return dict(run_json(SERVE.format(pairs=pairs)))
+    store = str(directory / "store")
+    return dict(run_json(SERVE.format(pairs=pairs, store=store)))
 
 
 LOOKUP_KEYS = [
@@ -251,3 +265,13 @@ def test_process_settings_fn_branches_on_are_checked_per_call(
     _assert_checked(served, key, "gc.get_threshold()", "900")
     outcome, message = served[f"{key} seed"]
     assert outcome == "refused" and "torch.initial_seed()" in message, message
+
+
+@pytest.mark.parametrize("key", ["distributed make_fx", "distributed dynamo"])
+def test_whether_a_process_group_is_up_is_checked_per_call(
+    served: dict[str, Any], key: str
+) -> None:
+    """torch.distributed.is_initialized(), captured with no process group and served
+    under one (joined before load, or after a served call): refused by both tracers
+    (Dynamo folded it into a constant guarded by nothing); left again: served."""
+    _assert_checked(served, key, "torch.distributed.is_initialized()")
