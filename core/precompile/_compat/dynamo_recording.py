@@ -285,13 +285,14 @@ def recording_folded_settings(reads: dict[tuple[str, str], str]) -> Iterator[Non
             folded[id(getattr(importlib.import_module(module), name))] = (module, name)
     original = TorchInGraphFunctionVariable.call_function
 
-    def call_function(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
+    def call_function(self: Any, tx: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
         read = folded.get(id(getattr(self, "value", None)))
         code = getattr(tx, "f_code", None)
-        if read is not None and code is not None and is_project_file(code.co_filename):
-            if not (args and args[0]) and not (args[1:] and args[1]):
-                reads.setdefault(read, f"{code.co_filename}:{getattr(tx, 'lineno', '?')}")
-        return original(self, tx, *args, **kwargs)
+        asked = read is not None and not args and not kwargs
+        if asked and code is not None and is_project_file(code.co_filename):
+            assert read is not None
+            reads.setdefault(read, f"{code.co_filename}:{getattr(tx, 'lineno', '?')}")
+        return original(self, tx, args, kwargs)
 
     with patched(TorchInGraphFunctionVariable, "call_function", call_function):
         yield

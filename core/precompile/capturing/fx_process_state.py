@@ -16,10 +16,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import getpass
+import glob
 import importlib
+import linecache
+import locale
 import os
+import pathlib
+import platform
+import secrets
+import shutil
 import sys
+import tokenize
 import types
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -90,6 +100,29 @@ def source_key(builtin: Any) -> tuple[str, str] | None:
     if isinstance(owner, type):
         return f"{owner.__module__}.{owner.__qualname__}", builtin.__name__
     return None
+
+
+#: The standard library's Python wrappers over ``process_sources``: a process source
+#: called from one of these files counts as asked by the project code that called the
+#: wrapper (os.path, pathlib, uuid4's os.urandom, glob's scandir, shutil.which's PATH,
+#: getpass's environment, linecache's file, the locale module's).
+SOURCE_WRAPPERS = tuple(
+    f.__code__.co_filename
+    for f in (
+        os.path.exists,  # genericpath
+        os.path.realpath,
+        pathlib.Path.read_text,
+        uuid.uuid4,
+        secrets.token_bytes,
+        platform.node,
+        glob.glob,
+        shutil.which,
+        getpass.getuser,
+        linecache.getline,
+        tokenize.open,
+        locale.getlocale,
+    )
+)
 
 
 #: The modules that define those functions, as users import them.

@@ -14,20 +14,10 @@ from __future__ import annotations
 import _collections_abc
 import contextlib
 import dataclasses
-import getpass
-import glob
-import linecache
-import locale
 import os
-import pathlib
-import platform
 import random
-import secrets
-import shutil
 import sys
-import tokenize
 import types
-import uuid
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -77,21 +67,7 @@ _RESEED_WRAPPERS = (
 #: Library frames between a user's read and the code that reads.
 _READ_WRAPPERS = (
     os.getenv.__code__.co_filename,
-    # The standard library's wrappers over process sources (``process_sources``): the
-    # user's call of one is the ask (os.path, pathlib, uuid4's os.urandom, glob's scandir,
-    # shutil.which's PATH, getpass's environment, linecache's file, the locale module's).
-    os.path.exists.__code__.co_filename,  # genericpath
-    os.path.realpath.__code__.co_filename,
-    pathlib.Path.read_text.__code__.co_filename,
-    uuid.uuid4.__code__.co_filename,
-    secrets.token_bytes.__code__.co_filename,
-    platform.node.__code__.co_filename,
-    glob.glob.__code__.co_filename,
-    shutil.which.__code__.co_filename,
-    getpass.getuser.__code__.co_filename,
-    linecache.getline.__code__.co_filename,
-    tokenize.open.__code__.co_filename,
-    locale.getlocale.__code__.co_filename,
+    *fx_process_state.SOURCE_WRAPPERS,
     _collections_abc.Mapping.get.__code__.co_filename,
     _RANDOM_FILE,
 )
@@ -234,10 +210,8 @@ def recording_calls() -> Iterator[CallLog]:
             and inside[0]
             and "process" not in reads
             and getattr(arg, "__name__", None) in source_names
-            and source_key(arg) in sources
+            and (key := source_key(arg)) in sources
         ):
-            key = source_key(arg)
-            assert key is not None
             note("process", f"{fx_process_state.source_call(key)} reads {sources[key]}", frame)
         elif event == "call" and code in _TORCH_RESEED_CODES and "reseed" not in reads:
             note("reseed", _TORCH_RESEED_CODES[code], _past(frame.f_back, _RESEED_WRAPPERS))

@@ -56,7 +56,7 @@ def test_make_fx_refuses_a_value_asked_of_the_process(tmp_path: Path, name: str)
     assert not (tmp_path / f"{name}.py").exists()
 
 
-def test_the_refusal_comes_before_any_compile(tmp_path: Path) -> None:
+def test_the_refusal_holds_under_the_inductor_backend(tmp_path: Path) -> None:
     with pytest.raises(PrecompileError, match=r"time\.time\(\) reads the clock"):
         _capture(pr.clock, tmp_path, "clock", precompile.MakeFxTracer(), backend="inductor")
 
