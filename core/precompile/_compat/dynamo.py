@@ -602,6 +602,10 @@ def captured_guard_values(
     read = guards.GuardBuilder.get
 
     def plain(value: Any) -> bool:
+        if hasattr(type(value), "n_sequence_fields"):
+            # A struct sequence (``sys.flags``): no pickle names its class, and Dynamo
+            # guards the fields read (plain values, kept) and its type, not the whole.
+            return False
         if isinstance(value, (tuple, frozenset)):
             return all(map(plain, value))
         return value is None or type(value) in (bool, int, float, complex, str, bytes)

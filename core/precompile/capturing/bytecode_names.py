@@ -186,3 +186,44 @@ def keyed_uses(
             return None
         keys.add(key)
     return frozenset(keys)
+
+
+_STORES = frozenset({"STORE_FAST", "STORE_NAME", "STORE_GLOBAL", "STORE_DEREF"})
+_ROOTS = frozenset({"LOAD_GLOBAL", "LOAD_FAST", "LOAD_DEREF", "LOAD_NAME"})
+_ATTRIBUTES = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+
+
+def attribute_chains(code: types.CodeType) -> list[tuple[str, str, tuple[str, ...]]]:
+    """The attribute chains ``code`` reads off a name: ``("global", "sys", ("argv",))``
+    for ``sys.argv`` with ``sys`` a global, and ``("import", "os.path", ("sep",))`` where
+    the name was bound by an import in ``code`` itself (``import os.path as p; p.sep``);
+    an import is itself a chain (``from sys import argv``: ``("import", "sys",
+    ("argv",))``; ``import sys``: ``("import", "sys", ())``). What the names resolve to
+    is the caller's to decide. Decoded with ``dis``: only project codes are asked."""
+    instructions = list(dis.get_instructions(code))
+    chains: list[tuple[str, str, tuple[str, ...]]] = []
+    imported: dict[str, str] = {}  # a name this code bound by an import -> its module
+    for k, ins in enumerate(instructions):
+        following = instructions[k + 1 :]
+        if ins.opname == "IMPORT_NAME":
+            module = str(ins.argval)
+            if following and following[0].opname in _STORES:  # import a.b (binds a)
+                imported[str(following[0].argval)] = module.partition(".")[0]
+                chains.append(("import", module, ()))
+            while len(following) > 1 and following[0].opname == "IMPORT_FROM":
+                name = str(following[0].argval)
+                chains.append(("import", module, (name,)))
+                if following[1].opname in _STORES:
+                    imported[str(following[1].argval)] = f"{module}.{name}"
+                following = following[2:]
+        elif ins.opname in _ROOTS:
+            attributes = []
+            for after in following:
+                if after.opname not in _ATTRIBUTES:
+                    break
+                attributes.append(str(after.argval))
+            if ins.opname == "LOAD_GLOBAL":
+                chains.append(("global", str(ins.argval), tuple(attributes)))
+            elif str(ins.argval) in imported:
+                chains.append(("import", imported[str(ins.argval)], tuple(attributes)))
+    return chains

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import io
 import os
 import sys
 import types
@@ -31,6 +32,7 @@ import torch
 from precompile._compat.prelude import global_module_hooks
 from precompile.capturing import fx_process_state, library_surface, live_functions, neutral_reads
 from precompile.capturing.bytecode_names import (
+    attribute_chains,
     builtin_loads,
     global_loads,
     keyed_uses,
@@ -354,7 +356,78 @@ def _global_values(
             # ``getattr(cfgmod, "SCALE", 1.0)``, ``hasattr(cfgmod, "FAST")`` of a name
             # the module did not bind: the graph baked its absence.
             read.values[name] = ("absent",)
+    for module_value, names_read in _standard_library_reads(log).items():
+        _standard_library_values(module_value, names_read, by_module, context)
     return [r for _, r in sorted(by_module.items()) if r.values]
+
+
+#: Values of standard-library modules that other records check, or that no per-call
+#: check could hold: ``os.environ`` is read key by key (the environment reads of
+#: ``fx_watch``), and ``sys.modules`` changes with every import anywhere in the process.
+_CHECKED_ELSEWHERE = {("os", "environ"), ("sys", "modules")}
+
+
+def is_standard_library(module: types.ModuleType) -> bool:
+    """Whether ``module`` is Python's own: a top-level name of the standard library, and
+    not a project file that happens to bear one (``trace.py``, ``types.py``)."""
+    file = getattr(module, "__file__", None)
+    if file and is_project_file(file):
+        return False
+    return module.__name__.partition(".")[0] in sys.stdlib_module_names
+
+
+def _standard_library_reads(log: CallLog) -> dict[types.ModuleType, set[str]]:
+    """Per standard-library module, the names traced project code reads off it: the
+    attribute chains of its code (``sys.argv``, ``os.path.sep``, through an alias or an
+    import inside the function, ``from sys import argv``), and where the code looks names
+    up by string (``getattr(sys, "frozen", False)``), its identifier constants. Read off
+    the module itself, not by name anywhere: ``os.path.join`` is no read of ``sys.path``."""
+    reads: dict[types.ModuleType, set[str]] = {}
+    for code in log.project_codes():
+        scope = log.scopes.get(code) or {}
+        by_string = "getattr" in code.co_names or "hasattr" in code.co_names
+        asked = {c for c in code.co_consts if isinstance(c, str) and c.isidentifier()}
+        for kind, root, attributes in attribute_chains(code):
+            value = scope.get(root) if kind == "global" else sys.modules.get(root)
+            while isinstance(value, types.ModuleType) and is_standard_library(value):
+                names = reads.setdefault(value, set())
+                if by_string:
+                    names |= {name for name in asked if not name.startswith("__")}
+                if not attributes:
+                    break
+                names.add(attributes[0])
+                value, attributes = vars(value).get(attributes[0]), attributes[1:]
+    return reads
+
+
+def _standard_library_values(
+    module_value: types.ModuleType,
+    names: set[str],
+    by_module: dict[str, GlobalRead],
+    context: dict[str, Any],
+) -> None:
+    """The data a standard-library module holds under ``names`` (``sys.argv``,
+    ``time.timezone``, ``tempfile.tempdir``, ``sys.flags``): process state the graph
+    baked like a global of the user's own, so checked per call the same way, as are the
+    functions it holds (one replaced, as ``mock.patch`` does, is not what the graph
+    baked); a name it does not bind, looked up by string, as absent. Not recorded: its
+    submodules (each read off is its own record) and its streams (``sys.stdout``: where
+    output goes, whose buffer every write changes; a forward that prints must stay
+    served)."""
+    module = module_value.__name__
+    state = vars(module_value)
+    # No file: the module is the interpreter's, found by name wherever it is installed.
+    read = by_module.setdefault(module, GlobalRead(module, None, {}))
+    for name in sorted(names):
+        if name.startswith("__") or (module, name) in _CHECKED_ELSEWHERE:
+            continue
+        if name not in state:
+            read.values[name] = ("absent",)
+            continue
+        value = state[name]
+        if isinstance(value, (types.ModuleType, io.IOBase)):
+            continue
+        read.values[name] = value_fingerprints.fingerprint(value, context)
 
 
 def _names_asked_by_string(log: CallLog) -> set[str]:

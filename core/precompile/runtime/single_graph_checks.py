@@ -295,6 +295,7 @@ def check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
         # message names a file); the record keeps it relative to the artifact.
         file = scope.get("__file__") if isinstance(scope, dict) else None
         where = file if isinstance(file, str) else record["path"]
+        at = f" ({where})" if where else ""  # a built-in module (sys, time) has no file
         keyed = record.get("keyed") or {}
         for name, recorded in record["values"]:
             if name not in scope:
@@ -307,7 +308,7 @@ def check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
                 live = fingerprint(scope[name], context)
             if live != recorded and recorded == ("absent",):
                 refuse(
-                    f"precompile: module {record['module']} ({where}) binds the "
+                    f"precompile: module {record['module']}{at} binds the "
                     f"global `{name}` to {describe_value(live)}; its traced code resolved "
                     f"`{name}` to the builtin, or found no such name (a lookup by string "
                     f"that took its default), and the graph baked what that did. Remove the "
@@ -333,8 +334,8 @@ def check_globals(scopes: list[Any], context: dict[str, Any]) -> None:
                     shown = "no longer a key" if now == ("absent",) else shown
                     read = "no such key" if then == ("absent",) else read
                 refuse(
-                    f"precompile: global {path} of module {record['module']} "
-                    f"({where}) is {shown}, but the traced code read {read} and the graph "
+                    f"precompile: global {path} of module {record['module']}{at} "
+                    f"is {shown}, but the traced code read {read} and the graph "
                     f"baked it. Restore it, or capture again (re-emit the artifact)",
                     3,
                 )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import decimal
 import gc
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,7 @@ def test_dynamo_refuses_a_hash_or_address_it_would_fold(
 
 
 SERVE = """
-import decimal, json, warnings
+import decimal, json, sys, warnings
 import torch
 import precompile
 from tests.fixtures import process_reads as pr
@@ -94,8 +95,11 @@ fns = {{
     "process_id": pr.process_id,
     "settings": pr.settings,
     "distributed": pr.distributed,
+    "stdlib": pr.stdlib_state,
+    "stdlib_zone": pr.stdlib_state,
 }}
 pr.set_settings()
+pr.stdlib_baseline()
 stores = iter(range(100))
 out = {{}}
 
@@ -114,6 +118,12 @@ for key, (name, artifact, cache) in pairs.items():
     elif name == "distributed":
         change = lambda: pr.join_group({store!r} + str(next(stores)))
         undo = pr.leave_group
+    elif name == "stdlib":
+        change = lambda: sys.argv.append("--fast")  # in place: the list is the same
+        undo = sys.argv.pop
+    elif name == "stdlib_zone":
+        change = lambda: pr.set_zone("EST+5")
+        undo = lambda: pr.set_zone(pr.ZONE)
     else:
         run = precompile.load(artifact, cache)
         call(key + " in another process", run, name)
@@ -170,6 +180,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         ("settings make_fx inductor", "settings", make_fx, "inductor"),
         ("clock dynamo", "clock", dynamo, "eager"),
         ("process_id dynamo", "process_id", dynamo, "eager"),
+        ("stdlib make_fx", "stdlib", make_fx, "eager"),
+        ("stdlib make_fx inductor", "stdlib", make_fx, "inductor"),
+        ("stdlib dynamo", "stdlib", dynamo, "eager"),
+        ("stdlib_zone make_fx", "stdlib_zone", make_fx, "eager"),
+        ("stdlib_zone dynamo", "stdlib_zone", dynamo, "eager"),
     ]
     pr.remove_keys()
     threshold = gc.get_threshold()
@@ -180,8 +195,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "clock": pr.clock,
         "settings": pr.settings,
         "distributed": pr.distributed,
+        "stdlib": pr.stdlib_state,
+        "stdlib_zone": pr.stdlib_state,
     }
     pairs = {}
+    before = pr.stdlib_baseline()
     try:
         for i, (key, name, tracer, backend) in enumerate(captures):
             fn = fns.get(name, pr.process_id)
@@ -189,6 +207,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     finally:
         os.environ.pop(pr.PRESENT_VARIABLE, None)
         gc.set_threshold(*threshold)
+        pr.restore_stdlib(before)
     store = str(directory / "store")
     return dict(run_json(SERVE.format(pairs=pairs, store=store)))
 
@@ -275,3 +294,138 @@ def test_whether_a_process_group_is_up_is_checked_per_call(
     under one (joined before load, or after a served call): refused by both tracers
     (Dynamo folded it into a constant guarded by nothing); left again: served."""
     _assert_checked(served, key, "torch.distributed.is_initialized()")
+
+
+@pytest.mark.parametrize(
+    ("key", "words"),
+    [
+        ("stdlib make_fx", ("global argv of module sys", "'--fast'")),
+        ("stdlib make_fx inductor", ("global argv of module sys", "'--fast'")),
+        ("stdlib dynamo", ("sys.argv",)),
+        ("stdlib_zone make_fx", ("global timezone of module time", "18000")),
+        ("stdlib_zone dynamo", ("time.timezone",)),
+    ],
+)
+def test_data_a_standard_library_module_holds_is_checked_per_call(
+    served: dict[str, Any], key: str, words: tuple[str, ...]
+) -> None:
+    """``sys.argv`` grown in place and ``time.timezone`` rebound by ``tzset``, before
+    load or after a served call: refused, naming the value (make_fx baked both: it
+    checked the data of project modules only); as captured: served exactly."""
+    _assert_checked(served, key, *words)
+
+
+FLAG_SERVE = """
+import json, sys, warnings
+import torch
+import precompile
+from tests.fixtures import process_reads as pr
+from tests.harness import served_or_refused
+warnings.simplefilter("ignore")
+X = torch.arange(1.0, 5.0)
+out = {{"flag": sys.flags.dont_write_bytecode}}
+for tracer, (artifact, cache) in {pairs!r}.items():
+    run = precompile.load(artifact, cache)
+    out[tracer] = served_or_refused(lambda: run(X), lambda: pr.bytecode_flag(X))
+print(json.dumps(out))
+"""
+
+
+def test_a_field_of_sys_flags_is_checked_in_another_process(tmp_path: Path) -> None:
+    """``sys.flags.dont_write_bytecode``: Dynamo's capture failed with a PicklingError
+    (it kept the struct sequence as a guard's expected value), make_fx served the
+    capture's flag in a process started with the other one. Now a process started with
+    the same flags is served exactly, one started with the other is refused, naming it."""
+    pairs = {
+        "make_fx": _capture(pr.bytecode_flag, tmp_path, "fx", precompile.MakeFxTracer()),
+        "dynamo": _capture(pr.bytecode_flag, tmp_path, "dy", precompile.DynamoTracer()),
+    }
+    code = FLAG_SERVE.format(pairs=pairs)
+    same = "1" if sys.flags.dont_write_bytecode else ""
+    other = "" if same else "1"
+    served = run_json(code, PYTHONDONTWRITEBYTECODE=same)
+    refused = run_json(code, PYTHONDONTWRITEBYTECODE=other)
+    assert served["flag"] == sys.flags.dont_write_bytecode != refused["flag"]
+    # make_fx names the struct sequence it read whole, Dynamo the field it guarded.
+    words = {"make_fx": "global flags of module sys", "dynamo": "sys.flags.dont_write_bytecode"}
+    for tracer in pairs:
+        assert served[tracer] == ["served", True], (tracer, served[tracer])
+        outcome, message = refused[tracer]
+        assert outcome == "refused" and words[tracer] in message, (tracer, message)
+
+
+READS_SERVE = """
+import io, json, os, sys, warnings
+import torch
+import precompile
+from tests.fixtures import process_reads as pr
+from tests.harness import served_or_refused
+warnings.simplefilter("ignore")
+X = torch.arange(1.0, 5.0)
+pr.stdlib_baseline()
+runs = {{name: precompile.load(*pair) for name, pair in {pairs!r}.items()}}
+out = {{}}
+
+def call(label, name):
+    out[label] = served_or_refused(lambda: runs[name](X), lambda: getattr(pr, name)(X))
+
+sys.path.append("/nonexistent")
+call("joined, sys.path grown", "joined")
+join = os.path.join
+os.path.join = lambda *parts: "/".join(parts) + "/"  # as mock.patch would
+call("joined, os.path.join replaced", "joined")
+os.path.join = join
+call("joined, restored", "joined")
+call("local_import", "local_import")
+sys.argv.append("--fast")
+call("local_import, argv grown", "local_import")
+call("frozen", "frozen")
+sys.frozen = True
+call("frozen, now frozen", "frozen")
+del sys.frozen
+call("frozen, no longer", "frozen")
+sys.stdout = io.StringIO()
+call("prints", "prints")
+call("prints, again", "prints")
+sys.stdout = sys.__stdout__
+print(json.dumps(out))
+"""
+
+
+def test_what_is_read_off_a_standard_library_module_is_checked_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """make_fx records what project code reads off the module itself: not ``sys.path``
+    for an ``os.path.join`` (served after ``sys.path`` grew), but the function itself
+    (refused once replaced, as ``mock.patch`` would); ``sys.argv`` through an
+    import inside fn (refused once grown); ``getattr(sys, "frozen", False)`` of a name
+    ``sys`` does not bind (refused once bound, served again once deleted); and not
+    ``sys.stdout``, whose buffer every write changes (a forward that prints stays
+    served)."""
+    names = ["joined", "local_import", "frozen", "prints"]
+    before = pr.stdlib_baseline()
+    try:
+        pairs = {
+            name: _capture(getattr(pr, name), tmp_path, name, precompile.MakeFxTracer())
+            for name in names
+        }
+    finally:
+        pr.restore_stdlib(before)
+    served = run_json(READS_SERVE.format(pairs=pairs))
+    for label in [
+        "joined, sys.path grown",
+        "joined, restored",
+        "local_import",
+        "frozen",
+        "frozen, no longer",
+        "prints",
+        "prints, again",
+    ]:
+        assert served[label] == ["served", True], (label, served[label])
+    for label, words in [
+        ("joined, os.path.join replaced", "global join of module posixpath"),
+        ("local_import, argv grown", "global argv of module sys"),
+        ("frozen, now frozen", "frozen"),
+    ]:
+        outcome, message = served[label]
+        assert outcome == "refused" and words in message, (label, message)
