@@ -69,3 +69,28 @@ def test_both_tracers_read_names_through_it() -> None:
     assert dynamo_name_records.global_loads is bytecode_names.global_loads
     assert not hasattr(fx_dependencies, "_global_loads")
     assert not hasattr(fx_dependencies, "_builtin_loads")
+
+
+def test_attribute_chains_name_what_is_read_off_a_name_and_what_an_import_binds() -> None:
+    """The chains the standard-library record is built from: rooted at a global, or at
+    a name an import in the code itself bound, and the imports themselves."""
+    source = (
+        "def f(x):\n"
+        "    import sys as s\n"
+        "    from os import path as p, sep\n"
+        "    import os.path\n"
+        "    y = s.argv\n"
+        "    z = p.sep + os.path.join('a', 'b')\n"
+        "    return time.timezone + x.size(0) + g.a.b.c\n"
+    )
+    namespace: dict[str, object] = {}
+    exec(compile(source, "<chains>", "exec"), namespace)
+    chains = bytecode_names.attribute_chains(namespace["f"].__code__)  # type: ignore[attr-defined]
+    assert ("import", "sys", ()) in chains and ("import", "sys", ("argv",)) in chains
+    assert ("import", "os", ("path",)) in chains and ("import", "os", ("sep",)) in chains
+    assert ("import", "os.path", ("sep",)) in chains  # p.sep: p is os.path
+    assert ("import", "os", ("path", "join")) in chains  # import os.path binds os
+    assert ("global", "time", ("timezone",)) in chains
+    assert ("global", "g", ("a", "b", "c")) in chains
+    # A local that no import bound (x) roots no chain.
+    assert not any("size" in attributes for _, _, attributes in chains)
