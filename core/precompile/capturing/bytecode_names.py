@@ -201,29 +201,29 @@ def attribute_chains(code: types.CodeType) -> list[tuple[str, str, tuple[str, ..
     ("argv",))``; ``import sys``: ``("import", "sys", ())``). What the names resolve to
     is the caller's to decide. Decoded with ``dis``: only project codes are asked."""
     instructions = list(dis.get_instructions(code))
+    count = len(instructions)
     chains: list[tuple[str, str, tuple[str, ...]]] = []
     imported: dict[str, str] = {}  # a name this code bound by an import -> its module
     for k, ins in enumerate(instructions):
-        following = instructions[k + 1 :]
         if ins.opname == "IMPORT_NAME":
             module = str(ins.argval)
-            if following and following[0].opname in _STORES:  # import a.b (binds a)
-                imported[str(following[0].argval)] = module.partition(".")[0]
+            after = k + 1
+            if after < count and instructions[after].opname in _STORES:  # import a.b: binds a
+                imported[str(instructions[after].argval)] = module.partition(".")[0]
                 chains.append(("import", module, ()))
-            while len(following) > 1 and following[0].opname == "IMPORT_FROM":
-                name = str(following[0].argval)
+            while after + 1 < count and instructions[after].opname == "IMPORT_FROM":
+                name = str(instructions[after].argval)
                 chains.append(("import", module, (name,)))
-                if following[1].opname in _STORES:
-                    imported[str(following[1].argval)] = f"{module}.{name}"
-                following = following[2:]
+                if instructions[after + 1].opname in _STORES:
+                    imported[str(instructions[after + 1].argval)] = f"{module}.{name}"
+                after += 2
         elif ins.opname in _ROOTS:
-            attributes = []
-            for after in following:
-                if after.opname not in _ATTRIBUTES:
-                    break
-                attributes.append(str(after.argval))
+            end = k + 1
+            while end < count and instructions[end].opname in _ATTRIBUTES:
+                end += 1
+            attributes = tuple(str(i.argval) for i in instructions[k + 1 : end])
             if ins.opname == "LOAD_GLOBAL":
-                chains.append(("global", str(ins.argval), tuple(attributes)))
+                chains.append(("global", str(ins.argval), attributes))
             elif str(ins.argval) in imported:
-                chains.append(("import", imported[str(ins.argval)], tuple(attributes)))
+                chains.append(("import", imported[str(ins.argval)], attributes))
     return chains

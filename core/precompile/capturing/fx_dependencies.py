@@ -367,7 +367,7 @@ def _global_values(
 _CHECKED_ELSEWHERE = {("os", "environ"), ("sys", "modules")}
 
 
-def is_standard_library(module: types.ModuleType) -> bool:
+def _is_standard_library(module: types.ModuleType) -> bool:
     """Whether ``module`` is Python's own: a top-level name of the standard library, and
     not a project file that happens to bear one (``trace.py``, ``types.py``)."""
     file = getattr(module, "__file__", None)
@@ -386,13 +386,16 @@ def _standard_library_reads(log: CallLog) -> dict[types.ModuleType, set[str]]:
     for code in log.project_codes():
         scope = log.scopes.get(code) or {}
         by_string = "getattr" in code.co_names or "hasattr" in code.co_names
-        asked = {c for c in code.co_consts if isinstance(c, str) and c.isidentifier()}
+        asked = (
+            {c for c in code.co_consts if isinstance(c, str) and c.isidentifier()}
+            if by_string
+            else set()
+        )
         for kind, root, attributes in attribute_chains(code):
             value = scope.get(root) if kind == "global" else sys.modules.get(root)
-            while isinstance(value, types.ModuleType) and is_standard_library(value):
+            while isinstance(value, types.ModuleType) and _is_standard_library(value):
                 names = reads.setdefault(value, set())
-                if by_string:
-                    names |= {name for name in asked if not name.startswith("__")}
+                names |= {name for name in asked if not name.startswith("__")}
                 if not attributes:
                     break
                 names.add(attributes[0])
