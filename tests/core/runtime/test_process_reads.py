@@ -88,16 +88,7 @@ from tests.harness import served_or_refused
 warnings.simplefilter("ignore")
 X = torch.arange(1.0, 5.0)
 pairs = {pairs!r}
-fns = {{
-    **pr.LOOKUPS,
-    "third": pr.third,
-    "clock": pr.clock,
-    "process_id": pr.process_id,
-    "settings": pr.settings,
-    "distributed": pr.distributed,
-    "stdlib": pr.stdlib_state,
-    "stdlib_zone": pr.stdlib_state,
-}}
+fns = pr.SERVED
 pr.set_settings()
 pr.stdlib_baseline()
 stores = iter(range(100))
@@ -189,20 +180,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     pr.remove_keys()
     threshold = gc.get_threshold()
     pr.set_settings()
-    fns = {
-        **pr.LOOKUPS,
-        "third": pr.third,
-        "clock": pr.clock,
-        "settings": pr.settings,
-        "distributed": pr.distributed,
-        "stdlib": pr.stdlib_state,
-        "stdlib_zone": pr.stdlib_state,
-    }
     pairs = {}
     before = pr.stdlib_baseline()
     try:
         for i, (key, name, tracer, backend) in enumerate(captures):
-            fn = fns.get(name, pr.process_id)
+            fn = pr.SERVED[name]
             pairs[key] = (name, *_capture(fn, directory, f"c{i}", tracer, backend))
     finally:
         os.environ.pop(pr.PRESENT_VARIABLE, None)
